@@ -1,0 +1,2 @@
+//! pgfence
+pub mod embedded;

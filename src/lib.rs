@@ -1,2 +1,30 @@
-//! pgfence
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
 pub mod embedded;
+mod error;
+mod fence;
+mod lease;
+mod store;
+mod tasks;
+
+pub use error::{is_retryable_sqlstate, Error, Result};
+pub use fence::{Fence, FencedFuture, Rejection, RejectionFilter};
+pub use lease::{
+    Epoch, ForceReleased, Lease, LeaseState, LeaseStatus, LossReason, Released, Tenure,
+    MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL,
+};
+pub use store::{
+    redact, DatabaseIdentity, ExpectedIdentity, Pool, PooledConnection, Store, StoreConfig,
+    MIGRATIONS,
+};
+pub use tasks::{
+    Task, TaskEvent, TaskState, TaskWrite, MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH,
+};
+
+/// The driver crates pgfence is built on, re-exported so that fenced-transaction code uses the same versions.
+pub mod reexports {
+    pub use diesel;
+    pub use diesel_async;
+}

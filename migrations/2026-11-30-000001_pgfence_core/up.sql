@@ -1,0 +1,644 @@
+-- pgfence core schema: leases, tenures, tasks, task events and the audit of rejected stale writes.
+--
+-- Every object lives in the schema `pgfence`. Epochs are never reset or deleted: a lease row, once created,
+-- stays forever, and every acquisition issues exactly `epoch + 1`.
+--
+-- Clocks: every expiry decision uses `clock_timestamp()` (the database's clock at the moment of the
+-- statement), never `now()` (the transaction start) and never a client's clock.
+--
+-- Locking protocol (why the guard is linearizable against takeovers):
+--   * every guarded write first locks the lease row `FOR KEY SHARE` and reads its epoch in the same statement;
+--   * every operation that changes who may write (acquire, release, force_release) first locks the lease row
+--     `FOR UPDATE`, which conflicts with `FOR KEY SHARE`.
+--   So a takeover waits for guarded writes already past their check, and a guarded write that arrives while a
+--   takeover is in flight waits for it, then re-reads the new row version (READ COMMITTED re-check) and sees
+--   the new epoch. Renewal only moves `expires_at`: it is a plain (no-key) UPDATE, which does not conflict with
+--   `FOR KEY SHARE`, so renewals and guarded writes never wait for each other.
+
+CREATE SCHEMA IF NOT EXISTS pgfence;
+
+-- One row: the identity of this pgfence installation, created once at migrate time.
+CREATE TABLE pgfence.instance (
+    singleton   boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    instance_id uuid NOT NULL DEFAULT gen_random_uuid(),
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+INSERT INTO pgfence.instance DEFAULT VALUES;
+
+-- One row per cluster-qualified lease name ('<cluster>/<name>').
+CREATE TABLE pgfence.leases (
+    name        text PRIMARY KEY CHECK (length(name) BETWEEN 3 AND 400 AND position('/' in name) > 1),
+    holder      text,
+    epoch       bigint NOT NULL DEFAULT 0 CHECK (epoch >= 0),
+    state       text NOT NULL DEFAULT 'released' CHECK (state IN ('held', 'released')),
+    ttl_ms      bigint,
+    expires_at  timestamptz NOT NULL DEFAULT '-infinity',
+    acquired_at timestamptz,
+    renewed_at  timestamptz,
+    -- how many times the holder identity changed (client-go's leaderTransitions)
+    transitions bigint NOT NULL DEFAULT 0,
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- One row per issued epoch: who held it and how the tenure ended.
+CREATE TABLE pgfence.tenures (
+    lease       text NOT NULL REFERENCES pgfence.leases (name),
+    epoch       bigint NOT NULL CHECK (epoch >= 1),
+    holder      text NOT NULL,
+    acquired_at timestamptz NOT NULL,
+    ended_at    timestamptz,
+    end_reason  text CHECK (end_reason IN ('released', 'expired', 'forced', 'reacquired')),
+    PRIMARY KEY (lease, epoch)
+);
+
+CREATE TABLE pgfence.tasks (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    lease      text NOT NULL REFERENCES pgfence.leases (name),
+    key        text NOT NULL CHECK (length(key) BETWEEN 1 AND 256),
+    state      text NOT NULL CHECK (state IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled')),
+    assignee   text,
+    payload    jsonb NOT NULL DEFAULT '{}',
+    -- the highest epoch that ever wrote this row: a write presenting a lower epoch is stale
+    fence      bigint NOT NULL CHECK (fence >= 1),
+    version    bigint NOT NULL DEFAULT 1,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    UNIQUE (lease, key)
+);
+
+-- Append-only: a trigger below refuses UPDATE and DELETE.
+CREATE TABLE pgfence.task_events (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    task_id    bigint NOT NULL REFERENCES pgfence.tasks (id),
+    lease      text NOT NULL,
+    epoch      bigint NOT NULL CHECK (epoch >= 1),
+    kind       text NOT NULL CHECK (length(kind) BETWEEN 1 AND 64),
+    payload    jsonb NOT NULL DEFAULT '{}',
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX task_events_task_idx ON pgfence.task_events (task_id, id);
+CREATE INDEX task_events_epoch_idx ON pgfence.task_events (lease, epoch, id);
+
+-- The audit: one row per write refused because it presented a stale epoch.
+CREATE TABLE pgfence.rejections (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    lease            text NOT NULL,
+    presented_epoch  bigint NOT NULL,
+    current_epoch    bigint,
+    current_holder   text,
+    reason           text NOT NULL,
+    operation        text NOT NULL,
+    target_table     text,
+    target_key       text,
+    rejected_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    application_name text DEFAULT current_setting('application_name', true),
+    client_addr      inet DEFAULT inet_client_addr(),
+    backend_pid      integer NOT NULL DEFAULT pg_backend_pid()
+);
+CREATE INDEX rejections_lease_idx ON pgfence.rejections (lease, id);
+
+-- Tenures with the time of their last accepted task write (every guarded task write appends an event).
+CREATE VIEW pgfence.tenure_history AS
+SELECT t.lease, t.epoch, t.holder, t.acquired_at, t.ended_at, t.end_reason,
+       (SELECT max(e.created_at) FROM pgfence.task_events e
+         WHERE e.lease = t.lease AND e.epoch = t.epoch) AS last_write_at
+  FROM pgfence.tenures t;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Result rows. Functions return one composite value so that a client can call them as
+-- `SELECT pgfence.f(...)`, a statement every driver prepares once and reuses.
+
+-- outcome: 'acquired' | 'renewed' | 'held' | 'lost' | 'released' | 'not_held'
+-- reason (for 'lost'/'not_held'): 'superseded' | 'expired' | 'released' | 'unknown_lease' | 'future_epoch'
+--                                 | 'holder_mismatch'
+CREATE TYPE pgfence.lease_result AS (
+    outcome       text,
+    reason        text,
+    epoch         bigint,
+    holder        text,
+    expires_in_ms bigint
+);
+
+-- outcome: 'ok' | 'stale' | 'not_found' | 'conflict'
+-- reason  (for 'stale'): as in lease_result, or 'row_fence'; (for 'conflict'): the task's actual state
+CREATE TYPE pgfence.write_result AS (
+    outcome        text,
+    reason         text,
+    current_epoch  bigint,
+    current_holder text,
+    task_id        bigint,
+    task_key       text,
+    task_state     text,
+    assignee       text,
+    payload        jsonb,
+    fence          bigint,
+    version        bigint,
+    created        boolean,
+    event_id       bigint
+);
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Input checks shared by every function: a bad argument raises 22023 (invalid_parameter_value) and writes
+-- nothing.
+
+CREATE FUNCTION pgfence._check_text(p_what text, p_value text, p_max integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_value IS NULL OR length(p_value) = 0 OR length(p_value) > p_max THEN
+        RAISE EXCEPTION 'pgfence: % must be 1 to % characters', p_what, p_max USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
+
+CREATE FUNCTION pgfence._check_lease_args(p_lease text, p_epoch bigint) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_lease IS NULL OR length(p_lease) NOT BETWEEN 3 AND 400 OR position('/' in p_lease) < 2 THEN
+        RAISE EXCEPTION 'pgfence: lease must be a cluster-qualified name ''<cluster>/<name>'''
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_epoch IS NULL OR p_epoch < 1 THEN
+        RAISE EXCEPTION 'pgfence: epoch must be >= 1, got %', p_epoch USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
+
+CREATE FUNCTION pgfence._check_ttl(p_ttl_ms bigint) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_ttl_ms IS NULL OR p_ttl_ms < 100 OR p_ttl_ms > 86400000 THEN
+        RAISE EXCEPTION 'pgfence: ttl must be between 100 ms and 24 h, got % ms', p_ttl_ms USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Lease protocol.
+
+-- Acquire by compare-and-set: succeeds when the lease is new, released or expired (by the database clock),
+-- and issues epoch + 1. The same holder acquiring again while it holds also gets a new epoch: an acquisition
+-- always starts a new tenure and fences every earlier one (a restarted process reusing its holder name must
+-- not inherit the writes in flight of its previous incarnation). To extend a tenure, renew it.
+CREATE FUNCTION pgfence.acquire(p_lease text, p_holder text, p_ttl_ms bigint)
+RETURNS pgfence.lease_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    l   pgfence.leases;
+    ts  timestamptz;
+    new_epoch bigint;
+BEGIN
+    PERFORM pgfence._check_lease_args(p_lease, 1);
+    PERFORM pgfence._check_text('holder', p_holder, 256);
+    PERFORM pgfence._check_ttl(p_ttl_ms);
+
+    -- FOR UPDATE: waits for guarded writes in flight (they hold FOR KEY SHARE) and makes new ones wait for us.
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO pgfence.leases (name) VALUES (p_lease) ON CONFLICT (name) DO NOTHING;
+        SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR UPDATE;
+    END IF;
+
+    -- Read the clock after the lock wait: expiry is judged at the moment we own the row.
+    ts := clock_timestamp();
+    IF l.state = 'held' AND l.expires_at > ts AND l.holder IS DISTINCT FROM p_holder THEN
+        RETURN ROW('held', NULL, l.epoch, l.holder,
+                   ceil(extract(epoch FROM (l.expires_at - ts)) * 1000)::bigint)::pgfence.lease_result;
+    END IF;
+
+    IF l.epoch > 0 THEN
+        UPDATE pgfence.tenures
+           SET ended_at = CASE WHEN l.state = 'held' AND l.expires_at <= ts THEN l.expires_at ELSE ts END,
+               end_reason = CASE WHEN l.state = 'held' AND l.expires_at <= ts THEN 'expired' ELSE 'reacquired' END
+         WHERE lease = p_lease AND epoch = l.epoch AND ended_at IS NULL;
+    END IF;
+
+    new_epoch := l.epoch + 1;
+    UPDATE pgfence.leases
+       SET holder = p_holder, epoch = new_epoch, state = 'held', ttl_ms = p_ttl_ms,
+           expires_at = ts + p_ttl_ms * interval '1 millisecond', acquired_at = ts, renewed_at = ts,
+           transitions = transitions + CASE WHEN holder IS DISTINCT FROM p_holder THEN 1 ELSE 0 END
+     WHERE name = p_lease;
+    INSERT INTO pgfence.tenures (lease, epoch, holder, acquired_at) VALUES (p_lease, new_epoch, p_holder, ts);
+    RETURN ROW('acquired', NULL, new_epoch, p_holder, p_ttl_ms)::pgfence.lease_result;
+END;
+$$;
+
+-- Why a lease is not (or no longer) held by (holder, epoch), judged on a locked or freshly read row.
+CREATE FUNCTION pgfence._loss_reason(l pgfence.leases, p_holder text, p_epoch bigint, ts timestamptz)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN l.name IS NULL THEN 'unknown_lease'
+        WHEN p_epoch < l.epoch THEN 'superseded'
+        WHEN p_epoch > l.epoch THEN 'future_epoch'
+        WHEN p_holder IS NOT NULL AND l.holder IS DISTINCT FROM p_holder THEN 'holder_mismatch'
+        WHEN l.state = 'released' THEN 'released'
+        WHEN l.expires_at <= ts THEN 'expired'
+        ELSE NULL
+    END
+$$;
+
+-- Renew: extends the expiry only while holder and epoch match and the lease has not expired.
+-- A plain UPDATE (no row lock first): it does not wait for guarded writes, and waits only for a takeover in
+-- flight, after which it re-checks the new row version and reports the loss.
+CREATE FUNCTION pgfence.renew(p_lease text, p_holder text, p_epoch bigint, p_ttl_ms bigint)
+RETURNS pgfence.lease_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    l  pgfence.leases;
+    ts timestamptz;
+BEGIN
+    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
+    PERFORM pgfence._check_text('holder', p_holder, 256);
+    PERFORM pgfence._check_ttl(p_ttl_ms);
+
+    UPDATE pgfence.leases
+       SET expires_at = clock_timestamp() + p_ttl_ms * interval '1 millisecond',
+           renewed_at = clock_timestamp(), ttl_ms = p_ttl_ms
+     WHERE name = p_lease AND holder = p_holder AND epoch = p_epoch AND state = 'held'
+       AND expires_at > clock_timestamp();
+    IF FOUND THEN
+        RETURN ROW('renewed', NULL, p_epoch, p_holder, p_ttl_ms)::pgfence.lease_result;
+    END IF;
+
+    ts := clock_timestamp();
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+    RETURN ROW('lost', coalesce(pgfence._loss_reason(l, p_holder, p_epoch, ts), 'expired'),
+               l.epoch, l.holder, NULL)::pgfence.lease_result;
+END;
+$$;
+
+-- Release: ends the tenure (holder, epoch) at once so a successor can acquire immediately. Idempotent, and it
+-- never touches a successor's tenure: releasing an epoch that is no longer current is a no-op ('not_held').
+CREATE FUNCTION pgfence.release(p_lease text, p_holder text, p_epoch bigint)
+RETURNS pgfence.lease_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    l  pgfence.leases;
+    ts timestamptz;
+    why text;
+BEGIN
+    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
+    PERFORM pgfence._check_text('holder', p_holder, 256);
+
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR UPDATE;
+    ts := clock_timestamp();
+    why := pgfence._loss_reason(l, p_holder, p_epoch, ts);
+    IF why IS NOT NULL AND why <> 'expired' THEN
+        RETURN ROW('not_held', why, l.epoch, l.holder, NULL)::pgfence.lease_result;
+    END IF;
+
+    UPDATE pgfence.leases SET state = 'released', expires_at = LEAST(expires_at, ts) WHERE name = p_lease;
+    UPDATE pgfence.tenures
+       SET ended_at = LEAST(l.expires_at, ts),
+           end_reason = CASE WHEN why = 'expired' THEN 'expired' ELSE 'released' END
+     WHERE lease = p_lease AND epoch = p_epoch AND ended_at IS NULL;
+    RETURN ROW('released', why, p_epoch, p_holder, 0)::pgfence.lease_result;
+END;
+$$;
+
+-- Operator override: ends whatever tenure is current so its epoch can no longer write. The epoch is kept (the
+-- next acquisition issues epoch + 1).
+CREATE FUNCTION pgfence.force_release(p_lease text)
+RETURNS pgfence.lease_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    l  pgfence.leases;
+    ts timestamptz;
+BEGIN
+    PERFORM pgfence._check_lease_args(p_lease, 1);
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN ROW('not_held', 'unknown_lease', NULL, NULL, NULL)::pgfence.lease_result;
+    END IF;
+    ts := clock_timestamp();
+    IF l.state = 'released' THEN
+        RETURN ROW('not_held', 'released', l.epoch, l.holder, NULL)::pgfence.lease_result;
+    END IF;
+    UPDATE pgfence.leases SET state = 'released', expires_at = LEAST(expires_at, ts) WHERE name = p_lease;
+    UPDATE pgfence.tenures
+       SET ended_at = LEAST(l.expires_at, ts),
+           end_reason = CASE WHEN l.expires_at <= ts THEN 'expired' ELSE 'forced' END
+     WHERE lease = p_lease AND epoch = l.epoch AND ended_at IS NULL;
+    RETURN ROW('released', CASE WHEN l.expires_at <= ts THEN 'expired' ELSE 'forced' END,
+               l.epoch, l.holder, 0)::pgfence.lease_result;
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- The guard.
+
+-- Records one refused write. Called only from guard paths; the row commits with the statement that called it.
+CREATE FUNCTION pgfence._reject(p_lease text, p_epoch bigint, p_current_epoch bigint, p_current_holder text,
+                                p_reason text, p_operation text, p_table text, p_key text)
+RETURNS pgfence.write_result
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO pgfence.rejections (lease, presented_epoch, current_epoch, current_holder, reason, operation,
+                                    target_table, target_key)
+    VALUES (p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table, p_key);
+    RETURN ROW('stale', p_reason, p_current_epoch, p_current_holder,
+               NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::pgfence.write_result;
+END;
+$$;
+
+-- Checks that p_epoch is the current, held, unexpired epoch of p_lease and keeps the lease row locked
+-- FOR KEY SHARE until the end of the calling transaction, so no takeover can commit before the caller's write.
+-- Returns NULL when the epoch is current; otherwise records the rejection and returns the 'stale' result.
+CREATE FUNCTION pgfence._guard(p_lease text, p_epoch bigint, p_operation text, p_table text, p_key text)
+RETURNS pgfence.write_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    l   pgfence.leases;
+    why text;
+BEGIN
+    -- A new statement, so a new snapshot under READ COMMITTED; if a takeover holds the row FOR UPDATE we wait
+    -- for it and then lock (and read) the newest row version.
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR KEY SHARE;
+    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp());
+    IF why IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key);
+END;
+$$;
+
+-- The guard for a caller's own transaction (the generic fenced transaction):
+--   BEGIN; SELECT (pgfence.fence('prod/scheduler', 7, 'rebalance')).outcome;  -- 'ok' or 'stale'
+--   ... your writes, only if 'ok' ...; COMMIT;
+-- On 'stale' the rejection row is already written: COMMIT (not ROLLBACK) to keep it.
+CREATE FUNCTION pgfence.fence(p_lease text, p_epoch bigint, p_operation text DEFAULT 'fenced_transaction',
+                              p_table text DEFAULT NULL, p_key text DEFAULT NULL)
+RETURNS pgfence.write_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    r pgfence.write_result;
+BEGIN
+    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
+    PERFORM pgfence._check_text('operation', p_operation, 64);
+    r := pgfence._guard(p_lease, p_epoch, p_operation, p_table, p_key);
+    IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
+        RETURN r;
+    END IF;
+    RETURN ROW('ok', NULL, p_epoch, NULL, NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::pgfence.write_result;
+END;
+$$;
+
+CREATE FUNCTION pgfence._task_result(t pgfence.tasks, p_outcome text, p_reason text, p_epoch bigint,
+                                     p_created boolean, p_event_id bigint)
+RETURNS pgfence.write_result
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ROW(p_outcome, p_reason, p_epoch, NULL, t.id, t.key, t.state, t.assignee, t.payload, t.fence,
+               t.version, p_created, p_event_id)::pgfence.write_result
+$$;
+
+-- A guarded task UPDATE matched no row: tell apart a missing task, a row written by a newer epoch (stale,
+-- audited) and a business-guard failure (conflict, not audited).
+CREATE FUNCTION pgfence._explain_miss(p_lease text, p_epoch bigint, p_key text, p_operation text)
+RETURNS pgfence.write_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    t pgfence.tasks;
+BEGIN
+    SELECT * INTO t FROM pgfence.tasks WHERE lease = p_lease AND key = p_key;
+    IF NOT FOUND THEN
+        RETURN ROW('not_found', NULL, p_epoch, NULL, NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL)
+               ::pgfence.write_result;
+    END IF;
+    IF t.fence > p_epoch THEN
+        RETURN pgfence._reject(p_lease, p_epoch, t.fence, NULL, 'row_fence', p_operation, 'tasks', p_key);
+    END IF;
+    RETURN pgfence._task_result(t, 'conflict', t.state, p_epoch, false, NULL);
+END;
+$$;
+
+CREATE FUNCTION pgfence._check_payload(p_payload jsonb) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_payload IS NOT NULL AND pg_column_size(p_payload) > 1048576 THEN
+        RAISE EXCEPTION 'pgfence: payload larger than 1 MiB' USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
+
+-- Creates a pending task and its 'created' event, idempotent by (lease, key): a retry returns the existing
+-- task with created = false and adds no event.
+CREATE FUNCTION pgfence.create_task(p_lease text, p_epoch bigint, p_key text, p_payload jsonb DEFAULT '{}')
+RETURNS pgfence.write_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    r pgfence.write_result;
+    t pgfence.tasks;
+    ev bigint;
+BEGIN
+    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
+    PERFORM pgfence._check_text('task key', p_key, 256);
+    PERFORM pgfence._check_payload(p_payload);
+    r := pgfence._guard(p_lease, p_epoch, 'create_task', 'tasks', p_key);
+    IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
+        RETURN r;
+    END IF;
+    INSERT INTO pgfence.tasks (lease, key, state, payload, fence)
+    VALUES (p_lease, p_key, 'pending', coalesce(p_payload, '{}'), p_epoch)
+    ON CONFLICT (lease, key) DO NOTHING
+    RETURNING * INTO t;
+    IF NOT FOUND THEN
+        SELECT * INTO t FROM pgfence.tasks WHERE lease = p_lease AND key = p_key;
+        RETURN pgfence._task_result(t, 'ok', NULL, p_epoch, false, NULL);
+    END IF;
+    INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
+    VALUES (t.id, p_lease, p_epoch, 'created', t.payload) RETURNING id INTO ev;
+    RETURN pgfence._task_result(t, 'ok', NULL, p_epoch, true, ev);
+END;
+$$;
+
+-- Claims a pending task for an assignee: the pending guard, the row fence and the 'claimed' event in one step.
+CREATE FUNCTION pgfence.claim_task(p_lease text, p_epoch bigint, p_key text, p_assignee text)
+RETURNS pgfence.write_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    r pgfence.write_result;
+    t pgfence.tasks;
+    ev bigint;
+BEGIN
+    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
+    PERFORM pgfence._check_text('task key', p_key, 256);
+    PERFORM pgfence._check_text('assignee', p_assignee, 256);
+    r := pgfence._guard(p_lease, p_epoch, 'claim_task', 'tasks', p_key);
+    IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
+        RETURN r;
+    END IF;
+    UPDATE pgfence.tasks
+       SET state = 'claimed', assignee = p_assignee, fence = p_epoch, version = version + 1,
+           updated_at = clock_timestamp()
+     WHERE lease = p_lease AND key = p_key AND state = 'pending' AND fence <= p_epoch
+    RETURNING * INTO t;
+    IF NOT FOUND THEN
+        RETURN pgfence._explain_miss(p_lease, p_epoch, p_key, 'claim_task');
+    END IF;
+    INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
+    VALUES (t.id, p_lease, p_epoch, 'claimed', jsonb_build_object('assignee', p_assignee)) RETURNING id INTO ev;
+    RETURN pgfence._task_result(t, 'ok', NULL, p_epoch, false, ev);
+END;
+$$;
+
+-- Moves a task from p_from to p_to (the business guard) and records the event p_kind with p_payload.
+CREATE FUNCTION pgfence.transition_task(p_lease text, p_epoch bigint, p_key text, p_from text, p_to text,
+                                        p_payload jsonb DEFAULT '{}')
+RETURNS pgfence.write_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    r pgfence.write_result;
+    t pgfence.tasks;
+    ev bigint;
+BEGIN
+    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
+    PERFORM pgfence._check_text('task key', p_key, 256);
+    PERFORM pgfence._check_payload(p_payload);
+    IF p_from IS NULL OR p_to IS NULL
+       OR p_from NOT IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled')
+       OR p_to NOT IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled') THEN
+        RAISE EXCEPTION 'pgfence: unknown task state % -> %', p_from, p_to USING ERRCODE = '22023';
+    END IF;
+    r := pgfence._guard(p_lease, p_epoch, 'transition_task', 'tasks', p_key);
+    IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
+        RETURN r;
+    END IF;
+    UPDATE pgfence.tasks
+       SET state = p_to, fence = p_epoch, version = version + 1, updated_at = clock_timestamp(),
+           assignee = CASE WHEN p_to = 'pending' THEN NULL ELSE assignee END
+     WHERE lease = p_lease AND key = p_key AND state = p_from AND fence <= p_epoch
+    RETURNING * INTO t;
+    IF NOT FOUND THEN
+        RETURN pgfence._explain_miss(p_lease, p_epoch, p_key, 'transition_task');
+    END IF;
+    INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
+    VALUES (t.id, p_lease, p_epoch, p_to, coalesce(p_payload, '{}')) RETURNING id INTO ev;
+    RETURN pgfence._task_result(t, 'ok', NULL, p_epoch, false, ev);
+END;
+$$;
+
+-- Appends an event to a task. The task row is fenced too (fence raised to p_epoch), so an older epoch can
+-- never write this task again.
+CREATE FUNCTION pgfence.append_event(p_lease text, p_epoch bigint, p_key text, p_kind text,
+                                     p_payload jsonb DEFAULT '{}')
+RETURNS pgfence.write_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    r pgfence.write_result;
+    t pgfence.tasks;
+    ev bigint;
+BEGIN
+    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
+    PERFORM pgfence._check_text('task key', p_key, 256);
+    PERFORM pgfence._check_text('event kind', p_kind, 64);
+    PERFORM pgfence._check_payload(p_payload);
+    r := pgfence._guard(p_lease, p_epoch, 'append_event', 'task_events', p_key);
+    IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
+        RETURN r;
+    END IF;
+    UPDATE pgfence.tasks SET fence = p_epoch, updated_at = clock_timestamp()
+     WHERE lease = p_lease AND key = p_key AND fence <= p_epoch
+    RETURNING * INTO t;
+    IF NOT FOUND THEN
+        RETURN pgfence._explain_miss(p_lease, p_epoch, p_key, 'append_event');
+    END IF;
+    INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
+    VALUES (t.id, p_lease, p_epoch, p_kind, coalesce(p_payload, '{}')) RETURNING id INTO ev;
+    RETURN pgfence._task_result(t, 'ok', NULL, p_epoch, false, ev);
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Raw-SQL enforcement (off by default; `SELECT pgfence.set_enforcement(true)`): every INSERT or UPDATE of
+-- pgfence.tasks must carry the lease's current epoch in `fence`, every INSERT into pgfence.task_events in
+-- `epoch`, and DELETE of tasks is refused. The pgfence functions satisfy this by construction.
+
+CREATE FUNCTION pgfence._enforce_epoch() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    presented bigint;
+    l   pgfence.leases;
+    why text;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'pgfence: DELETE on pgfence.% is refused while enforcement is on', TG_TABLE_NAME
+            USING ERRCODE = 'PF001';
+    END IF;
+    -- Separate statements per table: plpgsql plans each one against NEW's row type when it first runs.
+    IF TG_TABLE_NAME = 'tasks' THEN
+        presented := NEW.fence;
+        IF TG_OP = 'UPDATE' AND NEW.fence < OLD.fence THEN
+            RAISE EXCEPTION 'pgfence: stale write to %: presented epoch % is below the row fence %',
+                NEW.lease, NEW.fence, OLD.fence USING ERRCODE = 'PF001';
+        END IF;
+    ELSE
+        presented := NEW.epoch;
+    END IF;
+    SELECT * INTO l FROM pgfence.leases WHERE name = NEW.lease FOR KEY SHARE;
+    why := pgfence._loss_reason(l, NULL, presented, clock_timestamp());
+    IF why IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: stale write to %: presented epoch %, current epoch % (%)',
+            NEW.lease, presented, l.epoch, why USING ERRCODE = 'PF001';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE TRIGGER enforce_epoch BEFORE INSERT OR UPDATE OR DELETE ON pgfence.tasks
+    FOR EACH ROW EXECUTE FUNCTION pgfence._enforce_epoch();
+CREATE TRIGGER enforce_epoch BEFORE INSERT ON pgfence.task_events
+    FOR EACH ROW EXECUTE FUNCTION pgfence._enforce_epoch();
+ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_epoch;
+ALTER TABLE pgfence.task_events DISABLE TRIGGER enforce_epoch;
+
+CREATE FUNCTION pgfence._append_only() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'pgfence: pgfence.% is append-only', TG_TABLE_NAME USING ERRCODE = 'PF002';
+END;
+$$;
+CREATE TRIGGER append_only BEFORE UPDATE OR DELETE ON pgfence.task_events
+    FOR EACH ROW EXECUTE FUNCTION pgfence._append_only();
+
+CREATE FUNCTION pgfence.set_enforcement(p_on boolean) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_on THEN
+        ALTER TABLE pgfence.tasks ENABLE TRIGGER enforce_epoch;
+        ALTER TABLE pgfence.task_events ENABLE TRIGGER enforce_epoch;
+    ELSE
+        ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_epoch;
+        ALTER TABLE pgfence.task_events DISABLE TRIGGER enforce_epoch;
+    END IF;
+    RETURN p_on;
+END;
+$$;
+
+CREATE FUNCTION pgfence.enforcement() RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT tgenabled <> 'D' FROM pg_catalog.pg_trigger
+     WHERE tgrelid = 'pgfence.tasks'::regclass AND tgname = 'enforce_epoch'
+$$;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Identity: which server and which pgfence installation this is. SECURITY DEFINER so that roles without
+-- access to pg_control_system() can still read the system identifier.
+CREATE FUNCTION pgfence.identity(
+    OUT system_identifier text, OUT database text, OUT instance_id text, OUT in_recovery boolean,
+    OUT timeline bigint, OUT server_version text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog AS $$
+BEGIN
+    database := current_database();
+    in_recovery := pg_is_in_recovery();
+    server_version := current_setting('server_version');
+    SELECT i.instance_id::text INTO instance_id FROM pgfence.instance i;
+    BEGIN
+        SELECT c.system_identifier::text INTO system_identifier FROM pg_control_system() c;
+        SELECT c.timeline_id INTO timeline FROM pg_control_checkpoint() c;
+    EXCEPTION WHEN insufficient_privilege THEN
+        system_identifier := NULL;
+        timeline := NULL;
+    END;
+END;
+$$;

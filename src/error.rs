@@ -1,0 +1,238 @@
+//! The one error type of pgfence.
+//!
+//! Every failure source has its own variant with the context a caller or an operator needs (lease name,
+//! epochs, SQLSTATE). Connection strings never appear in an error: targets are shown as
+//! `user@host:port/database`.
+
+use std::time::Duration;
+
+use crate::lease::{Epoch, LossReason};
+use crate::tasks::TaskState;
+
+/// Result alias used throughout pgfence.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in pgfence.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An argument was refused before anything was sent to the database; nothing was written.
+    #[error("invalid {field}: {reason}")]
+    InvalidInput {
+        /// Which argument (`lease name`, `holder`, `ttl`, `epoch`, …).
+        field: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+
+    /// The connection string could not be parsed. The string itself is never repeated.
+    #[error("invalid database URL: {reason}")]
+    InvalidUrl {
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The database could not be reached or refused the connection.
+    #[error("cannot connect to {target}: {cause}")]
+    Connect {
+        /// `user@host:port/database`, without credentials.
+        target: String,
+        /// The real cause as reported by the driver (e.g. "connection refused").
+        cause: String,
+    },
+
+    /// No pooled connection became available in time.
+    #[error("no database connection to {target} within {waited:?}{}", last_error.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    PoolTimeout {
+        /// `user@host:port/database`, without credentials.
+        target: String,
+        /// How long the checkout waited.
+        waited: Duration,
+        /// The last connection error the pool saw, if any: usually the real cause.
+        last_error: Option<String>,
+    },
+
+    /// The server is a standby (`pg_is_in_recovery()`): pgfence only writes to a primary.
+    #[error("{target} is a standby (in recovery); pgfence needs the primary")]
+    NotPrimary {
+        /// `user@host:port/database`, without credentials.
+        target: String,
+    },
+
+    /// The server is not the database this store was configured to expect. Nothing was written.
+    #[error("wrong database: expected {what} {expected}, found {actual}")]
+    WrongDatabase {
+        /// Which part of the identity differs (`system identifier`, `instance id`, `database`).
+        what: &'static str,
+        /// The configured value.
+        expected: String,
+        /// The value the server reported.
+        actual: String,
+    },
+
+    /// The pgfence schema is not installed in this database (run `migrate`).
+    #[error("the pgfence schema is missing or incomplete in this database: run `pgfence migrate` (or Store::migrate) first")]
+    SchemaMissing,
+
+    /// `acquire` found the lease held by another, unexpired tenure.
+    #[error("lease {lease} is held by {holder} at epoch {epoch}, expiring in {expires_in:?} (database clock)")]
+    Held {
+        /// The cluster-qualified lease name.
+        lease: String,
+        /// The current holder.
+        holder: String,
+        /// The current epoch.
+        epoch: Epoch,
+        /// Time left on the current tenure, computed by the database.
+        expires_in: Duration,
+    },
+
+    /// A renewal found the tenure no longer current.
+    #[error("lease {lease} lost at epoch {epoch}: {reason} (current epoch {})", fmt_epoch(*current))]
+    Lost {
+        /// The cluster-qualified lease name.
+        lease: String,
+        /// The epoch that was being renewed.
+        epoch: Epoch,
+        /// Why it is no longer current.
+        reason: LossReason,
+        /// The lease's epoch now, if the lease exists.
+        current: Option<Epoch>,
+    },
+
+    /// A write presented an epoch that is not the lease's current, held, unexpired epoch. The database refused
+    /// it and recorded a row in `pgfence.rejections`.
+    #[error("stale write refused on {lease}: presented epoch {presented}, current epoch {} ({reason}) during {operation}", fmt_epoch(*current))]
+    Stale {
+        /// The cluster-qualified lease name.
+        lease: String,
+        /// The epoch the write presented.
+        presented: Epoch,
+        /// The lease's current epoch (or the row's fence for [`LossReason::RowFence`]).
+        current: Option<Epoch>,
+        /// Why the presented epoch is stale.
+        reason: LossReason,
+        /// The refused operation (`claim_task`, `fenced_transaction`, …).
+        operation: String,
+    },
+
+    /// The task does not exist under this lease.
+    #[error("task {key} not found under lease {lease}")]
+    TaskNotFound {
+        /// The cluster-qualified lease name.
+        lease: String,
+        /// The task's stable key.
+        key: String,
+    },
+
+    /// A business guard failed: the task is not in the state the write requires. This is not a fencing
+    /// rejection and is not audited.
+    #[error("task {key} under {lease} is {actual}, expected {expected}")]
+    Conflict {
+        /// The cluster-qualified lease name.
+        lease: String,
+        /// The task's stable key.
+        key: String,
+        /// The state the write required.
+        expected: TaskState,
+        /// The state the task is in.
+        actual: TaskState,
+    },
+
+    /// Applying the embedded migrations failed.
+    #[error("migration failed: {0}")]
+    Migration(String),
+
+    /// Any other database error. `sqlstate` is set for the conditions callers act on (serialization failure,
+    /// deadlock, constraint violations, lost connection, pgfence's own `PF001` stale raw write and `22023` bad
+    /// argument); the driver stack does not carry the server's code for others.
+    #[error("database error{}: {message}", sqlstate.as_ref().map(|s| format!(" [{s}]")).unwrap_or_default())]
+    Database {
+        /// The five-character SQLSTATE, if the server reported one.
+        sqlstate: Option<String>,
+        /// The server's or driver's message.
+        message: String,
+    },
+}
+
+fn fmt_epoch(epoch: Option<Epoch>) -> String {
+    epoch.map_or_else(|| "none".to_owned(), |e| e.to_string())
+}
+
+impl Error {
+    /// True for errors worth retrying unchanged: serialization failures and deadlocks (SQLSTATE 40001, 40P01),
+    /// connection trouble and pool timeouts. Fencing outcomes (`Held`, `Lost`, `Stale`) are definitive.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Connect { .. } | Error::PoolTimeout { .. } => true,
+            Error::Database { sqlstate, .. } => {
+                sqlstate.as_deref().is_some_and(is_retryable_sqlstate)
+            }
+            _ => false,
+        }
+    }
+
+    /// The SQLSTATE of a database error, if any.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            Error::Database { sqlstate, .. } => sqlstate.as_deref(),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Whether a SQLSTATE names a condition that a retry of the same transaction can clear: serialization
+/// failure, deadlock, and the connection-exception and operator-intervention classes (`08`, `57P0x`).
+pub fn is_retryable_sqlstate(code: &str) -> bool {
+    matches!(code, "40001" | "40P01" | "57P01" | "57P02" | "57P03") || code.starts_with("08")
+}
+
+impl From<diesel::result::Error> for Error {
+    fn from(err: diesel::result::Error) -> Self {
+        use diesel::result::Error as D;
+        match err {
+            D::DatabaseError(kind, info) => {
+                let message = info.message().to_owned();
+                // A missing pgfence object means the schema was never migrated (or only partly).
+                if message.contains("pgfence") && message.contains("does not exist") {
+                    return Error::SchemaMissing;
+                }
+                Error::Database {
+                    sqlstate: infer_sqlstate(&kind, &message).map(str::to_owned),
+                    message,
+                }
+            }
+            other => Error::Database {
+                sqlstate: None,
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
+/// diesel reports a database error as a coarse kind plus the server's message; the SQLSTATE itself does not
+/// survive. Recover it for the conditions callers act on.
+fn infer_sqlstate(kind: &diesel::result::DatabaseErrorKind, message: &str) -> Option<&'static str> {
+    use diesel::result::DatabaseErrorKind as K;
+    match kind {
+        K::SerializationFailure => Some("40001"),
+        K::UniqueViolation => Some("23505"),
+        K::ForeignKeyViolation => Some("23503"),
+        K::NotNullViolation => Some("23502"),
+        K::CheckViolation => Some("23514"),
+        K::ReadOnlyTransaction => Some("25006"),
+        K::ClosedConnection | K::UnableToSendCommand => Some("08006"),
+        _ if message.starts_with("deadlock detected") => Some("40P01"),
+        _ if message.starts_with("pgfence: stale write") => Some("PF001"),
+        _ if message.starts_with("pgfence:") && message.contains("append-only") => Some("PF002"),
+        _ if message.starts_with("pgfence:") => Some("22023"),
+        _ => None,
+    }
+}

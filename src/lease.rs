@@ -1,0 +1,648 @@
+//! Leases: acquire, renew, release and force-release, each one call of a SQL function, timed only by the
+//! database clock; and the [`Epoch`], the fencing token every acquisition issues.
+//!
+//! SQL: `migrations/*/up.sql` (`pgfence.acquire`, `pgfence.renew`, `pgfence.release`,
+//! `pgfence.force_release`).
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use diesel::pg::sql_types::Record;
+use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz};
+use diesel::QueryableByName;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::fence::Fence;
+use crate::store::{Store, TARGET};
+
+/// Shortest accepted ttl.
+pub const MIN_TTL: Duration = Duration::from_millis(100);
+/// Longest accepted ttl.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// Longest accepted lease name, in characters (the cluster prefix is not counted).
+pub const MAX_NAME_LEN: usize = 200;
+/// Longest accepted cluster name, in characters.
+pub const MAX_CLUSTER_LEN: usize = 63;
+/// Longest accepted holder (and assignee, task key) in characters.
+pub const MAX_HOLDER_LEN: usize = 256;
+
+/// A fencing token: the number of the tenure that wrote. Each acquisition of a lease issues exactly the previous
+/// epoch + 1, so epochs per lease name strictly increase forever. Serializes as a plain number so it can travel
+/// to downstream services.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "i64", into = "i64")]
+pub struct Epoch(i64);
+
+impl Epoch {
+    /// An epoch from its number; epochs start at 1.
+    pub fn new(value: i64) -> Result<Epoch> {
+        if value < 1 {
+            return Err(Error::invalid(
+                "epoch",
+                format!("must be >= 1, got {value}"),
+            ));
+        }
+        Ok(Epoch(value))
+    }
+
+    /// The number.
+    pub fn get(self) -> i64 {
+        self.0
+    }
+
+    /// Epoch from a database value that may be 0 ("never acquired") or NULL.
+    pub(crate) fn from_db(value: Option<i64>) -> Option<Epoch> {
+        value.filter(|v| *v >= 1).map(Epoch)
+    }
+}
+
+impl TryFrom<i64> for Epoch {
+    type Error = Error;
+    fn try_from(value: i64) -> Result<Epoch> {
+        Epoch::new(value)
+    }
+}
+
+impl From<Epoch> for i64 {
+    fn from(epoch: Epoch) -> i64 {
+        epoch.0
+    }
+}
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Why a tenure is not (or no longer) current: the reason of a [`Error::Lost`] renewal and of a
+/// [`Error::Stale`] write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LossReason {
+    /// A newer epoch was issued.
+    Superseded,
+    /// The tenure's ttl ran out by the database clock.
+    Expired,
+    /// The tenure was released (by its holder or by an operator's force-release).
+    Released,
+    /// No lease has this name.
+    UnknownLease,
+    /// The presented epoch was never issued.
+    FutureEpoch,
+    /// The epoch matches but the holder does not.
+    HolderMismatch,
+    /// The target row was already written by a newer epoch (its fence is higher).
+    RowFence,
+}
+
+impl LossReason {
+    pub(crate) fn parse(text: &str) -> LossReason {
+        match text {
+            "superseded" => LossReason::Superseded,
+            "expired" => LossReason::Expired,
+            "released" | "forced" => LossReason::Released,
+            "unknown_lease" => LossReason::UnknownLease,
+            "future_epoch" => LossReason::FutureEpoch,
+            "holder_mismatch" => LossReason::HolderMismatch,
+            "row_fence" => LossReason::RowFence,
+            other => {
+                tracing::warn!(target: TARGET, reason = other, "unknown loss reason from the database");
+                LossReason::Superseded
+            }
+        }
+    }
+
+    /// The name used in SQL and in `pgfence.rejections.reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossReason::Superseded => "superseded",
+            LossReason::Expired => "expired",
+            LossReason::Released => "released",
+            LossReason::UnknownLease => "unknown_lease",
+            LossReason::FutureEpoch => "future_epoch",
+            LossReason::HolderMismatch => "holder_mismatch",
+            LossReason::RowFence => "row_fence",
+        }
+    }
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A tenure this process holds: the lease name, the holder, the epoch the database issued and the local
+/// deadline before which the database cannot grant a successor.
+///
+/// This is plain data: it does not renew itself. Call [`Store::renew`] before [`Lease::local_deadline`].
+#[derive(Debug, Clone)]
+pub struct Lease {
+    name: String,
+    qualified: String,
+    holder: String,
+    epoch: Epoch,
+    ttl: Duration,
+    local_deadline: Instant,
+}
+
+impl Lease {
+    /// The lease name without its cluster prefix.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The cluster-qualified name (`<cluster>/<name>`), as stored in the database.
+    pub fn qualified_name(&self) -> &str {
+        &self.qualified
+    }
+
+    /// Who holds it.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// The fencing token of this tenure.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// The ttl of the last acquisition or renewal.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The fence every guarded write of this tenure presents.
+    pub fn fence(&self) -> Fence {
+        Fence::from_parts(self.qualified.clone(), self.epoch)
+    }
+
+    /// By this process's monotonic clock: when the last successful acquire or renew statement was *sent*, plus
+    /// the ttl. The database computed the expiry from its own clock when it *ran* the statement, which was
+    /// later, so it cannot grant a successor before this instant (up to clock-rate drift, which a holder covers
+    /// with a safety margin). No wall clock is involved.
+    pub fn local_deadline(&self) -> Instant {
+        self.local_deadline
+    }
+
+    /// Time left until [`local_deadline`](Self::local_deadline) (zero once passed).
+    pub fn remaining(&self) -> Duration {
+        self.local_deadline
+            .saturating_duration_since(Instant::now())
+    }
+}
+
+/// What [`Store::release`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "outcome", content = "reason")]
+pub enum Released {
+    /// The tenure ended now; a successor can acquire immediately.
+    Released,
+    /// The tenure had already ended (released before, expired and taken over, …); nothing was changed.
+    NotHeld(LossReason),
+}
+
+/// What [`Store::force_release`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum ForceReleased {
+    /// The current tenure was ended: its epoch can no longer write.
+    Ended {
+        /// The epoch that was ended.
+        epoch: Epoch,
+        /// Who held it.
+        holder: String,
+    },
+    /// Nobody held the lease (never acquired, or released already).
+    NotHeld,
+}
+
+/// The state of a lease as the database sees it now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseState {
+    /// Held and unexpired.
+    Held,
+    /// Held, but the ttl ran out (by the database clock); anyone may acquire.
+    Expired,
+    /// Released by its holder or an operator, or never acquired.
+    Released,
+}
+
+/// One lease row, read with durations computed by the database.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LeaseStatus {
+    /// The cluster-qualified name.
+    pub name: String,
+    /// The last holder (current holder when `state` is `Held`).
+    pub holder: Option<String>,
+    /// The last issued epoch (`None` when never acquired).
+    pub epoch: Option<Epoch>,
+    /// Held, expired or released.
+    pub state: LeaseState,
+    /// Time left when held, by the database clock.
+    pub expires_in: Option<Duration>,
+    /// How many times the holder identity changed.
+    pub transitions: i64,
+    /// When the current tenure began.
+    pub acquired_at: Option<DateTime<Utc>>,
+    /// When it was last renewed.
+    pub renewed_at: Option<DateTime<Utc>>,
+}
+
+/// One issued epoch and how its tenure ended.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Tenure {
+    /// The cluster-qualified name.
+    pub lease: String,
+    /// The epoch of this tenure.
+    pub epoch: Epoch,
+    /// Who held it.
+    pub holder: String,
+    /// When it began (database clock, UTC).
+    pub acquired_at: DateTime<Utc>,
+    /// When it ended; `None` while current.
+    pub ended_at: Option<DateTime<Utc>>,
+    /// `released`, `expired`, `forced` or `reacquired`; `None` while current.
+    pub end_reason: Option<String>,
+    /// The last task write accepted under this epoch.
+    pub last_write_at: Option<DateTime<Utc>>,
+}
+
+pub(crate) mod sql {
+    use super::*;
+
+    /// `pgfence.lease_result`: (outcome, reason, epoch, holder, expires_in_ms).
+    pub(crate) type LeaseResult = Record<(
+        Text,
+        Nullable<Text>,
+        Nullable<BigInt>,
+        Nullable<Text>,
+        Nullable<BigInt>,
+    )>;
+    pub(crate) type LeaseRow = (
+        String,
+        Option<String>,
+        Option<i64>,
+        Option<String>,
+        Option<i64>,
+    );
+
+    diesel::define_sql_function! {
+        #[sql_name = "pgfence.acquire"]
+        fn acquire(lease: Text, holder: Text, ttl_ms: BigInt) -> LeaseResult;
+    }
+    diesel::define_sql_function! {
+        #[sql_name = "pgfence.renew"]
+        fn renew(lease: Text, holder: Text, epoch: BigInt, ttl_ms: BigInt) -> LeaseResult;
+    }
+    diesel::define_sql_function! {
+        #[sql_name = "pgfence.release"]
+        fn release(lease: Text, holder: Text, epoch: BigInt) -> LeaseResult;
+    }
+    diesel::define_sql_function! {
+        #[sql_name = "pgfence.force_release"]
+        fn force_release(lease: Text) -> LeaseResult;
+    }
+}
+
+fn check_text(field: &'static str, value: &str, max: usize) -> Result<()> {
+    let len = value.chars().count();
+    if len == 0 {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    if len > max {
+        return Err(Error::invalid(
+            field,
+            format!("must be at most {max} characters, got {len}"),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            field,
+            "must not contain control characters (NUL, newline, …)",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a cluster name: 1 to 63 characters, no `/` (it separates cluster and lease name), no control
+/// characters.
+pub(crate) fn validate_cluster(cluster: &str) -> Result<()> {
+    check_text("cluster", cluster, MAX_CLUSTER_LEN)?;
+    if cluster.contains('/') {
+        return Err(Error::invalid("cluster", "must not contain '/'"));
+    }
+    Ok(())
+}
+
+/// Checks a lease name (without cluster): 1 to 200 characters, no control characters. Quotes, `/` and SQL are
+/// plain data.
+pub(crate) fn validate_name(name: &str) -> Result<()> {
+    check_text("lease name", name, MAX_NAME_LEN)
+}
+
+/// Checks a holder, assignee or similar identity: 1 to 256 characters, no control characters.
+pub(crate) fn validate_holder(field: &'static str, holder: &str) -> Result<()> {
+    check_text(field, holder, MAX_HOLDER_LEN)
+}
+
+/// Checks a cluster-qualified lease name (`<cluster>/<name>`).
+pub(crate) fn validate_qualified(qualified: &str) -> Result<()> {
+    match qualified.split_once('/') {
+        Some((cluster, name)) => {
+            validate_cluster(cluster)?;
+            validate_name(name)
+        }
+        None => Err(Error::invalid(
+            "lease",
+            "must be cluster-qualified: '<cluster>/<name>'",
+        )),
+    }
+}
+
+fn ttl_ms(ttl: Duration) -> Result<i64> {
+    if ttl < MIN_TTL || ttl > MAX_TTL {
+        return Err(Error::invalid(
+            "ttl",
+            format!("must be between {MIN_TTL:?} and {MAX_TTL:?}, got {ttl:?}"),
+        ));
+    }
+    Ok(ttl.as_millis() as i64)
+}
+
+fn ms(value: Option<i64>) -> Duration {
+    Duration::from_millis(value.unwrap_or(0).max(0) as u64)
+}
+
+#[derive(QueryableByName)]
+struct LeaseStatusRow {
+    #[diesel(sql_type = Text)]
+    name: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    holder: Option<String>,
+    #[diesel(sql_type = BigInt)]
+    epoch: i64,
+    #[diesel(sql_type = Text)]
+    state: String,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    expires_in_ms: Option<i64>,
+    #[diesel(sql_type = BigInt)]
+    transitions: i64,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    acquired_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    renewed_at: Option<DateTime<Utc>>,
+}
+
+impl From<LeaseStatusRow> for LeaseStatus {
+    fn from(row: LeaseStatusRow) -> Self {
+        let state = match row.state.as_str() {
+            "held" => LeaseState::Held,
+            "expired" => LeaseState::Expired,
+            _ => LeaseState::Released,
+        };
+        LeaseStatus {
+            name: row.name,
+            holder: row.holder,
+            epoch: Epoch::from_db(Some(row.epoch)),
+            state,
+            expires_in: (state == LeaseState::Held).then(|| ms(row.expires_in_ms)),
+            transitions: row.transitions,
+            acquired_at: row.acquired_at,
+            renewed_at: row.renewed_at,
+        }
+    }
+}
+
+// Durations are computed by the database (`expires_at - clock_timestamp()`), never by comparing clocks.
+const STATUS_SQL: &str = "SELECT name, holder, epoch, \
+        CASE WHEN state = 'held' AND expires_at > clock_timestamp() THEN 'held' \
+             WHEN state = 'held' THEN 'expired' ELSE 'released' END AS state, \
+        CASE WHEN state = 'held' AND expires_at > clock_timestamp() \
+             THEN ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint END AS expires_in_ms, \
+        transitions, acquired_at, renewed_at \
+   FROM pgfence.leases";
+
+#[derive(QueryableByName)]
+struct TenureRow {
+    #[diesel(sql_type = Text)]
+    lease: String,
+    #[diesel(sql_type = BigInt)]
+    epoch: i64,
+    #[diesel(sql_type = Text)]
+    holder: String,
+    #[diesel(sql_type = Timestamptz)]
+    acquired_at: DateTime<Utc>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    ended_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Nullable<Text>)]
+    end_reason: Option<String>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    last_write_at: Option<DateTime<Utc>>,
+}
+
+impl Store {
+    /// Acquires `name` for `holder` by compare-and-set: succeeds when the lease is new, released or expired by
+    /// the database clock, and issues the previous epoch + 1. When another holder's tenure is live the result
+    /// is [`Error::Held`] with the time it has left.
+    ///
+    /// The same holder acquiring again while it holds also gets a new epoch, which fences its own earlier
+    /// tenure: an acquisition always starts a new tenure (a restarted process that reuses its holder name must
+    /// not inherit the writes still in flight from its previous life). Use [`renew`](Self::renew) to extend.
+    ///
+    /// ```no_run
+    /// # async fn example(store: pgfence::Store) -> pgfence::Result<()> {
+    /// use std::time::Duration;
+    /// match store.acquire("scheduler", "pod-a", Duration::from_secs(15)).await {
+    ///     Ok(lease) => println!("leading with epoch {}", lease.epoch()),
+    ///     Err(pgfence::Error::Held { holder, expires_in, .. }) => {
+    ///         println!("{holder} leads for another {expires_in:?}")
+    ///     }
+    ///     Err(other) => return Err(other),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease> {
+        use diesel_async::RunQueryDsl;
+        validate_name(name)?;
+        validate_holder("holder", holder)?;
+        let ttl_ms = ttl_ms(ttl)?;
+        let qualified = self.qualify(name);
+        let mut conn = self.conn().await?;
+        let sent = Instant::now();
+        let (outcome, _reason, epoch, current_holder, expires_in_ms): sql::LeaseRow =
+            diesel::select(sql::acquire(&qualified, holder, ttl_ms))
+                .get_result(&mut *conn)
+                .await?;
+        match outcome.as_str() {
+            "acquired" => {
+                let epoch =
+                    Epoch::from_db(epoch).ok_or_else(|| unexpected("acquire", "no epoch"))?;
+                tracing::info!(target: TARGET, lease = %qualified, %epoch, holder, "lease acquired");
+                Ok(Lease {
+                    name: name.to_owned(),
+                    qualified,
+                    holder: holder.to_owned(),
+                    epoch,
+                    ttl,
+                    local_deadline: sent + ttl,
+                })
+            }
+            "held" => Err(Error::Held {
+                lease: qualified,
+                holder: current_holder.unwrap_or_default(),
+                epoch: Epoch::from_db(epoch)
+                    .ok_or_else(|| unexpected("acquire", "held without epoch"))?,
+                expires_in: ms(expires_in_ms),
+            }),
+            other => Err(unexpected("acquire", other)),
+        }
+    }
+
+    /// Extends the tenure by its ttl, only while holder and epoch still match and the lease has not expired by
+    /// the database clock; otherwise [`Error::Lost`] with the reason. On success the lease's
+    /// [`local_deadline`](Lease::local_deadline) moves to (send time of this renewal + ttl).
+    pub async fn renew(&self, lease: &mut Lease) -> Result<()> {
+        use diesel_async::RunQueryDsl;
+        let ttl_ms = ttl_ms(lease.ttl)?;
+        let mut conn = self.conn().await?;
+        let sent = Instant::now();
+        let (outcome, reason, current, _holder, _expires): sql::LeaseRow = diesel::select(
+            sql::renew(&lease.qualified, &lease.holder, lease.epoch.get(), ttl_ms),
+        )
+        .get_result(&mut *conn)
+        .await?;
+        match outcome.as_str() {
+            "renewed" => {
+                lease.local_deadline = sent + lease.ttl;
+                tracing::debug!(target: TARGET, lease = %lease.qualified, epoch = %lease.epoch, "lease renewed");
+                Ok(())
+            }
+            "lost" => {
+                let reason = LossReason::parse(reason.as_deref().unwrap_or("expired"));
+                tracing::warn!(target: TARGET, lease = %lease.qualified, epoch = %lease.epoch, %reason, "lease lost");
+                Err(Error::Lost {
+                    lease: lease.qualified.clone(),
+                    epoch: lease.epoch,
+                    reason,
+                    current: Epoch::from_db(current),
+                })
+            }
+            other => Err(unexpected("renew", other)),
+        }
+    }
+
+    /// Ends this tenure now so that a successor can acquire immediately. Idempotent, and it never touches a
+    /// successor's tenure: releasing an epoch that is no longer current changes nothing and returns
+    /// [`Released::NotHeld`]. After it returns, no write presenting this epoch can commit.
+    pub async fn release(&self, lease: &Lease) -> Result<Released> {
+        use diesel_async::RunQueryDsl;
+        let mut conn = self.conn().await?;
+        let (outcome, reason, _epoch, _holder, _expires): sql::LeaseRow = diesel::select(
+            sql::release(&lease.qualified, &lease.holder, lease.epoch.get()),
+        )
+        .get_result(&mut *conn)
+        .await?;
+        match outcome.as_str() {
+            "released" => {
+                tracing::info!(target: TARGET, lease = %lease.qualified, epoch = %lease.epoch, holder = %lease.holder, "lease released");
+                Ok(Released::Released)
+            }
+            "not_held" => Ok(Released::NotHeld(LossReason::parse(
+                reason.as_deref().unwrap_or("released"),
+            ))),
+            other => Err(unexpected("release", other)),
+        }
+    }
+
+    /// Operator override: ends whatever tenure of `name` is current, so its epoch can no longer write. The
+    /// epoch is kept: the next acquisition issues epoch + 1.
+    pub async fn force_release(&self, name: &str) -> Result<ForceReleased> {
+        use diesel_async::RunQueryDsl;
+        validate_name(name)?;
+        let qualified = self.qualify(name);
+        let mut conn = self.conn().await?;
+        let (outcome, _reason, epoch, holder, _expires): sql::LeaseRow =
+            diesel::select(sql::force_release(&qualified))
+                .get_result(&mut *conn)
+                .await?;
+        match (outcome.as_str(), Epoch::from_db(epoch)) {
+            ("released", Some(epoch)) => {
+                tracing::warn!(target: TARGET, lease = %qualified, %epoch, holder = ?holder, "lease force-released");
+                Ok(ForceReleased::Ended {
+                    epoch,
+                    holder: holder.unwrap_or_default(),
+                })
+            }
+            ("not_held", _) => Ok(ForceReleased::NotHeld),
+            (other, _) => Err(unexpected("force_release", other)),
+        }
+    }
+
+    /// The lease `name` of this store's cluster, if it was ever acquired.
+    pub async fn lease_status(&self, name: &str) -> Result<Option<LeaseStatus>> {
+        use diesel::OptionalExtension;
+        use diesel_async::RunQueryDsl;
+        validate_name(name)?;
+        let mut conn = self.conn().await?;
+        let row: Option<LeaseStatusRow> =
+            diesel::sql_query(format!("{STATUS_SQL} WHERE name = $1"))
+                .bind::<Text, _>(self.qualify(name))
+                .get_result(&mut *conn)
+                .await
+                .optional()?;
+        Ok(row.map(LeaseStatus::from))
+    }
+
+    /// Every lease of this store's cluster, by name.
+    pub async fn leases(&self) -> Result<Vec<LeaseStatus>> {
+        use diesel_async::RunQueryDsl;
+        let mut conn = self.conn().await?;
+        let rows: Vec<LeaseStatusRow> = diesel::sql_query(format!(
+            "{STATUS_SQL} WHERE starts_with(name, $1) ORDER BY name"
+        ))
+        .bind::<Text, _>(format!("{}/", self.cluster()))
+        .load(&mut *conn)
+        .await?;
+        Ok(rows.into_iter().map(LeaseStatus::from).collect())
+    }
+
+    /// Every tenure of `name`, oldest first, with the time of its last accepted task write.
+    pub async fn tenures(&self, name: &str) -> Result<Vec<Tenure>> {
+        use diesel_async::RunQueryDsl;
+        validate_name(name)?;
+        let mut conn = self.conn().await?;
+        let rows: Vec<TenureRow> = diesel::sql_query(
+            "SELECT lease, epoch, holder, acquired_at, ended_at, end_reason, last_write_at \
+               FROM pgfence.tenure_history WHERE lease = $1 ORDER BY epoch",
+        )
+        .bind::<Text, _>(self.qualify(name))
+        .load(&mut *conn)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(Tenure {
+                    epoch: Epoch::new(r.epoch)?,
+                    lease: r.lease,
+                    holder: r.holder,
+                    acquired_at: r.acquired_at,
+                    ended_at: r.ended_at,
+                    end_reason: r.end_reason,
+                    last_write_at: r.last_write_at,
+                })
+            })
+            .collect()
+    }
+}
+
+pub(crate) fn unexpected(operation: &str, outcome: &str) -> Error {
+    Error::Database {
+        sqlstate: None,
+        message: format!("unexpected result of pgfence.{operation}: {outcome}"),
+    }
+}

@@ -1,0 +1,560 @@
+//! The connection to PostgreSQL: a bb8 pool of diesel-async connections, the identity check that makes sure
+//! pgfence writes to the primary it was configured for, and the embedded migrations.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use diesel::sql_types::{BigInt, Bool, Nullable, Text};
+use diesel::QueryableByName;
+use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig, PoolError};
+use diesel_async::AsyncPgConnection;
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+
+use crate::error::{Error, Result};
+use crate::lease::validate_cluster;
+
+/// The bb8 pool type pgfence uses; bring your own with [`Store::from_pool`].
+pub type Pool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
+
+/// A connection checked out of the [`Pool`].
+pub type PooledConnection<'a> =
+    bb8::PooledConnection<'a, AsyncDieselConnectionManager<AsyncPgConnection>>;
+
+/// The schema migrations compiled into the crate (the `migrations/` folder).
+pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
+
+/// The tracing target of every pgfence event.
+pub(crate) const TARGET: &str = "pgfence";
+
+/// Session advisory lock key held while migrating, so two processes migrating at once take turns.
+/// (The ASCII bytes of "pgfence" followed by a version byte.)
+const MIGRATION_LOCK_KEY: i64 = 0x7067_6665_6e63_6501;
+
+/// What the store expects the database to be. Every field left `None` is not checked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExpectedIdentity {
+    /// The server's system identifier (`pg_control_system()`), which differs between clusters created by
+    /// separate `initdb` runs (a physical replica shares it with its primary).
+    pub system_identifier: Option<String>,
+    /// The pgfence instance id created at migrate time (`pgfence.instance`).
+    pub instance_id: Option<String>,
+    /// The database name.
+    pub database: Option<String>,
+}
+
+/// The identity of the database a store talks to, as reported by the server.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DatabaseIdentity {
+    /// The server's system identifier; `None` when the role may not read `pg_control_system()` and the
+    /// schema's SECURITY DEFINER helper is not installed yet.
+    pub system_identifier: Option<String>,
+    /// The current database name.
+    pub database: String,
+    /// The pgfence instance id created at migrate time; `None` before the first migration.
+    pub instance_id: Option<String>,
+    /// Whether the server is a standby (`pg_is_in_recovery()`).
+    pub in_recovery: bool,
+    /// The WAL timeline of the last checkpoint, when readable.
+    pub timeline: Option<i64>,
+    /// The server version string.
+    pub server_version: String,
+}
+
+impl DatabaseIdentity {
+    /// Compares this identity with what was expected; the first difference is a [`Error::WrongDatabase`].
+    pub fn verify(&self, expected: &ExpectedIdentity) -> Result<()> {
+        fn check(
+            what: &'static str,
+            expected: &Option<String>,
+            actual: &Option<String>,
+        ) -> Result<()> {
+            match expected {
+                Some(want) if Some(want) != actual.as_ref() => Err(Error::WrongDatabase {
+                    what,
+                    expected: want.clone(),
+                    actual: actual.clone().unwrap_or_else(|| "none".to_owned()),
+                }),
+                _ => Ok(()),
+            }
+        }
+        check("database", &expected.database, &Some(self.database.clone()))?;
+        check(
+            "system identifier",
+            &expected.system_identifier,
+            &self.system_identifier,
+        )?;
+        check("instance id", &expected.instance_id, &self.instance_id)
+    }
+}
+
+/// How to reach the database and what to expect of it.
+///
+/// `Debug` never prints the connection string, only `user@host:port/database`.
+#[derive(Clone)]
+pub struct StoreConfig {
+    url: String,
+    cluster: String,
+    pool_size: u32,
+    connect_timeout: Duration,
+    checkout_timeout: Duration,
+    application_name: String,
+    expected: ExpectedIdentity,
+}
+
+impl fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("target", &redact(&self.url))
+            .field("cluster", &self.cluster)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("checkout_timeout", &self.checkout_timeout)
+            .field("application_name", &self.application_name)
+            .field("expected", &self.expected)
+            .finish()
+    }
+}
+
+impl StoreConfig {
+    /// A configuration for `url` (a `postgres://` URL or a `key=value` connection string) whose leases are
+    /// qualified by `cluster` (e.g. `prod-eu-1`): two stores with different clusters never contend, even in one
+    /// database.
+    pub fn new(url: impl Into<String>, cluster: impl Into<String>) -> Self {
+        StoreConfig {
+            url: url.into(),
+            cluster: cluster.into(),
+            pool_size: 16,
+            connect_timeout: Duration::from_secs(5),
+            checkout_timeout: Duration::from_secs(5),
+            application_name: "pgfence".to_owned(),
+            expected: ExpectedIdentity::default(),
+        }
+    }
+
+    /// Maximum number of pooled connections (default 16).
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// How long to wait for a new connection to be established (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long an operation waits for a pooled connection (default 5 s).
+    pub fn checkout_timeout(mut self, timeout: Duration) -> Self {
+        self.checkout_timeout = timeout;
+        self
+    }
+
+    /// `application_name` of pgfence's connections unless the URL sets one (default `pgfence`); it is
+    /// recorded with every rejection.
+    pub fn application_name(mut self, name: impl Into<String>) -> Self {
+        self.application_name = name.into();
+        self
+    }
+
+    /// The identity the database must have; a mismatch is [`Error::WrongDatabase`] before anything is written.
+    pub fn expect(mut self, expected: ExpectedIdentity) -> Self {
+        self.expected = expected;
+        self
+    }
+}
+
+/// Shows a connection string as `user@host:port/database`: never a password.
+pub fn redact(url: &str) -> String {
+    match tokio_postgres::Config::from_str(url) {
+        Ok(config) => describe(&config),
+        Err(_) => "<unparsable connection string>".to_owned(),
+    }
+}
+
+fn describe(config: &tokio_postgres::Config) -> String {
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(name) => name.clone(),
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        })
+        .unwrap_or_else(|| "localhost".to_owned());
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("?");
+    let db = config.get_dbname().unwrap_or(user);
+    format!("{user}@{host}:{port}/{db}")
+}
+
+/// Remembers the last connection error bb8 saw, so that a checkout timeout can report the real cause
+/// ("connection refused") instead of only "timed out".
+#[derive(Debug, Clone, Default)]
+struct LastError(Arc<Mutex<Option<String>>>);
+
+impl bb8::ErrorSink<PoolError> for LastError {
+    fn sink(&self, error: PoolError) {
+        tracing::warn!(target: TARGET, error = %error, "database connection failed");
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
+    }
+
+    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<PoolError>> {
+        Box::new(self.clone())
+    }
+}
+
+/// A pgfence store: the pool, the cluster its lease names are qualified with, and the verified identity of the
+/// database. Cheap to clone; clones share the pool.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    cluster: String,
+    target: String,
+    checkout_timeout: Duration,
+    last_error: LastError,
+    expected: ExpectedIdentity,
+    connect: Option<ConnectSettings>,
+}
+
+#[derive(Clone)]
+struct ConnectSettings {
+    config: tokio_postgres::Config,
+    target: String,
+    expected: ExpectedIdentity,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("target", &self.inner.target)
+            .field("cluster", &self.inner.cluster)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Connects, checks that the server is a primary with the expected identity, and builds the pool.
+    ///
+    /// An unreachable database fails within the connect timeout with the driver's cause
+    /// ([`Error::Connect`]); a standby is [`Error::NotPrimary`]; an unexpected identity is
+    /// [`Error::WrongDatabase`]. A database without the pgfence schema is accepted (so that
+    /// [`migrate`](Self::migrate) can run); lease operations on it fail with [`Error::SchemaMissing`].
+    ///
+    /// ```no_run
+    /// # async fn example() -> pgfence::Result<()> {
+    /// use pgfence::{Store, StoreConfig};
+    /// let store = Store::connect(StoreConfig::new("postgres://app@db:5432/control", "prod-eu-1")).await?;
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(config: StoreConfig) -> Result<Store> {
+        validate_cluster(&config.cluster)?;
+        let mut pg =
+            tokio_postgres::Config::from_str(&config.url).map_err(|e| Error::InvalidUrl {
+                reason: e.to_string(),
+            })?;
+        if pg.get_application_name().is_none() {
+            pg.application_name(&config.application_name);
+        }
+        if pg.get_connect_timeout().is_none() {
+            pg.connect_timeout(config.connect_timeout);
+        }
+        let target = describe(&pg);
+        let settings = ConnectSettings {
+            config: pg,
+            target: target.clone(),
+            expected: config.expected.clone(),
+        };
+
+        // One direct connection first: its error is the real cause, and the identity is checked before a pool
+        // (and anything that writes) exists.
+        let mut first = settings.open().await?;
+        let identity = read_identity(&mut first).await?;
+        settings.check(&identity)?;
+        tracing::info!(target: TARGET, database = %target, cluster = %config.cluster,
+            system_identifier = ?identity.system_identifier, instance_id = ?identity.instance_id, "connected");
+
+        let last_error = LastError::default();
+        let setup = settings.clone();
+        let mut manager_config = ManagerConfig::default();
+        manager_config.custom_setup = Box::new(move |_url| {
+            let setup = setup.clone();
+            Box::pin(async move {
+                let mut conn = setup
+                    .open()
+                    .await
+                    .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
+                // Every new connection re-checks primary and identity: after a failover or a DNS change the
+                // pool must not quietly start writing elsewhere.
+                let identity = read_identity(&mut conn)
+                    .await
+                    .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
+                setup
+                    .check(&identity)
+                    .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
+                Ok(conn)
+            })
+        });
+        let manager =
+            AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config("", manager_config);
+        let pool = bb8::Pool::builder()
+            .max_size(config.pool_size)
+            .connection_timeout(config.checkout_timeout)
+            // A ping on every checkout costs a round trip per operation; broken connections are detected by
+            // the failing statement instead and then discarded.
+            .test_on_check_out(false)
+            .error_sink(Box::new(last_error.clone()))
+            .build_unchecked(manager);
+        // Hand the already verified connection to the pool instead of dropping it.
+        pool.add(first).map_err(|_| Error::Database {
+            sqlstate: None,
+            message: "the pool refused its first connection".to_owned(),
+        })?;
+
+        Ok(Store {
+            inner: Arc::new(Inner {
+                pool,
+                cluster: config.cluster,
+                target,
+                checkout_timeout: config.checkout_timeout,
+                last_error,
+                expected: config.expected,
+                connect: Some(settings),
+            }),
+        })
+    }
+
+    /// Wraps a pool the application already has. The pool's connections are not re-checked by pgfence when
+    /// they are created; the identity is verified once here.
+    pub async fn from_pool(
+        pool: Pool,
+        cluster: impl Into<String>,
+        expected: ExpectedIdentity,
+    ) -> Result<Store> {
+        let cluster = cluster.into();
+        validate_cluster(&cluster)?;
+        let last_error = LastError::default();
+        let store = Store {
+            inner: Arc::new(Inner {
+                pool,
+                cluster,
+                target: "<application pool>".to_owned(),
+                checkout_timeout: Duration::from_secs(30),
+                last_error,
+                expected,
+                connect: None,
+            }),
+        };
+        let identity = store.identity().await?;
+        if identity.in_recovery {
+            return Err(Error::NotPrimary {
+                target: store.inner.target.clone(),
+            });
+        }
+        identity.verify(&store.inner.expected)?;
+        Ok(store)
+    }
+
+    /// The cluster that qualifies every lease name of this store.
+    pub fn cluster(&self) -> &str {
+        &self.inner.cluster
+    }
+
+    /// The database as `user@host:port/database` (no credentials).
+    pub fn target(&self) -> &str {
+        &self.inner.target
+    }
+
+    /// The underlying pool, for the application's own queries.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// Checks a connection out of the pool; a timeout reports the last connection error the pool saw.
+    pub async fn conn(&self) -> Result<PooledConnection<'_>> {
+        self.inner.pool.get().await.map_err(|e| match e {
+            bb8::RunError::User(err) => Error::Connect {
+                target: self.inner.target.clone(),
+                cause: err.to_string(),
+            },
+            bb8::RunError::TimedOut => Error::PoolTimeout {
+                target: self.inner.target.clone(),
+                waited: self.inner.checkout_timeout,
+                last_error: self
+                    .inner
+                    .last_error
+                    .0
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone(),
+            },
+        })
+    }
+
+    /// Reads the database's identity now (a fresh query, not a cached value).
+    pub async fn identity(&self) -> Result<DatabaseIdentity> {
+        let mut conn = self.conn().await?;
+        read_identity(&mut conn).await
+    }
+
+    /// Re-reads the identity and checks it against the configured expectation and that the server is a
+    /// primary.
+    pub async fn verify_identity(&self) -> Result<DatabaseIdentity> {
+        let identity = self.identity().await?;
+        if identity.in_recovery {
+            return Err(Error::NotPrimary {
+                target: self.inner.target.clone(),
+            });
+        }
+        identity.verify(&self.inner.expected)?;
+        Ok(identity)
+    }
+
+    /// Applies the embedded migrations that are not applied yet and returns their versions. Migrating twice is
+    /// a no-op; two processes migrating at once take turns (a session advisory lock on a dedicated connection).
+    pub async fn migrate(&self) -> Result<Vec<String>> {
+        let conn =
+            match &self.inner.connect {
+                Some(settings) => settings.open().await?,
+                None => return Err(Error::Migration(
+                    "a store built from an application pool cannot migrate: use Store::connect or \
+                     `pgfence migrate`"
+                        .to_owned(),
+                )),
+            };
+        run_migrations(conn).await
+    }
+
+    pub(crate) fn qualify(&self, name: &str) -> String {
+        format!("{}/{}", self.inner.cluster, name)
+    }
+}
+
+impl ConnectSettings {
+    async fn open(&self) -> Result<AsyncPgConnection> {
+        let connect_err = |cause: String| Error::Connect {
+            target: self.target.clone(),
+            cause,
+        };
+        let (client, connection) = self
+            .config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| connect_err(error_chain(&e)))?;
+        AsyncPgConnection::try_from_client_and_connection(client, connection)
+            .await
+            .map_err(|e| connect_err(e.to_string()))
+    }
+
+    fn check(&self, identity: &DatabaseIdentity) -> Result<()> {
+        if identity.in_recovery {
+            return Err(Error::NotPrimary {
+                target: self.target.clone(),
+            });
+        }
+        identity.verify(&self.expected)
+    }
+}
+
+/// A driver error with its sources ("error connecting to server: Connection refused (os error 111)").
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[derive(QueryableByName)]
+struct IdentityRow {
+    #[diesel(sql_type = Nullable<Text>)]
+    system_identifier: Option<String>,
+    #[diesel(sql_type = Text)]
+    database: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    instance_id: Option<String>,
+    #[diesel(sql_type = Bool)]
+    in_recovery: bool,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    timeline: Option<i64>,
+    #[diesel(sql_type = Text)]
+    server_version: String,
+}
+
+/// Reads the identity through `pgfence.identity()` when the schema is installed, or directly (as far as the
+/// role's privileges allow) before the first migration.
+async fn read_identity(conn: &mut AsyncPgConnection) -> Result<DatabaseIdentity> {
+    use diesel_async::RunQueryDsl;
+    let installed: bool = diesel::select(diesel::dsl::sql::<Bool>(
+        "to_regprocedure('pgfence.identity()') IS NOT NULL",
+    ))
+    .get_result(conn)
+    .await?;
+    let row: IdentityRow = if installed {
+        diesel::sql_query(
+            "SELECT system_identifier, database, instance_id, in_recovery, timeline, server_version \
+             FROM pgfence.identity()",
+        )
+        .get_result(conn)
+        .await?
+    } else {
+        diesel::sql_query(
+            "SELECT CASE WHEN has_function_privilege('pg_control_system()', 'EXECUTE') \
+                    THEN (SELECT system_identifier::text FROM pg_control_system()) END AS system_identifier, \
+                    current_database()::text AS database, NULL::text AS instance_id, \
+                    pg_is_in_recovery() AS in_recovery, NULL::bigint AS timeline, \
+                    current_setting('server_version') AS server_version",
+        )
+        .get_result(conn)
+        .await?
+    };
+    Ok(DatabaseIdentity {
+        system_identifier: row.system_identifier,
+        database: row.database,
+        instance_id: row.instance_id,
+        in_recovery: row.in_recovery,
+        timeline: row.timeline,
+        server_version: row.server_version,
+    })
+}
+
+async fn run_migrations(mut conn: AsyncPgConnection) -> Result<Vec<String>> {
+    use diesel_async::SimpleAsyncConnection;
+    // Serialize concurrent migrators; the lock is released when this dedicated connection closes.
+    conn.batch_execute(&format!(
+        "SELECT pg_advisory_lock({MIGRATION_LOCK_KEY}); \
+         CREATE SCHEMA IF NOT EXISTS pgfence; \
+         SET search_path = pgfence"
+    ))
+    .await?;
+    // diesel's migration harness is synchronous; run it on a blocking thread through the wrapper (it blocks on
+    // the current runtime's handle, which must not happen on a runtime worker thread).
+    let applied = tokio::task::spawn_blocking(move || {
+        let mut wrapped: diesel_async::async_connection_wrapper::AsyncConnectionWrapper<
+            AsyncPgConnection,
+        > = diesel_async::async_connection_wrapper::AsyncConnectionWrapper::from(conn);
+        wrapped
+            .run_pending_migrations(MIGRATIONS)
+            .map(|versions| versions.iter().map(|v| v.to_string()).collect::<Vec<_>>())
+            .map_err(|e| Error::Migration(e.to_string()))
+    })
+    .await
+    .map_err(|e| Error::Migration(format!("migration task failed: {e}")))??;
+    if applied.is_empty() {
+        tracing::debug!(target: TARGET, "schema already up to date");
+    } else {
+        tracing::info!(target: TARGET, ?applied, "applied migrations");
+    }
+    Ok(applied)
+}

@@ -1,0 +1,440 @@
+//! The task/event model built on the guard: every mutating call is one statement (`SELECT pgfence.<op>(…)`,
+//! prepared once per connection and reused) that checks the fence, writes the task row (raising its row fence
+//! to the presented epoch) and appends the task's event, atomically.
+//!
+//! SQL: `pgfence.create_task`, `pgfence.claim_task`, `pgfence.transition_task`, `pgfence.append_event` in
+//! `migrations/*/up.sql`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use diesel::pg::sql_types::Jsonb;
+use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz};
+use diesel::QueryableByName;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::fence::{sql::WriteResult, sql::WriteRow, Fence, WriteOutcome};
+use crate::lease::{unexpected, validate_holder, validate_name, Epoch};
+use crate::store::Store;
+
+/// Largest accepted payload (task or event), serialized.
+pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+/// Deepest accepted payload nesting.
+pub const MAX_PAYLOAD_DEPTH: usize = 64;
+/// Longest accepted event kind.
+pub const MAX_KIND_LEN: usize = 64;
+
+/// Where a task is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    /// Created, waiting to be claimed.
+    Pending,
+    /// Claimed by an assignee.
+    Claimed,
+    /// Being worked on.
+    Running,
+    /// Finished successfully.
+    Succeeded,
+    /// Finished with a failure.
+    Failed,
+    /// Abandoned.
+    Cancelled,
+}
+
+impl TaskState {
+    /// The state's name in SQL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Pending => "pending",
+            TaskState::Claimed => "claimed",
+            TaskState::Running => "running",
+            TaskState::Succeeded => "succeeded",
+            TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for TaskState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TaskState {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<TaskState> {
+        Ok(match s {
+            "pending" => TaskState::Pending,
+            "claimed" => TaskState::Claimed,
+            "running" => TaskState::Running,
+            "succeeded" => TaskState::Succeeded,
+            "failed" => TaskState::Failed,
+            "cancelled" => TaskState::Cancelled,
+            other => {
+                return Err(Error::invalid(
+                    "task state",
+                    format!("unknown state {other:?}"),
+                ))
+            }
+        })
+    }
+}
+
+/// A task as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    /// Database id.
+    pub id: i64,
+    /// The cluster-qualified lease that owns it.
+    pub lease: String,
+    /// Its stable key, unique per lease.
+    pub key: String,
+    /// Its state.
+    pub state: TaskState,
+    /// Who claimed it.
+    pub assignee: Option<String>,
+    /// The payload given at creation.
+    pub payload: serde_json::Value,
+    /// The highest epoch that wrote the row; writes presenting a lower epoch are refused.
+    pub fence: Epoch,
+    /// Incremented by every state change.
+    pub version: i64,
+}
+
+/// The result of a guarded task write.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskWrite {
+    /// The task after the write.
+    pub task: Task,
+    /// For `create_task`: whether this call created it (false: a retry found it).
+    pub created: bool,
+    /// The event the write appended (`None` for a `create_task` retry, which appends nothing).
+    pub event_id: Option<i64>,
+}
+
+/// One row of `pgfence.task_events`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, QueryableByName)]
+pub struct TaskEvent {
+    /// Event id, increasing in commit-insertion order.
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    /// The task.
+    #[diesel(sql_type = BigInt)]
+    pub task_id: i64,
+    /// The epoch that wrote it.
+    #[diesel(sql_type = BigInt)]
+    pub epoch: i64,
+    /// `created`, `claimed`, a state name, or the caller's kind for appended events.
+    #[diesel(sql_type = Text)]
+    pub kind: String,
+    /// The event's payload.
+    #[diesel(sql_type = Jsonb)]
+    pub payload: serde_json::Value,
+    /// When it was written (database clock, UTC).
+    #[diesel(sql_type = Timestamptz)]
+    pub created_at: DateTime<Utc>,
+}
+
+mod sql {
+    use super::*;
+
+    diesel::define_sql_function! {
+        #[sql_name = "pgfence.create_task"]
+        fn create_task(lease: Text, epoch: BigInt, key: Text, payload: Jsonb) -> WriteResult;
+    }
+    diesel::define_sql_function! {
+        #[sql_name = "pgfence.claim_task"]
+        fn claim_task(lease: Text, epoch: BigInt, key: Text, assignee: Text) -> WriteResult;
+    }
+    diesel::define_sql_function! {
+        #[sql_name = "pgfence.transition_task"]
+        fn transition_task(lease: Text, epoch: BigInt, key: Text, from: Text, to: Text, payload: Jsonb)
+            -> WriteResult;
+    }
+    diesel::define_sql_function! {
+        #[sql_name = "pgfence.append_event"]
+        fn append_event(lease: Text, epoch: BigInt, key: Text, kind: Text, payload: Jsonb) -> WriteResult;
+    }
+}
+
+fn validate_key(key: &str) -> Result<()> {
+    validate_holder("task key", key)
+}
+
+/// Refuses payloads PostgreSQL would reject (a `\u0000` in a string) or that are too large or deep, before
+/// anything is sent.
+pub(crate) fn validate_payload(payload: &serde_json::Value) -> Result<()> {
+    fn walk(value: &serde_json::Value, depth: usize) -> Result<()> {
+        if depth > MAX_PAYLOAD_DEPTH {
+            return Err(Error::invalid(
+                "payload",
+                format!("nested deeper than {MAX_PAYLOAD_DEPTH} levels"),
+            ));
+        }
+        match value {
+            serde_json::Value::String(s) if s.contains('\0') => Err(Error::invalid(
+                "payload",
+                "strings must not contain NUL (\\u0000)",
+            )),
+            serde_json::Value::Array(items) => items.iter().try_for_each(|v| walk(v, depth + 1)),
+            serde_json::Value::Object(map) => map.iter().try_for_each(|(k, v)| {
+                if k.contains('\0') {
+                    return Err(Error::invalid(
+                        "payload",
+                        "keys must not contain NUL (\\u0000)",
+                    ));
+                }
+                walk(v, depth + 1)
+            }),
+            _ => Ok(()),
+        }
+    }
+    walk(payload, 0)?;
+    let size = serde_json::to_vec(payload)
+        .map(|v| v.len())
+        .unwrap_or(usize::MAX);
+    if size > MAX_PAYLOAD_BYTES {
+        return Err(Error::invalid(
+            "payload",
+            format!("{size} bytes serialized, at most {MAX_PAYLOAD_BYTES} allowed"),
+        ));
+    }
+    Ok(())
+}
+
+impl Store {
+    async fn guarded_task_write<Q>(
+        &self,
+        fence: &Fence,
+        operation: &str,
+        key: &str,
+        expected: Option<TaskState>,
+        query: Q,
+    ) -> Result<TaskWrite>
+    where
+        Q: diesel_async::methods::LoadQuery<'static, diesel_async::AsyncPgConnection, WriteRow>
+            + Send
+            + 'static,
+    {
+        use diesel_async::RunQueryDsl;
+        let mut conn = self.conn().await?;
+        let row: WriteRow = query.get_result(&mut *conn).await?;
+        let outcome = WriteOutcome::from(row);
+        if let Some(stale) = outcome.stale(fence, operation) {
+            return Err(stale);
+        }
+        match outcome.outcome.as_str() {
+            "ok" => task_write(fence, outcome),
+            "not_found" => Err(Error::TaskNotFound {
+                lease: fence.lease().to_owned(),
+                key: key.to_owned(),
+            }),
+            "conflict" => Err(Error::Conflict {
+                lease: fence.lease().to_owned(),
+                key: key.to_owned(),
+                expected: expected.unwrap_or(TaskState::Pending),
+                actual: outcome.task_state.as_deref().unwrap_or("pending").parse()?,
+            }),
+            other => Err(unexpected(operation, other)),
+        }
+    }
+
+    /// Creates a pending task with stable `key` under the fence's lease, together with its `created` event.
+    /// Idempotent by key: a retry (for instance after a connection died before the reply) returns the same
+    /// task with `created == false` and appends no second event.
+    ///
+    /// ```no_run
+    /// # async fn example(store: pgfence::Store, lease: pgfence::Lease) -> pgfence::Result<()> {
+    /// let write = store
+    ///     .create_task(&lease.fence(), "deploy-42", &serde_json::json!({"image": "api:1.7"}))
+    ///     .await?;
+    /// assert_eq!(write.task.state, pgfence::TaskState::Pending);
+    /// # Ok(()) }
+    /// ```
+    pub async fn create_task(
+        &self,
+        fence: &Fence,
+        key: &str,
+        payload: &serde_json::Value,
+    ) -> Result<TaskWrite> {
+        validate_key(key)?;
+        validate_payload(payload)?;
+        let query = diesel::select(sql::create_task(
+            fence.lease().to_owned(),
+            fence.epoch().get(),
+            key.to_owned(),
+            payload.clone(),
+        ));
+        self.guarded_task_write(fence, "create_task", key, None, query)
+            .await
+    }
+
+    /// Claims a pending task for `assignee`: the pending check, the row fence and the `claimed` event in one
+    /// atomic step. A task that is not pending is [`Error::Conflict`] (a business outcome, not audited).
+    pub async fn claim_task(&self, fence: &Fence, key: &str, assignee: &str) -> Result<TaskWrite> {
+        validate_key(key)?;
+        validate_holder("assignee", assignee)?;
+        let query = diesel::select(sql::claim_task(
+            fence.lease().to_owned(),
+            fence.epoch().get(),
+            key.to_owned(),
+            assignee.to_owned(),
+        ));
+        self.guarded_task_write(fence, "claim_task", key, Some(TaskState::Pending), query)
+            .await
+    }
+
+    /// Moves a task from `from` to `to` and appends an event of kind `to` carrying `payload`. A task not in
+    /// `from` is [`Error::Conflict`].
+    pub async fn transition_task(
+        &self,
+        fence: &Fence,
+        key: &str,
+        from: TaskState,
+        to: TaskState,
+        payload: &serde_json::Value,
+    ) -> Result<TaskWrite> {
+        validate_key(key)?;
+        validate_payload(payload)?;
+        let query = diesel::select(sql::transition_task(
+            fence.lease().to_owned(),
+            fence.epoch().get(),
+            key.to_owned(),
+            from.as_str().to_owned(),
+            to.as_str().to_owned(),
+            payload.clone(),
+        ));
+        self.guarded_task_write(fence, "transition_task", key, Some(from), query)
+            .await
+    }
+
+    /// Appends an event of `kind` to a task (and raises the task's row fence to this epoch).
+    pub async fn append_event(
+        &self,
+        fence: &Fence,
+        key: &str,
+        kind: &str,
+        payload: &serde_json::Value,
+    ) -> Result<TaskWrite> {
+        validate_key(key)?;
+        validate_payload(payload)?;
+        if kind.is_empty()
+            || kind.chars().count() > MAX_KIND_LEN
+            || kind.chars().any(char::is_control)
+        {
+            return Err(Error::invalid(
+                "event kind",
+                format!("must be 1 to {MAX_KIND_LEN} characters without control characters"),
+            ));
+        }
+        let query = diesel::select(sql::append_event(
+            fence.lease().to_owned(),
+            fence.epoch().get(),
+            key.to_owned(),
+            kind.to_owned(),
+            payload.clone(),
+        ));
+        self.guarded_task_write(fence, "append_event", key, None, query)
+            .await
+    }
+
+    /// Reads a task of lease `name` (this store's cluster) by key.
+    pub async fn task(&self, name: &str, key: &str) -> Result<Option<Task>> {
+        use diesel::OptionalExtension;
+        use diesel_async::RunQueryDsl;
+        validate_name(name)?;
+        validate_key(key)?;
+        let mut conn = self.conn().await?;
+        let row: Option<TaskRow> = diesel::sql_query(
+            "SELECT id, lease, key, state, assignee, payload, fence, version FROM pgfence.tasks \
+              WHERE lease = $1 AND key = $2",
+        )
+        .bind::<Text, _>(self.qualify(name))
+        .bind::<Text, _>(key)
+        .get_result(&mut *conn)
+        .await
+        .optional()?;
+        row.map(Task::try_from).transpose()
+    }
+
+    /// Every event of a task, oldest first.
+    pub async fn task_events(&self, name: &str, key: &str) -> Result<Vec<TaskEvent>> {
+        use diesel_async::RunQueryDsl;
+        validate_name(name)?;
+        validate_key(key)?;
+        let mut conn = self.conn().await?;
+        let rows = diesel::sql_query(
+            "SELECT e.id, e.task_id, e.epoch, e.kind, e.payload, e.created_at \
+               FROM pgfence.task_events e JOIN pgfence.tasks t ON t.id = e.task_id \
+              WHERE t.lease = $1 AND t.key = $2 ORDER BY e.id",
+        )
+        .bind::<Text, _>(self.qualify(name))
+        .bind::<Text, _>(key)
+        .load(&mut *conn)
+        .await?;
+        Ok(rows)
+    }
+}
+
+#[derive(QueryableByName)]
+struct TaskRow {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = Text)]
+    lease: String,
+    #[diesel(sql_type = Text)]
+    key: String,
+    #[diesel(sql_type = Text)]
+    state: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    assignee: Option<String>,
+    #[diesel(sql_type = Jsonb)]
+    payload: serde_json::Value,
+    #[diesel(sql_type = BigInt)]
+    fence: i64,
+    #[diesel(sql_type = BigInt)]
+    version: i64,
+}
+
+impl TryFrom<TaskRow> for Task {
+    type Error = Error;
+    fn try_from(row: TaskRow) -> Result<Task> {
+        Ok(Task {
+            id: row.id,
+            lease: row.lease,
+            key: row.key,
+            state: row.state.parse()?,
+            assignee: row.assignee,
+            payload: row.payload,
+            fence: Epoch::new(row.fence)?,
+            version: row.version,
+        })
+    }
+}
+
+fn task_write(fence: &Fence, outcome: WriteOutcome) -> Result<TaskWrite> {
+    let missing = |what: &str| unexpected("task write", &format!("ok without {what}"));
+    let task = Task {
+        id: outcome.task_id.ok_or_else(|| missing("task id"))?,
+        lease: fence.lease().to_owned(),
+        key: outcome.task_key.ok_or_else(|| missing("key"))?,
+        state: outcome
+            .task_state
+            .as_deref()
+            .ok_or_else(|| missing("state"))?
+            .parse()?,
+        assignee: outcome.assignee,
+        payload: outcome.payload.unwrap_or(serde_json::Value::Null),
+        fence: Epoch::from_db(outcome.fence).ok_or_else(|| missing("fence"))?,
+        version: outcome.version.unwrap_or(1),
+    };
+    Ok(TaskWrite {
+        task,
+        created: outcome.created.unwrap_or(false),
+        event_id: outcome.event_id,
+    })
+}

@@ -1,0 +1,200 @@
+//! Test support shared by the integration suites: one throwaway PostgreSQL server per test binary (or the
+//! server `DATABASE_URL` points at), and one fresh database per test, cloned from a template database that was
+//! migrated once.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use pgfence::embedded::EmbeddedServer;
+use pgfence::{Store, StoreConfig};
+
+struct Base {
+    /// Keeps the embedded server alive for the whole test binary; its watchdog removes it at exit.
+    _server: Option<EmbeddedServer>,
+    /// URL of the maintenance database on the server.
+    admin_url: String,
+    template: String,
+}
+
+static BASE: OnceLock<Base> = OnceLock::new();
+static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
+
+/// Replaces the database of a `postgres://` URL.
+pub fn url_with_database(url: &str, database: &str) -> String {
+    let (scheme, rest) = url
+        .split_once("://")
+        .expect("DATABASE_URL must be a postgres:// URL");
+    let (before_query, query) = match rest.split_once('?') {
+        Some((a, q)) => (a, Some(q)),
+        None => (rest, None),
+    };
+    let authority = before_query.split('/').next().unwrap_or(before_query);
+    let mut out = format!("{scheme}://{authority}/{database}");
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+fn base() -> &'static Base {
+    BASE.get_or_init(|| {
+        let (server, admin_url) = match std::env::var("DATABASE_URL") {
+            Ok(url) if !url.is_empty() => (None, url),
+            _ => {
+                let server = EmbeddedServer::start().expect("start a throwaway PostgreSQL server");
+                let url = server.url();
+                (Some(server), url)
+            }
+        };
+        let template = format!("pgfence_tpl_{}", std::process::id());
+        // Migrate the template on a runtime of its own, on a thread of its own: the caller is usually a test's
+        // runtime, which must not be blocked on from inside.
+        let (url, tpl) = (admin_url.clone(), template.clone());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                admin_exec(&url, &format!("CREATE DATABASE {tpl}")).await;
+                let store = Store::connect(StoreConfig::new(url_with_database(&url, &tpl), "tpl"))
+                    .await
+                    .expect("connect to the template database");
+                store
+                    .migrate()
+                    .await
+                    .expect("migrate the template database");
+            });
+            // Dropping the runtime closes every connection to the template, which CREATE DATABASE … TEMPLATE
+            // needs.
+        })
+        .join()
+        .expect("template setup");
+        Base {
+            _server: server,
+            admin_url,
+            template,
+        }
+    })
+}
+
+/// Runs one statement on the server's maintenance database.
+pub async fn admin_exec(admin_url: &str, sql: &str) {
+    let (client, connection) = tokio_postgres::connect(admin_url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the maintenance database");
+    let driver = tokio::spawn(connection);
+    client
+        .batch_execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    drop(client);
+    let _ = driver.await;
+}
+
+/// A fresh, migrated database for one test.
+#[derive(Debug, Clone)]
+pub struct TestDb {
+    pub url: String,
+    pub name: String,
+}
+
+impl TestDb {
+    /// Clones the migrated template into a new database.
+    pub async fn new() -> TestDb {
+        let base = base();
+        let name = format!(
+            "pgfence_t{}_{}",
+            std::process::id(),
+            NEXT_DB.fetch_add(1, Ordering::Relaxed)
+        );
+        admin_exec(
+            &base.admin_url,
+            &format!("CREATE DATABASE {name} TEMPLATE {}", base.template),
+        )
+        .await;
+        TestDb {
+            url: url_with_database(&base.admin_url, &name),
+            name,
+        }
+    }
+
+    /// A new, empty database without the pgfence schema.
+    pub async fn empty() -> TestDb {
+        let base = base();
+        let name = format!(
+            "pgfence_e{}_{}",
+            std::process::id(),
+            NEXT_DB.fetch_add(1, Ordering::Relaxed)
+        );
+        admin_exec(&base.admin_url, &format!("CREATE DATABASE {name}")).await;
+        TestDb {
+            url: url_with_database(&base.admin_url, &name),
+            name,
+        }
+    }
+
+    /// A store on this database for `cluster`.
+    pub async fn store(&self, cluster: &str) -> Store {
+        Store::connect(self.config(cluster))
+            .await
+            .expect("connect store")
+    }
+
+    /// The default configuration for this database.
+    pub fn config(&self, cluster: &str) -> StoreConfig {
+        StoreConfig::new(self.url.clone(), cluster)
+            .pool_size(8)
+            .checkout_timeout(Duration::from_secs(10))
+    }
+
+    /// A plain tokio-postgres client, for raw SQL and for holding transactions open.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
+            .await
+            .expect("connect raw client");
+        tokio::spawn(connection);
+        client
+    }
+
+    /// One bigint from a query.
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        self.client()
+            .await
+            .query_one(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .get(0)
+    }
+}
+
+/// Waits until some backend of this database is blocked on a lock (`wait_event_type = 'Lock'`), polling
+/// pg_stat_activity. This observes the server's own state instead of guessing with a sleep.
+pub async fn wait_until_blocked_on_lock(db: &TestDb, backends: i64) {
+    let client = db.client().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let n: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .expect("read pg_stat_activity")
+            .get(0);
+        if n >= backends {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no backend blocked on a lock within 20 s"
+        );
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}

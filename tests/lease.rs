@@ -1,0 +1,334 @@
+//! The lease protocol against real PostgreSQL: compare-and-set acquisition, renewal, release, force-release,
+//! expiry by the database clock, cluster qualification and input validation.
+//!
+//! Invariants checked (numbers as in the README's invariant map): 1 (epochs strictly increase), 2 (one holder
+//! per epoch), 5 (expiry by the database clock).
+
+mod common;
+
+use std::time::Duration;
+
+use common::TestDb;
+use pgfence::{Epoch, Error, ForceReleased, LeaseState, LossReason, Released};
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// Polls the database until it reports the lease expired; expiry is a time-based fact, so the test waits on
+/// the database's own verdict rather than on a local sleep of a guessed length.
+async fn wait_expired(store: &pgfence::Store, name: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = store
+            .lease_status(name)
+            .await
+            .unwrap()
+            .expect("lease exists");
+        if status.state != LeaseState::Held {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "lease never expired");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Invariant 1 and 2: the first acquisition issues epoch 1; a second holder is refused with the current
+/// holder, epoch and remaining time as computed by the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_issues_epoch_one_then_refuses_other_holders() {
+    let db = TestDb::new().await;
+    let store = db.store("c1").await;
+    let lease = store.acquire("scheduler", "pod-a", TTL).await.unwrap();
+    assert_eq!(lease.epoch(), Epoch::new(1).unwrap());
+    assert_eq!(lease.qualified_name(), "c1/scheduler");
+    assert!(lease.remaining() <= TTL && lease.remaining() > TTL - Duration::from_secs(5));
+
+    match store.acquire("scheduler", "pod-b", TTL).await {
+        Err(Error::Held {
+            lease,
+            holder,
+            epoch,
+            expires_in,
+        }) => {
+            assert_eq!(lease, "c1/scheduler");
+            assert_eq!(holder, "pod-a");
+            assert_eq!(epoch.get(), 1);
+            assert!(
+                expires_in <= TTL && expires_in > TTL - Duration::from_secs(5),
+                "{expires_in:?}"
+            );
+        }
+        other => panic!("expected Held, got {other:?}"),
+    }
+    let status = store.lease_status("scheduler").await.unwrap().unwrap();
+    assert_eq!(status.state, LeaseState::Held);
+    assert_eq!(status.holder.as_deref(), Some("pod-a"));
+    assert_eq!(status.transitions, 1);
+}
+
+/// Release frees the lease at once for a successor (epoch + 1); releasing again, or releasing the old epoch
+/// after the successor took over, is a no-op that never touches the successor's tenure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_is_immediate_idempotent_and_never_frees_a_successor() {
+    let db = TestDb::new().await;
+    let store = db.store("c1").await;
+    let a = store.acquire("rollout", "pod-a", TTL).await.unwrap();
+    assert_eq!(store.release(&a).await.unwrap(), Released::Released);
+    assert_eq!(
+        store.release(&a).await.unwrap(),
+        Released::NotHeld(LossReason::Released)
+    );
+
+    let b = store.acquire("rollout", "pod-b", TTL).await.unwrap();
+    assert_eq!(b.epoch().get(), 2);
+    assert_eq!(
+        store.release(&a).await.unwrap(),
+        Released::NotHeld(LossReason::Superseded)
+    );
+    let status = store.lease_status("rollout").await.unwrap().unwrap();
+    assert_eq!(status.state, LeaseState::Held);
+    assert_eq!(status.holder.as_deref(), Some("pod-b"));
+    assert_eq!(status.epoch, Some(b.epoch()));
+
+    let tenures = store.tenures("rollout").await.unwrap();
+    assert_eq!(tenures.len(), 2);
+    assert_eq!(tenures[0].end_reason.as_deref(), Some("released"));
+    assert!(tenures[1].ended_at.is_none());
+}
+
+/// Invariant 5: expiry is decided by the database clock; after it, renewal reports the loss as `Expired`, any
+/// other holder can acquire (epoch + 1), and the expired tenure is recorded as such.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_lease_can_be_taken_over_and_its_renewal_is_lost() {
+    let db = TestDb::new().await;
+    let store = db.store("c1").await;
+    let mut a = store
+        .acquire("gc", "pod-a", Duration::from_millis(300))
+        .await
+        .unwrap();
+    wait_expired(&store, "gc").await;
+    match store.renew(&mut a).await {
+        Err(Error::Lost { reason, epoch, .. }) => {
+            assert_eq!(reason, LossReason::Expired);
+            assert_eq!(epoch.get(), 1);
+        }
+        other => panic!("expected Lost(expired), got {other:?}"),
+    }
+    let b = store.acquire("gc", "pod-b", TTL).await.unwrap();
+    assert_eq!(b.epoch().get(), 2);
+    let mut a_again = a.clone();
+    match store.renew(&mut a_again).await {
+        Err(Error::Lost {
+            reason, current, ..
+        }) => {
+            assert_eq!(reason, LossReason::Superseded);
+            assert_eq!(current, Some(b.epoch()));
+        }
+        other => panic!("expected Lost(superseded), got {other:?}"),
+    }
+    let tenures = store.tenures("gc").await.unwrap();
+    assert_eq!(tenures[0].end_reason.as_deref(), Some("expired"));
+}
+
+/// Renewal extends a live tenure and moves the local deadline forward (send time + ttl).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_extends_a_live_tenure() {
+    let db = TestDb::new().await;
+    let store = db.store("c1").await;
+    let mut lease = store
+        .acquire("gc", "pod-a", Duration::from_secs(2))
+        .await
+        .unwrap();
+    let before = lease.local_deadline();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store.renew(&mut lease).await.unwrap();
+    assert!(lease.local_deadline() > before);
+    let status = store.lease_status("gc").await.unwrap().unwrap();
+    assert_eq!(status.state, LeaseState::Held);
+    assert!(status.expires_in.unwrap() > Duration::from_millis(1500));
+}
+
+/// Invariant 1 and 2: the same holder acquiring again gets a new epoch, which fences its earlier tenure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reacquire_by_the_same_holder_issues_a_new_epoch() {
+    let db = TestDb::new().await;
+    let store = db.store("c1").await;
+    let first = store.acquire("sched", "pod-a", TTL).await.unwrap();
+    let second = store.acquire("sched", "pod-a", TTL).await.unwrap();
+    assert_eq!(second.epoch().get(), first.epoch().get() + 1);
+    let tenures = store.tenures("sched").await.unwrap();
+    assert_eq!(tenures[0].end_reason.as_deref(), Some("reacquired"));
+    let status = store.lease_status("sched").await.unwrap().unwrap();
+    assert_eq!(status.transitions, 1, "same holder: no transition");
+    let mut stale = first.clone();
+    assert!(matches!(
+        store.renew(&mut stale).await,
+        Err(Error::Lost {
+            reason: LossReason::Superseded,
+            ..
+        })
+    ));
+}
+
+/// Force-release ends the current tenure (recorded as `forced`); the next acquisition issues epoch + 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_ends_the_tenure_and_keeps_the_epoch_counting() {
+    let db = TestDb::new().await;
+    let store = db.store("c1").await;
+    assert_eq!(
+        store.force_release("nobody").await.unwrap(),
+        ForceReleased::NotHeld
+    );
+    let a = store.acquire("sched", "pod-a", TTL).await.unwrap();
+    assert_eq!(
+        store.force_release("sched").await.unwrap(),
+        ForceReleased::Ended {
+            epoch: a.epoch(),
+            holder: "pod-a".into()
+        }
+    );
+    assert_eq!(
+        store.force_release("sched").await.unwrap(),
+        ForceReleased::NotHeld
+    );
+    let b = store.acquire("sched", "pod-b", TTL).await.unwrap();
+    assert_eq!(b.epoch().get(), 2);
+    assert_eq!(
+        store.tenures("sched").await.unwrap()[0]
+            .end_reason
+            .as_deref(),
+        Some("forced")
+    );
+}
+
+/// Invariant 1: across release, expiry, force-release and re-acquisition, every acquisition issues exactly
+/// the previous epoch + 1, and nothing resets the counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn epochs_strictly_increase_through_every_kind_of_handover() {
+    let db = TestDb::new().await;
+    let store = db.store("c1").await;
+    let mut last = 0;
+    for round in 0..20 {
+        let holder = format!("pod-{}", round % 3);
+        let ttl = if round % 4 == 1 {
+            Duration::from_millis(150)
+        } else {
+            TTL
+        };
+        let lease = store.acquire("sched", &holder, ttl).await.unwrap();
+        assert_eq!(lease.epoch().get(), last + 1, "round {round}");
+        last = lease.epoch().get();
+        match round % 4 {
+            0 => assert_eq!(store.release(&lease).await.unwrap(), Released::Released),
+            1 => wait_expired(&store, "sched").await,
+            2 => {
+                store.force_release("sched").await.unwrap();
+            }
+            _ => {} // the next round's holder differs or re-acquires: either way epoch + 1 once it is free
+        }
+        if round % 4 == 3 {
+            store.force_release("sched").await.unwrap();
+        }
+    }
+    assert_eq!(store.tenures("sched").await.unwrap().len(), 20);
+}
+
+/// Two clusters sharing one database never contend: the same lease name is independent per cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clusters_sharing_a_database_never_contend() {
+    let db = TestDb::new().await;
+    let eu = db.store("prod-eu").await;
+    let us = db.store("prod-us").await;
+    let a = eu.acquire("scheduler", "pod-a", TTL).await.unwrap();
+    let b = us.acquire("scheduler", "pod-b", TTL).await.unwrap();
+    assert_eq!(a.epoch().get(), 1);
+    assert_eq!(b.epoch().get(), 1);
+    assert_eq!(eu.leases().await.unwrap().len(), 1);
+    assert_eq!(
+        us.leases().await.unwrap()[0].holder.as_deref(),
+        Some("pod-b")
+    );
+}
+
+/// Concurrent acquisitions of one free lease: exactly one wins per round, and the winners' epochs are
+/// consecutive (at most one holder per epoch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_acquisitions_have_exactly_one_winner() {
+    let db = TestDb::new().await;
+    let store = db.store("c1").await;
+    for round in 1..=50_i64 {
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(4));
+        let mut handles = Vec::new();
+        for contender in 0..4 {
+            let store = store.clone();
+            let barrier = barrier.clone();
+            handles.push(tokio::spawn(async move {
+                barrier.wait().await;
+                store.acquire("hot", &format!("pod-{contender}"), TTL).await
+            }));
+        }
+        let mut winners = Vec::new();
+        for handle in handles {
+            match handle.await.unwrap() {
+                Ok(lease) => winners.push(lease),
+                Err(Error::Held { .. }) => {}
+                Err(other) => panic!("unexpected {other}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}");
+        assert_eq!(winners[0].epoch().get(), round);
+        store.release(&winners[0]).await.unwrap();
+    }
+}
+
+/// Lease names, holders and clusters containing quotes and SQL are plain data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quotes_and_sql_in_names_are_plain_data() {
+    let db = TestDb::new().await;
+    let store = db.store("it's").await;
+    let name = "x'); DROP TABLE pgfence.leases; --";
+    let holder = "pod \"a\" '; SELECT 1; --";
+    let lease = store.acquire(name, holder, TTL).await.unwrap();
+    let status = store.lease_status(name).await.unwrap().unwrap();
+    assert_eq!(status.name, format!("it's/{name}"));
+    assert_eq!(status.holder.as_deref(), Some(holder));
+    assert_eq!(lease.epoch().get(), 1);
+}
+
+/// Bad input is a typed error before anything touches the database: nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_and_writes_nothing() {
+    let db = TestDb::new().await;
+    let store = db.store("c1").await;
+    let long = "x".repeat(pgfence::MAX_NAME_LEN + 1);
+    let cases: Vec<(&str, &str, Duration)> = vec![
+        ("", "pod", TTL),
+        (&long, "pod", TTL),
+        ("nul\0name", "pod", TTL),
+        ("name", "", TTL),
+        ("name", "pod\0", TTL),
+        ("name", "pod", Duration::ZERO),
+        ("name", "pod", Duration::from_millis(99)),
+        ("name", "pod", Duration::from_secs(24 * 3600 + 1)),
+    ];
+    for (name, holder, ttl) in cases {
+        match store.acquire(name, holder, ttl).await {
+            Err(Error::InvalidInput { .. }) => {}
+            other => panic!("{name:?}/{holder:?}/{ttl:?}: expected InvalidInput, got {other:?}"),
+        }
+    }
+    assert!(matches!(Epoch::new(0), Err(Error::InvalidInput { .. })));
+    assert!(matches!(Epoch::new(-5), Err(Error::InvalidInput { .. })));
+    assert!(matches!(
+        pgfence::Store::connect(pgfence::StoreConfig::new(db.url.clone(), "a/b")).await,
+        Err(Error::InvalidInput {
+            field: "cluster",
+            ..
+        })
+    ));
+    assert!(matches!(
+        pgfence::Fence::new("no-cluster", Epoch::new(1).unwrap()),
+        Err(Error::InvalidInput { .. })
+    ));
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.leases").await, 0);
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.tenures").await, 0);
+}

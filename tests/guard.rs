@@ -1,0 +1,749 @@
+//! Guarded writes: the task/event operations, the generic fenced transaction, the audit of rejected writes,
+//! the lock ordering that makes the guard linearizable, and raw-SQL enforcement.
+//!
+//! Invariants checked: 3 (stale writes never commit after a takeover), 4 (refusals are typed errors and audit
+//! rows), 6 (a retry by stable key has exactly one effect).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{wait_until_blocked_on_lock, TestDb};
+use pgfence::{Error, Fence, LossReason, RejectionFilter, Store, TaskState};
+use serde_json::json;
+
+const TTL: Duration = Duration::from_secs(60);
+
+async fn app_table(db: &TestDb) {
+    db.client()
+        .await
+        .batch_execute("CREATE TABLE shards (id int PRIMARY KEY, owner text NOT NULL)")
+        .await
+        .unwrap();
+}
+
+/// A fenced transaction that moves shard 1 to `owner`.
+async fn move_shard(store: &Store, fence: &Fence, owner: &str) -> Result<usize, Error> {
+    let owner = owner.to_owned();
+    store
+        .fenced(fence, "move_shard", move |conn| {
+            Box::pin(async move {
+                use diesel::sql_types::Text;
+                use diesel_async::RunQueryDsl;
+                let n = diesel::sql_query(
+                    "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
+                )
+                .bind::<Text, _>(owner)
+                .execute(conn)
+                .await?;
+                Ok::<_, Error>(n)
+            })
+        })
+        .await
+}
+
+/// The task life cycle under one tenure: create (idempotent by key, one event), claim (the pending guard),
+/// transition, append; each write raises the row fence and appends exactly one event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_life_cycle_writes_one_event_per_effect() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
+    let fence = lease.fence();
+
+    let created = store
+        .create_task(&fence, "job-1", &json!({"image": "api:1"}))
+        .await
+        .unwrap();
+    assert!(created.created);
+    assert_eq!(created.task.state, TaskState::Pending);
+    assert_eq!(created.task.payload, json!({"image": "api:1"}));
+    assert_eq!(created.task.fence, lease.epoch());
+
+    // Invariant 6: a retry by stable key returns the same task and adds no event.
+    let retried = store
+        .create_task(&fence, "job-1", &json!({"image": "other"}))
+        .await
+        .unwrap();
+    assert!(!retried.created);
+    assert_eq!(retried.task.id, created.task.id);
+    assert_eq!(retried.event_id, None);
+    assert_eq!(retried.task.payload, json!({"image": "api:1"}));
+
+    let claimed = store.claim_task(&fence, "job-1", "worker-7").await.unwrap();
+    assert_eq!(claimed.task.state, TaskState::Claimed);
+    assert_eq!(claimed.task.assignee.as_deref(), Some("worker-7"));
+    assert_eq!(claimed.task.version, 2);
+
+    let running = store
+        .transition_task(
+            &fence,
+            "job-1",
+            TaskState::Claimed,
+            TaskState::Running,
+            &json!({}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(running.task.state, TaskState::Running);
+    store
+        .append_event(&fence, "job-1", "progress", &json!({"pct": 50}))
+        .await
+        .unwrap();
+    store
+        .transition_task(
+            &fence,
+            "job-1",
+            TaskState::Running,
+            TaskState::Succeeded,
+            &json!({"ok": true}),
+        )
+        .await
+        .unwrap();
+
+    let kinds: Vec<String> = store
+        .task_events("sched", "job-1")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        ["created", "claimed", "running", "progress", "succeeded"]
+    );
+    let task = store.task("sched", "job-1").await.unwrap().unwrap();
+    assert_eq!(task.state, TaskState::Succeeded);
+    assert_eq!(
+        store
+            .rejections(&RejectionFilter::default())
+            .await
+            .unwrap()
+            .len(),
+        0
+    );
+}
+
+/// A business-guard failure (claiming a task that is not pending, a transition from the wrong state, a missing
+/// task) is its own error and not a fencing rejection: nothing is audited, nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn business_guard_failures_are_not_fencing_rejections() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let fence = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
+    store
+        .create_task(&fence, "job-1", &json!({}))
+        .await
+        .unwrap();
+    store.claim_task(&fence, "job-1", "w1").await.unwrap();
+    match store.claim_task(&fence, "job-1", "w2").await {
+        Err(Error::Conflict {
+            expected, actual, ..
+        }) => {
+            assert_eq!(expected, TaskState::Pending);
+            assert_eq!(actual, TaskState::Claimed);
+        }
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+    assert!(matches!(
+        store
+            .transition_task(
+                &fence,
+                "job-1",
+                TaskState::Running,
+                TaskState::Failed,
+                &json!({})
+            )
+            .await,
+        Err(Error::Conflict {
+            actual: TaskState::Claimed,
+            ..
+        })
+    ));
+    assert!(matches!(
+        store.claim_task(&fence, "nope", "w1").await,
+        Err(Error::TaskNotFound { .. })
+    ));
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.rejections").await,
+        0
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.task_events").await,
+        2
+    );
+}
+
+/// Concurrent claims of one pending task: exactly one assignee wins (the conditional pending guard).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_have_exactly_one_winner() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let fence = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
+    for round in 0..30 {
+        let key = format!("job-{round}");
+        store.create_task(&fence, &key, &json!({})).await.unwrap();
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(4));
+        let handles: Vec<_> = (0..4)
+            .map(|w| {
+                let (store, fence, key, barrier) =
+                    (store.clone(), fence.clone(), key.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.claim_task(&fence, &key, &format!("w{w}")).await
+                })
+            })
+            .collect();
+        let mut wins = 0;
+        for h in handles {
+            match h.await.unwrap() {
+                Ok(_) => wins += 1,
+                Err(Error::Conflict { .. }) => {}
+                Err(other) => panic!("{other}"),
+            }
+        }
+        assert_eq!(wins, 1, "round {round}");
+    }
+}
+
+/// Invariant 3 and 4 for every write kind: after a takeover, each operation presenting the old epoch is refused
+/// with `Error::Stale` and recorded in `pgfence.rejections` with its context; nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_write_after_takeover_is_rejected_and_audited() {
+    let db = TestDb::new().await;
+    app_table(&db).await;
+    let store = db.store("c").await;
+    let old = store.acquire("sched", "pod-a", TTL).await.unwrap();
+    store
+        .create_task(&old.fence(), "job-1", &json!({}))
+        .await
+        .unwrap();
+    store.release(&old).await.unwrap();
+    let new = store.acquire("sched", "pod-b", TTL).await.unwrap();
+    let stale = old.fence();
+    let tasks_before = db.scalar("SELECT count(*) FROM pgfence.task_events").await;
+
+    let results = vec![
+        (
+            "create_task",
+            store
+                .create_task(&stale, "job-2", &json!({}))
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "claim_task",
+            store.claim_task(&stale, "job-1", "w").await.map(|_| ()),
+        ),
+        (
+            "transition_task",
+            store
+                .transition_task(
+                    &stale,
+                    "job-1",
+                    TaskState::Pending,
+                    TaskState::Cancelled,
+                    &json!({}),
+                )
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "append_event",
+            store
+                .append_event(&stale, "job-1", "x", &json!({}))
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "move_shard",
+            move_shard(&store, &stale, "pod-a").await.map(|_| ()),
+        ),
+    ];
+    for (operation, result) in &results {
+        match result {
+            Err(Error::Stale {
+                lease,
+                presented,
+                current,
+                reason,
+                operation: op,
+            }) => {
+                assert_eq!(lease, "c/sched");
+                assert_eq!(*presented, old.epoch());
+                assert_eq!(*current, Some(new.epoch()));
+                assert_eq!(*reason, LossReason::Superseded);
+                assert_eq!(op, operation);
+            }
+            other => panic!("{operation}: expected Stale, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.task_events").await,
+        tasks_before
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM shards").await, 0);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.tasks WHERE key = 'job-2'")
+            .await,
+        0
+    );
+
+    let audit = store
+        .rejections(&RejectionFilter {
+            lease: Some("sched".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(audit.len(), results.len());
+    let mut ops: Vec<&str> = audit.iter().map(|r| r.operation.as_str()).collect();
+    ops.sort();
+    assert_eq!(
+        ops,
+        [
+            "append_event",
+            "claim_task",
+            "create_task",
+            "move_shard",
+            "transition_task"
+        ]
+    );
+    for row in &audit {
+        assert_eq!(row.lease, "c/sched");
+        assert_eq!(row.presented_epoch, old.epoch().get());
+        assert_eq!(row.current_epoch, Some(new.epoch().get()));
+        assert_eq!(row.current_holder.as_deref(), Some("pod-b"));
+        assert_eq!(row.reason, "superseded");
+        assert_eq!(row.application_name.as_deref(), Some("pgfence"));
+        assert_eq!(row.client_addr.as_deref(), Some("127.0.0.1"));
+        assert!(row.backend_pid > 0);
+    }
+    let claim = audit.iter().find(|r| r.operation == "claim_task").unwrap();
+    assert_eq!(claim.target_table.as_deref(), Some("tasks"));
+    assert_eq!(claim.target_key.as_deref(), Some("job-1"));
+}
+
+/// Writes after release, after force-release, after expiry and with a never-issued epoch are refused with the
+/// matching reason, and each is audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_stale_epoch_is_refused_with_its_reason() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let a = store.acquire("l1", "pod-a", TTL).await.unwrap();
+    store.release(&a).await.unwrap();
+    let released = store.create_task(&a.fence(), "k", &json!({})).await;
+    assert!(
+        matches!(
+            released,
+            Err(Error::Stale {
+                reason: LossReason::Released,
+                ..
+            })
+        ),
+        "{released:?}"
+    );
+
+    let b = store.acquire("l2", "pod-a", TTL).await.unwrap();
+    store.force_release("l2").await.unwrap();
+    let forced = store.create_task(&b.fence(), "k", &json!({})).await;
+    assert!(
+        matches!(
+            forced,
+            Err(Error::Stale {
+                reason: LossReason::Released,
+                ..
+            })
+        ),
+        "{forced:?}"
+    );
+
+    let c = store
+        .acquire("l3", "pod-a", Duration::from_millis(200))
+        .await
+        .unwrap();
+    while store.lease_status("l3").await.unwrap().unwrap().state == pgfence::LeaseState::Held {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let expired = store.create_task(&c.fence(), "k", &json!({})).await;
+    assert!(
+        matches!(
+            expired,
+            Err(Error::Stale {
+                reason: LossReason::Expired,
+                ..
+            })
+        ),
+        "{expired:?}"
+    );
+
+    let d = store.acquire("l4", "pod-a", TTL).await.unwrap();
+    let future = Fence::new("c/l4", pgfence::Epoch::new(d.epoch().get() + 1).unwrap()).unwrap();
+    let bogus = store.create_task(&future, "k", &json!({})).await;
+    assert!(
+        matches!(
+            bogus,
+            Err(Error::Stale {
+                reason: LossReason::FutureEpoch,
+                ..
+            })
+        ),
+        "{bogus:?}"
+    );
+
+    let unknown = Fence::new("c/never", pgfence::Epoch::new(1).unwrap()).unwrap();
+    let missing = store.create_task(&unknown, "k", &json!({})).await;
+    assert!(
+        matches!(
+            missing,
+            Err(Error::Stale {
+                reason: LossReason::UnknownLease,
+                current: None,
+                ..
+            })
+        ),
+        "{missing:?}"
+    );
+
+    let reasons: Vec<String> = store
+        .rejections(&RejectionFilter::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.reason)
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "unknown_lease",
+            "future_epoch",
+            "expired",
+            "released",
+            "released"
+        ]
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.tasks").await, 0);
+}
+
+/// The generic fenced transaction commits the caller's statements when the fence is current, rolls them back
+/// when the caller fails, and on a stale fence runs nothing but keeps the audit row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_transaction_commits_rolls_back_and_refuses() {
+    let db = TestDb::new().await;
+    app_table(&db).await;
+    let store = db.store("c").await;
+    let lease = store.acquire("rebalancer", "pod-a", TTL).await.unwrap();
+    assert_eq!(
+        move_shard(&store, &lease.fence(), "node-1").await.unwrap(),
+        1
+    );
+
+    let failed: Result<(), Error> = store
+        .fenced(&lease.fence(), "move_shard", |conn| {
+            Box::pin(async move {
+                use diesel_async::RunQueryDsl;
+                diesel::sql_query("UPDATE shards SET owner = 'node-2'")
+                    .execute(conn)
+                    .await?;
+                diesel::sql_query("SELECT 1/0").execute(conn).await?;
+                Ok(())
+            })
+        })
+        .await;
+    assert!(matches!(failed, Err(Error::Database { .. })), "{failed:?}");
+    let client = db.client().await;
+    let owner: String = client
+        .query_one("SELECT owner FROM shards", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owner, "node-1", "the failed transaction rolled back");
+
+    let successor = store.acquire("rebalancer", "pod-b", TTL).await;
+    assert!(matches!(successor, Err(Error::Held { .. })));
+    store.release(&lease).await.unwrap();
+    store.acquire("rebalancer", "pod-b", TTL).await.unwrap();
+    assert!(matches!(
+        move_shard(&store, &lease.fence(), "node-3").await,
+        Err(Error::Stale { .. })
+    ));
+    let owner: String = client
+        .query_one("SELECT owner FROM shards", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owner, "node-1");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.rejections WHERE operation = 'move_shard'")
+            .await,
+        1
+    );
+}
+
+/// Invariant 3, the lock ordering itself: a stale write issued while a takeover is in flight (uncommitted)
+/// waits for it, then sees the new epoch and is refused — it does not slip through on an old snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_during_an_uncommitted_takeover_waits_and_is_refused() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
+    store
+        .create_task(&lease.fence(), "job", &json!({}))
+        .await
+        .unwrap();
+
+    let takeover = db.client().await;
+    takeover.batch_execute("BEGIN").await.unwrap();
+    let row = takeover
+        .query_one(
+            "SELECT (pgfence.acquire('c/sched', 'pod-a', 60000)).epoch",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 2);
+
+    let (store2, fence) = (store.clone(), lease.fence());
+    let write =
+        tokio::spawn(async move { store2.append_event(&fence, "job", "late", &json!({})).await });
+    wait_until_blocked_on_lock(&db, 1).await;
+    takeover.batch_execute("COMMIT").await.unwrap();
+    let result = write.await.unwrap();
+    assert!(
+        matches!(
+            result,
+            Err(Error::Stale {
+                reason: LossReason::Superseded,
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+}
+
+/// The other direction: a takeover waits for a fenced transaction that already passed its check, so that
+/// transaction's writes commit before the new epoch exists. A renewal, which only moves the expiry, does not
+/// wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_waits_for_a_fenced_transaction_in_flight_but_a_renewal_does_not() {
+    let db = TestDb::new().await;
+    app_table(&db).await;
+    let store = db.store("c").await;
+    let mut lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
+
+    let (checked_tx, checked_rx) = tokio::sync::oneshot::channel::<()>();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let (store2, fence) = (store.clone(), lease.fence());
+    let fenced = tokio::spawn(async move {
+        store2
+            .fenced(&fence, "slow_move", move |conn| {
+                Box::pin(async move {
+                    use diesel_async::RunQueryDsl;
+                    diesel::sql_query("INSERT INTO shards VALUES (1, 'pod-a')")
+                        .execute(conn)
+                        .await?;
+                    checked_tx.send(()).unwrap();
+                    finish_rx.await.unwrap();
+                    Ok::<_, Error>(())
+                })
+            })
+            .await
+    });
+    checked_rx.await.unwrap();
+
+    // The renewal completes while the fenced transaction is open.
+    store.renew(&mut lease).await.unwrap();
+
+    let store3 = store.clone();
+    let takeover = tokio::spawn(async move { store3.acquire("sched", "pod-a", TTL).await });
+    wait_until_blocked_on_lock(&db, 1).await;
+    assert!(!takeover.is_finished());
+    finish_tx.send(()).unwrap();
+    fenced.await.unwrap().unwrap();
+    let new = takeover.await.unwrap().unwrap();
+    assert_eq!(new.epoch().get(), 2);
+    assert_eq!(db.scalar("SELECT count(*) FROM shards").await, 1);
+}
+
+/// The guard and the audit work from plain SQL, as any client would use them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_and_audit_are_usable_from_plain_sql() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let outcome = |sql: &'static str| {
+        let client = &client;
+        async move {
+            let row = client.query_one(sql, &[]).await.unwrap();
+            row.get::<_, String>(0)
+        }
+    };
+    assert_eq!(
+        outcome("SELECT (pgfence.acquire('prod/scheduler', 'psql-1', 15000)).outcome").await,
+        "acquired"
+    );
+    assert_eq!(
+        outcome("SELECT (pgfence.create_task('prod/scheduler', 1, 'job-1', '{}')).outcome").await,
+        "ok"
+    );
+    assert_eq!(
+        outcome("SELECT (pgfence.acquire('prod/scheduler', 'psql-1', 15000)).outcome").await,
+        "acquired"
+    );
+    assert_eq!(
+        outcome("SELECT (pgfence.claim_task('prod/scheduler', 1, 'job-1', 'w')).outcome").await,
+        "stale"
+    );
+    client.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(
+        outcome("SELECT (pgfence.fence('prod/scheduler', 1, 'psql_update')).outcome").await,
+        "stale"
+    );
+    client.batch_execute("COMMIT").await.unwrap();
+    let rows = client
+        .query(
+            "SELECT operation, presented_epoch, current_epoch FROM pgfence.rejections ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap();
+    let got: Vec<(String, i64, i64)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("claim_task".to_owned(), 1, 2),
+            ("psql_update".to_owned(), 1, 2)
+        ]
+    );
+    let err = client
+        .query_one("SELECT pgfence.acquire('prod/scheduler', 'x', 0)", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "22023");
+}
+
+/// With enforcement on, raw SQL that does not carry the lease's current epoch is refused by the database
+/// (SQLSTATE PF001), raw SQL that does is accepted, DELETE is refused; with it off, raw SQL is not checked.
+/// Task events are append-only either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enforcement_refuses_raw_sql_without_the_current_epoch() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let old = store.acquire("sched", "pod-a", TTL).await.unwrap();
+    store
+        .create_task(&old.fence(), "job", &json!({}))
+        .await
+        .unwrap();
+    let new = store.acquire("sched", "pod-a", TTL).await.unwrap();
+    assert!(!store.enforcement().await.unwrap());
+    store.set_enforcement(true).await.unwrap();
+    assert!(store.enforcement().await.unwrap());
+
+    let client = db.client().await;
+    let code = |e: tokio_postgres::Error| e.code().map(|c| c.code().to_owned());
+    let stale = client
+        .execute(
+            "UPDATE pgfence.tasks SET state = 'cancelled', fence = $1",
+            &[&old.epoch().get()],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(stale).as_deref(), Some("PF001"));
+    let no_epoch = client
+        .execute("UPDATE pgfence.tasks SET state = 'cancelled'", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(code(no_epoch).as_deref(), Some("PF001"));
+    let insert = client
+        .execute(
+            "INSERT INTO pgfence.task_events (task_id, lease, epoch, kind) SELECT id, lease, $1, 'raw' FROM pgfence.tasks",
+            &[&old.epoch().get()],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(insert).as_deref(), Some("PF001"));
+    let delete = client
+        .execute("DELETE FROM pgfence.tasks", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(code(delete).as_deref(), Some("PF001"));
+    assert_eq!(
+        client
+            .execute(
+                "UPDATE pgfence.tasks SET state = 'cancelled', fence = $1",
+                &[&new.epoch().get()]
+            )
+            .await
+            .unwrap(),
+        1
+    );
+    // pgfence's own writes pass the trigger by construction.
+    store
+        .create_task(&new.fence(), "job-2", &json!({}))
+        .await
+        .unwrap();
+
+    let mutate_event = client
+        .execute("UPDATE pgfence.task_events SET kind = 'x'", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(code(mutate_event).as_deref(), Some("PF002"));
+
+    store.set_enforcement(false).await.unwrap();
+    client
+        .execute("UPDATE pgfence.tasks SET state = 'pending'", &[])
+        .await
+        .unwrap();
+    let mutate_event = client
+        .execute("DELETE FROM pgfence.task_events", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(code(mutate_event).as_deref(), Some("PF002"));
+}
+
+/// Bad task input (empty or NUL keys, NUL inside JSON strings, oversized or deeply nested payloads, bad kinds)
+/// is a typed error before anything reaches the database: no row and no audit entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_task_input_is_refused_and_writes_nothing() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let fence = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
+    let mut deep = json!(1);
+    for _ in 0..(pgfence::MAX_PAYLOAD_DEPTH + 1) {
+        deep = json!([deep]);
+    }
+    let huge = json!({"blob": "x".repeat(pgfence::MAX_PAYLOAD_BYTES)});
+    let results = vec![
+        store.create_task(&fence, "", &json!({})).await,
+        store.create_task(&fence, "a\0b", &json!({})).await,
+        store
+            .create_task(&fence, &"k".repeat(300), &json!({}))
+            .await,
+        store
+            .create_task(&fence, "k", &json!({"s": "nul\u{0}"}))
+            .await,
+        store
+            .create_task(&fence, "k", &json!({"nul\u{0}key": 1}))
+            .await,
+        store.create_task(&fence, "k", &deep).await,
+        store.create_task(&fence, "k", &huge).await,
+        store.claim_task(&fence, "k", "").await,
+        store.append_event(&fence, "k", "", &json!({})).await,
+        store
+            .append_event(&fence, "k", &"e".repeat(65), &json!({}))
+            .await,
+    ];
+    for (i, result) in results.iter().enumerate() {
+        assert!(
+            matches!(result, Err(Error::InvalidInput { .. })),
+            "case {i}: {result:?}"
+        );
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.tasks").await, 0);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.rejections").await,
+        0
+    );
+}

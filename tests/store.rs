@@ -1,0 +1,261 @@
+//! Connecting, identity checks, migrations and error reporting against real PostgreSQL.
+//!
+//! Invariants checked: nothing is written to a database that is not the expected primary; errors name the real
+//! cause quickly and never contain credentials.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::TestDb;
+use pgfence::{Error, ExpectedIdentity, Store, StoreConfig};
+
+const SENTINEL: &str = "s3cret-Sentinel-pw";
+
+/// A TCP port on loopback that nothing listens on.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// An unreachable database fails within the connect timeout with the driver's cause, and neither the error nor
+/// the configuration's Debug output contains the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_database_reports_the_real_cause_quickly_without_credentials() {
+    let url = format!(
+        "postgres://app:{SENTINEL}@127.0.0.1:{}/control",
+        closed_port()
+    );
+    let config = StoreConfig::new(url, "c");
+    assert!(!format!("{config:?}").contains(SENTINEL));
+    let started = Instant::now();
+    let err = Store::connect(config).await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+    let text = err.to_string();
+    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+    assert!(text.to_lowercase().contains("refused"), "{text}");
+    assert!(text.contains("app@127.0.0.1"), "{text}");
+    assert!(
+        !text.contains(SENTINEL) && !format!("{err:?}").contains(SENTINEL),
+        "{text}"
+    );
+}
+
+/// Key=value connection strings are redacted too.
+#[test]
+fn redaction_keeps_host_port_database_and_user_only() {
+    assert_eq!(
+        pgfence::redact(&format!(
+            "postgres://app:{SENTINEL}@db.internal:6432/control?sslmode=disable"
+        )),
+        "app@db.internal:6432/control"
+    );
+    assert_eq!(
+        pgfence::redact(&format!(
+            "host=db port=5433 user=ops password={SENTINEL} dbname=ctl"
+        )),
+        "ops@db:5433/ctl"
+    );
+    assert!(
+        !pgfence::redact("postgres://a:b@").contains('b')
+            || pgfence::redact("postgres://a:b@").contains('@')
+    );
+}
+
+/// A malformed URL is a clear error that does not echo the string.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_url_is_a_clear_error() {
+    let err = Store::connect(StoreConfig::new(
+        format!("postgres://u:{SENTINEL}@host:notaport/db"),
+        "c",
+    ))
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");
+    assert!(!err.to_string().contains(SENTINEL));
+}
+
+/// A wrong password is reported as an authentication failure, without the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_login_is_reported_without_the_password() {
+    let db = TestDb::new().await;
+    // The embedded server trusts local connections; a missing role is the refusal we can provoke portably.
+    let url = db
+        .url
+        .replacen("postgres@", &format!("nobody_here:{SENTINEL}@"), 1);
+    let err = Store::connect(StoreConfig::new(url, "c"))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+    assert!(text.contains("nobody_here"), "{text}");
+    assert!(!text.contains(SENTINEL), "{text}");
+}
+
+/// Migrating twice is a no-op, and several processes migrating a fresh database at once all succeed with the
+/// migrations applied exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_and_repeated_migrations_apply_once() {
+    let db = TestDb::empty().await;
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        let config = db.config("c");
+        handles.push(tokio::spawn(async move {
+            let store = Store::connect(config).await.unwrap();
+            store.migrate().await.unwrap()
+        }));
+    }
+    let mut applied = 0;
+    for h in handles {
+        applied += h.await.unwrap().len();
+    }
+    assert_eq!(applied, pgfence_migration_count());
+    let store = db.store("c").await;
+    assert!(store.migrate().await.unwrap().is_empty());
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.instance").await, 1);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.\"__diesel_schema_migrations\"")
+            .await as usize,
+        pgfence_migration_count()
+    );
+    store
+        .acquire("x", "pod", Duration::from_secs(5))
+        .await
+        .unwrap();
+}
+
+fn pgfence_migration_count() -> usize {
+    std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().is_dir())
+        .count()
+}
+
+/// A database without the schema is accepted at connect (so migrate can run), and lease operations on it say
+/// to run the migration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_schema_says_to_migrate() {
+    let db = TestDb::empty().await;
+    let store = db.store("c").await;
+    let identity = store.identity().await.unwrap();
+    assert_eq!(identity.instance_id, None);
+    let err = store
+        .acquire("x", "pod", Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::SchemaMissing), "{err:?}");
+    assert!(err.to_string().contains("migrate"));
+}
+
+/// The identity names the server (system identifier), the database and the pgfence instance; a store that
+/// expects another identity refuses to connect before writing anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_is_verified_before_any_write() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let identity = store.verify_identity().await.unwrap();
+    assert!(!identity.in_recovery);
+    assert_eq!(identity.database, db.name);
+    let system_identifier = identity
+        .system_identifier
+        .clone()
+        .expect("superuser can read it");
+    let instance_id = identity.instance_id.clone().expect("migrated");
+
+    let matching = ExpectedIdentity {
+        system_identifier: Some(system_identifier.clone()),
+        instance_id: Some(instance_id.clone()),
+        database: Some(db.name.clone()),
+    };
+    Store::connect(db.config("c").expect(matching))
+        .await
+        .unwrap();
+
+    // Another database of the same server, migrated on its own, has its own pgfence instance id. (A database
+    // cloned from a template or restored from a dump keeps the id of its origin: expect the database name too.)
+    let other = TestDb::empty().await;
+    other.store("c").await.migrate().await.unwrap();
+    let err = Store::connect(other.config("c").expect(ExpectedIdentity {
+        instance_id: Some(instance_id.clone()),
+        ..Default::default()
+    }))
+    .await
+    .unwrap_err();
+    match err {
+        Error::WrongDatabase {
+            what,
+            expected,
+            actual,
+        } => {
+            assert_eq!(what, "instance id");
+            assert_eq!(expected, instance_id);
+            assert_ne!(actual, instance_id);
+        }
+        other => panic!("expected WrongDatabase, got {other:?}"),
+    }
+    let err = Store::connect(db.config("c").expect(ExpectedIdentity {
+        system_identifier: Some("42".into()),
+        ..Default::default()
+    }))
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::WrongDatabase {
+                what: "system identifier",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(other.scalar("SELECT count(*) FROM pgfence.leases").await, 0);
+}
+
+/// When the database goes away after connecting, a checkout fails within the checkout timeout and reports the
+/// pool's last connection error, not only "timed out". Uses a server of its own, since it stops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_timeout_reports_the_last_connection_error() {
+    let server = pgfence::embedded::EmbeddedServer::start().unwrap();
+    let store = Store::connect(
+        StoreConfig::new(server.url(), "c")
+            .checkout_timeout(Duration::from_secs(1))
+            .connect_timeout(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap();
+    store.migrate().await.unwrap();
+    store
+        .acquire("x", "pod", Duration::from_secs(5))
+        .await
+        .unwrap();
+    server.stop().unwrap();
+    // The pooled connection is dead now; the first statement on it fails and it is discarded.
+    let first = store
+        .acquire("y", "pod", Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(first.is_transient(), "{first:?}");
+    let started = Instant::now();
+    let err = store
+        .acquire("y", "pod", Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        started.elapsed()
+    );
+    match &err {
+        Error::PoolTimeout { last_error, .. } => {
+            let cause = last_error.as_deref().unwrap_or_default().to_lowercase();
+            assert!(cause.contains("refused"), "{err}");
+        }
+        other => panic!("expected PoolTimeout, got {other:?}"),
+    }
+    assert!(err.is_transient());
+}

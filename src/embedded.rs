@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 /// Tracing target of every event emitted by this module.
-const TARGET: &str = "pgfence::embedded";
+const TARGET: &str = "pgfence";
 
 /// OS user the server runs as when the current process is root; also the
 /// database superuser created by `initdb`.

@@ -747,3 +747,37 @@ async fn bad_task_input_is_refused_and_writes_nothing() {
         0
     );
 }
+
+/// A guarded write is one statement, prepared once per connection and reused: after 20 calls on a one-connection
+/// pool, the server holds exactly one prepared statement for `pgfence.create_task`, executed 20 times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_writes_reuse_one_prepared_statement() {
+    use diesel::sql_types::BigInt;
+    use diesel_async::RunQueryDsl;
+    let db = TestDb::new().await;
+    let store = Store::connect(db.config("c").pool_size(1)).await.unwrap();
+    let fence = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
+    for i in 0..20 {
+        store
+            .create_task(&fence, &format!("job-{i}"), &json!({}))
+            .await
+            .unwrap();
+    }
+    #[derive(diesel::QueryableByName, Debug)]
+    struct Prepared {
+        #[diesel(sql_type = BigInt)]
+        statements: i64,
+        #[diesel(sql_type = BigInt)]
+        executions: i64,
+    }
+    let mut conn = store.conn().await.unwrap();
+    let prepared: Prepared = diesel::sql_query(
+        "SELECT count(*) AS statements, coalesce(sum(generic_plans + custom_plans), 0)::bigint AS executions \
+           FROM pg_prepared_statements WHERE statement LIKE 'SELECT pgfence.create_task(%'",
+    )
+    .get_result(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(prepared.statements, 1, "{prepared:?}");
+    assert_eq!(prepared.executions, 20, "{prepared:?}");
+}

@@ -781,3 +781,58 @@ async fn guarded_writes_reuse_one_prepared_statement() {
     assert_eq!(prepared.statements, 1, "{prepared:?}");
     assert_eq!(prepared.executions, 20, "{prepared:?}");
 }
+
+/// A cancelled fenced transaction (its future dropped while the transaction is open and holds the lease row's
+/// share lock) never leaves a pooled connection inside that transaction: the pool discards the connection, the
+/// server ends the transaction, and a takeover from another process completes promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_fenced_transaction_leaves_no_lock_behind() {
+    let db = TestDb::new().await;
+    app_table(&db).await;
+    let store = Store::connect(db.config("c").pool_size(1)).await.unwrap();
+    let lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
+
+    let (inside_tx, inside_rx) = tokio::sync::oneshot::channel::<()>();
+    let (store2, fence) = (store.clone(), lease.fence());
+    let fenced = tokio::spawn(async move {
+        store2
+            .fenced(&fence, "never_finishes", move |conn| {
+                Box::pin(async move {
+                    use diesel_async::RunQueryDsl;
+                    diesel::sql_query("INSERT INTO shards VALUES (1, 'pod-a')")
+                        .execute(conn)
+                        .await?;
+                    inside_tx.send(()).unwrap();
+                    std::future::pending::<()>().await;
+                    Ok::<_, Error>(())
+                })
+            })
+            .await
+    });
+    inside_rx.await.unwrap();
+    fenced.abort();
+    assert!(fenced.await.unwrap_err().is_cancelled());
+
+    // Another process takes over: it must not wait for a transaction nobody will ever finish.
+    let other = db.store("c").await;
+    let takeover = tokio::time::timeout(
+        Duration::from_secs(10),
+        other.acquire("sched", "pod-a", TTL),
+    )
+    .await;
+    let new = takeover
+        .expect("takeover blocked by a leaked transaction")
+        .unwrap();
+    assert_eq!(new.epoch().get(), 2);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM shards").await,
+        0,
+        "the cancelled transaction rolled back"
+    );
+    // The one-connection pool still works: the broken connection was replaced.
+    let result = store
+        .create_task(&new.fence(), "job", &json!({}))
+        .await
+        .unwrap();
+    assert!(result.created);
+}

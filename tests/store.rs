@@ -259,3 +259,45 @@ async fn pool_timeout_reports_the_last_connection_error() {
     }
     assert!(err.is_transient());
 }
+
+/// An application's own bb8 pool can be wrapped: identity is verified once, and leases work through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_can_wrap_the_applications_own_pool() {
+    use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+    use diesel_async::AsyncPgConnection;
+    let db = TestDb::new().await;
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(db.url.clone());
+    let pool = bb8::Pool::builder()
+        .max_size(2)
+        .build(manager)
+        .await
+        .unwrap();
+    let store = Store::from_pool(pool.clone(), "app", ExpectedIdentity::default())
+        .await
+        .unwrap();
+    let lease = store
+        .acquire("x", "pod", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(lease.qualified_name(), "app/x");
+    assert!(matches!(store.migrate().await, Err(Error::Migration(_))));
+    let wrong = Store::from_pool(
+        pool,
+        "app",
+        ExpectedIdentity {
+            database: Some("elsewhere".into()),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(
+        matches!(
+            wrong,
+            Err(Error::WrongDatabase {
+                what: "database",
+                ..
+            })
+        ),
+        "{wrong:?}"
+    );
+}

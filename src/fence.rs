@@ -57,6 +57,9 @@ impl Fence {
     }
 }
 
+/// Counter of writes the database refused as stale (label `lease`).
+pub const METRIC_STALE_WRITES: &str = "pgfence_stale_writes_total";
+
 /// The future a [`Store::fenced`] callback returns: it borrows the transaction's connection.
 pub type FencedFuture<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
 
@@ -161,6 +164,7 @@ impl WriteOutcome {
             let reason = LossReason::parse(self.reason.as_deref().unwrap_or("superseded"));
             tracing::warn!(target: TARGET, lease = %fence.lease, presented = %fence.epoch,
                 current = ?self.current_epoch, %reason, operation, "stale write refused");
+            metrics::counter!(METRIC_STALE_WRITES, "lease" => fence.lease.clone()).increment(1);
             Error::Stale {
                 lease: fence.lease.clone(),
                 presented: fence.epoch,

@@ -151,6 +151,24 @@ pub struct Lease {
 }
 
 impl Lease {
+    pub(crate) fn from_parts(
+        name: &str,
+        qualified: String,
+        holder: &str,
+        epoch: Epoch,
+        ttl: Duration,
+        local_deadline: Instant,
+    ) -> Lease {
+        Lease {
+            name: name.to_owned(),
+            qualified,
+            holder: holder.to_owned(),
+            epoch,
+            ttl,
+            local_deadline,
+        }
+    }
+
     /// The lease name without its cluster prefix.
     pub fn name(&self) -> &str {
         &self.name

@@ -5,12 +5,13 @@
 pub mod embedded;
 mod error;
 mod fence;
+pub mod leader;
 mod lease;
 mod store;
 mod tasks;
 
 pub use error::{is_retryable_sqlstate, Error, Result};
-pub use fence::{Fence, FencedFuture, Rejection, RejectionFilter};
+pub use fence::{Fence, FencedFuture, Rejection, RejectionFilter, METRIC_STALE_WRITES};
 pub use lease::{
     Epoch, ForceReleased, Lease, LeaseState, LeaseStatus, LossReason, Released, Tenure,
     MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL,
@@ -27,4 +28,5 @@ pub use tasks::{
 pub mod reexports {
     pub use diesel;
     pub use diesel_async;
+    pub use tokio_util;
 }

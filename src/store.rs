@@ -430,6 +430,23 @@ impl Store {
         run_migrations(conn).await
     }
 
+    /// Whether this store can open connections of its own outside the pool (not for [`Store::from_pool`]).
+    pub(crate) fn can_open_dedicated(&self) -> bool {
+        self.inner.connect.is_some()
+    }
+
+    /// A new connection outside the pool (for LISTEN).
+    pub(crate) async fn open_dedicated(&self) -> Result<AsyncPgConnection> {
+        match &self.inner.connect {
+            Some(settings) => settings.open().await,
+            None => Err(Error::Connect {
+                target: self.inner.target.clone(),
+                cause: "a store built from an application pool opens no connections of its own"
+                    .to_owned(),
+            }),
+        }
+    }
+
     pub(crate) fn qualify(&self, name: &str) -> String {
         format!("{}/{}", self.inner.cluster, name)
     }

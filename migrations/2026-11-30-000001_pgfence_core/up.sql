@@ -268,6 +268,42 @@ BEGIN
 END;
 $$;
 
+-- Renews many tenures of one holder in one statement: a process holding N leases (a sharded controller)
+-- renews them all with one statement per tick. One row per input lease, in input order.
+CREATE FUNCTION pgfence.renew_many(p_leases text[], p_epochs bigint[], p_holder text, p_ttl_ms bigint)
+RETURNS TABLE (lease text, outcome text, reason text, epoch bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgfence._check_text('holder', p_holder, 256);
+    PERFORM pgfence._check_ttl(p_ttl_ms);
+    IF p_leases IS NULL OR p_epochs IS NULL OR cardinality(p_leases) <> cardinality(p_epochs) THEN
+        RAISE EXCEPTION 'pgfence: renew_many needs as many epochs as leases' USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+    WITH input AS (
+        SELECT i.lease, i.epoch, i.ord FROM unnest(p_leases, p_epochs) WITH ORDINALITY AS i(lease, epoch, ord)
+    ), renewed AS (
+        UPDATE pgfence.leases l
+           SET expires_at = clock_timestamp() + p_ttl_ms * interval '1 millisecond',
+               renewed_at = clock_timestamp(), ttl_ms = p_ttl_ms
+          FROM input i
+         WHERE l.name = i.lease AND l.epoch = i.epoch AND l.holder = p_holder AND l.state = 'held'
+           AND l.expires_at > clock_timestamp()
+        RETURNING l.name
+    )
+    -- The join below reads the rows as they were before this statement's UPDATE: right for explaining losses.
+    SELECT i.lease,
+           CASE WHEN r.name IS NOT NULL THEN 'renewed' ELSE 'lost' END,
+           CASE WHEN r.name IS NULL
+                THEN coalesce(pgfence._loss_reason(l, p_holder, i.epoch, clock_timestamp()), 'expired') END,
+           l.epoch
+      FROM input i
+      LEFT JOIN renewed r ON r.name = i.lease
+      LEFT JOIN pgfence.leases l ON l.name = i.lease
+     ORDER BY i.ord;
+END;
+$$;
+
 -- Release: ends the tenure (holder, epoch) at once so a successor can acquire immediately. Idempotent, and it
 -- never touches a successor's tenure: releasing an epoch that is no longer current is a no-op ('not_held').
 CREATE FUNCTION pgfence.release(p_lease text, p_holder text, p_epoch bigint)
@@ -293,6 +329,8 @@ BEGIN
        SET ended_at = LEAST(l.expires_at, ts),
            end_reason = CASE WHEN why = 'expired' THEN 'expired' ELSE 'released' END
      WHERE lease = p_lease AND epoch = p_epoch AND ended_at IS NULL;
+    -- Wake waiting candidates (delivered at commit) so a successor acquires in milliseconds, not a poll later.
+    PERFORM pg_notify('pgfence_lease_free', p_lease);
     RETURN ROW('released', why, p_epoch, p_holder, 0)::pgfence.lease_result;
 END;
 $$;
@@ -320,6 +358,7 @@ BEGIN
        SET ended_at = LEAST(l.expires_at, ts),
            end_reason = CASE WHEN l.expires_at <= ts THEN 'expired' ELSE 'forced' END
      WHERE lease = p_lease AND epoch = l.epoch AND ended_at IS NULL;
+    PERFORM pg_notify('pgfence_lease_free', p_lease);
     RETURN ROW('released', CASE WHEN l.expires_at <= ts THEN 'expired' ELSE 'forced' END,
                l.epoch, l.holder, 0)::pgfence.lease_result;
 END;

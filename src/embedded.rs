@@ -20,6 +20,15 @@
 //! the server (`pg_ctl stop -m immediate`) and deletes the temporary
 //! directory.
 //!
+//! # Standbys
+//!
+//! [`EmbeddedServer::start_standby`] clones a running server with
+//! `pg_basebackup` into a server of its own that streams the primary's WAL
+//! (asynchronously), and [`EmbeddedServer::promote`] turns such a standby
+//! into a primary: enough to test what a client does when it meets a
+//! standby, or a failover. A standby is an [`EmbeddedServer`] like any
+//! other, with its own directory, port and watchdog.
+//!
 //! Everything here is synchronous and uses `std::process`; it can be called
 //! from async code, but it blocks the calling thread while commands run.
 
@@ -93,7 +102,9 @@ pub struct EmbeddedOptions {
     pub fsync: bool,
     /// Additional server settings `(name, value)`, written to the server's
     /// configuration after the defaults (`max_connections = 200`,
-    /// `shared_buffers = 128MB`), so they can override them. `port`,
+    /// `shared_buffers = 128MB`, `wal_level = replica`,
+    /// `max_wal_senders = 10`), so they can override them (lowering the
+    /// last two makes [`EmbeddedServer::start_standby`] fail). `port`,
     /// `listen_addresses` and `unix_socket_directories` are always set by
     /// the server itself and cannot be overridden.
     pub extra_settings: Vec<(String, String)>,
@@ -205,6 +216,9 @@ pub struct EmbeddedServer {
     log_file: PathBuf,
     socket_dir: PathBuf,
     run_as: Option<RunAs>,
+    /// Kept so that `pgfence.conf` can be rewritten for a new port, and so
+    /// that a standby gets the same settings as its primary.
+    options: EmbeddedOptions,
     temp: Option<TempDir>,
     watchdog: Option<Watchdog>,
 }
@@ -266,6 +280,137 @@ impl EmbeddedServer {
         let started = Instant::now();
         let bin_dir = find_bin_dir()?;
         let run_as = resolve_run_as()?;
+        let mut server = Self::prepare(bin_dir, run_as, options)?;
+        server.initdb()?;
+        server.start_first()?;
+        tracing::info!(
+            target: TARGET,
+            port = server.port,
+            data_dir = %server.data_dir.display(),
+            bin_dir = %server.bin_dir.display(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "embedded PostgreSQL started"
+        );
+        Ok(server)
+    }
+
+    /// Starts a streaming-replication standby of this server and waits
+    /// until it accepts (read-only) connections.
+    ///
+    /// `pg_basebackup -R` copies this server's data directory into a new
+    /// temporary directory and writes the recovery configuration
+    /// (`standby.signal`, and `primary_conninfo` pointing at this server's
+    /// port); the standby then runs on a new free port with its own socket
+    /// directory and the same [`EmbeddedOptions`] as this server (a hot
+    /// standby refuses to start with a lower `max_connections` than its
+    /// primary). Replication is asynchronous and uses no replication slot,
+    /// so dropping the standby leaves nothing behind on the primary. The
+    /// returned server owns its directory and watchdog like any other, and
+    /// is independent of this one: dropping the primary leaves the standby
+    /// running (it keeps trying to reconnect), ready to be
+    /// [promoted](Self::promote).
+    ///
+    /// Takes well under a second for a small primary: the base backup copies
+    /// the primary's whole data directory, so it grows with it. Replication
+    /// needs `wal_level = replica` and `max_wal_senders > 0` on this
+    /// server (the defaults) and a `replication` line in `pg_hba.conf`
+    /// (written by `initdb --auth=trust`).
+    ///
+    /// ```no_run
+    /// use pgfence::embedded::EmbeddedServer;
+    ///
+    /// let primary = EmbeddedServer::start()?;
+    /// let standby = primary.start_standby()?;
+    /// // `standby.url()` is read-only until:
+    /// standby.promote()?;
+    /// # Ok::<(), pgfence::embedded::EmbeddedError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`EmbeddedError::Command`] when `pg_basebackup` fails (for example
+    /// because this server is not running, or its settings do not allow
+    /// replication) or the standby does not start, with the command's
+    /// output and the standby's log; the others as for
+    /// [`start`](Self::start).
+    pub fn start_standby(&self) -> Result<EmbeddedServer, EmbeddedError> {
+        let started = Instant::now();
+        let mut standby = Self::prepare(
+            self.bin_dir.clone(),
+            self.run_as.clone(),
+            self.options.clone(),
+        )?;
+        standby.base_backup_of(self)?;
+        // The copied `pgfence.conf` names the primary's port and socket
+        // directory; `start_first` rewrites it before every attempt.
+        standby.start_first()?;
+        tracing::info!(
+            target: TARGET,
+            port = standby.port,
+            primary_port = self.port,
+            data_dir = %standby.data_dir.display(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "embedded PostgreSQL standby started"
+        );
+        Ok(standby)
+    }
+
+    /// Promotes a standby to a primary (`pg_ctl promote -w`) and returns
+    /// once it accepts writes.
+    ///
+    /// `pg_ctl` waits until the control file says the server is in
+    /// production; the server allows writes before it records that, so
+    /// writes work as soon as this returns. The promoted server starts a
+    /// new timeline and stops following its former primary, which keeps
+    /// running if it was: two primaries with the same history, which is
+    /// exactly the split brain that fencing epochs are for.
+    ///
+    /// # Errors
+    ///
+    /// [`EmbeddedError::Command`] when the server is not a standby (`pg_ctl`
+    /// reports "server is not in standby mode") or is not running, or when
+    /// the promotion does not finish within 30 seconds; it carries the tail
+    /// of the server log.
+    pub fn promote(&self) -> Result<(), EmbeddedError> {
+        let started = Instant::now();
+        let log_offset = fs::metadata(&self.log_file).map(|m| m.len()).unwrap_or(0);
+        let mut cmd = self.server_command(&self.bin_dir.join("pg_ctl"));
+        cmd.arg("-D")
+            .arg(&self.data_dir)
+            .arg("promote")
+            .arg("-w")
+            .arg("-t")
+            .arg(PG_CTL_TIMEOUT_SECS.to_string());
+        let (command, output) = self.run(cmd)?;
+        if !output.status.success() {
+            let mut text = output_tail(&output);
+            let log_tail = tail(&read_from(&self.log_file, log_offset), TAIL_LINES);
+            if !log_tail.is_empty() {
+                text.push_str("\n--- server log ---\n");
+                text.push_str(&log_tail);
+            }
+            return Err(EmbeddedError::Command {
+                command,
+                status: output.status.to_string(),
+                output: text,
+            });
+        }
+        tracing::info!(
+            target: TARGET,
+            port = self.port,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "embedded PostgreSQL promoted"
+        );
+        Ok(())
+    }
+
+    /// A server value with a fresh temporary directory (owned by the server
+    /// user) and a running watchdog, but no data directory yet and port 0.
+    fn prepare(
+        bin_dir: PathBuf,
+        run_as: Option<RunAs>,
+        options: EmbeddedOptions,
+    ) -> Result<Self, EmbeddedError> {
         let base = temp_base(run_as.is_some());
         let temp = tempfile::Builder::new()
             .prefix("pgfence-pg-")
@@ -290,6 +435,7 @@ impl EmbeddedServer {
             socket_dir,
             root,
             run_as,
+            options,
             temp: Some(temp),
             watchdog: None,
         };
@@ -302,16 +448,6 @@ impl EmbeddedServer {
             server.run_checked(chown)?;
         }
         server.watchdog = Some(server.spawn_watchdog()?);
-        server.initdb()?;
-        server.start_first(&options)?;
-        tracing::info!(
-            target: TARGET,
-            port = server.port,
-            data_dir = %server.data_dir.display(),
-            bin_dir = %server.bin_dir.display(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "embedded PostgreSQL started"
-        );
         Ok(server)
     }
 
@@ -444,13 +580,45 @@ impl EmbeddedServer {
             .map_err(|e| EmbeddedError::io(format!("writing {}", conf.display()), e))
     }
 
+    /// Fills the data directory with a base backup of `primary`, configured
+    /// to follow it as a standby.
+    fn base_backup_of(&self, primary: &EmbeddedServer) -> Result<(), EmbeddedError> {
+        let mut cmd = self.server_command(&self.bin_dir.join("pg_basebackup"));
+        // Over TCP, so that the `primary_conninfo` written by `-R` does not
+        // depend on the primary's socket directory. A fast checkpoint: the
+        // default spreads it over minutes on a primary with dirty buffers.
+        // The WAL written during the backup is streamed into it (`-X
+        // stream`), so the backup is consistent without archiving.
+        cmd.arg("-D")
+            .arg(&self.data_dir)
+            .arg("-h")
+            .arg("127.0.0.1")
+            .arg("-p")
+            .arg(primary.port.to_string())
+            .arg("-U")
+            .arg(SERVER_USER)
+            .arg("--no-password")
+            .arg("--write-recovery-conf")
+            .arg("--wal-method=stream")
+            .arg("--checkpoint=fast")
+            .arg("--label=pgfence-standby")
+            .arg("--no-sync");
+        self.run_checked(cmd)?;
+        Ok(())
+    }
+
     /// Writes `pgfence.conf`, which `postgresql.conf` includes, so that
     /// every later start uses the same settings and port.
-    fn write_settings(&self, options: &EmbeddedOptions) -> Result<(), EmbeddedError> {
+    fn write_settings(&self) -> Result<(), EmbeddedError> {
+        let options = &self.options;
         let mut settings: Vec<(&str, String)> = vec![
             ("max_connections", "200".to_owned()),
             ("shared_buffers", "128MB".to_owned()),
             ("fsync", if options.fsync { "on" } else { "off" }.to_owned()),
+            // Already PostgreSQL's defaults (since 10); stated here because
+            // `start_standby` depends on them.
+            ("wal_level", "replica".to_owned()),
+            ("max_wal_senders", "10".to_owned()),
         ];
         for (name, value) in &options.extra_settings {
             settings.push((name, value.clone()));
@@ -476,11 +644,11 @@ impl EmbeddedServer {
 
     /// First start: picks a port, retrying with another one when it turns
     /// out to be taken.
-    fn start_first(&mut self, options: &EmbeddedOptions) -> Result<(), EmbeddedError> {
+    fn start_first(&mut self) -> Result<(), EmbeddedError> {
         let mut attempt = 0;
         loop {
             self.port = free_port()?;
-            self.write_settings(options)?;
+            self.write_settings()?;
             match self.pg_ctl_start() {
                 Ok(()) => return Ok(()),
                 Err(failure) if failure.port_in_use && attempt < PORT_RETRIES => {

@@ -879,6 +879,26 @@ impl MemoryElector {
         ended
     }
 
+    /// Makes `name` held by `holder` as if another process had acquired it (without a [`HeldLease`] here), so
+    /// that a test can exercise "someone else leads". Fails with [`Error::Held`] when it is held already.
+    pub fn occupy(&self, name: &str, holder: &str) -> Result<Epoch> {
+        let qualified = self.qualify(name);
+        let mut leases = self.inner.leases.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = leases.entry(qualified.clone()).or_default();
+        if let Some(current) = &entry.holder {
+            return Err(Error::Held {
+                lease: qualified,
+                holder: current.clone(),
+                epoch: Epoch::new(entry.epoch)?,
+                expires_in: Duration::MAX,
+            });
+        }
+        entry.epoch += 1;
+        entry.holder = Some(holder.to_owned());
+        entry.current = None;
+        Epoch::new(entry.epoch)
+    }
+
     /// The current holder and epoch of `name`, if held.
     pub fn holder(&self, name: &str) -> Option<(String, Epoch)> {
         let leases = self.inner.leases.lock().unwrap_or_else(|p| p.into_inner());

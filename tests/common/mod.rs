@@ -198,3 +198,84 @@ pub async fn wait_until_blocked_on_lock(db: &TestDb, backends: i64) {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
+
+/// A metrics recorder for tests whose reads do not reset values (tests of one binary run in parallel and
+/// share it). Installed once per test binary.
+pub mod metrics_probe {
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, OnceLock};
+
+    use metrics::{
+        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+    use metrics_util::registry::{AtomicStorage, Registry};
+
+    struct Probe(Arc<Registry<Key, AtomicStorage>>);
+
+    impl Recorder for Probe {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            self.0
+                .get_or_create_counter(key, |c| Counter::from_arc(c.clone()))
+        }
+        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+            self.0
+                .get_or_create_gauge(key, |g| Gauge::from_arc(g.clone()))
+        }
+        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+            self.0
+                .get_or_create_histogram(key, |h| Histogram::from_arc(h.clone()))
+        }
+    }
+
+    fn registry() -> &'static Arc<Registry<Key, AtomicStorage>> {
+        static REGISTRY: OnceLock<Arc<Registry<Key, AtomicStorage>>> = OnceLock::new();
+        REGISTRY.get_or_init(|| {
+            let registry = Arc::new(Registry::atomic());
+            metrics::set_global_recorder(Probe(registry.clone()))
+                .expect("install the metrics probe");
+            registry
+        })
+    }
+
+    /// Installs the probe (call before the code under test records anything).
+    pub fn install() {
+        registry();
+    }
+
+    fn key(name: &'static str, labels: &[(&'static str, &str)]) -> Key {
+        let labels: Vec<metrics::Label> = labels
+            .iter()
+            .map(|(k, v)| metrics::Label::new(*k, v.to_string()))
+            .collect();
+        Key::from_parts(name, labels)
+    }
+
+    /// A gauge's value, `None` when never set.
+    pub fn gauge(name: &'static str, labels: &[(&'static str, &str)]) -> Option<f64> {
+        registry()
+            .get_gauge_handles()
+            .get(&key(name, labels))
+            .map(|g| f64::from_bits(g.load(Ordering::SeqCst)))
+    }
+
+    /// A counter's value (0 when never incremented).
+    pub fn counter(name: &'static str, labels: &[(&'static str, &str)]) -> u64 {
+        registry()
+            .get_counter_handles()
+            .get(&key(name, labels))
+            .map(|c| c.load(Ordering::SeqCst))
+            .unwrap_or(0)
+    }
+
+    /// Every observation of a histogram so far.
+    pub fn histogram(name: &'static str, labels: &[(&'static str, &str)]) -> Vec<f64> {
+        registry()
+            .get_histogram_handles()
+            .get(&key(name, labels))
+            .map(|h| h.data())
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,119 @@
+//! A small controller on pgfence: two "processes" (supervisors) compete for a `scheduler` lease and a `reporter`
+//! lease on a throwaway PostgreSQL server. The scheduler leader creates, claims and completes tasks, every write
+//! carrying its tenure's fence; the reporter leader prints the leases. Halfway through, the process leading `scheduler` shuts
+//! down; the other takes over within milliseconds (LISTEN/NOTIFY) with a larger epoch.
+//!
+//! Run with `cargo run --example controller` (needs the PostgreSQL server binaries; or set DATABASE_URL).
+
+use std::time::Duration;
+
+use pgfence::leader::{BoxError, LeaderContext, LeadershipOptions, PgElector, Supervisor};
+use pgfence::{Store, StoreConfig, TaskState};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+async fn schedule(store: Store, ctx: LeaderContext, who: &'static str) -> Result<(), BoxError> {
+    println!("[{who}] leads scheduler with epoch {}", ctx.epoch());
+    let mut n = 0;
+    loop {
+        tokio::select! {
+            _ = ctx.cancelled() => break,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+        // Every write presents this tenure's fence; the database refuses it once another epoch exists.
+        let key = format!("job-{}-{n}", ctx.epoch());
+        store
+            .create_task(ctx.fence(), &key, &json!({"by": who}))
+            .await?;
+        store.claim_task(ctx.fence(), &key, who).await?;
+        let done = store
+            .transition_task(
+                ctx.fence(),
+                &key,
+                TaskState::Claimed,
+                TaskState::Succeeded,
+                &json!({}),
+            )
+            .await?;
+        println!("[{who}] ran {key} (fence {})", done.task.fence);
+        n += 1;
+    }
+    println!("[{who}] scheduler stopped");
+    Ok(())
+}
+
+async fn report(store: Store, ctx: LeaderContext, who: &'static str) -> Result<(), BoxError> {
+    println!("[{who}] leads reporter with epoch {}", ctx.epoch());
+    while !ctx.cancellation_token().is_cancelled() {
+        tokio::select! {
+            _ = ctx.cancelled() => break,
+            _ = tokio::time::sleep(Duration::from_millis(700)) => {}
+        }
+        for lease in store.leases().await? {
+            println!(
+                "[{who}] {}: {:?} by {} at epoch {}",
+                lease.name,
+                lease.state,
+                lease.holder.as_deref().unwrap_or("-"),
+                lease
+                    .epoch
+                    .map_or_else(|| "-".to_owned(), |e| e.to_string())
+            );
+        }
+    }
+    Ok(())
+}
+
+fn supervisor(store: &Store, elector: &PgElector, who: &'static str) -> Supervisor<PgElector> {
+    let options = LeadershipOptions::new(Duration::from_secs(3));
+    let (s1, s2) = (store.clone(), store.clone());
+    Supervisor::new(elector.clone(), who)
+        .controller("scheduler", options, move |ctx| {
+            schedule(s1.clone(), ctx, who)
+        })
+        .controller("reporter", options, move |ctx| report(s2.clone(), ctx, who))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let server;
+    let url = match std::env::var("DATABASE_URL") {
+        Ok(url) => url,
+        Err(_) => {
+            server = pgfence::embedded::EmbeddedServer::start()?;
+            server.url()
+        }
+    };
+    let store = Store::connect(StoreConfig::new(url, "example")).await?;
+    store.migrate().await?;
+    let elector = PgElector::new(store.clone());
+
+    let (a_stop, b_stop) = (CancellationToken::new(), CancellationToken::new());
+    let a = tokio::spawn(supervisor(&store, &elector, "process-a").run(a_stop.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b = supervisor(&store, &elector, "process-b");
+    let b_status = b.status();
+    let b = tokio::spawn(b.run(b_stop.clone()));
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    println!("-- process-a shuts down; process-b takes over");
+    a_stop.cancel();
+    a.await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    println!(
+        "-- readiness of process-b: {:?}",
+        b_status.readiness().await
+    );
+    b_stop.cancel();
+    b.await?;
+
+    for tenure in store.tenures("scheduler").await? {
+        println!(
+            "scheduler tenure: epoch {} held by {} ({})",
+            tenure.epoch,
+            tenure.holder,
+            tenure.end_reason.as_deref().unwrap_or("current")
+        );
+    }
+    Ok(())
+}

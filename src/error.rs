@@ -162,6 +162,10 @@ fn fmt_epoch(epoch: Option<Epoch>) -> String {
 impl Error {
     /// True for errors worth retrying unchanged: serialization failures and deadlocks (SQLSTATE 40001, 40P01),
     /// connection trouble and pool timeouts. Fencing outcomes (`Held`, `Lost`, `Stale`) are definitive.
+    ///
+    /// A connection lost while a write was in flight leaves its outcome unknown: the server may have committed
+    /// it. Retry blindly only what is idempotent (`create_task` by key, `release`); for the rest, read back
+    /// first (for instance the task's events) or make the write idempotent by key.
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Connect { .. } | Error::PoolTimeout { .. } => true,
@@ -200,8 +204,11 @@ impl From<diesel::result::Error> for Error {
         match err {
             D::DatabaseError(kind, info) => {
                 let message = info.message().to_owned();
-                // A missing pgfence object means the schema was never migrated (or only partly).
-                if message.contains("pgfence") && message.contains("does not exist") {
+                // A missing pgfence object means the schema was never migrated (or only partly). Match pgfence's
+                // own objects only (`pgfence.x`, schema "pgfence"), not a user's `pgfence_app.x`.
+                if message.contains("does not exist")
+                    && (message.contains("pgfence.") || message.contains("\"pgfence\""))
+                {
                     return Error::SchemaMissing;
                 }
                 Error::Database {
@@ -229,8 +236,13 @@ fn infer_sqlstate(kind: &diesel::result::DatabaseErrorKind, message: &str) -> Op
         K::CheckViolation => Some("23514"),
         K::ReadOnlyTransaction => Some("25006"),
         K::ClosedConnection | K::UnableToSendCommand => Some("08006"),
+        // Server messages are matched in English (lc_messages = 'C' or 'en_*').
         _ if message.starts_with("deadlock detected") => Some("40P01"),
-        _ if message.starts_with("pgfence: stale write") => Some("PF001"),
+        _ if message.starts_with("pgfence: stale write")
+            || message.starts_with("pgfence: enforcement") =>
+        {
+            Some("PF001")
+        }
         _ if message.starts_with("pgfence:") && message.contains("append-only") => Some("PF002"),
         _ if message.starts_with("pgfence:") => Some("22023"),
         _ => None,

@@ -29,9 +29,24 @@ use crate::store::{Store, TARGET};
 /// A `Fence` is plain, serializable data, so a leader can hand it to a downstream service that writes through
 /// pgfence (or through SQL) on its behalf; the database decides whether it is still current.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "FenceParts")]
 pub struct Fence {
     lease: String,
     epoch: Epoch,
+}
+
+/// The unchecked shape of a serialized [`Fence`]; deserializing validates it like [`Fence::new`].
+#[derive(Deserialize)]
+struct FenceParts {
+    lease: String,
+    epoch: Epoch,
+}
+
+impl TryFrom<FenceParts> for Fence {
+    type Error = Error;
+    fn try_from(parts: FenceParts) -> Result<Fence> {
+        Fence::new(parts.lease, parts.epoch)
+    }
 }
 
 impl Fence {
@@ -55,6 +70,20 @@ impl Fence {
     pub fn epoch(&self) -> Epoch {
         self.epoch
     }
+}
+
+/// The longest accepted operation label (as in `pgfence.rejections.operation`).
+pub const MAX_OPERATION_LEN: usize = 64;
+
+fn check_operation(operation: &str) -> Result<()> {
+    validate_holder("operation", operation)?;
+    if operation.chars().count() > MAX_OPERATION_LEN {
+        return Err(Error::invalid(
+            "operation",
+            format!("must be at most {MAX_OPERATION_LEN} characters"),
+        ));
+    }
+    Ok(())
 }
 
 /// Counter of writes the database refused as stale (label `lease`).
@@ -261,13 +290,17 @@ impl Store {
         E: From<Error> + From<diesel::result::Error> + Send,
         T: Send,
     {
-        use diesel_async::{AsyncConnection, RunQueryDsl};
-        validate_holder("operation", operation).map_err(E::from)?;
-        let mut conn = self.conn().await.map_err(E::from)?;
+        use diesel_async::RunQueryDsl;
+        check_operation(operation).map_err(E::from)?;
+        let mut conn = self.checked().await.map_err(E::from)?;
         let fence = fence.clone();
         let op = operation.to_owned();
+        // READ COMMITTED whatever the session default: the guard's row lock then waits for a takeover in flight
+        // and reads the new epoch, so a stale fence is refused *and audited* instead of failing with 40001.
         let outcome: Result<Result<T, Error>, E> = (*conn)
-            .transaction(async move |conn: &mut AsyncPgConnection| {
+            .build_transaction()
+            .read_committed()
+            .run(async move |conn: &mut AsyncPgConnection| {
                 let check: sql::WriteRow = diesel::select(sql::fence(
                     &fence.lease,
                     fence.epoch.get(),
@@ -284,6 +317,7 @@ impl Store {
                 work(conn).await.map(Ok)
             })
             .await;
+        conn.disarm();
         outcome?.map_err(E::from)
     }
 

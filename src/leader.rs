@@ -609,6 +609,8 @@ pub(crate) mod sql {
     use diesel::sql_types::{Array, BigInt, Nullable, Text};
 
     pub(crate) type RenewRow = Record<(Text, Text, Nullable<Text>, Nullable<BigInt>)>;
+    /// (lease, outcome, reason, current epoch)
+    pub(crate) type RenewOutcome = (String, String, Option<String>, Option<i64>);
 
     diesel::define_sql_function! {
         #[sql_name = "pgfence.renew_many"]
@@ -628,15 +630,19 @@ async fn renew_group(
         .map(|m| m.lease.qualified_name().to_owned())
         .collect();
     let epochs: Vec<i64> = members.iter().map(|m| m.lease.epoch().get()).collect();
-    let mut conn = store.conn().await?;
-    let rows: Vec<(String, String, Option<String>, Option<i64>)> = diesel::select(sql::renew_many(
+    // Armed: when the local deadline cuts a renewal short, the statement is cancelled and the connection
+    // discarded rather than handed to the next user with the statement still running.
+    let mut conn = store.checked().await?;
+    let rows: Result<Vec<sql::RenewOutcome>, _> = diesel::select(sql::renew_many(
         names,
         epochs,
         key.holder.clone(),
         key.ttl.as_millis() as i64,
     ))
     .load(&mut *conn)
-    .await?;
+    .await;
+    conn.disarm();
+    let rows = rows?;
     Ok(rows
         .into_iter()
         .map(|(lease, outcome, reason, _)| (lease, outcome, reason))

@@ -486,17 +486,22 @@ impl Store {
     /// # Ok(()) }
     /// ```
     pub async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease> {
-        use diesel_async::RunQueryDsl;
         validate_name(name)?;
         validate_holder("holder", holder)?;
         let ttl_ms = ttl_ms(ttl)?;
+        // The database grants whole milliseconds; the local deadline must not be later than its expiry.
+        let ttl = Duration::from_millis(ttl_ms as u64);
         let qualified = self.qualify(name);
-        let mut conn = self.conn().await?;
-        let sent = Instant::now();
-        let (outcome, _reason, epoch, current_holder, expires_in_ms): sql::LeaseRow =
-            diesel::select(sql::acquire(&qualified, holder, ttl_ms))
-                .get_result(&mut *conn)
-                .await?;
+        let (sent, (outcome, _reason, epoch, current_holder, expires_in_ms)): (
+            Instant,
+            sql::LeaseRow,
+        ) = self
+            .call_one(diesel::select(sql::acquire(
+                qualified.clone(),
+                holder.to_owned(),
+                ttl_ms,
+            )))
+            .await?;
         match outcome.as_str() {
             "acquired" => {
                 let epoch =
@@ -526,15 +531,15 @@ impl Store {
     /// the database clock; otherwise [`Error::Lost`] with the reason. On success the lease's
     /// [`local_deadline`](Lease::local_deadline) moves to (send time of this renewal + ttl).
     pub async fn renew(&self, lease: &mut Lease) -> Result<()> {
-        use diesel_async::RunQueryDsl;
         let ttl_ms = ttl_ms(lease.ttl)?;
-        let mut conn = self.conn().await?;
-        let sent = Instant::now();
-        let (outcome, reason, current, _holder, _expires): sql::LeaseRow = diesel::select(
-            sql::renew(&lease.qualified, &lease.holder, lease.epoch.get(), ttl_ms),
-        )
-        .get_result(&mut *conn)
-        .await?;
+        let (sent, (outcome, reason, current, _holder, _expires)): (Instant, sql::LeaseRow) = self
+            .call_one(diesel::select(sql::renew(
+                lease.qualified.clone(),
+                lease.holder.clone(),
+                lease.epoch.get(),
+                ttl_ms,
+            )))
+            .await?;
         match outcome.as_str() {
             "renewed" => {
                 lease.local_deadline = sent + lease.ttl;
@@ -559,13 +564,13 @@ impl Store {
     /// successor's tenure: releasing an epoch that is no longer current changes nothing and returns
     /// [`Released::NotHeld`]. After it returns, no write presenting this epoch can commit.
     pub async fn release(&self, lease: &Lease) -> Result<Released> {
-        use diesel_async::RunQueryDsl;
-        let mut conn = self.conn().await?;
-        let (outcome, reason, _epoch, _holder, _expires): sql::LeaseRow = diesel::select(
-            sql::release(&lease.qualified, &lease.holder, lease.epoch.get()),
-        )
-        .get_result(&mut *conn)
-        .await?;
+        let (_, (outcome, reason, _epoch, _holder, _expires)): (Instant, sql::LeaseRow) = self
+            .call_one(diesel::select(sql::release(
+                lease.qualified.clone(),
+                lease.holder.clone(),
+                lease.epoch.get(),
+            )))
+            .await?;
         match outcome.as_str() {
             "released" => {
                 tracing::info!(target: TARGET, lease = %lease.qualified, epoch = %lease.epoch, holder = %lease.holder, "lease released");
@@ -581,14 +586,11 @@ impl Store {
     /// Operator override: ends whatever tenure of `name` is current, so its epoch can no longer write. The
     /// epoch is kept: the next acquisition issues epoch + 1.
     pub async fn force_release(&self, name: &str) -> Result<ForceReleased> {
-        use diesel_async::RunQueryDsl;
         validate_name(name)?;
         let qualified = self.qualify(name);
-        let mut conn = self.conn().await?;
-        let (outcome, _reason, epoch, holder, _expires): sql::LeaseRow =
-            diesel::select(sql::force_release(&qualified))
-                .get_result(&mut *conn)
-                .await?;
+        let (_, (outcome, _reason, epoch, holder, _expires)): (Instant, sql::LeaseRow) = self
+            .call_one(diesel::select(sql::force_release(qualified.clone())))
+            .await?;
         match (outcome.as_str(), Epoch::from_db(epoch)) {
             ("released", Some(epoch)) => {
                 tracing::warn!(target: TARGET, lease = %qualified, %epoch, holder = ?holder, "lease force-released");

@@ -11,7 +11,9 @@ mod store;
 mod tasks;
 
 pub use error::{is_retryable_sqlstate, Error, Result};
-pub use fence::{Fence, FencedFuture, Rejection, RejectionFilter, METRIC_STALE_WRITES};
+pub use fence::{
+    Fence, FencedFuture, Rejection, RejectionFilter, MAX_OPERATION_LEN, METRIC_STALE_WRITES,
+};
 pub use lease::{
     Epoch, ForceReleased, Lease, LeaseState, LeaseStatus, LossReason, Released, Tenure,
     MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL,

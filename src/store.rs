@@ -22,6 +22,54 @@ pub type Pool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
 pub type PooledConnection<'a> =
     bb8::PooledConnection<'a, AsyncDieselConnectionManager<AsyncPgConnection>>;
 
+/// A pooled connection that is *armed* while a statement is in flight: if it is dropped armed (the caller's
+/// future was cancelled or timed out mid-statement), the statement still running on the server is cancelled and
+/// the connection is discarded instead of going back to the pool with that statement still running. Disarm it
+/// once the statement's result is in.
+pub(crate) struct Checked<'a> {
+    conn: PooledConnection<'a>,
+    armed: bool,
+}
+
+impl Checked<'_> {
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl std::ops::Deref for Checked<'_> {
+    type Target = AsyncPgConnection;
+    fn deref(&self) -> &AsyncPgConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for Checked<'_> {
+    fn deref_mut(&mut self) -> &mut AsyncPgConnection {
+        &mut self.conn
+    }
+}
+
+impl Drop for Checked<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        use diesel_async::TransactionManager;
+        let token = self.conn.cancel_token();
+        // An error state makes bb8 discard the connection on check-in (diesel-async reports it broken).
+        diesel_async::AnsiTransactionManager::transaction_manager_status_mut(&mut *self.conn)
+            .set_in_error();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = token.cancel_query(tokio_postgres::NoTls).await {
+                    tracing::debug!(target: TARGET, error = %e, "cancelling an abandoned statement failed");
+                }
+            });
+        }
+    }
+}
+
 /// The schema migrations compiled into the crate (the `migrations/` folder).
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
 
@@ -254,6 +302,12 @@ impl Store {
     /// ```
     pub async fn connect(config: StoreConfig) -> Result<Store> {
         validate_cluster(&config.cluster)?;
+        if config.checkout_timeout.is_zero() || config.connect_timeout.is_zero() {
+            return Err(Error::invalid(
+                "timeout",
+                "connect and checkout timeouts must be positive",
+            ));
+        }
         let mut pg =
             tokio_postgres::Config::from_str(&config.url).map_err(|e| Error::InvalidUrl {
                 reason: e.to_string(),
@@ -273,9 +327,7 @@ impl Store {
 
         // One direct connection first: its error is the real cause, and the identity is checked before a pool
         // (and anything that writes) exists.
-        let mut first = settings.open().await?;
-        let identity = read_identity(&mut first).await?;
-        settings.check(&identity)?;
+        let (first, identity) = settings.open_checked().await?;
         tracing::info!(target: TARGET, database = %target, cluster = %config.cluster,
             system_identifier = ?identity.system_identifier, instance_id = ?identity.instance_id, "connected");
 
@@ -285,17 +337,11 @@ impl Store {
         manager_config.custom_setup = Box::new(move |_url| {
             let setup = setup.clone();
             Box::pin(async move {
-                let mut conn = setup
-                    .open()
-                    .await
-                    .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
                 // Every new connection re-checks primary and identity: after a failover or a DNS change the
                 // pool must not quietly start writing elsewhere.
-                let identity = read_identity(&mut conn)
+                let (conn, _) = setup
+                    .open_checked()
                     .await
-                    .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
-                setup
-                    .check(&identity)
                     .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
                 Ok(conn)
             })
@@ -396,10 +442,36 @@ impl Store {
         })
     }
 
+    /// A pooled connection armed for one statement (see [`Checked`]).
+    pub(crate) async fn checked(&self) -> Result<Checked<'_>> {
+        Ok(Checked {
+            conn: self.conn().await?,
+            armed: true,
+        })
+    }
+
+    /// Runs one statement that returns one row on an armed connection; returns the instant it was sent (by the
+    /// monotonic clock) and the row. Dropping the future midway cancels the statement and discards the
+    /// connection.
+    pub(crate) async fn call_one<Q, U>(&self, query: Q) -> Result<(std::time::Instant, U)>
+    where
+        Q: diesel_async::methods::LoadQuery<'static, AsyncPgConnection, U> + Send + 'static,
+        U: Send + 'static,
+    {
+        use diesel_async::RunQueryDsl;
+        let mut conn = self.checked().await?;
+        let sent = std::time::Instant::now();
+        let result = query.get_result(&mut *conn).await;
+        conn.disarm();
+        Ok((sent, result?))
+    }
+
     /// Reads the database's identity now (a fresh query, not a cached value).
     pub async fn identity(&self) -> Result<DatabaseIdentity> {
-        let mut conn = self.conn().await?;
-        read_identity(&mut conn).await
+        let mut conn = self.checked().await?;
+        let identity = read_identity(&mut conn).await;
+        conn.disarm();
+        identity
     }
 
     /// Re-reads the identity and checks it against the configured expectation and that the server is a
@@ -453,7 +525,43 @@ impl Store {
 }
 
 impl ConnectSettings {
+    /// Opens a connection, bounded by the connect timeout as a whole (tokio-postgres's own timeout covers only
+    /// the socket, not the startup and authentication exchange).
     async fn open(&self) -> Result<AsyncPgConnection> {
+        let limit = self
+            .config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(Duration::from_secs(5));
+        match tokio::time::timeout(limit, self.open_unbounded()).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Connect {
+                target: self.target.clone(),
+                cause: format!("no answer to the connection startup within {limit:?}"),
+            }),
+        }
+    }
+
+    /// Opens a connection and reads the identity, both within the connect timeout.
+    async fn open_checked(&self) -> Result<(AsyncPgConnection, DatabaseIdentity)> {
+        let limit = self
+            .config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(Duration::from_secs(5));
+        let started = tokio::time::Instant::now();
+        let mut conn = self.open().await?;
+        let identity = tokio::time::timeout_at(started + limit * 2, read_identity(&mut conn))
+            .await
+            .map_err(|_| Error::Connect {
+                target: self.target.clone(),
+                cause: format!("the server did not answer the identity query within {limit:?}"),
+            })??;
+        self.check(&identity)?;
+        Ok((conn, identity))
+    }
+
+    async fn open_unbounded(&self) -> Result<AsyncPgConnection> {
         let connect_err = |cause: String| Error::Connect {
             target: self.target.clone(),
             cause,

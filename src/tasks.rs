@@ -217,12 +217,20 @@ impl Store {
     ) -> Result<TaskWrite>
     where
         Q: diesel_async::methods::LoadQuery<'static, diesel_async::AsyncPgConnection, WriteRow>
+            + Clone
             + Send
             + 'static,
     {
-        use diesel_async::RunQueryDsl;
-        let mut conn = self.conn().await?;
-        let row: WriteRow = query.get_result(&mut *conn).await?;
+        let row: WriteRow = match self.call_one(query.clone()).await {
+            // Under a REPEATABLE READ or SERIALIZABLE session default, a takeover that committed after this
+            // statement's snapshot makes the guard's row lock fail with 40001: nothing was written and nothing
+            // audited. Once more in a fresh snapshot, the guard sees the new epoch and refuses (and audits).
+            Err(Error::Database {
+                sqlstate: Some(code),
+                ..
+            }) if code == "40001" => self.call_one(query).await?.1,
+            other => other?.1,
+        };
         let outcome = WriteOutcome::from(row);
         if let Some(stale) = outcome.stale(fence, operation) {
             return Err(stale);

@@ -551,8 +551,12 @@ async fn a_takeover_waits_for_a_fenced_transaction_in_flight_but_a_renewal_does_
     });
     checked_rx.await.unwrap();
 
-    // The renewal completes while the fenced transaction is open.
-    store.renew(&mut lease).await.unwrap();
+    // The renewal completes while the fenced transaction is open (a timeout, so a blocked renewal fails the test
+    // instead of hanging it).
+    tokio::time::timeout(Duration::from_secs(5), store.renew(&mut lease))
+        .await
+        .expect("renewal waited for a guarded write")
+        .unwrap();
 
     let store3 = store.clone();
     let takeover = tokio::spawn(async move { store3.acquire("sched", "pod-a", TTL).await });
@@ -565,39 +569,47 @@ async fn a_takeover_waits_for_a_fenced_transaction_in_flight_but_a_renewal_does_
     assert_eq!(db.scalar("SELECT count(*) FROM shards").await, 1);
 }
 
-/// The guard and the audit work from plain SQL, as any client would use them.
+/// The guard and the audit work from plain SQL, in the form the README shows (`SELECT * FROM f(…)`): each
+/// statement calls the function once (one epoch per acquisition, one audit row per refusal).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guard_and_audit_are_usable_from_plain_sql() {
     let db = TestDb::new().await;
     let client = db.client().await;
-    let outcome = |sql: &'static str| {
-        let client = &client;
-        async move {
-            let row = client.query_one(sql, &[]).await.unwrap();
-            row.get::<_, String>(0)
-        }
-    };
+    let acquire = "SELECT outcome, epoch FROM pgfence.acquire('prod/scheduler', 'psql-1', 15000)";
+    let row = client.query_one(acquire, &[]).await.unwrap();
     assert_eq!(
-        outcome("SELECT (pgfence.acquire('prod/scheduler', 'psql-1', 15000)).outcome").await,
-        "acquired"
+        (row.get::<_, String>(0), row.get::<_, i64>(1)),
+        ("acquired".to_owned(), 1)
     );
-    assert_eq!(
-        outcome("SELECT (pgfence.create_task('prod/scheduler', 1, 'job-1', '{}')).outcome").await,
-        "ok"
-    );
-    assert_eq!(
-        outcome("SELECT (pgfence.acquire('prod/scheduler', 'psql-1', 15000)).outcome").await,
-        "acquired"
-    );
-    assert_eq!(
-        outcome("SELECT (pgfence.claim_task('prod/scheduler', 1, 'job-1', 'w')).outcome").await,
-        "stale"
-    );
+    let all = client
+        .query_one(
+            "SELECT * FROM pgfence.create_task('prod/scheduler', 1, 'job-1', '{}')",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(all.get::<_, String>("outcome"), "ok");
+    assert!(all.get::<_, bool>("created"));
+    let row = client.query_one(acquire, &[]).await.unwrap();
+    assert_eq!(row.get::<_, i64>(1), 2, "one call, one new epoch");
+    let stale = client
+        .query_one(
+            "SELECT * FROM pgfence.claim_task('prod/scheduler', 1, 'job-1', 'w')",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(stale.get::<_, String>("outcome"), "stale");
+    assert_eq!(stale.get::<_, Option<i64>>("current_epoch"), Some(2));
     client.batch_execute("BEGIN").await.unwrap();
-    assert_eq!(
-        outcome("SELECT (pgfence.fence('prod/scheduler', 1, 'psql_update')).outcome").await,
-        "stale"
-    );
+    let fenced = client
+        .query_one(
+            "SELECT outcome FROM pgfence.fence('prod/scheduler', 1, 'psql_update')",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(fenced.get::<_, String>(0), "stale");
     client.batch_execute("COMMIT").await.unwrap();
     let rows = client
         .query(
@@ -618,7 +630,10 @@ async fn guard_and_audit_are_usable_from_plain_sql() {
         ]
     );
     let err = client
-        .query_one("SELECT pgfence.acquire('prod/scheduler', 'x', 0)", &[])
+        .query_one(
+            "SELECT * FROM pgfence.acquire('prod/scheduler', 'x', 0)",
+            &[],
+        )
         .await
         .unwrap_err();
     assert_eq!(err.code().unwrap().code(), "22023");
@@ -835,4 +850,126 @@ async fn a_cancelled_fenced_transaction_leaves_no_lock_behind() {
         .await
         .unwrap();
     assert!(result.created);
+}
+
+/// Invariants 3 and 4 when the session default is REPEATABLE READ: a stale write issued during an uncommitted
+/// takeover is still refused *and audited* (single-statement writes retry once in a fresh snapshot; fenced
+/// transactions run at READ COMMITTED), never committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_writes_are_refused_and_audited_under_repeatable_read() {
+    let db = TestDb::new().await;
+    app_table(&db).await;
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let store = db.store("c").await;
+    let lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
+    store
+        .create_task(&lease.fence(), "job", &json!({}))
+        .await
+        .unwrap();
+
+    for round in 0..2 {
+        let takeover = db.client().await;
+        takeover
+            .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            .await
+            .unwrap();
+        takeover
+            .query_one(
+                "SELECT epoch FROM pgfence.acquire('c/sched', 'pod-a', 60000)",
+                &[],
+            )
+            .await
+            .unwrap();
+        let (store2, fence) = (store.clone(), lease.fence());
+        let write = tokio::spawn(async move {
+            if round == 0 {
+                store2
+                    .append_event(&fence, "job", "late", &json!({}))
+                    .await
+                    .map(|_| ())
+            } else {
+                move_shard(&store2, &fence, "pod-a").await.map(|_| ())
+            }
+        });
+        wait_until_blocked_on_lock(&db, 1).await;
+        takeover.batch_execute("COMMIT").await.unwrap();
+        let result = write.await.unwrap();
+        assert!(
+            matches!(result, Err(Error::Stale { .. })),
+            "round {round}: {result:?}"
+        );
+    }
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.rejections").await,
+        2
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM shards").await, 0);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.task_events WHERE kind = 'late'")
+            .await,
+        0
+    );
+}
+
+/// A lease call abandoned while it waits (a timeout around `acquire`) is cancelled on the server, not left to
+/// complete behind the caller's back: once the lock it waited for is free, it has not acquired anything, and
+/// the pool's connection was replaced rather than reused mid-statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_acquire_is_cancelled_on_the_server() {
+    let db = TestDb::new().await;
+    let store = Store::connect(db.config("c").pool_size(1)).await.unwrap();
+    let first = store.acquire("sched", "pod-a", TTL).await.unwrap();
+    store.release(&first).await.unwrap();
+
+    let blocker = db.client().await;
+    blocker.batch_execute("BEGIN").await.unwrap();
+    blocker
+        .query_one(
+            "SELECT 1 FROM pgfence.leases WHERE name = 'c/sched' FOR UPDATE",
+            &[],
+        )
+        .await
+        .unwrap();
+    let store2 = store.clone();
+    let attempt = tokio::spawn(async move { store2.acquire("sched", "pod-b", TTL).await });
+    wait_until_blocked_on_lock(&db, 1).await;
+    attempt.abort();
+    assert!(attempt.await.unwrap_err().is_cancelled());
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+
+    // Wait until no acquisition is running any more, then look at the outcome.
+    let observer = db.client().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let running: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND state = 'active' AND query LIKE '%pgfence.acquire%' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if running == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the abandoned acquire is still running"
+        );
+        tokio::task::yield_now().await;
+    }
+    let status = store.lease_status("sched").await.unwrap().unwrap();
+    assert_eq!(status.state, pgfence::LeaseState::Released, "{status:?}");
+    assert_eq!(status.epoch, Some(first.epoch()));
+    // The one-connection pool works again.
+    let next = store.acquire("sched", "pod-c", TTL).await.unwrap();
+    assert_eq!(next.epoch().get(), first.epoch().get() + 1);
 }

@@ -129,7 +129,8 @@ async fn expired_lease_can_be_taken_over_and_its_renewal_is_lost() {
     assert_eq!(tenures[0].end_reason.as_deref(), Some("expired"));
 }
 
-/// Renewal extends a live tenure and moves the local deadline forward (send time + ttl).
+/// Renewal extends a live tenure in the database (a fresh expiry computed by the database clock) and moves the
+/// local deadline forward (send time + ttl).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renew_extends_a_live_tenure() {
     let db = TestDb::new().await;
@@ -139,12 +140,18 @@ async fn renew_extends_a_live_tenure() {
         .await
         .unwrap();
     let before = lease.local_deadline();
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    let renewed_before = store.lease_status("gc").await.unwrap().unwrap().renewed_at;
+    // Let most of the ttl pass, so only a real renewal can explain a long remaining time afterwards.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
     store.renew(&mut lease).await.unwrap();
-    assert!(lease.local_deadline() > before);
+    assert!(lease.local_deadline() >= before + Duration::from_millis(1300));
     let status = store.lease_status("gc").await.unwrap().unwrap();
     assert_eq!(status.state, LeaseState::Held);
-    assert!(status.expires_in.unwrap() > Duration::from_millis(1500));
+    assert!(status.renewed_at > renewed_before);
+    assert!(
+        status.expires_in.unwrap() > Duration::from_millis(1500),
+        "{status:?}"
+    );
 }
 
 /// Invariant 1 and 2: the same holder acquiring again gets a new epoch, which fences its earlier tenure.

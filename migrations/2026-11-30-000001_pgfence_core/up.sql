@@ -403,7 +403,7 @@ END;
 $$;
 
 -- The guard for a caller's own transaction (the generic fenced transaction):
---   BEGIN; SELECT (pgfence.fence('prod/scheduler', 7, 'rebalance')).outcome;  -- 'ok' or 'stale'
+--   BEGIN; SELECT outcome FROM pgfence.fence('prod/scheduler', 7, 'rebalance');  -- 'ok' or 'stale'
 --   ... your writes, only if 'ok' ...; COMMIT;
 -- On 'stale' the rejection row is already written: COMMIT (not ROLLBACK) to keep it.
 CREATE FUNCTION pgfence.fence(p_lease text, p_epoch bigint, p_operation text DEFAULT 'fenced_transaction',
@@ -454,8 +454,10 @@ $$;
 CREATE FUNCTION pgfence._check_payload(p_payload jsonb) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF p_payload IS NOT NULL AND pg_column_size(p_payload) > 1048576 THEN
-        RAISE EXCEPTION 'pgfence: payload larger than 1 MiB' USING ERRCODE = '22023';
+    -- A backstop for SQL callers. The Rust API refuses more than 1 MiB of serialized JSON before sending, which
+    -- stays below this even for payloads that grow several times when stored as jsonb (arrays of small numbers).
+    IF p_payload IS NOT NULL AND pg_column_size(p_payload) > 16777216 THEN
+        RAISE EXCEPTION 'pgfence: payload larger than 16 MiB stored' USING ERRCODE = '22023';
     END IF;
 END;
 $$;
@@ -600,19 +602,28 @@ DECLARE
     l   pgfence.leases;
     why text;
 BEGIN
-    IF TG_OP = 'DELETE' THEN
-        RAISE EXCEPTION 'pgfence: DELETE on pgfence.% is refused while enforcement is on', TG_TABLE_NAME
+    IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
+        RAISE EXCEPTION 'pgfence: enforcement refuses % on pgfence.%', TG_OP, TG_TABLE_NAME
             USING ERRCODE = 'PF001';
     END IF;
     -- Separate statements per table: plpgsql plans each one against NEW's row type when it first runs.
     IF TG_TABLE_NAME = 'tasks' THEN
         presented := NEW.fence;
+        IF TG_OP = 'UPDATE' AND NEW.lease IS DISTINCT FROM OLD.lease THEN
+            RAISE EXCEPTION 'pgfence: enforcement refuses moving a task to another lease' USING ERRCODE = 'PF001';
+        END IF;
         IF TG_OP = 'UPDATE' AND NEW.fence < OLD.fence THEN
             RAISE EXCEPTION 'pgfence: stale write to %: presented epoch % is below the row fence %',
                 NEW.lease, NEW.fence, OLD.fence USING ERRCODE = 'PF001';
         END IF;
     ELSE
         presented := NEW.epoch;
+        -- An event belongs to its task's lease: the epoch is checked against that lease, not one the
+        -- statement names.
+        IF NOT EXISTS (SELECT 1 FROM pgfence.tasks t WHERE t.id = NEW.task_id AND t.lease = NEW.lease) THEN
+            RAISE EXCEPTION 'pgfence: enforcement refuses an event whose lease is not its task''s'
+                USING ERRCODE = 'PF001';
+        END IF;
     END IF;
     SELECT * INTO l FROM pgfence.leases WHERE name = NEW.lease FOR KEY SHARE;
     why := pgfence._loss_reason(l, NULL, presented, clock_timestamp());
@@ -626,9 +637,12 @@ $$;
 
 CREATE TRIGGER enforce_epoch BEFORE INSERT OR UPDATE OR DELETE ON pgfence.tasks
     FOR EACH ROW EXECUTE FUNCTION pgfence._enforce_epoch();
+CREATE TRIGGER enforce_truncate BEFORE TRUNCATE ON pgfence.tasks
+    FOR EACH STATEMENT EXECUTE FUNCTION pgfence._enforce_epoch();
 CREATE TRIGGER enforce_epoch BEFORE INSERT ON pgfence.task_events
     FOR EACH ROW EXECUTE FUNCTION pgfence._enforce_epoch();
 ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_epoch;
+ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_truncate;
 ALTER TABLE pgfence.task_events DISABLE TRIGGER enforce_epoch;
 
 CREATE FUNCTION pgfence._append_only() RETURNS trigger
@@ -639,15 +653,21 @@ END;
 $$;
 CREATE TRIGGER append_only BEFORE UPDATE OR DELETE ON pgfence.task_events
     FOR EACH ROW EXECUTE FUNCTION pgfence._append_only();
+CREATE TRIGGER append_only_truncate BEFORE TRUNCATE ON pgfence.task_events
+    FOR EACH STATEMENT EXECUTE FUNCTION pgfence._append_only();
 
 CREATE FUNCTION pgfence.set_enforcement(p_on boolean) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
+    -- Lock both tables up front, in the order readers join them (tasks, then task_events).
+    LOCK TABLE pgfence.tasks, pgfence.task_events IN SHARE ROW EXCLUSIVE MODE;
     IF p_on THEN
         ALTER TABLE pgfence.tasks ENABLE TRIGGER enforce_epoch;
+        ALTER TABLE pgfence.tasks ENABLE TRIGGER enforce_truncate;
         ALTER TABLE pgfence.task_events ENABLE TRIGGER enforce_epoch;
     ELSE
         ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_epoch;
+        ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_truncate;
         ALTER TABLE pgfence.task_events DISABLE TRIGGER enforce_epoch;
     END IF;
     RETURN p_on;

@@ -267,7 +267,12 @@ impl Store {
     /// transaction commits when it returns `Ok` and rolls back when it returns `Err`.
     ///
     /// Until the transaction ends no takeover of the lease can commit: keep fenced transactions short, since
-    /// a successor's acquisition waits for them.
+    /// a successor's acquisition waits for them — and never acquire, release or force-release the same lease
+    /// from inside `work` (on another connection that would wait for this very transaction).
+    ///
+    /// The transaction runs at READ COMMITTED whatever the session default, so that the guard waits for a
+    /// takeover in flight and then sees its epoch (refusing and auditing) instead of failing with 40001.
+    /// Dropping the returned future rolls the transaction back on the server.
     ///
     /// ```no_run
     /// # async fn example(store: pgfence::Store, lease: pgfence::Lease) -> pgfence::Result<()> {

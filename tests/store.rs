@@ -301,3 +301,30 @@ async fn a_store_can_wrap_the_applications_own_pool() {
         "{wrong:?}"
     );
 }
+
+/// A peer that accepts the TCP connection but never answers the startup exchange (a hung proxy, a wrong port)
+/// fails within the connect timeout instead of hanging: the timeout bounds the whole startup, not only the
+/// socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_server_fails_within_the_connect_timeout() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (socket, _) = listener.accept().await.unwrap();
+            held.push(socket); // never read, never answered
+        }
+    });
+    let started = Instant::now();
+    let err = Store::connect(
+        StoreConfig::new(format!("postgres://app:{SENTINEL}@127.0.0.1:{port}/db"), "c")
+            .connect_timeout(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+    assert!(!err.to_string().contains(SENTINEL));
+    silent.abort();
+}

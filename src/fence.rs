@@ -258,6 +258,8 @@ pub struct RejectionFilter {
     pub since: Option<DateTime<Utc>>,
     /// At most this many rows (default 100).
     pub limit: Option<i64>,
+    /// Every cluster in the database instead of the store's own (`lease` is then ignored).
+    pub all_clusters: bool,
 }
 
 impl Store {
@@ -330,6 +332,7 @@ impl Store {
     pub async fn rejections(&self, filter: &RejectionFilter) -> Result<Vec<Rejection>> {
         use diesel_async::RunQueryDsl;
         let pattern = match &filter.lease {
+            _ if filter.all_clusters => String::new(),
             Some(name) => {
                 crate::lease::validate_name(name)?;
                 self.qualify(name)
@@ -352,7 +355,7 @@ impl Store {
         .bind::<Text, _>(pattern)
         .bind::<Nullable<Timestamptz>, _>(filter.since)
         .bind::<BigInt, _>(limit)
-        .bind::<Bool, _>(filter.lease.is_some())
+        .bind::<Bool, _>(filter.lease.is_some() && !filter.all_clusters)
         .load(&mut *conn)
         .await?;
         Ok(rows)

@@ -235,8 +235,10 @@ pub enum ForceReleased {
         /// Who held it.
         holder: String,
     },
-    /// Nobody held the lease (never acquired, or released already).
+    /// Nobody holds the lease (released or expired already).
     NotHeld,
+    /// No lease has this name.
+    Unknown,
 }
 
 /// The state of a lease as the database sees it now.
@@ -270,6 +272,8 @@ pub struct LeaseStatus {
     pub acquired_at: Option<DateTime<Utc>>,
     /// When it was last renewed.
     pub renewed_at: Option<DateTime<Utc>>,
+    /// The last accepted task write (any epoch).
+    pub last_write_at: Option<DateTime<Utc>>,
 }
 
 /// One issued epoch and how its tenure ended.
@@ -415,6 +419,8 @@ struct LeaseStatusRow {
     acquired_at: Option<DateTime<Utc>>,
     #[diesel(sql_type = Nullable<Timestamptz>)]
     renewed_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    last_write_at: Option<DateTime<Utc>>,
 }
 
 impl From<LeaseStatusRow> for LeaseStatus {
@@ -433,6 +439,7 @@ impl From<LeaseStatusRow> for LeaseStatus {
             transitions: row.transitions,
             acquired_at: row.acquired_at,
             renewed_at: row.renewed_at,
+            last_write_at: row.last_write_at,
         }
     }
 }
@@ -443,7 +450,9 @@ const STATUS_SQL: &str = "SELECT name, holder, epoch, \
              WHEN state = 'held' THEN 'expired' ELSE 'released' END AS state, \
         CASE WHEN state = 'held' AND expires_at > clock_timestamp() \
              THEN ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint END AS expires_in_ms, \
-        transitions, acquired_at, renewed_at \
+        transitions, acquired_at, renewed_at, \
+        (SELECT e.created_at FROM pgfence.task_events e WHERE e.lease = leases.name \
+          ORDER BY e.epoch DESC, e.id DESC LIMIT 1) AS last_write_at \
    FROM pgfence.leases";
 
 #[derive(QueryableByName)]
@@ -599,6 +608,7 @@ impl Store {
                     holder: holder.unwrap_or_default(),
                 })
             }
+            ("not_held", None) => Ok(ForceReleased::Unknown),
             ("not_held", _) => Ok(ForceReleased::NotHeld),
             (other, _) => Err(unexpected("force_release", other)),
         }
@@ -629,6 +639,16 @@ impl Store {
         .bind::<Text, _>(format!("{}/", self.cluster()))
         .load(&mut *conn)
         .await?;
+        Ok(rows.into_iter().map(LeaseStatus::from).collect())
+    }
+
+    /// Every lease of every cluster in this database, by name: the operator's view.
+    pub async fn all_leases(&self) -> Result<Vec<LeaseStatus>> {
+        use diesel_async::RunQueryDsl;
+        let mut conn = self.conn().await?;
+        let rows: Vec<LeaseStatusRow> = diesel::sql_query(format!("{STATUS_SQL} ORDER BY name"))
+            .load(&mut *conn)
+            .await?;
         Ok(rows.into_iter().map(LeaseStatus::from).collect())
     }
 

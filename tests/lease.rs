@@ -183,7 +183,7 @@ async fn force_release_ends_the_tenure_and_keeps_the_epoch_counting() {
     let store = db.store("c1").await;
     assert_eq!(
         store.force_release("nobody").await.unwrap(),
-        ForceReleased::NotHeld
+        ForceReleased::Unknown
     );
     let a = store.acquire("sched", "pod-a", TTL).await.unwrap();
     assert_eq!(

@@ -318,12 +318,19 @@ async fn a_silent_server_fails_within_the_connect_timeout() {
     });
     let started = Instant::now();
     let err = Store::connect(
-        StoreConfig::new(format!("postgres://app:{SENTINEL}@127.0.0.1:{port}/db"), "c")
-            .connect_timeout(Duration::from_millis(500)),
+        StoreConfig::new(
+            format!("postgres://app:{SENTINEL}@127.0.0.1:{port}/db"),
+            "c",
+        )
+        .connect_timeout(Duration::from_millis(500)),
     )
     .await
     .unwrap_err();
-    assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
     assert!(matches!(err, Error::Connect { .. }), "{err:?}");
     assert!(!err.to_string().contains(SENTINEL));
     silent.abort();

@@ -100,8 +100,9 @@ CREATE INDEX rejections_lease_idx ON pgfence.rejections (lease, id);
 -- Tenures with the time of their last accepted task write (every guarded task write appends an event).
 CREATE VIEW pgfence.tenure_history AS
 SELECT t.lease, t.epoch, t.holder, t.acquired_at, t.ended_at, t.end_reason,
-       (SELECT max(e.created_at) FROM pgfence.task_events e
-         WHERE e.lease = t.lease AND e.epoch = t.epoch) AS last_write_at
+       -- The newest event of the epoch, found by a backward scan of task_events_epoch_idx.
+       (SELECT e.created_at FROM pgfence.task_events e
+         WHERE e.lease = t.lease AND e.epoch = t.epoch ORDER BY e.id DESC LIMIT 1) AS last_write_at
   FROM pgfence.tenures t;
 
 -- ---------------------------------------------------------------------------------------------------------

@@ -1,0 +1,375 @@
+//! The `pgfence` command: the demo on an embedded default database, operator reads (status, audit, history,
+//! identity) and writes (migrate, force-release).
+
+mod demo;
+mod table;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use clap::{Args, Parser, Subcommand};
+use pgfence::{Error, ExpectedIdentity, ForceReleased, RejectionFilter, Store, StoreConfig};
+
+/// Fencing-token leases on PostgreSQL rows: epochs that the database checks on every write, and an audit of
+/// the stale writes it refused.
+#[derive(Debug, Parser)]
+#[command(name = "pgfence", version, about, after_help = EXIT_CODES)]
+pub(crate) struct Cli {
+    #[command(flatten)]
+    global: Global,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+const EXIT_CODES: &str = "Exit codes: 0 ok; 1 unexpected error; 2 usage or bad input (incl. a malformed URL, a \
+missing --yes); 3 database unreachable or refusing the connection; 4 standby or wrong database identity; 5 pgfence \
+schema missing (run `pgfence migrate`); 6 unknown lease; 10 demo verdict: an invariant was violated; 130 \
+interrupted.";
+
+#[derive(Debug, Args)]
+struct Global {
+    /// PostgreSQL connection string (URL or key=value). Credentials are never printed. `demo` starts a throwaway
+    /// server when it is not given.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    database_url: Option<String>,
+
+    /// The cluster that qualifies lease names given without one (`NAME` means `CLUSTER/NAME`).
+    #[arg(
+        long,
+        env = "PGFENCE_CLUSTER",
+        default_value = "default",
+        global = true
+    )]
+    cluster: String,
+
+    /// Refuse the database unless its system identifier is this (see `pgfence identity`).
+    #[arg(long, global = true)]
+    expect_system_identifier: Option<String>,
+
+    /// Refuse the database unless its pgfence instance id is this (see `pgfence identity`).
+    #[arg(long, global = true)]
+    expect_instance_id: Option<String>,
+
+    /// How long to wait for the database when connecting.
+    #[arg(long, global = true, default_value = "5s", value_parser = parse_duration)]
+    connect_timeout: Duration,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the story of pgfence in about ten seconds: two controllers, a frozen leader, a takeover, and the
+    /// database refusing (and auditing) the old leader's write. Exits 0 only if every invariant held.
+    Demo {
+        /// Print the closing report as JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every lease: holder, epoch, held/expired/released, time left (database clock), transitions, last write.
+    Status {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stale writes the database refused, newest first.
+    Audit {
+        /// Only this lease (`CLUSTER/NAME`, or `NAME` in --cluster).
+        #[arg(long)]
+        lease: Option<String>,
+        /// Only rejections at or after this time (RFC 3339, e.g. 2026-11-30T10:00:00Z).
+        #[arg(long)]
+        since: Option<DateTime<Utc>>,
+        /// At most this many rows.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The tenures of one lease: epoch, holder, UTC interval, end reason, last accepted write.
+    History {
+        /// The lease (`CLUSTER/NAME`, or `NAME` in --cluster).
+        #[arg(long)]
+        lease: String,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The database identity: system identifier, database, pgfence instance id, primary or standby.
+    Identity {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create or upgrade the pgfence schema (idempotent; concurrent runs take turns).
+    Migrate,
+    /// End the current tenure of a lease so its epoch can no longer write (the holder is fenced).
+    ForceRelease {
+        /// The lease (`CLUSTER/NAME`, or `NAME` in --cluster).
+        name: String,
+        /// Confirm: this cuts off the current leader.
+        #[arg(long)]
+        yes: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((text, "s"), |i| text.split_at(i));
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("not a duration: {text:?} (try 5s or 500ms)"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        _ => return Err(format!("unknown unit {unit:?} (ms, s, m)")),
+    };
+    if !(seconds > 0.0 && seconds < 3600.0) {
+        return Err("must be between 0 and 1 hour".to_owned());
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// A failure with the exit code the CLI documents.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    pub(crate) fn new(code: u8, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(err: Error) -> Failure {
+        let code = match &err {
+            Error::InvalidUrl { .. } | Error::InvalidInput { .. } => 2,
+            Error::Connect { .. } | Error::PoolTimeout { .. } => 3,
+            Error::NotPrimary { .. } | Error::WrongDatabase { .. } => 4,
+            Error::SchemaMissing => 5,
+            _ => 1,
+        };
+        Failure::new(code, err.to_string())
+    }
+}
+
+impl From<pgfence::embedded::EmbeddedError> for Failure {
+    fn from(err: pgfence::embedded::EmbeddedError) -> Failure {
+        Failure::new(
+            1,
+            format!("cannot start the embedded PostgreSQL server: {err}"),
+        )
+    }
+}
+
+type CliResult = Result<(), Failure>;
+
+/// Splits `CLUSTER/NAME`; a bare `NAME` belongs to `default_cluster`.
+fn split_lease(lease: &str, default_cluster: &str) -> (String, String) {
+    match lease.split_once('/') {
+        Some((cluster, name)) if !cluster.is_empty() => (cluster.to_owned(), name.to_owned()),
+        _ => (default_cluster.to_owned(), lease.to_owned()),
+    }
+}
+
+impl Global {
+    fn url(&self) -> Result<&str, Failure> {
+        self.database_url.as_deref().ok_or_else(|| {
+            Failure::new(
+                2,
+                "this command needs a database: pass --database-url or set DATABASE_URL",
+            )
+        })
+    }
+
+    fn config(&self, url: &str, cluster: &str) -> StoreConfig {
+        StoreConfig::new(url, cluster)
+            .pool_size(2)
+            .connect_timeout(self.connect_timeout)
+            .checkout_timeout(self.connect_timeout)
+            .application_name("pgfence-cli")
+            .expect(ExpectedIdentity {
+                system_identifier: self.expect_system_identifier.clone(),
+                instance_id: self.expect_instance_id.clone(),
+                database: None,
+            })
+    }
+
+    async fn store(&self, cluster: &str) -> Result<Store, Failure> {
+        let url = self.url()?;
+        Ok(Store::connect(self.config(url, cluster)).await?)
+    }
+}
+
+fn print_json<T: serde::Serialize>(value: &T) -> CliResult {
+    let text = serde_json::to_string_pretty(value).map_err(|e| Failure::new(1, e.to_string()))?;
+    println!("{text}");
+    Ok(())
+}
+
+/// Fails with exit code 6 unless the lease exists.
+async fn require_lease(store: &Store, name: &str) -> CliResult {
+    if store.lease_status(name).await?.is_none() {
+        return Err(Failure::new(
+            6,
+            format!("unknown lease {}/{name}", store.cluster()),
+        ));
+    }
+    Ok(())
+}
+
+async fn run(cli: Cli) -> CliResult {
+    let global = &cli.global;
+    match cli.command {
+        Command::Demo { json } => demo::run(global, json).await,
+        Command::Status { json } => {
+            let store = global.store(&global.cluster).await?;
+            let leases = store.all_leases().await?;
+            if json {
+                return print_json(&leases);
+            }
+            table::leases(&leases);
+            Ok(())
+        }
+        Command::Audit {
+            lease,
+            since,
+            limit,
+            json,
+        } => {
+            if limit < 1 {
+                return Err(Failure::new(2, "--limit must be at least 1"));
+            }
+            let (cluster, name) = match &lease {
+                Some(lease) => {
+                    let (cluster, name) = split_lease(lease, &global.cluster);
+                    (cluster, Some(name))
+                }
+                None => (global.cluster.clone(), None),
+            };
+            let store = global.store(&cluster).await?;
+            if let Some(name) = &name {
+                require_lease(&store, name).await?;
+            }
+            let rows = store
+                .rejections(&RejectionFilter {
+                    all_clusters: name.is_none(),
+                    lease: name,
+                    since,
+                    limit: Some(limit),
+                })
+                .await?;
+            if json {
+                return print_json(&rows);
+            }
+            table::rejections(&rows);
+            Ok(())
+        }
+        Command::History { lease, json } => {
+            let (cluster, name) = split_lease(&lease, &global.cluster);
+            let store = global.store(&cluster).await?;
+            require_lease(&store, &name).await?;
+            let tenures = store.tenures(&name).await?;
+            if json {
+                return print_json(&tenures);
+            }
+            table::tenures(&tenures);
+            Ok(())
+        }
+        Command::Identity { json } => {
+            let store = global.store(&global.cluster).await?;
+            let identity = store.identity().await?;
+            if json {
+                return print_json(&identity);
+            }
+            table::identity(&identity, store.target());
+            Ok(())
+        }
+        Command::Migrate => {
+            let store = global.store(&global.cluster).await?;
+            let applied = store.migrate().await?;
+            if applied.is_empty() {
+                println!("pgfence schema is up to date on {}", store.target());
+            } else {
+                println!(
+                    "applied migrations on {}: {}",
+                    store.target(),
+                    applied.join(", ")
+                );
+            }
+            Ok(())
+        }
+        Command::ForceRelease { name, yes, json } => {
+            let (cluster, name) = split_lease(&name, &global.cluster);
+            if !yes {
+                return Err(Failure::new(
+                    2,
+                    format!("force-release cuts off the current holder of {cluster}/{name}: repeat with --yes"),
+                ));
+            }
+            let store = global.store(&cluster).await?;
+            let outcome = store.force_release(&name).await?;
+            if matches!(outcome, ForceReleased::Unknown) {
+                return Err(Failure::new(6, format!("unknown lease {cluster}/{name}")));
+            }
+            if json {
+                return print_json(&outcome);
+            }
+            match outcome {
+                ForceReleased::Ended { epoch, holder } => println!(
+                    "ended epoch {epoch} of {cluster}/{name} (held by {holder}); writes presenting it are refused now, \
+                     the next acquisition issues epoch {}",
+                    epoch.get() + 1
+                ),
+                _ => println!("{cluster}/{name} was not held; nothing changed"),
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Parses the command line, runs it, prints a one-line error on failure and returns the documented exit code.
+pub(crate) fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("pgfence: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            result = run(cli) => result,
+            _ = tokio::signal::ctrl_c() => Err(Failure::new(130, "interrupted")),
+        }
+    });
+    // Dropping the runtime ends background tasks; an embedded server was dropped with `run`'s future.
+    drop(runtime);
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            let _ = std::io::stdout().flush();
+            eprintln!("pgfence: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}

@@ -236,6 +236,7 @@ fn infer_sqlstate(kind: &diesel::result::DatabaseErrorKind, message: &str) -> Op
         K::CheckViolation => Some("23514"),
         K::ReadOnlyTransaction => Some("25006"),
         K::ClosedConnection | K::UnableToSendCommand => Some("08006"),
+        _ if message.starts_with("permission denied") => Some("42501"),
         // Server messages are matched in English (lc_messages = 'C' or 'en_*').
         _ if message.starts_with("deadlock detected") => Some("40P01"),
         _ if message.starts_with("pgfence: stale write")

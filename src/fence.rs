@@ -235,9 +235,21 @@ pub struct Rejection {
     /// The key of the targeted row, when known.
     #[diesel(sql_type = Nullable<Text>)]
     pub target_key: Option<String>,
-    /// When the database refused it (database clock, UTC).
+    /// When the database first refused this (lease, presented epoch, operation) (database clock, UTC).
     #[diesel(sql_type = Timestamptz)]
     pub rejected_at: DateTime<Utc>,
+    /// When it last refused it.
+    #[diesel(sql_type = Timestamptz)]
+    pub last_rejected_at: DateTime<Utc>,
+    /// How many refusals this row aggregates (repeats of one lease, presented epoch and operation).
+    #[diesel(sql_type = BigInt)]
+    pub count: i64,
+    /// The key of the latest refused write's target.
+    #[diesel(sql_type = Nullable<Text>)]
+    pub last_target_key: Option<String>,
+    /// The writer's session role (`session_user`).
+    #[diesel(sql_type = Nullable<Text>)]
+    pub session_role: Option<String>,
     /// The writer's `application_name`.
     #[diesel(sql_type = Nullable<Text>)]
     pub application_name: Option<String>,
@@ -247,6 +259,18 @@ pub struct Rejection {
     /// The writer's backend process id.
     #[diesel(sql_type = Integer)]
     pub backend_pid: i32,
+}
+
+/// Raw-SQL enforcement on pgfence's task tables (see [`Store::set_enforcement`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Enforcement {
+    /// Raw SQL is not checked (the default); privileges still apply.
+    Off,
+    /// Raw SQL without the current epoch fails with SQLSTATE `PF001`.
+    Error,
+    /// Raw SQL without the current epoch is skipped, recorded in `pgfence.rejections` and warned about.
+    Audit,
 }
 
 /// Which rejections [`Store::rejections`] returns; newest first.
@@ -346,11 +370,12 @@ impl Store {
         let mut conn = self.conn().await?;
         let rows = diesel::sql_query(
             "SELECT id, lease, presented_epoch, current_epoch, current_holder, reason, operation, target_table, \
-                    target_key, rejected_at, application_name, host(client_addr) AS client_addr, backend_pid \
+                    target_key, rejected_at, last_rejected_at, count, last_target_key, session_role, \
+                    application_name, host(client_addr) AS client_addr, backend_pid \
                FROM pgfence.rejections \
               WHERE (CASE WHEN $4 THEN lease = $1 ELSE starts_with(lease, $1) END) \
-                AND ($2::timestamptz IS NULL OR rejected_at >= $2) \
-              ORDER BY id DESC LIMIT $3",
+                AND ($2::timestamptz IS NULL OR last_rejected_at >= $2) \
+              ORDER BY last_rejected_at DESC, id DESC LIMIT $3",
         )
         .bind::<Text, _>(pattern)
         .bind::<Nullable<Timestamptz>, _>(filter.since)
@@ -361,28 +386,97 @@ impl Store {
         Ok(rows)
     }
 
-    /// Switches raw-SQL enforcement on or off. While on, the database refuses (SQLSTATE `PF001`) any INSERT
-    /// or UPDATE of `pgfence.tasks` whose `fence` is not the lease's current, held, unexpired epoch, any INSERT
-    /// into `pgfence.task_events` whose `epoch` is not, and any DELETE of tasks — also when sent as raw SQL by
-    /// another client. pgfence's own writes satisfy it by construction. Needs ownership of the tables.
-    pub async fn set_enforcement(&self, on: bool) -> Result<()> {
+    /// Sets raw-SQL enforcement. While on, the database checks raw SQL on its tables as it checks pgfence's own
+    /// writes: any INSERT or UPDATE of `pgfence.tasks` whose `fence` is not the lease's current, held, unexpired
+    /// epoch, any INSERT into `pgfence.task_events` whose `epoch` is not (or that names another lease than its
+    /// task's), and any DELETE, TRUNCATE or lease change of tasks is refused — with SQLSTATE `PF001`
+    /// ([`Enforcement::Error`]) or by skipping the row, recording it in `pgfence.rejections` and warning the
+    /// client ([`Enforcement::Audit`]). pgfence's own writes satisfy it by construction. Needs the owner or an
+    /// operator role.
+    pub async fn set_enforcement(&self, enforcement: Enforcement) -> Result<()> {
         use diesel_async::RunQueryDsl;
+        let (on, mode) = match enforcement {
+            Enforcement::Off => (false, "error"),
+            Enforcement::Error => (true, "error"),
+            Enforcement::Audit => (true, "audit"),
+        };
         let mut conn = self.conn().await?;
-        diesel::sql_query("SELECT pgfence.set_enforcement($1)")
+        diesel::sql_query("SELECT pgfence.set_enforcement($1, $2)")
             .bind::<Bool, _>(on)
+            .bind::<Text, _>(mode)
             .execute(&mut *conn)
             .await?;
-        tracing::info!(target: TARGET, on, "raw-SQL enforcement switched");
+        tracing::info!(target: TARGET, ?enforcement, "raw-SQL enforcement switched");
         Ok(())
     }
 
-    /// Whether raw-SQL enforcement is on.
-    pub async fn enforcement(&self) -> Result<bool> {
+    /// The raw-SQL enforcement in effect.
+    pub async fn enforcement(&self) -> Result<Enforcement> {
         use diesel_async::RunQueryDsl;
         let mut conn = self.conn().await?;
-        let on = diesel::select(diesel::dsl::sql::<Bool>("pgfence.enforcement()"))
+        let mode: String = diesel::select(diesel::dsl::sql::<Text>("pgfence.enforcement()"))
             .get_result(&mut *conn)
             .await?;
-        Ok(on)
+        Ok(match mode.as_str() {
+            "error" => Enforcement::Error,
+            "audit" => Enforcement::Audit,
+            _ => Enforcement::Off,
+        })
+    }
+
+    /// Deletes audit rows last seen more than `older_than` ago (database clock), in batches of at most `batch`
+    /// rows, each its own short transaction, so retention never holds long locks. Returns how many it deleted.
+    /// Needs the owner or an operator role.
+    pub async fn prune_rejections(
+        &self,
+        older_than: std::time::Duration,
+        batch: u32,
+    ) -> Result<u64> {
+        use diesel_async::RunQueryDsl;
+        if batch == 0 || batch > 1_000_000 {
+            return Err(Error::invalid("batch", "must be 1 to 1000000 rows"));
+        }
+        let seconds = older_than.as_secs_f64();
+        let mut total = 0u64;
+        loop {
+            let mut conn = self.conn().await?;
+            let deleted: i32 = diesel::select(
+                diesel::dsl::sql::<Integer>("pgfence.prune_rejections(")
+                    .bind::<diesel::sql_types::Double, _>(seconds)
+                    .sql(" * interval '1 second', ")
+                    .bind::<Integer, _>(batch as i32)
+                    .sql(")"),
+            )
+            .get_result(&mut *conn)
+            .await?;
+            total += deleted as u64;
+            if (deleted as u32) < batch {
+                tracing::info!(target: TARGET, deleted = total, ?older_than, "audit pruned");
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Grants `role` what an application needs: EXECUTE on the lease and guarded-write functions and SELECT on
+    /// the tables — no direct INSERT, UPDATE or DELETE. Run as the owner (the role that migrated).
+    pub async fn grant_application(&self, role: &str) -> Result<()> {
+        self.grant("grant_application", role).await
+    }
+
+    /// Grants `role` the application rights plus force-release, enforcement and audit retention.
+    pub async fn grant_operator(&self, role: &str) -> Result<()> {
+        self.grant("grant_operator", role).await
+    }
+
+    async fn grant(&self, function: &str, role: &str) -> Result<()> {
+        use diesel_async::RunQueryDsl;
+        validate_holder("role", role)?;
+        let mut conn = self.conn().await?;
+        diesel::sql_query(format!("SELECT pgfence.{function}($1)"))
+            .bind::<Text, _>(role)
+            .execute(&mut *conn)
+            .await?;
+        tracing::info!(target: TARGET, role, function, "privileges granted");
+        Ok(())
     }
 }

@@ -12,7 +12,8 @@ mod tasks;
 
 pub use error::{is_retryable_sqlstate, Error, Result};
 pub use fence::{
-    Fence, FencedFuture, Rejection, RejectionFilter, MAX_OPERATION_LEN, METRIC_STALE_WRITES,
+    Enforcement, Fence, FencedFuture, Rejection, RejectionFilter, MAX_OPERATION_LEN,
+    METRIC_STALE_WRITES,
 };
 pub use lease::{
     Epoch, ForceReleased, Lease, LeaseState, LeaseStatus, LossReason, Released, Tenure,

@@ -652,9 +652,18 @@ async fn enforcement_refuses_raw_sql_without_the_current_epoch() {
         .await
         .unwrap();
     let new = store.acquire("sched", "pod-a", TTL).await.unwrap();
-    assert!(!store.enforcement().await.unwrap());
-    store.set_enforcement(true).await.unwrap();
-    assert!(store.enforcement().await.unwrap());
+    assert_eq!(
+        store.enforcement().await.unwrap(),
+        pgfence::Enforcement::Off
+    );
+    store
+        .set_enforcement(pgfence::Enforcement::Error)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.enforcement().await.unwrap(),
+        pgfence::Enforcement::Error
+    );
 
     let client = db.client().await;
     let code = |e: tokio_postgres::Error| e.code().map(|c| c.code().to_owned());
@@ -706,7 +715,10 @@ async fn enforcement_refuses_raw_sql_without_the_current_epoch() {
         .unwrap_err();
     assert_eq!(code(mutate_event).as_deref(), Some("PF002"));
 
-    store.set_enforcement(false).await.unwrap();
+    store
+        .set_enforcement(pgfence::Enforcement::Off)
+        .await
+        .unwrap();
     client
         .execute("UPDATE pgfence.tasks SET state = 'pending'", &[])
         .await
@@ -868,13 +880,15 @@ async fn stale_writes_are_refused_and_audited_under_repeatable_read() {
         .await
         .unwrap();
     let store = db.store("c").await;
-    let lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
+    let first = store.acquire("sched", "pod-a", TTL).await.unwrap();
     store
-        .create_task(&lease.fence(), "job", &json!({}))
+        .create_task(&first.fence(), "job", &json!({}))
         .await
         .unwrap();
 
     for round in 0..2 {
+        // The fence is current until the takeover below, so the write really has to wait for it.
+        let lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
         let takeover = db.client().await;
         takeover
             .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")

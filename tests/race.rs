@@ -211,7 +211,7 @@ async fn no_stale_write_commits_after_a_takeover_returns() {
         }
         let audited: i64 = client
             .query_one(
-                "SELECT count(*) FROM pgfence.rejections WHERE lease = $1 AND presented_epoch = $2",
+                "SELECT coalesce(sum(count), 0)::bigint FROM pgfence.rejections WHERE lease = $1 AND presented_epoch = $2",
                 &[&old.lease(), &old.epoch().get()],
             )
             .await

@@ -79,7 +79,9 @@ CREATE TABLE pgfence.task_events (
 CREATE INDEX task_events_task_idx ON pgfence.task_events (task_id, id);
 CREATE INDEX task_events_epoch_idx ON pgfence.task_events (lease, epoch, id);
 
--- The audit: one row per write refused because it presented a stale epoch.
+-- The audit of writes refused because they presented a stale epoch. Repeats of one (lease, presented epoch,
+-- operation) are aggregated into one row (first seen, last seen, count), so a stale holder retrying in a tight
+-- loop grows a counter, not the table. The first refusal's details are kept; `last_target_key` is the latest.
 CREATE TABLE pgfence.rejections (
     id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     lease            text NOT NULL,
@@ -91,11 +93,17 @@ CREATE TABLE pgfence.rejections (
     target_table     text,
     target_key       text,
     rejected_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    last_rejected_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    count            bigint NOT NULL DEFAULT 1,
+    last_target_key  text,
     application_name text DEFAULT current_setting('application_name', true),
+    session_role     text DEFAULT session_user,
     client_addr      inet DEFAULT inet_client_addr(),
     backend_pid      integer NOT NULL DEFAULT pg_backend_pid()
 );
 CREATE INDEX rejections_lease_idx ON pgfence.rejections (lease, id);
+CREATE UNIQUE INDEX rejections_aggregate_idx ON pgfence.rejections (lease, presented_epoch, operation);
+CREATE INDEX rejections_age_idx ON pgfence.rejections (last_rejected_at);
 
 -- Tenures with the time of their last accepted task write (every guarded task write appends an event).
 CREATE VIEW pgfence.tenure_history AS
@@ -182,7 +190,7 @@ $$;
 -- not inherit the writes in flight of its previous incarnation). To extend a tenure, renew it.
 CREATE FUNCTION pgfence.acquire(p_lease text, p_holder text, p_ttl_ms bigint)
 RETURNS pgfence.lease_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l   pgfence.leases;
     ts  timestamptz;
@@ -244,7 +252,7 @@ $$;
 -- flight, after which it re-checks the new row version and reports the loss.
 CREATE FUNCTION pgfence.renew(p_lease text, p_holder text, p_epoch bigint, p_ttl_ms bigint)
 RETURNS pgfence.lease_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l  pgfence.leases;
     ts timestamptz;
@@ -273,7 +281,7 @@ $$;
 -- renews them all with one statement per tick. One row per input lease, in input order.
 CREATE FUNCTION pgfence.renew_many(p_leases text[], p_epochs bigint[], p_holder text, p_ttl_ms bigint)
 RETURNS TABLE (lease text, outcome text, reason text, epoch bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgfence._check_text('holder', p_holder, 256);
     PERFORM pgfence._check_ttl(p_ttl_ms);
@@ -309,7 +317,7 @@ $$;
 -- never touches a successor's tenure: releasing an epoch that is no longer current is a no-op ('not_held').
 CREATE FUNCTION pgfence.release(p_lease text, p_holder text, p_epoch bigint)
 RETURNS pgfence.lease_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l  pgfence.leases;
     ts timestamptz;
@@ -340,7 +348,7 @@ $$;
 -- next acquisition issues epoch + 1).
 CREATE FUNCTION pgfence.force_release(p_lease text)
 RETURNS pgfence.lease_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l  pgfence.leases;
     ts timestamptz;
@@ -375,8 +383,15 @@ RETURNS pgfence.write_result
 LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO pgfence.rejections (lease, presented_epoch, current_epoch, current_holder, reason, operation,
-                                    target_table, target_key)
-    VALUES (p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table, p_key);
+                                    target_table, target_key, last_target_key)
+    VALUES (p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table, p_key, p_key)
+    ON CONFLICT (lease, presented_epoch, operation) DO UPDATE
+       SET count = pgfence.rejections.count + 1,
+           last_rejected_at = clock_timestamp(),
+           last_target_key = EXCLUDED.target_key,
+           current_epoch = EXCLUDED.current_epoch,
+           current_holder = EXCLUDED.current_holder,
+           reason = EXCLUDED.reason;
     RETURN ROW('stale', p_reason, p_current_epoch, p_current_holder,
                NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::pgfence.write_result;
 END;
@@ -392,6 +407,12 @@ DECLARE
     l   pgfence.leases;
     why text;
 BEGIN
+    -- Epochs only grow: if even an unlocked read shows a newer epoch, the write is stale for good. Refusing it
+    -- without taking the row lock keeps a hammering stale holder off the lock the current leader's writes share.
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+    IF FOUND AND p_epoch < l.epoch THEN
+        RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'superseded', p_operation, p_table, p_key);
+    END IF;
     -- A new statement, so a new snapshot under READ COMMITTED; if a takeover holds the row FOR UPDATE we wait
     -- for it and then lock (and read) the newest row version.
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR KEY SHARE;
@@ -410,7 +431,7 @@ $$;
 CREATE FUNCTION pgfence.fence(p_lease text, p_epoch bigint, p_operation text DEFAULT 'fenced_transaction',
                               p_table text DEFAULT NULL, p_key text DEFAULT NULL)
 RETURNS pgfence.write_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r pgfence.write_result;
 BEGIN
@@ -467,7 +488,7 @@ $$;
 -- task with created = false and adds no event.
 CREATE FUNCTION pgfence.create_task(p_lease text, p_epoch bigint, p_key text, p_payload jsonb DEFAULT '{}')
 RETURNS pgfence.write_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r pgfence.write_result;
     t pgfence.tasks;
@@ -497,7 +518,7 @@ $$;
 -- Claims a pending task for an assignee: the pending guard, the row fence and the 'claimed' event in one step.
 CREATE FUNCTION pgfence.claim_task(p_lease text, p_epoch bigint, p_key text, p_assignee text)
 RETURNS pgfence.write_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r pgfence.write_result;
     t pgfence.tasks;
@@ -528,7 +549,7 @@ $$;
 CREATE FUNCTION pgfence.transition_task(p_lease text, p_epoch bigint, p_key text, p_from text, p_to text,
                                         p_payload jsonb DEFAULT '{}')
 RETURNS pgfence.write_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r pgfence.write_result;
     t pgfence.tasks;
@@ -565,7 +586,7 @@ $$;
 CREATE FUNCTION pgfence.append_event(p_lease text, p_epoch bigint, p_key text, p_kind text,
                                      p_payload jsonb DEFAULT '{}')
 RETURNS pgfence.write_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r pgfence.write_result;
     t pgfence.tasks;
@@ -594,57 +615,81 @@ $$;
 -- ---------------------------------------------------------------------------------------------------------
 -- Raw-SQL enforcement (off by default; `SELECT pgfence.set_enforcement(true)`): every INSERT or UPDATE of
 -- pgfence.tasks must carry the lease's current epoch in `fence`, every INSERT into pgfence.task_events in
--- `epoch`, and DELETE of tasks is refused. The pgfence functions satisfy this by construction.
+-- `epoch` (and name its task's lease), and DELETE/TRUNCATE of tasks and moving a task to another lease are
+-- refused. The pgfence functions satisfy this by construction. Two modes:
+--   'error': the statement fails with SQLSTATE PF001 (its transaction aborts, so nothing can be recorded);
+--   'audit': the offending row is skipped, the refusal is recorded in pgfence.rejections (operation
+--            'raw_insert' / 'raw_update' / 'raw_delete') and a WARNING tells the client.
+-- TRUNCATE is always refused with an error (a statement-level trigger cannot skip rows).
 
 CREATE FUNCTION pgfence._enforce_epoch() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     presented bigint;
+    target    text;
+    key       text;
     l   pgfence.leases;
     why text;
 BEGIN
-    IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
-        RAISE EXCEPTION 'pgfence: enforcement refuses % on pgfence.%', TG_OP, TG_TABLE_NAME
-            USING ERRCODE = 'PF001';
+    IF TG_OP = 'TRUNCATE' THEN
+        RAISE EXCEPTION 'pgfence: enforcement refuses TRUNCATE on pgfence.%', TG_TABLE_NAME USING ERRCODE = 'PF001';
     END IF;
     -- Separate statements per table: plpgsql plans each one against NEW's row type when it first runs.
-    IF TG_TABLE_NAME = 'tasks' THEN
-        presented := NEW.fence;
+    IF TG_TABLE_NAME = 'tasks' AND TG_OP = 'DELETE' THEN
+        target := OLD.lease; presented := OLD.fence; key := OLD.key; why := 'delete_refused';
+    ELSIF TG_TABLE_NAME = 'tasks' THEN
+        target := NEW.lease; presented := NEW.fence; key := NEW.key;
         IF TG_OP = 'UPDATE' AND NEW.lease IS DISTINCT FROM OLD.lease THEN
-            RAISE EXCEPTION 'pgfence: enforcement refuses moving a task to another lease' USING ERRCODE = 'PF001';
-        END IF;
-        IF TG_OP = 'UPDATE' AND NEW.fence < OLD.fence THEN
-            RAISE EXCEPTION 'pgfence: stale write to %: presented epoch % is below the row fence %',
-                NEW.lease, NEW.fence, OLD.fence USING ERRCODE = 'PF001';
+            why := 'lease_change';
+        ELSIF TG_OP = 'UPDATE' AND NEW.fence < OLD.fence THEN
+            why := 'row_fence';
         END IF;
     ELSE
-        presented := NEW.epoch;
+        target := NEW.lease; presented := NEW.epoch; key := NEW.task_id::text;
         -- An event belongs to its task's lease: the epoch is checked against that lease, not one the
         -- statement names.
         IF NOT EXISTS (SELECT 1 FROM pgfence.tasks t WHERE t.id = NEW.task_id AND t.lease = NEW.lease) THEN
-            RAISE EXCEPTION 'pgfence: enforcement refuses an event whose lease is not its task''s'
-                USING ERRCODE = 'PF001';
+            why := 'lease_mismatch';
         END IF;
     END IF;
-    SELECT * INTO l FROM pgfence.leases WHERE name = NEW.lease FOR KEY SHARE;
-    why := pgfence._loss_reason(l, NULL, presented, clock_timestamp());
-    IF why IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: stale write to %: presented epoch %, current epoch % (%)',
-            NEW.lease, presented, l.epoch, why USING ERRCODE = 'PF001';
+    SELECT * INTO l FROM pgfence.leases WHERE name = target FOR KEY SHARE;
+    IF why IS NULL THEN
+        why := pgfence._loss_reason(l, NULL, presented, clock_timestamp());
     END IF;
-    RETURN NEW;
+    IF why IS NULL THEN
+        RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    END IF;
+    IF TG_NARGS > 0 AND TG_ARGV[0] = 'audit' THEN
+        PERFORM pgfence._reject(target, coalesce(presented, 0), l.epoch, l.holder, why,
+                                'raw_' || lower(TG_OP), TG_TABLE_NAME, key);
+        RAISE WARNING 'pgfence: refused raw % on pgfence.% (%, presented epoch %, current %); recorded in pgfence.rejections',
+            TG_OP, TG_TABLE_NAME, why, presented, l.epoch;
+        RETURN NULL;
+    END IF;
+    IF why IN ('delete_refused', 'lease_change', 'lease_mismatch') THEN
+        RAISE EXCEPTION 'pgfence: enforcement refuses this % on pgfence.% (%)', TG_OP, TG_TABLE_NAME, why
+            USING ERRCODE = 'PF001';
+    END IF;
+    RAISE EXCEPTION 'pgfence: stale write to %: presented epoch %, current epoch % (%)',
+        target, presented, l.epoch, why USING ERRCODE = 'PF001';
 END;
 $$;
 
 CREATE TRIGGER enforce_epoch BEFORE INSERT OR UPDATE OR DELETE ON pgfence.tasks
-    FOR EACH ROW EXECUTE FUNCTION pgfence._enforce_epoch();
+    FOR EACH ROW EXECUTE FUNCTION pgfence._enforce_epoch('error');
+CREATE TRIGGER enforce_audit BEFORE INSERT OR UPDATE OR DELETE ON pgfence.tasks
+    FOR EACH ROW EXECUTE FUNCTION pgfence._enforce_epoch('audit');
 CREATE TRIGGER enforce_truncate BEFORE TRUNCATE ON pgfence.tasks
     FOR EACH STATEMENT EXECUTE FUNCTION pgfence._enforce_epoch();
 CREATE TRIGGER enforce_epoch BEFORE INSERT ON pgfence.task_events
-    FOR EACH ROW EXECUTE FUNCTION pgfence._enforce_epoch();
+    FOR EACH ROW EXECUTE FUNCTION pgfence._enforce_epoch('error');
+CREATE TRIGGER enforce_audit BEFORE INSERT ON pgfence.task_events
+    FOR EACH ROW EXECUTE FUNCTION pgfence._enforce_epoch('audit');
 ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_epoch;
+ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_audit;
 ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_truncate;
 ALTER TABLE pgfence.task_events DISABLE TRIGGER enforce_epoch;
+ALTER TABLE pgfence.task_events DISABLE TRIGGER enforce_audit;
 
 CREATE FUNCTION pgfence._append_only() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -657,28 +702,41 @@ CREATE TRIGGER append_only BEFORE UPDATE OR DELETE ON pgfence.task_events
 CREATE TRIGGER append_only_truncate BEFORE TRUNCATE ON pgfence.task_events
     FOR EACH STATEMENT EXECUTE FUNCTION pgfence._append_only();
 
-CREATE FUNCTION pgfence.set_enforcement(p_on boolean) RETURNS boolean
-LANGUAGE plpgsql AS $$
+CREATE FUNCTION pgfence.set_enforcement(p_on boolean, p_mode text DEFAULT 'error') RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    IF p_mode IS NULL OR p_mode NOT IN ('error', 'audit') THEN
+        RAISE EXCEPTION 'pgfence: enforcement mode must be ''error'' or ''audit'', got %', p_mode
+            USING ERRCODE = '22023';
+    END IF;
     -- Lock both tables up front, in the order readers join them (tasks, then task_events).
     LOCK TABLE pgfence.tasks, pgfence.task_events IN SHARE ROW EXCLUSIVE MODE;
-    IF p_on THEN
+    ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_epoch;
+    ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_audit;
+    ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_truncate;
+    ALTER TABLE pgfence.task_events DISABLE TRIGGER enforce_epoch;
+    ALTER TABLE pgfence.task_events DISABLE TRIGGER enforce_audit;
+    IF p_on AND p_mode = 'error' THEN
         ALTER TABLE pgfence.tasks ENABLE TRIGGER enforce_epoch;
-        ALTER TABLE pgfence.tasks ENABLE TRIGGER enforce_truncate;
         ALTER TABLE pgfence.task_events ENABLE TRIGGER enforce_epoch;
-    ELSE
-        ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_epoch;
-        ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_truncate;
-        ALTER TABLE pgfence.task_events DISABLE TRIGGER enforce_epoch;
+    ELSIF p_on THEN
+        ALTER TABLE pgfence.tasks ENABLE TRIGGER enforce_audit;
+        ALTER TABLE pgfence.task_events ENABLE TRIGGER enforce_audit;
+    END IF;
+    IF p_on THEN
+        ALTER TABLE pgfence.tasks ENABLE TRIGGER enforce_truncate;
     END IF;
     RETURN p_on;
 END;
 $$;
 
-CREATE FUNCTION pgfence.enforcement() RETURNS boolean
+CREATE FUNCTION pgfence.enforcement() RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT tgenabled <> 'D' FROM pg_catalog.pg_trigger
-     WHERE tgrelid = 'pgfence.tasks'::regclass AND tgname = 'enforce_epoch'
+    SELECT coalesce((SELECT CASE t.tgname WHEN 'enforce_epoch' THEN 'error' ELSE 'audit' END
+                       FROM pg_catalog.pg_trigger t
+                      WHERE t.tgrelid = 'pgfence.tasks'::regclass AND t.tgname IN ('enforce_epoch', 'enforce_audit')
+                        AND t.tgenabled <> 'D'
+                      LIMIT 1), 'off')
 $$;
 
 -- ---------------------------------------------------------------------------------------------------------
@@ -702,3 +760,64 @@ BEGIN
     END;
 END;
 $$;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Audit retention: deletes at most p_batch aggregated rejections last seen before now - p_older_than, and
+-- returns how many it deleted. Callers loop until it returns 0; each call is a short transaction.
+CREATE FUNCTION pgfence.prune_rejections(p_older_than interval, p_batch integer DEFAULT 10000)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n integer;
+BEGIN
+    IF p_older_than IS NULL OR p_older_than < interval '0' OR p_batch IS NULL OR p_batch < 1 OR p_batch > 1000000 THEN
+        RAISE EXCEPTION 'pgfence: prune needs a non-negative age and a batch of 1 to 1000000 rows'
+            USING ERRCODE = '22023';
+    END IF;
+    DELETE FROM pgfence.rejections
+     WHERE id IN (SELECT id FROM pgfence.rejections
+                   WHERE last_rejected_at < clock_timestamp() - p_older_than
+                   ORDER BY last_rejected_at LIMIT p_batch);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Privileges. Everything belongs to the role that ran the migration (the owner). Nothing is granted to
+-- PUBLIC: an application role gets, through pgfence.grant_application, EXECUTE on the lease and guarded-write
+-- functions (SECURITY DEFINER, search_path pinned: they act as the owner) and SELECT on the tables — and no
+-- INSERT, UPDATE, DELETE or TRUNCATE on any of them, so the guarded functions are its only write path.
+-- Operators get force_release, set_enforcement and prune_rejections through pgfence.grant_operator.
+
+REVOKE ALL ON ALL TABLES IN SCHEMA pgfence FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA pgfence FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgfence FROM PUBLIC;
+REVOKE ALL ON SCHEMA pgfence FROM PUBLIC;
+
+CREATE FUNCTION pgfence.grant_application(p_role name) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    EXECUTE format('GRANT USAGE ON SCHEMA pgfence TO %I', p_role);
+    EXECUTE format('GRANT SELECT ON pgfence.instance, pgfence.leases, pgfence.tenures, pgfence.tasks, '
+                   'pgfence.task_events, pgfence.rejections, pgfence.tenure_history TO %I', p_role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION pgfence.acquire(text, text, bigint), '
+                   'pgfence.renew(text, text, bigint, bigint), pgfence.renew_many(text[], bigint[], text, bigint), '
+                   'pgfence.release(text, text, bigint), pgfence.fence(text, bigint, text, text, text), '
+                   'pgfence.create_task(text, bigint, text, jsonb), pgfence.claim_task(text, bigint, text, text), '
+                   'pgfence.transition_task(text, bigint, text, text, text, jsonb), '
+                   'pgfence.append_event(text, bigint, text, text, jsonb), pgfence.enforcement(), '
+                   'pgfence.identity() TO %I', p_role);
+END;
+$$;
+
+CREATE FUNCTION pgfence.grant_operator(p_role name) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pgfence.grant_application(p_role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION pgfence.force_release(text), pgfence.set_enforcement(boolean, text), '
+                   'pgfence.prune_rejections(interval, integer) TO %I', p_role);
+END;
+$$;
+
+REVOKE ALL ON FUNCTION pgfence.grant_application(name), pgfence.grant_operator(name), pgfence.prune_rejections(interval, integer) FROM PUBLIC;

@@ -73,8 +73,11 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Stale writes the database refused, newest first.
+    /// Stale writes the database refused, newest first (`audit prune` removes old ones).
+    #[command(args_conflicts_with_subcommands = true)]
     Audit {
+        #[command(subcommand)]
+        action: Option<AuditAction>,
         /// Only this lease (`CLUSTER/NAME`, or `NAME` in --cluster).
         #[arg(long)]
         lease: Option<String>,
@@ -105,6 +108,16 @@ enum Command {
     },
     /// Create or upgrade the pgfence schema (idempotent; concurrent runs take turns).
     Migrate,
+    /// Grant a role the application rights (guarded functions, read access; no direct table writes), or with
+    /// --operator also force-release, enforcement and audit retention. Run as the role that migrated.
+    Grant {
+        /// The role to grant to (it must exist: CREATE ROLE is the DBA's job).
+        #[arg(long)]
+        role: String,
+        /// Also grant the operator rights.
+        #[arg(long)]
+        operator: bool,
+    },
     /// End the current tenure of a lease so its epoch can no longer write (the holder is fenced).
     ForceRelease {
         /// The lease (`CLUSTER/NAME`, or `NAME` in --cluster).
@@ -116,6 +129,42 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditAction {
+    /// Delete audit rows last seen longer ago than --older-than, in bounded batches (short transactions).
+    Prune {
+        /// Age, e.g. 30d, 12h, 90m.
+        #[arg(long, value_parser = parse_age)]
+        older_than: Duration,
+        /// Rows per batch.
+        #[arg(long, default_value_t = 10_000)]
+        batch: u32,
+    },
+}
+
+fn parse_age(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("not an age: {text:?} (try 30d, 12h, 90m)"))?;
+    let unit_seconds = match unit {
+        "d" => 86_400,
+        "h" => 3_600,
+        "m" => 60,
+        "s" => 1,
+        _ => return Err(format!("unknown unit {unit:?} (d, h, m, s)")),
+    };
+    value
+        .checked_mul(unit_seconds)
+        .filter(|s| *s <= 100 * 365 * 86_400)
+        .map(Duration::from_secs)
+        .ok_or_else(|| "age too large".to_owned())
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -246,6 +295,29 @@ async fn run(cli: Cli) -> CliResult {
             Ok(())
         }
         Command::Audit {
+            action: Some(AuditAction::Prune { older_than, batch }),
+            ..
+        } => {
+            let store = global.store(&global.cluster).await?;
+            let deleted = store.prune_rejections(older_than, batch).await?;
+            println!("deleted {deleted} audit rows last seen more than {older_than:?} ago");
+            Ok(())
+        }
+        Command::Grant { role, operator } => {
+            let store = global.store(&global.cluster).await?;
+            if operator {
+                store.grant_operator(&role).await?;
+                println!("granted {role} the operator rights on pgfence");
+            } else {
+                store.grant_application(&role).await?;
+                println!(
+                    "granted {role} the application rights on pgfence (no direct table writes)"
+                );
+            }
+            Ok(())
+        }
+        Command::Audit {
+            action: None,
             lease,
             since,
             limit,

@@ -81,12 +81,13 @@ pub(super) fn rejections(rows: &[Rejection]) {
         .iter()
         .map(|r| {
             vec![
-                time(Some(r.rejected_at)),
+                time(Some(r.last_rejected_at)),
                 r.lease.clone(),
                 r.presented_epoch.to_string(),
                 r.current_epoch
                     .map_or_else(|| "-".into(), |e| e.to_string()),
                 r.reason.clone(),
+                r.count.to_string(),
                 r.operation.clone(),
                 match (&r.target_table, &r.target_key) {
                     (Some(t), Some(k)) => format!("{t}:{k}"),
@@ -103,11 +104,12 @@ pub(super) fn rejections(rows: &[Rejection]) {
         .collect();
     print(
         &[
-            "REJECTED AT (UTC)",
+            "LAST REFUSED (UTC)",
             "LEASE",
             "PRESENTED",
             "CURRENT",
             "REASON",
+            "COUNT",
             "OPERATION",
             "TARGET",
             "CLIENT",

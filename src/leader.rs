@@ -1185,8 +1185,18 @@ where
         Cancelled,
     }
     let stop = tokio::select! {
+        // Biased: a callback that returns *because* it saw the loss or the shutdown must be reported as such,
+        // and by then the loss (or the parent's cancellation) is already observable.
+        biased;
+        cause = &mut lost => Stop::Lost(cause.unwrap_or(LossCause::Definitive { reason: LossReason::Released })),
+        _ = parent.cancelled() => Stop::Cancelled,
         joined = &mut task => {
+            // Re-check: the callback may have returned on the loss signal between the polls above.
+            if let Standing::Lost(cause) = lease.standing() {
+                return Ok(Ended::Lost { cause, callback_stopped: true });
+            }
             let ended = match joined {
+                Ok(Ok(())) if parent.is_cancelled() => Ended::Cancelled { callback_stopped: true },
                 Ok(Ok(())) => Ended::Returned,
                 Ok(Err(e)) => Ended::Failed(e),
                 Err(join) => Ended::Panicked(panic_message(join)),
@@ -1194,8 +1204,6 @@ where
             lease.release().await?;
             return Ok(ended);
         }
-        cause = &mut lost => Stop::Lost(cause.unwrap_or(LossCause::Definitive { reason: LossReason::Released })),
-        _ = parent.cancelled() => Stop::Cancelled,
     };
     token.cancel();
     let callback_stopped = match tokio::time::timeout(options.grace, &mut task).await {

@@ -307,10 +307,10 @@ async fn memory_lease_keys_are_stable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keepalive_holds_the_lease_beyond_its_ttl() {
     let pg = Pg::new().await;
-    let mut options = LeaseOptions::new(Duration::from_millis(600));
-    options.renew_every = Some(Duration::from_millis(150));
+    let mut options = LeaseOptions::new(Duration::from_millis(1500));
+    options.renew_every = Some(Duration::from_millis(200));
     let lease = pg.elector.acquire("kept", "pod-a", &options).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     assert!(lease.is_held(), "{:?}", lease.standing());
     let status = pg
         .elector

@@ -415,7 +415,7 @@ async fn measure_leader_throughput_under_a_hammering_stale_writer() {
     let db = TestDb::new().await;
     let store = Store::connect(db.config("c").pool_size(12)).await.unwrap();
     let stale = store.acquire("sched", "pod-a", TTL).await.unwrap();
-    let leader = store.acquire("sched", "pod-b", TTL).await.unwrap();
+    let leader = store.acquire("sched", "pod-a", TTL).await.unwrap();
     for w in 0..4 {
         store
             .create_task(&leader.fence(), &format!("job-{w}"), &json!({}))

@@ -381,7 +381,11 @@ CREATE FUNCTION pgfence._reject(p_lease text, p_epoch bigint, p_current_epoch bi
                                 p_reason text, p_operation text, p_table text, p_key text)
 RETURNS pgfence.write_result
 LANGUAGE plpgsql AS $$
+DECLARE
+    previous timestamptz;
 BEGIN
+    SELECT r.last_rejected_at INTO previous FROM pgfence.rejections r
+     WHERE r.lease = p_lease AND r.presented_epoch = p_epoch AND r.operation = p_operation;
     INSERT INTO pgfence.rejections (lease, presented_epoch, current_epoch, current_holder, reason, operation,
                                     target_table, target_key, last_target_key)
     VALUES (p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table, p_key, p_key)
@@ -392,6 +396,13 @@ BEGIN
            current_epoch = EXCLUDED.current_epoch,
            current_holder = EXCLUDED.current_holder,
            reason = EXCLUDED.reason;
+    -- Backpressure on a stale holder retrying in a tight loop: a repeat within a second of the previous refusal
+    -- of the same (lease, epoch, operation) answers 10 ms later. Holding the aggregated row meanwhile queues its
+    -- other connections behind it, so a hammering stale writer gets about 100 refusals a second in all and
+    -- leaves the CPU to the current leader. The first refusal is never delayed.
+    IF previous IS NOT NULL AND previous > clock_timestamp() - interval '1 second' THEN
+        PERFORM pg_sleep(0.01);
+    END IF;
     RETURN ROW('stale', p_reason, p_current_epoch, p_current_holder,
                NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::pgfence.write_result;
 END;

@@ -486,3 +486,45 @@ async fn measure_leader_throughput_under_a_hammering_stale_writer() {
         db.scalar("SELECT count(*) FROM pgfence.rejections").await
     );
 }
+
+/// `pgfence grant` gives a role the application rights (it can then lease) or the operator rights (it can then
+/// force-release too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grant_command_sets_up_application_and_operator_roles() {
+    let db = TestDb::new().await;
+    let (app, ops) = (role(&db, "cliapp").await, role(&db, "cliops").await);
+    for (role, extra) in [(&app, None), (&ops, Some("--operator"))] {
+        let mut args = vec!["grant", "--role", role.as_str()];
+        args.extend(extra);
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
+            .args(&args)
+            .env("DATABASE_URL", &db.url)
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let app_store = Store::connect(StoreConfig::new(url_as(&db, &app), "c"))
+        .await
+        .unwrap();
+    app_store.acquire("l", "pod", TTL).await.unwrap();
+    assert_eq!(
+        app_store.force_release("l").await.unwrap_err().sqlstate(),
+        Some("42501")
+    );
+    let ops_store = Store::connect(StoreConfig::new(url_as(&db, &ops), "c"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        ops_store.force_release("l").await.unwrap(),
+        pgfence::ForceReleased::Ended { .. }
+    ));
+    ops_store
+        .prune_rejections(Duration::from_secs(3600), 100)
+        .await
+        .unwrap();
+}

@@ -184,6 +184,13 @@ $$;
 -- ---------------------------------------------------------------------------------------------------------
 -- Lease protocol.
 
+-- The WAL timeline the server writes on now (the first 8 hex digits of the current WAL file name). Unlike
+-- pg_control_checkpoint(), it changes at the moment of a promotion, not at the next checkpoint.
+CREATE FUNCTION pgfence._timeline() RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+    SELECT ('x' || substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
+$$;
+
 -- Acquire by compare-and-set: succeeds when the lease is new, released or expired (by the database clock),
 -- and issues epoch + 1. The same holder acquiring again while it holds also gets a new epoch: an acquisition
 -- always starts a new tenure and fences every earlier one (a restarted process reusing its holder name must
@@ -221,7 +228,11 @@ BEGIN
          WHERE lease = p_lease AND epoch = l.epoch AND ended_at IS NULL;
     END IF;
 
-    new_epoch := l.epoch + 1;
+    -- Failover safety: after a promotion the server writes WAL on a new timeline, and an asynchronous standby
+    -- may have lost the last epochs its old primary issued. Every epoch issued on timeline t is at least
+    -- (t - 1) * 2^32 + 1, which exceeds every epoch issued on earlier timelines (fewer than 2^32 acquisitions per
+    -- lease and timeline), so epochs keep increasing across failovers even when the counter went backwards.
+    new_epoch := GREATEST(l.epoch + 1, (pgfence._timeline() - 1) * 4294967296 + 1);
     UPDATE pgfence.leases
        SET holder = p_holder, epoch = new_epoch, state = 'held', ttl_ms = p_ttl_ms,
            expires_at = ts + p_ttl_ms * interval '1 millisecond', acquired_at = ts, renewed_at = ts,
@@ -764,7 +775,12 @@ BEGIN
     SELECT i.instance_id::text INTO instance_id FROM pgfence.instance i;
     BEGIN
         SELECT c.system_identifier::text INTO system_identifier FROM pg_control_system() c;
-        SELECT c.timeline_id INTO timeline FROM pg_control_checkpoint() c;
+        -- On a primary, the timeline WAL is written on now; a standby cannot ask that, so the last checkpoint's.
+        IF in_recovery THEN
+            SELECT c.timeline_id INTO timeline FROM pg_control_checkpoint() c;
+        ELSE
+            timeline := pgfence._timeline();
+        END IF;
     EXCEPTION WHEN insufficient_privilege THEN
         system_identifier := NULL;
         timeline := NULL;

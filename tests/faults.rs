@@ -10,17 +10,16 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::proxy::{Proxy, HOLD_ALL, HOLD_REPLIES, PASS};
 use common::TestDb;
 use pgfence::embedded::EmbeddedServer;
 use pgfence::leader::{Elector, LeaseOptions, LossCause, PgElector};
 use pgfence::{Epoch, Error, ExpectedIdentity, Fence, RejectionFilter, Store, StoreConfig};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
 const CHILD_ENV: &str = "PGFENCE_FAULTS_CHILD_URL";
 
@@ -78,104 +77,6 @@ async fn take_over(
             Err(e) => panic!("{e}"),
         }
         assert!(Instant::now() < deadline, "no takeover within 30 s");
-    }
-}
-
-// ------------------------------------------------------------------------------------------------------------
-// A TCP proxy on loopback that can hold traffic in either direction (a partition that delays, then heals).
-
-const PASS: u8 = 0;
-const HOLD_ALL: u8 = 1;
-const HOLD_REPLIES: u8 = 2;
-
-#[derive(Clone)]
-struct Proxy {
-    port: u16,
-    mode: Arc<AtomicU8>,
-    changed: Arc<tokio::sync::Notify>,
-    upstream: Arc<std::sync::Mutex<u16>>,
-    kill: Arc<AtomicBool>,
-}
-
-impl Proxy {
-    async fn start(upstream: u16) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let proxy = Proxy {
-            port: listener.local_addr().unwrap().port(),
-            mode: Arc::new(AtomicU8::new(PASS)),
-            changed: Arc::new(tokio::sync::Notify::new()),
-            upstream: Arc::new(std::sync::Mutex::new(upstream)),
-            kill: Arc::new(AtomicBool::new(false)),
-        };
-        let p = proxy.clone();
-        tokio::spawn(async move {
-            loop {
-                let (client, _) = listener.accept().await.unwrap();
-                let port = *p.upstream.lock().unwrap();
-                let Ok(server) = TcpStream::connect(("127.0.0.1", port)).await else {
-                    continue;
-                };
-                let (cr, cw) = client.into_split();
-                let (sr, sw) = server.into_split();
-                tokio::spawn(pump(cr, sw, p.clone(), false));
-                tokio::spawn(pump(sr, cw, p.clone(), true));
-            }
-        });
-        proxy
-    }
-
-    fn url(&self, database: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
-    }
-
-    fn set(&self, mode: u8) {
-        self.mode.store(mode, Ordering::SeqCst);
-        self.changed.notify_waiters();
-    }
-
-    /// Points new connections at another server and cuts the current ones.
-    fn redirect(&self, upstream: u16) {
-        *self.upstream.lock().unwrap() = upstream;
-        self.kill.store(true, Ordering::SeqCst);
-        self.changed.notify_waiters();
-    }
-}
-
-/// Copies bytes one way; while held, keeps what it read and delivers it on heal (nothing is lost, only late).
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    proxy: Proxy,
-    reply: bool,
-) {
-    let mut buf = vec![0u8; 64 * 1024];
-    let started_epoch = proxy.kill.load(Ordering::SeqCst);
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        loop {
-            if proxy.kill.load(Ordering::SeqCst) != started_epoch {
-                return; // redirected: this connection is cut
-            }
-            let held = match proxy.mode.load(Ordering::SeqCst) {
-                HOLD_ALL => true,
-                HOLD_REPLIES => reply,
-                _ => false,
-            };
-            if !held {
-                break;
-            }
-            let changed = proxy.changed.notified();
-            tokio::select! {
-                _ = changed => {}
-                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
-            }
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
     }
 }
 
@@ -716,4 +617,59 @@ async fn a_retry_after_a_lost_reply_has_exactly_one_effect() {
             .await,
         1
     );
+}
+
+/// Scenario 2, a cancelled controller: cancelling the parent stops the callback (it observes its token), the
+/// lease is released in the database, and the leader gauge drops to 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_controller_stops_releases_and_drops_the_gauge() {
+    common::metrics_probe::install();
+    let db = TestDb::new().await;
+    let store = db.store(&db.name).await;
+    let elector = PgElector::new(store.clone());
+    let parent = tokio_util::sync::CancellationToken::new();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = {
+        let (elector, parent) = (elector.clone(), parent.clone());
+        tokio::spawn(async move {
+            pgfence::leader::run_with_leadership(
+                &elector,
+                "ctl",
+                "pod",
+                &pgfence::leader::LeadershipOptions::new(Duration::from_secs(10)),
+                &parent,
+                move |ctx| async move {
+                    started_tx.send(()).unwrap();
+                    ctx.cancelled().await;
+                    stopped_tx.send(()).unwrap();
+                    Ok::<_, Error>(())
+                },
+            )
+            .await
+        })
+    };
+    started_rx.await.unwrap();
+    let gauge = || {
+        common::metrics_probe::gauge(
+            pgfence::leader::METRIC_LEADER,
+            &[("lease", &elector.qualify("ctl"))],
+        )
+    };
+    assert_eq!(gauge(), Some(1.0));
+    parent.cancel();
+    stopped_rx.await.unwrap();
+    let ended = run.await.unwrap().unwrap();
+    assert!(
+        matches!(
+            ended,
+            pgfence::leader::Ended::Cancelled {
+                callback_stopped: true
+            }
+        ),
+        "{ended:?}"
+    );
+    assert_eq!(gauge(), Some(0.0));
+    let status = store.lease_status("ctl").await.unwrap().unwrap();
+    assert_eq!(status.state, pgfence::LeaseState::Released);
 }

@@ -1,5 +1,6 @@
 //! The history checker: a randomized, seedable run of several contenders for one lease, with random pauses
-//! (a holder that stops renewing but keeps writing when it wakes), dropped connections and partitions, checked
+//! (a holder that stops renewing but keeps writing when it wakes), dropped connections, partitions through a
+//! proxy, operator force-releases and second incarnations under the same holder name racing the first, checked
 //! against the database's own commit order.
 //!
 //! Every acquisition and write attempt is recorded with its outcome. The server runs with
@@ -14,10 +15,13 @@
 //! `PGFENCE_HISTORY_SECS` (default 20) bounds the run; `PGFENCE_HISTORY_SEED` replays one. A violation prints
 //! the seed and the minimal offending sub-history (the write and the two tenures around it).
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::proxy::{Proxy, HOLD_ALL, PASS};
 use pgfence::embedded::{EmbeddedOptions, EmbeddedServer};
 use pgfence::leader::{Elector, LeaseOptions, PgElector};
 use pgfence::{Error, Store, StoreConfig};
@@ -45,6 +49,10 @@ enum Event {
     },
     Forced {
         epoch: i64,
+    },
+    Partitioned {
+        contender: usize,
+        for_ms: u64,
     },
     Write {
         contender: usize,
@@ -79,6 +87,7 @@ fn record(history: &Shared, started: Instant, event: Event) {
 async fn contender(
     id: usize,
     url: String,
+    proxy: Option<Proxy>,
     seed: u64,
     until: Instant,
     started: Instant,
@@ -156,6 +165,24 @@ async fn contender(
                             .acquire("L", &holder, Duration::from_millis(600))
                             .await
                     }));
+                }
+                // A partition between this contender and the database (only the one behind the proxy).
+                15..=17 if proxy.is_some() => {
+                    let for_ms = rng.u64(700..1500);
+                    record(
+                        &history,
+                        started,
+                        Event::Partitioned {
+                            contender: id,
+                            for_ms,
+                        },
+                    );
+                    let proxy = proxy.clone().unwrap();
+                    proxy.set(HOLD_ALL);
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(for_ms)).await;
+                        proxy.set(PASS);
+                    });
                 }
                 4..=6 => {
                     record(&history, started, Event::Dropped { contender: id });
@@ -292,10 +319,18 @@ async fn randomized_history_has_no_violations() {
             }
         })
     };
+    // Contender 3 reaches the database through a proxy that can partition it.
+    let proxy = Proxy::start(server.port()).await;
     for id in 0..4 {
+        let (url, proxy) = if id == 3 {
+            (proxy.url("postgres"), Some(proxy.clone()))
+        } else {
+            (server.url(), None)
+        };
         tasks.push(tokio::spawn(contender(
             id,
-            server.url(),
+            url,
+            proxy,
             seed,
             until,
             started,
@@ -322,7 +357,7 @@ fn involves(event: &Event, epoch: i64) -> bool {
         | Event::Paused { epoch: e, .. }
         | Event::Write { epoch: e, .. }
         | Event::Forced { epoch: e } => *e == epoch || *e == epoch + 1,
-        Event::Dropped { .. } => false,
+        Event::Dropped { .. } | Event::Partitioned { .. } => false,
     }
 }
 
@@ -478,9 +513,14 @@ async fn check(server: &EmbeddedServer, events: &[(Duration, Event)], seed: u64)
         .iter()
         .filter(|(_, e)| matches!(e, Event::Forced { .. }))
         .count();
+    let cuts = events
+        .iter()
+        .filter(|(_, e)| matches!(e, Event::Partitioned { .. }))
+        .count();
     eprintln!(
         "history checked: {} tenures, {acked} acknowledged writes, {} refused, {failed} failed on faults; \
-         {pauses} pauses, {drops} connection drops, {forced} force-releases, {losses} losses; 0 violations",
+         {pauses} pauses, {drops} connection drops, {cuts} partitions, {forced} force-releases, \
+         {losses} losses; 0 violations",
         tenures.len(),
         refused.values().sum::<i64>(),
     );

@@ -456,3 +456,113 @@ async fn the_password_never_appears_in_logs_errors_json_or_the_audit() {
         assert!(!text.contains(SENTINEL), "the password leaked: {text}");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// TTLs: accepted exactly within [MIN_TTL, MAX_TTL]; anything else is `InvalidInput` with nothing written.
+    #[test]
+    fn ttls_are_accepted_exactly_within_the_limits(ms in prop_oneof![0u64..200, 86_399_000u64..86_401_000, any::<u64>()]) {
+        static F: OnceLock<Mutex<Fixture>> = OnceLock::new();
+        let f = F.get_or_init(|| Mutex::new(fixture())).lock().unwrap_or_else(|p| p.into_inner());
+        let ttl = Duration::from_millis(ms);
+        let before = counts(&f);
+        let valid = ttl >= pgfence::MIN_TTL && ttl <= pgfence::MAX_TTL;
+        match f.runtime.block_on(f.store.acquire("ttl", "pod", ttl)) {
+            Ok(lease) => {
+                prop_assert!(valid, "{ttl:?} accepted");
+                prop_assert_eq!(lease.ttl(), Duration::from_millis(ms));
+                f.runtime.block_on(f.store.release(&lease)).unwrap();
+            }
+            Err(Error::InvalidInput { field, .. }) => {
+                prop_assert!(!valid, "{ttl:?} refused");
+                prop_assert_eq!(field, "ttl");
+                prop_assert_eq!(counts(&f), before);
+            }
+            Err(other) => prop_assert!(false, "{ttl:?}: {other}"),
+        }
+    }
+
+    /// Epochs: `Epoch::new` accepts exactly >= 1; a fence with any issued-or-not epoch is either the current one
+    /// (accepted) or refused as stale — superseded below, future above — and audited.
+    #[test]
+    fn any_epoch_is_current_stale_or_refused_before_sending(value in prop_oneof![any::<i64>(), -3i64..8]) {
+        static F: OnceLock<Mutex<(Fixture, i64)>> = OnceLock::new();
+        let guard = F.get_or_init(|| {
+            let f = fixture();
+            let mut current = 0;
+            for _ in 0..3 {
+                current = f.runtime.block_on(f.store.acquire("epochs", "pod", TTL)).unwrap().epoch().get();
+            }
+            Mutex::new((f, current))
+        }).lock().unwrap_or_else(|p| p.into_inner());
+        let (f, current) = (&guard.0, guard.1);
+        let epoch = match pgfence::Epoch::new(value) {
+            Ok(epoch) => {
+                prop_assert!(value >= 1);
+                epoch
+            }
+            Err(Error::InvalidInput { .. }) => {
+                prop_assert!(value < 1);
+                return Ok(());
+            }
+            Err(other) => return Err(TestCaseError::fail(other.to_string())),
+        };
+        let fence = pgfence::Fence::new("hostile/epochs", epoch).unwrap();
+        let rejections_before = counts(f).3;
+        let key = format!("e{value}");
+        match f.runtime.block_on(f.store.create_task(&fence, &key, &json!({}))) {
+            Ok(_) => prop_assert_eq!(value, current),
+            Err(Error::Stale { reason, .. }) => {
+                prop_assert_ne!(value, current);
+                let expected = if value < current { pgfence::LossReason::Superseded } else { pgfence::LossReason::FutureEpoch };
+                prop_assert_eq!(reason, expected);
+                prop_assert!(counts(f).3 >= rejections_before.max(1));
+            }
+            Err(other) => prop_assert!(false, "{value}: {other}"),
+        }
+    }
+
+    /// CLI arguments: any combination of words and flags ends with a documented exit code and a message — never
+    /// a panic (exit 101) and never a write to a database it was not asked to touch (no URL is given here, so
+    /// only `demo` could start one; it is left out).
+    #[test]
+    fn cli_arguments_end_with_a_documented_exit_code(args in prop::collection::vec(cli_word(), 0..5)) {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
+            .args(&args)
+            .env_remove("DATABASE_URL")
+            .env("DATABASE_URL", format!("postgres://u:{SENTINEL}@127.0.0.1:1/db"))
+            .output()
+            .unwrap();
+        let code = output.status.code().unwrap_or(-1);
+        prop_assert!([0, 1, 2, 3, 4, 5, 6].contains(&code), "{args:?} exited {code}: {}", String::from_utf8_lossy(&output.stderr));
+        let all = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        prop_assert!(!all.contains(SENTINEL), "{args:?} printed the password");
+        prop_assert!(!all.contains("panicked"), "{args:?}: {all}");
+    }
+}
+
+fn cli_word() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("status".to_owned()),
+        Just("audit".to_owned()),
+        Just("history".to_owned()),
+        Just("identity".to_owned()),
+        Just("force-release".to_owned()),
+        Just("prune".to_owned()),
+        Just("grant".to_owned()),
+        Just("--json".to_owned()),
+        Just("--yes".to_owned()),
+        Just("--lease".to_owned()),
+        Just("--limit".to_owned()),
+        Just("--since".to_owned()),
+        Just("--older-than".to_owned()),
+        Just("--connect-timeout".to_owned()),
+        Just("--cluster".to_owned()),
+        Just("-1".to_owned()),
+        Just("0s".to_owned()),
+        Just("a/b".to_owned()),
+        "[a-z0-9/'\" -]{0,12}",
+        any::<String>().prop_filter("no NUL in argv", |s| !s.contains('\0')),
+    ]
+}

@@ -3,6 +3,8 @@
 //! migrated once.
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;

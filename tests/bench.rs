@@ -1,0 +1,180 @@
+//! `pgfence bench`, run as a user would run it, CI-sized: it completes, prints its tables, and writes JSON that
+//! parses back with every figure and an SVG chart. No assertion here depends on how fast anything is.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn pgfence(args: &[&str], url: Option<&str>) -> Run {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pgfence"));
+    command.args(args).env_remove("DATABASE_URL");
+    if let Some(url) = url {
+        command.env("DATABASE_URL", url);
+    }
+    let output = command.output().expect("run pgfence");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn pgbench_installed() -> bool {
+    Command::new("pgbench").arg("--version").output().is_ok()
+        || pgfence::embedded::find_bin_dir().is_ok_and(|bin| bin.join("pgbench").is_file())
+}
+
+/// Every workload once, tiny: the command exits 0, prints the tables and the targets, and its JSON has a
+/// measurement for every (workload, concurrency, batch) it ran, with the environment that produced them.
+#[test]
+fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
+    let dir = tempfile::tempdir().unwrap();
+    let json_path = dir.path().join("bench.json");
+    let svg_path = dir.path().join("bench.svg");
+    let run = pgfence(
+        &[
+            "bench",
+            "--duration",
+            "50ms",
+            "--rounds",
+            "1",
+            "--concurrency",
+            "2",
+            "--batch",
+            "1,3",
+            "--lease-rows",
+            "1,20",
+            "--renewal-leases",
+            "5",
+            "--json",
+            json_path.to_str().unwrap(),
+            "--plot",
+            svg_path.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    for heading in [
+        "Writes, 1 row per round trip",
+        "Writes, 3 rows per round trip",
+        "Leases: acquire and renew",
+        "Renewal of 5 leases held by one process",
+        "Targets",
+        "reproduce: pgfence bench",
+    ] {
+        assert!(run.stdout.contains(heading), "{heading}: {}", run.stdout);
+    }
+
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let env = &doc["environment"];
+    assert!(env["server_version"]
+        .as_str()
+        .unwrap()
+        .starts_with(char::is_numeric));
+    assert_eq!(env["embedded"], Value::Bool(true));
+    assert!(env["cores"].as_u64().unwrap() >= 1);
+    assert!(env["settings"]["fsync"].is_string());
+    assert_eq!(env["rounds"], 1);
+
+    let measurements = doc["measurements"].as_array().unwrap();
+    let find = |workload: &str, batch: u64, lease_rows: Option<u64>| {
+        measurements.iter().find(|m| {
+            m["workload"] == workload
+                && m["batch"] == batch
+                && m["concurrency"] == 2
+                && m["lease_rows"].as_u64() == lease_rows
+        })
+    };
+    let mut expected: Vec<(&str, u64, Option<u64>)> = vec![
+        ("update", 1, None),
+        ("update", 3, None),
+        ("tx", 1, None),
+        ("fenced", 1, None),
+        ("fenced", 3, None),
+        ("raw-fenced", 3, None),
+        ("raw-fenced-pipelined", 1, None),
+        ("raw-guarded-update", 3, None),
+        ("guarded-update", 1, None),
+        ("raw-advisory-update", 1, None),
+        ("append", 1, None),
+        ("append-unguarded", 1, None),
+        ("claim-transition", 1, None),
+        ("append-own-lease", 1, None),
+        ("raw-append", 1, None),
+        ("acquire", 1, Some(1)),
+        ("acquire", 1, Some(20)),
+        ("renew", 1, Some(1)),
+        ("renew", 1, Some(20)),
+    ];
+    if pgbench_installed() {
+        expected.extend([
+            ("pgbench-fenced", 1, None),
+            ("pgbench-fenced", 3, None),
+            ("pgbench-append", 1, None),
+        ]);
+    }
+    for (workload, batch, rows) in expected {
+        let m = find(workload, batch, rows)
+            .unwrap_or_else(|| panic!("no measurement of {workload} batch {batch} rows {rows:?}"));
+        assert_eq!(m["rounds"].as_array().unwrap().len(), 1, "{m}");
+        assert!(m["tx_per_s"].as_f64().unwrap() > 0.0, "{m}");
+        assert_eq!(
+            m["rows_per_s"].as_f64().unwrap(),
+            m["tx_per_s"].as_f64().unwrap() * batch as f64
+        );
+        let latency = &m["latency_ms"];
+        assert!(latency["samples"].as_u64().unwrap() > 0, "{m}");
+        assert!(latency["p50"].as_f64().unwrap() <= latency["p999"].as_f64().unwrap());
+        assert!(m["multixacts_per_tx"].as_f64().unwrap() >= 0.0);
+    }
+    // Ratios are present exactly where a baseline ran.
+    let fenced = find("fenced", 1, None).unwrap();
+    assert_eq!(fenced["vs_unguarded"]["baseline"], "update c=2 batch=1");
+    assert!(fenced["vs_unguarded"]["paired"].as_bool().unwrap());
+    assert!(find("fenced", 3, None).unwrap()["vs_batch1"]["value"].is_f64());
+    assert!(find("update", 1, None).unwrap()["vs_unguarded"].is_null());
+
+    let renewal = &doc["renewal"];
+    assert_eq!(renewal["leases"], 5);
+    assert!(renewal["statements"].as_u64().is_some());
+    assert!(!doc["targets"].as_array().unwrap().is_empty());
+
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("fenced"), "{svg}");
+}
+
+/// It writes: against a database it did not create it runs only with --yes, and refuses before connecting.
+#[test]
+fn a_given_database_needs_yes() {
+    let run = pgfence(
+        &[
+            "bench",
+            "--database-url",
+            "postgres://nobody@127.0.0.1:1/none",
+        ],
+        None,
+    );
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("--yes"), "{}", run.stderr);
+    let from_env = pgfence(&["bench"], Some("postgres://nobody@127.0.0.1:1/none"));
+    assert_eq!(from_env.code, 2, "{}", from_env.stderr);
+}
+
+#[test]
+fn bad_options_are_usage_errors() {
+    for args in [
+        &["bench", "--workloads", "nonsense"][..],
+        &["bench", "--plot", "chart.png"],
+        &["bench", "--rounds", "0"],
+        &["bench", "--concurrency", "0"],
+    ] {
+        let run = pgfence(args, None);
+        assert_eq!(run.code, 2, "{args:?}: {}{}", run.stdout, run.stderr);
+    }
+}

@@ -1,0 +1,108 @@
+//! A TCP proxy on loopback that can hold traffic in either direction: a partition that delays everything (or
+//! only the replies) and then heals without losing a byte, and a redirect to another server.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Forward everything.
+pub const PASS: u8 = 0;
+/// Hold traffic in both directions.
+pub const HOLD_ALL: u8 = 1;
+/// Forward requests, hold replies (the server commits, the client never hears).
+pub const HOLD_REPLIES: u8 = 2;
+
+/// A running proxy.
+#[derive(Clone)]
+pub struct Proxy {
+    pub port: u16,
+    mode: Arc<AtomicU8>,
+    changed: Arc<tokio::sync::Notify>,
+    upstream: Arc<std::sync::Mutex<u16>>,
+    kill: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = Proxy {
+            port: listener.local_addr().unwrap().port(),
+            mode: Arc::new(AtomicU8::new(PASS)),
+            changed: Arc::new(tokio::sync::Notify::new()),
+            upstream: Arc::new(std::sync::Mutex::new(upstream)),
+            kill: Arc::new(AtomicBool::new(false)),
+        };
+        let p = proxy.clone();
+        tokio::spawn(async move {
+            loop {
+                let (client, _) = listener.accept().await.unwrap();
+                let port = *p.upstream.lock().unwrap();
+                let Ok(server) = TcpStream::connect(("127.0.0.1", port)).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pump(cr, sw, p.clone(), false));
+                tokio::spawn(pump(sr, cw, p.clone(), true));
+            }
+        });
+        proxy
+    }
+
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    pub fn set(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    /// Points new connections at another server and cuts the current ones.
+    pub fn redirect(&self, upstream: u16) {
+        *self.upstream.lock().unwrap() = upstream;
+        self.kill.store(true, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+}
+
+/// Copies bytes one way; while held, keeps what it read and delivers it on heal (nothing is lost, only late).
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    proxy: Proxy,
+    reply: bool,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let started_epoch = proxy.kill.load(Ordering::SeqCst);
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        loop {
+            if proxy.kill.load(Ordering::SeqCst) != started_epoch {
+                return; // redirected: this connection is cut
+            }
+            let held = match proxy.mode.load(Ordering::SeqCst) {
+                HOLD_ALL => true,
+                HOLD_REPLIES => reply,
+                _ => false,
+            };
+            if !held {
+                break;
+            }
+            let changed = proxy.changed.notified();
+            tokio::select! {
+                _ = changed => {}
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}

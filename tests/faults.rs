@@ -101,6 +101,10 @@ async fn orderly_release_hands_over_promptly_and_fences_the_old_epoch() {
     let released_at = Instant::now();
     old.release().await.unwrap();
     let (new, acquired_at) = waiting.await.unwrap();
+    eprintln!(
+        "orderly release: successor acquired {:?} after the release",
+        acquired_at - released_at
+    );
     assert_eq!(new.epoch().get(), fence.epoch().get() + 1);
     assert!(
         acquired_at - released_at < Duration::from_secs(1),
@@ -350,6 +354,7 @@ async fn a_partitioned_holder_gives_up_first_and_its_late_writes_are_refused() {
     tokio::time::sleep(Duration::from_millis(400)).await; // a renewal or two
 
     proxy.set(HOLD_ALL);
+    let cut_at = Instant::now();
     let in_flight = {
         let (store, fence) = (holder_store.clone(), fence.clone());
         tokio::spawn(async move {
@@ -365,6 +370,11 @@ async fn a_partitioned_holder_gives_up_first_and_its_late_writes_are_refused() {
         "{cause:?}"
     );
     let (new, acquired_at) = take_over(&rival, "l", "rival", &options).await;
+    eprintln!(
+        "partition: holder gave up {:?} after the cut, the successor acquired {:?} after the cut (ttl 1.5 s)",
+        gave_up_at - cut_at,
+        acquired_at - cut_at
+    );
     assert!(
         gave_up_at < acquired_at,
         "the holder trusted its lease after the successor got it"

@@ -224,34 +224,12 @@ impl Shared {
         }
     }
 
-    /// Held → Lost, once; later calls change nothing (a loss is never undone).
-    fn lose(&self, cause: LossCause) -> bool {
+    /// Held → `to`, once: a tenure ends a single time and is never resumed. On the change the leader gauge drops,
+    /// a transition is counted and the token is cancelled.
+    fn end(&self, to: Standing) -> bool {
         let changed = self.standing.send_if_modified(|s| {
             if *s == Standing::Held {
-                *s = Standing::Lost(cause.clone());
-                true
-            } else {
-                false
-            }
-        });
-        if changed {
-            let name = self.lease.qualified_name().to_owned();
-            tracing::warn!(target: TARGET, lease = %name, epoch = %self.lease.epoch(), holder = self.lease.holder(),
-                %cause, "leadership lost");
-            metrics::gauge!(METRIC_LEADER, "lease" => name.clone()).set(0.0);
-            metrics::counter!(METRIC_TRANSITIONS, "lease" => name.clone()).increment(1);
-            metrics::counter!(METRIC_LOSSES, "lease" => name, "cause" => cause.label())
-                .increment(1);
-            self.token.cancel();
-        }
-        changed
-    }
-
-    /// Held → Released; returns whether it was held.
-    fn mark_released(&self) -> bool {
-        let changed = self.standing.send_if_modified(|s| {
-            if *s == Standing::Held {
-                *s = Standing::Released;
+                *s = to.clone();
                 true
             } else {
                 false
@@ -264,6 +242,24 @@ impl Shared {
             self.token.cancel();
         }
         changed
+    }
+
+    /// Held → Lost; later calls change nothing (a loss is never undone).
+    fn lose(&self, cause: LossCause) -> bool {
+        let changed = self.end(Standing::Lost(cause.clone()));
+        if changed {
+            let name = self.lease.qualified_name().to_owned();
+            tracing::warn!(target: TARGET, lease = %name, epoch = %self.lease.epoch(), holder = self.lease.holder(),
+                %cause, "leadership lost");
+            metrics::counter!(METRIC_LOSSES, "lease" => name, "cause" => cause.label())
+                .increment(1);
+        }
+        changed
+    }
+
+    /// Held → Released; returns whether it was held.
+    fn mark_released(&self) -> bool {
+        self.end(Standing::Released)
     }
 }
 

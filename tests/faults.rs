@@ -322,17 +322,7 @@ async fn a_database_restart_loses_no_acknowledged_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_holder_gives_up_first_and_its_late_writes_are_refused() {
     let db = TestDb::new().await;
-    let port: u16 = db
-        .url
-        .split(':')
-        .nth(2)
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let proxy = Proxy::start(port).await;
+    let proxy = Proxy::start(db.port()).await;
     let holder_store = Store::connect(
         StoreConfig::new(proxy.url(&db.name), "f")
             .application_name("partitioned")
@@ -558,17 +548,7 @@ async fn epochs_stay_above_lost_ones_after_failover_to_an_async_standby() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_a_lost_reply_has_exactly_one_effect() {
     let db = TestDb::new().await;
-    let port: u16 = db
-        .url
-        .split(':')
-        .nth(2)
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let proxy = Proxy::start(port).await;
+    let proxy = Proxy::start(db.port()).await;
     let store = Store::connect(StoreConfig::new(proxy.url(&db.name), "f").pool_size(1))
         .await
         .unwrap();

@@ -140,6 +140,21 @@ impl TestDb {
         }
     }
 
+    /// The server's TCP port.
+    pub fn port(&self) -> u16 {
+        let authority = self
+            .url
+            .split("://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .unwrap_or_default();
+        authority
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a port in the URL")
+    }
+
     /// A store on this database for `cluster`.
     pub async fn store(&self, cluster: &str) -> Store {
         Store::connect(self.config(cluster))

@@ -1,6 +1,7 @@
 //! The `pgfence` command: the demo on an embedded default database, operator reads (status, audit, history,
 //! identity) and writes (migrate, force-release).
 
+mod bench;
 mod demo;
 mod table;
 
@@ -118,6 +119,9 @@ enum Command {
         #[arg(long)]
         operator: bool,
     },
+    /// Measure what fencing costs: guarded writes against the unguarded write, raw prepared statements and
+    /// pgbench, in interleaved rounds (on a throwaway server unless --database-url and --yes are given).
+    Bench(bench::BenchArgs),
     /// End the current tenure of a lease so its epoch can no longer write (the holder is fenced).
     ForceRelease {
         /// The lease (`CLUSTER/NAME`, or `NAME` in --cluster).
@@ -285,6 +289,7 @@ async fn run(cli: Cli) -> CliResult {
     let global = &cli.global;
     match cli.command {
         Command::Demo { json } => demo::run(global, json).await,
+        Command::Bench(args) => bench::run(global, args).await,
         Command::Status { json } => {
             let store = global.store(&global.cluster).await?;
             let leases = store.all_leases().await?;

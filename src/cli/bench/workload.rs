@@ -1,0 +1,755 @@
+//! The workloads of `pgfence bench` and the writers that run them.
+//!
+//! Every workload writes the same thing in every path, so that a ratio between two of them isolates one cost:
+//!
+//! * **user table** (`update`, `tx`, `fenced`, `raw-*`, `pgbench-fenced`): `batch` rows of
+//!   `pgfence_bench.rows`, the range `[writer × batch, (writer + 1) × batch)`, so writers never touch each
+//!   other's rows;
+//! * **task** (`append`, `append-unguarded`, `claim-transition`, `append-own-lease`, `raw-append`,
+//!   `pgbench-append`): the writer's own task row and one appended event;
+//! * **lease** (`acquire`, `renew`): one lease row in a table of `lease_rows` leases.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use diesel::pg::sql_types::{Jsonb, Record};
+use diesel::sql_types::{BigInt, Bool, Nullable, Text};
+use pgfence::{Fence, Lease, Store, TaskState};
+use serde_json::json;
+use tokio_postgres::types::{FromSql, Json, Type};
+use tokio_postgres::Statement;
+
+use super::{db_error, Failure};
+
+/// Which client stack a workload goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Path {
+    /// pgfence's bb8/diesel-async pool (the public API, or the application's own statements on its pool).
+    Pool,
+    /// tokio-postgres, one connection per writer, statements prepared once.
+    Raw,
+    /// `pgbench -M prepared`, one process per round.
+    Pgbench,
+}
+
+impl Path {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Path::Pool => "pool",
+            Path::Raw => "raw",
+            Path::Pgbench => "pgbench",
+        }
+    }
+}
+
+/// One thing the benchmark measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) enum Workload {
+    Update,
+    Tx,
+    Fenced,
+    RawFenced,
+    RawPipelined,
+    RawGuardedUpdate,
+    GuardedUpdate,
+    RawAdvisoryUpdate,
+    PgbenchFenced,
+    Append,
+    AppendUnguarded,
+    ClaimTransition,
+    AppendOwnLease,
+    RawAppend,
+    PgbenchAppend,
+    Acquire,
+    Renew,
+}
+
+/// The write workloads, in the order each round runs them.
+pub(super) const WRITES: [Workload; 15] = [
+    Workload::Update,
+    Workload::Tx,
+    Workload::Fenced,
+    Workload::RawFenced,
+    Workload::RawPipelined,
+    Workload::RawGuardedUpdate,
+    Workload::GuardedUpdate,
+    Workload::RawAdvisoryUpdate,
+    Workload::PgbenchFenced,
+    Workload::Append,
+    Workload::AppendUnguarded,
+    Workload::ClaimTransition,
+    Workload::AppendOwnLease,
+    Workload::RawAppend,
+    Workload::PgbenchAppend,
+];
+
+/// The lease workloads, in the order each round runs them (for every lease table size).
+pub(super) const LEASES: [Workload; 2] = [Workload::Acquire, Workload::Renew];
+
+impl Workload {
+    pub(super) fn all() -> impl Iterator<Item = Workload> {
+        WRITES.into_iter().chain(LEASES)
+    }
+
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Workload::Update => "update",
+            Workload::Tx => "tx",
+            Workload::Fenced => "fenced",
+            Workload::RawFenced => "raw-fenced",
+            Workload::RawPipelined => "raw-fenced-pipelined",
+            Workload::RawGuardedUpdate => "raw-guarded-update",
+            Workload::GuardedUpdate => "guarded-update",
+            Workload::RawAdvisoryUpdate => "raw-advisory-update",
+            Workload::PgbenchFenced => "pgbench-fenced",
+            Workload::Append => "append",
+            Workload::AppendUnguarded => "append-unguarded",
+            Workload::ClaimTransition => "claim-transition",
+            Workload::AppendOwnLease => "append-own-lease",
+            Workload::RawAppend => "raw-append",
+            Workload::PgbenchAppend => "pgbench-append",
+            Workload::Acquire => "acquire",
+            Workload::Renew => "renew",
+        }
+    }
+
+    pub(super) fn parse(name: &str) -> Option<Workload> {
+        Workload::all().find(|w| w.name() == name)
+    }
+
+    pub(super) fn description(self) -> &'static str {
+        match self {
+            Workload::Update => "unguarded UPDATE of the rows, autocommit, through the pool (the baseline)",
+            Workload::Tx => "unguarded UPDATE in a transaction (BEGIN; UPDATE; COMMIT) through the pool",
+            Workload::Fenced => "Store::fenced: BEGIN; guard; the same UPDATE; COMMIT",
+            Workload::RawFenced => "tokio-postgres, prepared: BEGIN; SELECT pgfence.fence(..); UPDATE; COMMIT",
+            Workload::RawPipelined => {
+                "as raw-fenced with BEGIN and the guard pipelined in one round trip (a proposed library path)"
+            }
+            Workload::RawGuardedUpdate => {
+                "tokio-postgres, prepared: guard and UPDATE in one statement (a proposed library path)"
+            }
+            Workload::GuardedUpdate => {
+                "guard and UPDATE in one statement through the pool (diesel sql_query; a proposed library path)"
+            }
+            Workload::RawAdvisoryUpdate => {
+                "as raw-guarded-update with a prototype guard taking a shared advisory lock instead of a row lock \
+                 (no MultiXacts; correct only if takeovers take the exclusive one)"
+            }
+            Workload::PgbenchFenced => "pgbench -M prepared, the SQL of raw-fenced",
+            Workload::Append => "Store::append_event on the hot lease: guard + task row fence + event, one statement",
+            Workload::AppendUnguarded => "the same task UPDATE and event INSERT in one prepared call, without the guard",
+            Workload::ClaimTransition => "Store::claim_task and Store::transition_task (back to pending), alternating",
+            Workload::AppendOwnLease => "Store::append_event, every writer on a lease of its own",
+            Workload::RawAppend => "tokio-postgres, prepared: SELECT pgfence.append_event(..)",
+            Workload::PgbenchAppend => "pgbench -M prepared: SELECT pgfence.append_event(..)",
+            Workload::Acquire => "Store::acquire of a random lease (a new epoch each time)",
+            Workload::Renew => "Store::renew of the writer's lease",
+        }
+    }
+
+    pub(super) fn path(self) -> Path {
+        match self {
+            Workload::RawFenced
+            | Workload::RawPipelined
+            | Workload::RawGuardedUpdate
+            | Workload::RawAdvisoryUpdate
+            | Workload::RawAppend => Path::Raw,
+            Workload::PgbenchFenced | Workload::PgbenchAppend => Path::Pgbench,
+            _ => Path::Pool,
+        }
+    }
+
+    /// Whether the workload writes `batch` rows per round trip (the others write one task or lease).
+    pub(super) fn batches(self) -> bool {
+        matches!(
+            self,
+            Workload::Update
+                | Workload::Tx
+                | Workload::Fenced
+                | Workload::RawFenced
+                | Workload::RawPipelined
+                | Workload::RawGuardedUpdate
+                | Workload::GuardedUpdate
+                | Workload::RawAdvisoryUpdate
+                | Workload::PgbenchFenced
+        )
+    }
+
+    /// Whether every write presents a fence.
+    pub(super) fn guarded(self) -> bool {
+        !matches!(
+            self,
+            Workload::Update | Workload::Tx | Workload::AppendUnguarded
+        )
+    }
+
+    /// The unguarded workload that writes the same rows through the same pool.
+    pub(super) fn unguarded(self) -> Option<Workload> {
+        match self {
+            Workload::Fenced | Workload::Tx | Workload::GuardedUpdate => Some(Workload::Update),
+            Workload::Append | Workload::ClaimTransition | Workload::AppendOwnLease => {
+                Some(Workload::AppendUnguarded)
+            }
+            _ => None,
+        }
+    }
+
+    /// The pgbench workload that sends the same guarded SQL.
+    pub(super) fn pgbench(self) -> Option<Workload> {
+        match self {
+            Workload::Fenced | Workload::RawFenced | Workload::RawPipelined => {
+                Some(Workload::PgbenchFenced)
+            }
+            Workload::Append | Workload::RawAppend => Some(Workload::PgbenchAppend),
+            _ => None,
+        }
+    }
+}
+
+/// The lease every writer of the hot-lease workloads presents, and the per-writer leases of
+/// `append-own-lease`.
+pub(super) const HOT_LEASE: &str = "hot";
+/// The holder of every lease the benchmark takes.
+pub(super) const HOLDER: &str = "bench";
+/// The operation label of guarded writes (as recorded in an audit row).
+pub(super) const OPERATION: &str = "bench";
+/// Long enough for a full run: the benchmark never loses its leases to expiry.
+pub(super) const TTL: Duration = Duration::from_secs(3 * 3600);
+
+pub(super) fn own_lease(writer: usize) -> String {
+    format!("own-{writer}")
+}
+
+/// The task of writer `w` under the hot lease for `append`; pgbench uses `:client_id`, the same number.
+pub(super) fn append_key(writer: usize) -> String {
+    writer.to_string()
+}
+
+pub(super) fn claim_key(writer: usize) -> String {
+    format!("ct{writer}")
+}
+
+/// The schema the benchmark adds next to pgfence's: the user table and the unguarded twin of
+/// `pgfence.append_event`.
+pub(super) fn schema_sql(rows: i64) -> String {
+    format!(
+        "CREATE SCHEMA pgfence_bench;
+CREATE TABLE pgfence_bench.rows (id bigint PRIMARY KEY, v bigint NOT NULL DEFAULT 0);
+INSERT INTO pgfence_bench.rows (id) SELECT generate_series(0, {last});
+CREATE TYPE pgfence_bench.write_result AS (
+    outcome text, reason text, current_epoch bigint, current_holder text, task_id bigint, task_key text,
+    task_state text, assignee text, payload jsonb, fence bigint, version bigint, created boolean, event_id bigint);
+-- pgfence.append_event without the guard (and without its input checks): the same row UPDATE and event INSERT,
+-- called the same way (one prepared SELECT of a plpgsql function), returning a result of the same shape.
+CREATE FUNCTION pgfence_bench.append_event_unguarded(p_lease text, p_epoch bigint, p_key text, p_kind text,
+                                                     p_payload jsonb)
+RETURNS pgfence_bench.write_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    t pgfence.tasks;
+    ev bigint;
+BEGIN
+    UPDATE pgfence.tasks SET fence = p_epoch, updated_at = clock_timestamp()
+     WHERE lease = p_lease AND key = p_key AND fence <= p_epoch
+    RETURNING * INTO t;
+    IF NOT FOUND THEN
+        RETURN ROW('not_found', NULL, p_epoch, NULL, NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL)
+               ::pgfence_bench.write_result;
+    END IF;
+    INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
+    VALUES (t.id, p_lease, p_epoch, p_kind, coalesce(p_payload, '{{}}')) RETURNING id INTO ev;
+    RETURN ROW('ok', NULL, p_epoch, NULL, t.id, t.key, t.state, t.assignee, t.payload, t.fence, t.version, false,
+               ev)::pgfence_bench.write_result;
+END;
+$$;
+-- A prototype of a guard without a tuple lock (not pgfence's guard): a shared transaction-level advisory lock on
+-- the lease, then the epoch read in a fresh snapshot (a new statement of a VOLATILE function). It linearizes
+-- against takeovers only if every takeover takes the exclusive advisory lock on the same key first, which
+-- pgfence's acquire does not: here it measures what such a guard would cost, not a safe way to write.
+CREATE FUNCTION pgfence_bench.fence_advisory(p_lease text, p_epoch bigint) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    l pgfence.leases;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended(p_lease, 0));
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+    IF l.epoch = p_epoch AND l.state = 'held' AND l.expires_at > clock_timestamp() THEN
+        RETURN 'ok';
+    END IF;
+    RETURN 'stale';
+END;
+$$;",
+        last = rows - 1
+    )
+}
+
+/// The guarded SQL of the raw and pgbench paths (pgbench substitutes `:name` variables with parameters).
+pub(super) mod sql {
+    pub(in super::super) const BEGIN: &str = "BEGIN";
+    pub(in super::super) const COMMIT: &str = "COMMIT";
+    pub(in super::super) const FENCE: &str = "SELECT pgfence.fence($1, $2, $3, NULL, NULL)";
+    pub(in super::super) const UPDATE: &str =
+        "UPDATE pgfence_bench.rows SET v = v + 1 WHERE id >= $1 AND id < $2";
+    /// The guard and the write in one statement: the CTE runs the guard once, the UPDATE writes only when it
+    /// said 'ok', and the reply carries the outcome and the number of rows written.
+    pub(in super::super) const GUARDED_UPDATE: &str =
+        "WITH g AS (SELECT outcome FROM pgfence.fence($3, $4, $5, NULL, NULL)), \
+              u AS (UPDATE pgfence_bench.rows SET v = v + 1 \
+                     WHERE id >= $1 AND id < $2 AND (SELECT outcome FROM g) = 'ok' RETURNING 1) \
+         SELECT (SELECT outcome FROM g) AS outcome, (SELECT count(*) FROM u) AS written";
+    /// As [`GUARDED_UPDATE`] with the prototype advisory-lock guard.
+    pub(in super::super) const ADVISORY_UPDATE: &str =
+        "WITH g AS (SELECT pgfence_bench.fence_advisory($3, $4) AS outcome), \
+              u AS (UPDATE pgfence_bench.rows SET v = v + 1 \
+                     WHERE id >= $1 AND id < $2 AND (SELECT outcome FROM g) = 'ok' RETURNING 1) \
+         SELECT (SELECT outcome FROM g) AS outcome, (SELECT count(*) FROM u) AS written";
+    pub(in super::super) const APPEND_UNGUARDED: &str =
+        "SELECT pgfence_bench.append_event_unguarded($1, $2, $3, $4, $5)";
+    pub(in super::super) const APPEND: &str = "SELECT pgfence.append_event($1, $2, $3, $4, $5)";
+}
+
+diesel::table! {
+    pgfence_bench.rows (id) {
+        id -> BigInt,
+        v -> BigInt,
+    }
+}
+
+type WriteResult = Record<(
+    Text,
+    Nullable<Text>,
+    Nullable<BigInt>,
+    Nullable<Text>,
+    Nullable<BigInt>,
+    Nullable<Text>,
+    Nullable<Text>,
+    Nullable<Text>,
+    Nullable<Jsonb>,
+    Nullable<BigInt>,
+    Nullable<BigInt>,
+    Nullable<Bool>,
+    Nullable<BigInt>,
+)>;
+
+type WriteRow = (
+    String,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<serde_json::Value>,
+    Option<i64>,
+    Option<i64>,
+    Option<bool>,
+    Option<i64>,
+);
+
+diesel::define_sql_function! {
+    #[sql_name = "pgfence_bench.append_event_unguarded"]
+    fn append_event_unguarded(lease: Text, epoch: BigInt, key: Text, kind: Text, payload: Jsonb) -> WriteResult;
+}
+
+/// The statements [`RawClient::probe`] runs: a label and how `pg_stat_statements` shows the statement's start.
+pub(super) const PROBES: [(&str, &str); 6] = [
+    (
+        "guard alone: SELECT pgfence.fence(..)",
+        "SELECT pgfence.fence(",
+    ),
+    ("UPDATE of 1 row, unguarded", "UPDATE pgfence_bench.rows"),
+    (
+        "guard + UPDATE of 1 row in one statement",
+        "WITH g AS (SELECT outcome FROM pgfence.fence(",
+    ),
+    (
+        "advisory-lock prototype guard + UPDATE of 1 row",
+        "WITH g AS (SELECT pgfence_bench.fence_advisory(",
+    ),
+    (
+        "SELECT pgfence.append_event(..)",
+        "SELECT pgfence.append_event(",
+    ),
+    (
+        "append-unguarded: the same writes without the guard",
+        "SELECT pgfence_bench.append_event_unguarded(",
+    ),
+];
+
+/// The reply of the single-statement guarded UPDATE.
+#[derive(diesel::QueryableByName)]
+struct Verdict {
+    #[diesel(sql_type = Nullable<Text>)]
+    outcome: Option<String>,
+    #[diesel(sql_type = BigInt)]
+    written: i64,
+}
+
+/// The first field (`outcome`) of a composite value in binary form, whatever its type: enough to check a guard's
+/// verdict on the raw path without declaring the composite to the driver.
+struct Outcome(String);
+
+impl<'a> FromSql<'a> for Outcome {
+    fn from_sql(
+        _: &Type,
+        raw: &'a [u8],
+    ) -> Result<Outcome, Box<dyn std::error::Error + Sync + Send>> {
+        // record_send: field count, then per field its type oid, its length (-1: NULL) and its bytes.
+        let int = |at: usize| -> Option<i32> {
+            Some(i32::from_be_bytes(raw.get(at..at + 4)?.try_into().ok()?))
+        };
+        let fields = int(0).ok_or("short record")?;
+        let len = int(8).ok_or("short record")?;
+        if fields < 1 || len < 0 {
+            return Err("no outcome in the record".into());
+        }
+        let text = raw.get(12..12 + len as usize).ok_or("short record")?;
+        Ok(Outcome(std::str::from_utf8(text)?.to_owned()))
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+}
+
+/// One tokio-postgres connection with every statement of the raw workloads prepared once.
+pub(super) struct RawClient {
+    client: tokio_postgres::Client,
+    begin: Statement,
+    commit: Statement,
+    fence: Statement,
+    update: Statement,
+    guarded_update: Statement,
+    advisory_update: Statement,
+    append: Statement,
+    append_unguarded: Statement,
+}
+
+impl RawClient {
+    pub(super) fn client(&self) -> &tokio_postgres::Client {
+        &self.client
+    }
+
+    /// Runs each statement of [`PROBES`] `iterations` times, interleaved, one at a time, as writer 0.
+    pub(super) async fn probe(&self, fence: &Fence, iterations: u32) -> Result<(), Failure> {
+        let (lease, epoch) = (fence.lease().to_owned(), fence.epoch().get());
+        let (lo, hi) = (0i64, 1i64);
+        let key = append_key(0);
+        let payload = Json(json!({}));
+        let c = &self.client;
+        let err = |e| db_error("probing server time", e);
+        for _ in 0..iterations {
+            c.query_one(&self.fence, &[&lease, &epoch, &OPERATION])
+                .await
+                .map_err(err)?;
+            c.execute(&self.update, &[&lo, &hi]).await.map_err(err)?;
+            c.query_one(
+                &self.guarded_update,
+                &[&lo, &hi, &lease, &epoch, &OPERATION],
+            )
+            .await
+            .map_err(err)?;
+            c.query_one(&self.advisory_update, &[&lo, &hi, &lease, &epoch])
+                .await
+                .map_err(err)?;
+            for statement in [&self.append, &self.append_unguarded] {
+                c.query_one(statement, &[&lease, &epoch, &key, &OPERATION, &payload])
+                    .await
+                    .map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn connect(config: &tokio_postgres::Config) -> Result<RawClient, Failure> {
+        let (client, connection) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| db_error("connecting a raw client", e))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(target: "pgfence", error = %e, "raw benchmark connection ended");
+            }
+        });
+        let prepare = |sql: &'static str| {
+            let client = &client;
+            async move {
+                client
+                    .prepare(sql)
+                    .await
+                    .map_err(|e| db_error(&format!("preparing {sql}"), e))
+            }
+        };
+        Ok(RawClient {
+            begin: prepare(sql::BEGIN).await?,
+            commit: prepare(sql::COMMIT).await?,
+            fence: prepare(sql::FENCE).await?,
+            update: prepare(sql::UPDATE).await?,
+            guarded_update: prepare(sql::GUARDED_UPDATE).await?,
+            advisory_update: prepare(sql::ADVISORY_UPDATE).await?,
+            append: prepare(sql::APPEND).await?,
+            append_unguarded: prepare(sql::APPEND_UNGUARDED).await?,
+            client,
+        })
+    }
+}
+
+/// What one writer does, step after step.
+pub(super) struct Writer {
+    workload: Workload,
+    index: usize,
+    batch: i64,
+    store: Store,
+    fence: Fence,
+    raw: Option<Arc<RawClient>>,
+    /// `claim-transition`: whether the task is claimed now (the next step moves it back to pending).
+    claimed: bool,
+    /// `acquire`: how many leases there are to pick from.
+    lease_rows: u32,
+    /// `renew`: the lease to renew, taken before each round.
+    lease: Option<Lease>,
+}
+
+impl Writer {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        workload: Workload,
+        index: usize,
+        batch: u32,
+        store: Store,
+        fence: Fence,
+        raw: Option<Arc<RawClient>>,
+        lease_rows: u32,
+    ) -> Writer {
+        Writer {
+            workload,
+            index,
+            batch: i64::from(batch),
+            store,
+            fence,
+            raw,
+            claimed: false,
+            lease_rows,
+            lease: None,
+        }
+    }
+
+    pub(super) fn set_claimed(&mut self, claimed: bool) {
+        self.claimed = claimed;
+    }
+
+    pub(super) fn set_lease(&mut self, lease: Lease) {
+        self.lease = Some(lease);
+    }
+
+    fn raw(&self) -> &RawClient {
+        self.raw.as_deref().expect("raw workloads get a raw client")
+    }
+
+    fn stale(&self, outcome: &str) -> Result<(), Failure> {
+        if outcome == "ok" {
+            return Ok(());
+        }
+        Err(Failure::new(
+            1,
+            format!(
+                "{}: the guard answered {outcome:?} for {} epoch {}",
+                self.workload.name(),
+                self.fence.lease(),
+                self.fence.epoch()
+            ),
+        ))
+    }
+
+    /// One round trip's worth of work (one transaction; for `claim-transition` one of its two writes).
+    pub(super) async fn step(&mut self) -> Result<(), Failure> {
+        use diesel::{BoolExpressionMethods, ExpressionMethods, QueryDsl};
+        use diesel_async::RunQueryDsl;
+        let lo = self.index as i64 * self.batch;
+        let hi = lo + self.batch;
+        let update = move || {
+            diesel::update(rows::table.filter(rows::id.ge(lo).and(rows::id.lt(hi))))
+                .set(rows::v.eq(rows::v + 1i64))
+        };
+        let lease = self.fence.lease().to_owned();
+        let epoch = self.fence.epoch().get();
+        match self.workload {
+            Workload::Update => {
+                let mut conn = self.store.conn().await?;
+                update()
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(pgfence::Error::from)?;
+            }
+            Workload::Tx => {
+                let mut conn = self.store.conn().await?;
+                (*conn)
+                    .build_transaction()
+                    .read_committed()
+                    .run(async move |conn: &mut diesel_async::AsyncPgConnection| {
+                        update().execute(conn).await
+                    })
+                    .await
+                    .map_err(pgfence::Error::from)?;
+            }
+            Workload::Fenced => {
+                self.store
+                    .fenced(&self.fence, OPERATION, move |conn| {
+                        Box::pin(async move {
+                            update().execute(conn).await?;
+                            Ok::<_, pgfence::Error>(())
+                        })
+                    })
+                    .await?;
+            }
+            Workload::RawFenced | Workload::RawPipelined => {
+                let raw = self.raw();
+                let c = &raw.client;
+                let fence_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                    [&lease, &epoch, &OPERATION];
+                let verdict = if self.workload == Workload::RawPipelined {
+                    // tokio-postgres pipelines requests that are in flight together on one connection.
+                    let (_, row) = tokio::try_join!(
+                        c.execute(&raw.begin, &[]),
+                        c.query_one(&raw.fence, &fence_params)
+                    )
+                    .map_err(|e| db_error("raw fenced", e))?;
+                    row
+                } else {
+                    c.execute(&raw.begin, &[])
+                        .await
+                        .map_err(|e| db_error("BEGIN", e))?;
+                    c.query_one(&raw.fence, &fence_params)
+                        .await
+                        .map_err(|e| db_error("guard", e))?
+                };
+                let outcome: Outcome = verdict.try_get(0).map_err(|e| db_error("guard", e))?;
+                if outcome.0 == "ok" {
+                    c.execute(&raw.update, &[&lo, &hi])
+                        .await
+                        .map_err(|e| db_error("UPDATE", e))?;
+                }
+                c.execute(&raw.commit, &[])
+                    .await
+                    .map_err(|e| db_error("COMMIT", e))?;
+                self.stale(&outcome.0)?;
+            }
+            Workload::RawGuardedUpdate => {
+                let raw = self.raw();
+                let row = raw
+                    .client
+                    .query_one(&raw.guarded_update, &[&lo, &hi, &lease, &epoch, &OPERATION])
+                    .await
+                    .map_err(|e| db_error("guarded UPDATE", e))?;
+                let outcome: String = row.try_get(0).map_err(|e| db_error("guard", e))?;
+                self.stale(&outcome)?;
+            }
+            Workload::RawAdvisoryUpdate => {
+                let raw = self.raw();
+                let row = raw
+                    .client
+                    .query_one(&raw.advisory_update, &[&lo, &hi, &lease, &epoch])
+                    .await
+                    .map_err(|e| db_error("advisory guarded UPDATE", e))?;
+                let outcome: String = row.try_get(0).map_err(|e| db_error("guard", e))?;
+                self.stale(&outcome)?;
+            }
+            Workload::GuardedUpdate => {
+                let mut conn = self.store.conn().await?;
+                let verdict: Verdict = diesel::sql_query(sql::GUARDED_UPDATE)
+                    .bind::<BigInt, _>(lo)
+                    .bind::<BigInt, _>(hi)
+                    .bind::<Text, _>(lease)
+                    .bind::<BigInt, _>(epoch)
+                    .bind::<Text, _>(OPERATION)
+                    .get_result(&mut *conn)
+                    .await
+                    .map_err(pgfence::Error::from)?;
+                self.stale(verdict.outcome.as_deref().unwrap_or("none"))?;
+                debug_assert_eq!(verdict.written, self.batch);
+            }
+            Workload::Append | Workload::AppendOwnLease => {
+                self.store
+                    .append_event(
+                        &self.fence,
+                        &append_key(if self.workload == Workload::Append {
+                            self.index
+                        } else {
+                            0
+                        }),
+                        OPERATION,
+                        &json!({}),
+                    )
+                    .await?;
+            }
+            Workload::AppendUnguarded => {
+                let mut conn = self.store.conn().await?;
+                let row: WriteRow = diesel::select(append_event_unguarded(
+                    lease,
+                    epoch,
+                    append_key(self.index),
+                    OPERATION.to_owned(),
+                    json!({}),
+                ))
+                .get_result(&mut *conn)
+                .await
+                .map_err(pgfence::Error::from)?;
+                self.stale(&row.0)?;
+            }
+            Workload::ClaimTransition => {
+                let key = claim_key(self.index);
+                if self.claimed {
+                    self.store
+                        .transition_task(
+                            &self.fence,
+                            &key,
+                            TaskState::Claimed,
+                            TaskState::Pending,
+                            &json!({}),
+                        )
+                        .await?;
+                } else {
+                    self.store.claim_task(&self.fence, &key, HOLDER).await?;
+                }
+                self.claimed = !self.claimed;
+            }
+            Workload::RawAppend => {
+                let raw = self.raw();
+                let payload = Json(json!({}));
+                let row = raw
+                    .client
+                    .query_one(
+                        &raw.append,
+                        &[
+                            &lease,
+                            &epoch,
+                            &append_key(self.index),
+                            &OPERATION,
+                            &payload,
+                        ],
+                    )
+                    .await
+                    .map_err(|e| db_error("append_event", e))?;
+                let outcome: Outcome = row.try_get(0).map_err(|e| db_error("append_event", e))?;
+                self.stale(&outcome.0)?;
+            }
+            Workload::Acquire => {
+                let n = fastrand::u32(1..=self.lease_rows.max(1));
+                self.store.acquire(&format!("l{n}"), HOLDER, TTL).await?;
+            }
+            Workload::Renew => {
+                let lease = self
+                    .lease
+                    .as_mut()
+                    .expect("renew writers get their lease before each round");
+                self.store.renew(lease).await?;
+            }
+            Workload::PgbenchFenced | Workload::PgbenchAppend => {
+                unreachable!("pgbench workloads run in pgbench")
+            }
+        }
+        Ok(())
+    }
+}

@@ -315,9 +315,11 @@ impl HeldLease {
         self.shared.lease.fence()
     }
 
-    /// True until the lease is lost or released.
+    /// True until the lease is lost or released, and never past [`trust_until`](Self::trust_until).
     pub fn is_held(&self) -> bool {
-        self.shared.is_held()
+        // The clock is checked here too: a starved runtime may run the renewal task's deadline timer late, but the
+        // answer must never be "held" past the local deadline.
+        self.shared.is_held() && Instant::now() < self.shared.trust_until()
     }
 
     /// The current standing.
@@ -762,7 +764,14 @@ struct PgReleaser {
 impl Releaser for PgReleaser {
     fn release(&self, lease: Lease) -> BoxFuture<Result<Released>> {
         let store = self.store.clone();
-        Box::pin(async move { store.release(&lease).await })
+        Box::pin(async move {
+            // Release is idempotent, so a transient failure (a connection that died under us) is retried once on
+            // a fresh connection; if that fails too, the lease simply expires after its ttl.
+            match store.release(&lease).await {
+                Err(e) if e.is_transient() => store.release(&lease).await,
+                other => other,
+            }
+        })
     }
 }
 

@@ -703,14 +703,10 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
         match result {
             Some(Ok(rows)) => {
                 metrics::histogram!(METRIC_RENEW_SECONDS).record(sent.elapsed().as_secs_f64());
-                let by_name: HashMap<&str, &Arc<Shared>> = members
-                    .iter()
-                    .map(|m| (m.lease.qualified_name(), m))
-                    .collect();
-                for (lease, outcome, reason) in &rows {
-                    let Some(member) = by_name.get(lease.as_str()) else {
-                        continue;
-                    };
+                // One row per member, in the order sent (two tenures of one lease may be in the group: the
+                // names alone would not tell them apart).
+                for (member, (lease, outcome, reason)) in members.iter().zip(&rows) {
+                    debug_assert_eq!(member.lease.qualified_name(), lease);
                     if outcome == "renewed" {
                         member.renewed(sent);
                     } else {
@@ -1157,6 +1153,12 @@ where
     Fut: Future<Output = std::result::Result<(), Err>> + Send + 'static,
     Err: Send + 'static,
 {
+    if options.poll_every.is_zero() || options.grace.is_zero() {
+        return Err(Error::invalid(
+            "leadership options",
+            "poll_every and grace must be positive",
+        ));
+    }
     let qualified = elector.qualify(name);
     let lease = loop {
         let mut wakeups = elector.wakeups();
@@ -1272,8 +1274,11 @@ impl Default for Backoff {
 impl Backoff {
     /// The delay before attempt `failures + 1`: "full jitter" between half and all of the capped exponential.
     pub fn delay(&self, failures: u32) -> Duration {
-        let exp = self.initial.as_secs_f64() * self.multiplier.powi(failures.min(64) as i32);
-        let capped = exp.min(self.max.as_secs_f64());
+        // Never zero and never shrinking, whatever the configuration: a controller that fails at once must not
+        // spin on the database.
+        let initial = self.initial.max(Duration::from_millis(1)).as_secs_f64();
+        let exp = initial * self.multiplier.max(1.0).powi(failures.min(64) as i32);
+        let capped = exp.min(self.max.as_secs_f64().max(initial));
         Duration::from_secs_f64(capped * (0.5 + fastrand::f64() * 0.5))
     }
 }
@@ -1447,7 +1452,17 @@ async fn campaign<E: Elector>(
                 leading_flag
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(name, true);
+                    .insert(name.clone(), true);
+                // Not leading from the moment the tenure ends (loss or shutdown), not only once the callback
+                // has returned.
+                let token = ctx.cancellation_token().clone();
+                tokio::spawn(async move {
+                    token.cancelled().await;
+                    leading_flag
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(name, false);
+                });
                 factory(ctx)
             },
         )

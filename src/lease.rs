@@ -28,8 +28,8 @@ pub const MAX_CLUSTER_LEN: usize = 63;
 /// Longest accepted holder (and assignee, task key) in characters.
 pub const MAX_HOLDER_LEN: usize = 256;
 
-/// A fencing token: the number of the tenure that wrote. Each acquisition of a lease issues exactly the previous
-/// epoch + 1, so epochs per lease name strictly increase forever. Serializes as a plain number so it can travel
+/// A fencing token: the number of the tenure that wrote. Each acquisition of a lease issues the previous epoch + 1
+/// (or more, after a failover to a new WAL timeline), so epochs per lease name strictly increase forever. Serializes as a plain number so it can travel
 /// to downstream services.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "i64", into = "i64")]
@@ -475,7 +475,8 @@ struct TenureRow {
 
 impl Store {
     /// Acquires `name` for `holder` by compare-and-set: succeeds when the lease is new, released or expired by
-    /// the database clock, and issues the previous epoch + 1. When another holder's tenure is live the result
+    /// the database clock, and issues the previous epoch + 1 (more after a failover: epochs issued on a new WAL
+    /// timeline start above every earlier one). When another holder's tenure is live the result
     /// is [`Error::Held`] with the time it has left.
     ///
     /// The same holder acquiring again while it holds also gets a new epoch, which fences its own earlier
@@ -593,7 +594,7 @@ impl Store {
     }
 
     /// Operator override: ends whatever tenure of `name` is current, so its epoch can no longer write. The
-    /// epoch is kept: the next acquisition issues epoch + 1.
+    /// epoch is kept: the next acquisition issues a larger one.
     pub async fn force_release(&self, name: &str) -> Result<ForceReleased> {
         validate_name(name)?;
         let qualified = self.qualify(name);

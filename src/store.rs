@@ -555,7 +555,10 @@ impl ConnectSettings {
             .await
             .map_err(|_| Error::Connect {
                 target: self.target.clone(),
-                cause: format!("the server did not answer the identity query within {limit:?}"),
+                cause: format!(
+                    "the server did not answer the identity query within {:?} of connecting",
+                    limit * 2
+                ),
             })??;
         self.check(&identity)?;
         Ok((conn, identity))

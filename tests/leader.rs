@@ -681,3 +681,35 @@ async fn many_leases_renew_with_one_statement_per_tick() {
     }
     let _ = Arc::new(());
 }
+
+/// Two tenures of one lease in one renewal group (the same holder acquired again): the batched renewal tells
+/// them apart by position, so the old one is declared superseded at the next tick and the new one stays held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_superseded_tenure_in_the_same_renewal_group_is_declared_lost() {
+    let pg = Pg::new().await;
+    let mut options = LeaseOptions::new(Duration::from_secs(5));
+    options.renew_every = Some(Duration::from_millis(100));
+    let old = pg
+        .elector
+        .acquire("twice", "pod-a", &options)
+        .await
+        .unwrap();
+    let new = pg
+        .elector
+        .acquire("twice", "pod-a", &options)
+        .await
+        .unwrap();
+    assert_eq!(new.epoch().get(), old.epoch().get() + 1);
+    let cause = tokio::time::timeout(Duration::from_secs(5), old.lost())
+        .await
+        .expect("the old tenure was never declared lost")
+        .expect("a loss, not a release");
+    assert_eq!(
+        cause,
+        LossCause::Definitive {
+            reason: LossReason::Superseded
+        }
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await; // a few more ticks
+    assert!(new.is_held(), "{:?}", new.standing());
+}

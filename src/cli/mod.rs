@@ -409,8 +409,7 @@ async fn run(cli: Cli) -> CliResult {
             match outcome {
                 ForceReleased::Ended { epoch, holder } => println!(
                     "ended epoch {epoch} of {cluster}/{name} (held by {holder}); writes presenting it are refused now, \
-                     the next acquisition issues epoch {}",
-                    epoch.get() + 1
+                     and the next acquisition issues a larger epoch"
                 ),
                 _ => println!("{cluster}/{name} was not held; nothing changed"),
             }

@@ -433,11 +433,14 @@ DECLARE
     l   pgfence.leases;
     why text;
 BEGIN
-    -- Epochs only grow: if even an unlocked read shows a newer epoch, the write is stale for good. Refusing it
-    -- without taking the row lock keeps a hammering stale holder off the lock the current leader's writes share.
+    -- What makes a presented epoch stale is permanent: epochs only grow, a released tenure stays released and an
+    -- expired one can never be renewed. So if even an unlocked read shows the epoch stale, it is stale for good:
+    -- refusing it without taking the row lock keeps a hammering stale holder off the lock that the current
+    -- leader's writes share and that a takeover waits for.
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
-    IF FOUND AND p_epoch < l.epoch THEN
-        RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'superseded', p_operation, p_table, p_key,
+    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp());
+    IF why IS NOT NULL THEN
+        RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key,
                                p_may_wait => true);
     END IF;
     -- A new statement, so a new snapshot under READ COMMITTED; if a takeover holds the row FOR UPDATE we wait

@@ -194,9 +194,19 @@ pub(crate) fn validate_payload(payload: &serde_json::Value) -> Result<()> {
         }
     }
     walk(payload, 0)?;
-    let size = serde_json::to_vec(payload)
-        .map(|v| v.len())
-        .unwrap_or(usize::MAX);
+    // Count the serialized bytes without building the text: the driver serializes the payload again to send it.
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    let size = serde_json::to_writer(&mut counter, payload).map_or(usize::MAX, |()| counter.0);
     if size > MAX_PAYLOAD_BYTES {
         return Err(Error::invalid(
             "payload",
@@ -213,22 +223,22 @@ impl Store {
         operation: &str,
         key: &str,
         expected: Option<TaskState>,
-        query: Q,
+        query: impl Fn() -> Q,
     ) -> Result<TaskWrite>
     where
         Q: diesel_async::methods::LoadQuery<'static, diesel_async::AsyncPgConnection, WriteRow>
-            + Clone
             + Send
             + 'static,
     {
-        let row: WriteRow = match self.call_one(query.clone()).await {
+        // The query is built again only for the rare retry, so the common path copies the payload once.
+        let row: WriteRow = match self.call_one(query()).await {
             // Under a REPEATABLE READ or SERIALIZABLE session default, a takeover that committed after this
             // statement's snapshot makes the guard's row lock fail with 40001: nothing was written and nothing
             // audited. Once more in a fresh snapshot, the guard sees the new epoch and refuses (and audits).
             Err(Error::Database {
                 sqlstate: Some(code),
                 ..
-            }) if code == "40001" => self.call_one(query).await?.1,
+            }) if code == "40001" => self.call_one(query()).await?.1,
             other => other?.1,
         };
         let outcome = WriteOutcome::from(row);
@@ -271,12 +281,14 @@ impl Store {
     ) -> Result<TaskWrite> {
         validate_key(key)?;
         validate_payload(payload)?;
-        let query = diesel::select(sql::create_task(
-            fence.lease().to_owned(),
-            fence.epoch().get(),
-            key.to_owned(),
-            payload.clone(),
-        ));
+        let query = || {
+            diesel::select(sql::create_task(
+                fence.lease().to_owned(),
+                fence.epoch().get(),
+                key.to_owned(),
+                payload.clone(),
+            ))
+        };
         self.guarded_task_write(fence, "create_task", key, None, query)
             .await
     }
@@ -286,12 +298,14 @@ impl Store {
     pub async fn claim_task(&self, fence: &Fence, key: &str, assignee: &str) -> Result<TaskWrite> {
         validate_key(key)?;
         validate_holder("assignee", assignee)?;
-        let query = diesel::select(sql::claim_task(
-            fence.lease().to_owned(),
-            fence.epoch().get(),
-            key.to_owned(),
-            assignee.to_owned(),
-        ));
+        let query = || {
+            diesel::select(sql::claim_task(
+                fence.lease().to_owned(),
+                fence.epoch().get(),
+                key.to_owned(),
+                assignee.to_owned(),
+            ))
+        };
         self.guarded_task_write(fence, "claim_task", key, Some(TaskState::Pending), query)
             .await
     }
@@ -308,14 +322,16 @@ impl Store {
     ) -> Result<TaskWrite> {
         validate_key(key)?;
         validate_payload(payload)?;
-        let query = diesel::select(sql::transition_task(
-            fence.lease().to_owned(),
-            fence.epoch().get(),
-            key.to_owned(),
-            from.as_str().to_owned(),
-            to.as_str().to_owned(),
-            payload.clone(),
-        ));
+        let query = || {
+            diesel::select(sql::transition_task(
+                fence.lease().to_owned(),
+                fence.epoch().get(),
+                key.to_owned(),
+                from.as_str().to_owned(),
+                to.as_str().to_owned(),
+                payload.clone(),
+            ))
+        };
         self.guarded_task_write(fence, "transition_task", key, Some(from), query)
             .await
     }
@@ -339,13 +355,15 @@ impl Store {
                 format!("must be 1 to {MAX_KIND_LEN} characters without control characters"),
             ));
         }
-        let query = diesel::select(sql::append_event(
-            fence.lease().to_owned(),
-            fence.epoch().get(),
-            key.to_owned(),
-            kind.to_owned(),
-            payload.clone(),
-        ));
+        let query = || {
+            diesel::select(sql::append_event(
+                fence.lease().to_owned(),
+                fence.epoch().get(),
+                key.to_owned(),
+                kind.to_owned(),
+                payload.clone(),
+            ))
+        };
         self.guarded_task_write(fence, "append_event", key, None, query)
             .await
     }

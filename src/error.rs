@@ -193,9 +193,13 @@ impl Error {
 }
 
 /// Whether a SQLSTATE names a condition that a retry of the same transaction can clear: serialization
-/// failure, deadlock, and the connection-exception and operator-intervention classes (`08`, `57P0x`).
+/// failure, deadlock, a lock wait that timed out (`55P03`, and pgfence's `PF003` that names the blockers), and
+/// the connection-exception and operator-intervention classes (`08`, `57P0x`).
 pub fn is_retryable_sqlstate(code: &str) -> bool {
-    matches!(code, "40001" | "40P01" | "57P01" | "57P02" | "57P03") || code.starts_with("08")
+    matches!(
+        code,
+        "40001" | "40P01" | "55P03" | "57P01" | "57P02" | "57P03" | "PF003"
+    ) || code.starts_with("08")
 }
 
 impl From<diesel::result::Error> for Error {
@@ -245,6 +249,20 @@ fn infer_sqlstate(kind: &diesel::result::DatabaseErrorKind, message: &str) -> Op
             Some("PF001")
         }
         _ if message.starts_with("pgfence:") && message.contains("append-only") => Some("PF002"),
+        _ if message.starts_with("pgfence:")
+            && (message.contains(" waited ") || message.contains("still blocked")) =>
+        {
+            Some("PF003")
+        }
+        _ if message.starts_with("pgfence:") && message.contains("need READ COMMITTED") => {
+            Some("PF004")
+        }
+        _ if message.starts_with("pgfence: lease rows are never deleted")
+            || message.starts_with("pgfence: refused change of lease") =>
+        {
+            Some("PF005")
+        }
+        _ if message.starts_with("canceling statement due to lock timeout") => Some("55P03"),
         _ if message.starts_with("pgfence:") => Some("22023"),
         _ => None,
     }

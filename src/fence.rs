@@ -2,13 +2,16 @@
 //! writes and the raw-SQL enforcement switch.
 //!
 //! The guard runs in the database, in the same statement as the write (or as the first statement of the
-//! caller's transaction): it locks the lease row `FOR KEY SHARE` and compares the presented epoch with the
-//! current, held, unexpired one. Every takeover (acquire, release, force-release) locks the row `FOR UPDATE`,
-//! which conflicts with `FOR KEY SHARE`, so a takeover waits for guarded writes already past their check, and
-//! a guarded write arriving during a takeover waits and then reads the new epoch. Renewals only move the expiry
-//! (a no-key UPDATE, which does not conflict with `FOR KEY SHARE`), so they never queue behind writes.
+//! caller's transaction): it takes the lease's *guard lock* (a transaction-level advisory lock) shared, then
+//! reads the lease row in a fresh snapshot and compares the presented epoch with the current, held, unexpired
+//! one granted on the current WAL timeline. Every change of who may write (acquire, release, force-release, and
+//! a direct UPDATE of the row through a trigger) takes the guard lock exclusive, so a takeover waits for guarded
+//! writes already past their check, and a guarded write arriving during a takeover waits and then reads the new
+//! epoch. PostgreSQL queues lock requests fairly, so writes that start after a takeover began never hold it off,
+//! and a takeover waits for a stalled guarded transaction at most the takeover grace (then ends it). Renewals
+//! never take the guard lock, so they never queue behind writes.
 //!
-//! SQL: `pgfence.fence`, `pgfence._guard`, `pgfence._reject` in `migrations/*/up.sql`.
+//! SQL: `pgfence.fence`, `pgfence._guard`, `pgfence._wait_guard_lock`, `pgfence._reject` in `migrations/*/up.sql`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -296,8 +299,9 @@ impl Store {
     /// a successor's acquisition waits for them — and never acquire, release or force-release the same lease
     /// from inside `work` (on another connection that would wait for this very transaction).
     ///
-    /// The transaction runs at READ COMMITTED whatever the session default, so that the guard waits for a
-    /// takeover in flight and then sees its epoch (refusing and auditing) instead of failing with 40001.
+    /// The transaction runs at READ COMMITTED whatever the session default: the guard reads the lease in a
+    /// snapshot taken after it was granted its lock, which REPEATABLE READ would not allow (the SQL guard
+    /// refuses to decide there, with SQLSTATE `PF004`).
     /// Dropping the returned future rolls the transaction back on the server.
     ///
     /// ```no_run
@@ -326,8 +330,8 @@ impl Store {
         let mut conn = self.checked().await.map_err(E::from)?;
         let fence = fence.clone();
         let op = operation.to_owned();
-        // READ COMMITTED whatever the session default: the guard's row lock then waits for a takeover in flight
-        // and reads the new epoch, so a stale fence is refused *and audited* instead of failing with 40001.
+        // READ COMMITTED whatever the session default: the guard waits for a takeover in flight and then reads
+        // the new epoch in a fresh snapshot, so a stale fence is refused *and audited*.
         let outcome: Result<Result<T, Error>, E> = (*conn)
             .build_transaction()
             .read_committed()

@@ -97,6 +97,9 @@ pub enum LossReason {
     HolderMismatch,
     /// The target row was already written by a newer epoch (its fence is higher).
     RowFence,
+    /// The tenure was granted before the server's last promotion (or point-in-time recovery): a failover is a
+    /// fencing boundary, and no tenure current before it may write or renew after it. Re-acquire.
+    Failover,
 }
 
 impl LossReason {
@@ -109,6 +112,7 @@ impl LossReason {
             "future_epoch" => LossReason::FutureEpoch,
             "holder_mismatch" => LossReason::HolderMismatch,
             "row_fence" => LossReason::RowFence,
+            "failover" => LossReason::Failover,
             other => {
                 tracing::warn!(target: TARGET, reason = other, "unknown loss reason from the database");
                 LossReason::Superseded
@@ -126,6 +130,7 @@ impl LossReason {
             LossReason::FutureEpoch => "future_epoch",
             LossReason::HolderMismatch => "holder_mismatch",
             LossReason::RowFence => "row_fence",
+            LossReason::Failover => "failover",
         }
     }
 }

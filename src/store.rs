@@ -466,6 +466,24 @@ impl Store {
         Ok((sent, result?))
     }
 
+    /// Like [`Store::call_one`], inside an explicit READ COMMITTED transaction: for a guarded statement refused
+    /// with PF004 because the session's default isolation is REPEATABLE READ or SERIALIZABLE.
+    pub(crate) async fn call_one_read_committed<Q, U>(&self, query: Q) -> Result<U>
+    where
+        Q: diesel_async::methods::LoadQuery<'static, AsyncPgConnection, U> + Send + 'static,
+        U: Send + 'static,
+    {
+        use diesel_async::RunQueryDsl;
+        let mut conn = self.checked().await?;
+        let result = (*conn)
+            .build_transaction()
+            .read_committed()
+            .run(async move |conn: &mut AsyncPgConnection| query.get_result::<U>(conn).await)
+            .await;
+        conn.disarm();
+        Ok(result?)
+    }
+
     /// Reads the database's identity now (a fresh query, not a cached value).
     pub async fn identity(&self) -> Result<DatabaseIdentity> {
         let mut conn = self.checked().await?;

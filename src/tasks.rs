@@ -232,13 +232,13 @@ impl Store {
     {
         // The query is built again only for the rare retry, so the common path copies the payload once.
         let row: WriteRow = match self.call_one(query()).await {
-            // Under a REPEATABLE READ or SERIALIZABLE session default, a takeover that committed after this
-            // statement's snapshot makes the guard's row lock fail with 40001: nothing was written and nothing
-            // audited. Once more in a fresh snapshot, the guard sees the new epoch and refuses (and audits).
+            // Under a REPEATABLE READ or SERIALIZABLE session default the statement's snapshot may predate a
+            // takeover, so the guard refuses to decide (PF004) and nothing was written. Once more in an explicit
+            // READ COMMITTED transaction, the guard decides (and audits a refusal).
             Err(Error::Database {
                 sqlstate: Some(code),
                 ..
-            }) if code == "40001" => self.call_one(query()).await?.1,
+            }) if code == "PF004" => self.call_one_read_committed(query()).await?,
             other => other?.1,
         };
         let outcome = WriteOutcome::from(row);

@@ -1,33 +1,57 @@
 -- pgfence core schema: leases, tenures, tasks, task events and the audit of rejected stale writes.
 --
 -- Every object lives in the schema `pgfence`. Epochs are never reset or deleted: a lease row, once created,
--- stays forever, and every acquisition issues `epoch + 1` (more after a failover: see pgfence.acquire).
+-- stays forever (a trigger refuses DELETE, TRUNCATE and any lowering of an epoch), and every acquisition issues
+-- `epoch + 1` (more after a failover: see pgfence.acquire).
 --
 -- Clocks: every expiry decision uses `clock_timestamp()` (the database's clock at the moment of the
 -- statement), never `now()` (the transaction start) and never a client's clock.
 --
--- Locking protocol (why the guard is linearizable against takeovers):
---   * every guarded write first locks the lease row `FOR KEY SHARE` and reads its epoch in the same statement;
---   * every operation that changes who may write (acquire, release, force_release) first locks the lease row
---     `FOR UPDATE`, which conflicts with `FOR KEY SHARE`.
+-- Locking protocol (why the guard is linearizable against takeovers, and why a takeover is never starved):
+--   * every lease has a *guard lock*: the transaction-level advisory lock (1885824613, lock_key) in the
+--     two-integer key space (1885824613 = 0x70676665, "pgfe"; lock_key is unique per lease and never reused).
+--     Applications must not use advisory locks with that first key;
+--   * every guarded write takes the guard lock SHARED, then reads the lease row in a new statement — a new
+--     snapshot under READ COMMITTED — and compares epochs; the lock is kept until its transaction ends;
+--   * every change of who may write (acquire, release, force_release, and any UPDATE of a lease row's epoch,
+--     holder, state or timeline, also a direct one by a role with table privileges: a trigger) takes the guard
+--     lock EXCLUSIVE, after the lease row lock.
 --   So a takeover waits for guarded writes already past their check, and a guarded write that arrives while a
---   takeover is in flight waits for it, then re-reads the new row version (READ COMMITTED re-check) and sees
---   the new epoch. Renewal only moves `expires_at`: it is a plain (no-key) UPDATE, which does not conflict with
---   `FOR KEY SHARE`, so renewals and guarded writes never wait for each other.
+--   takeover waits or runs waits for it, then reads the row in a snapshot taken after the takeover committed.
+--   PostgreSQL's lock manager queues fairly: a shared request never overtakes a waiting exclusive one, so a busy
+--   leader's new writes cannot hold a takeover off (row locks such as FOR KEY SHARE give no such guarantee).
+--   Advisory locks create no MultiXacts, unlike shared row locks taken by concurrent writers.
+--   Renewal only moves `expires_at`: it takes the row lock but never the guard lock, so renewals and guarded
+--   writes never wait for each other.
+-- Bounded waits: a takeover waits at most `instance.takeover_grace_ms` (default 2 s) for guarded transactions
+-- of the ending tenure, then terminates the backends still holding the guard lock (the schema owner needs
+-- pg_signal_backend or superuser for that; without it the takeover fails with PF003 naming them). Every other
+-- lock wait of a pgfence function is bounded by the grace + 5 s and fails with PF003 naming who blocks.
+--
+-- Failover: every tenure records the WAL timeline it was granted on. After a promotion (a new timeline) every
+-- tenure granted before it is refused ('failover') for writes and renewals, and acquisitions may take it over.
+--
+-- SQLSTATEs of pgfence's own errors: PF001 stale raw write (enforcement), PF002 append-only table, PF003 lock
+-- wait timed out (the message names the blocking backends), PF004 guarded write outside READ COMMITTED, PF005
+-- lease row change refused (delete, truncate, epoch lowered), 22023 invalid argument.
 
 CREATE SCHEMA IF NOT EXISTS pgfence;
 
--- One row: the identity of this pgfence installation, created once at migrate time.
+-- One row: the identity of this pgfence installation, created once at migrate time, and its settings.
 CREATE TABLE pgfence.instance (
     singleton   boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     instance_id uuid NOT NULL DEFAULT gen_random_uuid(),
-    created_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- How long a takeover waits for guarded transactions of the ending tenure before it terminates them.
+    takeover_grace_ms bigint NOT NULL DEFAULT 2000 CHECK (takeover_grace_ms BETWEEN 0 AND 600000)
 );
 INSERT INTO pgfence.instance DEFAULT VALUES;
 
 -- One row per cluster-qualified lease name ('<cluster>/<name>').
 CREATE TABLE pgfence.leases (
     name        text PRIMARY KEY CHECK (length(name) BETWEEN 3 AND 400 AND position('/' in name) > 1),
+    -- The second key of the lease's guard lock (see the locking protocol above).
+    lock_key    integer GENERATED ALWAYS AS IDENTITY UNIQUE,
     holder      text,
     epoch       bigint NOT NULL DEFAULT 0 CHECK (epoch >= 0),
     state       text NOT NULL DEFAULT 'released' CHECK (state IN ('held', 'released')),
@@ -35,6 +59,8 @@ CREATE TABLE pgfence.leases (
     expires_at  timestamptz NOT NULL DEFAULT '-infinity',
     acquired_at timestamptz,
     renewed_at  timestamptz,
+    -- The WAL timeline the current tenure was granted on: a tenure from an earlier timeline is over.
+    timeline    bigint,
     -- how many times the holder identity changed (client-go's leaderTransitions)
     transitions bigint NOT NULL DEFAULT 0,
     created_at  timestamptz NOT NULL DEFAULT clock_timestamp()
@@ -47,7 +73,11 @@ CREATE TABLE pgfence.tenures (
     holder      text NOT NULL,
     acquired_at timestamptz NOT NULL,
     ended_at    timestamptz,
-    end_reason  text CHECK (end_reason IN ('released', 'expired', 'forced', 'reacquired')),
+    end_reason  text CHECK (end_reason IN ('released', 'expired', 'forced', 'reacquired', 'failover')),
+    timeline    bigint,
+    -- The transaction that granted the tenure. The row is updated when the tenure ends, so its xmin names the
+    -- ending transaction; this column keeps the acquisition's (its commit time: pg_xact_commit_timestamp).
+    acquired_xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
     PRIMARY KEY (lease, epoch)
 );
 
@@ -182,7 +212,7 @@ END;
 $$;
 
 -- ---------------------------------------------------------------------------------------------------------
--- Lease protocol.
+-- Locks: the guard lock of a lease, bounded waits, and naming who blocks.
 
 -- The WAL timeline the server writes on now (the first 8 hex digits of the current WAL file name). Unlike
 -- pg_control_checkpoint(), it changes at the moment of a promotion, not at the next checkpoint.
@@ -191,60 +221,163 @@ LANGUAGE sql VOLATILE AS $$
     SELECT ('x' || substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
 $$;
 
--- Acquire by compare-and-set: succeeds when the lease is new, released or expired (by the database clock),
--- and issues epoch + 1. The same holder acquiring again while it holds also gets a new epoch: an acquisition
--- always starts a new tenure and fences every earlier one (a restarted process reusing its holder name must
--- not inherit the writes in flight of its previous incarnation). To extend a tenure, renew it.
-CREATE FUNCTION pgfence.acquire(p_lease text, p_holder text, p_ttl_ms bigint)
-RETURNS pgfence.lease_result
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+-- The bound of every lock wait of a pgfence function other than the takeover's grace: a takeover holds the lease
+-- row for at most the grace plus the time to end blockers, so anything queued behind it gets that much and more.
+CREATE FUNCTION pgfence._lock_wait_ms() RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT i.takeover_grace_ms + 5000 FROM pgfence.instance i
+$$;
+
+-- A stored or client-supplied text made safe to put in a message: control characters replaced, length bounded,
+-- quoted.
+CREATE FUNCTION pgfence._printable(p_text text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_text IS NULL THEN 'null'
+                ELSE quote_literal(regexp_replace(left(p_text, 64), '[[:cntrl:]]', '?', 'g')) END
+$$;
+
+-- Describes backends for an error message: pid, application_name, state and role (never a query text).
+CREATE FUNCTION pgfence._describe_backends(p_pids integer[]) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(string_agg(format('pid %s (application_name %s, state %s, role %s)', a.pid,
+                                      pgfence._printable(a.application_name), coalesce(a.state, 'unknown'),
+                                      pgfence._printable(a.usename::text)), ', ' ORDER BY a.pid),
+                    'no backend any more (the blocker has just ended)')
+      FROM pg_catalog.pg_stat_activity a
+     WHERE a.pid = ANY (p_pids)
+$$;
+
+-- The backends other than this one that hold (p_granted) or wait for (NOT p_granted) a lease's guard lock.
+CREATE FUNCTION pgfence._guard_lockers(p_lock_key integer, p_granted boolean) RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(DISTINCT k.pid), '{}')
+      FROM pg_catalog.pg_locks k
+     WHERE k.locktype = 'advisory' AND k.classid = 1885824613::oid AND k.objid = p_lock_key::oid
+       AND k.objsubid = 2 AND k.granted = p_granted AND k.pid <> pg_catalog.pg_backend_pid()
+       AND k.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
+$$;
+
+-- The backends holding a lease row's lock: the transaction in the row's xmax when it is a plain one, else every
+-- other backend in a transaction that holds a row-level lock mode on pgfence.leases (a MultiXact locker set).
+CREATE FUNCTION pgfence._row_lockers(p_lease text) RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    WITH exact AS (
+        SELECT k.pid FROM pg_catalog.pg_locks k
+         WHERE k.locktype = 'transactionid' AND k.granted AND k.pid <> pg_catalog.pg_backend_pid()
+           AND k.transactionid = (SELECT l.xmax FROM pgfence.leases l WHERE l.name = p_lease)
+    ), candidates AS (
+        SELECT k.pid FROM pg_catalog.pg_locks k
+         WHERE k.locktype = 'relation' AND k.relation = 'pgfence.leases'::regclass AND k.granted
+           AND k.mode IN ('RowShareLock', 'RowExclusiveLock') AND k.pid <> pg_catalog.pg_backend_pid()
+    )
+    SELECT coalesce((SELECT array_agg(DISTINCT pid) FROM exact),
+                    (SELECT array_agg(DISTINCT pid) FROM candidates), '{}')
+$$;
+
+-- Locks a lease row (FOR NO KEY UPDATE: it does not conflict with the FOR KEY SHARE of foreign-key checks) for
+-- a change, waiting at most _lock_wait_ms(); p_create first inserts the row if it is missing (a concurrent insert
+-- of the same name is waited for, bounded too). Returns the locked row (all NULL when there is no such lease).
+CREATE FUNCTION pgfence._lock_lease_row(p_lease text, p_create boolean DEFAULT false) RETURNS pgfence.leases
+LANGUAGE plpgsql SET lock_timeout = '10min' AS $$
 DECLARE
-    l   pgfence.leases;
-    ts  timestamptz;
-    new_epoch bigint;
+    l pgfence.leases;
+    wait_ms bigint := pgfence._lock_wait_ms();
 BEGIN
-    PERFORM pgfence._check_lease_args(p_lease, 1);
-    PERFORM pgfence._check_text('holder', p_holder, 256);
-    PERFORM pgfence._check_ttl(p_ttl_ms);
-
-    -- FOR UPDATE: waits for guarded writes in flight (they hold FOR KEY SHARE) and makes new ones wait for us.
-    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR UPDATE;
-    IF NOT FOUND THEN
+    -- Local to this function (its SET clause restores the caller's value on exit).
+    PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+    IF p_create THEN
         INSERT INTO pgfence.leases (name) VALUES (p_lease) ON CONFLICT (name) DO NOTHING;
-        SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR UPDATE;
     END IF;
-
-    -- Read the clock after the lock wait: expiry is judged at the moment we own the row.
-    ts := clock_timestamp();
-    IF l.state = 'held' AND l.expires_at > ts AND l.holder IS DISTINCT FROM p_holder THEN
-        RETURN ROW('held', NULL, l.epoch, l.holder,
-                   ceil(extract(epoch FROM (l.expires_at - ts)) * 1000)::bigint)::pgfence.lease_result;
-    END IF;
-
-    IF l.epoch > 0 THEN
-        UPDATE pgfence.tenures
-           SET ended_at = CASE WHEN l.state = 'held' AND l.expires_at <= ts THEN l.expires_at ELSE ts END,
-               end_reason = CASE WHEN l.state = 'held' AND l.expires_at <= ts THEN 'expired' ELSE 'reacquired' END
-         WHERE lease = p_lease AND epoch = l.epoch AND ended_at IS NULL;
-    END IF;
-
-    -- Failover safety: after a promotion the server writes WAL on a new timeline, and an asynchronous standby
-    -- may have lost the last epochs its old primary issued. Every epoch issued on timeline t is at least
-    -- (t - 1) * 2^32 + 1, which exceeds every epoch issued on earlier timelines (fewer than 2^32 acquisitions per
-    -- lease and timeline), so epochs keep increasing across failovers even when the counter went backwards.
-    new_epoch := GREATEST(l.epoch + 1, (pgfence._timeline() - 1) * 4294967296 + 1);
-    UPDATE pgfence.leases
-       SET holder = p_holder, epoch = new_epoch, state = 'held', ttl_ms = p_ttl_ms,
-           expires_at = ts + p_ttl_ms * interval '1 millisecond', acquired_at = ts, renewed_at = ts,
-           transitions = transitions + CASE WHEN holder IS DISTINCT FROM p_holder THEN 1 ELSE 0 END
-     WHERE name = p_lease;
-    INSERT INTO pgfence.tenures (lease, epoch, holder, acquired_at) VALUES (p_lease, new_epoch, p_holder, ts);
-    RETURN ROW('acquired', NULL, new_epoch, p_holder, p_ttl_ms)::pgfence.lease_result;
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR NO KEY UPDATE;
+    RETURN l;
+EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION 'pgfence: waited % ms for the row lock of lease %; blocked by %', wait_ms,
+        pgfence._printable(p_lease), pgfence._describe_backends(pgfence._row_lockers(p_lease))
+        USING ERRCODE = 'PF003',
+              HINT = 'A transaction holding the lease row stays open: end it (pg_terminate_backend) or let it finish.';
 END;
 $$;
 
--- Why a lease is not (or no longer) held by (holder, epoch), judged on a locked or freshly read row.
-CREATE FUNCTION pgfence._loss_reason(l pgfence.leases, p_holder text, p_epoch bigint, ts timestamptz)
+-- The slow path of a guard: the shared guard lock is not free at once (a takeover holds it or waits for it).
+-- Waits at most _lock_wait_ms(), then fails naming who blocks.
+CREATE FUNCTION pgfence._wait_guard_lock(p_lease text, p_lock_key integer) RETURNS void
+LANGUAGE plpgsql SET lock_timeout = '10min' AS $$
+DECLARE
+    wait_ms bigint := pgfence._lock_wait_ms();
+BEGIN
+    PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(1885824613, p_lock_key);
+EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION 'pgfence: guarded write on lease % waited % ms for its guard lock; held by %; queued before it: %',
+        pgfence._printable(p_lease), wait_ms,
+        pgfence._describe_backends(pgfence._guard_lockers(p_lock_key, true)),
+        pgfence._describe_backends(pgfence._guard_lockers(p_lock_key, false))
+        USING ERRCODE = 'PF003',
+              HINT = 'A takeover of this lease is in flight or its transaction stays open.';
+END;
+$$;
+
+-- Takes a lease's guard lock EXCLUSIVE for a change of who may write: waits for guarded transactions already
+-- past their check, at most the takeover grace; then terminates the backends still holding it (their tenure is
+-- ending: a transaction still open that long after must not commit after its successor's) and waits for them to
+-- go. Fails with PF003 naming the blockers if it cannot end them (the schema owner lacks pg_signal_backend) or
+-- they keep it. The caller holds the lease row lock, so no second takeover of the lease runs meanwhile.
+CREATE FUNCTION pgfence._take_guard_lock(p_lease text, p_lock_key integer) RETURNS void
+LANGUAGE plpgsql SET lock_timeout = '10min' AS $$
+DECLARE
+    grace_ms bigint;
+    victims  integer[];
+    ended    text;
+BEGIN
+    IF pg_catalog.pg_try_advisory_xact_lock(1885824613, p_lock_key) THEN
+        RETURN;
+    END IF;
+    SELECT i.takeover_grace_ms INTO grace_ms FROM pgfence.instance i;
+    BEGIN
+        -- lock_timeout 0 would mean "wait forever".
+        PERFORM set_config('lock_timeout', greatest(grace_ms, 1) || 'ms', true);
+        PERFORM pg_catalog.pg_advisory_xact_lock(1885824613, p_lock_key);
+        RETURN;
+    EXCEPTION WHEN lock_not_available THEN
+        NULL;
+    END;
+    -- A guard that took the lock in the moment between two of our requests is ended too in the next round.
+    FOR round IN 1..3 LOOP
+        victims := pgfence._guard_lockers(p_lock_key, true);
+        ended := pgfence._describe_backends(victims);
+        BEGIN
+            PERFORM pg_catalog.pg_terminate_backend(v, 1000) FROM unnest(victims) AS v;
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE EXCEPTION 'pgfence: takeover of lease % waited the % ms grace for guarded transactions of the ending tenure and may not end them: %',
+                pgfence._printable(p_lease), grace_ms, ended
+                USING ERRCODE = 'PF003',
+                      HINT = 'Grant pg_signal_backend to the owner of the pgfence schema, or end those backends.';
+        END;
+        RAISE WARNING 'pgfence: takeover of lease % ended guarded transactions still open % ms into the grace: %',
+            pgfence._printable(p_lease), grace_ms, ended;
+        BEGIN
+            PERFORM set_config('lock_timeout', '1000ms', true);
+            PERFORM pg_catalog.pg_advisory_xact_lock(1885824613, p_lock_key);
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END LOOP;
+    RAISE EXCEPTION 'pgfence: takeover of lease % still blocked after ending the holders of its guard lock; held by %',
+        pgfence._printable(p_lease), pgfence._describe_backends(pgfence._guard_lockers(p_lock_key, true))
+        USING ERRCODE = 'PF003';
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Lease protocol. Every entry function reads the lease row without a lock first: an answer that a plain read
+-- already decides for good ('held' by another live tenure, 'not_held') takes no lock, so a caller that leaves
+-- its transaction open afterwards blocks nobody.
+
+-- Why a lease is not (or no longer) held by (holder, epoch), judged on a locked or freshly read row, at time ts
+-- (the database clock), on WAL timeline p_timeline.
+CREATE FUNCTION pgfence._loss_reason(l pgfence.leases, p_holder text, p_epoch bigint, ts timestamptz,
+                                     p_timeline bigint)
 RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE
@@ -253,82 +386,87 @@ LANGUAGE sql IMMUTABLE AS $$
         WHEN p_epoch > l.epoch THEN 'future_epoch'
         WHEN p_holder IS NOT NULL AND l.holder IS DISTINCT FROM p_holder THEN 'holder_mismatch'
         WHEN l.state = 'released' THEN 'released'
+        -- Granted before the last promotion: its ending may have been lost with the old primary's tail.
+        WHEN l.timeline < p_timeline THEN 'failover'
         WHEN l.expires_at <= ts THEN 'expired'
         ELSE NULL
     END
 $$;
 
--- Renew: extends the expiry only while holder and epoch match and the lease has not expired.
--- A plain UPDATE (no row lock first): it does not wait for guarded writes, and waits only for a takeover in
--- flight, after which it re-checks the new row version and reports the loss.
-CREATE FUNCTION pgfence.renew(p_lease text, p_holder text, p_epoch bigint, p_ttl_ms bigint)
+-- Whether a live tenure of another holder blocks an acquisition by p_holder.
+CREATE FUNCTION pgfence._held_by_other(l pgfence.leases, p_holder text, ts timestamptz, p_timeline bigint)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT l.state = 'held' AND l.expires_at > ts AND l.holder IS DISTINCT FROM p_holder
+           AND l.timeline >= p_timeline
+$$;
+
+-- Acquire by compare-and-set: succeeds when the lease is new, released, expired (by the database clock) or
+-- held by a tenure granted before the last promotion, and issues epoch + 1. The same holder acquiring again
+-- while it holds also gets a new epoch: an acquisition always starts a new tenure and fences every earlier one
+-- (a restarted process reusing its holder name must not inherit the writes in flight of its previous
+-- incarnation). To extend a tenure, renew it.
+CREATE FUNCTION pgfence.acquire(p_lease text, p_holder text, p_ttl_ms bigint)
 RETURNS pgfence.lease_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    l  pgfence.leases;
-    ts timestamptz;
+    l   pgfence.leases;
+    ts  timestamptz;
+    tl  bigint;
+    new_epoch bigint;
 BEGIN
-    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
+    PERFORM pgfence._check_lease_args(p_lease, 1);
     PERFORM pgfence._check_text('holder', p_holder, 256);
     PERFORM pgfence._check_ttl(p_ttl_ms);
+    tl := pgfence._timeline();
 
-    UPDATE pgfence.leases
-       SET expires_at = clock_timestamp() + p_ttl_ms * interval '1 millisecond',
-           renewed_at = clock_timestamp(), ttl_ms = p_ttl_ms
-     WHERE name = p_lease AND holder = p_holder AND epoch = p_epoch AND state = 'held'
-       AND expires_at > clock_timestamp();
-    IF FOUND THEN
-        RETURN ROW('renewed', NULL, p_epoch, p_holder, p_ttl_ms)::pgfence.lease_result;
-    END IF;
-
-    ts := clock_timestamp();
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
-    RETURN ROW('lost', coalesce(pgfence._loss_reason(l, p_holder, p_epoch, ts), 'expired'),
-               l.epoch, l.holder, NULL)::pgfence.lease_result;
-END;
-$$;
-
--- Renews many tenures of one holder in one statement: a process holding N leases (a sharded controller)
--- renews them all with one statement per tick. One row per input lease, in input order.
-CREATE FUNCTION pgfence.renew_many(p_leases text[], p_epochs bigint[], p_holder text, p_ttl_ms bigint)
-RETURNS TABLE (lease text, outcome text, reason text, epoch bigint)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    PERFORM pgfence._check_text('holder', p_holder, 256);
-    PERFORM pgfence._check_ttl(p_ttl_ms);
-    IF p_leases IS NULL OR p_epochs IS NULL OR cardinality(p_leases) <> cardinality(p_epochs) THEN
-        RAISE EXCEPTION 'pgfence: renew_many needs as many epochs as leases' USING ERRCODE = '22023';
+    IF FOUND AND pgfence._held_by_other(l, p_holder, clock_timestamp(), tl) THEN
+        -- Decided without a lock: a live tenure of another holder stays live until it ends.
+        RETURN ROW('held', NULL, l.epoch, l.holder,
+                   ceil(extract(epoch FROM (l.expires_at - clock_timestamp())) * 1000)::bigint)::pgfence.lease_result;
     END IF;
-    RETURN QUERY
-    WITH input AS (
-        SELECT i.lease, i.epoch, i.ord FROM unnest(p_leases, p_epochs) WITH ORDINALITY AS i(lease, epoch, ord)
-    ), renewed AS (
-        UPDATE pgfence.leases l
-           SET expires_at = clock_timestamp() + p_ttl_ms * interval '1 millisecond',
-               renewed_at = clock_timestamp(), ttl_ms = p_ttl_ms
-          FROM input i
-         WHERE l.name = i.lease AND l.epoch = i.epoch AND l.holder = p_holder AND l.state = 'held'
-           AND l.expires_at > clock_timestamp()
-        RETURNING i.ord
-    )
-    -- The join below reads the rows as they were before this statement's UPDATE: right for explaining losses.
-    -- Matched by input position, not by name: one holder may present two tenures of one lease (an old one it has
-    -- not noticed is superseded, and the new one). `IN (SELECT …)` becomes a hashed subplan; a join with the CTE
-    -- was planned as a nested loop, quadratic in the number of leases (97 ms instead of 14 ms for 1,000).
-    SELECT i.lease,
-           CASE WHEN i.ord IN (SELECT r.ord FROM renewed r) THEN 'renewed' ELSE 'lost' END,
-           CASE WHEN i.ord NOT IN (SELECT r.ord FROM renewed r)
-                THEN coalesce(pgfence._loss_reason(l, p_holder, i.epoch, clock_timestamp()), 'expired') END,
-           l.epoch
-      FROM input i
-      LEFT JOIN pgfence.leases l ON l.name = i.lease
-     ORDER BY i.ord;
+
+    -- The row lock first (a rival taker or a renewal in flight), then the guard lock (guarded writes in flight).
+    l := pgfence._lock_lease_row(p_lease, p_create => true);
+    -- Read the clock after the lock wait: expiry is judged at the moment we own the row.
+    ts := clock_timestamp();
+    IF pgfence._held_by_other(l, p_holder, ts, tl) THEN
+        RETURN ROW('held', NULL, l.epoch, l.holder,
+                   ceil(extract(epoch FROM (l.expires_at - ts)) * 1000)::bigint)::pgfence.lease_result;
+    END IF;
+    PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
+    ts := clock_timestamp();
+
+    IF l.epoch > 0 THEN
+        UPDATE pgfence.tenures
+           SET ended_at = CASE WHEN l.state = 'held' AND l.expires_at <= ts THEN l.expires_at ELSE ts END,
+               end_reason = CASE WHEN l.state = 'held' AND l.timeline < tl THEN 'failover'
+                                 WHEN l.state = 'held' AND l.expires_at <= ts THEN 'expired'
+                                 ELSE 'reacquired' END
+         WHERE lease = p_lease AND epoch = l.epoch AND ended_at IS NULL;
+    END IF;
+
+    -- Failover safety: after a promotion the server writes WAL on a new timeline, and an asynchronous standby
+    -- may have lost the last epochs its old primary issued. Every epoch issued on timeline t is at least
+    -- (t - 1) * 2^32 + 1, which exceeds every epoch issued on earlier timelines (fewer than 2^32 acquisitions per
+    -- lease and timeline), so epochs keep increasing across failovers even when the counter went backwards.
+    new_epoch := GREATEST(l.epoch + 1, (tl - 1) * 4294967296 + 1);
+    UPDATE pgfence.leases
+       SET holder = p_holder, epoch = new_epoch, state = 'held', ttl_ms = p_ttl_ms, timeline = tl,
+           expires_at = ts + p_ttl_ms * interval '1 millisecond', acquired_at = ts, renewed_at = ts,
+           transitions = transitions + CASE WHEN holder IS DISTINCT FROM p_holder THEN 1 ELSE 0 END
+     WHERE name = p_lease;
+    INSERT INTO pgfence.tenures (lease, epoch, holder, acquired_at, timeline)
+    VALUES (p_lease, new_epoch, p_holder, ts, tl);
+    RETURN ROW('acquired', NULL, new_epoch, p_holder, p_ttl_ms)::pgfence.lease_result;
 END;
 $$;
 
--- Release: ends the tenure (holder, epoch) at once so a successor can acquire immediately. Idempotent, and it
--- never touches a successor's tenure: releasing an epoch that is no longer current is a no-op ('not_held').
-CREATE FUNCTION pgfence.release(p_lease text, p_holder text, p_epoch bigint)
+-- Renew: extends the expiry only while holder and epoch match, the lease has not expired and the tenure was
+-- granted on the current timeline. It takes the row lock (bounded: it waits only for a takeover or another
+-- renewal in flight) but never the guard lock, so it never waits for guarded writes.
+CREATE FUNCTION pgfence.renew(p_lease text, p_holder text, p_epoch bigint, p_ttl_ms bigint)
 RETURNS pgfence.lease_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -338,18 +476,112 @@ DECLARE
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, p_epoch);
     PERFORM pgfence._check_text('holder', p_holder, 256);
+    PERFORM pgfence._check_ttl(p_ttl_ms);
 
-    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR UPDATE;
+    l := pgfence._lock_lease_row(p_lease);
     ts := clock_timestamp();
-    why := pgfence._loss_reason(l, p_holder, p_epoch, ts);
-    IF why IS NOT NULL AND why <> 'expired' THEN
+    why := pgfence._loss_reason(l, p_holder, p_epoch, ts, pgfence._timeline());
+    IF why IS NOT NULL THEN
+        RETURN ROW('lost', why, l.epoch, l.holder, NULL)::pgfence.lease_result;
+    END IF;
+    UPDATE pgfence.leases
+       SET expires_at = ts + p_ttl_ms * interval '1 millisecond', renewed_at = ts, ttl_ms = p_ttl_ms
+     WHERE name = p_lease;
+    RETURN ROW('renewed', NULL, p_epoch, p_holder, p_ttl_ms)::pgfence.lease_result;
+END;
+$$;
+
+-- Renews many tenures of one holder in one statement: a process holding N leases (a sharded controller)
+-- renews them all with one statement per tick. One row per input lease, in input order. Every input is checked
+-- as renew checks it (22023, nothing renewed), and a tenure listed twice gets the same answer twice.
+CREATE FUNCTION pgfence.renew_many(p_leases text[], p_epochs bigint[], p_holder text, p_ttl_ms bigint)
+RETURNS TABLE (lease text, outcome text, reason text, epoch bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '10min' AS $$
+DECLARE
+    ts timestamptz;
+    tl bigint;
+    wait_ms bigint := pgfence._lock_wait_ms();
+BEGIN
+    PERFORM pgfence._check_text('holder', p_holder, 256);
+    PERFORM pgfence._check_ttl(p_ttl_ms);
+    IF p_leases IS NULL OR p_epochs IS NULL OR cardinality(p_leases) <> cardinality(p_epochs) THEN
+        RAISE EXCEPTION 'pgfence: renew_many needs as many epochs as leases' USING ERRCODE = '22023';
+    END IF;
+    PERFORM pgfence._check_lease_args(i.lease, i.epoch) FROM unnest(p_leases, p_epochs) AS i(lease, epoch);
+
+    -- Lock the rows in name order (two holders renewing overlapping sets cannot deadlock), bounded.
+    BEGIN
+        PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+        PERFORM 1 FROM pgfence.leases l WHERE l.name = ANY (p_leases) ORDER BY l.name FOR NO KEY UPDATE OF l;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'pgfence: renew_many waited % ms for lease row locks; blocked by %', wait_ms,
+            pgfence._describe_backends((SELECT coalesce(array_agg(DISTINCT p), '{}')
+                                          FROM unnest(p_leases) AS n, unnest(pgfence._row_lockers(n)) AS p))
+            USING ERRCODE = 'PF003';
+    END;
+    ts := clock_timestamp();
+    tl := pgfence._timeline();
+
+    RETURN QUERY
+    WITH input AS (
+        SELECT i.lease, i.epoch, i.ord FROM unnest(p_leases, p_epochs) WITH ORDINALITY AS i(lease, epoch, ord)
+    ), renewed AS (
+        UPDATE pgfence.leases l
+           SET expires_at = ts + p_ttl_ms * interval '1 millisecond', renewed_at = ts, ttl_ms = p_ttl_ms
+          FROM (SELECT DISTINCT d.lease, d.epoch FROM input d) i
+         WHERE l.name = i.lease AND pgfence._loss_reason(l, p_holder, i.epoch, ts, tl) IS NULL
+        RETURNING l.name, l.epoch
+    )
+    -- The join below reads the rows as they were before this statement's UPDATE: right for explaining losses.
+    -- Matched by (lease, epoch), so one tenure listed twice is answered the same twice, and one holder may
+    -- present two tenures of one lease (an old one it has not noticed is superseded, and the new one).
+    -- `IN (SELECT …)` becomes a hashed subplan; a join with the CTE was planned as a nested loop, quadratic in
+    -- the number of leases (97 ms instead of 14 ms for 1,000).
+    SELECT i.lease,
+           CASE WHEN (i.lease, i.epoch) IN (SELECT r.name, r.epoch FROM renewed r) THEN 'renewed' ELSE 'lost' END,
+           CASE WHEN (i.lease, i.epoch) NOT IN (SELECT r.name, r.epoch FROM renewed r)
+                THEN coalesce(pgfence._loss_reason(l, p_holder, i.epoch, ts, tl), 'expired') END,
+           l.epoch
+      FROM input i
+      LEFT JOIN pgfence.leases l ON l.name = i.lease
+     ORDER BY i.ord;
+END;
+$$;
+
+-- Release: ends the tenure (holder, epoch) at once so a successor can acquire immediately. Idempotent, and it
+-- never touches a successor's tenure: releasing an epoch that is no longer current is a no-op ('not_held').
+-- It waits for the tenure's guarded writes in flight (at most the takeover grace, then ends them).
+CREATE FUNCTION pgfence.release(p_lease text, p_holder text, p_epoch bigint)
+RETURNS pgfence.lease_result
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l  pgfence.leases;
+    ts timestamptz;
+    tl bigint;
+    why text;
+BEGIN
+    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
+    PERFORM pgfence._check_text('holder', p_holder, 256);
+    tl := pgfence._timeline();
+
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+    why := pgfence._loss_reason(l, p_holder, p_epoch, clock_timestamp(), tl);
+    IF why IS NOT NULL AND why NOT IN ('expired', 'failover') THEN
         RETURN ROW('not_held', why, l.epoch, l.holder, NULL)::pgfence.lease_result;
     END IF;
+    l := pgfence._lock_lease_row(p_lease);
+    why := pgfence._loss_reason(l, p_holder, p_epoch, clock_timestamp(), tl);
+    IF why IS NOT NULL AND why NOT IN ('expired', 'failover') THEN
+        RETURN ROW('not_held', why, l.epoch, l.holder, NULL)::pgfence.lease_result;
+    END IF;
+    PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
+    ts := clock_timestamp();
 
     UPDATE pgfence.leases SET state = 'released', expires_at = LEAST(expires_at, ts) WHERE name = p_lease;
     UPDATE pgfence.tenures
        SET ended_at = LEAST(l.expires_at, ts),
-           end_reason = CASE WHEN why = 'expired' THEN 'expired' ELSE 'released' END
+           end_reason = CASE WHEN why = 'failover' THEN 'failover'
+                             WHEN l.expires_at <= ts THEN 'expired' ELSE 'released' END
      WHERE lease = p_lease AND epoch = p_epoch AND ended_at IS NULL;
     -- Wake waiting candidates (delivered at commit) so a successor acquires in milliseconds, not a poll later.
     PERFORM pg_notify('pgfence_lease_free', p_lease);
@@ -358,7 +590,8 @@ END;
 $$;
 
 -- Operator override: ends whatever tenure is current so its epoch can no longer write. The epoch is kept (the
--- next acquisition issues epoch + 1).
+-- next acquisition issues epoch + 1). Waits for the tenure's guarded writes in flight (at most the takeover
+-- grace, then ends them).
 CREATE FUNCTION pgfence.force_release(p_lease text)
 RETURNS pgfence.lease_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -367,14 +600,18 @@ DECLARE
     ts timestamptz;
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, 1);
-    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR UPDATE;
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
     IF NOT FOUND THEN
         RETURN ROW('not_held', 'unknown_lease', NULL, NULL, NULL)::pgfence.lease_result;
+    ELSIF l.state = 'released' THEN
+        RETURN ROW('not_held', 'released', l.epoch, l.holder, NULL)::pgfence.lease_result;
     END IF;
-    ts := clock_timestamp();
+    l := pgfence._lock_lease_row(p_lease);
     IF l.state = 'released' THEN
         RETURN ROW('not_held', 'released', l.epoch, l.holder, NULL)::pgfence.lease_result;
     END IF;
+    PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
+    ts := clock_timestamp();
     UPDATE pgfence.leases SET state = 'released', expires_at = LEAST(expires_at, ts) WHERE name = p_lease;
     UPDATE pgfence.tenures
        SET ended_at = LEAST(l.expires_at, ts),
@@ -386,6 +623,51 @@ BEGIN
 END;
 $$;
 
+-- Every change of who may write a lease (epoch, holder, state, timeline) takes its guard lock EXCLUSIVE, also
+-- when a role with table privileges UPDATEs the row directly: it waits for guarded transactions in flight and
+-- holds off new ones until it commits. The functions above take the lock themselves first (bounded, with the
+-- grace); for them this is a re-grant of a lock already held. Epochs never go down and lease rows are never
+-- deleted (invariant 1: a deleted row would restart at epoch 0).
+CREATE FUNCTION pgfence._lease_change() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
+        RAISE EXCEPTION 'pgfence: lease rows are never deleted (their epochs must keep increasing)'
+            USING ERRCODE = 'PF005';
+    END IF;
+    IF NEW.epoch < OLD.epoch OR NEW.name <> OLD.name OR NEW.lock_key <> OLD.lock_key THEN
+        RAISE EXCEPTION 'pgfence: refused change of lease %: epochs never go down, names and lock keys never change',
+            pgfence._printable(OLD.name) USING ERRCODE = 'PF005';
+    END IF;
+    PERFORM pg_catalog.pg_advisory_xact_lock(1885824613, OLD.lock_key);
+    RETURN NEW;
+END;
+$$;
+CREATE TRIGGER lease_change BEFORE UPDATE ON pgfence.leases FOR EACH ROW
+    WHEN (OLD.epoch IS DISTINCT FROM NEW.epoch OR OLD.holder IS DISTINCT FROM NEW.holder
+          OR OLD.state IS DISTINCT FROM NEW.state OR OLD.timeline IS DISTINCT FROM NEW.timeline
+          OR OLD.name IS DISTINCT FROM NEW.name OR OLD.lock_key IS DISTINCT FROM NEW.lock_key)
+    EXECUTE FUNCTION pgfence._lease_change();
+CREATE TRIGGER lease_delete BEFORE DELETE ON pgfence.leases FOR EACH ROW EXECUTE FUNCTION pgfence._lease_change();
+CREATE TRIGGER lease_truncate BEFORE TRUNCATE ON pgfence.leases
+    FOR EACH STATEMENT EXECUTE FUNCTION pgfence._lease_change();
+
+-- The takeover grace (an operator setting): how long a takeover waits for guarded transactions of the ending
+-- tenure before it terminates them. Returns the new value in milliseconds.
+CREATE FUNCTION pgfence.set_takeover_grace(p_grace interval) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ms bigint;
+BEGIN
+    IF p_grace IS NULL OR p_grace < interval '0' OR p_grace > interval '10 minutes' THEN
+        RAISE EXCEPTION 'pgfence: takeover grace must be between 0 and 10 minutes' USING ERRCODE = '22023';
+    END IF;
+    ms := ceil(extract(epoch FROM p_grace) * 1000)::bigint;
+    UPDATE pgfence.instance SET takeover_grace_ms = ms;
+    RETURN ms;
+END;
+$$;
+
 -- ---------------------------------------------------------------------------------------------------------
 -- The guard.
 
@@ -394,12 +676,13 @@ CREATE FUNCTION pgfence._reject(p_lease text, p_epoch bigint, p_current_epoch bi
                                 p_reason text, p_operation text, p_table text, p_key text,
                                 p_may_wait boolean DEFAULT false)
 RETURNS pgfence.write_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET lock_timeout = '10s' AS $$
 DECLARE
     previous timestamptz;
 BEGIN
     SELECT r.last_rejected_at INTO previous FROM pgfence.rejections r
      WHERE r.lease = p_lease AND r.presented_epoch = p_epoch AND r.operation = p_operation;
+    -- Bounded (the SET clause): a stale fenced transaction left open keeps its aggregated row locked.
     INSERT INTO pgfence.rejections (lease, presented_epoch, current_epoch, current_holder, reason, operation,
                                     target_table, target_key, last_target_key)
     VALUES (p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table, p_key, p_key)
@@ -413,8 +696,8 @@ BEGIN
     -- Backpressure on a stale holder retrying in a tight loop: a repeat within a second of the previous refusal
     -- of the same (lease, epoch, operation) answers 10 ms later. Holding the aggregated row meanwhile queues its
     -- other connections behind it, so a hammering stale writer gets about 100 refusals a second in all and
-    -- leaves the CPU to the current leader. The first refusal is never delayed. Only callers that hold no lock
-    -- on the lease row may wait (p_may_wait): a wait under FOR KEY SHARE could hold off a takeover.
+    -- leaves the CPU to the current leader. The first refusal is never delayed. Only callers that hold no guard
+    -- lock may wait (p_may_wait): a wait under the shared guard lock would hold off a takeover.
     IF p_may_wait AND previous IS NOT NULL AND previous > clock_timestamp() - interval '1 second' THEN
         PERFORM pg_sleep(0.01);
     END IF;
@@ -423,30 +706,49 @@ BEGIN
 END;
 $$;
 
--- Checks that p_epoch is the current, held, unexpired epoch of p_lease and keeps the lease row locked
--- FOR KEY SHARE until the end of the calling transaction, so no takeover can commit before the caller's write.
--- Returns NULL when the epoch is current; otherwise records the rejection and returns the 'stale' result.
+-- Checks that p_epoch is the current, held, unexpired epoch of p_lease, granted on the current timeline, and
+-- keeps the lease's guard lock SHARED until the end of the calling transaction, so no takeover can commit
+-- before the caller's write. Returns NULL when the epoch is current; otherwise records the rejection and
+-- returns the 'stale' result. Needs READ COMMITTED (PF004 otherwise): under REPEATABLE READ or SERIALIZABLE
+-- the transaction's snapshot may predate a takeover that committed before the lock was granted.
 CREATE FUNCTION pgfence._guard(p_lease text, p_epoch bigint, p_operation text, p_table text, p_key text)
 RETURNS pgfence.write_result
 LANGUAGE plpgsql AS $$
 DECLARE
     l   pgfence.leases;
     why text;
+    tl  bigint := pgfence._timeline();
 BEGIN
-    -- What makes a presented epoch stale is permanent: epochs only grow, a released tenure stays released and an
-    -- expired one can never be renewed. So if even an unlocked read shows the epoch stale, it is stale for good:
-    -- refusing it without taking the row lock keeps a hammering stale holder off the lock that the current
-    -- leader's writes share and that a takeover waits for.
+    -- What makes a presented epoch stale is permanent: epochs only grow, a released tenure stays released, an
+    -- expired one can never be renewed and timelines only grow. So if even an unlocked read shows the epoch
+    -- stale, it is stale for good: refusing it without the guard lock keeps a hammering stale holder off the
+    -- lock that the current leader's writes share and that a takeover waits for. ('future_epoch' is the
+    -- exception: an old snapshot may not show an epoch issued since.)
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
-    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp());
+    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
+    IF why IS NOT NULL AND why <> 'future_epoch' THEN
+        RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key,
+                               p_may_wait => true);
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgfence: guarded writes need READ COMMITTED isolation; this transaction is %',
+            upper(current_setting('transaction_isolation'))
+            USING ERRCODE = 'PF004',
+                  HINT = 'Run the guarded write in a READ COMMITTED transaction (BEGIN ISOLATION LEVEL READ COMMITTED).';
+    END IF;
     IF why IS NOT NULL THEN
         RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key,
                                p_may_wait => true);
     END IF;
-    -- A new statement, so a new snapshot under READ COMMITTED; if a takeover holds the row FOR UPDATE we wait
-    -- for it and then lock (and read) the newest row version.
-    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR KEY SHARE;
-    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp());
+    -- Fair: a try-lock fails while a takeover waits for the exclusive lock, like a queued request would wait.
+    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
+        PERFORM pgfence._wait_guard_lock(p_lease, l.lock_key);
+    END IF;
+    -- A new statement, so a new snapshot under READ COMMITTED: every takeover that held the exclusive lock before
+    -- we were granted the shared one has committed (a transaction's locks are released after its commit is
+    -- visible) and shows here.
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
     IF why IS NULL THEN
         RETURN NULL;
     END IF;
@@ -474,6 +776,7 @@ BEGIN
     RETURN ROW('ok', NULL, p_epoch, NULL, NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::pgfence.write_result;
 END;
 $$;
+
 
 CREATE FUNCTION pgfence._task_result(t pgfence.tasks, p_outcome text, p_reason text, p_epoch bigint,
                                      p_created boolean, p_event_id bigint)
@@ -682,9 +985,20 @@ BEGIN
             why := 'lease_mismatch';
         END IF;
     END IF;
-    SELECT * INTO l FROM pgfence.leases WHERE name = target FOR KEY SHARE;
+    -- The guard's protocol: the lease's guard lock shared, then the row read in a new snapshot.
+    SELECT * INTO l FROM pgfence.leases WHERE name = target;
+    IF FOUND THEN
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'pgfence: writes to pgfence.% need READ COMMITTED isolation; this transaction is %',
+                TG_TABLE_NAME, upper(current_setting('transaction_isolation')) USING ERRCODE = 'PF004';
+        END IF;
+        IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
+            PERFORM pgfence._wait_guard_lock(target, l.lock_key);
+        END IF;
+        SELECT * INTO l FROM pgfence.leases WHERE name = target;
+    END IF;
     IF why IS NULL THEN
-        why := pgfence._loss_reason(l, NULL, presented, clock_timestamp());
+        why := pgfence._loss_reason(l, NULL, presented, clock_timestamp(), pgfence._timeline());
     END IF;
     IF why IS NULL THEN
         RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
@@ -823,7 +1137,8 @@ $$;
 -- PUBLIC: an application role gets, through pgfence.grant_application, EXECUTE on the lease and guarded-write
 -- functions (SECURITY DEFINER, search_path pinned: they act as the owner) and SELECT on the tables — and no
 -- INSERT, UPDATE, DELETE or TRUNCATE on any of them, so the guarded functions are its only write path.
--- Operators get force_release, set_enforcement and prune_rejections through pgfence.grant_operator.
+-- Operators get force_release, set_enforcement, prune_rejections and set_takeover_grace through
+-- pgfence.grant_operator.
 
 REVOKE ALL ON ALL TABLES IN SCHEMA pgfence FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA pgfence FROM PUBLIC;
@@ -851,7 +1166,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgfence.grant_application(p_role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgfence.force_release(text), pgfence.set_enforcement(boolean, text), '
-                   'pgfence.prune_rejections(interval, integer) TO %I', p_role);
+                   'pgfence.prune_rejections(interval, integer), pgfence.set_takeover_grace(interval) TO %I', p_role);
 END;
 $$;
 

@@ -70,6 +70,7 @@ fn base() -> &'static Base {
                     .migrate()
                     .await
                     .expect("migrate the template database");
+                apply_mutant(&url_with_database(&url, &tpl)).await;
             });
             // Dropping the runtime closes every connection to the template, which CREATE DATABASE … TEMPLATE
             // needs.
@@ -82,6 +83,23 @@ fn base() -> &'static Base {
             template,
         }
     })
+}
+
+/// The mutation hook of the proofs: when `PGFENCE_MUTANT_SQL` names a file, its SQL (typically a `CREATE OR
+/// REPLACE FUNCTION` of a deliberately weakened copy of a pgfence function) is run on a freshly migrated
+/// database, so a suite can be shown to fail on the weakened protocol without rebuilding anything. Unset in
+/// normal runs.
+pub async fn apply_mutant(url: &str) {
+    let Ok(path) = std::env::var("PGFENCE_MUTANT_SQL") else {
+        return;
+    };
+    if path.is_empty() {
+        return;
+    }
+    let sql = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("PGFENCE_MUTANT_SQL={path}: {e}"));
+    admin_exec(url, &sql).await;
+    eprintln!("mutant applied: {path}");
 }
 
 /// Runs one statement on the server's maintenance database.

@@ -1,12 +1,13 @@
 //! The fault matrix: handover under orderly release, a cancelled controller, a holder killed with SIGKILL,
 //! dropped connections, a database restart, a network partition, a wrong database, a failover to an
-//! asynchronous standby that lost the last transactions, and uncertain completion. Real processes where a
-//! process dies, real PostgreSQL servers (one per scenario that breaks its server), a TCP proxy on loopback for
-//! partitions.
+//! asynchronous standby that lost the last transactions, uncertain completion, and a failover under a running
+//! leader. Real processes where a process dies, real PostgreSQL servers (one per scenario that breaks its
+//! server), a TCP proxy on loopback for partitions and redirects.
 //!
 //! Invariants checked: 1 (epochs increase, also across failover), 2 (one holder per epoch), 3 (no stale write
 //! commits), 4 (refusals audited), 5 (the holder gives up by its own clock before the database can grant a
-//! successor), 6 (acknowledged writes survive; a retry by key has one effect).
+//! successor), 6 (acknowledged writes survive; a retry by key has one effect), 7 (after a promotion no tenure
+//! current before it can write or renew).
 
 mod common;
 
@@ -17,9 +18,14 @@ use std::time::{Duration, Instant};
 use common::proxy::{Proxy, HOLD_ALL, HOLD_REPLIES, PASS};
 use common::TestDb;
 use pgfence::embedded::EmbeddedServer;
-use pgfence::leader::{Elector, LeaseOptions, LossCause, PgElector};
-use pgfence::{Epoch, Error, ExpectedIdentity, Fence, RejectionFilter, Store, StoreConfig};
+use pgfence::leader::{
+    run_with_leadership, Elector, Ended, LeadershipOptions, LeaseOptions, LossCause, PgElector,
+};
+use pgfence::{
+    Epoch, Error, ExpectedIdentity, Fence, LossReason, RejectionFilter, Store, StoreConfig,
+};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 const CHILD_ENV: &str = "PGFENCE_FAULTS_CHILD_URL";
 
@@ -51,6 +57,31 @@ fn options(ttl_ms: u64) -> LeaseOptions {
     let mut options = LeaseOptions::new(Duration::from_millis(ttl_ms));
     options.renew_every = Some(Duration::from_millis(ttl_ms / 5));
     options
+}
+
+/// The first epoch issued on WAL timeline 2, the one a first promotion starts: (2 − 1) · 2^32 + 1.
+const FIRST_EPOCH_OF_TIMELINE_2: i64 = (1 << 32) + 1;
+
+/// Waits until the boolean `sql` is true on `standby` (an error, such as a table not replayed yet, counts as false),
+/// polling: replay is not announced.
+async fn wait_for_replay(standby: &EmbeddedServer, sql: &str, what: &str) {
+    let (client, connection) = tokio_postgres::connect(&standby.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !client
+        .query_one(sql, &[])
+        .await
+        .map(|r| r.get::<_, bool>(0))
+        .unwrap_or(false)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the standby did not replay {what} within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Acquires `name` as `holder`, retrying while another tenure is live; returns the lease and when it was got.
@@ -463,8 +494,12 @@ async fn a_process_pointed_at_another_database_refuses_to_write() {
 }
 
 /// Scenario 8, failover to an asynchronous standby that lost the last transactions: the standby stops receiving,
-/// the primary issues more epochs (and acknowledges a write with the newest), then dies; after promotion, every
-/// epoch issued is greater than every epoch issued before — including the lost ones.
+/// the primary issues more epochs (and acknowledges a write with the newest), then dies. After the promotion the
+/// standby still shows the oldest tenure as current, but a promotion is a fencing boundary (invariant 7): the next
+/// acquisition takes that tenure over at once — no force-release, no waiting for its ttl — and ends it as
+/// 'failover'; every epoch issued from then on is greater than every epoch issued before, including the lost ones
+/// (invariant 1), and the lost epochs can never write there (invariant 3). The write acknowledged under the newest
+/// lost epoch is lost with it: invariant 6 covers restarts, not the tail an asynchronous standby never received.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn epochs_stay_above_lost_ones_after_failover_to_an_async_standby() {
     let primary = server().await;
@@ -474,28 +509,12 @@ async fn epochs_stay_above_lost_ones_after_failover_to_an_async_standby() {
         .await
         .unwrap();
     let standby = blocking(|| primary.start_standby()).unwrap();
-    let standby_client = {
-        let (client, connection) = tokio_postgres::connect(&standby.url(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        client
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while standby_client
-        .query_one("SELECT count(*) FROM pgfence.leases WHERE epoch = 1", &[])
-        .await
-        .map(|r| r.get::<_, i64>(0))
-        .unwrap_or(0)
-        != 1
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the standby never replayed epoch 1"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    drop(standby_client);
+    wait_for_replay(
+        &standby,
+        "SELECT count(*) = 1 FROM pgfence.leases WHERE epoch = 1",
+        "epoch 1",
+    )
+    .await;
     blocking(|| standby.stop()).unwrap();
     for _ in 0..3 {
         last = store
@@ -523,26 +542,273 @@ async fn epochs_stay_above_lost_ones_after_failover_to_an_async_standby() {
         Some(1),
         "the standby lost epochs 2 to 4"
     );
-    promoted.force_release("l").await.unwrap();
+    assert_eq!(
+        status.state,
+        pgfence::LeaseState::Held,
+        "epoch 1 looks current on the promoted server: {status:?}"
+    );
+    assert!(
+        promoted
+            .task("l", "acknowledged-then-lost")
+            .await
+            .unwrap()
+            .is_none(),
+        "an asynchronous standby loses the primary's last acknowledged writes"
+    );
     let next = promoted
         .acquire("l", "b", Duration::from_secs(60))
         .await
-        .unwrap();
+        .expect("the pre-promotion tenure is taken over at once");
     eprintln!(
         "highest epoch before the failover {highest_before}, first after {}",
         next.epoch()
     );
+    assert_eq!(next.epoch().get(), FIRST_EPOCH_OF_TIMELINE_2);
     assert!(
         next.epoch() > highest_before,
         "epoch {} reissued after failover",
         next.epoch()
     );
-    let stale = Fence::new("f/l", highest_before).unwrap();
-    assert!(matches!(
-        promoted.create_task(&stale, "k", &json!({})).await,
-        Err(Error::Stale { .. })
-    ));
+    let ended: Vec<(i64, Option<String>)> = promoted
+        .tenures("l")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.epoch.get(), t.end_reason))
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            (1, Some("failover".to_owned())),
+            (FIRST_EPOCH_OF_TIMELINE_2, None)
+        ]
+    );
+    for lost in 1..=highest_before.get() {
+        let stale = Fence::new("f/l", Epoch::new(lost).unwrap()).unwrap();
+        match promoted.create_task(&stale, "k", &json!({})).await {
+            Err(Error::Stale {
+                reason: LossReason::Superseded,
+                ..
+            }) => {}
+            other => panic!(
+                "epoch {lost} after the failover: expected Stale {{ Superseded }}, got {other:?}"
+            ),
+        }
+    }
     drop(promoted);
+    blocking(move || drop((standby, primary)));
+}
+
+/// Scenario 10, failover under a running leader: a controller leads through `run_with_leadership`, connected
+/// through a proxy (a stand-in for a virtual IP or DNS name) to the primary. The primary crashes, its
+/// asynchronous standby is promoted and the proxy is pointed at it. The leader's next renewal reaches the
+/// promoted server, where the tenure was granted before the promotion: the runtime reports a definitive loss
+/// with reason 'failover' (not a deadline loss: the renewal was answered), cancels the callback, whose last
+/// write with the old fence is refused and audited as 'failover', and the campaign leads again at once with
+/// the epoch 2^32+1 — without any operator action (no force-release, no waiting for the old ttl). Invariants 1,
+/// 4 and 7.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_loses_at_a_failover_and_leads_again_without_operator_action() {
+    const WAIT: Duration = Duration::from_secs(15);
+    let primary = server().await;
+    let standby = blocking(|| primary.start_standby()).unwrap();
+    drop(migrated_store(&primary.url(), "setup").await);
+    let proxy = Proxy::start(primary.port()).await;
+    let store = Store::connect(
+        StoreConfig::new(proxy.url("postgres"), "f")
+            .application_name("leader")
+            .connect_timeout(Duration::from_millis(500))
+            .checkout_timeout(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    let elector = PgElector::new(store.clone());
+    // The ttl outlasts the outage (crash, promotion, redirect), so the loss must come from the database's
+    // answer, not from the local deadline.
+    let mut options = LeadershipOptions::new(Duration::from_secs(10));
+    options.lease.renew_every = Some(Duration::from_millis(200));
+    options.lease.retry_every = Some(Duration::from_millis(100));
+
+    let (leading_tx, mut leading_rx) = tokio::sync::mpsc::unbounded_channel::<(Epoch, Instant)>();
+    let (late_tx, mut late_rx) =
+        tokio::sync::mpsc::unbounded_channel::<(Epoch, pgfence::Result<pgfence::TaskWrite>)>();
+    let (ended_tx, mut ended_rx) =
+        tokio::sync::mpsc::unbounded_channel::<(pgfence::Result<Ended<Error>>, Instant)>();
+    let parent = CancellationToken::new();
+    // The application's campaign loop: lead, and when leadership ends for any reason but shutdown, campaign
+    // again at once.
+    let campaign = tokio::spawn({
+        let (store, parent) = (store.clone(), parent.clone());
+        async move {
+            loop {
+                let (store, leading_tx, late_tx, stopping) = (
+                    store.clone(),
+                    leading_tx.clone(),
+                    late_tx.clone(),
+                    parent.clone(),
+                );
+                let ended = run_with_leadership(
+                    &elector,
+                    "ctl",
+                    "pod-a",
+                    &options,
+                    &parent,
+                    move |ctx| async move {
+                        let started = format!("started-{}", ctx.epoch());
+                        store.create_task(ctx.fence(), &started, &json!({})).await?;
+                        let _ = leading_tx.send((ctx.epoch(), Instant::now()));
+                        ctx.cancelled().await;
+                        if !stopping.is_cancelled() {
+                            // Lost: one more write with this tenure's fence, as a controller with work in flight
+                            // would attempt. Idempotent by key, so retried while the answer is a connection
+                            // error (a pooled connection to the crashed primary may still be handed out).
+                            let mut attempts = 0;
+                            let late = loop {
+                                attempts += 1;
+                                match store
+                                    .create_task(ctx.fence(), "after-the-loss", &json!({}))
+                                    .await
+                                {
+                                    Err(e) if e.is_transient() && attempts < 20 => {
+                                        tokio::time::sleep(Duration::from_millis(50)).await
+                                    }
+                                    answer => break answer,
+                                }
+                            };
+                            let _ = late_tx.send((ctx.epoch(), late));
+                        }
+                        Ok::<_, Error>(())
+                    },
+                )
+                .await;
+                let shutdown = matches!(ended, Ok(Ended::Cancelled { .. }));
+                let _ = ended_tx.send((ended, Instant::now()));
+                if shutdown {
+                    return;
+                }
+            }
+        }
+    });
+
+    let (first, _) = tokio::time::timeout(WAIT, leading_rx.recv())
+        .await
+        .expect("the controller did not lead on the primary within 15 s")
+        .expect("campaign ended");
+    assert_eq!(first.get(), 1);
+    // The standby has the tenure (and its first write), so the promoted server will show it as current.
+    wait_for_replay(
+        &standby,
+        "SELECT EXISTS (SELECT 1 FROM pgfence.tasks WHERE key = 'started-1')",
+        "the leader's tenure",
+    )
+    .await;
+
+    blocking(|| primary.crash()).unwrap();
+    let promote_started = Instant::now();
+    blocking(|| standby.promote()).unwrap();
+    let promoted_at = Instant::now();
+    proxy.redirect(standby.port());
+    eprintln!(
+        "promotion took {:?}",
+        promoted_at.duration_since(promote_started)
+    );
+
+    let (ended, lost_at) = tokio::time::timeout(WAIT, ended_rx.recv())
+        .await
+        .expect("the runtime reported no loss within 15 s of the promotion")
+        .expect("campaign ended");
+    match ended {
+        Ok(Ended::Lost {
+            cause:
+                LossCause::Definitive {
+                    reason: LossReason::Failover,
+                },
+            callback_stopped: true,
+        }) => {}
+        other => {
+            panic!("expected Lost {{ Definitive {{ Failover }}, callback stopped }}, got {other:?}")
+        }
+    }
+    let (late_epoch, late) = tokio::time::timeout(WAIT, late_rx.recv())
+        .await
+        .expect("the cancelled callback made no late write")
+        .expect("campaign ended");
+    assert_eq!(late_epoch, first);
+    match late {
+        Err(Error::Stale {
+            reason: LossReason::Failover,
+            presented,
+            ..
+        }) if presented == first => {}
+        other => {
+            panic!("the old tenure's late write: expected Stale {{ Failover }}, got {other:?}")
+        }
+    }
+
+    let (again, leading_again_at) = tokio::time::timeout(WAIT, leading_rx.recv())
+        .await
+        .expect("the controller did not lead again within 15 s of the loss")
+        .expect("campaign ended");
+    assert_eq!(again.get(), FIRST_EPOCH_OF_TIMELINE_2);
+    eprintln!(
+        "from promotion to the loss {:?}, to leading again at epoch {again} {:?} (from the loss {:?})",
+        lost_at.duration_since(promoted_at),
+        leading_again_at.duration_since(promoted_at),
+        leading_again_at.duration_since(lost_at)
+    );
+
+    // The database's side of it, on the promoted server.
+    let promoted = Store::connect(StoreConfig::new(standby.url(), "f"))
+        .await
+        .unwrap();
+    let tenures: Vec<(i64, Option<String>)> = promoted
+        .tenures("ctl")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.epoch.get(), t.end_reason))
+        .collect();
+    assert_eq!(
+        tenures,
+        [
+            (1, Some("failover".to_owned())),
+            (FIRST_EPOCH_OF_TIMELINE_2, None)
+        ]
+    );
+    let audited: Vec<(i64, String, String)> = promoted
+        .rejections(&RejectionFilter {
+            lease: Some("ctl".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.presented_epoch, r.reason, r.operation))
+        .collect();
+    assert_eq!(
+        audited,
+        [(1, "failover".to_owned(), "create_task".to_owned())]
+    );
+
+    parent.cancel();
+    let (ended, _) = tokio::time::timeout(WAIT, ended_rx.recv())
+        .await
+        .expect("the runtime did not stop within 15 s of the shutdown")
+        .expect("campaign ended");
+    assert!(
+        matches!(
+            ended,
+            Ok(Ended::Cancelled {
+                callback_stopped: true
+            })
+        ),
+        "{ended:?}"
+    );
+    tokio::time::timeout(WAIT, campaign)
+        .await
+        .expect("the campaign loop did not return")
+        .unwrap();
+    drop((promoted, store));
     blocking(move || drop((standby, primary)));
 }
 

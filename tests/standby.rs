@@ -1,15 +1,24 @@
 //! Integration tests of streaming-replication standbys
 //! (`EmbeddedServer::start_standby` / `promote`) against the system's
 //! PostgreSQL binaries, and of how a `Store` treats a standby and a promoted
-//! one.
+//! one: a promotion is a fencing boundary.
+//!
+//! Invariants checked: 1 (epochs increase across a failover), 4 (refusals
+//! are typed errors and audit rows), 7 (after a promotion no tenure current
+//! before it can write).
 
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgfence::embedded::EmbeddedServer;
-use pgfence::{Error, Store, StoreConfig};
+use pgfence::{
+    Epoch, Error, Fence, LeaseState, LossReason, RejectionFilter, Released, Store, StoreConfig,
+};
+use serde_json::json;
 
 /// How long a change on the primary may take to show up on the standby.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -268,6 +277,335 @@ async fn a_standby_streams_on_its_own_port_and_socket_directory() {
 
     drop(on_standby);
     drop(on_primary);
+    blocking(move || {
+        drop(standby);
+        drop(primary);
+    });
+}
+
+/// The first epoch issued on WAL timeline 2, the one a first promotion starts:
+/// (2 − 1) · 2^32 + 1.
+const FIRST_EPOCH_OF_TIMELINE_2: i64 = (1 << 32) + 1;
+
+/// A fenced transaction that records `owner` for shard 1 in the application's
+/// own table; `ran` tells whether its body ran at all.
+async fn move_shard(
+    store: &Store,
+    fence: &Fence,
+    owner: &str,
+    ran: &Arc<AtomicBool>,
+) -> Result<u64, Error> {
+    let (owner, ran) = (owner.to_owned(), ran.clone());
+    store
+        .fenced(fence, "move_shard", move |conn| {
+            Box::pin(async move {
+                use diesel::sql_types::Text;
+                use diesel_async::RunQueryDsl;
+                ran.store(true, Ordering::SeqCst);
+                let n = diesel::sql_query(
+                    "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
+                )
+                .bind::<Text, _>(owner)
+                .execute(conn)
+                .await?;
+                Ok::<_, Error>(n as u64)
+            })
+        })
+        .await
+}
+
+/// Asserts that `result` is a write refused as stale with `reason`, presenting
+/// `presented`, during `operation`.
+#[track_caller]
+fn assert_stale<T: std::fmt::Debug>(
+    result: Result<T, Error>,
+    reason: LossReason,
+    presented: i64,
+    operation: &str,
+) {
+    match result {
+        Err(Error::Stale {
+            reason: r,
+            presented: p,
+            operation: o,
+            ..
+        }) if r == reason && p.get() == presented && o == operation => {}
+        other => panic!(
+            "expected Stale {{ reason: {reason}, presented: {presented}, operation: {operation} }}, got {other:?}"
+        ),
+    }
+}
+
+/// A failover is a fencing boundary (invariant 7: after a promotion no tenure
+/// current before it can write; invariant 1: epochs keep increasing across the
+/// failover; invariant 4: every refusal is a typed error and an audit row).
+///
+/// Holder A acquires on the primary and writes; the standby replays that and is
+/// then stopped, so it misses what follows: A releases, B acquires epoch 2 and
+/// writes (acknowledged). The primary crashes and the standby is promoted, with
+/// A's release and B's tenure lost. On the promoted server A's tenure looks
+/// current in `pgfence.leases` — yet it was granted on the old timeline, so:
+/// A's renewal is `Lost { Failover }`; A's task writes and a fenced transaction
+/// are `Stale { Failover }`, run nothing and are audited with reason
+/// 'failover'; the next acquisition succeeds at once, without a force-release
+/// or waiting for A's ttl, with the epoch 2^32+1, above B's lost epoch 2; and
+/// A's tenure row ends with 'failover'. B's lost epoch 2 can never write there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_is_a_fencing_boundary() {
+    const TTL: Duration = Duration::from_secs(60);
+    let primary = blocking(EmbeddedServer::start).expect("start primary");
+    let standby = blocking(|| primary.start_standby()).expect("start standby");
+    let store = Store::connect(StoreConfig::new(primary.url(), "f"))
+        .await
+        .expect("connect to the primary");
+    store.migrate().await.expect("migrate");
+    client(&primary.url())
+        .await
+        .batch_execute("CREATE TABLE shards (id int PRIMARY KEY, owner text NOT NULL)")
+        .await
+        .expect("create the application's table");
+
+    // A leads on the primary and writes; the standby replays it all.
+    let a = store.acquire("l", "a", TTL).await.expect("A acquires");
+    assert_eq!(a.epoch().get(), 1);
+    store
+        .create_task(&a.fence(), "a-1", &json!({"by": "a"}))
+        .await
+        .expect("A writes on the primary");
+    assert!(
+        becomes_true(
+            &standby.url(),
+            "SELECT EXISTS (SELECT 1 FROM pgfence.tasks WHERE key = 'a-1')",
+            REPLAY_TIMEOUT,
+        )
+        .await,
+        "the standby did not replay A's tenure and write within {REPLAY_TIMEOUT:?}"
+    );
+
+    // The standby stops receiving; the primary goes on without it.
+    blocking(|| standby.stop()).expect("stop the standby");
+    assert!(matches!(
+        store.release(&a).await.expect("A releases"),
+        Released::Released
+    ));
+    let b = store.acquire("l", "b", TTL).await.expect("B acquires");
+    assert_eq!(b.epoch().get(), 2);
+    store
+        .create_task(&b.fence(), "b-1", &json!({"by": "b"}))
+        .await
+        .expect("B's write is acknowledged");
+    drop(store);
+    blocking(|| primary.crash()).expect("crash the primary");
+
+    blocking(|| standby.start_again()).expect("start the standby again");
+    let promoting = Instant::now();
+    blocking(|| standby.promote()).expect("promote");
+    eprintln!("promotion took {:?}", promoting.elapsed());
+    let promoted = Store::connect(StoreConfig::new(standby.url(), "f"))
+        .await
+        .expect("connect to the promoted server");
+    let raw = client(&standby.url()).await;
+    let identity = promoted.identity().await.expect("identity");
+    assert_eq!(identity.timeline, Some(2), "{identity:?}");
+
+    // What the promoted server shows: A's tenure, current and unexpired, granted on timeline 1; B's
+    // acquisition, its write and A's release were lost with the old primary.
+    let status = promoted
+        .lease_status("l")
+        .await
+        .unwrap()
+        .expect("lease row");
+    assert_eq!(status.holder.as_deref(), Some("a"), "{status:?}");
+    assert_eq!(status.epoch.map(Epoch::get), Some(1), "{status:?}");
+    assert_eq!(status.state, LeaseState::Held, "{status:?}");
+    assert!(
+        status.expires_in.is_some_and(|left| left > Duration::ZERO),
+        "{status:?}"
+    );
+    let row = raw
+        .query_one(
+            "SELECT timeline FROM pgfence.leases WHERE name = 'f/l'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, Option<i64>>(0), Some(1));
+    assert!(promoted.task("l", "b-1").await.unwrap().is_none());
+    let tenures = promoted.tenures("l").await.unwrap();
+    assert_eq!(tenures.len(), 1, "{tenures:?}");
+    assert_eq!(tenures[0].ended_at, None, "{tenures:?}");
+
+    // A's renewal: lost, because of the failover.
+    let mut a_after = a.clone();
+    match promoted.renew(&mut a_after).await {
+        Err(Error::Lost {
+            reason: LossReason::Failover,
+            epoch,
+            current,
+            ..
+        }) => {
+            assert_eq!(epoch.get(), 1);
+            assert_eq!(current.map(Epoch::get), Some(1));
+        }
+        other => {
+            panic!("A's renewal after the failover: expected Lost {{ Failover }}, got {other:?}")
+        }
+    }
+
+    // A's writes: refused as 'failover', whatever their path; nothing of theirs commits.
+    let fence_a = a.fence();
+    for _ in 0..2 {
+        assert_stale(
+            promoted.create_task(&fence_a, "a-2", &json!({})).await,
+            LossReason::Failover,
+            1,
+            "create_task",
+        );
+    }
+    assert_stale(
+        promoted.claim_task(&fence_a, "a-1", "worker").await,
+        LossReason::Failover,
+        1,
+        "claim_task",
+    );
+    assert_stale(
+        promoted
+            .append_event(&fence_a, "a-1", "progress", &json!({}))
+            .await,
+        LossReason::Failover,
+        1,
+        "append_event",
+    );
+    let ran = Arc::new(AtomicBool::new(false));
+    assert_stale(
+        move_shard(&promoted, &fence_a, "a", &ran).await,
+        LossReason::Failover,
+        1,
+        "move_shard",
+    );
+    assert!(
+        !ran.load(Ordering::SeqCst),
+        "the fenced body ran for a refused fence"
+    );
+    let count = |sql: &'static str| {
+        let raw = &raw;
+        async move { raw.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
+    };
+    assert_eq!(count("SELECT count(*) FROM shards").await, 0);
+    assert_eq!(
+        count("SELECT count(*) FROM pgfence.tasks WHERE key = 'a-2'").await,
+        0
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM pgfence.task_events e JOIN pgfence.tasks t ON t.id = e.task_id WHERE t.key = 'a-1'")
+            .await,
+        1,
+        "only A's 'created' event from before the failover"
+    );
+
+    // Every refusal is audited, aggregated per (lease, presented epoch, operation), with reason 'failover'.
+    let rejections = promoted
+        .rejections(&RejectionFilter {
+            lease: Some("l".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut audited: Vec<(String, i64)> = rejections
+        .iter()
+        .map(|r| {
+            assert_eq!(r.reason, "failover", "{r:?}");
+            assert_eq!(r.presented_epoch, 1, "{r:?}");
+            assert_eq!(r.current_epoch, Some(1), "{r:?}");
+            assert_eq!(r.current_holder.as_deref(), Some("a"), "{r:?}");
+            (r.operation.clone(), r.count)
+        })
+        .collect();
+    audited.sort();
+    assert_eq!(
+        audited,
+        [
+            ("append_event".to_owned(), 1),
+            ("claim_task".to_owned(), 1),
+            ("create_task".to_owned(), 2),
+            ("move_shard".to_owned(), 1),
+        ]
+    );
+
+    // B's epoch 2 was issued and acknowledged on the old primary but never reached the promoted server: it is
+    // refused there too.
+    let fence_b_lost = Fence::new("f/l", b.epoch()).unwrap();
+    assert_stale(
+        promoted.create_task(&fence_b_lost, "b-2", &json!({})).await,
+        LossReason::FutureEpoch,
+        2,
+        "create_task",
+    );
+
+    // The next acquisition takes A's tenure over at once (A's ttl has ~a minute left) with an epoch above every
+    // epoch of timeline 1, including B's lost one.
+    let acquiring = Instant::now();
+    let next = promoted
+        .acquire("l", "b", TTL)
+        .await
+        .expect("the first acquisition after the promotion succeeds at once");
+    eprintln!(
+        "took over A's pre-promotion tenure in {:?} (epoch {})",
+        acquiring.elapsed(),
+        next.epoch()
+    );
+    assert_eq!(next.epoch().get(), FIRST_EPOCH_OF_TIMELINE_2);
+    assert!(next.epoch() > b.epoch());
+    promoted
+        .create_task(&next.fence(), "b-2", &json!({}))
+        .await
+        .expect("the new tenure writes");
+
+    let tenures: Vec<(i64, String, Option<String>, bool)> = promoted
+        .tenures("l")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.epoch.get(), t.holder, t.end_reason, t.ended_at.is_some()))
+        .collect();
+    assert_eq!(
+        tenures,
+        [
+            (1, "a".to_owned(), Some("failover".to_owned()), true),
+            (FIRST_EPOCH_OF_TIMELINE_2, "b".to_owned(), None, false),
+        ]
+    );
+    let timelines: Vec<(i64, Option<i64>)> = raw
+        .query(
+            "SELECT epoch, timeline FROM pgfence.tenures WHERE lease = 'f/l' ORDER BY epoch",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        timelines,
+        [(1, Some(1)), (FIRST_EPOCH_OF_TIMELINE_2, Some(2))]
+    );
+
+    // Both lost epochs stay fenced out after the takeover, now as superseded.
+    assert_stale(
+        promoted.create_task(&fence_b_lost, "b-3", &json!({})).await,
+        LossReason::Superseded,
+        2,
+        "create_task",
+    );
+    assert_stale(
+        move_shard(&promoted, &fence_a, "a", &ran).await,
+        LossReason::Superseded,
+        1,
+        "move_shard",
+    );
+    assert!(!ran.load(Ordering::SeqCst));
+
+    drop((promoted, raw));
     blocking(move || {
         drop(standby);
         drop(primary);

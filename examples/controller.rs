@@ -1,16 +1,30 @@
 //! A small controller on pgfence: two "processes" (supervisors) compete for a `scheduler` lease and a `reporter`
 //! lease on a throwaway PostgreSQL server. The scheduler leader creates, claims and completes tasks, every write
-//! carrying its tenure's fence; the reporter leader prints the leases. Halfway through, the process leading `scheduler` shuts
-//! down; the other takes over within milliseconds (LISTEN/NOTIFY) with a larger epoch.
+//! carrying its tenure's fence; the reporter leader prints the leases. Each writes only while its tenure is believed
+//! held and says why it stopped. Halfway through, the process leading `scheduler` shuts down; the other takes over
+//! within milliseconds (LISTEN/NOTIFY) with a larger epoch. Then an operator force-releases `reporter`: its leader
+//! is told of the loss and its supervisor campaigns again on its own.
 //!
 //! Run with `cargo run --example controller` (needs the PostgreSQL server binaries; or set DATABASE_URL).
 
 use std::time::Duration;
 
-use pgfence::leader::{BoxError, LeaderContext, LeadershipOptions, PgElector, Supervisor};
+use pgfence::leader::{
+    BoxError, LeaderContext, LeadershipOptions, PgElector, Supervisor, TenureEnd,
+};
 use pgfence::{Store, StoreConfig, TaskState};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+
+/// Why a tenure ended, in a line.
+fn why_stopped(ctx: &LeaderContext) -> String {
+    // `Some` once the token is cancelled or `is_held` has answered false: the loops below stop only then.
+    match ctx.end_cause() {
+        Some(TenureEnd::Lost(cause)) => format!("lost ({cause}); campaigning again"),
+        Some(end) => end.to_string(),
+        None => "still leading".to_owned(),
+    }
+}
 
 async fn schedule(store: Store, ctx: LeaderContext, who: &'static str) -> Result<(), BoxError> {
     println!("[{who}] leads scheduler with epoch {}", ctx.epoch());
@@ -19,6 +33,11 @@ async fn schedule(store: Store, ctx: LeaderContext, who: &'static str) -> Result
         tokio::select! {
             _ = ctx.cancelled() => break,
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+        // The token can fire late on a starved runtime; `is_held` reads the monotonic clock and cannot: no new
+        // work past the local deadline.
+        if !ctx.is_held() {
+            break;
         }
         // Every write presents this tenure's fence; the database refuses it once another epoch exists.
         let key = format!("job-{}-{n}", ctx.epoch());
@@ -38,16 +57,23 @@ async fn schedule(store: Store, ctx: LeaderContext, who: &'static str) -> Result
         println!("[{who}] ran {key} (fence {})", done.task.fence);
         n += 1;
     }
-    println!("[{who}] scheduler stopped");
+    println!(
+        "[{who}] scheduler stopped at epoch {}: {}",
+        ctx.epoch(),
+        why_stopped(&ctx)
+    );
     Ok(())
 }
 
 async fn report(store: Store, ctx: LeaderContext, who: &'static str) -> Result<(), BoxError> {
     println!("[{who}] leads reporter with epoch {}", ctx.epoch());
-    while !ctx.cancellation_token().is_cancelled() {
+    loop {
         tokio::select! {
             _ = ctx.cancelled() => break,
             _ = tokio::time::sleep(Duration::from_millis(700)) => {}
+        }
+        if !ctx.is_held() {
+            break;
         }
         for lease in store.leases().await? {
             println!(
@@ -61,6 +87,11 @@ async fn report(store: Store, ctx: LeaderContext, who: &'static str) -> Result<(
             );
         }
     }
+    println!(
+        "[{who}] reporter stopped at epoch {}: {}",
+        ctx.epoch(),
+        why_stopped(&ctx)
+    );
     Ok(())
 }
 
@@ -104,6 +135,9 @@ async fn main() -> Result<(), BoxError> {
         "-- readiness of process-b: {:?}",
         b_status.readiness().await
     );
+    println!("-- an operator force-releases reporter");
+    store.force_release("reporter").await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     b_stop.cancel();
     b.await?;
 

@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -180,6 +181,8 @@ struct Shared {
     margin: Duration,
     /// Send time of the last successful acquire or renew + ttl, by the monotonic clock.
     deadline: Mutex<Instant>,
+    /// The error of the last renewal attempt, `None` after a successful one: the detail of a deadline loss.
+    last_error: Mutex<Option<String>>,
     standing: watch::Sender<Standing>,
     token: CancellationToken,
 }
@@ -200,6 +203,7 @@ impl Shared {
             lease,
             margin,
             deadline: Mutex::new(deadline),
+            last_error: Mutex::new(None),
             standing: watch::Sender::new(Standing::Held),
             token: CancellationToken::new(),
         });
@@ -209,8 +213,30 @@ impl Shared {
         shared
     }
 
-    fn is_held(&self) -> bool {
+    /// Not ended (lost or released) yet, by the standing alone; see [`believed_held`](Self::believed_held) for the
+    /// answer that also reads the clock.
+    fn is_current(&self) -> bool {
         matches!(*self.standing.borrow(), Standing::Held)
+    }
+
+    /// Whether this process may still believe it holds the tenure: not ended, and before the local deadline by
+    /// the monotonic clock. Whoever first sees that deadline passed — the renewal task's timer or a caller asking
+    /// here — declares the loss, so the belief ends once, at the deadline, even when a starved runtime runs that
+    /// timer late; a renewal that completes afterwards does not revive it (safe: it only ends trust early).
+    fn believed_held(&self) -> bool {
+        if !self.is_current() {
+            return false;
+        }
+        if Instant::now() < self.trust_until() {
+            return true;
+        }
+        let last_error = self
+            .last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        self.lose(LossCause::DeadlineExceeded { last_error });
+        false
     }
 
     /// The instant after which this process must not trust the lease.
@@ -219,9 +245,14 @@ impl Shared {
     }
 
     fn renewed(&self, sent: Instant) {
-        if self.is_held() {
+        if self.is_current() {
             *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = sent + self.lease.ttl();
         }
+    }
+
+    /// Records the outcome of the last renewal attempt (`None`: it succeeded).
+    fn set_last_error(&self, error: Option<String>) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error;
     }
 
     /// Held → `to`, once: a tenure ends a single time and is never resumed. On the change the leader gauge drops,
@@ -315,11 +346,14 @@ impl HeldLease {
         self.shared.lease.fence()
     }
 
-    /// True until the lease is lost or released, and never past [`trust_until`](Self::trust_until).
+    /// True until the lease is lost or released, and never at or past [`trust_until`](Self::trust_until).
+    ///
+    /// The clock is read here too: a starved runtime may run the renewal task's deadline timer late, but the
+    /// answer is never "held" past the local deadline. The first call that sees the deadline passed declares the
+    /// loss ([`LossCause::DeadlineExceeded`]) for everyone, so once this returns `false` it stays `false` and
+    /// [`standing`](Self::standing) says why.
     pub fn is_held(&self) -> bool {
-        // The clock is checked here too: a starved runtime may run the renewal task's deadline timer late, but the
-        // answer must never be "held" past the local deadline.
-        self.shared.is_held() && Instant::now() < self.shared.trust_until()
+        self.shared.believed_held()
     }
 
     /// The current standing.
@@ -660,7 +694,7 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
         };
         let members: Vec<Arc<Shared>> = {
             let mut members = group.members.lock().unwrap_or_else(|p| p.into_inner());
-            members.retain(|m| m.is_held());
+            members.retain(|m| m.is_current());
             members.clone()
         };
         if members.is_empty() {
@@ -707,12 +741,11 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
                 // names alone would not tell them apart).
                 for (member, (lease, outcome, reason)) in members.iter().zip(&rows) {
                     debug_assert_eq!(member.lease.qualified_name(), lease);
-                    if outcome == "renewed" {
-                        member.renewed(sent);
-                    } else {
-                        member.lose(LossCause::Definitive {
-                            reason: LossReason::parse(reason.as_deref().unwrap_or("expired")),
-                        });
+                    match renewal_verdict(outcome, reason.as_deref()) {
+                        None => member.renewed(sent),
+                        Some(cause) => {
+                            member.lose(cause);
+                        }
                     }
                 }
                 last_error = None;
@@ -741,14 +774,22 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
     }
 }
 
+/// What one row of `pgfence.renew_many` means for its tenure: `None` when it was renewed, otherwise a definitive
+/// loss. Every refusal is definitive, whatever its reason — superseded, expired, released, or `failover` (the
+/// tenure was granted before the server's last promotion): asking again gets the same answer, and only a new
+/// acquisition (a new epoch) can help, which the runtime's campaign loop does on its own.
+fn renewal_verdict(outcome: &str, reason: Option<&str>) -> Option<LossCause> {
+    (outcome != "renewed").then(|| LossCause::Definitive {
+        reason: LossReason::parse(reason.unwrap_or("expired")),
+    })
+}
+
+/// Records the last renewal outcome on every member and declares the loss of those whose local deadline passed.
 fn expire_members(members: &[Arc<Shared>], last_error: &Option<String>) {
-    let now = Instant::now();
     for member in members {
-        if member.is_held() && now >= member.trust_until() {
-            member.lose(LossCause::DeadlineExceeded {
-                last_error: last_error.clone(),
-            });
-        }
+        member.set_last_error(last_error.clone());
+        // Declares the loss (with that error) when the deadline has passed.
+        member.believed_held();
     }
 }
 
@@ -868,6 +909,31 @@ impl MemoryElector {
     /// Ends the current tenure of `name` as if the database had granted it to someone else: the holder's
     /// loss signal fires with [`LossCause::Injected`]. Returns whether a tenure was ended.
     pub fn lose(&self, name: &str) -> bool {
+        self.end_tenure(name, LossCause::Injected)
+    }
+
+    /// Ends the current tenure of `name` the way the database would have answered its next renewal with
+    /// `reason`: the holder's loss signal fires with [`LossCause::Definitive`]. Use it to drive a controller
+    /// through a specific loss, e.g. [`LossReason::Failover`]. Returns whether a tenure was ended.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> pgfence::Result<()> {
+    /// use std::time::Duration;
+    /// use pgfence::LossReason;
+    /// use pgfence::leader::{Elector, LeaseOptions, LossCause, MemoryElector};
+    ///
+    /// let elector = MemoryElector::new();
+    /// let lease = elector.acquire("scheduler", "pod-a", &LeaseOptions::new(Duration::from_secs(15))).await?;
+    /// assert!(elector.lose_because("scheduler", LossReason::Failover));
+    /// assert!(!lease.is_held());
+    /// assert_eq!(lease.lost().await, Some(LossCause::Definitive { reason: LossReason::Failover }));
+    /// # Ok(()) }
+    /// ```
+    pub fn lose_because(&self, name: &str, reason: LossReason) -> bool {
+        self.end_tenure(name, LossCause::Definitive { reason })
+    }
+
+    fn end_tenure(&self, name: &str, cause: LossCause) -> bool {
         let qualified = self.qualify(name);
         let current = {
             let mut leases = self.inner.leases.lock().unwrap_or_else(|p| p.into_inner());
@@ -879,9 +945,7 @@ impl MemoryElector {
                 _ => None,
             }
         };
-        let ended = current
-            .map(|s| s.lose(LossCause::Injected))
-            .unwrap_or(false);
+        let ended = current.map(|s| s.lose(cause)).unwrap_or(false);
         let _ = self.sender().send(qualified);
         ended
     }
@@ -1027,12 +1091,49 @@ fn far_future() -> Instant {
 // ------------------------------------------------------------------------------------------------------------
 // run_with_leadership and the supervisor.
 
-/// What the callback of [`run_with_leadership`] gets: the fence to present on every write and a token that is
-/// cancelled when the lease is lost or the parent is cancelled.
+/// What the callback of [`run_with_leadership`] gets for one tenure: the fence to present on every write,
+/// whether the tenure is still believed held ([`is_held`](Self::is_held)), a token cancelled when leadership
+/// ends, and why it ended ([`end_cause`](Self::end_cause)).
+///
+/// Clones share one tenure: work the callback hands a clone to sees the same answers.
+///
+/// What it does not guarantee: that a write already in flight when the tenure ends is refused — the database
+/// decides that by epoch, which is why every write presents [`fence`](Self::fence).
 #[derive(Debug, Clone)]
 pub struct LeaderContext {
     fence: Fence,
     token: CancellationToken,
+    /// The tenure's state, shared with its [`HeldLease`] and renewal task.
+    tenure: Arc<Shared>,
+    /// Set by [`run_with_leadership`] before it cancels the token because its parent was cancelled.
+    shutdown: Arc<AtomicBool>,
+}
+
+/// Why the leadership a [`LeaderContext`] stands for ended (or, for [`Shutdown`](Self::Shutdown), is ending).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TenureEnd {
+    /// The tenure was lost: the database ended it ([`LossCause::Definitive`]), the local deadline passed without
+    /// a renewal ([`LossCause::DeadlineExceeded`]), or a test double injected the loss. Writes with its fence are
+    /// refused (or soon will be); the runtime re-campaigns for a new tenure.
+    Lost(LossCause),
+    /// The caller asked leadership to stop (the parent token of [`run_with_leadership`] or the supervisor's
+    /// shutdown was cancelled). The tenure stays held until the callback returns and is then released, so work in
+    /// flight may finish with the fence; start nothing new.
+    Shutdown,
+    /// The callback returned (or failed) and the tenure was released: only work the callback left running with a
+    /// clone of the context can see this.
+    Released,
+}
+
+impl fmt::Display for TenureEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TenureEnd::Lost(cause) => write!(f, "lost: {cause}"),
+            TenureEnd::Shutdown => f.write_str("shut down"),
+            TenureEnd::Released => f.write_str("released after the callback returned"),
+        }
+    }
 }
 
 impl LeaderContext {
@@ -1046,12 +1147,93 @@ impl LeaderContext {
         self.fence.epoch()
     }
 
-    /// Cancelled when leadership ends (loss or shutdown): stop working then.
+    /// Whether this process still believes it holds the tenure — the same answer as [`HeldLease::is_held`] for
+    /// the lease behind this context: false once the lease is lost or released, and never true at or past
+    /// [`trust_until`](Self::trust_until), even when a starved runtime has not yet run the timer that would
+    /// declare the loss (the first caller to see the deadline passed declares it). Once false it stays false, and
+    /// [`end_cause`](Self::end_cause) says why.
+    ///
+    /// Check it before each write: the token tells a waiting callback promptly, this tells a busy one truthfully.
+    /// It stays true during an orderly [`Shutdown`](TenureEnd::Shutdown) until the tenure is released.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> pgfence::Result<()> {
+    /// use std::time::Duration;
+    /// use pgfence::leader::{run_with_leadership, LeadershipOptions, LossCause, MemoryElector, TenureEnd};
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// let elector = MemoryElector::new();
+    /// let (ctx_tx, ctx_rx) = tokio::sync::oneshot::channel();
+    /// let run = tokio::spawn({
+    ///     let elector = elector.clone();
+    ///     async move {
+    ///         let options = LeadershipOptions::new(Duration::from_secs(15));
+    ///         run_with_leadership(&elector, "scheduler", "pod-a", &options, &CancellationToken::new(),
+    ///             move |ctx| async move {
+    ///                 ctx_tx.send(ctx.clone()).unwrap();
+    ///                 ctx.cancelled().await;
+    ///                 Ok::<_, pgfence::Error>(())
+    ///             }).await
+    ///     }
+    /// });
+    /// let ctx = ctx_rx.await.unwrap();
+    /// assert!(ctx.is_held());
+    /// elector.lose("scheduler"); // as if the database had granted the lease to someone else
+    /// assert!(!ctx.is_held());
+    /// assert_eq!(ctx.end_cause(), Some(TenureEnd::Lost(LossCause::Injected)));
+    /// run.await.unwrap()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn is_held(&self) -> bool {
+        self.tenure.believed_held()
+    }
+
+    /// By the monotonic clock, the instant until which this process trusts the tenure (send time of the last
+    /// successful renewal + ttl − safety margin); see [`HeldLease::trust_until`]. Useful to bound a write's
+    /// timeout.
+    pub fn trust_until(&self) -> Instant {
+        self.tenure.trust_until()
+    }
+
+    /// Why leadership ended, or `None` while it goes on. `Some` from the moment the
+    /// [`cancellation token`](Self::cancellation_token) is cancelled, and whenever [`is_held`](Self::is_held) is
+    /// false. A loss is reported as [`TenureEnd::Lost`] with its cause even when it happens during an orderly
+    /// shutdown (the tenure was then not released in order); otherwise an orderly stop is
+    /// [`TenureEnd::Shutdown`].
+    ///
+    /// ```
+    /// use pgfence::leader::{LeaderContext, LossCause, TenureEnd};
+    /// use pgfence::LossReason;
+    ///
+    /// fn report(ctx: &LeaderContext) {
+    ///     match ctx.end_cause() {
+    ///         None => println!("still leading at epoch {}", ctx.epoch()),
+    ///         Some(TenureEnd::Lost(LossCause::Definitive { reason: LossReason::Failover })) => {
+    ///             println!("the database failed over; campaigning again")
+    ///         }
+    ///         Some(TenureEnd::Lost(cause)) => println!("lost epoch {}: {cause}", ctx.epoch()),
+    ///         Some(end) => println!("stopped: {end}"),
+    ///     }
+    /// }
+    /// ```
+    pub fn end_cause(&self) -> Option<TenureEnd> {
+        // Read the clock first: past the local deadline the tenure is over even if no timer has said so yet.
+        self.tenure.believed_held();
+        match &*self.tenure.standing.borrow() {
+            Standing::Lost(cause) => Some(TenureEnd::Lost(cause.clone())),
+            _ if self.shutdown.load(Ordering::SeqCst) => Some(TenureEnd::Shutdown),
+            Standing::Released => Some(TenureEnd::Released),
+            Standing::Held => None,
+        }
+    }
+
+    /// Cancelled when leadership ends (loss or shutdown): stop working then. [`end_cause`](Self::end_cause)
+    /// says why.
     pub fn cancellation_token(&self) -> &CancellationToken {
         &self.token
     }
 
-    /// Completes when leadership ends.
+    /// Completes when leadership ends (loss or shutdown); [`end_cause`](Self::end_cause) is `Some` from then on.
     pub async fn cancelled(&self) {
         self.token.cancelled().await
     }
@@ -1120,19 +1302,24 @@ fn jittered(base: Duration) -> Duration {
 /// ```no_run
 /// # async fn example(store: pgfence::Store) -> pgfence::Result<()> {
 /// use std::time::Duration;
-/// use pgfence::leader::{run_with_leadership, LeadershipOptions, PgElector};
+/// use pgfence::leader::{run_with_leadership, LeadershipOptions, PgElector, TenureEnd};
 /// use tokio_util::sync::CancellationToken;
 ///
 /// let elector = PgElector::new(store.clone());
 /// let shutdown = CancellationToken::new();
 /// let ended = run_with_leadership(&elector, "scheduler", "pod-a", &LeadershipOptions::new(Duration::from_secs(15)),
 ///     &shutdown, move |ctx| async move {
-///         while !ctx.cancellation_token().is_cancelled() {
+///         // `is_held` reads the monotonic clock: false at the local deadline even if the loss signal is late.
+///         while ctx.is_held() && !ctx.cancellation_token().is_cancelled() {
 ///             store.create_task(ctx.fence(), "tick", &serde_json::json!({})).await?;
 ///             tokio::select! {
-///                 _ = ctx.cancelled() => break,
+///                 _ = ctx.cancelled() => {}
 ///                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
 ///             }
+///         }
+///         match ctx.end_cause() {
+///             Some(TenureEnd::Lost(cause)) => eprintln!("lost epoch {}: {cause}", ctx.epoch()),
+///             other => eprintln!("stopped leading: {other:?}"),
 ///         }
 ///         Ok::<_, pgfence::Error>(())
 ///     }).await?;
@@ -1179,9 +1366,12 @@ where
     tracing::info!(target: TARGET, lease = %qualified, epoch = %lease.epoch(), holder, "leading");
 
     let token = lease.cancellation_token().child_token();
+    let shutdown = Arc::new(AtomicBool::new(false));
     let context = LeaderContext {
         fence: lease.fence(),
         token: token.clone(),
+        tenure: lease.shared.clone(),
+        shutdown: shutdown.clone(),
     };
     let mut task = tokio::spawn(callback(context));
     let lost = lease.lost();
@@ -1202,6 +1392,10 @@ where
             if let Standing::Lost(cause) = lease.standing() {
                 return Ok(Ended::Lost { cause, callback_stopped: true });
             }
+            if parent.is_cancelled() {
+                // Seen by work the callback left running with a clone of the context.
+                shutdown.store(true, Ordering::SeqCst);
+            }
             let ended = match joined {
                 Ok(Ok(())) if parent.is_cancelled() => Ended::Cancelled { callback_stopped: true },
                 Ok(Ok(())) => Ended::Returned,
@@ -1212,6 +1406,10 @@ where
             return Ok(ended);
         }
     };
+    if let Stop::Cancelled = stop {
+        // Before the token: a callback woken by it must find the cause already set.
+        shutdown.store(true, Ordering::SeqCst);
+    }
     token.cancel();
     let callback_stopped = match tokio::time::timeout(options.grace, &mut task).await {
         Ok(_) => true,
@@ -1499,5 +1697,42 @@ async fn campaign<E: Elector>(
             _ = shutdown.cancelled() => break,
             _ = tokio::time::sleep(delay) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A renewal refused with `failover` (the tenure predates the server's last promotion) is a definitive loss
+    /// with that reason — never a transient error retried until the deadline — so the campaign loop starts a new
+    /// tenure at once. Every other refusal is definitive too; only `renewed` keeps the tenure.
+    #[test]
+    fn every_refused_renewal_is_a_definitive_loss_with_its_reason() {
+        assert_eq!(renewal_verdict("renewed", None), None);
+        assert_eq!(
+            renewal_verdict("lost", Some("failover")),
+            Some(LossCause::Definitive {
+                reason: LossReason::Failover
+            })
+        );
+        for reason in [
+            LossReason::Superseded,
+            LossReason::Expired,
+            LossReason::Released,
+            LossReason::UnknownLease,
+            LossReason::HolderMismatch,
+        ] {
+            assert_eq!(
+                renewal_verdict("lost", Some(reason.as_str())),
+                Some(LossCause::Definitive { reason })
+            );
+        }
+        assert_eq!(
+            renewal_verdict("lost", None),
+            Some(LossCause::Definitive {
+                reason: LossReason::Expired
+            })
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! The leadership runtime against real PostgreSQL and, for the seed scenarios, against the in-memory double
 //! too: one owner per name, loss cancels the callback, a failed acquisition leaves the gauge false, stable lease
-//! keys; then keepalive, local-deadline loss, release semantics, handover times and batched renewal.
+//! keys; then keepalive, local-deadline loss, release semantics, handover times and batched renewal; and what the
+//! callback's `LeaderContext` tells it: whether the tenure is still believed held, and why it ended.
 //!
 //! Invariants checked: 2 (one holder per epoch), 5 (a holder stops trusting its lease by its own monotonic
 //! clock before the database could grant a successor).
@@ -11,13 +12,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::metrics_probe;
+use common::proxy::{Proxy, HOLD_ALL};
 use common::TestDb;
 use pgfence::leader::{
-    run_with_leadership, Elector, Ended, LeadershipOptions, LeaseOptions, LossCause, MemoryElector,
-    PgElector, Standing, Supervisor, METRIC_LEADER, METRIC_RENEW_SECONDS,
+    run_with_leadership, Backoff, Elector, Ended, LeaderContext, LeadershipOptions, LeaseOptions,
+    LossCause, MemoryElector, PgElector, Standing, Supervisor, TenureEnd, METRIC_LEADER,
+    METRIC_RENEW_SECONDS,
 };
 use pgfence::{Error, LossReason, Released};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 /// What a seed scenario needs from a backend besides the elector: inject a loss, and make a lease held by
@@ -27,6 +30,8 @@ trait Backend {
     fn elector(&self) -> Self::E;
     async fn inject_loss(&self, name: &str);
     async fn occupy(&self, name: &str, holder: &str);
+    /// Who holds `name` now, as the backend's store sees it.
+    async fn holder(&self, name: &str) -> Option<String>;
 }
 
 struct Pg {
@@ -60,6 +65,12 @@ impl Backend for Pg {
             .await
             .unwrap();
     }
+    async fn holder(&self, name: &str) -> Option<String> {
+        let status = self.elector.store().lease_status(name).await.unwrap()?;
+        (status.state == pgfence::LeaseState::Held)
+            .then_some(status.holder)
+            .flatten()
+    }
 }
 
 struct Memory {
@@ -76,6 +87,9 @@ impl Backend for Memory {
     }
     async fn occupy(&self, name: &str, holder: &str) {
         self.elector.occupy(name, holder).unwrap();
+    }
+    async fn holder(&self, name: &str) -> Option<String> {
+        self.elector.holder(name).map(|(holder, _)| holder)
     }
 }
 
@@ -712,4 +726,346 @@ async fn a_superseded_tenure_in_the_same_renewal_group_is_declared_lost() {
     );
     tokio::time::sleep(Duration::from_millis(300)).await; // a few more ticks
     assert!(new.is_held(), "{:?}", new.standing());
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// What the callback's context tells it: whether the tenure is still believed held, and why it ended.
+
+/// What a callback's context said when its token was cancelled.
+#[derive(Debug)]
+struct Observed {
+    is_held: bool,
+    end_cause: Option<TenureEnd>,
+}
+
+type Run = tokio::task::JoinHandle<pgfence::Result<Ended<Error>>>;
+
+/// Leads `name` as `pod-a` with a callback that hands a clone of its context out, waits for its token, reports
+/// what the context said then and returns.
+fn lead_and_observe<E: Elector>(
+    elector: &E,
+    name: &str,
+    options: LeadershipOptions,
+    shutdown: &CancellationToken,
+) -> (
+    Run,
+    oneshot::Receiver<LeaderContext>,
+    oneshot::Receiver<Observed>,
+) {
+    let (ctx_tx, ctx_rx) = oneshot::channel();
+    let (seen_tx, seen_rx) = oneshot::channel();
+    let (elector, name, shutdown) = (elector.clone(), name.to_owned(), shutdown.clone());
+    let run = tokio::spawn(async move {
+        run_with_leadership(
+            &elector,
+            &name,
+            "pod-a",
+            &options,
+            &shutdown,
+            move |ctx| async move {
+                ctx_tx.send(ctx.clone()).unwrap();
+                ctx.cancelled().await;
+                seen_tx
+                    .send(Observed {
+                        is_held: ctx.is_held(),
+                        end_cause: ctx.end_cause(),
+                    })
+                    .unwrap();
+                Ok::<_, Error>(())
+            },
+        )
+        .await
+    });
+    (run, ctx_rx, seen_rx)
+}
+
+/// Invariant 5, as the callback sees it: after a loss its context no longer believes it holds the tenure, and
+/// the end cause is the loss cause — the same one the run reports — from the moment the token is cancelled.
+async fn the_context_reports_the_loss_cause<B: Backend>(backend: B, name: &str) {
+    let elector = backend.elector();
+    let shutdown = CancellationToken::new();
+    let (run, ctx, seen) = lead_and_observe(&elector, name, options(), &shutdown);
+    let ctx = ctx.await.unwrap();
+    assert!(ctx.is_held());
+    assert_eq!(ctx.end_cause(), None);
+    backend.inject_loss(name).await;
+    let seen = seen.await.unwrap();
+    let cause = match run.await.unwrap().unwrap() {
+        Ended::Lost {
+            cause,
+            callback_stopped,
+        } => {
+            assert!(callback_stopped);
+            cause
+        }
+        other => panic!("expected Lost, got {other:?}"),
+    };
+    assert!(!seen.is_held, "{seen:?}");
+    assert_eq!(seen.end_cause, Some(TenureEnd::Lost(cause.clone())));
+    assert!(!ctx.is_held());
+    assert_eq!(ctx.end_cause(), Some(TenureEnd::Lost(cause)));
+}
+
+/// An orderly stop is not a loss, and the context does not claim one: once the parent is cancelled the end cause
+/// is `Shutdown` while the tenure is still held (the lease is released only after the callback returned, so work
+/// in flight may finish with its fence); after the release the context no longer believes it holds the tenure
+/// (invariant 5) and still says `Shutdown`, and the store has no holder.
+async fn the_context_reports_shutdown_after_an_orderly_stop<B: Backend>(backend: B, name: &str) {
+    let elector = backend.elector();
+    let shutdown = CancellationToken::new();
+    let (run, ctx, seen) = lead_and_observe(&elector, name, options(), &shutdown);
+    let ctx = ctx.await.unwrap();
+    assert_eq!(backend.holder(name).await.as_deref(), Some("pod-a"));
+    shutdown.cancel();
+    let seen = seen.await.unwrap();
+    assert!(
+        seen.is_held,
+        "still held until the callback returns: {seen:?}"
+    );
+    assert_eq!(seen.end_cause, Some(TenureEnd::Shutdown));
+    match run.await.unwrap().unwrap() {
+        Ended::Cancelled { callback_stopped } => assert!(callback_stopped),
+        other => panic!("expected Cancelled, got {other:?}"),
+    }
+    assert!(!ctx.is_held());
+    assert_eq!(ctx.end_cause(), Some(TenureEnd::Shutdown));
+    assert_eq!(backend.holder(name).await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_the_context_reports_the_loss_cause() {
+    the_context_reports_the_loss_cause(Pg::new().await, "ctx-loss").await;
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_the_context_reports_the_loss_cause() {
+    the_context_reports_the_loss_cause(
+        Memory {
+            elector: MemoryElector::new(),
+        },
+        "mem-ctx-loss",
+    )
+    .await;
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_the_context_reports_shutdown_after_an_orderly_stop() {
+    the_context_reports_shutdown_after_an_orderly_stop(Pg::new().await, "ctx-stop").await;
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_the_context_reports_shutdown_after_an_orderly_stop() {
+    the_context_reports_shutdown_after_an_orderly_stop(
+        Memory {
+            elector: MemoryElector::new(),
+        },
+        "mem-ctx-stop",
+    )
+    .await;
+}
+
+/// Invariant 5: when renewals stop getting through (a partition that holds every byte), a callback that asks
+/// `is_held` before each write never gets "held" at or past its local deadline, stops no later than (send time
+/// of the last good renewal + ttl) — the earliest the database could grant a successor — and is told the
+/// deadline loss as its end cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_context_stops_believing_at_the_local_deadline_when_renewals_stop() {
+    let db = TestDb::new().await;
+    let proxy = Proxy::start(db.port()).await;
+    let store = pgfence::Store::connect(
+        pgfence::StoreConfig::new(proxy.url(&db.name), "c")
+            .connect_timeout(Duration::from_millis(300))
+            .checkout_timeout(Duration::from_millis(300)),
+    )
+    .await
+    .unwrap();
+    let elector = PgElector::new(store);
+    let margin = Duration::from_millis(300);
+    let mut options = options();
+    options.lease = LeaseOptions::new(Duration::from_millis(1500));
+    options.lease.renew_every = Some(Duration::from_millis(200));
+    options.lease.safety_margin = Some(margin);
+    let (started_tx, started_rx) = oneshot::channel::<()>();
+    let (report_tx, report_rx) = oneshot::channel();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(async move {
+        run_with_leadership(
+            &elector,
+            "partitioned",
+            "pod-a",
+            &options,
+            &shutdown,
+            move |ctx| async move {
+                started_tx.send(()).unwrap();
+                let mut believed_past_deadline = 0;
+                // The writer's loop: one "write" per answer "held".
+                loop {
+                    let asked_at = Instant::now();
+                    if !ctx.is_held() {
+                        break;
+                    }
+                    // "Held" means its clock read was before the deadline, and the deadline only moves later.
+                    if asked_at >= ctx.trust_until() {
+                        believed_past_deadline += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                let stopped_at = Instant::now();
+                report_tx
+                    .send((
+                        believed_past_deadline,
+                        stopped_at,
+                        ctx.trust_until(),
+                        ctx.end_cause(),
+                    ))
+                    .unwrap();
+                Ok::<_, Error>(())
+            },
+        )
+        .await
+    });
+    started_rx.await.unwrap();
+    proxy.set(HOLD_ALL);
+    let (believed_past_deadline, stopped_at, trust_until, end_cause) =
+        tokio::time::timeout(Duration::from_secs(10), report_rx)
+            .await
+            .expect("the writer never stopped believing")
+            .unwrap();
+    assert_eq!(believed_past_deadline, 0);
+    // trust_until = send time of the last good renewal + ttl − margin; the database's expiry is later than
+    // that send time + ttl.
+    assert!(
+        stopped_at < trust_until + margin,
+        "stopped {:?} after the local deadline",
+        stopped_at - trust_until
+    );
+    let Some(TenureEnd::Lost(cause @ LossCause::DeadlineExceeded { .. })) = end_cause else {
+        panic!("expected a deadline loss, got {end_cause:?}");
+    };
+    match run.await.unwrap().unwrap() {
+        Ended::Lost {
+            cause: reported, ..
+        } => assert_eq!(reported, cause),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+}
+
+/// Invariant 5 with a starved runtime: while the only runtime thread is blocked past the local deadline, the
+/// renewal task can neither renew nor fire its deadline timer; the first `is_held` afterwards is false all the
+/// same, the end cause is the deadline loss, and a renewal that runs later does not revive the tenure.
+#[tokio::test] // one thread: blocking the test blocks the renewal task too
+async fn a_starved_runtime_never_believes_past_the_local_deadline() {
+    let pg = Pg::new().await;
+    let mut options = options();
+    options.lease = LeaseOptions::new(Duration::from_millis(1000));
+    options.lease.renew_every = Some(Duration::from_millis(200));
+    options.lease.safety_margin = Some(Duration::from_millis(200));
+    let shutdown = CancellationToken::new();
+    let (run, ctx, _seen) = lead_and_observe(&pg.elector, "starved", options, &shutdown);
+    let ctx = ctx.await.unwrap();
+    assert!(ctx.is_held());
+    let deadline = ctx.trust_until();
+    std::thread::sleep(
+        deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(20),
+    );
+    // Nothing else has run since the deadline passed.
+    assert!(!ctx.is_held());
+    let end_cause = ctx.end_cause();
+    assert!(
+        matches!(
+            end_cause,
+            Some(TenureEnd::Lost(LossCause::DeadlineExceeded { .. }))
+        ),
+        "{end_cause:?}"
+    );
+    match run.await.unwrap().unwrap() {
+        Ended::Lost { cause, .. } => assert_eq!(Some(TenureEnd::Lost(cause)), end_cause),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    // The renewal task has run by now (a renewal in flight may even have succeeded): the belief stays ended.
+    assert!(!ctx.is_held());
+    assert_eq!(ctx.end_cause(), end_cause);
+}
+
+/// Invariants 2 and 5 through a failover: a tenure whose renewal is refused with `failover` (granted before the
+/// server's last promotion) ends at once with that definitive cause — the callback's context stops believing and
+/// says why — and the supervisor campaigns again without any operator action, leading with a larger epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_loss_is_reported_and_the_supervisor_campaigns_again() {
+    let elector = MemoryElector::new();
+    let (started_tx, mut started) = mpsc::unbounded_channel::<LeaderContext>();
+    let supervisor = Supervisor::new(elector.clone(), "pod-a")
+        .backoff(Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(100),
+            multiplier: 2.0,
+        })
+        .controller("scheduler", options(), move |ctx| {
+            let started = started_tx.clone();
+            async move {
+                started.send(ctx.clone()).unwrap();
+                ctx.cancelled().await;
+                Ok(())
+            }
+        });
+    let status = supervisor.status();
+    let shutdown = CancellationToken::new();
+    let supervisor = tokio::spawn(supervisor.run(shutdown.clone()));
+
+    let first = started.recv().await.unwrap();
+    assert!(elector.lose_because("scheduler", LossReason::Failover));
+    let failover = Some(TenureEnd::Lost(LossCause::Definitive {
+        reason: LossReason::Failover,
+    }));
+    assert!(!first.is_held());
+    assert_eq!(first.end_cause(), failover);
+
+    let second = started.recv().await.unwrap();
+    assert!(second.epoch() > first.epoch());
+    assert!(second.is_held());
+    assert_eq!(second.end_cause(), None);
+    assert_eq!(
+        elector.holder("scheduler"),
+        Some(("pod-a".to_owned(), second.epoch()))
+    );
+    assert_eq!(status.leading().get("scheduler"), Some(&true));
+
+    shutdown.cancel();
+    supervisor.await.unwrap();
+    assert!(!second.is_held());
+    assert_eq!(second.end_cause(), Some(TenureEnd::Shutdown));
+    assert_eq!(first.end_cause(), failover, "an end is never rewritten");
+    assert_eq!(elector.holder("scheduler"), None);
+}
+
+/// Invariant 5 for work a callback leaves behind: once the callback has returned and the tenure was released, a
+/// task still holding a clone of the context is cancelled, no longer believes it holds the tenure, and is told
+/// that the tenure was released — not lost, not shut down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_left_running_after_the_callback_returned_is_told_of_the_release() {
+    let elector = MemoryElector::new();
+    let shutdown = CancellationToken::new();
+    let (seen_tx, seen_rx) = oneshot::channel();
+    let ended = run_with_leadership(
+        &elector,
+        "left-behind",
+        "pod-a",
+        &options(),
+        &shutdown,
+        move |ctx| async move {
+            tokio::spawn(async move {
+                ctx.cancelled().await;
+                seen_tx
+                    .send(Observed {
+                        is_held: ctx.is_held(),
+                        end_cause: ctx.end_cause(),
+                    })
+                    .unwrap();
+            });
+            Ok::<_, Error>(())
+        },
+    )
+    .await
+    .unwrap();
+    assert!(matches!(ended, Ended::Returned), "{ended:?}");
+    let seen = seen_rx.await.unwrap();
+    assert!(!seen.is_held);
+    assert_eq!(seen.end_cause, Some(TenureEnd::Released));
 }

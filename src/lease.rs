@@ -294,7 +294,8 @@ pub struct Tenure {
     pub acquired_at: DateTime<Utc>,
     /// When it ended; `None` while current.
     pub ended_at: Option<DateTime<Utc>>,
-    /// `released`, `expired`, `forced` or `reacquired`; `None` while current.
+    /// `released`, `expired`, `forced`, `reacquired` or `failover` (granted before a promotion, ended after it);
+    /// `None` while current.
     pub end_reason: Option<String>,
     /// The last task write accepted under this epoch.
     pub last_write_at: Option<DateTime<Utc>>,

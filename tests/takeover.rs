@@ -250,7 +250,10 @@ async fn lock_waits_are_bounded_and_name_the_blocker() {
         .await
         .unwrap();
     let started = Instant::now();
-    let err = store.force_release("bounded").await.unwrap_err();
+    let err = tokio::time::timeout(Duration::from_secs(15), store.force_release("bounded"))
+        .await
+        .expect("the takeover's wait must be bounded")
+        .unwrap_err();
     let waited = started.elapsed();
     assert_eq!(err.sqlstate(), Some("PF003"), "{err}");
     let message = err.to_string();
@@ -273,10 +276,13 @@ async fn lock_waits_are_bounded_and_name_the_blocker() {
         .await
         .unwrap();
     let started = Instant::now();
-    let err = store
-        .create_task(&lease.fence(), "k", &serde_json::json!({}))
-        .await
-        .unwrap_err();
+    let err = tokio::time::timeout(
+        Duration::from_secs(15),
+        store.create_task(&lease.fence(), "k", &serde_json::json!({})),
+    )
+    .await
+    .expect("the guard's wait must be bounded")
+    .unwrap_err();
     assert_eq!(err.sqlstate(), Some("PF003"), "{err}");
     assert!(
         err.to_string().contains("'open-takeover'"),

@@ -598,6 +598,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l  pgfence.leases;
     ts timestamptz;
+    why text;
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, 1);
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
@@ -612,21 +613,21 @@ BEGIN
     END IF;
     PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
     ts := clock_timestamp();
+    why := CASE WHEN l.timeline < pgfence._timeline() THEN 'failover'
+                WHEN l.expires_at <= ts THEN 'expired' ELSE 'forced' END;
     UPDATE pgfence.leases SET state = 'released', expires_at = LEAST(expires_at, ts) WHERE name = p_lease;
     UPDATE pgfence.tenures
-       SET ended_at = LEAST(l.expires_at, ts),
-           end_reason = CASE WHEN l.expires_at <= ts THEN 'expired' ELSE 'forced' END
+       SET ended_at = LEAST(l.expires_at, ts), end_reason = why
      WHERE lease = p_lease AND epoch = l.epoch AND ended_at IS NULL;
     PERFORM pg_notify('pgfence_lease_free', p_lease);
-    RETURN ROW('released', CASE WHEN l.expires_at <= ts THEN 'expired' ELSE 'forced' END,
-               l.epoch, l.holder, 0)::pgfence.lease_result;
+    RETURN ROW('released', why, l.epoch, l.holder, 0)::pgfence.lease_result;
 END;
 $$;
 
 -- Every change of who may write a lease (epoch, holder, state, timeline) takes its guard lock EXCLUSIVE, also
 -- when a role with table privileges UPDATEs the row directly: it waits for guarded transactions in flight and
--- holds off new ones until it commits. The functions above take the lock themselves first (bounded, with the
--- grace); for them this is a re-grant of a lock already held. Epochs never go down and lease rows are never
+-- holds off new ones until it commits; like theirs, its wait is bounded by the grace, after which it ends the
+-- guard holders. The functions above take the lock themselves first; for them this is a re-grant. Epochs never go down and lease rows are never
 -- deleted (invariant 1: a deleted row would restart at epoch 0).
 CREATE FUNCTION pgfence._lease_change() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -639,7 +640,9 @@ BEGIN
         RAISE EXCEPTION 'pgfence: refused change of lease %: epochs never go down, names and lock keys never change',
             pgfence._printable(OLD.name) USING ERRCODE = 'PF005';
     END IF;
-    PERFORM pg_catalog.pg_advisory_xact_lock(1885824613, OLD.lock_key);
+    -- Bounded like a takeover: the grace, then the guard holders are ended (a no-op re-grant for the functions,
+    -- which took the lock already).
+    PERFORM pgfence._take_guard_lock(OLD.name, OLD.lock_key);
     RETURN NEW;
 END;
 $$;
@@ -676,23 +679,36 @@ CREATE FUNCTION pgfence._reject(p_lease text, p_epoch bigint, p_current_epoch bi
                                 p_reason text, p_operation text, p_table text, p_key text,
                                 p_may_wait boolean DEFAULT false)
 RETURNS pgfence.write_result
-LANGUAGE plpgsql SET lock_timeout = '10s' AS $$
+LANGUAGE plpgsql SET lock_timeout = '10min' AS $$
 DECLARE
     previous timestamptz;
+    wait_ms  bigint := pgfence._lock_wait_ms();
 BEGIN
     SELECT r.last_rejected_at INTO previous FROM pgfence.rejections r
      WHERE r.lease = p_lease AND r.presented_epoch = p_epoch AND r.operation = p_operation;
-    -- Bounded (the SET clause): a stale fenced transaction left open keeps its aggregated row locked.
-    INSERT INTO pgfence.rejections (lease, presented_epoch, current_epoch, current_holder, reason, operation,
-                                    target_table, target_key, last_target_key)
-    VALUES (p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table, p_key, p_key)
-    ON CONFLICT (lease, presented_epoch, operation) DO UPDATE
-       SET count = pgfence.rejections.count + 1,
-           last_rejected_at = clock_timestamp(),
-           last_target_key = EXCLUDED.target_key,
-           current_epoch = EXCLUDED.current_epoch,
-           current_holder = EXCLUDED.current_holder,
-           reason = EXCLUDED.reason;
+    -- Bounded: a stale fenced transaction left open keeps its aggregated row locked. The first refusal's
+    -- reason and epochs are kept (after a failover, 'failover' stays the evidence even once the tenure is also
+    -- superseded); the count, the last time and the last key move.
+    PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+    BEGIN
+        INSERT INTO pgfence.rejections (lease, presented_epoch, current_epoch, current_holder, reason, operation,
+                                        target_table, target_key, last_target_key)
+        VALUES (p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table, p_key, p_key)
+        ON CONFLICT (lease, presented_epoch, operation) DO UPDATE
+           SET count = pgfence.rejections.count + 1,
+               last_rejected_at = clock_timestamp(),
+               last_target_key = EXCLUDED.target_key;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'pgfence: refusal of a stale % on lease % waited % ms for its audit row; blocked by %',
+            pgfence._printable(p_operation), pgfence._printable(p_lease), wait_ms,
+            pgfence._describe_backends((SELECT coalesce(array_agg(DISTINCT k.pid), '{}') FROM pg_catalog.pg_locks k
+                                         WHERE k.locktype = 'relation' AND k.granted
+                                           AND k.relation = 'pgfence.rejections'::regclass
+                                           AND k.mode = 'RowExclusiveLock'
+                                           AND k.pid <> pg_catalog.pg_backend_pid()))
+            USING ERRCODE = 'PF003',
+                  HINT = 'A transaction refused as stale for the same lease, epoch and operation stays open.';
+    END;
     -- Backpressure on a stale holder retrying in a tight loop: a repeat within a second of the previous refusal
     -- of the same (lease, epoch, operation) answers 10 ms later. Holding the aggregated row meanwhile queues its
     -- other connections behind it, so a hammering stale writer gets about 100 refusals a second in all and
@@ -722,20 +738,18 @@ BEGIN
     -- What makes a presented epoch stale is permanent: epochs only grow, a released tenure stays released, an
     -- expired one can never be renewed and timelines only grow. So if even an unlocked read shows the epoch
     -- stale, it is stale for good: refusing it without the guard lock keeps a hammering stale holder off the
-    -- lock that the current leader's writes share and that a takeover waits for. ('future_epoch' is the
-    -- exception: an old snapshot may not show an epoch issued since.)
-    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
-    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
-    IF why IS NOT NULL AND why <> 'future_epoch' THEN
-        RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key,
-                               p_may_wait => true);
-    END IF;
+    -- lock that the current leader's writes share and that a takeover waits for. (Under READ COMMITTED the read
+    -- is fresh, so 'future_epoch' too is decided: that epoch has not been issued.)
+    -- First, before any read: under REPEATABLE READ or SERIALIZABLE even a refusal could misreport (an old
+    -- snapshot's current epoch) or fail with a bare 40001 on the aggregated audit row.
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'pgfence: guarded writes need READ COMMITTED isolation; this transaction is %',
             upper(current_setting('transaction_isolation'))
             USING ERRCODE = 'PF004',
                   HINT = 'Run the guarded write in a READ COMMITTED transaction (BEGIN ISOLATION LEVEL READ COMMITTED).';
     END IF;
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
     IF why IS NOT NULL THEN
         RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key,
                                p_may_wait => true);

@@ -96,8 +96,8 @@ pub async fn apply_mutant(url: &str) {
     if path.is_empty() {
         return;
     }
-    let sql = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("PGFENCE_MUTANT_SQL={path}: {e}"));
+    let sql =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("PGFENCE_MUTANT_SQL={path}: {e}"));
     admin_exec(url, &sql).await;
     eprintln!("mutant applied: {path}");
 }

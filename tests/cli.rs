@@ -263,6 +263,82 @@ async fn force_release_needs_confirmation_and_fences_the_holder() {
     assert!(unknown.stderr.contains("unknown lease prod/nope"));
 }
 
+/// force-release never hangs: a fenced transaction left open by the holder is ended after the takeover grace
+/// and the release succeeds; a transaction that keeps the lease row locked makes it fail with exit 7 after
+/// grace + 5 s, naming the blocking backend (invariant 7: every wait is bounded and says who blocked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_is_bounded_and_names_who_blocks() {
+    let db = TestDb::new().await;
+    scenario(&db).await;
+    let url = with_password(&db);
+    let epoch = db
+        .scalar("SELECT epoch FROM pgfence.leases WHERE name = 'prod/scheduler'")
+        .await;
+
+    // An idle fenced transaction of the current tenure: ended after the 2 s default grace.
+    let idle = db.client().await;
+    idle.batch_execute("BEGIN").await.unwrap();
+    let outcome: String = idle
+        .query_one(
+            "SELECT outcome FROM pgfence.fence('prod/scheduler', $1)",
+            &[&epoch],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(outcome, "ok");
+    let started = Instant::now();
+    let done = pgfence(&["force-release", "prod/scheduler", "--yes"], Some(&url)).await;
+    assert_eq!(done.code, 0, "{}", done.stderr);
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        idle.batch_execute("COMMIT").await.is_err(),
+        "the idle transaction was ended"
+    );
+
+    // A renewal left uncommitted keeps the row: exit 7 naming it, bounded by grace (0 here) + 5 s.
+    let admin = db.client().await;
+    admin
+        .query_one("SELECT pgfence.set_takeover_grace('0')", &[])
+        .await
+        .unwrap();
+    let epoch: i64 = admin
+        .query_one(
+            "SELECT epoch FROM pgfence.acquire('prod/scheduler', 'pod-c', 60000)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let open = db.client().await;
+    open.batch_execute("BEGIN").await.unwrap();
+    let pid: i32 = open
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    open.query_one(
+        "SELECT pgfence.renew('prod/scheduler', 'pod-c', $1, 60000)",
+        &[&epoch],
+    )
+    .await
+    .unwrap();
+    let started = Instant::now();
+    let blocked = pgfence(&["force-release", "prod/scheduler", "--yes"], Some(&url)).await;
+    assert_eq!(blocked.code, 7, "{}", blocked.stderr);
+    assert!(
+        blocked.stderr.contains(&format!("pid {pid}")),
+        "{}",
+        blocked.stderr
+    );
+    assert!(started.elapsed() < Duration::from_secs(9));
+    open.batch_execute("ROLLBACK").await.unwrap();
+}
+
 /// Every documented error: a one-line message and its exit code, quickly, with the password never shown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_have_clear_messages_and_documented_exit_codes() {

@@ -27,7 +27,8 @@ pub(crate) struct Cli {
 
 const EXIT_CODES: &str = "Exit codes: 0 ok; 1 unexpected error; 2 usage or bad input (incl. a malformed URL, a \
 missing --yes); 3 database unreachable or refusing the connection; 4 standby or wrong database identity; 5 pgfence \
-schema missing (run `pgfence migrate`); 6 unknown lease; 10 demo verdict: an invariant was violated; 130 \
+schema missing (run `pgfence migrate`); 6 unknown lease; 7 a lock wait ended at its bound (the message names \
+who blocks); 10 demo verdict: an invariant was violated; 130 \
 interrupted.";
 
 #[derive(Debug, Args)]
@@ -214,6 +215,8 @@ impl From<Error> for Failure {
             Error::Connect { .. } | Error::PoolTimeout { .. } => 3,
             Error::NotPrimary { .. } | Error::WrongDatabase { .. } => 4,
             Error::SchemaMissing => 5,
+            // A bounded lock wait ended; the message names the blocking backends.
+            e if matches!(e.sqlstate(), Some("PF003" | "55P03")) => 7,
             _ => 1,
         };
         Failure::new(code, err.to_string())

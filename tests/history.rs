@@ -1,31 +1,96 @@
-//! The history checker: a randomized, seedable run of several contenders for one lease, with random pauses
-//! (a holder that stops renewing but keeps writing when it wakes), dropped connections, partitions through a
-//! proxy, operator force-releases and second incarnations under the same holder name racing the first, checked
-//! against the database's own commit order.
+//! The history checker: a randomized, seedable run of several contenders for one lease under faults, judged
+//! against the database's own commit order (invariant 3 judged against *acquisition* commits).
 //!
-//! Every acquisition and write attempt is recorded with its outcome. The server runs with
-//! `track_commit_timestamp = on`, so each tenure row and each event row carries the commit time of the
-//! transaction that wrote it: the database's commit order. Checked:
-//! - no epoch has two holders (no two contenders were ever granted the same epoch);
-//! - epochs strictly increase in commit order;
-//! - no write commits with an epoch lower than the one current at its commit;
-//! - every refusal has its audit row (counted, aggregated);
-//! - every acknowledged write is present.
+//! Proven against weakened protocols (`tests/mutants/*.sql`, applied after the migration by `PGFENCE_MUTANT_SQL`),
+//! each at the default duration (20 s) with seeds 1, 2 and 3, from the repository root:
+//! `PGFENCE_MUTANT_SQL=tests/mutants/<file> PGFENCE_HISTORY_SEED=<n> cargo test --test history -- --nocapture`
+//! (the real protocol: the same without `PGFENCE_MUTANT_SQL`). "First violation": commit time of the earliest
+//! violating write, in seconds after the run started, for seeds 1 / 2 / 3 (a replayed seed repeats the faults'
+//! schedule, not every race, so times and counts vary from run to run).
 //!
-//! `PGFENCE_HISTORY_SECS` (default 20) bounds the run; `PGFENCE_HISTORY_SEED` replays one. A violation prints
-//! the seed and the minimal offending sub-history (the write and the two tenures around it).
+//! | protocol (file in tests/mutants/) | seeds caught | first violation (s) | violating rows | test time |
+//! |---|---|---|---|---|
+//! | real protocol (none) | none to catch: 0 violations, every check passes | – | 0 / 0 / 0 | 21.7–21.9 s |
+//! | guard without its lock (`guard_without_lock.sql`) | 1, 2, 3 | 0.11 / 1.63 / 1.45 | 17 / 23 / 28 | 21.9–22.3 s |
+//! | acquisition without its exclusive lock (`acquire_without_exclusive_lock.sql`) | 1, 2, 3 | 1.03 / 0.14 / 0.96 | 16 / 34 / 16 | 21.3–22.4 s |
+//! | superseded check off by one (`superseded_off_by_one.sql`) | 1, 2, 3 | 0.07 / 0.21 / 0.10 | 637 / 444 / 471 | 21.5–22.0 s |
+//!
+//! Every mutant failed "no write commits after a newer acquisition" on every seed (violating rows in all three
+//! tables: task events, task rows, ledger rows); the off-by-one also failed "no guard admits a superseded epoch".
+//! No other check failed. Earlier runs of the same matrix, while the workload was being tuned, caught every
+//! mutant on every seed too.
+//!
+//! The run: four contenders (one behind a proxy) with random pauses (a holder that stops renewing but keeps
+//! writing when it wakes), holders that pause *inside* a fenced transaction — after its check, before its commit —
+//! while a takeover is in flight (a second incarnation acquiring, or a successor taking over the lease when it
+//! expires; the takeover waits for the open transaction, and ends it after the 2 s grace), dropped connections,
+//! partitions, operator force-releases and second incarnations under the same holder name racing the first.
+//!
+//! Every acquisition and write attempt is recorded with its outcome. The contenders make three kinds of guarded
+//! writes: `create_task` and `append_event` (each appends a `pgfence.task_events` row and writes a
+//! `pgfence.tasks` row) and `Store::fenced` transactions that insert into an application table,
+//! `history_ledger`, whose rows record the epoch they were written under. The server runs with
+//! `track_commit_timestamp = on`, so every row's commit time is known: a write's is its row's xmin (event and
+//! ledger rows are never updated; a task row's xmin is its last writer, whose epoch is the row's `fence`), and a
+//! tenure's *acquisition* commit is that of `pgfence.tenures.acquired_xid` (not the tenure row's xmin, which names
+//! the transaction that ended the tenure). Checked:
+//! - no epoch was granted to two contenders, and every epoch a contender was granted is a tenure of its holder;
+//! - every acquisition has a commit time, and in acquisition-commit order epochs strictly increase (no two
+//!   acquisitions share a commit time);
+//! - invariant 3: no write of epoch e commits after the acquisition of any epoch > e commits — judged for every
+//!   task event, every task row and every ledger row, each of which must also carry an epoch that was granted;
+//! - no guard admits a superseded epoch: no write is refused by a task row's fence (only a newer epoch raises it);
+//! - every refusal has its audit row (counted per presented epoch);
+//! - every acknowledged write is present, with the epoch its writer presented;
+//! - the run meant something: handovers, refusals, acknowledged writes of every kind, fenced transactions held
+//!   open across a takeover, and writes judged against newer acquisitions.
+//!
+//! All failed checks are reported together, with the seed and the minimal offending sub-history.
+//! `PGFENCE_HISTORY_SECS` (default 20) bounds the run; `PGFENCE_HISTORY_SEED` replays one.
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::proxy::{Proxy, HOLD_ALL, PASS};
+use diesel::sql_types::{BigInt, Integer, Text};
 use pgfence::embedded::{EmbeddedOptions, EmbeddedServer};
 use pgfence::leader::{Elector, LeaseOptions, PgElector};
-use pgfence::{Error, Store, StoreConfig};
+use pgfence::{Error, Fence, LossReason, Store, StoreConfig};
 use serde_json::json;
+
+/// The lease every contender wants, cluster-qualified.
+const LEASE: &str = "h/L";
+/// The application table the fenced transactions write (one row per acknowledged write, with its epoch).
+const LEDGER_DDL: &str = "CREATE TABLE public.history_ledger (
+    id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    epoch     bigint NOT NULL,
+    contender integer NOT NULL,
+    key       text NOT NULL UNIQUE
+)";
+
+/// Which guarded write a contender made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Kind {
+    /// `Store::create_task` (a new task and its 'created' event).
+    CreateTask,
+    /// `Store::append_event` on the one task every leader appends to.
+    AppendEvent,
+    /// `Store::fenced`: a transaction inserting into `history_ledger`.
+    Fenced,
+}
+
+/// How a fenced transaction held open after its check meets a takeover.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Takeover {
+    /// A second incarnation under the same holder name acquires while the transaction is open.
+    Twin,
+    /// The holder stops renewing and stays paused inside the transaction past the ttl: another contender takes
+    /// over the expired lease (or the operator force-releases it).
+    Expiry,
+}
 
 /// One step of the history. Every field is printed (through `Debug`) when a violation shows its sub-history.
 #[derive(Debug, Clone)]
@@ -44,6 +109,13 @@ enum Event {
         epoch: i64,
         for_ms: u64,
     },
+    /// The next write is a fenced transaction that stays open `for_ms` after its check and its insert.
+    HeldOpen {
+        contender: usize,
+        epoch: i64,
+        for_ms: u64,
+        takeover: Takeover,
+    },
     Dropped {
         contender: usize,
     },
@@ -58,14 +130,17 @@ enum Event {
         contender: usize,
         epoch: i64,
         key: String,
+        kind: Kind,
         outcome: Outcome,
     },
 }
 
 #[derive(Debug, Clone, PartialEq)]
 enum Outcome {
+    /// Accepted: the id of its `task_events` row (task writes) or `history_ledger` row (fenced writes).
     Acked(i64),
-    Stale,
+    /// Refused as stale (and audited), with the reason the caller was given.
+    Stale(LossReason),
     Failed(String),
 }
 
@@ -84,6 +159,43 @@ fn record(history: &Shared, started: Instant, event: Event) {
         .push((started.elapsed(), event));
 }
 
+#[derive(diesel::QueryableByName)]
+struct LedgerId {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
+/// A fenced transaction writing one ledger row with the fence's epoch; it stays open `hold` after the insert
+/// (a holder paused between its check and its commit).
+async fn fenced_write(
+    store: &Store,
+    fence: &Fence,
+    contender: usize,
+    key: &str,
+    hold: Duration,
+) -> pgfence::Result<i64> {
+    let (epoch, key) = (fence.epoch().get(), key.to_owned());
+    store
+        .fenced(fence, "ledger", move |conn| {
+            Box::pin(async move {
+                use diesel_async::RunQueryDsl;
+                let row: LedgerId = diesel::sql_query(
+                    "INSERT INTO public.history_ledger (epoch, contender, key) VALUES ($1, $2, $3) RETURNING id",
+                )
+                .bind::<BigInt, _>(epoch)
+                .bind::<Integer, _>(contender as i32)
+                .bind::<Text, _>(key)
+                .get_result(conn)
+                .await?;
+                if !hold.is_zero() {
+                    tokio::time::sleep(hold).await;
+                }
+                Ok::<_, Error>(row.id)
+            })
+        })
+        .await
+}
+
 async fn contender(
     id: usize,
     url: String,
@@ -98,7 +210,8 @@ async fn contender(
     let store = Store::connect(
         StoreConfig::new(url, "h")
             .application_name(app)
-            .pool_size(2)
+            // One connection for a transaction held open, one for renewals, one for a second incarnation.
+            .pool_size(3)
             .connect_timeout(Duration::from_millis(500))
             .checkout_timeout(Duration::from_millis(500)),
     )
@@ -108,6 +221,10 @@ async fn contender(
     let mut options = LeaseOptions::new(Duration::from_millis(600));
     options.renew_every = Some(Duration::from_millis(120));
     let mut n = 0u64;
+    // Fenced transactions this contender held open across a takeover; the first is forced (below) if chance has
+    // not brought one by 1.5 + id seconds into the run, so that every run holds some open.
+    let mut held_open = 0usize;
+    let first_hold_due = started + Duration::from_millis(1500 + 1000 * id as u64);
     while Instant::now() < until {
         let lease = match elector.acquire("L", &format!("c{id}"), &options).await {
             Ok(lease) => lease,
@@ -134,14 +251,24 @@ async fn contender(
         let mut lease = Some(lease);
         let mut twin: Option<tokio::task::JoinHandle<pgfence::Result<pgfence::Lease>>> = None;
         for _ in 0..writes {
-            if Instant::now() >= until {
+            let now = Instant::now();
+            if now >= until {
                 break;
             }
+            // No fault outlasts the run by much (pauses, partitions and holds are cut to what is left of it).
+            let left_ms = (until - now).as_millis() as u64;
+            // Set by the faults that hold the next write's fenced transaction open.
+            let mut hold = Duration::ZERO;
+            let roll = if held_open == 0 && twin.is_none() && now >= first_hold_due {
+                180
+            } else {
+                rng.u32(0..1000)
+            };
             // Faults: a pause longer than the ttl (renewals stop, the writes resume afterwards with the old
             // fence), or this contender's connections terminated by the database.
-            match rng.u32(0..100) {
-                0..=3 => {
-                    let for_ms = rng.u64(700..1500);
+            match roll {
+                0..=39 => {
+                    let for_ms = rng.u64(700..1500).min(left_ms);
                     record(
                         &history,
                         started,
@@ -158,7 +285,7 @@ async fn contender(
                 }
                 // A second incarnation under the same holder name (a restarted pod) acquires while this one
                 // keeps writing with its old fence: writes of epoch n race the acquisition of n + 1.
-                7..=14 if twin.is_none() => {
+                70..=149 if twin.is_none() => {
                     let (store, holder) = (store.clone(), format!("c{id}"));
                     twin = Some(tokio::spawn(async move {
                         store
@@ -167,8 +294,8 @@ async fn contender(
                     }));
                 }
                 // A partition between this contender and the database (only the one behind the proxy).
-                15..=17 if proxy.is_some() => {
-                    let for_ms = rng.u64(700..1500);
+                150..=179 if proxy.is_some() => {
+                    let for_ms = rng.u64(700..1500).min(left_ms);
                     record(
                         &history,
                         started,
@@ -184,7 +311,7 @@ async fn contender(
                         proxy.set(PASS);
                     });
                 }
-                4..=6 => {
+                40..=69 => {
                     record(&history, started, Event::Dropped { contender: id });
                     if let Ok(mut conn) = store.conn().await {
                         use diesel_async::RunQueryDsl;
@@ -196,26 +323,97 @@ async fn contender(
                         .await;
                     }
                 }
+                // The holder pauses inside a fenced transaction, past its check, while a second incarnation
+                // acquires: the takeover is in flight when the holder resumes and commits. The protocol makes the
+                // takeover wait for the open transaction (and end it after the 2 s grace, the longer holds).
+                180..=182 if twin.is_none() => {
+                    let for_ms = if rng.u32(0..6) == 0 {
+                        rng.u64(2200..2700)
+                    } else {
+                        rng.u64(80..400)
+                    }
+                    .min(left_ms + 200);
+                    record(
+                        &history,
+                        started,
+                        Event::HeldOpen {
+                            contender: id,
+                            epoch,
+                            for_ms,
+                            takeover: Takeover::Twin,
+                        },
+                    );
+                    let (store, holder, delay) = (store.clone(), format!("c{id}"), rng.u64(5..30));
+                    twin = Some(tokio::spawn(async move {
+                        // After the fenced transaction's check, as a rule.
+                        tokio::time::sleep(Duration::from_millis(delay)).await;
+                        store
+                            .acquire("L", &holder, Duration::from_millis(600))
+                            .await
+                    }));
+                    hold = Duration::from_millis(for_ms);
+                    held_open += 1;
+                }
+                // The holder freezes inside a fenced transaction and stops renewing: the lease expires and
+                // another contender (or the operator) takes it over while the transaction is open.
+                183..=185 => {
+                    let for_ms = if rng.u32(0..6) == 0 {
+                        rng.u64(2200..2700)
+                    } else {
+                        rng.u64(750..1200)
+                    }
+                    .min(left_ms + 200);
+                    record(
+                        &history,
+                        started,
+                        Event::HeldOpen {
+                            contender: id,
+                            epoch,
+                            for_ms,
+                            takeover: Takeover::Expiry,
+                        },
+                    );
+                    if let Some(l) = lease.take() {
+                        l.abandon();
+                    }
+                    hold = Duration::from_millis(for_ms);
+                    held_open += 1;
+                }
                 _ => {}
             }
             let key = format!("w{id}-{n}");
             n += 1;
-            let outcome = match if n % 2 == 0 {
-                store.create_task(&fence, &key, &json!({"c": id})).await
+            let kind = if !hold.is_zero() {
+                Kind::Fenced
             } else {
-                store
+                match n % 3 {
+                    0 => Kind::CreateTask,
+                    1 => Kind::AppendEvent,
+                    _ => Kind::Fenced,
+                }
+            };
+            let event_id = |write: pgfence::TaskWrite| {
+                write
+                    .event_id
+                    .expect("every accepted task write appends an event")
+            };
+            let result = match kind {
+                Kind::CreateTask => store
+                    .create_task(&fence, &key, &json!({"c": id}))
+                    .await
+                    .map(event_id),
+                Kind::AppendEvent => store
                     .append_event(&fence, "shared", "tick", &json!({"c": id, "k": key}))
                     .await
-            } {
-                Ok(write) => Outcome::Acked(
-                    write
-                        .event_id
-                        .expect("every accepted write appends an event"),
-                ),
-                Err(Error::Stale { .. }) => Outcome::Stale,
+                    .map(event_id),
+                Kind::Fenced => fenced_write(&store, &fence, id, &key, hold).await,
+            };
+            let outcome = match result {
+                Ok(id) => Outcome::Acked(id),
+                Err(Error::Stale { reason, .. }) => Outcome::Stale(reason),
                 Err(e) => Outcome::Failed(e.to_string()),
             };
-            let stale = outcome == Outcome::Stale;
+            let stale = matches!(outcome, Outcome::Stale(_));
             record(
                 &history,
                 started,
@@ -223,6 +421,7 @@ async fn contender(
                     contender: id,
                     epoch,
                     key,
+                    kind,
                     outcome,
                 },
             );
@@ -288,6 +487,13 @@ async fn randomized_history_has_no_violations() {
         .await
         .unwrap();
     admin.migrate().await.unwrap();
+    // A weakened protocol, when a proof asks for one (PGFENCE_MUTANT_SQL).
+    common::apply_mutant(&server.url()).await;
+    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client.batch_execute(LEDGER_DDL).await.unwrap();
     // The shared task every leader appends to.
     let seed_lease = admin
         .acquire("L", "setup", Duration::from_millis(500))
@@ -300,6 +506,15 @@ async fn randomized_history_has_no_violations() {
     admin.release(&seed_lease).await.unwrap();
 
     let history: Shared = Arc::default();
+    // The run's start by the database clock, in microseconds since 1970 (commit timestamps are compared to it).
+    let run_start_us: i64 = client
+        .query_one(
+            "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
     let started = Instant::now();
     let until = started + Duration::from_secs(secs);
     let mut tasks = Vec::new();
@@ -342,146 +557,313 @@ async fn randomized_history_has_no_violations() {
     }
     operator.await.unwrap();
     let events = std::mem::take(&mut history.lock().unwrap().events);
-    check(&server, &events, seed).await;
+    check(&client, &events, seed, run_start_us).await;
     drop(admin);
     tokio::task::spawn_blocking(move || drop(server))
         .await
         .unwrap();
 }
 
-/// Whether an event belongs to epoch `epoch` or the one after it (the minimal sub-history of a violation).
+/// Whether an event belongs to the minimal sub-history of a violation by a write of epoch `epoch`: everything
+/// of that epoch, and what ended it and began the two after it (their writes left out).
 fn involves(event: &Event, epoch: i64) -> bool {
     match event {
+        Event::Write { epoch: e, .. } => *e == epoch,
         Event::Acquired { epoch: e, .. }
         | Event::Lost { epoch: e, .. }
         | Event::Paused { epoch: e, .. }
-        | Event::Write { epoch: e, .. }
-        | Event::Forced { epoch: e } => *e == epoch || *e == epoch + 1,
+        | Event::HeldOpen { epoch: e, .. }
+        | Event::Forced { epoch: e } => (epoch..=epoch + 2).contains(e),
         Event::Dropped { .. } | Event::Partitioned { .. } => false,
     }
 }
 
-async fn check(server: &EmbeddedServer, events: &[(Duration, Event)], seed: u64) {
-    let (client, connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+/// A tenure of the lease with the commit time of the transaction that granted it.
+#[derive(Debug)]
+struct Tenure {
+    epoch: i64,
+    holder: String,
+    /// `pg_xact_commit_timestamp(acquired_xid)` in microseconds since 1970; `None` when the server has none.
+    acquired_us: Option<i64>,
+    acquired_at: String,
+    end_reason: Option<String>,
+}
+
+/// A committed guarded write found in the database.
+#[derive(Debug)]
+struct Row {
+    /// 'task_events', 'tasks' or 'history_ledger'.
+    table: String,
+    id: i64,
+    epoch: i64,
+    /// Commit time of the row's xmin, microseconds since 1970.
+    committed_us: Option<i64>,
+    committed_at: String,
+}
+
+/// Microseconds since 1970 of a commit timestamp expression, and the timestamp as text.
+macro_rules! commit_ts {
+    ($xid:literal) => {
+        concat!(
+            "(extract(epoch FROM pg_xact_commit_timestamp(",
+            $xid,
+            ")) * 1000000)::bigint, pg_xact_commit_timestamp(",
+            $xid,
+            ")::text"
+        )
+    };
+}
+
+async fn check(
+    client: &tokio_postgres::Client,
+    events: &[(Duration, Event)],
+    seed: u64,
+    run_start_us: i64,
+) {
+    // Every failed check, reported together at the end.
+    let mut failures = Failures::default();
+    let since_start = |us: i64| (us - run_start_us) as f64 / 1e6;
+
+    let tenures: Vec<Tenure> = client
+        .query(
+            concat!(
+                "SELECT epoch, holder, end_reason, ",
+                commit_ts!("acquired_xid::xid"),
+                " FROM pgfence.tenures WHERE lease = $1 ORDER BY epoch"
+            ),
+            &[&LEASE],
+        )
         .await
-        .unwrap();
-    tokio::spawn(connection);
-    let fail = |what: String, context: Vec<String>| -> ! {
-        panic!(
-            "history violation (seed {seed}, replay with PGFENCE_HISTORY_SEED={seed}): {what}\n  {}",
-            context.join("\n  ")
+        .unwrap()
+        .iter()
+        .map(|r| Tenure {
+            epoch: r.get(0),
+            holder: r.get(1),
+            end_reason: r.get(2),
+            acquired_us: r.get(3),
+            acquired_at: r.get::<_, Option<String>>(4).unwrap_or_default(),
+        })
+        .collect();
+    let by_epoch: HashMap<i64, &Tenure> = tenures.iter().map(|t| (t.epoch, t)).collect();
+    let show = |t: &Tenure| {
+        format!(
+            "tenure epoch {} holder {} acquisition committed {} ({:.3} s into the run), ended {:?}",
+            t.epoch,
+            t.holder,
+            t.acquired_at,
+            t.acquired_us.map(since_start).unwrap_or(f64::NAN),
+            t.end_reason
         )
     };
 
-    // No epoch granted to two contenders.
+    // No epoch granted to two contenders, and each grant is the tenure the database recorded for its holder.
     let mut granted: HashMap<i64, usize> = HashMap::new();
-    for (_, event) in events {
+    for (at, event) in events {
         if let Event::Acquired { contender, epoch } = event {
             if let Some(other) = granted.insert(*epoch, *contender) {
-                fail(
+                failures.add(
+                    "no epoch granted twice",
                     format!("epoch {epoch} granted to contenders {other} and {contender}"),
-                    vec![],
+                    vec![format!("{at:?} {event:?}")],
+                );
+            }
+            match by_epoch.get(epoch) {
+                Some(t) if t.holder == format!("c{contender}") => {}
+                other => failures.add(
+                    "grants match tenures",
+                    format!("contender {contender} was granted epoch {epoch}, not a tenure of its holder"),
+                    vec![
+                        format!("{at:?} {event:?}"),
+                        other.map_or("no such tenure".into(), |t| show(t)),
+                    ],
+                ),
+            }
+        }
+    }
+
+    // In acquisition-commit order, epochs strictly increase: with tenures in epoch order, their acquisitions'
+    // commit times strictly increase (a tie would leave the order undecided).
+    if let Some(t) = tenures.iter().find(|t| t.acquired_us.is_none()) {
+        failures.add(
+            "acquisitions have commit times",
+            "a tenure's acquisition has no commit timestamp (is track_commit_timestamp on?)".into(),
+            vec![show(t)],
+        );
+    }
+    for pair in tenures.windows(2) {
+        if let (Some(a), Some(b)) = (pair[0].acquired_us, pair[1].acquired_us) {
+            if b <= a {
+                failures.add(
+                    "epochs increase in acquisition-commit order",
+                    "epochs do not strictly increase in acquisition-commit order".into(),
+                    vec![show(&pair[0]), show(&pair[1])],
                 );
             }
         }
     }
 
-    // Tenures in commit order: epochs strictly increase.
-    let tenures: Vec<(i64, String, String)> = client
+    // Every committed guarded write, with its epoch and commit time.
+    let rows: Vec<Row> = client
         .query(
-            "SELECT epoch, holder, pg_xact_commit_timestamp(xmin)::text FROM pgfence.tenures \
-              WHERE lease = 'h/L' ORDER BY pg_xact_commit_timestamp(xmin), epoch",
-            &[],
+            concat!(
+                "SELECT 'task_events', id, epoch, ",
+                commit_ts!("xmin"),
+                " FROM pgfence.task_events WHERE lease = $1 \
+                 UNION ALL SELECT 'tasks', id, fence, ",
+                commit_ts!("xmin"),
+                " FROM pgfence.tasks WHERE lease = $1 \
+                 UNION ALL SELECT 'history_ledger', id, epoch, ",
+                commit_ts!("xmin"),
+                " FROM public.history_ledger"
+            ),
+            &[&LEASE],
         )
         .await
         .unwrap()
         .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .map(|r| Row {
+            table: r.get(0),
+            id: r.get(1),
+            epoch: r.get(2),
+            committed_us: r.get(3),
+            committed_at: r.get::<_, Option<String>>(4).unwrap_or_default(),
+        })
         .collect();
-    for pair in tenures.windows(2) {
-        if pair[1].0 <= pair[0].0 {
-            fail(
-                "epochs not increasing in commit order".into(),
-                vec![format!("{:?}", pair[0]), format!("{:?}", pair[1])],
+
+    // Invariant 3: a write of epoch e must commit before the acquisition of every epoch > e. `first_newer[i]` is
+    // the tenure with the earliest acquisition commit among tenures[i..] (suffix minimum, epoch order).
+    let mut first_newer: Vec<Option<&Tenure>> = vec![None; tenures.len() + 1];
+    for i in (0..tenures.len()).rev() {
+        let t = &tenures[i];
+        first_newer[i] = match first_newer[i + 1] {
+            Some(m) if m.acquired_us <= t.acquired_us => Some(m),
+            _ if t.acquired_us.is_some() => Some(t),
+            m => m,
+        };
+    }
+    let mut violations: Vec<(&Row, &Tenure)> = Vec::new();
+    let mut closest_us: Option<i64> = None;
+    let mut judged = 0usize;
+    for row in &rows {
+        let Some(committed) = row.committed_us else {
+            failures.add(
+                "writes have commit times",
+                format!("{} row {} has no commit timestamp", row.table, row.id),
+                vec![format!("{row:?}")],
+            );
+            continue;
+        };
+        if !by_epoch.contains_key(&row.epoch) {
+            failures.add(
+                "writes carry granted epochs",
+                format!(
+                    "{} row {} was written under epoch {}, which was never granted",
+                    row.table, row.id, row.epoch
+                ),
+                vec![format!("{row:?}")],
             );
         }
+        let newer = tenures.partition_point(|t| t.epoch <= row.epoch);
+        if let Some(next) = first_newer[newer] {
+            judged += 1;
+            let acquired = next.acquired_us.expect("only tenures with a commit time");
+            if committed > acquired {
+                violations.push((row, next));
+            } else {
+                let margin = acquired - committed;
+                closest_us = Some(closest_us.map_or(margin, |c| c.min(margin)));
+            }
+        }
     }
-
-    // No write commits with an epoch lower than the one current at its commit: an event of epoch e must commit
-    // before the tenure e+1 commits.
-    let violations: Vec<(i64, i64, String, String, String)> = client
-        .query(
-            "SELECT e.id, e.epoch, e.kind, pg_xact_commit_timestamp(e.xmin)::text, \
-                    pg_xact_commit_timestamp(t.xmin)::text \
-               FROM pgfence.task_events e JOIN pgfence.tenures t ON t.lease = e.lease AND t.epoch > e.epoch \
-              WHERE e.lease = 'h/L' AND pg_xact_commit_timestamp(e.xmin) > pg_xact_commit_timestamp(t.xmin)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
-        .collect();
-    if let Some((id, epoch, kind, at, newer_at)) = violations.first() {
-        let around: Vec<String> = tenures
-            .iter()
-            .filter(|t| t.0 == *epoch || t.0 == epoch + 1)
-            .map(|t| format!("tenure epoch {} holder {} committed {}", t.0, t.1, t.2))
-            .collect();
-        let mut context = vec![format!("event {id} ({kind}) with epoch {epoch} committed at {at}, after a newer tenure committed at {newer_at}")];
-        context.extend(around);
+    violations.sort_by_key(|(row, _)| row.committed_us);
+    let first_violation = violations
+        .first()
+        .map(|(row, _)| since_start(row.committed_us.unwrap()));
+    if let Some((row, next)) = violations.first() {
+        let mut by_table: BTreeMap<&str, usize> = BTreeMap::new();
+        for (r, _) in &violations {
+            *by_table.entry(r.table.as_str()).or_default() += 1;
+        }
+        let mut context = vec![
+            format!("violations by table: {by_table:?}; the first one:"),
+            format!(
+                "{} row {} of epoch {} committed {} ({:.3} s into the run), after a newer acquisition committed:",
+                row.table,
+                row.id,
+                row.epoch,
+                row.committed_at,
+                since_start(row.committed_us.unwrap())
+            ),
+        ];
+        context.extend(
+            tenures
+                .iter()
+                .filter(|t| t.epoch == row.epoch || t.epoch == next.epoch)
+                .map(show),
+        );
         context.extend(
             events
                 .iter()
-                .filter(|(_, e)| involves(e, *epoch))
+                .filter(|(_, e)| involves(e, row.epoch))
                 .map(|(t, e)| format!("{t:?} {e:?}")),
         );
-        fail(
+        failures.add(
+            "no write commits after a newer acquisition",
             format!(
-                "{} stale write(s) committed after a takeover",
-                violations.len()
+                "{} stale write(s) committed after a newer epoch's acquisition (first {:.3} s into the run)",
+                violations.len(),
+                first_violation.unwrap()
             ),
             context,
         );
     }
 
-    // Every acknowledged write is present; every refusal is audited.
-    let present: std::collections::HashSet<i64> = client
-        .query("SELECT id FROM pgfence.task_events", &[])
-        .await
-        .unwrap()
+    // Every acknowledged write is present with the epoch its writer presented; every refusal is audited.
+    let epoch_of: HashMap<(&str, i64), i64> = rows
         .iter()
-        .map(|r| r.get(0))
+        .map(|r| ((r.table.as_str(), r.id), r.epoch))
         .collect();
     let mut refused: BTreeMap<i64, i64> = BTreeMap::new();
-    let (mut acked, mut failed) = (0, 0);
+    let mut acked: BTreeMap<Kind, usize> = BTreeMap::new();
+    let mut failed = 0;
     for (at, event) in events {
-        if let Event::Write {
+        let Event::Write {
             epoch,
             outcome,
             contender,
             key,
+            kind,
         } = event
-        {
-            match outcome {
-                Outcome::Acked(id) => {
-                    acked += 1;
-                    if !present.contains(id) {
-                        fail(
-                            format!("acknowledged write lost: event {id}"),
-                            vec![format!("{at:?} contender {contender} epoch {epoch} {key}")],
-                        );
-                    }
+        else {
+            continue;
+        };
+        match outcome {
+            Outcome::Acked(id) => {
+                *acked.entry(*kind).or_default() += 1;
+                let table = if *kind == Kind::Fenced {
+                    "history_ledger"
+                } else {
+                    "task_events"
+                };
+                match epoch_of.get(&(table, *id)) {
+                    Some(e) if e == epoch => {}
+                    found => failures.add(
+                        "acknowledged writes present",
+                        format!(
+                            "acknowledged write lost or changed: {table} row {id}, epoch {found:?}"
+                        ),
+                        vec![format!("{at:?} {event:?} (contender {contender}, {key})")],
+                    ),
                 }
-                Outcome::Stale => *refused.entry(*epoch).or_default() += 1,
-                Outcome::Failed(_) => failed += 1,
             }
+            Outcome::Stale(_) => *refused.entry(*epoch).or_default() += 1,
+            Outcome::Failed(_) => failed += 1,
         }
     }
     let audited: BTreeMap<i64, i64> = client
         .query(
-            "SELECT presented_epoch, sum(count)::bigint FROM pgfence.rejections WHERE lease = 'h/L' GROUP BY 1",
-            &[],
+            "SELECT presented_epoch, sum(count)::bigint FROM pgfence.rejections WHERE lease = $1 GROUP BY 1",
+            &[&LEASE],
         )
         .await
         .unwrap()
@@ -489,7 +871,8 @@ async fn check(server: &EmbeddedServer, events: &[(Duration, Event)], seed: u64)
         .map(|r| (r.get(0), r.get(1)))
         .collect();
     if refused != audited {
-        fail(
+        failures.add(
+            "every refusal audited",
             "refusals and audit rows differ".into(),
             vec![
                 format!("refused by epoch {refused:?}"),
@@ -497,36 +880,156 @@ async fn check(server: &EmbeddedServer, events: &[(Duration, Event)], seed: u64)
             ],
         );
     }
-    let pauses = events
-        .iter()
-        .filter(|(_, e)| matches!(e, Event::Paused { .. }))
-        .count();
-    let drops = events
-        .iter()
-        .filter(|(_, e)| matches!(e, Event::Dropped { .. }))
-        .count();
-    let losses = events
-        .iter()
-        .filter(|(_, e)| matches!(e, Event::Lost { .. }))
-        .count();
-    let forced = events
-        .iter()
-        .filter(|(_, e)| matches!(e, Event::Forced { .. }))
-        .count();
-    let cuts = events
-        .iter()
-        .filter(|(_, e)| matches!(e, Event::Partitioned { .. }))
-        .count();
+
+    // Why the database refused, as its callers were told. A 'row_fence' refusal is a violation too: only a guarded
+    // write of a newer epoch raises a task row's fence, so a write refused by the row's fence was *admitted by
+    // the guard* with an epoch below the current one.
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    for (at, event) in events {
+        let Event::Write {
+            epoch,
+            outcome: Outcome::Stale(reason),
+            ..
+        } = event
+        else {
+            continue;
+        };
+        *reasons.entry(reason.as_str()).or_default() += 1;
+        if *reason == LossReason::RowFence {
+            let mut context = vec![format!("{at:?} {event:?}")];
+            context.extend(
+                events
+                    .iter()
+                    .filter(|(_, e)| involves(e, *epoch))
+                    .map(|(t, e)| format!("{t:?} {e:?}")),
+            );
+            failures.add(
+                "no guard admits a superseded epoch",
+                format!("a write of epoch {epoch} passed the guard and was refused only by a task row's fence"),
+                context,
+            );
+        }
+    }
+
+    let count = |f: fn(&Event) -> bool| events.iter().filter(|(_, e)| f(e)).count();
+    let pauses = count(|e| matches!(e, Event::Paused { .. }));
+    let held_open = count(|e| matches!(e, Event::HeldOpen { .. }));
+    let drops = count(|e| matches!(e, Event::Dropped { .. }));
+    let losses = count(|e| matches!(e, Event::Lost { .. }));
+    let forced = count(|e| matches!(e, Event::Forced { .. }));
+    let cuts = count(|e| matches!(e, Event::Partitioned { .. }));
+    let refusals = refused.values().sum::<i64>();
+    // What became of the fenced transactions held open across a takeover: committed before it (the takeover
+    // waited), ended by it after the grace (failed), or refused at their check.
+    let mut held: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut holding: HashSet<usize> = HashSet::new();
+    for (_, event) in events {
+        match event {
+            Event::HeldOpen { contender, .. } => {
+                holding.insert(*contender);
+            }
+            Event::Write {
+                contender, outcome, ..
+            } if holding.remove(contender) => {
+                let what = match outcome {
+                    Outcome::Acked(_) => "committed",
+                    Outcome::Stale(_) => "refused",
+                    Outcome::Failed(_) => "failed",
+                };
+                *held.entry(what).or_default() += 1;
+            }
+            _ => {}
+        }
+    }
     eprintln!(
-        "history checked: {} tenures, {acked} acknowledged writes, {} refused, {failed} failed on faults; \
-         {pauses} pauses, {drops} connection drops, {cuts} partitions, {forced} force-releases, \
-         {losses} losses; 0 violations",
+        "history checked: {} tenures, acknowledged writes {acked:?} ({} rows judged against newer acquisitions, \
+         closest {:.1} ms before one), {refusals} refused {reasons:?}, {failed} failed on faults; {pauses} pauses, \
+         {held_open} fenced transactions held open across a takeover {held:?}, {drops} connection drops, {cuts} \
+         partitions, {forced} force-releases, {losses} losses; {} violation(s){}",
         tenures.len(),
-        refused.values().sum::<i64>(),
+        judged,
+        closest_us.unwrap_or(-1) as f64 / 1e3,
+        violations.len(),
+        first_violation
+            .map(|s| format!(", first {s:.3} s into the run"))
+            .unwrap_or_default(),
     );
-    assert!(tenures.len() > 3, "too few handovers to mean anything");
-    assert!(
-        refused.values().sum::<i64>() > 0,
-        "no stale writer was ever refused: the faults did not bite"
-    );
+
+    // The run meant something (a run that exercised nothing must not pass as a proof).
+    if tenures.len() <= 3 {
+        failures.add(
+            "the run meant something",
+            "too few handovers to mean anything".into(),
+            vec![],
+        );
+    }
+    if refusals == 0 {
+        failures.add(
+            "the run meant something",
+            "no stale writer was ever refused: the faults did not bite".into(),
+            vec![],
+        );
+    }
+    for kind in [Kind::CreateTask, Kind::AppendEvent, Kind::Fenced] {
+        if acked.get(&kind).copied().unwrap_or(0) == 0 {
+            failures.add(
+                "the run meant something",
+                format!("no {kind:?} write was ever acknowledged"),
+                vec![],
+            );
+        }
+    }
+    if held_open == 0 {
+        failures.add(
+            "the run meant something",
+            "no fenced transaction was held open across a takeover".into(),
+            vec![],
+        );
+    }
+    if judged == 0 {
+        failures.add(
+            "the run meant something",
+            "no write was judged against a newer acquisition".into(),
+            vec![],
+        );
+    }
+
+    failures.report(seed);
+}
+
+/// One failure of a check: what failed, and the sub-history that shows it.
+type Failure = (String, Vec<String>);
+
+/// Failed checks, grouped by check, in the order first seen.
+#[derive(Default)]
+struct Failures(Vec<(&'static str, Vec<Failure>)>);
+
+impl Failures {
+    fn add(&mut self, check: &'static str, what: String, context: Vec<String>) {
+        match self.0.iter_mut().find(|(c, _)| *c == check) {
+            Some((_, found)) => found.push((what, context)),
+            None => self.0.push((check, vec![(what, context)])),
+        }
+    }
+
+    /// Panics with every failed check (its first three failures in full) when there is any.
+    fn report(&self, seed: u64) {
+        if self.0.is_empty() {
+            return;
+        }
+        let mut report = String::new();
+        for (check, found) in &self.0 {
+            report.push_str(&format!("\n* {check}: {} failure(s)", found.len()));
+            for (what, context) in found.iter().take(3) {
+                report.push_str(&format!("\n  - {what}"));
+                for line in context {
+                    report.push_str(&format!("\n      {line}"));
+                }
+            }
+        }
+        panic!(
+            "history violation (seed {seed}, replay with PGFENCE_HISTORY_SEED={seed}): {} check(s) failed{report}",
+            self.0.len()
+        );
+    }
 }

@@ -10,15 +10,15 @@
 //!
 //! | protocol (file in tests/mutants/) | seeds caught | first violation (s) | violating rows | test time |
 //! |---|---|---|---|---|
-//! | real protocol (none) | none to catch: 0 violations, every check passes | – | 0 / 0 / 0 | 21.7–21.9 s |
-//! | guard without its lock (`guard_without_lock.sql`) | 1, 2, 3 | 0.11 / 1.63 / 1.45 | 17 / 23 / 28 | 21.9–22.3 s |
-//! | acquisition without its exclusive lock (`acquire_without_exclusive_lock.sql`) | 1, 2, 3 | 1.03 / 0.14 / 0.96 | 16 / 34 / 16 | 21.3–22.4 s |
-//! | superseded check off by one (`superseded_off_by_one.sql`) | 1, 2, 3 | 0.07 / 0.21 / 0.10 | 637 / 444 / 471 | 21.5–22.0 s |
+//! | real protocol (none) | none to catch: 0 violations, every check passes | – | 0 / 0 / 0 | 21.0–21.5 s |
+//! | guard without its lock (`guard_without_lock.sql`) | 1, 2, 3 | 1.14 / 2.59 / 1.10 | 26 / 20 / 35 | 21.5–21.8 s |
+//! | acquisition without its exclusive lock (`acquire_without_exclusive_lock.sql`) | 1, 2, 3 | 0.64 / 2.39 / 0.96 | 27 / 26 / 20 | 21.0–21.8 s |
+//! | superseded check off by one (`superseded_off_by_one.sql`) | 1, 2, 3 | 0.06 / 0.26 / 0.10 | 531 / 551 / 449 | 21.1–21.3 s |
 //!
-//! Every mutant failed "no write commits after a newer acquisition" on every seed (violating rows in all three
-//! tables: task events, task rows, ledger rows); the off-by-one also failed "no guard admits a superseded epoch".
-//! No other check failed. Earlier runs of the same matrix, while the workload was being tuned, caught every
-//! mutant on every seed too.
+//! Every mutant failed "no write commits after a newer acquisition" on every seed, with violating rows in all
+//! three tables (task events, task rows, ledger rows); the off-by-one also failed "no guard admits a superseded
+//! epoch" on seeds 2 and 3. No other check failed. Earlier runs of the same matrix, while the workload was being
+//! tuned, caught every mutant on every seed too.
 //!
 //! The run: four contenders (one behind a proxy) with random pauses (a holder that stops renewing but keeps
 //! writing when it wakes), holders that pause *inside* a fenced transaction — after its check, before its commit —

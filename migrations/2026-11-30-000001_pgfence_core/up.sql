@@ -341,12 +341,14 @@ BEGIN
     EXCEPTION WHEN lock_not_available THEN
         NULL;
     END;
-    -- A guard that took the lock in the moment between two of our requests is ended too in the next round.
+    -- Signal the holders without waiting for them to exit (timeout 0) and queue again at once: a guard arriving
+    -- meanwhile queues behind us instead of slipping in while we wait for the exits. One that took the lock in
+    -- the instant between our two requests is ended in the next round.
     FOR round IN 1..3 LOOP
         victims := pgfence._guard_lockers(p_lock_key, true);
         ended := pgfence._describe_backends(victims);
         BEGIN
-            PERFORM pg_catalog.pg_terminate_backend(v, 1000) FROM unnest(victims) AS v;
+            PERFORM pg_catalog.pg_terminate_backend(v, 0) FROM unnest(victims) AS v;
         EXCEPTION WHEN insufficient_privilege THEN
             RAISE EXCEPTION 'pgfence: takeover of lease % waited the % ms grace for guarded transactions of the ending tenure and may not end them: %',
                 pgfence._printable(p_lease), grace_ms, ended
@@ -356,6 +358,7 @@ BEGIN
         RAISE WARNING 'pgfence: takeover of lease % ended guarded transactions still open % ms into the grace: %',
             pgfence._printable(p_lease), grace_ms, ended;
         BEGIN
+            -- A terminated backend exits and releases its locks within milliseconds.
             PERFORM set_config('lock_timeout', '1000ms', true);
             PERFORM pg_catalog.pg_advisory_xact_lock(1885824613, p_lock_key);
             RETURN;
@@ -736,7 +739,10 @@ DECLARE
     tl  bigint := pgfence._timeline();
 BEGIN
     -- What makes a presented epoch stale is permanent: epochs only grow, a released tenure stays released, an
-    -- expired one can never be renewed and timelines only grow. So if even an unlocked read shows the epoch
+    -- expired one can never be renewed and timelines only grow. (One conservative exception: a renewal that
+    -- judged the tenure live just before its expiry and commits just after it extends a tenure that a guard
+    -- reading in between refuses as 'expired'. Nobody could acquire meanwhile — the renewal holds the row — so
+    -- this refuses a write that would have been safe, never the reverse.) So if even an unlocked read shows the epoch
     -- stale, it is stale for good: refusing it without the guard lock keeps a hammering stale holder off the
     -- lock that the current leader's writes share and that a takeover waits for. (Under READ COMMITTED the read
     -- is fresh, so 'future_epoch' too is decided: that epoch has not been issued.)

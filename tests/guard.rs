@@ -1008,3 +1008,70 @@ async fn an_abandoned_acquire_is_cancelled_on_the_server() {
     let next = store.acquire("sched", "pod-c", TTL).await.unwrap();
     assert_eq!(next.epoch().get(), first.epoch().get() + 1);
 }
+
+/// The row fence, defence in depth behind the lease guard: a task row last written by a higher epoch than the one
+/// presented refuses claim, transition and append even when the presented epoch is the lease's current one
+/// (reason `row_fence`, audited, nothing written). The higher fence is set by the owner directly, the only way it
+/// can get ahead of the lease while the lease guard is correct.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_fence_above_the_presented_epoch_refuses_the_write() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let fence = store.acquire("rf", "pod-a", TTL).await.unwrap().fence();
+    store.create_task(&fence, "k", &json!({})).await.unwrap();
+    db.client()
+        .await
+        .batch_execute("UPDATE pgfence.tasks SET fence = fence + 10 WHERE key = 'k'")
+        .await
+        .unwrap();
+    let events_before = db.scalar("SELECT count(*) FROM pgfence.task_events").await;
+    let refused = [
+        store.claim_task(&fence, "k", "w-1").await.err(),
+        store
+            .transition_task(
+                &fence,
+                "k",
+                TaskState::Pending,
+                TaskState::Cancelled,
+                &json!({}),
+            )
+            .await
+            .err(),
+        store
+            .append_event(&fence, "k", "note", &json!({}))
+            .await
+            .err(),
+    ];
+    for (operation, err) in ["claim_task", "transition_task", "append_event"]
+        .iter()
+        .zip(refused)
+    {
+        match err {
+            Some(Error::Stale {
+                reason: LossReason::RowFence,
+                current,
+                ..
+            }) => assert_eq!(current.map(|e| e.get()), Some(fence.epoch().get() + 10)),
+            other => panic!("{operation}: expected a row_fence refusal, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.task_events").await,
+        events_before,
+        "nothing written"
+    );
+    assert_eq!(
+        db.scalar("SELECT (state = 'pending')::int::bigint FROM pgfence.tasks WHERE key = 'k'")
+            .await,
+        1
+    );
+    assert_eq!(
+        db.scalar(
+            "SELECT count(*) FROM pgfence.rejections WHERE reason = 'row_fence' \
+              AND operation IN ('claim_task', 'transition_task', 'append_event')"
+        )
+        .await,
+        3,
+        "each refusal audited"
+    );
+}

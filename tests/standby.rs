@@ -7,6 +7,8 @@
 //! are typed errors and audit rows), 7 (after a promotion no tenure current
 //! before it can write).
 
+mod common;
+
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -359,6 +361,7 @@ async fn a_failover_is_a_fencing_boundary() {
         .await
         .expect("connect to the primary");
     store.migrate().await.expect("migrate");
+    common::apply_mutant(&primary.url()).await;
     client(&primary.url())
         .await
         .batch_execute("CREATE TABLE shards (id int PRIMARY KEY, owner text NOT NULL)")

@@ -1,0 +1,378 @@
+#!/usr/bin/env python3
+"""The mutation gate: every proof of pgfence's protocol must be able to fail.
+
+Each mutation below weakens one thing the protocol or the runtime relies on — one named edit of the SQL in
+migrations/*/up.sql or of a Rust source — and names the suites that must catch it. The gate applies each
+mutation, runs those suites in order until one fails, and fails itself unless every mutation is caught.
+
+* SQL mutations are generated from the migration as it is now (the function is cut out of up.sql, edited, and
+  applied as CREATE OR REPLACE through PGFENCE_MUTANT_SQL on every migrated test database): no copy to drift. An
+  edit that no longer applies (the text it names is gone or ambiguous) fails the gate, so the mutations follow
+  the code or are updated with it.
+* Rust mutations are applied to a copy of the source tree under target/mutants/tree (one copy reused, so only
+  pgfence itself recompiles), built with its own target directory.
+
+Usage (from the repository root):
+    python3 tests/mutation/gate.py                 # every mutation; writes docs/mutation-gate.md
+    python3 tests/mutation/gate.py NAME...         # only these
+    python3 tests/mutation/gate.py --list          # the mutations and their catching suites
+    python3 tests/mutation/gate.py --emit DIR      # write each SQL mutant to DIR/NAME.sql and stop
+Exit status: 0 when every mutation selected was caught, 1 otherwise, 2 on a mutation that no longer applies.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+MIGRATION = glob.glob(os.path.join(ROOT, "migrations", "*", "up.sql"))
+WORK = os.path.join(ROOT, "target", "mutants")
+REPORT = os.path.join(ROOT, "docs", "mutation-gate.md")
+
+
+@dataclass
+class Edit:
+    """Replace `find` (which must occur exactly once) by `replace`, in an SQL function or a Rust file."""
+
+    target: str  # "sql:<function name>" or a path relative to the root
+    find: str
+    replace: str
+    count: int = 1  # how many occurrences `find` must have (all are replaced)
+
+
+@dataclass
+class Mutation:
+    name: str
+    weakens: str
+    edits: list[Edit]
+    # Each suite: a label and the command (run from the root, or from the mutated tree for Rust mutations).
+    suites: list[tuple[str, list[str]]] = field(default_factory=list)
+
+
+def cargo_test(test: str, *filters: str) -> tuple[str, list[str]]:
+    label = f"cargo test --test {test}" + (f" {' '.join(filters)}" if filters else "")
+    return label, ["cargo", "test", "--test", test, *filters]
+
+
+ISOLATION = ("tests/isolation/run.sh", ["bash", "tests/isolation/run.sh"])
+
+MUTATIONS: list[Mutation] = [
+    Mutation(
+        "guard-without-lock",
+        "the guard reads the lease without taking its shared guard lock",
+        [Edit("sql:_guard",
+              """    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
+        PERFORM pgfence._wait_guard_lock(p_lease, l.lock_key);
+    END IF;
+""", "")],
+        [cargo_test("race"), ISOLATION],
+    ),
+    Mutation(
+        "guard-without-precheck-or-lock",
+        "the guard has neither its unlocked pre-check nor its lock: one plain read decides",
+        [Edit("sql:_guard",
+              """    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
+    IF why IS NOT NULL THEN
+        RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key,
+                               p_may_wait => true);
+    END IF;
+""", ""),
+         Edit("sql:_guard",
+              """    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
+        PERFORM pgfence._wait_guard_lock(p_lease, l.lock_key);
+    END IF;
+""", "")],
+        [cargo_test("race"), ISOLATION],
+    ),
+    Mutation(
+        "guard-row-lock",
+        "the previous protocol: the guard locks the lease row FOR KEY SHARE instead of the guard lock (unfair)",
+        [Edit("sql:_guard",
+              """    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
+        PERFORM pgfence._wait_guard_lock(p_lease, l.lock_key);
+    END IF;
+""", "    PERFORM 1 FROM pgfence.leases WHERE name = p_lease FOR KEY SHARE;\n"),
+         Edit("sql:_take_guard_lock",
+              """    IF pg_catalog.pg_try_advisory_xact_lock(1885824613, p_lock_key) THEN
+        RETURN;
+    END IF;""",
+              """    PERFORM 1 FROM pgfence.leases WHERE lock_key = p_lock_key FOR UPDATE;
+    RETURN;""")],
+        [cargo_test("takeover", "a_waiting_takeover_is_not_overtaken_by_later_guards"), ISOLATION],
+    ),
+    Mutation(
+        "takeover-without-exclusive-lock",
+        "acquire, release, force_release and the lease-row trigger never take the exclusive guard lock",
+        [Edit("sql:_take_guard_lock",
+              """    IF pg_catalog.pg_try_advisory_xact_lock(1885824613, p_lock_key) THEN
+        RETURN;
+    END IF;""", "    RETURN;")],
+        [cargo_test("race"), ISOLATION],
+    ),
+    Mutation(
+        "takeover-without-grace",
+        "a takeover waits for guard holders without bound instead of ending them after the grace",
+        [Edit("sql:_take_guard_lock",
+              "PERFORM set_config('lock_timeout', greatest(grace_ms, 1) || 'ms', true);",
+              "PERFORM set_config('lock_timeout', '30s', true);")],
+        [cargo_test("takeover", "an_idle_guarded_transaction_delays_a_takeover_by_at_most_the_grace")],
+    ),
+    Mutation(
+        "guard-any-isolation",
+        "the guard decides under REPEATABLE READ from a snapshot that may predate a takeover",
+        [Edit("sql:_guard",
+              "IF current_setting('transaction_isolation') <> 'read committed' THEN",
+              "IF false THEN")],
+        [cargo_test("takeover", "guards_refuse_to_decide_outside_read_committed"), ISOLATION],
+    ),
+    Mutation(
+        "superseded-off-by-one",
+        "an epoch one below the current one is taken for current",
+        [Edit("sql:_loss_reason", "WHEN p_epoch < l.epoch THEN 'superseded'",
+              "WHEN p_epoch < l.epoch - 1 THEN 'superseded'")],
+        [cargo_test("guard"), cargo_test("race")],
+    ),
+    Mutation(
+        "refusal-without-audit",
+        "a refused write leaves no row in pgfence.rejections",
+        [Edit("sql:_reject",
+              "VALUES (p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table, p_key, p_key)",
+              "SELECT p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table, p_key, "
+              "p_key WHERE false")],
+        [cargo_test("guard"), cargo_test("race")],
+    ),
+    Mutation(
+        "row-fence-removed",
+        "task writes no longer check the row's own fence (tasks.fence <= epoch)",
+        [Edit("sql:claim_task", " AND fence <= p_epoch", ""),
+         Edit("sql:transition_task", " AND fence <= p_epoch", ""),
+         Edit("sql:append_event", " AND fence <= p_epoch", "")],
+        [cargo_test("guard", "a_row_fence_above_the_presented_epoch_refuses_the_write")],
+    ),
+    Mutation(
+        "renew-ignores-expiry",
+        "a renewal extends a tenure whose ttl already ran out by the database clock",
+        [Edit("sql:renew", "why := pgfence._loss_reason(l, p_holder, p_epoch, ts, pgfence._timeline());",
+              "why := pgfence._loss_reason(l, p_holder, p_epoch, '-infinity', pgfence._timeline());")],
+        [cargo_test("lease")],
+    ),
+    Mutation(
+        "release-frees-successor",
+        "releasing a superseded epoch ends the successor's tenure",
+        [Edit("sql:release", "why NOT IN ('expired', 'failover')", "why NOT IN ('expired', 'failover', 'superseded')",
+              count=2)],
+        [cargo_test("lease")],
+    ),
+    Mutation(
+        "failover-boundary-removed",
+        "a tenure granted before a promotion stays current after it",
+        [Edit("sql:_loss_reason", "        WHEN l.timeline < p_timeline THEN 'failover'\n", ""),
+         Edit("sql:_held_by_other", "\n           AND l.timeline >= p_timeline", "")],
+        [cargo_test("standby", "a_failover_is_a_fencing_boundary")],
+    ),
+    Mutation(
+        "deadline-from-receive-time",
+        "the local deadline counts the ttl from when the reply arrived, not from when the statement was sent",
+        [Edit("src/lease.rs", "local_deadline: sent + ttl,", "local_deadline: Instant::now() + ttl,"),
+         Edit("src/lease.rs", "lease.local_deadline = sent + lease.ttl;",
+              "lease.local_deadline = Instant::now() + lease.ttl;"),
+         Edit("src/leader.rs", "None => member.renewed(sent),", "None => member.renewed(Instant::now()),")],
+        [cargo_test("lease"), cargo_test("leader")],
+    ),
+    Mutation(
+        "deadline-without-margin",
+        "a holder believes it leads until send time + ttl, without the safety margin",
+        [Edit("src/leader.rs", "*self.deadline.lock().unwrap_or_else(|p| p.into_inner()) - self.margin",
+              "*self.deadline.lock().unwrap_or_else(|p| p.into_inner())")],
+        [cargo_test("leader")],
+    ),
+]
+
+
+class Stale(Exception):
+    """A mutation whose edit no longer applies to the current source."""
+
+
+def sql_function(source: str, name: str) -> str:
+    """The full CREATE FUNCTION statement of pgfence.<name> in up.sql, as CREATE OR REPLACE."""
+    m = re.search(rf"^CREATE FUNCTION pgfence\.{re.escape(name)}\(.*?^\$\$;$", source, re.S | re.M)
+    if not m:
+        raise Stale(f"function pgfence.{name} not found in the migration")
+    return m.group(0).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+
+
+def apply(text: str, edit: Edit, where: str) -> str:
+    n = text.count(edit.find)
+    if n != edit.count:
+        raise Stale(f"{where}: expected {edit.count} occurrence(s) of {edit.find!r}, found {n}")
+    return text.replace(edit.find, edit.replace)
+
+
+def sql_mutant(mutation: Mutation) -> str | None:
+    """The SQL of a mutation's SQL edits (CREATE OR REPLACE of each edited function), or None if it has none."""
+    source = open(MIGRATION[0]).read()
+    functions: dict[str, str] = {}
+    for edit in mutation.edits:
+        if not edit.target.startswith("sql:"):
+            continue
+        name = edit.target[4:]
+        functions[name] = apply(functions.get(name) or sql_function(source, name), edit, f"pgfence.{name}")
+    if not functions:
+        return None
+    header = f"-- mutation {mutation.name}: {mutation.weakens} (generated by tests/mutation/gate.py)\n"
+    return header + "\n\n".join(functions.values()) + "\n"
+
+
+def rust_tree(mutation: Mutation) -> str | None:
+    """A copy of the source tree with the mutation's Rust edits, or None if it has none."""
+    edits = [e for e in mutation.edits if not e.target.startswith("sql:")]
+    if not edits:
+        return None
+    tree = os.path.join(WORK, "tree")
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split()
+    for rel in files:
+        src, dst = os.path.join(ROOT, rel), os.path.join(tree, rel)
+        if not os.path.isfile(src):
+            continue
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        # Copy only what changed, keeping mtimes of the rest: cargo then rebuilds only what the mutation touched.
+        if not os.path.exists(dst) or open(src, "rb").read() != open(dst, "rb").read():
+            shutil.copy2(src, dst)
+    touched: dict[str, str] = {}
+    for edit in edits:
+        text = touched.get(edit.target) or open(os.path.join(ROOT, edit.target)).read()
+        touched[edit.target] = apply(text, edit, edit.target)
+    for rel, text in touched.items():
+        with open(os.path.join(tree, rel), "w") as f:
+            f.write(text)
+    return tree
+
+
+def failed_tests(output: str) -> list[str]:
+    """Names of failed tests in cargo's and pg_regress's output."""
+    names = re.findall(r"^test (\S+)\s+\.\.\.\s+FAILED", output, re.M)
+    names += re.findall(r"^not ok \d+\s+- (\S+)", output, re.M)
+    return sorted(set(names))
+
+
+def run_mutation(mutation: Mutation) -> dict:
+    env = dict(os.environ)
+    env.pop("PGFENCE_MUTANT_SQL", None)
+    os.makedirs(WORK, exist_ok=True)
+    sql = sql_mutant(mutation)
+    if sql is not None:
+        path = os.path.join(WORK, f"{mutation.name}.sql")
+        with open(path, "w") as f:
+            f.write(sql)
+        env["PGFENCE_MUTANT_SQL"] = path
+    cwd = ROOT
+    tree = rust_tree(mutation)
+    if tree is not None:
+        cwd = tree
+        env["CARGO_TARGET_DIR"] = os.path.join(WORK, "target")
+        # The copy must build before its tests mean anything: a mutant that does not compile is no proof.
+        build = subprocess.run(["cargo", "test", "--no-run", "--quiet"], cwd=cwd, env=env,
+                               capture_output=True, text=True)
+        if build.returncode != 0:
+            raise Stale(f"the mutated tree does not build:\n{build.stderr[-3000:]}")
+    started = time.monotonic()
+    for label, command in mutation.suites:
+        t0 = time.monotonic()
+        # A mutant may make a wait unbounded: a suite that hangs past its limit counts as caught (by timeout).
+        try:
+            result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+            code, output = result.returncode, result.stdout + result.stderr
+        except subprocess.TimeoutExpired as e:
+            code = -1
+            output = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            output += "\n(timed out after 600 s)"
+        elapsed = time.monotonic() - t0
+        if code != 0:
+            return {"caught": True, "by": label, "tests": failed_tests(output) or ["(the run failed; see log)"],
+                    "seconds": elapsed, "total": time.monotonic() - started, "log": output}
+    return {"caught": False, "by": None, "tests": [], "seconds": 0.0, "total": time.monotonic() - started,
+            "log": ""}
+
+
+def write_report(rows: list[tuple[Mutation, dict]]) -> None:
+    lines = [
+        "# Mutation gate",
+        "",
+        "Generated by `python3 tests/mutation/gate.py` (run by `.ci/run`); do not edit by hand. Each row weakens one",
+        "thing the protocol or the runtime relies on and names the first suite that caught it, the tests that",
+        "failed, and how long that suite ran until it failed (debug build, this machine).",
+        "",
+        "| mutation | what it weakens | caught by | failing tests | time to catch |",
+        "|---|---|---|---|---|",
+    ]
+    for mutation, r in rows:
+        verdict = f"`{r['by']}`" if r["caught"] else "**SURVIVED**"
+        tests = ", ".join(f"`{t}`" for t in r["tests"][:4]) + (" …" if len(r["tests"]) > 4 else "")
+        lines.append(f"| `{mutation.name}` | {mutation.weakens} | {verdict} | {tests} | {r['seconds']:.1f} s |")
+    os.makedirs(os.path.dirname(REPORT), exist_ok=True)
+    with open(REPORT, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main(argv: list[str]) -> int:
+    if len(MIGRATION) != 1:
+        print(f"gate: expected one migration, found {MIGRATION}", file=sys.stderr)
+        return 2
+    if argv[:1] == ["--list"]:
+        for m in MUTATIONS:
+            print(f"{m.name}: {m.weakens}\n    caught by: {', '.join(label for label, _ in m.suites)}")
+        return 0
+    if argv[:1] == ["--emit"]:
+        out = argv[1] if len(argv) > 1 else os.path.join(WORK, "sql")
+        os.makedirs(out, exist_ok=True)
+        for m in MUTATIONS:
+            sql = sql_mutant(m)
+            if sql is not None:
+                with open(os.path.join(out, f"{m.name}.sql"), "w") as f:
+                    f.write(sql)
+                print(os.path.join(out, f"{m.name}.sql"))
+        return 0
+    selected = [m for m in MUTATIONS if not argv or m.name in argv]
+    unknown = set(argv) - {m.name for m in MUTATIONS}
+    if unknown:
+        print(f"gate: unknown mutation(s): {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    rows, survived, stale = [], [], []
+    for m in selected:
+        print(f"== mutation {m.name}: {m.weakens}", flush=True)
+        try:
+            r = run_mutation(m)
+        except Stale as e:
+            print(f"   NO LONGER APPLIES: {e}", flush=True)
+            stale.append(m.name)
+            continue
+        rows.append((m, r))
+        if r["caught"]:
+            print(f"   caught by {r['by']} in {r['seconds']:.1f} s: {', '.join(r['tests'])}", flush=True)
+        else:
+            survived.append(m.name)
+            print(f"   SURVIVED every suite ({r['total']:.1f} s)", flush=True)
+    if not argv and not stale:
+        write_report(rows)
+        print(f"gate: report written to {os.path.relpath(REPORT, ROOT)}")
+    if stale:
+        print(f"gate: mutations that no longer apply (update them with the code): {', '.join(stale)}")
+        return 2
+    if survived:
+        print(f"gate: FAILED, survived: {', '.join(survived)}")
+        return 1
+    print(f"gate: every mutation caught ({len(rows)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

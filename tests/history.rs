@@ -1,19 +1,20 @@
 //! The history checker: a randomized, seedable run of several contenders for one lease under faults, judged
 //! against the database's own commit order (invariant 3 judged against *acquisition* commits).
 //!
-//! Proven against weakened protocols (`tests/mutants/*.sql`, applied after the migration by `PGFENCE_MUTANT_SQL`),
-//! each at the default duration (20 s) with seeds 1, 2 and 3, from the repository root:
-//! `PGFENCE_MUTANT_SQL=tests/mutants/<file> PGFENCE_HISTORY_SEED=<n> cargo test --test history -- --nocapture`
+//! Proven against weakened protocols (the SQL mutations of `tests/mutation/gate.py`, written out by
+//! `python3 tests/mutation/gate.py --emit target/mutants/sql` and applied after the migration by
+//! `PGFENCE_MUTANT_SQL`), each at the default duration (20 s) with seeds 1, 2 and 3, from the repository root:
+//! `PGFENCE_MUTANT_SQL=target/mutants/sql/<mutation>.sql PGFENCE_HISTORY_SEED=<n> cargo test --test history -- --nocapture`
 //! (the real protocol: the same without `PGFENCE_MUTANT_SQL`). "First violation": commit time of the earliest
 //! violating write, in seconds after the run started, for seeds 1 / 2 / 3 (a replayed seed repeats the faults'
 //! schedule, not every race, so times and counts vary from run to run).
 //!
-//! | protocol (file in tests/mutants/) | seeds caught | first violation (s) | violating rows | test time |
+//! | protocol (gate mutation) | seeds caught | first violation (s) | violating rows | test time |
 //! |---|---|---|---|---|
 //! | real protocol (none) | none to catch: 0 violations, every check passes | – | 0 / 0 / 0 | 21.0–21.5 s |
-//! | guard without its lock (`guard_without_lock.sql`) | 1, 2, 3 | 1.14 / 2.59 / 1.10 | 26 / 20 / 35 | 21.5–21.8 s |
-//! | acquisition without its exclusive lock (`acquire_without_exclusive_lock.sql`) | 1, 2, 3 | 0.64 / 2.39 / 0.96 | 27 / 26 / 20 | 21.0–21.8 s |
-//! | superseded check off by one (`superseded_off_by_one.sql`) | 1, 2, 3 | 0.06 / 0.26 / 0.10 | 531 / 551 / 449 | 21.1–21.3 s |
+//! | guard without its lock (`guard-without-lock`) | 1, 2, 3 | 1.14 / 2.59 / 1.10 | 26 / 20 / 35 | 21.5–21.8 s |
+//! | acquisition without its exclusive lock (`takeover-without-exclusive-lock`) | 1, 2, 3 | 0.64 / 2.39 / 0.96 | 27 / 26 / 20 | 21.0–21.8 s |
+//! | superseded check off by one (`superseded-off-by-one`) | 1, 2, 3 | 0.06 / 0.26 / 0.10 | 531 / 551 / 449 | 21.1–21.3 s |
 //!
 //! Every mutant failed "no write commits after a newer acquisition" on every seed, with violating rows in all
 //! three tables (task events, task rows, ledger rows); the off-by-one also failed "no guard admits a superseded

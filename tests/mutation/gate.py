@@ -122,7 +122,7 @@ MUTATIONS: list[Mutation] = [
         "a takeover waits for guard holders without bound instead of ending them after the grace",
         [Edit("sql:_take_guard_lock",
               "PERFORM set_config('lock_timeout', greatest(grace_ms, 1) || 'ms', true);",
-              "PERFORM set_config('lock_timeout', '30s', true);")],
+              "PERFORM set_config('lock_timeout', '10s', true);")],
         [cargo_test("takeover", "an_idle_guarded_transaction_delays_a_takeover_by_at_most_the_grace")],
     ),
     Mutation(

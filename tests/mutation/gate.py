@@ -10,7 +10,7 @@ mutation, runs those suites in order until one fails, and fails itself unless ev
   edit that no longer applies (the text it names is gone or ambiguous) fails the gate, so the mutations follow
   the code or are updated with it.
 * Rust mutations are applied to a copy of the source tree under target/mutants/tree (one copy reused, so only
-  pgfence itself recompiles), built with its own target directory.
+  pgfence itself recompiles), built in the repository's target directory (dependencies reused).
 
 Usage (from the repository root):
     python3 tests/mutation/gate.py                 # every mutation; writes docs/mutation-gate.md
@@ -278,9 +278,13 @@ def run_mutation(mutation: Mutation) -> dict:
     tree = rust_tree(mutation)
     if tree is not None:
         cwd = tree
-        env["CARGO_TARGET_DIR"] = os.path.join(WORK, "target")
+        # The repository's own target directory: the copy is another package path, so its pgfence units get other
+        # hashes (nothing of the real build is overwritten) while every dependency is reused as built.
+        env["CARGO_TARGET_DIR"] = os.path.join(ROOT, "target")
         # The copy must build before its tests mean anything: a mutant that does not compile is no proof.
-        build = subprocess.run(["cargo", "test", "--no-run", "--quiet"], cwd=cwd, env=env,
+        tests = [arg for _, command in mutation.suites if command[:2] == ["cargo", "test"]
+                 for arg in command[2:4] if command[2] == "--test"]
+        build = subprocess.run(["cargo", "test", "--no-run", "--quiet", *tests], cwd=cwd, env=env,
                                capture_output=True, text=True)
         if build.returncode != 0:
             raise Stale(f"the mutated tree does not build:\n{build.stderr[-3000:]}")

@@ -1,13 +1,16 @@
 //! Least privilege with real roles and real connections as those roles: the application role writes only
 //! through the guarded functions, the functions cannot be redirected through `search_path`, enforcement audits
 //! raw writes from roles that do hold table privileges, and the audit stays bounded under a hammering stale
-//! writer.
+//! writer — whose backpressure neither slows the leader nor holds off a takeover.
 //!
 //! Invariants checked: 3 (no write around the guard), 4 (every refusal is a typed error and accounted for in the
-//! audit, aggregated).
+//! audit, aggregated, with the exact count), 7 (stale writers do not delay a takeover).
 
 mod common;
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::TestDb;
@@ -15,6 +18,10 @@ use pgfence::{Enforcement, Error, RejectionFilter, Store, StoreConfig};
 use serde_json::json;
 
 const TTL: Duration = Duration::from_secs(60);
+
+/// The backpressure tests measure time and throughput: each runs alone (write), the other tests of this file
+/// run side by side with each other (read) but never with a measurement.
+static MEASURING: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// Creates a login role named after the test database (roles are cluster-wide; databases are per test).
 async fn role(db: &TestDb, suffix: &str) -> String {
@@ -51,6 +58,7 @@ fn sqlstate(err: &tokio_postgres::Error) -> String {
 /// force-release, switch enforcement, prune or migrate. A role without grants cannot even acquire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_application_role_writes_only_through_the_guarded_functions() {
+    let _shared = MEASURING.read().await;
     let db = TestDb::new().await;
     let app = role(&db, "app").await;
     let owner = db.store("c").await;
@@ -111,7 +119,8 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
     }
     let forced = store.force_release("sched").await.unwrap_err();
     assert_eq!(forced.sqlstate(), Some("42501"), "{forced}");
-    assert!(store.migrate().await.is_err());
+    let migrate = store.migrate().await.unwrap_err();
+    assert_eq!(migrate.sqlstate(), Some("42501"), "{migrate}");
     assert_eq!(
         db.scalar("SELECT epoch FROM pgfence.leases").await,
         1,
@@ -127,19 +136,86 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
     assert_eq!(sqlstate(&err), "42501");
 }
 
-/// Every function the application role may call is SECURITY DEFINER with its search_path pinned, and nothing
-/// in the schema is granted to PUBLIC.
+/// Every function a granted role may execute — the application's and the operator's, found from the effective
+/// privileges of roles granted through `grant_application` and `grant_operator`, not from a list that could
+/// miss one — is SECURITY DEFINER with its search_path pinned to `pg_catalog, pg_temp`, and the two sets are
+/// exactly the documented ones. A role without grants may execute nothing, and nothing in the schema (functions,
+/// tables, sequences, views, the schema itself) is granted to PUBLIC.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is_public() {
+    let _shared = MEASURING.read().await;
     let db = TestDb::new().await;
+    let (app, ops, stranger) = (
+        role(&db, "sdapp").await,
+        role(&db, "sdops").await,
+        role(&db, "sdnone").await,
+    );
+    let owner = db.store("c").await;
+    owner.grant_application(&app).await.unwrap();
+    owner.grant_operator(&ops).await.unwrap();
     let client = db.client().await;
-    let unsafe_functions: Vec<String> = client
+    let executable = |role: String| {
+        let client = &client;
+        async move {
+            client
+                .query(
+                    "SELECT p.proname::text, p.prosecdef \
+                            AND coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false) \
+                       FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+                      WHERE n.nspname = 'pgfence' AND has_function_privilege($1, p.oid, 'EXECUTE') \
+                      ORDER BY 1",
+                    &[&role],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| (r.get::<_, String>(0), r.get::<_, bool>(1)))
+                .collect::<Vec<_>>()
+        }
+    };
+    let application = [
+        "acquire",
+        "append_event",
+        "claim_task",
+        "create_task",
+        "enforcement",
+        "fence",
+        "identity",
+        "release",
+        "renew",
+        "renew_many",
+        "transition_task",
+    ];
+    let operator = [
+        "force_release",
+        "prune_rejections",
+        "set_enforcement",
+        "set_takeover_grace",
+    ];
+    // Known gap, kept visible here until the migration pins it: `pgfence.enforcement()` (a read of
+    // pg_trigger) is SECURITY INVOKER without a pinned search_path, although the README lists it with the
+    // SECURITY DEFINER functions. When it is fixed this expectation fails: make it `true` like the others.
+    let known_unpinned = ["enforcement"];
+    let pinned = |names: &[&str]| {
+        let mut all: Vec<(String, bool)> = names
+            .iter()
+            .map(|n| (n.to_string(), !known_unpinned.contains(n)))
+            .collect();
+        all.sort();
+        all
+    };
+    assert_eq!(executable(app).await, pinned(&application));
+    assert_eq!(
+        executable(ops).await,
+        pinned(&[&application[..], &operator[..]].concat())
+    );
+    assert_eq!(executable(stranger).await, []);
+    // The grant functions themselves run as the owner too.
+    let grants: Vec<bool> = client
         .query(
-            "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
-              WHERE n.nspname = 'pgfence' AND p.proname IN ('acquire', 'renew', 'renew_many', 'release', \
-                    'force_release', 'fence', 'create_task', 'claim_task', 'transition_task', 'append_event', \
-                    'set_enforcement', 'prune_rejections', 'identity', 'grant_application', 'grant_operator') \
-                AND NOT (p.prosecdef AND EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%'))",
+            "SELECT p.prosecdef AND coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false) \
+               FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+              WHERE n.nspname = 'pgfence' AND p.proname IN ('grant_application', 'grant_operator')",
             &[],
         )
         .await
@@ -147,7 +223,7 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert!(unsafe_functions.is_empty(), "{unsafe_functions:?}");
+    assert_eq!(grants, [true, true]);
     let public_grants: i64 = client
         .query_one(
             "SELECT (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace, \
@@ -155,6 +231,9 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
                      WHERE n.nspname = 'pgfence' AND a.grantee = 0) \
                   + (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace, \
                      aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a \
+                     WHERE n.nspname = 'pgfence' AND a.grantee = 0) \
+                  + (SELECT count(*) FROM pg_namespace n, \
+                     aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) a \
                      WHERE n.nspname = 'pgfence' AND a.grantee = 0)",
             &[],
         )
@@ -168,6 +247,7 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
 /// its own, placed before pg_catalog, still gets expiries from the real database clock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_search_path_cannot_redirect_the_guard() {
+    let _shared = MEASURING.read().await;
     let db = TestDb::new().await;
     let app = role(&db, "sneaky").await;
     db.store("c").await.grant_application(&app).await.unwrap();
@@ -216,6 +296,7 @@ async fn a_hostile_search_path_cannot_redirect_the_guard() {
 /// refused by privilege before any trigger runs (42501).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_mode_refuses_and_records_raw_writes_without_the_current_epoch() {
+    let _shared = MEASURING.read().await;
     let db = TestDb::new().await;
     let legacy = role(&db, "legacy").await;
     let owner = db.store("c").await;
@@ -304,9 +385,11 @@ async fn audit_mode_refuses_and_records_raw_writes_without_the_current_epoch() {
 }
 
 /// A stale holder retrying in a tight loop (four tasks, 100 tries each) gets a typed error every time, while the
-/// audit grows by one aggregated row per operation, with the exact count.
+/// audit grows by one aggregated row per operation, with the exact count, and the refusals come no faster than
+/// the backpressure allows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_rejections_are_aggregated_with_an_exact_count() {
+    let _shared = MEASURING.read().await;
     let db = TestDb::new().await;
     let store = db.store("c").await;
     let old = store.acquire("sched", "pod-a", TTL).await.unwrap();
@@ -346,7 +429,17 @@ async fn repeated_rejections_are_aggregated_with_an_exact_count() {
     let rows = store.rejections(&RejectionFilter::default()).await.unwrap();
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert!(rows.iter().all(|r| r.count == 200), "{rows:?}");
-    assert!(rows.iter().all(|r| r.last_rejected_at >= r.rejected_at));
+    // The backpressure serializes the repeats of one operation 10 ms apart (each holds the aggregated row while
+    // it waits): the first refusal is not delayed, so 200 refusals span at least 198 waits.
+    for r in &rows {
+        let span = (r.last_rejected_at - r.rejected_at).to_std().unwrap();
+        assert!(
+            span >= Duration::from_millis(1_980),
+            "{} refusals of {} within {span:?}",
+            r.count,
+            r.operation
+        );
+    }
     let create = rows.iter().find(|r| r.operation == "create_task").unwrap();
     assert!(create
         .last_target_key
@@ -359,6 +452,7 @@ async fn repeated_rejections_are_aggregated_with_an_exact_count() {
 /// library and through `pgfence audit prune`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prune_removes_old_audit_rows_in_batches() {
+    let _shared = MEASURING.read().await;
     let db = TestDb::new().await;
     let store = db.store("c").await;
     for n in 0..25 {
@@ -404,93 +498,421 @@ async fn prune_removes_old_audit_rows_in_batches() {
         String::from_utf8_lossy(&cli.stderr)
     );
     assert!(String::from_utf8_lossy(&cli.stdout).contains("deleted 2 audit rows"));
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.rejections").await,
+        0
+    );
 }
 
-/// Measurement, not a pass/fail check (run with `cargo test --release --test privileges -- --ignored
-/// --nocapture`): the current leader's guarded-write throughput alone and while a stale writer hammers at full
-/// speed from 4 connections, in interleaved rounds; prints the median ratio.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore]
-async fn measure_leader_throughput_under_a_hammering_stale_writer() {
-    let db = TestDb::new().await;
-    let store = Store::connect(db.config("c").pool_size(12)).await.unwrap();
-    let stale = store.acquire("sched", "pod-a", TTL).await.unwrap();
-    let leader = store.acquire("sched", "pod-a", TTL).await.unwrap();
-    for w in 0..4 {
-        store
-            .create_task(&leader.fence(), &format!("job-{w}"), &json!({}))
+/// A zombie: a stale holder that retries `append_event` with its old fence in a tight loop until `stop`. Returns
+/// how many refusals it got; anything but `Error::Stale` (a PF003, a backend terminated by a takeover) is a
+/// failure.
+fn zombie(
+    store: Store,
+    fence: pgfence::Fence,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Result<u64, String>> {
+    tokio::spawn(async move {
+        let mut refused = 0;
+        while !stop.load(Ordering::Relaxed) {
+            match store
+                .append_event(&fence, "job-0", "stale", &json!({}))
+                .await
+            {
+                Err(Error::Stale { .. }) => refused += 1,
+                other => return Err(format!("a stale writer got {other:?}")),
+            }
+        }
+        Ok(refused)
+    })
+}
+
+/// Leader and stale writer, side by side: what one round measured.
+#[derive(Debug, Clone, Copy)]
+struct Round {
+    /// The leader's accepted guarded writes per second.
+    leader_tps: f64,
+    /// The stale writers' refusals in the round, and how long they hammered.
+    refusals: u64,
+    hammered_for: Duration,
+}
+
+/// One round: `writers` leader connections write `append_event` for `length` with the current fence; with
+/// `hammers` > 0, that many stale connections hammer meanwhile with the superseded fence.
+async fn round(
+    leader: &Store,
+    zombies: &Store,
+    fences: (&pgfence::Fence, &pgfence::Fence),
+    writers: usize,
+    hammers: usize,
+    length: Duration,
+) -> Round {
+    let (current, stale) = fences;
+    let stop = Arc::new(AtomicBool::new(false));
+    let hammer_started = Instant::now();
+    let hammering: Vec<_> = (0..hammers)
+        .map(|_| zombie(zombies.clone(), stale.clone(), stop.clone()))
+        .collect();
+    let started = Instant::now();
+    let mut writing = Vec::new();
+    for w in 0..writers {
+        let (store, fence) = (leader.clone(), current.clone());
+        writing.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while started.elapsed() < length {
+                store
+                    .append_event(&fence, &format!("job-{w}"), "tick", &json!({}))
+                    .await
+                    .unwrap();
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut accepted = 0;
+    for w in writing {
+        accepted += w.await.unwrap();
+    }
+    let leader_tps = accepted as f64 / started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let mut refusals = 0;
+    for h in hammering {
+        refusals += h.await.unwrap().unwrap();
+    }
+    Round {
+        leader_tps,
+        refusals,
+        hammered_for: hammer_started.elapsed(),
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// The leader's throughput alone and with stale writers hammering, side by side.
+struct Measured {
+    alone: Vec<Round>,
+    hammered: Vec<Round>,
+    /// Every round with stale writers, the warm-up included (for the audit and the rate).
+    all_hammered: Vec<Round>,
+    hammers: usize,
+    stale: pgfence::Fence,
+    store: Store,
+}
+
+impl Measured {
+    /// The median over the pairs of (hammered ÷ alone): the two rounds of a pair ran back to back, under the
+    /// same load from the rest of the machine.
+    fn ratio(&self) -> f64 {
+        median(
+            self.alone
+                .iter()
+                .zip(&self.hammered)
+                .map(|(a, h)| h.leader_tps / a.leader_tps)
+                .collect(),
+        )
+    }
+
+    fn medians(&self) -> (f64, f64) {
+        let tps = |rounds: &[Round]| rounds.iter().map(|r| r.leader_tps).collect::<Vec<_>>();
+        (median(tps(&self.alone)), median(tps(&self.hammered)))
+    }
+
+    fn report(&self) -> String {
+        let (alone, hammered) = self.medians();
+        format!(
+            "leader tx/s, median of {} interleaved pairs: alone {alone:.0}, with {} stale connections hammering \
+             {hammered:.0} (ratio of medians {:.2}, median of per-pair ratios {:.2}); stale refusals per round {:?}",
+            self.alone.len(),
+            self.hammers,
+            hammered / alone,
+            self.ratio(),
+            self.hammered.iter().map(|r| r.refusals).collect::<Vec<_>>()
+        )
+    }
+
+    /// Whatever the throughput: every refusal the stale writers saw is in the audit (one aggregated row, its
+    /// count exact), and the backpressure held them to at most one refusal per 10 ms. Each repeat within a
+    /// second answers 10 ms later while holding the aggregated row, so a round of t ms gives at most
+    /// t / 10 + 1 refusals however many connections hammer; without it they get thousands a second.
+    async fn check_audit_and_backpressure(&self) {
+        let refused: u64 = self.all_hammered.iter().map(|r| r.refusals).sum();
+        let audit: Vec<(i64, String, i64)> = self
+            .store
+            .rejections(&RejectionFilter::default())
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.presented_epoch, r.operation.clone(), r.count))
+            .collect();
+        assert_eq!(
+            audit,
+            [(
+                self.stale.epoch().get(),
+                "append_event".to_owned(),
+                refused as i64
+            )]
+        );
+        for r in &self.all_hammered {
+            let bound = r.hammered_for.as_millis() as u64 / 10 + 1;
+            assert!(
+                r.refusals <= bound,
+                "{} refusals in {:?} from {} stale connections: more than one per 10 ms ({bound})",
+                r.refusals,
+                r.hammered_for,
+                self.hammers
+            );
+            assert!(r.refusals >= 1, "the stale writers did hammer: {r:?}");
+        }
+    }
+}
+
+/// The leader's throughput (`writers` connections doing `append_event`) alone and with `hammers` stale
+/// connections hammering, in `pairs` pairs of rounds of `length`; the order within a pair alternates, so a drift
+/// in the machine's load hits both sides alike. One short warm-up pair first.
+async fn leader_alone_and_hammered(
+    db: &TestDb,
+    writers: usize,
+    hammers: usize,
+    pairs: usize,
+    length: Duration,
+) -> Measured {
+    // Separate pools, as for a zombie in another process; each as large as its number of connections.
+    let leader = Store::connect(db.config("c").pool_size(writers as u32))
+        .await
+        .unwrap();
+    let zombies = Store::connect(db.config("c").pool_size(hammers as u32))
+        .await
+        .unwrap();
+    let stale = leader.acquire("sched", "pod-a", TTL).await.unwrap().fence();
+    let current = leader.acquire("sched", "pod-a", TTL).await.unwrap().fence();
+    for w in 0..writers {
+        leader
+            .create_task(&current, &format!("job-{w}"), &json!({}))
             .await
             .unwrap();
     }
-    let round = |hammer: bool| {
-        let store = store.clone();
-        let (leader, stale) = (leader.fence(), stale.fence());
-        async move {
-            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let mut hammers = Vec::new();
-            if hammer {
-                for _ in 0..4 {
-                    let (store, stale, stop) = (store.clone(), stale.clone(), stop.clone());
-                    hammers.push(tokio::spawn(async move {
-                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                            let _ = store
-                                .append_event(&stale, "job-0", "stale", &json!({}))
-                                .await;
-                        }
-                    }));
+    let fences = (&current, &stale);
+    let warm_up = Duration::from_millis(200);
+    let mut all_hammered = vec![round(&leader, &zombies, fences, writers, hammers, warm_up).await];
+    round(&leader, &zombies, fences, writers, 0, warm_up).await;
+    let (mut alone, mut hammered) = (Vec::new(), Vec::new());
+    for pair in 0..pairs {
+        for hammering in [pair % 2 == 1, pair % 2 == 0] {
+            let r = round(
+                &leader,
+                &zombies,
+                fences,
+                writers,
+                if hammering { hammers } else { 0 },
+                length,
+            )
+            .await;
+            if hammering {
+                hammered.push(r);
+            } else {
+                alone.push(r);
+            }
+        }
+    }
+    all_hammered.extend(&hammered);
+    Measured {
+        alone,
+        hammered,
+        all_hammered,
+        hammers,
+        stale,
+        store: leader,
+    }
+}
+
+/// Backpressure does not cost the leader: with 8 stale connections hammering, the leader's guarded-write
+/// throughput (4 connections) stays at least 0.75× its throughput alone — the median of the per-pair ratios
+/// over 12 interleaved pairs of 200 ms rounds — and the stale writers are held to at most one refusal per
+/// 10 ms, every one of them in the audit with the exact count. In this debug build, on 2 cores shared with
+/// other work, the ratio measured 0.94–0.99 with the backpressure (5 runs; 0.81–0.96 before the measurement ran
+/// apart from this file's other tests) and 0.33–0.41 without it (`pgfence._reject` without its `pg_sleep`):
+/// 0.75 sits between them, not at 0.9, which a debug build on busy cores does not give stably. The release
+/// figure (0.90–1.07 here) is measured by `measure_leader_throughput_under_a_hammering_stale_writer`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hammering_stale_writer_is_held_back_and_the_leader_keeps_its_throughput() {
+    let _alone = MEASURING.write().await;
+    let db = TestDb::new().await;
+    let measured = leader_alone_and_hammered(&db, 4, 8, 12, Duration::from_millis(200)).await;
+    eprintln!("{}", measured.report());
+    assert!(
+        measured.ratio() >= 0.75,
+        "the leader kept only {:.2}× its throughput while stale writers hammered: {}",
+        measured.ratio(),
+        measured.report()
+    );
+    measured.check_audit_and_backpressure().await;
+}
+
+/// A takeover is prompt while stale writers hammer: 8 connections retry a superseded epoch in a tight loop and
+/// 2 leader connections write with the current fence (and keep writing with it, stale, until they learn the
+/// new one), while the lease is taken over 10 times (force_release, then an acquisition by another holder).
+/// Bounds: every takeover within 1 s — half the default takeover grace, so a takeover that had to wait out the
+/// grace (or terminate a stale writer) fails — and their median within 50 ms (measured here, debug build, 2 busy
+/// cores: medians 2–5 ms, the slowest single takeover 53 ms). A backpressure wait under the shared guard lock
+/// (stale writes refused only after taking it, then waiting 10 ms) held every takeover off 140–200 ms and fails
+/// the median bound. Every stale writer only ever got `Error::Stale` (none was terminated, none hit PF003), and
+/// every refusal the clients saw is in the audit: the count of each (lease, epoch, operation) row is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_is_prompt_while_stale_writers_hammer() {
+    const TAKEOVERS: usize = 10;
+    const BOUND: Duration = Duration::from_secs(1);
+    const MEDIAN_BOUND: Duration = Duration::from_millis(50);
+    let _alone = MEASURING.write().await;
+    let db = TestDb::new().await;
+    let operator = db.store("c").await;
+    let leader = Store::connect(db.config("c").pool_size(2)).await.unwrap();
+    let zombies = Store::connect(db.config("c").pool_size(8)).await.unwrap();
+    let stale = operator.acquire("sched", "pod-0", TTL).await.unwrap();
+    operator.force_release("sched").await.unwrap();
+    let first = operator.acquire("sched", "pod-1", TTL).await.unwrap();
+    for w in 0..2 {
+        operator
+            .create_task(&first.fence(), &format!("job-{w}"), &json!({}))
+            .await
+            .unwrap();
+    }
+    let (publish, current) = tokio::sync::watch::channel(first.fence());
+    let stop = Arc::new(AtomicBool::new(false));
+    let accepted = Arc::new(AtomicU64::new(0));
+
+    let hammering: Vec<_> = (0..8)
+        .map(|_| zombie(zombies.clone(), stale.fence(), stop.clone()))
+        .collect();
+    let mut writing = Vec::new();
+    for w in 0..2 {
+        let (store, current, stop, accepted) = (
+            leader.clone(),
+            current.clone(),
+            stop.clone(),
+            accepted.clone(),
+        );
+        writing.push(tokio::spawn(async move {
+            let mut refused: HashMap<i64, u64> = HashMap::new();
+            while !stop.load(Ordering::Relaxed) {
+                let fence = current.borrow().clone();
+                match store
+                    .append_event(&fence, &format!("job-{w}"), "tick", &json!({}))
+                    .await
+                {
+                    Ok(_) => {
+                        accepted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(Error::Stale { .. }) => {
+                        *refused.entry(fence.epoch().get()).or_default() += 1
+                    }
+                    Err(other) => panic!("the leader's write failed: {other:?}"),
                 }
             }
-            let started = Instant::now();
-            let mut writers = Vec::new();
-            for w in 0..4 {
-                let (store, leader) = (store.clone(), leader.clone());
-                writers.push(tokio::spawn(async move {
-                    let mut n = 0u64;
-                    while started.elapsed() < Duration::from_secs(3) {
-                        store
-                            .append_event(&leader, &format!("job-{w}"), "tick", &json!({}))
-                            .await
-                            .unwrap();
-                        n += 1;
-                    }
-                    n
-                }));
-            }
-            let mut total = 0;
-            for w in writers {
-                total += w.await.unwrap();
-            }
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
-            for h in hammers {
-                h.await.unwrap();
-            }
-            total as f64 / started.elapsed().as_secs_f64()
-        }
-    };
-    let (mut alone, mut hammered) = (Vec::new(), Vec::new());
-    for _ in 0..5 {
-        alone.push(round(false).await);
-        hammered.push(round(true).await);
+            refused
+        }));
     }
-    alone.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    hammered.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let hammer_count = db
-        .scalar("SELECT coalesce(sum(count), 0)::bigint FROM pgfence.rejections")
-        .await;
+
+    let mut took = Vec::new();
+    for n in 0..TAKEOVERS {
+        // Each tenure lasts at least 100 ms and sees the leader write, so every takeover has guarded writes in
+        // flight to wait for and stale writers in full swing.
+        let (seen, tenure) = (accepted.load(Ordering::Relaxed), Instant::now());
+        let deadline = tenure + Duration::from_secs(10);
+        while accepted.load(Ordering::Relaxed) < seen + 20
+            || tenure.elapsed() < Duration::from_millis(100)
+        {
+            assert!(Instant::now() < deadline, "the leader stopped writing");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let started = Instant::now();
+        assert!(matches!(
+            operator.force_release("sched").await.unwrap(),
+            pgfence::ForceReleased::Ended { .. }
+        ));
+        let next = operator
+            .acquire("sched", &format!("pod-{}", n + 2), TTL)
+            .await
+            .unwrap();
+        took.push(started.elapsed());
+        publish.send(next.fence()).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut refused: HashMap<i64, u64> = HashMap::new();
+    for h in hammering {
+        *refused.entry(stale.epoch().get()).or_default() += h.await.unwrap().unwrap();
+    }
+    for w in writing {
+        for (epoch, n) in w.await.unwrap() {
+            *refused.entry(epoch).or_default() += n;
+        }
+    }
+    let mut sorted = took.clone();
+    sorted.sort();
+    let median = (sorted[TAKEOVERS / 2 - 1] + sorted[TAKEOVERS / 2]) / 2;
     eprintln!(
-        "leader append_event tx/s, 4 writers, median of 5 interleaved rounds: alone {:.0}, with 4 stale hammering \
-         connections {:.0} (ratio {:.2}); {hammer_count} stale writes refused, {} audit rows",
-        alone[2],
-        hammered[2],
-        hammered[2] / alone[2],
-        db.scalar("SELECT count(*) FROM pgfence.rejections").await
+        "{TAKEOVERS} takeovers under 8 hammering stale connections: median {median:?}, max {:?}; refusals \
+         {refused:?}",
+        sorted[TAKEOVERS - 1]
     );
+    assert!(
+        took.iter().all(|t| *t < BOUND),
+        "every takeover within {BOUND:?}: {took:?}"
+    );
+    assert!(
+        median < MEDIAN_BOUND,
+        "takeovers took {median:?} (median) while stale writers hammered: {took:?}"
+    );
+    assert!(
+        refused[&stale.epoch().get()] >= TAKEOVERS as u64,
+        "the stale writers hammered throughout: {refused:?}"
+    );
+    let audit: HashMap<i64, u64> = operator
+        .rejections(&RejectionFilter {
+            limit: Some(1000),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert_eq!(r.operation, "append_event");
+            (r.presented_epoch, r.count as u64)
+        })
+        .collect();
+    assert_eq!(
+        audit, refused,
+        "one audit row per refused epoch, with the exact count"
+    );
+}
+
+/// The README's measurement, in a release build (`cargo test --release --test privileges -- --ignored
+/// --nocapture`): the current leader's guarded-write throughput alone and while a stale writer hammers from 4
+/// connections, 5 interleaved pairs of 3-second rounds; prints the medians and the median of the per-pair
+/// ratios (a measurement: its ratio is not asserted). The same checks as the test above run on the way (audit
+/// exact, at most one refusal per 10 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn measure_leader_throughput_under_a_hammering_stale_writer() {
+    let _alone = MEASURING.write().await;
+    let db = TestDb::new().await;
+    let measured = leader_alone_and_hammered(&db, 4, 4, 5, Duration::from_secs(3)).await;
+    eprintln!("{}", measured.report());
+    measured.check_audit_and_backpressure().await;
 }
 
 /// `pgfence grant` gives a role the application rights (it can then lease) or the operator rights (it can then
 /// force-release too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_grant_command_sets_up_application_and_operator_roles() {
+    let _shared = MEASURING.read().await;
     let db = TestDb::new().await;
     let (app, ops) = (role(&db, "cliapp").await, role(&db, "cliops").await);
     for (role, extra) in [(&app, None), (&ops, Some("--operator"))] {

@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -17,11 +18,11 @@ const TTL: Duration = Duration::from_secs(60);
 const SENTINEL: &str = "Hostile-s3cret-Sentinel";
 
 /// One database and store for all the cases of a property, on a runtime of its own (proptest runs the cases
-/// synchronously).
+/// synchronously), and a raw client for counting rows.
 struct Fixture {
     runtime: tokio::runtime::Runtime,
-    db: TestDb,
     store: Store,
+    client: tokio_postgres::Client,
 }
 
 fn fixture() -> Fixture {
@@ -30,12 +31,17 @@ fn fixture() -> Fixture {
         .enable_all()
         .build()
         .unwrap();
-    let (db, store) = runtime.block_on(async {
+    let (store, client) = runtime.block_on(async {
         let db = TestDb::new().await;
         let store = db.store("hostile").await;
-        (db, store)
+        let client = db.client().await;
+        (store, client)
     });
-    Fixture { runtime, db, store }
+    Fixture {
+        runtime,
+        store,
+        client,
+    }
 }
 
 /// Strings that are hostile in different ways: arbitrary Unicode (control characters and NUL included), SQL and
@@ -54,16 +60,17 @@ fn hostile_string() -> impl Strategy<Value = String> {
     ]
 }
 
+/// Rows in (leases, tasks, task_events, rejections).
 fn counts(f: &Fixture) -> (i64, i64, i64, i64) {
-    f.runtime.block_on(async {
-        (
-            f.db.scalar("SELECT count(*) FROM pgfence.leases").await,
-            f.db.scalar("SELECT count(*) FROM pgfence.tasks").await,
-            f.db.scalar("SELECT count(*) FROM pgfence.task_events")
-                .await,
-            f.db.scalar("SELECT count(*) FROM pgfence.rejections").await,
-        )
-    })
+    let row = f
+        .runtime
+        .block_on(f.client.query_one(
+            "SELECT (SELECT count(*) FROM pgfence.leases), (SELECT count(*) FROM pgfence.tasks), \
+                    (SELECT count(*) FROM pgfence.task_events), (SELECT count(*) FROM pgfence.rejections)",
+            &[],
+        ))
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2), row.get(3))
 }
 
 fn is_clean_control_free(s: &str, max: usize) -> bool {
@@ -129,28 +136,49 @@ proptest! {
             Err(other) => prop_assert!(false, "{key:?}: {other}"),
         }
         let assignee_ok = is_clean_control_free(&assignee, pgfence::MAX_HOLDER_LEN);
+        let before = counts(f);
         match f.runtime.block_on(f.store.claim_task(fence, &key, &assignee)) {
-            Ok(write) => prop_assert_eq!(write.task.assignee, Some(assignee.clone())),
-            Err(Error::InvalidInput { .. }) => prop_assert!(!assignee_ok),
-            Err(Error::Conflict { .. }) => {} // claimed by an earlier case with the same key
+            Ok(write) => {
+                prop_assert!(assignee_ok, "accepted the assignee {assignee:?}");
+                prop_assert_eq!(write.task.assignee, Some(assignee.clone()));
+                let stored = f.runtime.block_on(f.store.task("tasks", &key)).unwrap().unwrap();
+                prop_assert_eq!(stored.assignee, Some(assignee.clone()));
+            }
+            Err(Error::InvalidInput { .. }) => {
+                prop_assert!(!assignee_ok, "refused the assignee {assignee:?}");
+                prop_assert_eq!(counts(f), before);
+            }
+            // Claimed by an earlier case with the same key; an invalid assignee never reaches the database.
+            Err(Error::Conflict { .. }) => {
+                prop_assert!(assignee_ok, "sent the assignee {assignee:?}");
+                prop_assert_eq!(counts(f), before);
+            }
             Err(other) => prop_assert!(false, "{assignee:?}: {other}"),
         }
         let kind_ok = is_clean_control_free(&kind, pgfence::MAX_KIND_LEN);
-        let events_before = counts(f).2;
+        let before = counts(f);
         match f.runtime.block_on(f.store.append_event(fence, &key, &kind, &json!({}))) {
-            Ok(_) => prop_assert!(kind_ok),
+            Ok(_) => {
+                prop_assert!(kind_ok, "accepted the kind {kind:?}");
+                let events = f.runtime.block_on(f.store.task_events("tasks", &key)).unwrap();
+                prop_assert_eq!(&events.last().unwrap().kind, &kind);
+                prop_assert_eq!(counts(f), (before.0, before.1, before.2 + 1, before.3));
+            }
             Err(Error::InvalidInput { .. }) => {
-                prop_assert!(!kind_ok);
-                prop_assert_eq!(counts(f).2, events_before);
+                prop_assert!(!kind_ok, "refused the kind {kind:?}");
+                prop_assert_eq!(counts(f), before);
             }
             Err(other) => prop_assert!(false, "{kind:?}: {other}"),
         }
     }
 
-    /// Payloads: arbitrary JSON round-trips exactly, or is refused before sending (NUL in a string or key, too
-    /// deep, too large) with nothing written.
+    /// Payloads through every write that carries one (create_task, append_event, transition_task): arbitrary
+    /// JSON, JSON nested around the depth limit and JSON sized around the size limit. Within the limits a payload
+    /// is accepted and stored exactly (read back from the task row and its event); beyond them — NUL in a string
+    /// or key, more than `MAX_PAYLOAD_DEPTH` levels, more than `MAX_PAYLOAD_BYTES` serialized — it is
+    /// `InvalidInput` for "payload" before anything is sent, and nothing is written.
     #[test]
-    fn payloads_round_trip_or_are_refused(payload in arbitrary_json()) {
+    fn payloads_round_trip_or_are_refused(payload in any_payload(), write in payload_write()) {
         static F: OnceLock<Mutex<(Fixture, pgfence::Fence)>> = OnceLock::new();
         let guard = F.get_or_init(|| {
             let f = fixture();
@@ -160,19 +188,96 @@ proptest! {
         let (f, fence) = &*guard;
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let key = format!("p{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let within = within_limits(&payload);
+        if write != PayloadWrite::Create {
+            f.runtime.block_on(f.store.create_task(fence, &key, &json!({}))).unwrap();
+        }
         let before = counts(f);
-        match f.runtime.block_on(f.store.create_task(fence, &key, &payload)) {
-            Ok(write) => {
-                prop_assert!(!contains_nul(&payload));
-                prop_assert_eq!(write.task.payload, payload);
+        let result = (f.runtime.block_on(write.run(&f.store, fence, &key, &payload)), before);
+        match result {
+            (Ok(written), before) => {
+                prop_assert!(within, "accepted a payload beyond the limits ({} levels, {} bytes)",
+                    levels(&payload), serialized_len(&payload));
+                let (stored, event) = f.runtime.block_on(write.read_back(&f.store, "payloads", &key));
+                if write == PayloadWrite::Create {
+                    prop_assert_eq!(&written.task.payload, &payload);
+                    prop_assert_eq!(&stored, &payload);
+                }
+                prop_assert_eq!(&event, &payload);
+                let (tasks, events) = (u64::from(write == PayloadWrite::Create), 1);
+                prop_assert_eq!(counts(f), (before.0, before.1 + tasks as i64, before.2 + events, before.3));
             }
-            Err(Error::InvalidInput { .. }) => {
-                prop_assert!(contains_nul(&payload));
+            (Err(Error::InvalidInput { field: "payload", .. }), before) => {
+                prop_assert!(!within, "refused a payload within the limits ({} levels, {} bytes)",
+                    levels(&payload), serialized_len(&payload));
                 prop_assert_eq!(counts(f), before);
             }
-            Err(other) => prop_assert!(false, "{other}"),
+            (Err(other), _) => prop_assert!(false, "{write:?}: {other}"),
         }
     }
+}
+
+/// The writes that carry a payload. Append and transition write to a task created just before (with `{}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PayloadWrite {
+    Create,
+    Append,
+    Transition,
+}
+
+fn payload_write() -> impl Strategy<Value = PayloadWrite> {
+    prop_oneof![
+        Just(PayloadWrite::Create),
+        Just(PayloadWrite::Append),
+        Just(PayloadWrite::Transition),
+    ]
+}
+
+impl PayloadWrite {
+    async fn run(
+        self,
+        store: &Store,
+        fence: &pgfence::Fence,
+        key: &str,
+        payload: &Value,
+    ) -> pgfence::Result<pgfence::TaskWrite> {
+        match self {
+            PayloadWrite::Create => store.create_task(fence, key, payload).await,
+            PayloadWrite::Append => store.append_event(fence, key, "edge", payload).await,
+            PayloadWrite::Transition => {
+                let pending = pgfence::TaskState::Pending;
+                store
+                    .transition_task(fence, key, pending, pending, payload)
+                    .await
+            }
+        }
+    }
+
+    /// What is stored, read back through the library: the task row's payload and the payload of the task's
+    /// latest event (the `created` event for a create), which must be of this write's kind.
+    async fn read_back(self, store: &Store, lease: &str, key: &str) -> (Value, Value) {
+        let task = store.task(lease, key).await.unwrap().expect("the task");
+        let mut events = store.task_events(lease, key).await.unwrap();
+        let event = events.pop().expect("an event");
+        let kind = match self {
+            PayloadWrite::Create => "created",
+            PayloadWrite::Append => "edge",
+            PayloadWrite::Transition => "pending",
+        };
+        assert_eq!(event.kind, kind);
+        (task.payload, event.payload)
+    }
+}
+
+/// Every kind of hostile payload: arbitrary JSON (shallow, any Unicode, NUL sometimes), JSON nested around the
+/// depth limit, JSON sized around the size limit.
+fn any_payload() -> impl Strategy<Value = Value> {
+    // Megabyte cases are the slow ones: a fifth of the cases (the edges test covers every write at both edges).
+    prop_oneof![
+        2 => arbitrary_json(),
+        2 => nested_around_the_depth_limit(),
+        1 => sized_around_the_size_limit(),
+    ]
 }
 
 fn arbitrary_json() -> impl Strategy<Value = Value> {
@@ -191,6 +296,125 @@ fn arbitrary_json() -> impl Strategy<Value = Value> {
                 .prop_map(|m| Value::Object(m.into_iter().collect())),
         ]
     })
+}
+
+/// JSON nested `MAX_PAYLOAD_DEPTH - 3` to `MAX_PAYLOAD_DEPTH + 2` wrappers deep — arrays and objects in any
+/// order, keys of any Unicode but NUL, shallow siblings on the way — around a leaf that is a scalar, an empty
+/// container or shallow JSON: the depth limit from both sides, 0 to 3 levels away.
+fn nested_around_the_depth_limit() -> impl Strategy<Value = Value> {
+    let max = pgfence::MAX_PAYLOAD_DEPTH;
+    let shallow = || {
+        prop_oneof![
+            Just(json!(1)),
+            Just(json!("s")),
+            Just(json!([])),
+            Just(json!({})),
+            Just(json!([[2]])),
+            Just(json!({"a": {"b": null}})),
+        ]
+    };
+    let wrapper = (
+        any::<bool>(),
+        "[^\\x00]{0,6}",
+        prop::option::weighted(0.2, shallow()),
+    );
+    // Exactly at the limit and one over it most often.
+    let count = prop_oneof![Just(max), Just(max + 1), max - 3..=max + 2];
+    let wrappers = count.prop_flat_map(move |n| prop::collection::vec(wrapper.clone(), n));
+    (wrappers, shallow()).prop_map(|(wrappers, leaf)| {
+        wrappers
+            .into_iter()
+            .fold(leaf, |inner, (array, key, sibling)| {
+                if array {
+                    Value::Array(std::iter::once(inner).chain(sibling).collect())
+                } else {
+                    let mut map = serde_json::Map::new();
+                    if let Some(sibling) = sibling {
+                        map.insert(format!("{key}~"), sibling);
+                    }
+                    map.insert(key, inner);
+                    Value::Object(map)
+                }
+            })
+    })
+}
+
+/// JSON of `MAX_PAYLOAD_BYTES - 3` to `MAX_PAYLOAD_BYTES + 3` bytes serialized: a string of ASCII, multi-byte
+/// UTF-8 or characters JSON escapes (a quote, a backslash, a control character written `\u0001`), or an array of
+/// zeros (the payload that grows most when stored as jsonb, about 6×): the size limit from both sides.
+fn sized_around_the_size_limit() -> impl Strategy<Value = Value> {
+    let max = pgfence::MAX_PAYLOAD_BYTES;
+    let filler = prop_oneof![
+        Just('x'),
+        Just('é'),
+        Just('🦀'),
+        Just('"'),
+        Just('\\'),
+        Just('\u{1}'),
+    ];
+    // Exactly at the limit and one over it most often.
+    let size = prop_oneof![Just(max), Just(max + 1), max - 3..=max + 3];
+    (size, prop::option::weighted(0.8, filler)).prop_map(|(size, filler)| match filler {
+        Some(filler) => blob_of(size, filler),
+        None => zeros_of(size),
+    })
+}
+
+/// `{"blob": "…"}` of exactly `size` bytes serialized, the string made of `filler` (padded with `x`).
+fn blob_of(size: usize, filler: char) -> Value {
+    let empty = serialized_len(&json!({"blob": ""}));
+    let width = serialized_len(&json!(filler.to_string())) - 2;
+    let n = (size - empty) / width;
+    let blob: String = std::iter::repeat(filler)
+        .take(n)
+        .chain(std::iter::repeat('x').take(size - empty - n * width))
+        .collect();
+    let value = json!({ "blob": blob });
+    assert_eq!(serialized_len(&value), size);
+    value
+}
+
+/// `[0,0,…,0]` (one `10` when needed) of exactly `size` bytes serialized.
+fn zeros_of(size: usize) -> Value {
+    let mut items = vec![json!(0); (size - 1) / 2];
+    if size % 2 == 0 {
+        items[0] = json!(10);
+    }
+    let value = Value::Array(items);
+    assert_eq!(serialized_len(&value), size);
+    value
+}
+
+/// `width` containers nested, arrays or objects (key "d") as `arrays` says, around `leaf`.
+fn nest(width: usize, arrays: bool, leaf: Value) -> Value {
+    (0..width).fold(leaf, |inner, _| {
+        if arrays {
+            json!([inner])
+        } else {
+            json!({ "d": inner })
+        }
+    })
+}
+
+fn serialized_len(value: &Value) -> usize {
+    serde_json::to_vec(value).unwrap().len()
+}
+
+/// How deep a payload is nested, as the limit counts it: the most containers around any one value. `[[1]]`
+/// and `[[[]]]` are 2 levels (the innermost `[]` is a value, like `1`).
+fn levels(value: &Value) -> usize {
+    match value {
+        Value::Array(items) => items.iter().map(|v| 1 + levels(v)).max().unwrap_or(0),
+        Value::Object(map) => map.values().map(|v| 1 + levels(v)).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// Within the library's limits: no NUL, at most `MAX_PAYLOAD_DEPTH` levels, at most `MAX_PAYLOAD_BYTES`.
+fn within_limits(value: &Value) -> bool {
+    !contains_nul(value)
+        && levels(value) <= pgfence::MAX_PAYLOAD_DEPTH
+        && serialized_len(value) <= pgfence::MAX_PAYLOAD_BYTES
 }
 
 fn contains_nul(value: &Value) -> bool {
@@ -302,7 +526,9 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
         .await
         .unwrap_err();
     assert_eq!(code(invalid_utf8), "22021");
-    // JSON nested far deeper than any real payload: the parser refuses it (stack depth).
+    // JSON nested far deeper than any real payload: the server's parser refuses it (stack depth) before any
+    // function runs. The SQL functions have no nesting limit of their own; `MAX_PAYLOAD_DEPTH` levels written
+    // through SQL are stored exactly and read back through the library.
     let deep = format!("{}1{}", "[".repeat(200_000), "]".repeat(200_000));
     let err = client
         .query(
@@ -312,58 +538,222 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
         .await
         .unwrap_err();
     assert_eq!(code(err), "54001");
-    // Megabytes: accepted up to the documented SQL backstop (16 MiB stored), refused beyond it.
-    let big = json!({"blob": "x".repeat(2 * 1024 * 1024)}).to_string();
+    let at_the_limit = nest(pgfence::MAX_PAYLOAD_DEPTH, true, json!("deepest"));
     let row = client
         .query_one(
-            "SELECT outcome FROM pgfence.create_task('c/l', 1, 'big', $1::text::jsonb)",
-            &[&big],
+            "SELECT outcome FROM pgfence.create_task('c/l', 1, 'deep-ok', $1::text::jsonb)",
+            &[&at_the_limit.to_string()],
         )
         .await
         .unwrap();
     assert_eq!(row.get::<_, String>(0), "ok");
-    let huge = json!({"blob": "x".repeat(17 * 1024 * 1024)}).to_string();
+    let read = db.store("c").await.task("l", "deep-ok").await.unwrap();
+    assert_eq!(read.unwrap().payload, at_the_limit);
+
+    // The SQL backstop exactly at its edge: a payload of 16 MiB stored (`pg_column_size` of the jsonb) is
+    // accepted and stored exactly; one byte more is 22023 from every function that takes a payload, with
+    // nothing written.
+    const BACKSTOP: i64 = 16 * 1024 * 1024;
+    let stored_size = |n: i64| {
+        let client = &client;
+        async move {
+            client
+                .query_one(
+                    "SELECT pg_column_size(jsonb_build_object('blob', repeat('x', $1::bigint::int)))::bigint",
+                    &[&n],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        }
+    };
+    let n = BACKSTOP - (stored_size(1000).await - 1000);
+    assert_eq!(
+        (stored_size(n).await, stored_size(n + 1).await),
+        (BACKSTOP, BACKSTOP + 1)
+    );
+    let blob = |n: i64| json!({ "blob": "x".repeat(n as usize) }).to_string();
+    let (fits, over) = (blob(n), blob(n + 1));
     let err = client
         .query(
-            "SELECT * FROM pgfence.create_task('c/l', 1, 'huge', $1::text::jsonb)",
-            &[&huge],
+            "SELECT * FROM pgfence.create_task('c/l', 1, 'edge-over', $1::text::jsonb)",
+            &[&over],
         )
         .await
         .unwrap_err();
-    assert_eq!(code(err), "22023");
+    assert_eq!(code(err), "22023", "create_task one byte over the backstop");
+    let row = client
+        .query_one(
+            "SELECT outcome FROM pgfence.create_task('c/l', 1, 'edge', $1::text::jsonb)",
+            &[&fits],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "ok");
+    let stored = client
+        .query_one(
+            "SELECT t.payload->>'blob' = repeat('x', $1::bigint::int), \
+                    (SELECT array_agg(k) FROM jsonb_object_keys(t.payload) k) = ARRAY['blob'], \
+                    (SELECT e.payload = t.payload FROM pgfence.task_events e WHERE e.task_id = t.id) \
+               FROM pgfence.tasks t WHERE t.lease = 'c/l' AND t.key = 'edge'",
+            &[&n],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            stored.get::<_, bool>(0),
+            stored.get::<_, bool>(1),
+            stored.get::<_, bool>(2)
+        ),
+        (true, true, true),
+        "the 16 MiB payload is stored exactly, in the task and its created event"
+    );
+    for call in [
+        "append_event('c/l', 1, 'edge', 'k', $1::text::jsonb)",
+        "transition_task('c/l', 1, 'edge', 'pending', 'pending', $1::text::jsonb)",
+    ] {
+        let err = client
+            .query(&format!("SELECT * FROM pgfence.{call}"), &[&over])
+            .await
+            .unwrap_err();
+        assert_eq!(code(err), "22023", "{call} one byte over the backstop");
+    }
+    let edge_task = client
+        .query_one(
+            "SELECT state, version, (SELECT count(*) FROM pgfence.task_events e WHERE e.task_id = t.id) \
+               FROM pgfence.tasks t WHERE t.lease = 'c/l' AND t.key = 'edge'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            edge_task.get::<_, String>(0),
+            edge_task.get::<_, i64>(1),
+            edge_task.get::<_, i64>(2)
+        ),
+        ("pending".to_owned(), 1, 1),
+        "the refused append and transition left the task as it was"
+    );
     assert_eq!(
         (
             db.scalar("SELECT count(*) FROM pgfence.tasks").await,
             db.scalar("SELECT count(*) FROM pgfence.task_events").await
         ),
-        (before.0 + 1, before.1 + 1),
-        "only the one valid 2 MiB task was written"
+        (before.0 + 2, before.1 + 2),
+        "only the two valid tasks (64 levels, 16 MiB) and their created events were written"
     );
 }
 
-/// The library's own payload limits: a megabyte-plus payload and a 100-level nesting are `InvalidInput` before
-/// anything is sent; 1 MiB minus a little is accepted.
+/// The library's payload limits exactly at their edges, through every write that carries a payload: exactly
+/// `MAX_PAYLOAD_DEPTH` levels (arrays, objects, a string leaf) and exactly `MAX_PAYLOAD_BYTES` serialized
+/// (ASCII, multi-byte UTF-8, escaped characters, and `[0,0,…]`, which grows about 6× as jsonb and still stays
+/// under the 16 MiB SQL backstop) are accepted and stored exactly; one more level or one more byte is
+/// `InvalidInput` for "payload" before anything is sent, and nothing is written — no task, no event, the task
+/// row unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn payload_limits_are_enforced_before_sending() {
+async fn payload_limits_hold_exactly_at_their_edges() {
+    use pgfence::{MAX_PAYLOAD_BYTES as BYTES, MAX_PAYLOAD_DEPTH as DEPTH};
     let db = TestDb::new().await;
     let store = db.store("c").await;
     let fence = store.acquire("l", "pod", TTL).await.unwrap().fence();
-    let fits = json!({"blob": "x".repeat(pgfence::MAX_PAYLOAD_BYTES - 100)});
-    store.create_task(&fence, "fits", &fits).await.unwrap();
-    let too_big = json!({"blob": "x".repeat(pgfence::MAX_PAYLOAD_BYTES)});
-    assert!(matches!(
-        store.create_task(&fence, "big", &too_big).await,
-        Err(Error::InvalidInput { .. })
-    ));
-    let mut deep = json!(1);
-    for _ in 0..100 {
-        deep = json!({ "d": deep });
+    let edges: [(&str, Value, Value); 7] = [
+        (
+            "nested arrays",
+            nest(DEPTH, true, json!(1)),
+            nest(DEPTH + 1, true, json!(1)),
+        ),
+        (
+            "nested objects",
+            nest(DEPTH, false, json!(null)),
+            nest(DEPTH + 1, false, json!(null)),
+        ),
+        (
+            "mixed nesting",
+            nest(DEPTH / 2, true, nest(DEPTH / 2, false, json!("leaf"))),
+            nest(DEPTH / 2 + 1, true, nest(DEPTH / 2, false, json!("leaf"))),
+        ),
+        (
+            "an ASCII string",
+            blob_of(BYTES, 'x'),
+            blob_of(BYTES + 1, 'x'),
+        ),
+        (
+            "a multi-byte string",
+            blob_of(BYTES, '🦀'),
+            blob_of(BYTES + 1, '🦀'),
+        ),
+        (
+            "an escaped string",
+            blob_of(BYTES, '\u{1}'),
+            blob_of(BYTES + 1, '\u{1}'),
+        ),
+        ("an array of zeros", zeros_of(BYTES), zeros_of(BYTES + 1)),
+    ];
+    let client = db.client().await;
+    let mut n = 0;
+    for (what, fits, over) in &edges {
+        // The fixtures themselves sit exactly at the edges.
+        assert!(within_limits(fits) && !within_limits(over), "{what}");
+        assert!(
+            (levels(fits) == DEPTH && levels(over) == DEPTH + 1)
+                || (serialized_len(fits) == BYTES && serialized_len(over) == BYTES + 1),
+            "{what}"
+        );
+        for write in [
+            PayloadWrite::Create,
+            PayloadWrite::Append,
+            PayloadWrite::Transition,
+        ] {
+            n += 1;
+            let key = format!("k{n}");
+            if write != PayloadWrite::Create {
+                store.create_task(&fence, &key, &json!({})).await.unwrap();
+            }
+            let row = "SELECT fence, version, state::text, payload::text FROM pgfence.tasks WHERE key = $1";
+            let task_row = |rows: Vec<tokio_postgres::Row>| -> Vec<(i64, i64, String, String)> {
+                rows.iter()
+                    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+                    .collect()
+            };
+            let before = (
+                db.scalar("SELECT count(*) FROM pgfence.tasks").await,
+                db.scalar("SELECT count(*) FROM pgfence.task_events").await,
+                task_row(client.query(row, &[&key]).await.unwrap()),
+            );
+            let refused = write.run(&store, &fence, &key, over).await;
+            assert!(
+                matches!(
+                    refused,
+                    Err(Error::InvalidInput {
+                        field: "payload",
+                        ..
+                    })
+                ),
+                "{what} one over the edge through {write:?}: {refused:?}"
+            );
+            let after = (
+                db.scalar("SELECT count(*) FROM pgfence.tasks").await,
+                db.scalar("SELECT count(*) FROM pgfence.task_events").await,
+                task_row(client.query(row, &[&key]).await.unwrap()),
+            );
+            assert_eq!(after, before, "{what} through {write:?}: nothing written");
+
+            let written = write.run(&store, &fence, &key, fits).await;
+            let written =
+                written.unwrap_or_else(|e| panic!("{what} at the edge through {write:?}: {e}"));
+            let (stored, event) = write.read_back(&store, "l", &key).await;
+            if write == PayloadWrite::Create {
+                assert!(&written.task.payload == fits, "{what}: returned as given");
+                assert!(&stored == fits, "{what}: stored as given");
+            }
+            assert!(
+                &event == fits,
+                "{what} through {write:?}: the event stored as given"
+            );
+        }
     }
-    assert!(matches!(
-        store.create_task(&fence, "deep", &deep).await,
-        Err(Error::InvalidInput { .. })
-    ));
-    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.tasks").await, 1);
 }
 
 /// A writer that collects everything tracing emits, at every level.
@@ -381,18 +771,35 @@ impl std::io::Write for Captured {
 }
 
 /// Secrets: with a password in the connection string (the test server trusts loopback, so it is accepted and
-/// ignored), nothing pgfence emits contains it — not the trace-level logs, not an error's Display or Debug, not
-/// the configuration's Debug, not JSON output, not the audit rows.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_password_never_appears_in_logs_errors_json_or_the_audit() {
+/// ignored), nothing pgfence emits contains it — not the trace-level logs (of every thread of the runtime, the
+/// workers included), not an error's Display or Debug, not the configuration's Debug, not JSON output, not the
+/// audit rows.
+#[test]
+fn the_password_never_appears_in_logs_errors_json_or_the_audit() {
     let captured = Captured::default();
     let sink = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || sink.clone())
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let capture = tracing::Dispatch::new(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_writer(move || sink.clone())
+            .finish(),
+    );
+    // With a single registered dispatcher, tracing caches a callsite's interest from the default of whichever
+    // thread reaches it first: a log line first reached by another test's thread would be cached as never
+    // enabled, and silently missing here. A second one makes it ask every registered dispatcher.
+    let _second = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
+    let _main = tracing::dispatcher::set_default(&capture);
+    let worker = capture.clone();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(move || std::mem::forget(tracing::dispatcher::set_default(&worker)))
+        .build()
+        .unwrap();
+    runtime.block_on(the_password_never_appears(captured));
+}
 
+async fn the_password_never_appears(captured: Captured) {
     let db = TestDb::new().await;
     let url = db
         .url
@@ -400,13 +807,20 @@ async fn the_password_never_appears_in_logs_errors_json_or_the_audit() {
     let config = StoreConfig::new(url.clone(), "c");
     let mut texts = vec![format!("{config:?}")];
     let store = Store::connect(config).await.unwrap();
+    // Every callsite's interest recomputed now that both dispatchers exist (a registration racing with their
+    // creation could have cached "never").
+    tracing::callsite::rebuild_interest_cache();
     texts.push(format!("{store:?}"));
     let old = store.acquire("l", "pod", TTL).await.unwrap();
     store
         .create_task(&old.fence(), "k", &json!({}))
         .await
         .unwrap();
-    store.acquire("l", "pod", TTL).await.unwrap();
+    // On a worker thread: its logs are captured too.
+    let on_a_worker = store.clone();
+    tokio::spawn(async move { on_a_worker.acquire("l", "pod", TTL).await.unwrap() })
+        .await
+        .unwrap();
     let stale = store
         .create_task(&old.fence(), "k2", &json!({}))
         .await
@@ -448,9 +862,18 @@ async fn the_password_never_appears_in_logs_errors_json_or_the_audit() {
         .iter()
         .map(|r| r.get(0))
         .collect();
+    assert_eq!(
+        audit.len(),
+        1,
+        "the stale write's audit row is among the texts checked"
+    );
     texts.extend(audit);
     let logs = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
-    assert!(logs.contains("lease acquired"), "the capture works: {logs}");
+    assert_eq!(
+        logs.matches("lease acquired").count(),
+        2,
+        "the capture works, on the test's thread and on a worker: {logs}"
+    );
     texts.push(logs);
     for text in texts {
         assert!(!text.contains(SENTINEL), "the password leaked: {text}");
@@ -484,43 +907,65 @@ proptest! {
     }
 
     /// Epochs: `Epoch::new` accepts exactly >= 1; a fence with any issued-or-not epoch is either the current one
-    /// (accepted) or refused as stale — superseded below, future above — and audited.
+    /// (accepted, nothing audited) or refused as stale — superseded below, future above — and audited: after
+    /// every case the audit holds exactly one row per refused epoch, with the count of its refusals so far, the
+    /// first refusal's reason and the current epoch.
     #[test]
     fn any_epoch_is_current_stale_or_refused_before_sending(value in prop_oneof![any::<i64>(), -3i64..8]) {
-        static F: OnceLock<Mutex<(Fixture, i64)>> = OnceLock::new();
-        let guard = F.get_or_init(|| {
+        static F: OnceLock<Mutex<(Fixture, i64, Refusals)>> = OnceLock::new();
+        let mut guard = F.get_or_init(|| {
             let f = fixture();
             let mut current = 0;
             for _ in 0..3 {
                 current = f.runtime.block_on(f.store.acquire("epochs", "pod", TTL)).unwrap().epoch().get();
             }
-            Mutex::new((f, current))
+            Mutex::new((f, current, HashMap::new()))
         }).lock().unwrap_or_else(|p| p.into_inner());
-        let (f, current) = (&guard.0, guard.1);
-        let epoch = match pgfence::Epoch::new(value) {
+        let (f, current, refused) = &mut *guard;
+        let current = *current;
+        match pgfence::Epoch::new(value) {
             Ok(epoch) => {
                 prop_assert!(value >= 1);
-                epoch
+                let fence = pgfence::Fence::new("hostile/epochs", epoch).unwrap();
+                let key = format!("e{value}");
+                match f.runtime.block_on(f.store.create_task(&fence, &key, &json!({}))) {
+                    Ok(_) => prop_assert_eq!(value, current),
+                    Err(Error::Stale { reason, presented, current: said_current, operation, .. }) => {
+                        prop_assert_ne!(value, current);
+                        let expected = if value < current {
+                            pgfence::LossReason::Superseded
+                        } else {
+                            pgfence::LossReason::FutureEpoch
+                        };
+                        prop_assert_eq!(reason, expected);
+                        prop_assert_eq!((presented.get(), said_current.map(|e| e.get())), (value, Some(current)));
+                        prop_assert_eq!(operation, "create_task");
+                        refused.entry(value).or_insert((0, expected.as_str())).0 += 1;
+                    }
+                    Err(other) => prop_assert!(false, "{value}: {other}"),
+                }
             }
-            Err(Error::InvalidInput { .. }) => {
-                prop_assert!(value < 1);
-                return Ok(());
-            }
+            Err(Error::InvalidInput { .. }) => prop_assert!(value < 1),
             Err(other) => return Err(TestCaseError::fail(other.to_string())),
-        };
-        let fence = pgfence::Fence::new("hostile/epochs", epoch).unwrap();
-        let rejections_before = counts(f).3;
-        let key = format!("e{value}");
-        match f.runtime.block_on(f.store.create_task(&fence, &key, &json!({}))) {
-            Ok(_) => prop_assert_eq!(value, current),
-            Err(Error::Stale { reason, .. }) => {
-                prop_assert_ne!(value, current);
-                let expected = if value < current { pgfence::LossReason::Superseded } else { pgfence::LossReason::FutureEpoch };
-                prop_assert_eq!(reason, expected);
-                prop_assert!(counts(f).3 >= rejections_before.max(1));
-            }
-            Err(other) => prop_assert!(false, "{value}: {other}"),
         }
+        let audit: HashMap<i64, (i64, String, Option<i64>, String)> = f
+            .runtime
+            .block_on(f.client.query(
+                "SELECT presented_epoch, count, reason, current_epoch, operation FROM pgfence.rejections \
+                  WHERE lease = 'hostile/epochs'",
+                &[],
+            ))
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3), r.get(4))))
+            .collect();
+        let expected: HashMap<i64, (i64, String, Option<i64>, String)> = refused
+            .iter()
+            .map(|(epoch, (count, reason))| {
+                (*epoch, (*count, (*reason).to_owned(), Some(current), "create_task".to_owned()))
+            })
+            .collect();
+        prop_assert_eq!(audit, expected);
     }
 
     /// CLI arguments: any combination of words and flags ends with a documented exit code and a message — never
@@ -541,6 +986,9 @@ proptest! {
         prop_assert!(!all.contains("panicked"), "{args:?}: {all}");
     }
 }
+
+/// Refusals seen so far per presented epoch: (count, the first refusal's reason).
+type Refusals = HashMap<i64, (i64, &'static str)>;
 
 fn cli_word() -> impl Strategy<Value = String> {
     prop_oneof![

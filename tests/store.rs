@@ -45,7 +45,7 @@ async fn unreachable_database_reports_the_real_cause_quickly_without_credentials
     );
 }
 
-/// Key=value connection strings are redacted too.
+/// Connection strings are shown as `user@host:port/database`, never with the password, however it is given.
 #[test]
 fn redaction_keeps_host_port_database_and_user_only() {
     assert_eq!(
@@ -60,10 +60,37 @@ fn redaction_keeps_host_port_database_and_user_only() {
         )),
         "ops@db:5433/ctl"
     );
-    assert!(
-        !pgfence::redact("postgres://a:b@").contains('b')
-            || pgfence::redact("postgres://a:b@").contains('@')
-    );
+    // Exact results, the password given in every way a connection string can carry one: no host at all, a
+    // query parameter, percent-encoded, several hosts, a quoted keyword value, an unparsable string.
+    let encoded = SENTINEL.replace('-', "%2D");
+    for (url, shown) in [
+        (
+            format!("postgres://app:{SENTINEL}@"),
+            "app@localhost:5432/app",
+        ),
+        (
+            format!("postgres://app@db/ctl?password={SENTINEL}"),
+            "app@db:5432/ctl",
+        ),
+        (
+            format!("postgres://app:{encoded}@db/ctl"),
+            "app@db:5432/ctl",
+        ),
+        (
+            format!("postgres://app:{SENTINEL}@h1:1,h2:2/db"),
+            "app@h1:1/db",
+        ),
+        (
+            format!("host=/run/postgresql user=u password='{SENTINEL}'"),
+            "u@/run/postgresql:5432/u",
+        ),
+        (
+            format!("postgres://app:{SENTINEL}@db:notaport/ctl"),
+            "<unparsable connection string>",
+        ),
+    ] {
+        assert_eq!(pgfence::redact(&url), shown, "{url}");
+    }
 }
 
 /// A malformed URL is a clear error that does not echo the string.
@@ -152,7 +179,8 @@ async fn missing_schema_says_to_migrate() {
 }
 
 /// The identity names the server (system identifier), the database and the pgfence instance; a store that
-/// expects another identity refuses to connect before writing anything.
+/// expects another identity refuses to connect, and leaves no session behind through which anything could be
+/// written (the connection that read the identity is closed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identity_is_verified_before_any_write() {
     let db = TestDb::new().await;
@@ -179,10 +207,13 @@ async fn identity_is_verified_before_any_write() {
     // cloned from a template or restored from a dump keeps the id of its origin: expect the database name too.)
     let other = TestDb::empty().await;
     other.store("c").await.migrate().await.unwrap();
-    let err = Store::connect(other.config("c").expect(ExpectedIdentity {
-        instance_id: Some(instance_id.clone()),
-        ..Default::default()
-    }))
+    let refused_name = format!("{}-refused", db.name);
+    let err = Store::connect(other.config("c").application_name(&refused_name).expect(
+        ExpectedIdentity {
+            instance_id: Some(instance_id.clone()),
+            ..Default::default()
+        },
+    ))
     .await
     .unwrap_err();
     match err {
@@ -197,10 +228,12 @@ async fn identity_is_verified_before_any_write() {
         }
         other => panic!("expected WrongDatabase, got {other:?}"),
     }
-    let err = Store::connect(db.config("c").expect(ExpectedIdentity {
-        system_identifier: Some("42".into()),
-        ..Default::default()
-    }))
+    let err = Store::connect(db.config("c").application_name(&refused_name).expect(
+        ExpectedIdentity {
+            system_identifier: Some("42".into()),
+            ..Default::default()
+        },
+    ))
     .await
     .unwrap_err();
     assert!(
@@ -213,7 +246,39 @@ async fn identity_is_verified_before_any_write() {
         ),
         "{err:?}"
     );
-    assert_eq!(other.scalar("SELECT count(*) FROM pgfence.leases").await, 0);
+    // The sessions of a store, by application name. Positive control: an accepted store's session shows.
+    let sessions = |name: String| {
+        let db = db.clone();
+        async move {
+            db.scalar(&format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}'"
+            ))
+            .await
+        }
+    };
+    let accepted_name = format!("{}-accepted", db.name);
+    let accepted = Store::connect(db.config("c").application_name(&accepted_name))
+        .await
+        .unwrap();
+    assert_eq!(
+        sessions(accepted_name).await,
+        1,
+        "the probe sees a store's session"
+    );
+    drop(accepted);
+    // A backend exits once its client closed the socket: give it a moment, then none may remain.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = sessions(refused_name.clone()).await;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} sessions of the refused stores remain"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// When the database goes away after connecting, a checkout fails within the checkout timeout and reports the

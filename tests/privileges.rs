@@ -192,15 +192,8 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
         "set_enforcement",
         "set_takeover_grace",
     ];
-    // Known gap, kept visible here until the migration pins it: `pgfence.enforcement()` (a read of
-    // pg_trigger) is SECURITY INVOKER without a pinned search_path, although the README lists it with the
-    // SECURITY DEFINER functions. When it is fixed this expectation fails: make it `true` like the others.
-    let known_unpinned = ["enforcement"];
     let pinned = |names: &[&str]| {
-        let mut all: Vec<(String, bool)> = names
-            .iter()
-            .map(|n| (n.to_string(), !known_unpinned.contains(n)))
-            .collect();
+        let mut all: Vec<(String, bool)> = names.iter().map(|n| (n.to_string(), true)).collect();
         all.sort();
         all
     };

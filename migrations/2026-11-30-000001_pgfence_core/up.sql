@@ -1095,7 +1095,7 @@ END;
 $$;
 
 CREATE FUNCTION pgfence.enforcement() RETURNS text
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT coalesce((SELECT CASE t.tgname WHEN 'enforce_epoch' THEN 'error' ELSE 'audit' END
                        FROM pg_catalog.pg_trigger t
                       WHERE t.tgrelid = 'pgfence.tasks'::regclass AND t.tgname IN ('enforce_epoch', 'enforce_audit')

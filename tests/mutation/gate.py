@@ -150,6 +150,12 @@ MUTATIONS: list[Mutation] = [
         [cargo_test("guard"), cargo_test("race")],
     ),
     Mutation(
+        "refusal-without-backpressure",
+        "a stale writer retrying in a tight loop is answered at once (no 10 ms wait on repeats)",
+        [Edit("sql:_reject", "        PERFORM pg_sleep(0.01);\n", "")],
+        [cargo_test("privileges", "a_hammering_stale_writer_is_held_back_and_the_leader_keeps_its_throughput")],
+    ),
+    Mutation(
         "row-fence-removed",
         "task writes no longer check the row's own fence (tasks.fence <= epoch)",
         [Edit("sql:claim_task", " AND fence <= p_epoch", ""),

@@ -1470,7 +1470,8 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The delay before attempt `failures + 1`: "full jitter" between half and all of the capped exponential.
+    /// The delay before attempt `failures + 1`: "equal jitter" — uniformly between half and all of the capped
+    /// exponential (`initial × multiplier^failures`, at most `max`), so it is never less than half of it.
     pub fn delay(&self, failures: u32) -> Duration {
         // Never zero and never shrinking, whatever the configuration: a controller that fails at once must not
         // spin on the database.

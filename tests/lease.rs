@@ -2,11 +2,12 @@
 //! expiry by the database clock, cluster qualification and input validation.
 //!
 //! Invariants checked (numbers as in the README's invariant map): 1 (epochs strictly increase), 2 (one holder
-//! per epoch), 5 (expiry by the database clock).
+//! per epoch), 5 (expiry by the database clock; the local deadline is never later than the database's expiry,
+//! measured from the database side).
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::TestDb;
 use pgfence::{Epoch, Error, ForceReleased, LeaseState, LossReason, Released};
@@ -29,6 +30,78 @@ async fn wait_expired(store: &pgfence::Store, name: &str) {
         assert!(std::time::Instant::now() < deadline, "lease never expired");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// A transaction of the test's own holding a lease row's lock, as a takeover or a renewal in flight would: an
+/// acquisition or renewal of that lease waits for it, so the statement is *sent* well before the database runs
+/// it and reads its clock.
+struct RowLock(tokio_postgres::Client);
+
+impl RowLock {
+    async fn take(db: &TestDb, qualified: &str) -> RowLock {
+        let client = db.client().await;
+        client.batch_execute("BEGIN").await.unwrap();
+        let locked = client
+            .execute(
+                "SELECT 1 FROM pgfence.leases WHERE name = $1 FOR UPDATE",
+                &[&qualified],
+            )
+            .await
+            .unwrap();
+        assert_eq!(locked, 1, "no lease row {qualified}");
+        RowLock(client)
+    }
+
+    async fn release(self) {
+        self.0.batch_execute("COMMIT").await.unwrap();
+    }
+}
+
+/// Where the database's expiry of a held lease falls on this process's monotonic clock, without comparing two
+/// clocks: the database computes the time left (`expires_at - clock_timestamp()`, exact to the microsecond) when
+/// it runs the query, which is after the query was sent and before its answer arrived.
+#[derive(Debug, Clone, Copy)]
+struct Expiry {
+    not_before: Instant,
+    not_after: Instant,
+}
+
+async fn database_expiry(db: &TestDb, qualified: &str) -> Expiry {
+    let client = db.client().await;
+    let sent = Instant::now();
+    let left_us: i64 = client
+        .query_one(
+            "SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint \
+               FROM pgfence.leases WHERE name = $1 AND state = 'held'",
+            &[&qualified],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let answered = Instant::now();
+    assert!(left_us > 0, "{qualified} already expired");
+    let left = Duration::from_micros(left_us as u64);
+    Expiry {
+        not_before: sent + left,
+        not_after: answered + left,
+    }
+}
+
+/// Runs `statement` (an acquisition or renewal of `qualified`) while the test holds the lease row, and lets it
+/// through after it has waited: the database runs it — and reads the clock its expiry is computed from — at
+/// least `DELAY` after it was sent.
+async fn delayed_by_row_lock<T: Send + 'static>(
+    db: &TestDb,
+    qualified: &str,
+    statement: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    const DELAY: Duration = Duration::from_millis(100);
+    let lock = RowLock::take(db, qualified).await;
+    let statement = tokio::spawn(statement);
+    common::wait_until_blocked_on_lock(db, 1).await;
+    tokio::time::sleep(DELAY).await;
+    lock.release().await;
+    statement.await.unwrap()
 }
 
 /// Invariant 1 and 2: the first acquisition issues epoch 1; a second holder is refused with the current
@@ -129,28 +202,66 @@ async fn expired_lease_can_be_taken_over_and_its_renewal_is_lost() {
     assert_eq!(tenures[0].end_reason.as_deref(), Some("expired"));
 }
 
-/// Renewal extends a live tenure in the database (a fresh expiry computed by the database clock) and moves the
-/// local deadline forward (send time + ttl).
+/// Invariant 5 for a renewal: it extends a live tenure in the database (its expiry moves later, by the database
+/// clock) and moves the local deadline to (send time + ttl), which is never later than the database's new expiry.
+/// The renewal is held up by a row lock between its send and the moment the database runs it, so a deadline
+/// computed from the *receive* time (later than the database's clock read) lands after the database's expiry and
+/// fails the check; the send time lands at least that delay before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renew_extends_a_live_tenure() {
     let db = TestDb::new().await;
     let store = db.store("c1").await;
-    let mut lease = store
-        .acquire("gc", "pod-a", Duration::from_secs(2))
-        .await
-        .unwrap();
-    let before = lease.local_deadline();
+    let ttl = Duration::from_secs(2);
+    let mut lease = store.acquire("gc", "pod-a", ttl).await.unwrap();
+    let acquired = database_expiry(&db, "c1/gc").await;
+    let deadline_before = lease.local_deadline();
     let renewed_before = store.lease_status("gc").await.unwrap().unwrap().renewed_at;
-    // Let most of the ttl pass, so only a real renewal can explain a long remaining time afterwards.
-    tokio::time::sleep(Duration::from_millis(1300)).await;
-    store.renew(&mut lease).await.unwrap();
-    assert!(lease.local_deadline() >= before + Duration::from_millis(1300));
+    let lease = delayed_by_row_lock(&db, "c1/gc", {
+        let store = store.clone();
+        async move {
+            store.renew(&mut lease).await.unwrap();
+            lease
+        }
+    })
+    .await;
+    let renewed = database_expiry(&db, "c1/gc").await;
+    assert!(
+        renewed.not_before > acquired.not_after,
+        "the database's expiry did not move later: {acquired:?} → {renewed:?}"
+    );
+    assert!(lease.local_deadline() > deadline_before);
+    assert!(
+        lease.local_deadline() <= renewed.not_before,
+        "the local deadline is {:?} past the database's expiry",
+        lease.local_deadline() - renewed.not_before
+    );
     let status = store.lease_status("gc").await.unwrap().unwrap();
     assert_eq!(status.state, LeaseState::Held);
     assert!(status.renewed_at > renewed_before);
+}
+
+/// Invariant 5 for an acquisition: its local deadline (send time + ttl) is never later than the expiry the
+/// database granted, with the acquisition held up by a row lock between its send and the database's clock read,
+/// as for renewals (a deadline from the receive time fails).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisitions_local_deadline_is_never_later_than_the_database_expiry() {
+    let db = TestDb::new().await;
+    let store = db.store("c1").await;
+    let ttl = Duration::from_secs(2);
+    // A released lease row to lock.
+    let first = store.acquire("gc", "pod-a", ttl).await.unwrap();
+    store.release(&first).await.unwrap();
+    let lease = delayed_by_row_lock(&db, "c1/gc", {
+        let store = store.clone();
+        async move { store.acquire("gc", "pod-b", ttl).await.unwrap() }
+    })
+    .await;
+    assert_eq!(lease.epoch().get(), 2);
+    let expiry = database_expiry(&db, "c1/gc").await;
     assert!(
-        status.expires_in.unwrap() > Duration::from_millis(1500),
-        "{status:?}"
+        lease.local_deadline() <= expiry.not_before,
+        "the local deadline is {:?} past the database's expiry",
+        lease.local_deadline() - expiry.not_before
     );
 }
 

@@ -4,10 +4,18 @@
 //! leader. Real processes where a process dies, real PostgreSQL servers (one per scenario that breaks its
 //! server), a TCP proxy on loopback for partitions and redirects.
 //!
+//! Every safety scenario (1, 3, 5, 6, 8) also races the guard lock: a guarded transaction of the ending tenure
+//! is held open past its check (by a channel) while the takeover runs. Either the server shows the takeover
+//! waiting for it and it is then let commit — first — or it is held until the takeover returns, which must have
+//! ended it after the grace: a commit sent after the takeover returned must fail. A write sent only after the
+//! takeover committed is refused by the guard's unlocked read and never touches the lock, so such writes alone
+//! would pass with the lock removed.
+//!
 //! Invariants checked: 1 (epochs increase, also across failover), 2 (one holder per epoch), 3 (no stale write
 //! commits), 4 (refusals audited), 5 (the holder gives up by its own clock before the database can grant a
-//! successor), 6 (acknowledged writes survive; a retry by key has one effect), 7 (after a promotion no tenure
-//! current before it can write or renew).
+//! successor), 6 (acknowledged writes survive; a retry by key has one effect), 7 (a takeover waits for the
+//! guarded writes past their check, or ends them after the grace; after a promotion no tenure current before it
+//! can write or renew).
 
 mod common;
 
@@ -50,6 +58,7 @@ async fn migrated_store(url: &str, app: &str) -> Store {
     .await
     .unwrap();
     store.migrate().await.unwrap();
+    common::apply_mutant(url).await;
     store
 }
 
@@ -84,25 +93,49 @@ async fn wait_for_replay(standby: &EmbeddedServer, sql: &str, what: &str) {
     }
 }
 
-/// Acquires `name` as `holder`, retrying while another tenure is live; returns the lease and when it was got.
+/// A takeover by a waiting candidate.
+struct TakenOver {
+    lease: pgfence::leader::HeldLease,
+    /// When the acquisition returned.
+    at: Instant,
+    /// How long the successful acquisition call took (the takeover's own waits, not the candidate's).
+    last_attempt: Duration,
+    /// Whether the wait before the successful attempt was cut short by a release notification (it would
+    /// otherwise have lasted until the expiry the database announced).
+    woken: bool,
+}
+
+/// Acquires `name` as `holder`, retrying while another tenure is live: after a `held` answer it waits for a
+/// release notification or the announced expiry, whichever is first. `waiting` is told after the first `held`
+/// answer (the candidate is then subscribed to notifications and waiting).
 async fn take_over(
     elector: &PgElector,
     name: &str,
     holder: &str,
     options: &LeaseOptions,
-) -> (pgfence::leader::HeldLease, Instant) {
+    mut waiting: Option<tokio::sync::oneshot::Sender<()>>,
+) -> TakenOver {
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut woken = false;
     loop {
         let mut wakeups = elector.wakeups();
+        let attempt = Instant::now();
         match elector.acquire(name, holder, options).await {
-            Ok(lease) => return (lease, Instant::now()),
+            Ok(lease) => {
+                return TakenOver {
+                    lease,
+                    at: Instant::now(),
+                    last_attempt: attempt.elapsed(),
+                    woken,
+                }
+            }
             Err(Error::Held { expires_in, .. }) => {
-                wakeups
-                    .wait(
-                        &elector.qualify(name),
-                        expires_in.min(Duration::from_millis(50)),
-                    )
-                    .await
+                if let Some(waiting) = waiting.take() {
+                    let _ = waiting.send(());
+                }
+                let started = Instant::now();
+                wakeups.wait(&elector.qualify(name), expires_in).await;
+                woken = started.elapsed() < expires_in;
             }
             Err(e) if e.is_transient() => tokio::time::sleep(Duration::from_millis(50)).await,
             Err(e) => panic!("{e}"),
@@ -111,36 +144,265 @@ async fn take_over(
     }
 }
 
+/// A plain client for raw SQL (observing the server, creating tables).
+async fn raw_client(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// The application table the held guarded transactions write to.
+async fn create_held_writes_table(url: &str) {
+    raw_client(url)
+        .await
+        .batch_execute(
+            "CREATE TABLE held_writes (id bigserial PRIMARY KEY, tag text NOT NULL, epoch bigint NOT NULL)",
+        )
+        .await
+        .unwrap();
+}
+
+/// Sets the takeover grace of the database (an operator setting) and returns it.
+async fn set_takeover_grace(client: &tokio_postgres::Client, grace: Duration) -> Duration {
+    let ms: i64 = client
+        .query_one(
+            "SELECT pgfence.set_takeover_grace($1::text::interval)",
+            &[&format!("{} ms", grace.as_millis())],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(ms as u128, grace.as_millis());
+    grace
+}
+
+/// A guarded transaction of a tenure, held open past its check: `Store::fenced` passed the guard (so the
+/// transaction holds the lease's guard lock shared until it ends) and inserted a row tagged `tag` into
+/// `held_writes`; it commits when released (ordered by a channel, never by a sleep).
+struct HeldWrite {
+    tag: String,
+    /// Its backend.
+    pid: i32,
+    release: Option<tokio::sync::oneshot::Sender<()>>,
+    outcome: tokio::task::JoinHandle<pgfence::Result<()>>,
+}
+
+impl HeldWrite {
+    /// Opens it; a connection error before the check (a pooled connection from before a restart) is retried.
+    async fn open(store: &Store, fence: &Fence, tag: &str) -> HeldWrite {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<i32>();
+            let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+            let outcome = tokio::spawn({
+                let (store, fence, tag) = (store.clone(), fence.clone(), tag.to_owned());
+                async move {
+                    let epoch = fence.epoch().get();
+                    store
+                        .fenced(&fence, "held_write", move |conn| {
+                            Box::pin(async move {
+                                use diesel::sql_types::{BigInt, Integer, Text};
+                                use diesel_async::RunQueryDsl;
+                                #[derive(diesel::QueryableByName)]
+                                struct Pid {
+                                    #[diesel(sql_type = Integer)]
+                                    pid: i32,
+                                }
+                                let row: Pid = diesel::sql_query(
+                                    "INSERT INTO held_writes (tag, epoch) VALUES ($1, $2) \
+                                     RETURNING pg_backend_pid() AS pid",
+                                )
+                                .bind::<Text, _>(tag)
+                                .bind::<BigInt, _>(epoch)
+                                .get_result(conn)
+                                .await?;
+                                let _ = ready_tx.send(row.pid);
+                                let _ = go_rx.await;
+                                Ok::<_, Error>(())
+                            })
+                        })
+                        .await
+                }
+            });
+            match ready_rx.await {
+                Ok(pid) => {
+                    return HeldWrite {
+                        tag: tag.to_owned(),
+                        pid,
+                        release: Some(go_tx),
+                        outcome,
+                    }
+                }
+                Err(_) => {
+                    let e = outcome.await.unwrap().expect_err("ended before its write");
+                    assert!(
+                        e.is_transient() && attempts < 20,
+                        "the guarded transaction {tag} did not pass its check: {e}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Lets it commit (sends its COMMIT).
+    fn release(&mut self) {
+        if let Some(go) = self.release.take() {
+            let _ = go.send(());
+        }
+    }
+
+    /// Releases it if not yet, waits for its answer and checks it against the database: stored exactly when
+    /// acknowledged, and never acknowledged when the takeover had already returned while it was open. Returns
+    /// whether it committed.
+    async fn finish(mut self, observer: &tokio_postgres::Client, order: Order) -> bool {
+        self.release();
+        let answer = self.outcome.await.unwrap();
+        if order == Order::TakeoverReturnedFirst {
+            assert!(
+                answer.is_err(),
+                "{}: a guarded write of the ended tenure, past its check when the takeover began, committed after \
+                 the takeover had committed (the takeover neither waited for it nor ended it)",
+                self.tag
+            );
+        }
+        let stored: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM held_writes WHERE tag = $1",
+                &[&self.tag],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            stored,
+            i64::from(answer.is_ok()),
+            "{}: answered {answer:?}, stored {stored} times",
+            self.tag
+        );
+        match &answer {
+            Ok(()) => eprintln!("{}: committed first; the takeover waited for it", self.tag),
+            Err(e) => eprintln!("{}: ended by the takeover ({e})", self.tag),
+        }
+        answer.is_ok()
+    }
+}
+
+/// How a takeover must treat a guarded transaction of the ending tenure that is past its check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// Wait for it: the test lets it commit once the server shows the takeover blocked by it.
+    Wait,
+    /// End it: it is not let go before the takeover returns, so the takeover waits the grace and terminates it;
+    /// it must have returned by the instant given (the bound the scenario states).
+    EndBy(Instant),
+}
+
+/// Whether the takeover was seen blocked by the held transaction (which was then let go) or returned first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    TakeoverWaited,
+    TakeoverReturnedFirst,
+}
+
+/// Races `takeover` (already started) against `held`. With `Expect::Wait` the held transaction is released as
+/// soon as the server shows the takeover waiting for the guard lock it holds; if the takeover returns first
+/// instead, it committed while the held transaction was open past its check — allowed only if it ended it
+/// (checked by [`HeldWrite::finish`]).
+async fn race_takeover<T: Send + 'static>(
+    observer: &tokio_postgres::Client,
+    held: &mut HeldWrite,
+    takeover: tokio::task::JoinHandle<T>,
+    expect: Expect,
+) -> (T, Order) {
+    let mut takeover = takeover;
+    match expect {
+        Expect::Wait => {
+            tokio::select! {
+                done = &mut takeover => return (done.unwrap(), Order::TakeoverReturnedFirst),
+                () = blocked_on_guard_lock_by(observer, held.pid) => {}
+            }
+            held.release();
+            (takeover.await.unwrap(), Order::TakeoverWaited)
+        }
+        Expect::EndBy(deadline) => {
+            match tokio::time::timeout_at(deadline.into(), &mut takeover).await {
+                Ok(done) => (done.unwrap(), Order::TakeoverReturnedFirst),
+                Err(_) => panic!(
+                    "{}: the takeover had not ended the open guarded transaction by the stated bound",
+                    held.tag
+                ),
+            }
+        }
+    }
+}
+
+/// Returns once some backend waits for an advisory lock that backend `pid` blocks, polling the server's own
+/// lock state.
+async fn blocked_on_guard_lock_by(observer: &tokio_postgres::Client, pid: i32) {
+    loop {
+        let blocked: bool = observer
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.wait_event_type = 'Lock' \
+                   AND a.wait_event = 'advisory' AND $1::int = ANY (pg_blocking_pids(a.pid)))",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if blocked {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 // ------------------------------------------------------------------------------------------------------------
 
-/// Scenario 1, orderly release: the successor acquires promptly (woken by NOTIFY); the old epoch's later writes
-/// are refused and audited.
+/// Scenario 1, orderly release: the release waits for the tenure's guarded transaction already past its check
+/// (it commits first: nothing of the old epoch commits after the release); the waiting successor is woken by the
+/// release's notification and acquires promptly; the old epoch's later writes are refused and audited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orderly_release_hands_over_promptly_and_fences_the_old_epoch() {
     let db = TestDb::new().await;
+    create_held_writes_table(&db.url).await;
+    let observer = db.client().await;
     let store = db.store("f").await;
     let elector = PgElector::new(store.clone());
     let options = options(10_000);
     let old = elector.acquire("l", "a", &options).await.unwrap();
     let fence = old.fence();
     store.create_task(&fence, "job", &json!({})).await.unwrap();
-    let waiting = {
+    let (waiting_tx, waiting_rx) = tokio::sync::oneshot::channel();
+    let successor = {
         let elector = elector.clone();
-        tokio::spawn(async move { take_over(&elector, "l", "b", &options).await })
+        tokio::spawn(async move { take_over(&elector, "l", "b", &options, Some(waiting_tx)).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let released_at = Instant::now();
-    old.release().await.unwrap();
-    let (new, acquired_at) = waiting.await.unwrap();
-    eprintln!(
-        "orderly release: successor acquired {:?} after the release",
-        acquired_at - released_at
-    );
-    assert_eq!(new.epoch().get(), fence.epoch().get() + 1);
+    waiting_rx.await.unwrap();
+
+    let mut held = HeldWrite::open(&store, &fence, "in-flight-at-the-release").await;
+    let release = tokio::spawn(async move {
+        let released = old.release().await;
+        (released, Instant::now())
+    });
+    let ((released, released_at), order) =
+        race_takeover(&observer, &mut held, release, Expect::Wait).await;
     assert!(
-        acquired_at - released_at < Duration::from_secs(1),
-        "{:?}",
-        acquired_at - released_at
+        matches!(released, Ok(pgfence::Released::Released)),
+        "{released:?}"
+    );
+    held.finish(&observer, order).await;
+
+    let new = successor.await.unwrap();
+    let handover = new.at.saturating_duration_since(released_at);
+    eprintln!("orderly release: successor acquired {handover:?} after the release returned");
+    assert_eq!(new.lease.epoch().get(), fence.epoch().get() + 1);
+    assert!(
+        new.woken,
+        "the successor acquired {handover:?} after the release, at the end of its wait for the announced expiry: \
+         the release's notification did not wake it"
     );
     assert!(matches!(
         store.append_event(&fence, "job", "late", &json!({})).await,
@@ -156,11 +418,19 @@ async fn orderly_release_hands_over_promptly_and_fences_the_old_epoch() {
     );
 }
 
-/// Scenario 3, a holder killed with SIGKILL (a real child process): the successor acquires only after the ttl,
-/// and any write carrying the dead holder's epoch is refused.
+/// Scenario 3, a holder killed with SIGKILL (a real child process) while another process sharing its fence (a
+/// worker of the same holder) is inside a guarded transaction past its check and never finishes it: the
+/// successor acquires only after the ttl (the database ends the tenure as 'expired'), its acquisition waits the
+/// takeover grace for that transaction and then ends it, so the transaction never commits; any later write
+/// carrying the dead holder's epoch is refused. The successor is delayed by at most ttl + grace + 1 s (the bound
+/// the README states for a holder idle inside a fenced transaction).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_killed_with_sigkill_is_succeeded_after_the_ttl() {
+    const TTL: Duration = Duration::from_millis(2_000);
     let db = TestDb::new().await;
+    create_held_writes_table(&db.url).await;
+    let observer = db.client().await;
+    let grace = set_takeover_grace(&observer, Duration::from_millis(300)).await;
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "child_holds_a_lease_until_killed",
@@ -182,6 +452,12 @@ async fn a_holder_killed_with_sigkill_is_succeeded_after_the_ttl() {
         }
     }
     let epoch = Epoch::new(epoch.expect("the child acquired")).unwrap();
+    let dead = Fence::new("f/l", epoch).unwrap();
+    // The worker's check passes while the child holds the lease; the child is killed only after that.
+    let worker = Store::connect(db.config("f").application_name("worker-of-the-dead"))
+        .await
+        .unwrap();
+    let mut held = HeldWrite::open(&worker, &dead, "worker-of-the-killed-holder").await;
     let status = std::process::Command::new("kill")
         .args(["-KILL", &child.id().unwrap().to_string()])
         .status()
@@ -192,15 +468,52 @@ async fn a_holder_killed_with_sigkill_is_succeeded_after_the_ttl() {
 
     let store = db.store("f").await;
     let elector = PgElector::new(store.clone());
-    let (lease, acquired_at) = take_over(&elector, "l", "successor", &options(2_000)).await;
-    let waited = acquired_at - killed_at;
-    eprintln!("SIGKILLed holder succeeded after {waited:?} (ttl 2 s)");
-    assert!(lease.epoch() > epoch);
-    assert!(
-        waited < Duration::from_secs(2) + Duration::from_millis(1500),
-        "{waited:?}"
+    let takeover = tokio::spawn(async move {
+        take_over(
+            &elector,
+            "l",
+            "successor",
+            &options(TTL.as_millis() as u64),
+            None,
+        )
+        .await
+    });
+    let bound = killed_at + TTL + grace + Duration::from_secs(1);
+    let (new, order) = race_takeover(&observer, &mut held, takeover, Expect::EndBy(bound)).await;
+    let committed = held.finish(&observer, order).await;
+    assert!(!committed);
+    let waited = new.at - killed_at;
+    eprintln!(
+        "SIGKILLed holder succeeded after {waited:?} (ttl {TTL:?}, grace {grace:?}); the acquisition itself took \
+         {:?}",
+        new.last_attempt
     );
-    let dead = Fence::new("f/l", epoch).unwrap();
+    assert!(new.lease.epoch() > epoch);
+    assert!(
+        new.last_attempt >= grace,
+        "the acquisition took {:?}: it did not wait the grace for the open guarded transaction",
+        new.last_attempt
+    );
+    assert!(
+        new.last_attempt <= grace + Duration::from_secs(1) && waited <= TTL + grace + Duration::from_secs(1),
+        "the successor acquired {waited:?} after the kill ({:?} in the acquisition): more than ttl + grace + 1 s",
+        new.last_attempt
+    );
+    let ended: Vec<(i64, Option<String>)> = store
+        .tenures("l")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.epoch.get(), t.end_reason))
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            (epoch.get(), Some("expired".to_owned())),
+            (new.lease.epoch().get(), None)
+        ],
+        "the successor acquired only after the dead holder's ttl"
+    );
     assert!(matches!(
         store.create_task(&dead, "ghost", &json!({})).await,
         Err(Error::Stale { .. })
@@ -237,24 +550,53 @@ async fn child_holds_a_lease_until_killed() {
     }
 }
 
-/// Scenario 4, dropped connections: the holder's backends are terminated again and again. It recovers (renewals
-/// resume on new connections) or declares the loss by its own clock before the database could grant a
-/// successor — never two holders trusting one lease at once.
+/// Scenario 4, dropped connections: the holder's backends are terminated again and again while it writes. It
+/// recovers (renewals resume on new connections) or declares the loss by its own clock before the database could
+/// grant a successor — never two holders trusting one lease at once. Its writes: every acknowledged one is
+/// stored, every stored one was acknowledged or had its answer lost with its connection, and once the rival
+/// holds the lease they are refused and audited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_backends_never_leave_two_holders() {
     let db = TestDb::new().await;
     let holder_store = Store::connect(db.config("f").application_name("victim"))
         .await
         .unwrap();
-    let holder = PgElector::new(holder_store);
+    let holder = PgElector::new(holder_store.clone());
     let rival = PgElector::new(db.store("f").await);
     let options = options(1_000);
     let lease = holder.acquire("l", "victim", &options).await.unwrap();
+    let fence = lease.fence();
     let loss = lease.lost();
     let lost_at = tokio::spawn(async move { loss.await.map(|cause| (cause, Instant::now())) });
+    // Writes with the holder's fence until the first refusal (the rival's tenure has begun by then).
+    let writer = tokio::spawn({
+        let (store, fence) = (holder_store.clone(), fence.clone());
+        async move {
+            let (mut acked, mut unanswered, mut refused) = (Vec::new(), Vec::new(), None);
+            for n in 0.. {
+                let key = format!("w{n}");
+                match store.create_task(&fence, &key, &json!({})).await {
+                    Ok(_) => acked.push(key),
+                    Err(Error::Stale { reason, .. }) => {
+                        refused = Some(reason);
+                        break;
+                    }
+                    // Its connection was terminated (or a new one could not be had in time): the write may or
+                    // may not have committed.
+                    Err(
+                        e @ (Error::Database { .. }
+                        | Error::Connect { .. }
+                        | Error::PoolTimeout { .. }),
+                    ) => unanswered.push((key, e.to_string())),
+                    Err(e) => panic!("{key}: {e}"),
+                }
+            }
+            (acked, unanswered, refused)
+        }
+    });
     let rival_task = {
         let rival = rival.clone();
-        tokio::spawn(async move { take_over(&rival, "l", "rival", &options).await })
+        tokio::spawn(async move { take_over(&rival, "l", "rival", &options, None).await })
     };
     let killer = db.client().await;
     let started = Instant::now();
@@ -265,7 +607,8 @@ async fn terminated_backends_never_leave_two_holders() {
             .unwrap();
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
-    if lease.is_held() {
+    let kept = lease.is_held();
+    let next = if kept {
         eprintln!(
             "the holder kept its lease through 3 s of terminated backends (renewals resumed)"
         );
@@ -273,44 +616,108 @@ async fn terminated_backends_never_leave_two_holders() {
         if let Err(e) = lease.release().await {
             assert!(e.is_transient(), "{e}");
         }
-        let (next, _) = rival_task.await.unwrap();
+        let next = rival_task.await.unwrap().lease;
         assert!(next.epoch().get() > 1);
-        return;
-    }
-    let (next, acquired_at) = rival_task.await.unwrap();
-    let (cause, lost_at) = lost_at.await.unwrap().expect("a loss, not a release");
+        next
+    } else {
+        let new = rival_task.await.unwrap();
+        let (cause, lost_at) = lost_at.await.unwrap().expect("a loss, not a release");
+        eprintln!(
+            "the holder gave up ({cause}) {:?} before the rival acquired",
+            new.at.saturating_duration_since(lost_at)
+        );
+        assert!(
+            lost_at.min(lease.trust_until()) <= new.at,
+            "the rival acquired before the holder gave up"
+        );
+        assert_eq!(new.lease.epoch().get(), 2);
+        new.lease
+    };
+
+    let (acked, unanswered, refused) = writer.await.unwrap();
     eprintln!(
-        "the holder gave up ({cause}) {:?} before the rival acquired",
-        acquired_at - lost_at
+        "the holder's writes: {} acknowledged, {} unanswered (connection terminated), then refused as {refused:?}",
+        acked.len(),
+        unanswered.len()
     );
+    assert!(!acked.is_empty(), "no write of the holder was acknowledged");
+    assert!(refused.is_some());
+    let stored: std::collections::BTreeSet<String> = killer
+        .query(
+            "SELECT key FROM pgfence.tasks WHERE lease = 'f/l' AND fence = $1",
+            &[&fence.epoch().get()],
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.get(0))
+        .collect();
+    for key in &acked {
+        assert!(
+            stored.contains(key),
+            "acknowledged {key} is missing (its connection terminated between the statement's answer and its \
+             commit? see a_write_is_acknowledged_only_once_committed)"
+        );
+    }
+    for key in &stored {
+        assert!(
+            acked.contains(key) || unanswered.iter().any(|(k, _)| k == key),
+            "{key} is stored but was neither acknowledged nor unanswered"
+        );
+    }
+    let audited = killer
+        .query_one(
+            "SELECT coalesce(sum(count), 0)::bigint FROM pgfence.rejections WHERE presented_epoch = $1",
+            &[&fence.epoch().get()],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0) as usize;
     assert!(
-        lost_at.min(lease.trust_until()) <= acquired_at,
-        "the rival acquired before the holder gave up"
+        (1..=1 + unanswered.len()).contains(&audited),
+        "{audited} refusals audited for 1 answered and {} unanswered",
+        unanswered.len()
     );
-    assert_eq!(next.epoch().get(), 2);
+    assert!(next.epoch() > fence.epoch());
 }
 
 /// Scenario 5, a database restart (immediate stop, crash recovery) under a stream of guarded writes: no
-/// acknowledged write is lost, no stale write is accepted afterwards, and epochs continue upward.
+/// acknowledged write is lost; after the restart a takeover waits for the old tenure's guarded transaction past
+/// its check (it commits first, nothing of the old epoch after); no stale write is accepted afterwards, and
+/// epochs continue upward.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_restart_loses_no_acknowledged_write() {
     let server = server().await;
     let store = migrated_store(&server.url(), "writer").await;
+    create_held_writes_table(&server.url()).await;
     let lease = store
         .acquire("l", "a", Duration::from_secs(60))
         .await
         .unwrap();
     let fence = lease.fence();
     let stop = Arc::new(AtomicBool::new(false));
+    // Which incarnation of the server a write was sent to (sent after the restart had completed: 1).
+    let incarnation = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // The writer's acknowledged writes so far, per incarnation.
+    let (progress_tx, mut progress) = tokio::sync::watch::channel([0usize; 2]);
     let writer = {
-        let (store, fence, stop) = (store.clone(), fence.clone(), stop.clone());
+        let (store, fence, stop, incarnation) = (
+            store.clone(),
+            fence.clone(),
+            stop.clone(),
+            incarnation.clone(),
+        );
         tokio::spawn(async move {
             let (mut acked, mut failed) = (Vec::new(), 0);
             let mut n = 0;
             while !stop.load(Ordering::SeqCst) {
                 let key = format!("k{n}");
+                let sent_to = incarnation.load(Ordering::SeqCst);
                 match store.create_task(&fence, &key, &json!({})).await {
-                    Ok(_) => acked.push(key),
+                    Ok(_) => {
+                        acked.push(key);
+                        progress_tx.send_modify(|p| p[sent_to] += 1);
+                    }
                     Err(e) if e.is_transient() => failed += 1,
                     Err(e) => panic!("{e}"),
                 }
@@ -319,29 +726,36 @@ async fn a_database_restart_loses_no_acknowledged_write() {
             (acked, failed)
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Crash once writes are flowing; stop once writes sent after the restart are acknowledged.
+    progress.wait_for(|p| p[0] >= 50).await.unwrap();
     blocking(|| server.crash()).unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
     blocking(|| server.start_again()).unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    incarnation.store(1, Ordering::SeqCst);
+    progress.wait_for(|p| p[1] >= 20).await.unwrap();
     stop.store(true, Ordering::SeqCst);
     let (acked, failed) = writer.await.unwrap();
     eprintln!(
         "{} writes acknowledged across the restart, {failed} failed transiently",
         acked.len()
     );
-    assert!(!acked.is_empty());
     let reader = migrated_store(&server.url(), "reader").await;
     for key in &acked {
         assert!(
             reader.task("l", key).await.unwrap().is_some(),
-            "acknowledged {key} was lost"
+            "acknowledged {key} was lost (the server stopped between the statement's answer and its commit? \
+             see a_write_is_acknowledged_only_once_committed)"
         );
     }
-    let next = reader
-        .acquire("l", "a", Duration::from_secs(60))
-        .await
-        .unwrap();
+
+    let observer = raw_client(&server.url()).await;
+    let mut held = HeldWrite::open(&store, &fence, "in-flight-after-the-restart").await;
+    let takeover = tokio::spawn({
+        let reader = reader.clone();
+        async move { reader.acquire("l", "a", Duration::from_secs(60)).await }
+    });
+    let (next, order) = race_takeover(&observer, &mut held, takeover, Expect::Wait).await;
+    let next = next.unwrap();
+    held.finish(&observer, order).await;
     assert_eq!(next.epoch().get(), fence.epoch().get() + 1);
     assert!(matches!(
         reader.create_task(&fence, "late", &json!({})).await,
@@ -350,12 +764,17 @@ async fn a_database_restart_loses_no_acknowledged_write() {
 }
 
 /// Scenario 6, a network partition between holder and database (a proxy holding all traffic): the holder
-/// declares the loss on its own clock before the database expires the lease; the successor takes over; when the
-/// partition heals, the old holder's writes — including one sent before the cut and held in flight — are refused
-/// and audited.
+/// declares the loss on its own clock before the database expires the lease; the successor takes over. A guarded
+/// transaction the holder began before the cut — past its check, its write sent — has its COMMIT held in flight
+/// by the partition: the successor's acquisition waits the takeover grace for it and then ends it, so when the
+/// partition heals that COMMIT fails and nothing of it is stored. A write sent during the partition and one
+/// after it heals are refused and audited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_holder_gives_up_first_and_its_late_writes_are_refused() {
     let db = TestDb::new().await;
+    create_held_writes_table(&db.url).await;
+    let observer = db.client().await;
+    let grace = set_takeover_grace(&observer, Duration::from_millis(300)).await;
     let proxy = Proxy::start(db.port()).await;
     let holder_store = Store::connect(
         StoreConfig::new(proxy.url(&db.name), "f")
@@ -375,15 +794,31 @@ async fn a_partitioned_holder_gives_up_first_and_its_late_writes_are_refused() {
         .create_task(&fence, "job", &json!({}))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await; // a renewal or two
+    // A renewal through the proxy first (the local deadline moves).
+    let first_deadline = lease.trust_until();
+    while lease.trust_until() == first_deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut before_the_cut = HeldWrite::open(&holder_store, &fence, "sent-before-the-cut").await;
+    // Two more connections, idle at the cut (a new one could not be opened during the partition): for the
+    // renewal and for the write sent during the cut.
+    let empty = json!({});
+    let (one, two) = tokio::join!(
+        holder_store.append_event(&fence, "job", "connection-1", &empty),
+        holder_store.append_event(&fence, "job", "connection-2", &empty)
+    );
+    one.unwrap();
+    two.unwrap();
 
     proxy.set(HOLD_ALL);
     let cut_at = Instant::now();
-    let in_flight = {
+    // Its COMMIT leaves the holder now, into the partition.
+    before_the_cut.release();
+    let during_the_cut = {
         let (store, fence) = (holder_store.clone(), fence.clone());
         tokio::spawn(async move {
             store
-                .append_event(&fence, "job", "sent-before-the-cut", &json!({}))
+                .append_event(&fence, "job", "sent-during-the-cut", &json!({}))
                 .await
         })
     };
@@ -393,24 +828,55 @@ async fn a_partitioned_holder_gives_up_first_and_its_late_writes_are_refused() {
         matches!(cause, LossCause::DeadlineExceeded { .. }),
         "{cause:?}"
     );
-    let (new, acquired_at) = take_over(&rival, "l", "rival", &options).await;
+    let takeover =
+        tokio::spawn(async move { take_over(&rival, "l", "rival", &options, None).await });
+    // The database's expiry is at most a ttl after the cut (the last renewal was before it).
+    let bound = cut_at + Duration::from_millis(1_500) + grace + Duration::from_secs(1);
+    let (new, order) = race_takeover(
+        &observer,
+        &mut before_the_cut,
+        takeover,
+        Expect::EndBy(bound),
+    )
+    .await;
     eprintln!(
-        "partition: holder gave up {:?} after the cut, the successor acquired {:?} after the cut (ttl 1.5 s)",
+        "partition: holder gave up {:?} after the cut, the successor acquired {:?} after the cut (ttl 1.5 s, \
+         grace {grace:?}; the acquisition took {:?})",
         gave_up_at - cut_at,
-        acquired_at - cut_at
+        new.at - cut_at,
+        new.last_attempt
     );
     assert!(
-        gave_up_at.min(lease.trust_until()) < acquired_at,
+        gave_up_at.min(lease.trust_until()) < new.at,
         "the holder trusted its lease after the successor got it"
     );
-    assert_eq!(new.epoch().get(), fence.epoch().get() + 1);
-
+    assert_eq!(new.lease.epoch().get(), fence.epoch().get() + 1);
     proxy.set(PASS);
-    let late = in_flight.await.unwrap();
+    assert!(!before_the_cut.finish(&observer, order).await);
+    assert!(
+        new.last_attempt >= grace && new.last_attempt <= grace + Duration::from_secs(1),
+        "the acquisition took {:?}: not the grace ({grace:?}) for the open guarded transaction plus at most 1 s \
+         to end it",
+        new.last_attempt
+    );
+
+    let late = during_the_cut.await.unwrap();
     assert!(matches!(late, Err(Error::Stale { .. })), "{late:?}");
-    let after_heal = holder_store
+    // The pool may hand out the connection the takeover terminated first (it is found dead on use): a client
+    // retries a connection error.
+    let mut after_heal = holder_store
         .create_task(&fence, "after-heal", &json!({}))
         .await;
+    for _ in 0..3 {
+        match &after_heal {
+            Err(e) if e.is_transient() => {
+                after_heal = holder_store
+                    .create_task(&fence, "after-heal", &json!({}))
+                    .await
+            }
+            _ => break,
+        }
+    }
     assert!(
         matches!(after_heal, Err(Error::Stale { .. })),
         "{after_heal:?}"
@@ -428,7 +894,7 @@ async fn a_partitioned_holder_gives_up_first_and_its_late_writes_are_refused() {
         .iter()
         .all(|r| r.application_name.as_deref() == Some("partitioned")));
     assert_eq!(
-        db.scalar("SELECT count(*) FROM pgfence.task_events WHERE kind = 'sent-before-the-cut'")
+        db.scalar("SELECT count(*) FROM pgfence.task_events WHERE kind = 'sent-during-the-cut'")
             .await,
         0
     );
@@ -436,7 +902,8 @@ async fn a_partitioned_holder_gives_up_first_and_its_late_writes_are_refused() {
 
 /// Scenario 7, a wrong database: a process configured for one database's identity refuses another at connect,
 /// and when its connections are redirected mid-life (DNS, a proxy), new connections are refused, so it writes
-/// nothing there.
+/// nothing there — although the other database has a lease of the same name at the same epoch, where its
+/// writes would be accepted if they arrived.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_pointed_at_another_database_refuses_to_write() {
     let (a, b) = (server().await, server().await);
@@ -454,6 +921,11 @@ async fn a_process_pointed_at_another_database_refuses_to_write() {
         "{refused:?}"
     );
 
+    // On b the same lease at the same epoch: a write that reached b would be accepted there.
+    let on_b = store_b
+        .acquire("l", "someone-else", Duration::from_secs(60))
+        .await
+        .unwrap();
     let proxy = Proxy::start(a.port()).await;
     let store = Store::connect(
         StoreConfig::new(proxy.url("postgres"), "f")
@@ -486,7 +958,19 @@ async fn a_process_pointed_at_another_database_refuses_to_write() {
         }
     }
     assert_eq!(refused_writes, 5);
-    assert_eq!(store_b.leases().await.unwrap().len(), 0);
+    assert_eq!(on_b.epoch(), lease.epoch());
+    let b_client = raw_client(&b.url()).await;
+    for table in ["pgfence.tasks", "pgfence.task_events", "pgfence.rejections"] {
+        let rows: i64 = b_client
+            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            rows, 0,
+            "the redirected process wrote to {table} on the wrong database"
+        );
+    }
     let health = PgElector::new(store).health().await;
     assert_ne!(health.identity_as_expected, Some(true), "{health:?}");
     drop((store_a, store_b));
@@ -500,10 +984,18 @@ async fn a_process_pointed_at_another_database_refuses_to_write() {
 /// 'failover'; every epoch issued from then on is greater than every epoch issued before, including the lost ones
 /// (invariant 1), and the lost epochs can never write there (invariant 3). The write acknowledged under the newest
 /// lost epoch is lost with it: invariant 6 covers restarts, not the tail an asynchronous standby never received.
+///
+/// The guard lock races: every acquisition on the primary waits for a guarded transaction of the tenure it ends,
+/// held open past its check (it commits first); so does an acquisition on the promoted server for the first
+/// tenure granted there. No write of a pre-promotion tenure can be in flight on the promoted server: a guard
+/// there refuses it ('failover') before it takes the lock, which the loop over the lost epochs checks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn epochs_stay_above_lost_ones_after_failover_to_an_async_standby() {
     let primary = server().await;
     let store = migrated_store(&primary.url(), "primary").await;
+    // Created before the standby's base backup, so the promoted server has it too.
+    create_held_writes_table(&primary.url()).await;
+    let on_primary = raw_client(&primary.url()).await;
     let mut last = store
         .acquire("l", "a", Duration::from_secs(60))
         .await
@@ -517,10 +1009,19 @@ async fn epochs_stay_above_lost_ones_after_failover_to_an_async_standby() {
     .await;
     blocking(|| standby.stop()).unwrap();
     for _ in 0..3 {
-        last = store
-            .acquire("l", "a", Duration::from_secs(60))
-            .await
-            .unwrap();
+        let mut held = HeldWrite::open(
+            &store,
+            &last.fence(),
+            &format!("epoch-{}-at-its-takeover", last.epoch()),
+        )
+        .await;
+        let takeover = tokio::spawn({
+            let store = store.clone();
+            async move { store.acquire("l", "a", Duration::from_secs(60)).await }
+        });
+        let (next, order) = race_takeover(&on_primary, &mut held, takeover, Expect::Wait).await;
+        last = next.unwrap();
+        held.finish(&on_primary, order).await;
     }
     store
         .create_task(&last.fence(), "acknowledged-then-lost", &json!({}))
@@ -594,6 +1095,28 @@ async fn epochs_stay_above_lost_ones_after_failover_to_an_async_standby() {
                 "epoch {lost} after the failover: expected Stale {{ Superseded }}, got {other:?}"
             ),
         }
+    }
+
+    // The guard lock fences on the promoted server too.
+    let on_promoted = raw_client(&standby.url()).await;
+    let mut held =
+        HeldWrite::open(&promoted, &next.fence(), "first-tenure-after-the-failover").await;
+    let takeover = tokio::spawn({
+        let promoted = promoted.clone();
+        async move { promoted.acquire("l", "b", Duration::from_secs(60)).await }
+    });
+    let (after, order) = race_takeover(&on_promoted, &mut held, takeover, Expect::Wait).await;
+    assert_eq!(after.unwrap().epoch().get(), FIRST_EPOCH_OF_TIMELINE_2 + 1);
+    held.finish(&on_promoted, order).await;
+    match promoted
+        .create_task(&next.fence(), "late", &json!({}))
+        .await
+    {
+        Err(Error::Stale {
+            reason: LossReason::Superseded,
+            ..
+        }) => {}
+        other => panic!("the first post-promotion tenure after its takeover: {other:?}"),
     }
     drop(promoted);
     blocking(move || drop((standby, primary)));
@@ -875,6 +1398,44 @@ async fn a_retry_after_a_lost_reply_has_exactly_one_effect() {
         db.scalar("SELECT count(*) FROM pgfence.task_events e JOIN pgfence.tasks t ON t.id = e.task_id WHERE t.key = 'deploy-7'")
             .await,
         1
+    );
+}
+
+/// Scenario 9b, the reverse of 9: the statement is answered but its commit fails. A one-statement guarded
+/// write sent with the extended protocol commits when the server processes the Sync that follows it, after it
+/// has sent the statement's rows and CommandComplete; a commit that fails there — here a deferred constraint
+/// trigger, in scenario 4 a backend terminated in between — must make the write an error, never an
+/// acknowledgement (invariant 6: an acknowledged write is stored).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails: the library acknowledges a one-statement write on its answer, before its commit (issue 17 report)"]
+async fn a_write_is_acknowledged_only_once_committed() {
+    let db = TestDb::new().await;
+    let store = db.store("f").await;
+    let fence = store
+        .acquire("l", "a", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .fence();
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION fail_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN RAISE EXCEPTION 'the commit fails'; END $$; \
+             CREATE CONSTRAINT TRIGGER fail_at_commit AFTER INSERT ON pgfence.task_events \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION fail_at_commit();",
+        )
+        .await
+        .unwrap();
+    let answer = store
+        .create_task(&fence, "never-committed", &json!({}))
+        .await;
+    let stored = db
+        .scalar("SELECT count(*) FROM pgfence.tasks WHERE key = 'never-committed'")
+        .await;
+    assert_eq!(stored, 0);
+    assert!(
+        answer.is_err(),
+        "the write was acknowledged ({answer:?}) but its transaction did not commit"
     );
 }
 

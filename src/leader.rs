@@ -728,6 +728,12 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
             continue;
         }
 
+        // Members may have ended while we slept (released, abandoned, or lost through `is_held`): renewing them
+        // would extend a tenure nobody holds and delay its successor by up to a period.
+        let members: Vec<Arc<Shared>> = members.into_iter().filter(|m| m.is_current()).collect();
+        if members.is_empty() {
+            continue;
+        }
         let sent = Instant::now();
         let result = tokio::select! {
             r = renew_group(&inner.store, &key, &members) => Some(r),

@@ -466,8 +466,9 @@ impl Store {
         Ok((sent, result?))
     }
 
-    /// Like [`Store::call_one`], inside an explicit READ COMMITTED transaction: for a guarded statement refused
-    /// with PF004 because the session's default isolation is REPEATABLE READ or SERIALIZABLE.
+    /// Like [`Store::call_one`], inside an explicit READ COMMITTED transaction: for guarded writes, which must be
+    /// acknowledged only once their COMMIT succeeded (an autocommit statement's result arrives before its commit)
+    /// and whose guard needs READ COMMITTED whatever the session default.
     pub(crate) async fn call_one_read_committed<Q, U>(&self, query: Q) -> Result<U>
     where
         Q: diesel_async::methods::LoadQuery<'static, AsyncPgConnection, U> + Send + 'static,

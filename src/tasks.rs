@@ -231,16 +231,12 @@ impl Store {
             + 'static,
     {
         // The query is built again only for the rare retry, so the common path copies the payload once.
-        let row: WriteRow = match self.call_one(query()).await {
-            // Under a REPEATABLE READ or SERIALIZABLE session default the statement's snapshot may predate a
-            // takeover, so the guard refuses to decide (PF004) and nothing was written. Once more in an explicit
-            // READ COMMITTED transaction, the guard decides (and audits a refusal).
-            Err(Error::Database {
-                sqlstate: Some(code),
-                ..
-            }) if code == "PF004" => self.call_one_read_committed(query()).await?,
-            other => other?.1,
-        };
+        // In an explicit READ COMMITTED transaction, for two reasons. An autocommit statement's result arrives
+        // before its implicit commit (which happens when the server reaches the end of the request): a commit that
+        // failed there — a connection cut, a crash, a deferred trigger — would have been acknowledged to the caller
+        // as written. With an explicit COMMIT the write is acknowledged only once it committed. And the guard needs
+        // READ COMMITTED whatever the session default (PF004 otherwise).
+        let row: WriteRow = self.call_one_read_committed(query()).await?;
         let outcome = WriteOutcome::from(row);
         if let Some(stale) = outcome.stale(fence, operation) {
             return Err(stale);

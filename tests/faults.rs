@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::proxy::{Proxy, HOLD_ALL, HOLD_REPLIES, PASS};
+use common::proxy::{Proxy, HOLD_ALL, HOLD_REPLIES_FROM_COMMIT, PASS};
 use common::TestDb;
 use pgfence::embedded::EmbeddedServer;
 use pgfence::leader::{
@@ -1349,13 +1349,13 @@ async fn a_retry_after_a_lost_reply_has_exactly_one_effect() {
         .await
         .unwrap()
         .fence();
-    // Warm up: the statement is prepared on the connection, so the next call is one Bind/Execute that the server
-    // runs and commits without waiting for anything from the client.
+    // Warm up: the statement is prepared on the connection. The write runs in BEGIN … COMMIT; the proxy holds the
+    // replies from the COMMIT on, so the server commits and the client never hears of it.
     store
         .create_task(&fence, "warm-up", &json!({}))
         .await
         .unwrap();
-    proxy.set(HOLD_REPLIES);
+    proxy.set(HOLD_REPLIES_FROM_COMMIT);
     let attempt = tokio::spawn({
         let (store, fence) = (store.clone(), fence.clone());
         async move {
@@ -1407,7 +1407,6 @@ async fn a_retry_after_a_lost_reply_has_exactly_one_effect() {
 /// trigger, in scenario 4 a backend terminated in between — must make the write an error, never an
 /// acknowledgement (invariant 6: an acknowledged write is stored).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails: the library acknowledges a one-statement write on its answer, before its commit (issue 17 report)"]
 async fn a_write_is_acknowledged_only_once_committed() {
     let db = TestDb::new().await;
     let store = db.store("f").await;

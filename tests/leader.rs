@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::metrics_probe;
 use common::proxy::{Proxy, HOLD_ALL};
-use common::TestDb;
+use common::{RowLock, TestDb};
 use pgfence::leader::{
     run_with_leadership, Backoff, Elector, Ended, Health, HeldLease, LeaderContext,
     LeadershipOptions, LeaseOptions, LossCause, MemoryElector, PgElector, Standing, Supervisor,
@@ -265,31 +265,6 @@ async fn metrics_settle<E: Elector>(elector: &E, name: &str, expected: Metered) 
             "metrics of {name}: {now:?}, expected {expected:?}"
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
-/// A transaction of the test's own holding a lease row's lock, as a takeover or a renewal in flight would: an
-/// acquisition or renewal of that lease waits for it, so the statement is *sent* well before the database runs
-/// it and reads its clock.
-struct RowLock(tokio_postgres::Client);
-
-impl RowLock {
-    async fn take(db: &TestDb, qualified: &str) -> RowLock {
-        let client = db.client().await;
-        client.batch_execute("BEGIN").await.unwrap();
-        let locked = client
-            .execute(
-                "SELECT 1 FROM pgfence.leases WHERE name = $1 FOR UPDATE",
-                &[&qualified],
-            )
-            .await
-            .unwrap();
-        assert_eq!(locked, 1, "no lease row {qualified}");
-        RowLock(client)
-    }
-
-    async fn release(self) {
-        self.0.batch_execute("COMMIT").await.unwrap();
     }
 }
 

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::TestDb;
+use common::{RowLock, TestDb};
 use pgfence::{Epoch, Error, ForceReleased, LeaseState, LossReason, Released};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -29,31 +29,6 @@ async fn wait_expired(store: &pgfence::Store, name: &str) {
         }
         assert!(std::time::Instant::now() < deadline, "lease never expired");
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// A transaction of the test's own holding a lease row's lock, as a takeover or a renewal in flight would: an
-/// acquisition or renewal of that lease waits for it, so the statement is *sent* well before the database runs
-/// it and reads its clock.
-struct RowLock(tokio_postgres::Client);
-
-impl RowLock {
-    async fn take(db: &TestDb, qualified: &str) -> RowLock {
-        let client = db.client().await;
-        client.batch_execute("BEGIN").await.unwrap();
-        let locked = client
-            .execute(
-                "SELECT 1 FROM pgfence.leases WHERE name = $1 FOR UPDATE",
-                &[&qualified],
-            )
-            .await
-            .unwrap();
-        assert_eq!(locked, 1, "no lease row {qualified}");
-        RowLock(client)
-    }
-
-    async fn release(self) {
-        self.0.batch_execute("COMMIT").await.unwrap();
     }
 }
 

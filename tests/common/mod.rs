@@ -207,6 +207,31 @@ impl TestDb {
     }
 }
 
+/// A transaction of the test's own holding a lease row's lock, as a takeover or a renewal in flight would: an
+/// acquisition or renewal of that lease waits for it, so the statement is *sent* well before the database runs
+/// it and reads its clock.
+pub struct RowLock(tokio_postgres::Client);
+
+impl RowLock {
+    pub async fn take(db: &TestDb, qualified: &str) -> RowLock {
+        let client = db.client().await;
+        client.batch_execute("BEGIN").await.unwrap();
+        let locked = client
+            .execute(
+                "SELECT 1 FROM pgfence.leases WHERE name = $1 FOR UPDATE",
+                &[&qualified],
+            )
+            .await
+            .unwrap();
+        assert_eq!(locked, 1, "no lease row {qualified}");
+        RowLock(client)
+    }
+
+    pub async fn release(self) {
+        self.0.batch_execute("COMMIT").await.unwrap();
+    }
+}
+
 /// Waits until some backend of this database is blocked on a lock (`wait_event_type = 'Lock'`), polling
 /// pg_stat_activity. This observes the server's own state instead of guessing with a sleep.
 pub async fn wait_until_blocked_on_lock(db: &TestDb, backends: i64) {

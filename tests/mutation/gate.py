@@ -10,7 +10,8 @@ mutation, runs those suites in order until one fails, and fails itself unless ev
   edit that no longer applies (the text it names is gone or ambiguous) fails the gate, so the mutations follow
   the code or are updated with it.
 * Rust mutations are applied to a copy of the source tree under target/mutants/tree (one copy reused, so only
-  pgfence itself recompiles), built in the repository's target directory (dependencies reused).
+  pgfence itself recompiles after the first), built in a target directory of its own (target/mutants/target):
+  never in the repository's, whose test binaries it would replace.
 
 Usage (from the repository root):
     python3 tests/mutation/gate.py                 # every mutation; writes docs/mutation-gate.md
@@ -284,9 +285,10 @@ def run_mutation(mutation: Mutation) -> dict:
     tree = rust_tree(mutation)
     if tree is not None:
         cwd = tree
-        # The repository's own target directory: the copy is another package path, so its pgfence units get other
-        # hashes (nothing of the real build is overwritten) while every dependency is reused as built.
-        env["CARGO_TARGET_DIR"] = os.path.join(ROOT, "target")
+        # A target directory of its own: cargo names a path package's artifacts independently of where the
+        # package lies, so building the copy in the repository's target directory would replace the real test
+        # binaries with mutated ones (and a later `cargo test` could run them without rebuilding).
+        env["CARGO_TARGET_DIR"] = os.path.join(WORK, "target")
         # The copy must build before its tests mean anything: a mutant that does not compile is no proof.
         tests = [arg for _, command in mutation.suites if command[:2] == ["cargo", "test"]
                  for arg in command[2:4] if command[2] == "--test"]

@@ -1075,3 +1075,59 @@ async fn a_row_fence_above_the_presented_epoch_refuses_the_write() {
         "each refusal audited"
     );
 }
+
+/// A fenced transaction's operation label is checked before anything is sent: 1 to 64 characters, no control
+/// characters. Exactly 64 is accepted; 65, empty and a control character are `InvalidInput` (not a database
+/// error), and neither the work nor an audit row happens (bad input writes nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_operation_labels_are_checked_before_anything_is_sent() {
+    let db = TestDb::new().await;
+    app_table(&db).await;
+    let store = db.store("c").await;
+    let lease = store.acquire("ops", "pod-a", TTL).await.unwrap();
+    let fence = lease.fence();
+    let run = |operation: String| {
+        let (store, fence) = (store.clone(), fence.clone());
+        async move {
+            store
+                .fenced(&fence, &operation, |conn| {
+                    Box::pin(async move {
+                        use diesel_async::RunQueryDsl;
+                        diesel::sql_query(
+                            "INSERT INTO shards VALUES (1, 'x') ON CONFLICT DO NOTHING",
+                        )
+                        .execute(conn)
+                        .await?;
+                        Ok::<_, Error>(())
+                    })
+                })
+                .await
+        }
+    };
+    run("o".repeat(pgfence::MAX_OPERATION_LEN)).await.unwrap();
+    db.client()
+        .await
+        .batch_execute("DELETE FROM shards")
+        .await
+        .unwrap();
+    for bad in [
+        "o".repeat(pgfence::MAX_OPERATION_LEN + 1),
+        String::new(),
+        "re\nbalance".to_owned(),
+    ] {
+        match run(bad.clone()).await {
+            Err(Error::InvalidInput { field, .. }) => assert_eq!(field, "operation", "{bad:?}"),
+            other => panic!("{bad:?}: expected InvalidInput, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM shards").await,
+        0,
+        "no work ran"
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.rejections").await,
+        0,
+        "nothing audited"
+    );
+}

@@ -64,15 +64,21 @@ def cargo_test(test: str, *filters: str) -> tuple[str, list[str]]:
 
 ISOLATION = ("tests/isolation/run.sh", ["bash", "tests/isolation/run.sh"])
 
+# Texts of up.sql that several mutations edit.
+GUARD_LOCK_STEP = """    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
+        PERFORM pgfence._wait_guard_lock(p_lease, l.lock_key);
+    END IF;
+"""
+TAKE_LOCK_FAST_PATH = """    IF pg_catalog.pg_try_advisory_xact_lock(1885824613, p_lock_key) THEN
+        RETURN;
+    END IF;"""
+
 MUTATIONS: list[Mutation] = [
     Mutation(
         "guard-without-lock",
         "the guard reads the lease without taking its shared guard lock",
         [Edit("sql:_guard",
-              """    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
-        PERFORM pgfence._wait_guard_lock(p_lease, l.lock_key);
-    END IF;
-""", "")],
+              GUARD_LOCK_STEP, "")],
         [cargo_test("race"), ISOLATION],
     ),
     Mutation(
@@ -87,24 +93,16 @@ MUTATIONS: list[Mutation] = [
     END IF;
 """, ""),
          Edit("sql:_guard",
-              """    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
-        PERFORM pgfence._wait_guard_lock(p_lease, l.lock_key);
-    END IF;
-""", "")],
+              GUARD_LOCK_STEP, "")],
         [cargo_test("race"), ISOLATION],
     ),
     Mutation(
         "guard-row-lock",
         "the previous protocol: the guard locks the lease row FOR KEY SHARE instead of the guard lock (unfair)",
         [Edit("sql:_guard",
-              """    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
-        PERFORM pgfence._wait_guard_lock(p_lease, l.lock_key);
-    END IF;
-""", "    PERFORM 1 FROM pgfence.leases WHERE name = p_lease FOR KEY SHARE;\n"),
+              GUARD_LOCK_STEP, "    PERFORM 1 FROM pgfence.leases WHERE name = p_lease FOR KEY SHARE;\n"),
          Edit("sql:_take_guard_lock",
-              """    IF pg_catalog.pg_try_advisory_xact_lock(1885824613, p_lock_key) THEN
-        RETURN;
-    END IF;""",
+              TAKE_LOCK_FAST_PATH,
               """    PERFORM 1 FROM pgfence.leases WHERE lock_key = p_lock_key FOR UPDATE;
     RETURN;""")],
         [cargo_test("takeover", "a_waiting_takeover_is_not_overtaken_by_later_guards"), ISOLATION],
@@ -113,9 +111,7 @@ MUTATIONS: list[Mutation] = [
         "takeover-without-exclusive-lock",
         "acquire, release, force_release and the lease-row trigger never take the exclusive guard lock",
         [Edit("sql:_take_guard_lock",
-              """    IF pg_catalog.pg_try_advisory_xact_lock(1885824613, p_lock_key) THEN
-        RETURN;
-    END IF;""", "    RETURN;")],
+              TAKE_LOCK_FAST_PATH, "    RETURN;")],
         [cargo_test("race"), ISOLATION],
     ),
     Mutation(

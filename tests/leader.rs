@@ -268,24 +268,6 @@ async fn metrics_settle<E: Elector>(elector: &E, name: &str, expected: Metered) 
     }
 }
 
-/// The earliest instant, on this process's monotonic clock, that the database's expiry of a held lease can fall
-/// on — without comparing two clocks: the database computes the time left (`expires_at - clock_timestamp()`,
-/// exact to the microsecond) when it runs the query, which is after the query was sent.
-async fn database_expiry_not_before(client: &tokio_postgres::Client, qualified: &str) -> Instant {
-    let sent = Instant::now();
-    let left_us: i64 = client
-        .query_one(
-            "SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint \
-               FROM pgfence.leases WHERE name = $1 AND state = 'held'",
-            &[&qualified],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert!(left_us > 0, "{qualified} already expired");
-    sent + Duration::from_micros(left_us as u64)
-}
-
 /// Whether the database, at the moment it runs the query, would let another holder acquire `qualified`.
 async fn database_would_grant(client: &tokio_postgres::Client, qualified: &str) -> bool {
     client
@@ -638,7 +620,7 @@ async fn the_holder_stops_trusting_a_margin_before_the_database_could_grant_a_su
     let trusted_before = lease.trust_until();
     a.release().await;
     let b = b.await.unwrap(); // the renewal has committed: B holds the row now
-    let expires_not_before = database_expiry_not_before(&probe, &qualified).await;
+    let expires_not_before = common::database_expiry(&probe, &qualified).await.not_before;
 
     let cause = lease.lost().await.expect("a loss, not a release");
     let declared_at = Instant::now();

@@ -7,9 +7,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{RowLock, TestDb};
+use common::{database_expiry, RowLock, TestDb};
 use pgfence::{Epoch, Error, ForceReleased, LeaseState, LossReason, Released};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -29,36 +29,6 @@ async fn wait_expired(store: &pgfence::Store, name: &str) {
         }
         assert!(std::time::Instant::now() < deadline, "lease never expired");
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// Where the database's expiry of a held lease falls on this process's monotonic clock, without comparing two
-/// clocks: the database computes the time left (`expires_at - clock_timestamp()`, exact to the microsecond) when
-/// it runs the query, which is after the query was sent and before its answer arrived.
-#[derive(Debug, Clone, Copy)]
-struct Expiry {
-    not_before: Instant,
-    not_after: Instant,
-}
-
-async fn database_expiry(db: &TestDb, qualified: &str) -> Expiry {
-    let client = db.client().await;
-    let sent = Instant::now();
-    let left_us: i64 = client
-        .query_one(
-            "SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint \
-               FROM pgfence.leases WHERE name = $1 AND state = 'held'",
-            &[&qualified],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    let answered = Instant::now();
-    assert!(left_us > 0, "{qualified} already expired");
-    let left = Duration::from_micros(left_us as u64);
-    Expiry {
-        not_before: sent + left,
-        not_after: answered + left,
     }
 }
 
@@ -188,7 +158,7 @@ async fn renew_extends_a_live_tenure() {
     let store = db.store("c1").await;
     let ttl = Duration::from_secs(2);
     let mut lease = store.acquire("gc", "pod-a", ttl).await.unwrap();
-    let acquired = database_expiry(&db, "c1/gc").await;
+    let acquired = database_expiry(&db.client().await, "c1/gc").await;
     let deadline_before = lease.local_deadline();
     let renewed_before = store.lease_status("gc").await.unwrap().unwrap().renewed_at;
     let lease = delayed_by_row_lock(&db, "c1/gc", {
@@ -199,7 +169,7 @@ async fn renew_extends_a_live_tenure() {
         }
     })
     .await;
-    let renewed = database_expiry(&db, "c1/gc").await;
+    let renewed = database_expiry(&db.client().await, "c1/gc").await;
     assert!(
         renewed.not_before > acquired.not_after,
         "the database's expiry did not move later: {acquired:?} → {renewed:?}"
@@ -232,7 +202,7 @@ async fn an_acquisitions_local_deadline_is_never_later_than_the_database_expiry(
     })
     .await;
     assert_eq!(lease.epoch().get(), 2);
-    let expiry = database_expiry(&db, "c1/gc").await;
+    let expiry = database_expiry(&db.client().await, "c1/gc").await;
     assert!(
         lease.local_deadline() <= expiry.not_before,
         "the local deadline is {:?} past the database's expiry",

@@ -232,6 +232,38 @@ impl RowLock {
     }
 }
 
+/// Where the database's expiry of a held lease falls on this process's monotonic clock, without comparing two
+/// clocks: the database computes the time left (`expires_at - clock_timestamp()`, exact to the microsecond) when
+/// it runs the query, which is after the query was sent and before its answer arrived.
+#[derive(Debug, Clone, Copy)]
+pub struct Expiry {
+    /// The expiry is no earlier than this (send time + time left).
+    pub not_before: std::time::Instant,
+    /// The expiry is no later than this (answer time + time left).
+    pub not_after: std::time::Instant,
+}
+
+/// Locates the database's expiry of the held lease `qualified` on this process's monotonic clock.
+pub async fn database_expiry(client: &tokio_postgres::Client, qualified: &str) -> Expiry {
+    let sent = std::time::Instant::now();
+    let left_us: i64 = client
+        .query_one(
+            "SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint \
+               FROM pgfence.leases WHERE name = $1 AND state = 'held'",
+            &[&qualified],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let answered = std::time::Instant::now();
+    assert!(left_us > 0, "{qualified} already expired");
+    let left = Duration::from_micros(left_us as u64);
+    Expiry {
+        not_before: sent + left,
+        not_after: answered + left,
+    }
+}
+
 /// Waits until some backend of this database is blocked on a lock (`wait_event_type = 'Lock'`), polling
 /// pg_stat_activity. This observes the server's own state instead of guessing with a sleep.
 pub async fn wait_until_blocked_on_lock(db: &TestDb, backends: i64) {

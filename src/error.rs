@@ -116,6 +116,19 @@ pub enum Error {
         operation: String,
     },
 
+    /// The database refused the call because of who made it: the session's role has no grant on the lease's
+    /// cluster, or the fence did not carry its tenure's secret. Recorded in `pgfence.rejections` (under the
+    /// session's role); nothing else was written.
+    #[error("{operation} on {lease} denied: {reason}")]
+    Denied {
+        /// The cluster-qualified lease name.
+        lease: String,
+        /// The refused operation (`acquire`, `renew`, `release`, `force_release`, `claim_task`, …).
+        operation: String,
+        /// Why.
+        reason: DenyReason,
+    },
+
     /// The task does not exist under this lease.
     #[error("task {key} not found under lease {lease}")]
     TaskNotFound {
@@ -153,6 +166,45 @@ pub enum Error {
         /// The server's or driver's message.
         message: String,
     },
+}
+
+/// Why the database refused a call because of who made it ([`Error::Denied`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum DenyReason {
+    /// The session's login role (and the roles it is a member of) has no grant on the lease's cluster — or, for
+    /// a force-release, no operator grant. The schema owner grants them (`pgfence grant`).
+    NoGrant,
+    /// The epoch is current but the secret presented with it is not its tenure's: the fence was forged or
+    /// damaged. Only the acquisition's [`Fence`](crate::Fence) (or a serialized copy of it) can write.
+    BadSecret,
+}
+
+impl DenyReason {
+    pub(crate) fn parse(text: &str) -> DenyReason {
+        match text {
+            "no_grant" => DenyReason::NoGrant,
+            _ => DenyReason::BadSecret,
+        }
+    }
+
+    /// The name used in SQL and in `pgfence.rejections.reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DenyReason::NoGrant => "no_grant",
+            DenyReason::BadSecret => "bad_secret",
+        }
+    }
+}
+
+impl std::fmt::Display for DenyReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DenyReason::NoGrant => "no_grant (the session's role has no grant on the lease's cluster)",
+            DenyReason::BadSecret => "bad_secret (the fence does not carry its tenure's secret)",
+        })
+    }
 }
 
 fn fmt_epoch(epoch: Option<Epoch>) -> String {

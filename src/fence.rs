@@ -13,6 +13,7 @@
 //!
 //! SQL: `pgfence.fence`, `pgfence._guard`, `pgfence._wait_guard_lock`, `pgfence._reject` in `migrations/*/up.sql`.
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -23,19 +24,77 @@ use diesel::QueryableByName;
 use diesel_async::AsyncPgConnection;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{DenyReason, Error, Result};
 use crate::lease::{validate_holder, validate_qualified, Epoch, LossReason};
 use crate::store::{Store, TARGET};
 
-/// What a guarded write presents: the cluster-qualified lease name and the epoch of the tenure that writes.
+/// The secret of one tenure: the database returns it once, with the epoch, when it grants the tenure, and keeps
+/// only its SHA-256, which no role but the schema owner can read. Every guarded write, renewal and release
+/// presents it, so knowing a tenure's (lease, epoch) — from the tables, an error or a log — is not enough to
+/// write under it or to end it.
 ///
-/// A `Fence` is plain, serializable data, so a leader can hand it to a downstream service that writes through
-/// pgfence (or through SQL) on its behalf; the database decides whether it is still current.
+/// It never shows: `Debug` prints `TenureSecret(<redacted>)`, there is no `Display`, and pgfence puts it in no
+/// log, error, audit row or CLI output. It does serialize (as its text), so that a leader can hand its
+/// [`Fence`] to its own workers: treat a serialized fence like a credential.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct TenureSecret(String);
+
+/// Length of a tenure secret in characters (hexadecimal).
+pub const SECRET_LEN: usize = 64;
+
+impl TenureSecret {
+    /// A secret from its text: the 64 hexadecimal characters `pgfence.acquire` returned. The text is never
+    /// repeated in the error.
+    pub fn parse(text: impl Into<String>) -> Result<TenureSecret> {
+        let text = text.into();
+        if text.len() != SECRET_LEN || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::invalid(
+                "tenure secret",
+                format!("must be {SECRET_LEN} hexadecimal characters"),
+            ));
+        }
+        Ok(TenureSecret(text))
+    }
+
+    /// The secret's text, to pass to the SQL functions yourself (`pgfence.fence(lease, epoch, secret, …)`).
+    /// Never log it.
+    pub fn expose_secret(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for TenureSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TenureSecret(<redacted>)")
+    }
+}
+
+impl TryFrom<String> for TenureSecret {
+    type Error = Error;
+    fn try_from(text: String) -> Result<TenureSecret> {
+        TenureSecret::parse(text)
+    }
+}
+
+impl From<TenureSecret> for String {
+    fn from(secret: TenureSecret) -> String {
+        secret.0
+    }
+}
+
+/// What a guarded write presents: the cluster-qualified lease name, the epoch of the tenure that writes, and
+/// that tenure's [`TenureSecret`].
+///
+/// A `Fence` is plain, serializable data, so a leader can hand it to a worker that writes through pgfence (or
+/// through SQL) on its behalf; the database decides whether it is still current. Its serialized form carries
+/// the secret: hand it only to processes that may write for the leader. `Debug` redacts the secret.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "FenceParts")]
 pub struct Fence {
     lease: String,
     epoch: Epoch,
+    secret: TenureSecret,
 }
 
 /// The unchecked shape of a serialized [`Fence`]; deserializing validates it like [`Fence::new`].
@@ -43,25 +102,40 @@ pub struct Fence {
 struct FenceParts {
     lease: String,
     epoch: Epoch,
+    secret: TenureSecret,
 }
 
 impl TryFrom<FenceParts> for Fence {
     type Error = Error;
     fn try_from(parts: FenceParts) -> Result<Fence> {
-        Fence::new(parts.lease, parts.epoch)
+        Fence::new(parts.lease, parts.epoch, parts.secret)
     }
 }
 
 impl Fence {
-    /// A fence from a cluster-qualified lease name (`<cluster>/<name>`) and an epoch.
-    pub fn new(lease: impl Into<String>, epoch: Epoch) -> Result<Fence> {
+    /// A fence from a cluster-qualified lease name (`<cluster>/<name>`), an epoch and its tenure's secret.
+    /// Usually you get one from [`Lease::fence`](crate::Lease::fence) instead.
+    pub fn new(lease: impl Into<String>, epoch: Epoch, secret: TenureSecret) -> Result<Fence> {
         let lease = lease.into();
         validate_qualified(&lease)?;
-        Ok(Fence { lease, epoch })
+        Ok(Fence {
+            lease,
+            epoch,
+            secret,
+        })
     }
 
-    pub(crate) fn from_parts(lease: String, epoch: Epoch) -> Fence {
-        Fence { lease, epoch }
+    pub(crate) fn from_parts(lease: String, epoch: Epoch, secret: TenureSecret) -> Fence {
+        Fence {
+            lease,
+            epoch,
+            secret,
+        }
+    }
+
+    /// The tenure's secret.
+    pub fn secret(&self) -> &TenureSecret {
+        &self.secret
     }
 
     /// The cluster-qualified lease name.
@@ -133,7 +207,7 @@ pub(crate) mod sql {
 
     diesel::define_sql_function! {
         #[sql_name = "pgfence.fence"]
-        fn fence(lease: Text, epoch: BigInt, operation: Text, target_table: Nullable<Text>,
+        fn fence(lease: Text, epoch: BigInt, secret: Text, operation: Text, target_table: Nullable<Text>,
                  target_key: Nullable<Text>) -> WriteResult;
     }
 }
@@ -190,8 +264,18 @@ impl From<sql::WriteRow> for WriteOutcome {
 }
 
 impl WriteOutcome {
-    /// `Some(Error::Stale)` when the database refused the write as stale (and audited it).
-    pub(crate) fn stale(&self, fence: &Fence, operation: &str) -> Option<Error> {
+    /// `Some(Error::Stale)` or `Some(Error::Denied)` when the database refused the write (and audited it).
+    pub(crate) fn refused(&self, fence: &Fence, operation: &str) -> Option<Error> {
+        if self.outcome == "denied" {
+            let reason = DenyReason::parse(self.reason.as_deref().unwrap_or("bad_secret"));
+            tracing::warn!(target: TARGET, lease = %fence.lease, presented = %fence.epoch, %reason, operation,
+                "write denied");
+            return Some(Error::Denied {
+                lease: fence.lease.clone(),
+                operation: operation.to_owned(),
+                reason,
+            });
+        }
         (self.outcome == "stale").then(|| {
             let reason = LossReason::parse(self.reason.as_deref().unwrap_or("superseded"));
             tracing::warn!(target: TARGET, lease = %fence.lease, presented = %fence.epoch,
@@ -208,15 +292,27 @@ impl WriteOutcome {
     }
 }
 
-/// A row of `pgfence.rejections`: one write the database refused as stale.
+/// A row of `pgfence.rejections`: refusals the database aggregated under one refused role — per (lease,
+/// presented epoch, operation) for scope `tenure`, per reason for scope `role` (see the table's comment in the
+/// migration).
 #[derive(Debug, Clone, Serialize, Deserialize, QueryableByName)]
 pub struct Rejection {
     /// Row id (increasing in insertion order).
     #[diesel(sql_type = BigInt)]
     pub id: i64,
-    /// The cluster-qualified lease name.
+    /// The refused login role (`session_user`).
+    #[diesel(sql_type = Text)]
+    pub role: String,
+    /// `tenure` (a tenure explains the refusal) or `role` (no tenure does: `no_grant`, `unknown_lease`,
+    /// `future_epoch`; aggregated per role and reason).
+    #[diesel(sql_type = Text)]
+    pub scope: String,
+    /// The cluster-qualified lease name (for scope `role`: of the first refusal).
     #[diesel(sql_type = Text)]
     pub lease: String,
+    /// For scope `role`: the lease of the latest refusal.
+    #[diesel(sql_type = Nullable<Text>)]
+    pub last_lease: Option<String>,
     /// The epoch the refused write presented.
     #[diesel(sql_type = BigInt)]
     pub presented_epoch: i64,
@@ -226,7 +322,7 @@ pub struct Rejection {
     /// The lease's holder at the time.
     #[diesel(sql_type = Nullable<Text>)]
     pub current_holder: Option<String>,
-    /// Why the epoch was stale (see [`LossReason::as_str`]).
+    /// Why: a stale epoch's [`LossReason::as_str`], or a denial's [`DenyReason::as_str`].
     #[diesel(sql_type = Text)]
     pub reason: String,
     /// The refused operation.
@@ -250,9 +346,6 @@ pub struct Rejection {
     /// The key of the latest refused write's target.
     #[diesel(sql_type = Nullable<Text>)]
     pub last_target_key: Option<String>,
-    /// The writer's session role (`session_user`).
-    #[diesel(sql_type = Nullable<Text>)]
-    pub session_role: Option<String>,
     /// The writer's `application_name`.
     #[diesel(sql_type = Nullable<Text>)]
     pub application_name: Option<String>,
@@ -339,13 +432,14 @@ impl Store {
                 let check: sql::WriteRow = diesel::select(sql::fence(
                     &fence.lease,
                     fence.epoch.get(),
+                    fence.secret.expose_secret(),
                     &op,
                     None::<String>,
                     None::<String>,
                 ))
                 .get_result(conn)
                 .await?;
-                if let Some(stale) = WriteOutcome::from(check).stale(&fence, &op) {
+                if let Some(stale) = WriteOutcome::from(check).refused(&fence, &op) {
                     // Commit: the transaction holds only the audit row.
                     return Ok(Err(stale));
                 }
@@ -373,9 +467,9 @@ impl Store {
         }
         let mut conn = self.conn().await?;
         let rows = diesel::sql_query(
-            "SELECT id, lease, presented_epoch, current_epoch, current_holder, reason, operation, target_table, \
-                    target_key, rejected_at, last_rejected_at, count, last_target_key, session_role, \
-                    application_name, host(client_addr) AS client_addr, backend_pid \
+            "SELECT id, role::text AS role, scope, lease, last_lease, presented_epoch, current_epoch, \
+                    current_holder, reason, operation, target_table, target_key, rejected_at, last_rejected_at, \
+                    count, last_target_key, application_name, host(client_addr) AS client_addr, backend_pid \
                FROM pgfence.rejections \
               WHERE (CASE WHEN $4 THEN lease = $1 ELSE starts_with(lease, $1) END) \
                 AND ($2::timestamptz IS NULL OR last_rejected_at >= $2) \
@@ -461,26 +555,79 @@ impl Store {
         }
     }
 
-    /// Grants `role` what an application needs: EXECUTE on the lease and guarded-write functions and SELECT on
-    /// the tables — no direct INSERT, UPDATE or DELETE. Run as the owner (the role that migrated).
-    pub async fn grant_application(&self, role: &str) -> Result<()> {
-        self.grant("grant_application", role).await
+    /// Grants `role` the application rights on `cluster` (`None`: every cluster): acquire, renew, release and
+    /// guarded writes of that cluster's leases, and reading its rows (row-level security hides the others).
+    /// The database gives it EXECUTE on the lease and guarded-write functions and SELECT on the tables — no
+    /// direct INSERT, UPDATE or DELETE. Run as the owner (the role that migrated). Refused
+    /// ([`Error::InvalidInput`] or SQLSTATE `22023`): PUBLIC, pseudo-roles (`current_user`, …), predefined
+    /// `pg_*` roles, superusers, BYPASSRLS roles and the owner itself.
+    pub async fn grant_application(&self, role: &str, cluster: Option<&str>) -> Result<()> {
+        self.grant("grant_application", role, cluster).await
     }
 
-    /// Grants `role` the application rights plus force-release, enforcement and audit retention.
-    pub async fn grant_operator(&self, role: &str) -> Result<()> {
-        self.grant("grant_operator", role).await
+    /// Grants `role` the application rights plus force-release on `cluster`; with `None` (every cluster) also
+    /// the instance settings (enforcement, takeover grace) and audit retention.
+    pub async fn grant_operator(&self, role: &str, cluster: Option<&str>) -> Result<()> {
+        self.grant("grant_operator", role, cluster).await
     }
 
-    async fn grant(&self, function: &str, role: &str) -> Result<()> {
+    /// Removes `role`'s grant of `cluster` (`None`: its every-cluster grant); once it has none left, also its
+    /// privileges on pgfence's objects. Returns whether a grant was removed.
+    pub async fn revoke(&self, role: &str, cluster: Option<&str>) -> Result<bool> {
         use diesel_async::RunQueryDsl;
-        validate_holder("role", role)?;
+        check_role(role)?;
+        if let Some(cluster) = cluster {
+            crate::lease::validate_cluster(cluster)?;
+        }
         let mut conn = self.conn().await?;
-        diesel::sql_query(format!("SELECT pgfence.{function}($1)"))
+        let removed: i32 = diesel::select(
+            diesel::dsl::sql::<Integer>("pgfence.revoke(")
+                .bind::<Text, _>(role)
+                .sql(", ")
+                .bind::<Nullable<Text>, _>(cluster)
+                .sql(")"),
+        )
+        .get_result(&mut *conn)
+        .await?;
+        tracing::info!(target: TARGET, role, cluster = cluster.unwrap_or("*"), removed, "grant revoked");
+        Ok(removed > 0)
+    }
+
+    async fn grant(&self, function: &str, role: &str, cluster: Option<&str>) -> Result<()> {
+        use diesel_async::RunQueryDsl;
+        check_role(role)?;
+        if let Some(cluster) = cluster {
+            crate::lease::validate_cluster(cluster)?;
+        }
+        let mut conn = self.conn().await?;
+        diesel::sql_query(format!("SELECT pgfence.{function}($1, $2)"))
             .bind::<Text, _>(role)
+            .bind::<Nullable<Text>, _>(cluster)
             .execute(&mut *conn)
             .await?;
-        tracing::info!(target: TARGET, role, function, "privileges granted");
+        tracing::info!(target: TARGET, role, cluster = cluster.unwrap_or("*"), function, "grant recorded");
         Ok(())
     }
+}
+
+/// Roles a grant refuses before asking the database (which refuses them too): PUBLIC and the pseudo-roles stand
+/// for many roles, and predefined `pg_*` roles are held by roles nobody listed.
+fn check_role(role: &str) -> Result<()> {
+    validate_holder("role", role)?;
+    if role.chars().count() > 63 {
+        return Err(Error::invalid("role", "must be at most 63 characters"));
+    }
+    let lower = role.to_lowercase();
+    if matches!(
+        lower.as_str(),
+        "public" | "current_user" | "current_role" | "session_user" | "user" | "none"
+    ) || role.starts_with("pg_")
+    {
+        return Err(Error::invalid(
+            "role",
+            "PUBLIC, pseudo-roles and predefined pg_* roles stand for many roles: grant to a role of the \
+             application",
+        ));
+    }
+    Ok(())
 }

@@ -28,7 +28,7 @@ use tokio::sync::{broadcast, watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
-use crate::fence::Fence;
+use crate::fence::{Fence, TenureSecret};
 use crate::lease::{Epoch, Lease, LossReason, Released};
 use crate::store::{Store, TARGET};
 
@@ -603,9 +603,14 @@ impl PgElector {
 
 /// Keeps one dedicated connection LISTENing for released leases and fans the names out. Reconnects with
 /// backoff; while it is down, waiters fall back to their timeouts.
+///
+/// A notification carries the released lease's lock key, not its name (any role may LISTEN): the name is
+/// looked up in `pgfence.leases`, which shows only leases of clusters this role has a grant on, and cached
+/// (lock keys are never reused and names never change). Keys of leases this role cannot see are ignored.
 async fn listen(store: Store, tx: broadcast::Sender<String>) {
     use diesel_async::SimpleAsyncConnection;
     use futures_util::StreamExt;
+    let mut names: HashMap<i32, String> = HashMap::new();
     let mut delay = Duration::from_millis(100);
     loop {
         match store.open_dedicated().await {
@@ -616,7 +621,12 @@ async fn listen(store: Store, tx: broadcast::Sender<String>) {
                     while let Some(item) = stream.next().await {
                         match item {
                             Ok(n) => {
-                                let _ = tx.send(n.payload);
+                                let Ok(key) = n.payload.parse::<i32>() else {
+                                    continue;
+                                };
+                                if let Some(name) = lease_name(&store, &mut names, key).await {
+                                    let _ = tx.send(name);
+                                }
                             }
                             Err(e) => {
                                 tracing::debug!(target: TARGET, error = %e, "release listener connection failed");
@@ -636,6 +646,32 @@ async fn listen(store: Store, tx: broadcast::Sender<String>) {
     }
 }
 
+/// The name of the lease with lock key `key`, if this role can see it (cached).
+async fn lease_name(store: &Store, names: &mut HashMap<i32, String>, key: i32) -> Option<String> {
+    use diesel::OptionalExtension;
+    use diesel_async::RunQueryDsl;
+    if let Some(name) = names.get(&key) {
+        return Some(name.clone());
+    }
+    let mut conn = store.conn().await.ok()?;
+    let name: Option<String> =
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::Nullable<diesel::sql_types::Text>>(
+            "(SELECT name FROM pgfence.leases WHERE lock_key = ",
+        )
+        .bind::<diesel::sql_types::Integer, _>(key)
+        .sql(")"))
+        .get_result::<Option<String>>(&mut *conn)
+        .await
+        .optional()
+        .ok()
+        .flatten()
+        .flatten();
+    if let Some(name) = &name {
+        names.insert(key, name.clone());
+    }
+    name
+}
+
 pub(crate) mod sql {
     use diesel::pg::sql_types::Record;
     use diesel::sql_types::{Array, BigInt, Nullable, Text};
@@ -646,7 +682,8 @@ pub(crate) mod sql {
 
     diesel::define_sql_function! {
         #[sql_name = "pgfence.renew_many"]
-        fn renew_many(leases: Array<Text>, epochs: Array<BigInt>, holder: Text, ttl_ms: BigInt) -> RenewRow;
+        fn renew_many(leases: Array<Text>, epochs: Array<BigInt>, secrets: Array<Text>, holder: Text,
+                      ttl_ms: BigInt) -> RenewRow;
     }
 }
 
@@ -662,12 +699,17 @@ async fn renew_group(
         .map(|m| m.lease.qualified_name().to_owned())
         .collect();
     let epochs: Vec<i64> = members.iter().map(|m| m.lease.epoch().get()).collect();
+    let secrets: Vec<String> = members
+        .iter()
+        .map(|m| m.lease.fence().secret().expose_secret().to_owned())
+        .collect();
     // Armed: when the local deadline cuts a renewal short, the statement is cancelled and the connection
     // discarded rather than handed to the next user with the statement still running.
     let mut conn = store.checked().await?;
     let rows: Result<Vec<sql::RenewOutcome>, _> = diesel::select(sql::renew_many(
         names,
         epochs,
+        secrets,
         key.holder.clone(),
         key.ttl.as_millis() as i64,
     ))
@@ -1053,11 +1095,17 @@ impl Elector for MemoryElector {
             }
             entry.epoch += 1;
             entry.holder = Some(holder.to_owned());
+            // A test double: the secret is random but from a non-cryptographic generator (nothing checks it).
+            let secret = TenureSecret::parse(
+                (0..crate::fence::SECRET_LEN)
+                    .map(|_| char::from_digit(fastrand::u32(0..16), 16).unwrap_or('0'))
+                    .collect::<String>(),
+            )?;
             let lease = Lease::from_parts(
                 name,
                 qualified,
                 holder,
-                Epoch::new(entry.epoch)?,
+                (Epoch::new(entry.epoch)?, secret),
                 options.ttl,
                 Instant::now(),
             );

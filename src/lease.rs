@@ -13,8 +13,8 @@ use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz};
 use diesel::QueryableByName;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
-use crate::fence::Fence;
+use crate::error::{DenyReason, Error, Result};
+use crate::fence::{Fence, TenureSecret};
 use crate::store::{Store, TARGET};
 
 /// Shortest accepted ttl.
@@ -100,6 +100,10 @@ pub enum LossReason {
     /// The tenure was granted before the server's last promotion (or point-in-time recovery): a failover is a
     /// fencing boundary, and no tenure current before it may write or renew after it. Re-acquire.
     Failover,
+    /// The database refused the session's role (its grant on the lease's cluster was revoked: `no_grant`) or the
+    /// tenure's secret (`bad_secret`) — reported by the leadership runtime, whose renewals end the tenure then.
+    /// Calls made directly get [`Error::Denied`] instead.
+    Denied,
 }
 
 impl LossReason {
@@ -113,6 +117,7 @@ impl LossReason {
             "holder_mismatch" => LossReason::HolderMismatch,
             "row_fence" => LossReason::RowFence,
             "failover" => LossReason::Failover,
+            "no_grant" | "bad_secret" | "denied" => LossReason::Denied,
             other => {
                 tracing::warn!(target: TARGET, reason = other, "unknown loss reason from the database");
                 LossReason::Superseded
@@ -131,6 +136,7 @@ impl LossReason {
             LossReason::HolderMismatch => "holder_mismatch",
             LossReason::RowFence => "row_fence",
             LossReason::Failover => "failover",
+            LossReason::Denied => "denied",
         }
     }
 }
@@ -151,6 +157,8 @@ pub struct Lease {
     qualified: String,
     holder: String,
     epoch: Epoch,
+    /// `Debug` redacts it.
+    secret: TenureSecret,
     ttl: Duration,
     local_deadline: Instant,
 }
@@ -160,7 +168,7 @@ impl Lease {
         name: &str,
         qualified: String,
         holder: &str,
-        epoch: Epoch,
+        (epoch, secret): (Epoch, TenureSecret),
         ttl: Duration,
         local_deadline: Instant,
     ) -> Lease {
@@ -169,6 +177,7 @@ impl Lease {
             qualified,
             holder: holder.to_owned(),
             epoch,
+            secret,
             ttl,
             local_deadline,
         }
@@ -199,9 +208,9 @@ impl Lease {
         self.ttl
     }
 
-    /// The fence every guarded write of this tenure presents.
+    /// The fence every guarded write of this tenure presents (it carries the tenure's secret).
     pub fn fence(&self) -> Fence {
-        Fence::from_parts(self.qualified.clone(), self.epoch)
+        Fence::from_parts(self.qualified.clone(), self.epoch, self.secret.clone())
     }
 
     /// By this process's monotonic clock: when the last successful acquire or renew statement was *sent*, plus
@@ -304,13 +313,14 @@ pub struct Tenure {
 pub(crate) mod sql {
     use super::*;
 
-    /// `pgfence.lease_result`: (outcome, reason, epoch, holder, expires_in_ms).
+    /// `pgfence.lease_result`: (outcome, reason, epoch, holder, expires_in_ms, secret).
     pub(crate) type LeaseResult = Record<(
         Text,
         Nullable<Text>,
         Nullable<BigInt>,
         Nullable<Text>,
         Nullable<BigInt>,
+        Nullable<Text>,
     )>;
     pub(crate) type LeaseRow = (
         String,
@@ -318,6 +328,7 @@ pub(crate) mod sql {
         Option<i64>,
         Option<String>,
         Option<i64>,
+        Option<String>,
     );
 
     diesel::define_sql_function! {
@@ -326,11 +337,11 @@ pub(crate) mod sql {
     }
     diesel::define_sql_function! {
         #[sql_name = "pgfence.renew"]
-        fn renew(lease: Text, holder: Text, epoch: BigInt, ttl_ms: BigInt) -> LeaseResult;
+        fn renew(lease: Text, holder: Text, epoch: BigInt, secret: Text, ttl_ms: BigInt) -> LeaseResult;
     }
     diesel::define_sql_function! {
         #[sql_name = "pgfence.release"]
-        fn release(lease: Text, holder: Text, epoch: BigInt) -> LeaseResult;
+        fn release(lease: Text, holder: Text, epoch: BigInt, secret: Text) -> LeaseResult;
     }
     diesel::define_sql_function! {
         #[sql_name = "pgfence.force_release"]
@@ -353,6 +364,12 @@ fn check_text(field: &'static str, value: &str, max: usize) -> Result<()> {
         return Err(Error::invalid(
             field,
             "must not contain control characters (NUL, newline, …)",
+        ));
+    }
+    if !unicode_normalization::is_nfc(value) {
+        return Err(Error::invalid(
+            field,
+            "must be in Unicode Normalization Form C (NFC)",
         ));
     }
     Ok(())
@@ -508,7 +525,7 @@ impl Store {
         // The database grants whole milliseconds; the local deadline must not be later than its expiry.
         let ttl = Duration::from_millis(ttl_ms as u64);
         let qualified = self.qualify(name);
-        let (sent, (outcome, _reason, epoch, current_holder, expires_in_ms)): (
+        let (sent, (outcome, reason, epoch, current_holder, expires_in_ms, secret)): (
             Instant,
             sql::LeaseRow,
         ) = self
@@ -522,16 +539,23 @@ impl Store {
             "acquired" => {
                 let epoch =
                     Epoch::from_db(epoch).ok_or_else(|| unexpected("acquire", "no epoch"))?;
+                let secret = secret
+                    .ok_or_else(|| unexpected("acquire", "no tenure secret"))
+                    .and_then(|s| {
+                        TenureSecret::parse(s).map_err(|_| unexpected("acquire", "malformed tenure secret"))
+                    })?;
                 tracing::info!(target: TARGET, lease = %qualified, %epoch, holder, "lease acquired");
                 Ok(Lease {
                     name: name.to_owned(),
                     qualified,
                     holder: holder.to_owned(),
                     epoch,
+                    secret,
                     ttl,
                     local_deadline: sent + ttl,
                 })
             }
+            "denied" => Err(denied(qualified, "acquire", reason)),
             "held" => Err(Error::Held {
                 lease: qualified,
                 holder: current_holder.unwrap_or_default(),
@@ -548,11 +572,12 @@ impl Store {
     /// [`local_deadline`](Lease::local_deadline) moves to (send time of this renewal + ttl).
     pub async fn renew(&self, lease: &mut Lease) -> Result<()> {
         let ttl_ms = ttl_ms(lease.ttl)?;
-        let (sent, (outcome, reason, current, _holder, _expires)): (Instant, sql::LeaseRow) = self
+        let (sent, (outcome, reason, current, _holder, _expires, _)): (Instant, sql::LeaseRow) = self
             .call_one(diesel::select(sql::renew(
                 lease.qualified.clone(),
                 lease.holder.clone(),
                 lease.epoch.get(),
+                lease.secret.expose_secret().to_owned(),
                 ttl_ms,
             )))
             .await?;
@@ -572,6 +597,7 @@ impl Store {
                     current: Epoch::from_db(current),
                 })
             }
+            "denied" => Err(denied(lease.qualified.clone(), "renew", reason)),
             other => Err(unexpected("renew", other)),
         }
     }
@@ -580,11 +606,12 @@ impl Store {
     /// successor's tenure: releasing an epoch that is no longer current changes nothing and returns
     /// [`Released::NotHeld`]. After it returns, no write presenting this epoch can commit.
     pub async fn release(&self, lease: &Lease) -> Result<Released> {
-        let (_, (outcome, reason, _epoch, _holder, _expires)): (Instant, sql::LeaseRow) = self
+        let (_, (outcome, reason, _epoch, _holder, _expires, _)): (Instant, sql::LeaseRow) = self
             .call_one(diesel::select(sql::release(
                 lease.qualified.clone(),
                 lease.holder.clone(),
                 lease.epoch.get(),
+                lease.secret.expose_secret().to_owned(),
             )))
             .await?;
         match outcome.as_str() {
@@ -595,6 +622,7 @@ impl Store {
             "not_held" => Ok(Released::NotHeld(LossReason::parse(
                 reason.as_deref().unwrap_or("released"),
             ))),
+            "denied" => Err(denied(lease.qualified.clone(), "release", reason)),
             other => Err(unexpected("release", other)),
         }
     }
@@ -604,7 +632,7 @@ impl Store {
     pub async fn force_release(&self, name: &str) -> Result<ForceReleased> {
         validate_name(name)?;
         let qualified = self.qualify(name);
-        let (_, (outcome, _reason, epoch, holder, _expires)): (Instant, sql::LeaseRow) = self
+        let (_, (outcome, reason, epoch, holder, _expires, _)): (Instant, sql::LeaseRow) = self
             .call_one(diesel::select(sql::force_release(qualified.clone())))
             .await?;
         match (outcome.as_str(), Epoch::from_db(epoch)) {
@@ -617,6 +645,7 @@ impl Store {
             }
             ("not_held", None) => Ok(ForceReleased::Unknown),
             ("not_held", _) => Ok(ForceReleased::NotHeld),
+            ("denied", _) => Err(denied(qualified, "force_release", reason)),
             (other, _) => Err(unexpected("force_release", other)),
         }
     }
@@ -684,6 +713,17 @@ impl Store {
                 })
             })
             .collect()
+    }
+}
+
+/// The [`Error::Denied`] of a lease call the database refused (and audited).
+fn denied(lease: String, operation: &str, reason: Option<String>) -> Error {
+    let reason = DenyReason::parse(reason.as_deref().unwrap_or("no_grant"));
+    tracing::warn!(target: TARGET, %lease, operation, %reason, "lease call denied");
+    Error::Denied {
+        lease,
+        operation: operation.to_owned(),
+        reason,
     }
 }
 

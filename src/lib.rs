@@ -10,10 +10,10 @@ mod lease;
 mod store;
 mod tasks;
 
-pub use error::{is_retryable_sqlstate, Error, Result};
+pub use error::{is_retryable_sqlstate, DenyReason, Error, Result};
 pub use fence::{
-    Enforcement, Fence, FencedFuture, Rejection, RejectionFilter, MAX_OPERATION_LEN,
-    METRIC_STALE_WRITES,
+    Enforcement, Fence, FencedFuture, Rejection, RejectionFilter, TenureSecret, MAX_OPERATION_LEN,
+    METRIC_STALE_WRITES, SECRET_LEN,
 };
 pub use lease::{
     Epoch, ForceReleased, Lease, LeaseState, LeaseStatus, LossReason, Released, Tenure,

@@ -144,20 +144,20 @@ mod sql {
 
     diesel::define_sql_function! {
         #[sql_name = "pgfence.create_task"]
-        fn create_task(lease: Text, epoch: BigInt, key: Text, payload: Jsonb) -> WriteResult;
+        fn create_task(lease: Text, epoch: BigInt, secret: Text, key: Text, payload: Jsonb) -> WriteResult;
     }
     diesel::define_sql_function! {
         #[sql_name = "pgfence.claim_task"]
-        fn claim_task(lease: Text, epoch: BigInt, key: Text, assignee: Text) -> WriteResult;
+        fn claim_task(lease: Text, epoch: BigInt, secret: Text, key: Text, assignee: Text) -> WriteResult;
     }
     diesel::define_sql_function! {
         #[sql_name = "pgfence.transition_task"]
-        fn transition_task(lease: Text, epoch: BigInt, key: Text, from: Text, to: Text, payload: Jsonb)
+        fn transition_task(lease: Text, epoch: BigInt, secret: Text, key: Text, from: Text, to: Text, payload: Jsonb)
             -> WriteResult;
     }
     diesel::define_sql_function! {
         #[sql_name = "pgfence.append_event"]
-        fn append_event(lease: Text, epoch: BigInt, key: Text, kind: Text, payload: Jsonb) -> WriteResult;
+        fn append_event(lease: Text, epoch: BigInt, secret: Text, key: Text, kind: Text, payload: Jsonb) -> WriteResult;
     }
 }
 
@@ -238,7 +238,7 @@ impl Store {
         // READ COMMITTED whatever the session default (PF004 otherwise).
         let row: WriteRow = self.call_one_read_committed(query()).await?;
         let outcome = WriteOutcome::from(row);
-        if let Some(stale) = outcome.stale(fence, operation) {
+        if let Some(stale) = outcome.refused(fence, operation) {
             return Err(stale);
         }
         match outcome.outcome.as_str() {
@@ -281,6 +281,7 @@ impl Store {
             diesel::select(sql::create_task(
                 fence.lease().to_owned(),
                 fence.epoch().get(),
+                fence.secret().expose_secret().to_owned(),
                 key.to_owned(),
                 payload.clone(),
             ))
@@ -298,6 +299,7 @@ impl Store {
             diesel::select(sql::claim_task(
                 fence.lease().to_owned(),
                 fence.epoch().get(),
+                fence.secret().expose_secret().to_owned(),
                 key.to_owned(),
                 assignee.to_owned(),
             ))
@@ -322,6 +324,7 @@ impl Store {
             diesel::select(sql::transition_task(
                 fence.lease().to_owned(),
                 fence.epoch().get(),
+                fence.secret().expose_secret().to_owned(),
                 key.to_owned(),
                 from.as_str().to_owned(),
                 to.as_str().to_owned(),
@@ -355,6 +358,7 @@ impl Store {
             diesel::select(sql::append_event(
                 fence.lease().to_owned(),
                 fence.epoch().get(),
+                fence.secret().expose_secret().to_owned(),
                 key.to_owned(),
                 kind.to_owned(),
                 payload.clone(),

@@ -31,11 +31,70 @@
 -- Failover: every tenure records the WAL timeline it was granted on. After a promotion (a new timeline) every
 -- tenure granted before it is refused ('failover') for writes and renewals, and acquisitions may take it over.
 --
--- SQLSTATEs of pgfence's own errors: PF001 stale raw write (enforcement), PF002 append-only table, PF003 lock
+-- Trust: see "Trust boundary" below. In short, the schema owner (and superusers) are trusted; every other role
+-- uses a cluster only through a grant in pgfence.grants, checked against the session's login role by every entry
+-- function before anything else; and a write, renewal or release presents the tenure's secret, of which the
+-- database keeps only a SHA-256 that no role but the owner can read.
+--
+-- SQLSTATEs of pgfence's own errors: PF001 raw write refused (enforcement), PF002 append-only table, PF003 lock
 -- wait timed out (the message names the blocking backends), PF004 guarded write outside READ COMMITTED, PF005
--- lease row change refused (delete, truncate, epoch lowered), 22023 invalid argument.
+-- lease row change refused (delete, truncate, epoch lowered), 22023 invalid argument. Refusals that must be
+-- audited (no grant on the cluster, a wrong tenure secret, a stale epoch) are results, not errors — an error
+-- would roll its own audit row back: outcome 'denied' (reason 'no_grant' or 'bad_secret') or 'stale'.
+
+DO $$
+BEGIN
+    -- Text checks use Unicode normalization (IS NFC NORMALIZED), which needs a UTF8 database.
+    IF pg_catalog.current_setting('server_encoding') <> 'UTF8' THEN
+        RAISE EXCEPTION 'pgfence needs a UTF8 database; this one is %', pg_catalog.current_setting('server_encoding')
+            USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
 
 CREATE SCHEMA IF NOT EXISTS pgfence;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- What pgfence stores: the one definition, shared by the table constraints and the functions' argument checks,
+-- and mirrored exactly by the Rust API (src/lease.rs, check_text). A text is 1 to max characters, has no
+-- control character (Unicode category Cc: U+0001-U+001F, U+007F-U+009F; PostgreSQL text cannot hold U+0000) and
+-- is in Unicode Normalization Form C (refused otherwise, never normalized silently: two spellings of one name
+-- would be two leases).
+
+-- Why p_value is not a storable text of at most p_max characters (NULL when it is).
+CREATE FUNCTION pgfence._text_problem(p_value text, p_max integer) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN p_value IS NULL OR length(p_value) = 0 THEN 'must not be empty'
+        WHEN length(p_value) > p_max THEN format('must be at most %s characters, got %s', p_max, length(p_value))
+        WHEN p_value ~ '[\u0001-\u001f\u007f-\u009f]' THEN 'must not contain control characters (NUL, newline, …)'
+        WHEN NOT p_value IS NFC NORMALIZED THEN 'must be in Unicode Normalization Form C (NFC)'
+    END
+$$;
+
+-- Why p_cluster is not a cluster name (1 to 63 characters, no '/'), NULL when it is.
+CREATE FUNCTION pgfence._cluster_problem(p_cluster text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(pgfence._text_problem(p_cluster, 63),
+                    CASE WHEN position('/' in p_cluster) > 0 THEN 'must not contain ''/''' END)
+$$;
+
+-- Why p_lease is not a cluster-qualified lease name ('<cluster>/<name>', the name 1 to 200 characters and split
+-- at the first '/'), NULL when it is.
+CREATE FUNCTION pgfence._lease_problem(p_lease text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN p_lease IS NULL OR position('/' in p_lease) = 0 THEN 'must be cluster-qualified: ''<cluster>/<name>'''
+        ELSE coalesce('cluster ' || pgfence._cluster_problem(split_part(p_lease, '/', 1)),
+                      'lease name ' || pgfence._text_problem(substr(p_lease, position('/' in p_lease) + 1), 200))
+    END
+$$;
+
+-- The cluster of a qualified lease name.
+CREATE FUNCTION pgfence._cluster_of(p_lease text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT split_part(p_lease, '/', 1)
+$$;
 
 -- One row: the identity of this pgfence installation, created once at migrate time, and its settings.
 CREATE TABLE pgfence.instance (
@@ -49,10 +108,10 @@ INSERT INTO pgfence.instance DEFAULT VALUES;
 
 -- One row per cluster-qualified lease name ('<cluster>/<name>').
 CREATE TABLE pgfence.leases (
-    name        text PRIMARY KEY CHECK (length(name) BETWEEN 3 AND 400 AND position('/' in name) > 1),
+    name        text PRIMARY KEY CHECK (pgfence._lease_problem(name) IS NULL),
     -- The second key of the lease's guard lock (see the locking protocol above).
     lock_key    integer GENERATED ALWAYS AS IDENTITY UNIQUE,
-    holder      text,
+    holder      text CHECK (holder IS NULL OR pgfence._text_problem(holder, 256) IS NULL),
     epoch       bigint NOT NULL DEFAULT 0 CHECK (epoch >= 0),
     state       text NOT NULL DEFAULT 'released' CHECK (state IN ('held', 'released')),
     ttl_ms      bigint,
@@ -70,7 +129,7 @@ CREATE TABLE pgfence.leases (
 CREATE TABLE pgfence.tenures (
     lease       text NOT NULL REFERENCES pgfence.leases (name),
     epoch       bigint NOT NULL CHECK (epoch >= 1),
-    holder      text NOT NULL,
+    holder      text NOT NULL CHECK (pgfence._text_problem(holder, 256) IS NULL),
     acquired_at timestamptz NOT NULL,
     ended_at    timestamptz,
     end_reason  text CHECK (end_reason IN ('released', 'expired', 'forced', 'reacquired', 'failover')),
@@ -84,9 +143,9 @@ CREATE TABLE pgfence.tenures (
 CREATE TABLE pgfence.tasks (
     id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     lease      text NOT NULL REFERENCES pgfence.leases (name),
-    key        text NOT NULL CHECK (length(key) BETWEEN 1 AND 256),
+    key        text NOT NULL CHECK (pgfence._text_problem(key, 256) IS NULL),
     state      text NOT NULL CHECK (state IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled')),
-    assignee   text,
+    assignee   text CHECK (assignee IS NULL OR pgfence._text_problem(assignee, 256) IS NULL),
     payload    jsonb NOT NULL DEFAULT '{}',
     -- the highest epoch that ever wrote this row: a write presenting a lower epoch is stale
     fence      bigint NOT NULL CHECK (fence >= 1),
@@ -102,64 +161,169 @@ CREATE TABLE pgfence.task_events (
     task_id    bigint NOT NULL REFERENCES pgfence.tasks (id),
     lease      text NOT NULL,
     epoch      bigint NOT NULL CHECK (epoch >= 1),
-    kind       text NOT NULL CHECK (length(kind) BETWEEN 1 AND 64),
+    kind       text NOT NULL CHECK (pgfence._text_problem(kind, 64) IS NULL),
     payload    jsonb NOT NULL DEFAULT '{}',
     created_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX task_events_task_idx ON pgfence.task_events (task_id, id);
 CREATE INDEX task_events_epoch_idx ON pgfence.task_events (lease, epoch, id);
 
--- The audit of writes refused because they presented a stale epoch. Repeats of one (lease, presented epoch,
--- operation) are aggregated into one row (first seen, last seen, count), so a stale holder retrying in a tight
--- loop grows a counter, not the table. The first refusal's details are kept; `last_target_key` is the latest.
+-- The audit of refusals: writes, renewals and releases refused because they presented a stale epoch or a wrong
+-- tenure secret, and calls refused because the role has no grant on the cluster. Every row names the refused
+-- login role (`role`, the session_user) and aggregates repeats, so a caller retrying in a tight loop grows a
+-- counter, not the table, and one role's refusals never touch another role's rows:
+--   * scope 'tenure' (a tenure explains the refusal: superseded, expired, released, failover, holder_mismatch,
+--     row_fence, bad_secret): one row per (role, lease, presented epoch, operation). The first refusal's reason
+--     and epochs are kept; count, last_rejected_at and last_target_key move.
+--   * scope 'role' (no tenure to explain it: no_grant, unknown_lease, future_epoch): one row per (role, reason),
+--     whatever the lease, epoch or operation, so a flood of distinct bogus names costs one row per role and
+--     reason in all. `lease`, `presented_epoch`, `operation` and `target_*` are the first refusal's; `last_lease`
+--     and `last_target_key` the latest's.
+-- Every text is bounded by the same limits as the API (so are the arguments it comes from).
 CREATE TABLE pgfence.rejections (
     id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    lease            text NOT NULL,
+    role             name NOT NULL DEFAULT session_user,
+    scope            text NOT NULL CHECK (scope IN ('tenure', 'role')),
+    lease            text NOT NULL CHECK (pgfence._lease_problem(lease) IS NULL),
     presented_epoch  bigint NOT NULL,
     current_epoch    bigint,
-    current_holder   text,
-    reason           text NOT NULL,
-    operation        text NOT NULL,
-    target_table     text,
-    target_key       text,
+    current_holder   text CHECK (current_holder IS NULL OR pgfence._text_problem(current_holder, 256) IS NULL),
+    reason           text NOT NULL CHECK (pgfence._text_problem(reason, 64) IS NULL),
+    operation        text NOT NULL CHECK (pgfence._text_problem(operation, 64) IS NULL),
+    target_table     text CHECK (target_table IS NULL OR pgfence._text_problem(target_table, 64) IS NULL),
+    target_key       text CHECK (target_key IS NULL OR pgfence._text_problem(target_key, 256) IS NULL),
     rejected_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
     last_rejected_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     count            bigint NOT NULL DEFAULT 1,
-    last_target_key  text,
+    last_lease       text CHECK (last_lease IS NULL OR pgfence._lease_problem(last_lease) IS NULL),
+    last_target_key  text CHECK (last_target_key IS NULL OR pgfence._text_problem(last_target_key, 256) IS NULL),
+    -- PostgreSQL keeps application_name to printable ASCII and 63 bytes.
     application_name text DEFAULT current_setting('application_name', true),
-    session_role     text DEFAULT session_user,
     client_addr      inet DEFAULT inet_client_addr(),
     backend_pid      integer NOT NULL DEFAULT pg_backend_pid()
 );
 CREATE INDEX rejections_lease_idx ON pgfence.rejections (lease, id);
-CREATE UNIQUE INDEX rejections_aggregate_idx ON pgfence.rejections (lease, presented_epoch, operation);
+CREATE UNIQUE INDEX rejections_tenure_idx ON pgfence.rejections (role, lease, presented_epoch, operation)
+    WHERE scope = 'tenure';
+CREATE UNIQUE INDEX rejections_role_idx ON pgfence.rejections (role, reason) WHERE scope = 'role';
 CREATE INDEX rejections_age_idx ON pgfence.rejections (last_rejected_at);
 
--- Tenures with the time of their last accepted task write (every guarded task write appends an event).
+-- Who may use which cluster. A row grants `role` (and every role that is a member of it) the application rights
+-- on `cluster`, or on every cluster when `cluster` is NULL; `operator` adds force-release on it (and, on every
+-- cluster, the instance settings and audit retention). Written only by pgfence.grant_application,
+-- grant_operator and revoke (the owner's).
+CREATE TABLE pgfence.grants (
+    role       regrole NOT NULL,
+    cluster    text CHECK (cluster IS NULL OR pgfence._cluster_problem(cluster) IS NULL),
+    operator   boolean NOT NULL DEFAULT false,
+    granted_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE UNIQUE INDEX grants_role_cluster_idx ON pgfence.grants (role, coalesce(cluster, ''));
+CREATE INDEX grants_cluster_idx ON pgfence.grants (cluster);
+
+-- The secret of each lease's current tenure, as SHA-256 of its text: acquire returns the secret once, and every
+-- write, renewal and release of the tenure presents it. Nobody but the owner can read this table.
+CREATE TABLE pgfence.tenure_secrets (
+    lease text PRIMARY KEY,
+    epoch bigint NOT NULL,
+    hash  bytea NOT NULL CHECK (length(hash) = 32)
+);
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Trust boundary.
+--   * The schema owner (the role that migrated) and superusers are trusted with everything.
+--   * Every other role acts only through grants in pgfence.grants, per cluster. The principal is the session's
+--     login role (session_user), together with every role it is a member of: a session can SET ROLE to any of
+--     those and RESET ROLE back at will, so SET ROLE is no boundary within a session, and SECURITY DEFINER
+--     functions cannot see the caller's current_user anyway. Tenants that must not act for each other need
+--     separate login roles (a pooler that logs in once and SET ROLEs per tenant gives each tenant the union).
+--   * Reads go through row-level security: a granted role sees the rows of its clusters only (leases, tenures,
+--     tasks, task events, tenure-scope rejections) plus its own refusals. The functions below run as the owner,
+--     which row-level security does not filter.
+
+-- Whether the session's login role is trusted (superuser, or a member of the owner of the pgfence schema).
+CREATE FUNCTION pgfence._trusted() RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT pg_catalog.pg_has_role(session_user, n.nspowner, 'MEMBER')
+      FROM pg_catalog.pg_namespace n WHERE n.nspname = 'pgfence'
+$$;
+
+-- Whether the session's login role may use cluster p_cluster (p_operator: with operator rights).
+CREATE FUNCTION pgfence._may_use(p_cluster text, p_operator boolean DEFAULT false) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM pgfence.grants g
+                    WHERE (g.cluster = p_cluster OR g.cluster IS NULL) AND (g.operator OR NOT p_operator)
+                      AND pg_catalog.pg_has_role(session_user, g.role::oid, 'MEMBER'))
+           OR pgfence._trusted()
+$$;
+
+-- For row-level security: whether the session reads every cluster, and which clusters it reads otherwise.
+-- SECURITY DEFINER (pgfence.grants is the owner's); each is called once per query, as an InitPlan.
+CREATE FUNCTION pgfence._reads_all() RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pgfence._may_use(NULL)
+$$;
+CREATE FUNCTION pgfence._readable_clusters() RETURNS text[]
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(array_agg(DISTINCT g.cluster) FILTER (WHERE g.cluster IS NOT NULL), '{}')
+      FROM pgfence.grants g
+     WHERE pg_catalog.pg_has_role(session_user, g.role::oid, 'MEMBER')
+$$;
+
+ALTER TABLE pgfence.leases ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.tenures ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.tasks ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.task_events ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.rejections ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.grants ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.tenure_secrets ENABLE ROW LEVEL SECURITY;
+CREATE POLICY granted_clusters ON pgfence.leases FOR SELECT
+    USING ((SELECT pgfence._reads_all()) OR split_part(name, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]));
+CREATE POLICY granted_clusters ON pgfence.tenures FOR SELECT
+    USING ((SELECT pgfence._reads_all()) OR split_part(lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]));
+CREATE POLICY granted_clusters ON pgfence.tasks FOR SELECT
+    USING ((SELECT pgfence._reads_all()) OR split_part(lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]));
+CREATE POLICY granted_clusters ON pgfence.task_events FOR SELECT
+    USING ((SELECT pgfence._reads_all()) OR split_part(lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]));
+-- Tenure-scope refusals of the session's clusters, and the session's own refusals of any scope.
+CREATE POLICY granted_clusters ON pgfence.rejections FOR SELECT
+    USING ((SELECT pgfence._reads_all()) OR role = session_user
+           OR (scope = 'tenure' AND split_part(lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[])));
+-- A role sees the grants it holds (directly or through membership).
+CREATE POLICY own_grants ON pgfence.grants FOR SELECT
+    USING (pg_catalog.pg_has_role(session_user, role::oid, 'MEMBER'));
+-- No policy on tenure_secrets: no role but the owner reads it (and nobody is granted SELECT on it anyway).
+
+-- Tenures with the time of their last accepted task write (every guarded task write appends an event). A view
+-- runs with its owner's rights, which row-level security does not filter: the WHERE clause applies the same rule.
 CREATE VIEW pgfence.tenure_history AS
 SELECT t.lease, t.epoch, t.holder, t.acquired_at, t.ended_at, t.end_reason,
        -- The newest event of the epoch, found by a backward scan of task_events_epoch_idx.
        (SELECT e.created_at FROM pgfence.task_events e
          WHERE e.lease = t.lease AND e.epoch = t.epoch ORDER BY e.id DESC LIMIT 1) AS last_write_at
-  FROM pgfence.tenures t;
+  FROM pgfence.tenures t
+ WHERE (SELECT pgfence._reads_all()) OR split_part(t.lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]);
 
 -- ---------------------------------------------------------------------------------------------------------
 -- Result rows. Functions return one composite value so that a client can call them as
 -- `SELECT pgfence.f(...)`, a statement every driver prepares once and reuses.
 
--- outcome: 'acquired' | 'renewed' | 'held' | 'lost' | 'released' | 'not_held'
+-- outcome: 'acquired' | 'renewed' | 'held' | 'lost' | 'released' | 'not_held' | 'denied'
 -- reason (for 'lost'/'not_held'): 'superseded' | 'expired' | 'released' | 'unknown_lease' | 'future_epoch'
---                                 | 'holder_mismatch'
+--                                 | 'holder_mismatch' | 'failover'; (for 'denied'): 'no_grant' | 'bad_secret'
+-- secret: only with 'acquired': the tenure's secret, returned this once (64 hexadecimal characters).
 CREATE TYPE pgfence.lease_result AS (
     outcome       text,
     reason        text,
     epoch         bigint,
     holder        text,
-    expires_in_ms bigint
+    expires_in_ms bigint,
+    secret        text
 );
 
--- outcome: 'ok' | 'stale' | 'not_found' | 'conflict'
--- reason  (for 'stale'): as in lease_result, or 'row_fence'; (for 'conflict'): the task's actual state
+-- outcome: 'ok' | 'stale' | 'not_found' | 'conflict' | 'denied'
+-- reason  (for 'stale'): as in lease_result, or 'row_fence'; (for 'conflict'): the task's actual state;
+--         (for 'denied'): 'no_grant' | 'bad_secret'
 CREATE TYPE pgfence.write_result AS (
     outcome        text,
     reason         text,
@@ -182,19 +346,32 @@ CREATE TYPE pgfence.write_result AS (
 
 CREATE FUNCTION pgfence._check_text(p_what text, p_value text, p_max integer) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    problem text := pgfence._text_problem(p_value, p_max);
 BEGIN
-    IF p_value IS NULL OR length(p_value) = 0 OR length(p_value) > p_max THEN
-        RAISE EXCEPTION 'pgfence: % must be 1 to % characters', p_what, p_max USING ERRCODE = '22023';
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: invalid %: %', p_what, problem USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
+
+-- Like _check_text, for an optional argument (NULL allowed).
+CREATE FUNCTION pgfence._check_optional_text(p_what text, p_value text, p_max integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_value IS NOT NULL THEN
+        PERFORM pgfence._check_text(p_what, p_value, p_max);
     END IF;
 END;
 $$;
 
 CREATE FUNCTION pgfence._check_lease_args(p_lease text, p_epoch bigint) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    problem text := pgfence._lease_problem(p_lease);
 BEGIN
-    IF p_lease IS NULL OR length(p_lease) NOT BETWEEN 3 AND 400 OR position('/' in p_lease) < 2 THEN
-        RAISE EXCEPTION 'pgfence: lease must be a cluster-qualified name ''<cluster>/<name>'''
-            USING ERRCODE = '22023';
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: invalid lease: %', problem USING ERRCODE = '22023';
     END IF;
     IF p_epoch IS NULL OR p_epoch < 1 THEN
         RAISE EXCEPTION 'pgfence: epoch must be >= 1, got %', p_epoch USING ERRCODE = '22023';
@@ -408,7 +585,8 @@ $$;
 -- held by a tenure granted before the last promotion, and issues epoch + 1. The same holder acquiring again
 -- while it holds also gets a new epoch: an acquisition always starts a new tenure and fences every earlier one
 -- (a restarted process reusing its holder name must not inherit the writes in flight of its previous
--- incarnation). To extend a tenure, renew it.
+-- incarnation). To extend a tenure, renew it. An acquisition returns the new tenure's secret, once: every
+-- write, renewal and release of the tenure presents it (the database keeps only its SHA-256).
 CREATE FUNCTION pgfence.acquire(p_lease text, p_holder text, p_ttl_ms bigint)
 RETURNS pgfence.lease_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -417,17 +595,24 @@ DECLARE
     ts  timestamptz;
     tl  bigint;
     new_epoch bigint;
+    secret text;
+    denied pgfence.lease_result;
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, 1);
     PERFORM pgfence._check_text('holder', p_holder, 256);
     PERFORM pgfence._check_ttl(p_ttl_ms);
+    denied := pgfence._deny_lease_call(p_lease, 0, 'acquire');
+    IF denied.outcome IS NOT NULL THEN
+        RETURN denied;
+    END IF;
     tl := pgfence._timeline();
 
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
     IF FOUND AND pgfence._held_by_other(l, p_holder, clock_timestamp(), tl) THEN
         -- Decided without a lock: a live tenure of another holder stays live until it ends.
         RETURN ROW('held', NULL, l.epoch, l.holder,
-                   ceil(extract(epoch FROM (l.expires_at - clock_timestamp())) * 1000)::bigint)::pgfence.lease_result;
+                   ceil(extract(epoch FROM (l.expires_at - clock_timestamp())) * 1000)::bigint,
+                   NULL)::pgfence.lease_result;
     END IF;
 
     -- The row lock first (a rival taker or a renewal in flight), then the guard lock (guarded writes in flight).
@@ -436,7 +621,7 @@ BEGIN
     ts := clock_timestamp();
     IF pgfence._held_by_other(l, p_holder, ts, tl) THEN
         RETURN ROW('held', NULL, l.epoch, l.holder,
-                   ceil(extract(epoch FROM (l.expires_at - ts)) * 1000)::bigint)::pgfence.lease_result;
+                   ceil(extract(epoch FROM (l.expires_at - ts)) * 1000)::bigint, NULL)::pgfence.lease_result;
     END IF;
     PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
     ts := clock_timestamp();
@@ -462,60 +647,88 @@ BEGIN
      WHERE name = p_lease;
     INSERT INTO pgfence.tenures (lease, epoch, holder, acquired_at, timeline)
     VALUES (p_lease, new_epoch, p_holder, ts, tl);
-    RETURN ROW('acquired', NULL, new_epoch, p_holder, p_ttl_ms)::pgfence.lease_result;
+    -- 256 bits from the server's strong random source (two version-4 UUIDs: 244 random bits), as hexadecimal.
+    secret := encode(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()), 'hex');
+    INSERT INTO pgfence.tenure_secrets (lease, epoch, hash)
+    VALUES (p_lease, new_epoch, sha256(convert_to(secret, 'UTF8')))
+    ON CONFLICT (lease) DO UPDATE SET epoch = EXCLUDED.epoch, hash = EXCLUDED.hash;
+    RETURN ROW('acquired', NULL, new_epoch, p_holder, p_ttl_ms, secret)::pgfence.lease_result;
 END;
 $$;
 
 -- Renew: extends the expiry only while holder and epoch match, the lease has not expired and the tenure was
--- granted on the current timeline. It takes the row lock (bounded: it waits only for a takeover or another
--- renewal in flight) but never the guard lock, so it never waits for guarded writes.
-CREATE FUNCTION pgfence.renew(p_lease text, p_holder text, p_epoch bigint, p_ttl_ms bigint)
+-- granted on the current timeline, and p_secret is the tenure's. It takes the row lock (bounded: it waits only
+-- for a takeover or another renewal in flight) but never the guard lock, so it never waits for guarded writes.
+-- A wrong secret is refused ('denied', 'bad_secret') and audited.
+CREATE FUNCTION pgfence.renew(p_lease text, p_holder text, p_epoch bigint, p_secret text, p_ttl_ms bigint)
 RETURNS pgfence.lease_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l  pgfence.leases;
     ts timestamptz;
     why text;
+    denied pgfence.lease_result;
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, p_epoch);
     PERFORM pgfence._check_text('holder', p_holder, 256);
     PERFORM pgfence._check_ttl(p_ttl_ms);
+    denied := pgfence._deny_lease_call(p_lease, p_epoch, 'renew');
+    IF denied.outcome IS NOT NULL THEN
+        RETURN denied;
+    END IF;
 
     l := pgfence._lock_lease_row(p_lease);
     ts := clock_timestamp();
     why := pgfence._loss_reason(l, p_holder, p_epoch, ts, pgfence._timeline());
     IF why IS NOT NULL THEN
-        RETURN ROW('lost', why, l.epoch, l.holder, NULL)::pgfence.lease_result;
+        RETURN ROW('lost', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
+    END IF;
+    IF pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok' THEN
+        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'renew', NULL, NULL);
+        RETURN ROW('denied', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
     END IF;
     UPDATE pgfence.leases
        SET expires_at = ts + p_ttl_ms * interval '1 millisecond', renewed_at = ts, ttl_ms = p_ttl_ms
      WHERE name = p_lease;
-    RETURN ROW('renewed', NULL, p_epoch, p_holder, p_ttl_ms)::pgfence.lease_result;
+    RETURN ROW('renewed', NULL, p_epoch, p_holder, p_ttl_ms, NULL)::pgfence.lease_result;
 END;
 $$;
 
 -- Renews many tenures of one holder in one statement: a process holding N leases (a sharded controller)
--- renews them all with one statement per tick. One row per input lease, in input order. Every input is checked
--- as renew checks it (22023, nothing renewed), and a tenure listed twice gets the same answer twice.
-CREATE FUNCTION pgfence.renew_many(p_leases text[], p_epochs bigint[], p_holder text, p_ttl_ms bigint)
+-- renews them all with one statement per tick. One row per input lease, in input order: 'renewed', 'lost'
+-- (with the reason) or 'denied' ('no_grant' for a cluster the role has no grant on, 'bad_secret'). Every input
+-- is checked as renew checks it (22023, nothing renewed), and a tenure listed twice gets the same answer twice.
+CREATE FUNCTION pgfence.renew_many(p_leases text[], p_epochs bigint[], p_secrets text[], p_holder text,
+                                   p_ttl_ms bigint)
 RETURNS TABLE (lease text, outcome text, reason text, epoch bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '10min' AS $$
 DECLARE
     ts timestamptz;
     tl bigint;
     wait_ms bigint := pgfence._lock_wait_ms();
+    refused text[];
 BEGIN
     PERFORM pgfence._check_text('holder', p_holder, 256);
     PERFORM pgfence._check_ttl(p_ttl_ms);
-    IF p_leases IS NULL OR p_epochs IS NULL OR cardinality(p_leases) <> cardinality(p_epochs) THEN
-        RAISE EXCEPTION 'pgfence: renew_many needs as many epochs as leases' USING ERRCODE = '22023';
+    IF p_leases IS NULL OR p_epochs IS NULL OR p_secrets IS NULL OR cardinality(p_leases) <> cardinality(p_epochs)
+       OR cardinality(p_leases) <> cardinality(p_secrets) THEN
+        RAISE EXCEPTION 'pgfence: renew_many needs as many epochs and secrets as leases' USING ERRCODE = '22023';
     END IF;
     PERFORM pgfence._check_lease_args(i.lease, i.epoch) FROM unnest(p_leases, p_epochs) AS i(lease, epoch);
+
+    -- Clusters the role has no grant on: their leases are refused, audited (one aggregated row per role).
+    refused := ARRAY(SELECT DISTINCT c FROM unnest(p_leases) AS n, pgfence._cluster_of(n) AS c
+                      WHERE NOT pgfence._may_use(c));
+    PERFORM pgfence._reject(i.lease, i.epoch, NULL, NULL, 'no_grant', 'renew', NULL, NULL)
+       FROM unnest(p_leases, p_epochs) AS i(lease, epoch)
+      WHERE pgfence._cluster_of(i.lease) = ANY (refused);
 
     -- Lock the rows in name order (two holders renewing overlapping sets cannot deadlock), bounded.
     BEGIN
         PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
-        PERFORM 1 FROM pgfence.leases l WHERE l.name = ANY (p_leases) ORDER BY l.name FOR NO KEY UPDATE OF l;
+        PERFORM 1 FROM pgfence.leases l
+          WHERE l.name = ANY (p_leases) AND NOT pgfence._cluster_of(l.name) = ANY (refused)
+          ORDER BY l.name FOR NO KEY UPDATE OF l;
     EXCEPTION WHEN lock_not_available THEN
         RAISE EXCEPTION 'pgfence: renew_many waited % ms for lease row locks; blocked by %', wait_ms,
             pgfence._describe_backends((SELECT coalesce(array_agg(DISTINCT p), '{}')
@@ -525,36 +738,51 @@ BEGIN
     ts := clock_timestamp();
     tl := pgfence._timeline();
 
+    -- Live tenures presented with a wrong secret: refused and audited like a renew.
+    PERFORM pgfence._reject(i.lease, i.epoch, l.epoch, l.holder, 'bad_secret', 'renew', NULL, NULL)
+       FROM unnest(p_leases, p_epochs, p_secrets) AS i(lease, epoch, secret)
+       JOIN pgfence.leases l ON l.name = i.lease
+      WHERE NOT pgfence._cluster_of(i.lease) = ANY (refused)
+        AND pgfence._loss_reason(l, p_holder, i.epoch, ts, tl) IS NULL
+        AND pgfence._secret_check(i.lease, i.epoch, i.secret) IS DISTINCT FROM 'ok';
+
     RETURN QUERY
     WITH input AS (
-        SELECT i.lease, i.epoch, i.ord FROM unnest(p_leases, p_epochs) WITH ORDINALITY AS i(lease, epoch, ord)
+        SELECT i.lease, i.epoch, i.secret, i.ord, pgfence._cluster_of(i.lease) = ANY (refused) AS refused
+          FROM unnest(p_leases, p_epochs, p_secrets) WITH ORDINALITY AS i(lease, epoch, secret, ord)
+    ), judged AS (
+        SELECT i.lease, i.epoch, i.ord, l.epoch AS current_epoch,
+               CASE WHEN i.refused THEN 'no_grant'
+                    ELSE coalesce(pgfence._loss_reason(l, p_holder, i.epoch, ts, tl),
+                                  CASE WHEN pgfence._secret_check(i.lease, i.epoch, i.secret) IS DISTINCT FROM 'ok'
+                                       THEN 'bad_secret' END) END AS why
+          FROM input i
+          LEFT JOIN pgfence.leases l ON l.name = i.lease
     ), renewed AS (
         UPDATE pgfence.leases l
            SET expires_at = ts + p_ttl_ms * interval '1 millisecond', renewed_at = ts, ttl_ms = p_ttl_ms
-          FROM (SELECT DISTINCT d.lease, d.epoch FROM input d) i
-         WHERE l.name = i.lease AND pgfence._loss_reason(l, p_holder, i.epoch, ts, tl) IS NULL
-        RETURNING l.name, l.epoch
+         WHERE l.name IN (SELECT j.lease FROM judged j WHERE j.why IS NULL)
+        RETURNING l.name
     )
-    -- The join below reads the rows as they were before this statement's UPDATE: right for explaining losses.
-    -- Matched by (lease, epoch), so one tenure listed twice is answered the same twice, and one holder may
-    -- present two tenures of one lease (an old one it has not noticed is superseded, and the new one).
-    -- `IN (SELECT …)` becomes a hashed subplan; a join with the CTE was planned as a nested loop, quadratic in
-    -- the number of leases (97 ms instead of 14 ms for 1,000).
-    SELECT i.lease,
-           CASE WHEN (i.lease, i.epoch) IN (SELECT r.name, r.epoch FROM renewed r) THEN 'renewed' ELSE 'lost' END,
-           CASE WHEN (i.lease, i.epoch) NOT IN (SELECT r.name, r.epoch FROM renewed r)
-                THEN coalesce(pgfence._loss_reason(l, p_holder, i.epoch, ts, tl), 'expired') END,
-           l.epoch
-      FROM input i
-      LEFT JOIN pgfence.leases l ON l.name = i.lease
-     ORDER BY i.ord;
+    -- `judged` reads the rows as they were before this statement's UPDATE (locked by us: nobody else changed
+    -- them), so one tenure listed twice is answered the same twice, and one holder may present two tenures of
+    -- one lease (an old one it has not noticed is superseded, and the new one). The UPDATE runs whatever the
+    -- outer query reads of it (a data-modifying CTE always runs to completion).
+    SELECT j.lease,
+           CASE WHEN j.why IS NULL THEN 'renewed' WHEN j.why IN ('no_grant', 'bad_secret') THEN 'denied'
+                ELSE 'lost' END,
+           j.why,
+           CASE WHEN j.why = 'no_grant' THEN NULL ELSE j.current_epoch END
+      FROM judged j
+     ORDER BY j.ord;
 END;
 $$;
 
 -- Release: ends the tenure (holder, epoch) at once so a successor can acquire immediately. Idempotent, and it
 -- never touches a successor's tenure: releasing an epoch that is no longer current is a no-op ('not_held').
--- It waits for the tenure's guarded writes in flight (at most the takeover grace, then ends them).
-CREATE FUNCTION pgfence.release(p_lease text, p_holder text, p_epoch bigint)
+-- It waits for the tenure's guarded writes in flight (at most the takeover grace, then ends them). Only the
+-- tenure's secret ends it: a wrong one is refused ('denied', 'bad_secret') and audited.
+CREATE FUNCTION pgfence.release(p_lease text, p_holder text, p_epoch bigint, p_secret text)
 RETURNS pgfence.lease_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -562,20 +790,35 @@ DECLARE
     ts timestamptz;
     tl bigint;
     why text;
+    denied pgfence.lease_result;
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, p_epoch);
     PERFORM pgfence._check_text('holder', p_holder, 256);
+    denied := pgfence._deny_lease_call(p_lease, p_epoch, 'release');
+    IF denied.outcome IS NOT NULL THEN
+        RETURN denied;
+    END IF;
     tl := pgfence._timeline();
 
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
     why := pgfence._loss_reason(l, p_holder, p_epoch, clock_timestamp(), tl);
     IF why IS NOT NULL AND why NOT IN ('expired', 'failover') THEN
-        RETURN ROW('not_held', why, l.epoch, l.holder, NULL)::pgfence.lease_result;
+        RETURN ROW('not_held', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
+    END IF;
+    -- Decided for good ('bad' is final), before any lock.
+    IF pgfence._secret_check(p_lease, p_epoch, p_secret) = 'bad' THEN
+        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'release', NULL, NULL,
+                                p_may_wait => true);
+        RETURN ROW('denied', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
     END IF;
     l := pgfence._lock_lease_row(p_lease);
     why := pgfence._loss_reason(l, p_holder, p_epoch, clock_timestamp(), tl);
     IF why IS NOT NULL AND why NOT IN ('expired', 'failover') THEN
-        RETURN ROW('not_held', why, l.epoch, l.holder, NULL)::pgfence.lease_result;
+        RETURN ROW('not_held', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
+    END IF;
+    IF pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok' THEN
+        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'release', NULL, NULL);
+        RETURN ROW('denied', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
     END IF;
     PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
     ts := clock_timestamp();
@@ -587,14 +830,16 @@ BEGIN
                              WHEN l.expires_at <= ts THEN 'expired' ELSE 'released' END
      WHERE lease = p_lease AND epoch = p_epoch AND ended_at IS NULL;
     -- Wake waiting candidates (delivered at commit) so a successor acquires in milliseconds, not a poll later.
-    PERFORM pg_notify('pgfence_lease_free', p_lease);
-    RETURN ROW('released', why, p_epoch, p_holder, 0)::pgfence.lease_result;
+    -- The payload is the lease's lock key, not its name: any role may LISTEN, and only roles that can read the
+    -- lease row (a grant on its cluster) can tell which lease it is.
+    PERFORM pg_notify('pgfence_lease_free', l.lock_key::text);
+    RETURN ROW('released', why, p_epoch, p_holder, 0, NULL)::pgfence.lease_result;
 END;
 $$;
 
 -- Operator override: ends whatever tenure is current so its epoch can no longer write. The epoch is kept (the
 -- next acquisition issues epoch + 1). Waits for the tenure's guarded writes in flight (at most the takeover
--- grace, then ends them).
+-- grace, then ends them). Needs operator rights on the lease's cluster ('denied' / 'no_grant' otherwise).
 CREATE FUNCTION pgfence.force_release(p_lease text)
 RETURNS pgfence.lease_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -602,17 +847,22 @@ DECLARE
     l  pgfence.leases;
     ts timestamptz;
     why text;
+    denied pgfence.lease_result;
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, 1);
+    denied := pgfence._deny_lease_call(p_lease, 0, 'force_release', p_operator => true);
+    IF denied.outcome IS NOT NULL THEN
+        RETURN denied;
+    END IF;
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
     IF NOT FOUND THEN
-        RETURN ROW('not_held', 'unknown_lease', NULL, NULL, NULL)::pgfence.lease_result;
+        RETURN ROW('not_held', 'unknown_lease', NULL, NULL, NULL, NULL)::pgfence.lease_result;
     ELSIF l.state = 'released' THEN
-        RETURN ROW('not_held', 'released', l.epoch, l.holder, NULL)::pgfence.lease_result;
+        RETURN ROW('not_held', 'released', l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
     END IF;
     l := pgfence._lock_lease_row(p_lease);
     IF l.state = 'released' THEN
-        RETURN ROW('not_held', 'released', l.epoch, l.holder, NULL)::pgfence.lease_result;
+        RETURN ROW('not_held', 'released', l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
     END IF;
     PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
     ts := clock_timestamp();
@@ -622,8 +872,8 @@ BEGIN
     UPDATE pgfence.tenures
        SET ended_at = LEAST(l.expires_at, ts), end_reason = why
      WHERE lease = p_lease AND epoch = l.epoch AND ended_at IS NULL;
-    PERFORM pg_notify('pgfence_lease_free', p_lease);
-    RETURN ROW('released', why, l.epoch, l.holder, 0)::pgfence.lease_result;
+    PERFORM pg_notify('pgfence_lease_free', l.lock_key::text);
+    RETURN ROW('released', why, l.epoch, l.holder, 0, NULL)::pgfence.lease_result;
 END;
 $$;
 
@@ -658,6 +908,20 @@ CREATE TRIGGER lease_delete BEFORE DELETE ON pgfence.leases FOR EACH ROW EXECUTE
 CREATE TRIGGER lease_truncate BEFORE TRUNCATE ON pgfence.leases
     FOR EACH STATEMENT EXECUTE FUNCTION pgfence._lease_change();
 
+-- Refuses a call of an instance-wide operator function (a setting or a retention that spans clusters) unless
+-- the session's role has operator rights on every cluster (42501).
+CREATE FUNCTION pgfence._require_instance_operator(p_function text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT pgfence._may_use(NULL, p_operator => true) THEN
+        RAISE EXCEPTION 'pgfence: % needs operator rights on every cluster; role % has none', p_function,
+            pgfence._printable(session_user::text)
+            USING ERRCODE = '42501',
+                  HINT = 'The schema owner grants them: pgfence grant --operator --all-clusters --role <role>.';
+    END IF;
+END;
+$$;
+
 -- The takeover grace (an operator setting): how long a takeover waits for guarded transactions of the ending
 -- tenure before it terminates them. Returns the new value in milliseconds.
 CREATE FUNCTION pgfence.set_takeover_grace(p_grace interval) RETURNS bigint
@@ -665,6 +929,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     ms bigint;
 BEGIN
+    PERFORM pgfence._require_instance_operator('set_takeover_grace');
     IF p_grace IS NULL OR p_grace < interval '0' OR p_grace > interval '10 minutes' THEN
         RAISE EXCEPTION 'pgfence: takeover grace must be between 0 and 10 minutes' USING ERRCODE = '22023';
     END IF;
@@ -677,7 +942,9 @@ $$;
 -- ---------------------------------------------------------------------------------------------------------
 -- The guard.
 
--- Records one refused write. Called only from guard paths; the row commits with the statement that called it.
+-- Records one refusal in pgfence.rejections, aggregated per the refused role (see the table), and returns the
+-- write_result: 'denied' for no_grant and bad_secret, 'stale' otherwise. The row commits with the statement
+-- that called it.
 CREATE FUNCTION pgfence._reject(p_lease text, p_epoch bigint, p_current_epoch bigint, p_current_holder text,
                                 p_reason text, p_operation text, p_table text, p_key text,
                                 p_may_wait boolean DEFAULT false)
@@ -686,23 +953,42 @@ LANGUAGE plpgsql SET lock_timeout = '10min' AS $$
 DECLARE
     previous timestamptz;
     wait_ms  bigint := pgfence._lock_wait_ms();
+    by_role  boolean := p_reason IN ('no_grant', 'unknown_lease', 'future_epoch');
 BEGIN
-    SELECT r.last_rejected_at INTO previous FROM pgfence.rejections r
-     WHERE r.lease = p_lease AND r.presented_epoch = p_epoch AND r.operation = p_operation;
-    -- Bounded: a stale fenced transaction left open keeps its aggregated row locked. The first refusal's
-    -- reason and epochs are kept (after a failover, 'failover' stays the evidence even once the tenure is also
-    -- superseded); the count, the last time and the last key move.
+    IF by_role THEN
+        SELECT r.last_rejected_at INTO previous FROM pgfence.rejections r
+         WHERE r.scope = 'role' AND r.role = session_user AND r.reason = p_reason;
+    ELSE
+        SELECT r.last_rejected_at INTO previous FROM pgfence.rejections r
+         WHERE r.scope = 'tenure' AND r.role = session_user AND r.lease = p_lease AND r.presented_epoch = p_epoch
+           AND r.operation = p_operation;
+    END IF;
+    -- Bounded: a refused transaction left open keeps its aggregated row locked. The first refusal's reason and
+    -- epochs are kept (after a failover, 'failover' stays the evidence even once the tenure is also
+    -- superseded); the count, the last time and the last lease and key move.
     PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
     BEGIN
-        INSERT INTO pgfence.rejections (lease, presented_epoch, current_epoch, current_holder, reason, operation,
-                                        target_table, target_key, last_target_key)
-        VALUES (p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table, p_key, p_key)
-        ON CONFLICT (lease, presented_epoch, operation) DO UPDATE
-           SET count = pgfence.rejections.count + 1,
-               last_rejected_at = clock_timestamp(),
-               last_target_key = EXCLUDED.target_key;
+        IF by_role THEN
+            INSERT INTO pgfence.rejections (scope, lease, presented_epoch, reason, operation, target_table,
+                                            target_key, last_lease, last_target_key)
+            VALUES ('role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key)
+            ON CONFLICT (role, reason) WHERE scope = 'role' DO UPDATE
+               SET count = pgfence.rejections.count + 1,
+                   last_rejected_at = clock_timestamp(),
+                   last_lease = EXCLUDED.lease,
+                   last_target_key = EXCLUDED.target_key;
+        ELSE
+            INSERT INTO pgfence.rejections (scope, lease, presented_epoch, current_epoch, current_holder, reason,
+                                            operation, target_table, target_key, last_lease, last_target_key)
+            VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table,
+                    p_key, p_lease, p_key)
+            ON CONFLICT (role, lease, presented_epoch, operation) WHERE scope = 'tenure' DO UPDATE
+               SET count = pgfence.rejections.count + 1,
+                   last_rejected_at = clock_timestamp(),
+                   last_target_key = EXCLUDED.target_key;
+        END IF;
     EXCEPTION WHEN lock_not_available THEN
-        RAISE EXCEPTION 'pgfence: refusal of a stale % on lease % waited % ms for its audit row; blocked by %',
+        RAISE EXCEPTION 'pgfence: refusal of % on lease % waited % ms for its audit row; blocked by %',
             pgfence._printable(p_operation), pgfence._printable(p_lease), wait_ms,
             pgfence._describe_backends((SELECT coalesce(array_agg(DISTINCT k.pid), '{}') FROM pg_catalog.pg_locks k
                                          WHERE k.locktype = 'relation' AND k.granted
@@ -710,33 +996,74 @@ BEGIN
                                            AND k.mode = 'RowExclusiveLock'
                                            AND k.pid <> pg_catalog.pg_backend_pid()))
             USING ERRCODE = 'PF003',
-                  HINT = 'A transaction refused as stale for the same lease, epoch and operation stays open.';
+                  HINT = 'A transaction of the same role refused for the same reason (or lease, epoch and operation) stays open.';
     END;
-    -- Backpressure on a stale holder retrying in a tight loop: a repeat within a second of the previous refusal
-    -- of the same (lease, epoch, operation) answers 10 ms later. Holding the aggregated row meanwhile queues its
-    -- other connections behind it, so a hammering stale writer gets about 100 refusals a second in all and
+    -- Backpressure on a caller retrying in a tight loop: a repeat within a second of the previous refusal
+    -- aggregated in the same row answers 10 ms later. Holding the aggregated row meanwhile queues the role's
+    -- other connections behind it, so a hammering caller gets about 100 refusals a second per row in all and
     -- leaves the CPU to the current leader. The first refusal is never delayed. Only callers that hold no guard
     -- lock may wait (p_may_wait): a wait under the shared guard lock would hold off a takeover.
     IF p_may_wait AND previous IS NOT NULL AND previous > clock_timestamp() - interval '1 second' THEN
         PERFORM pg_sleep(0.01);
     END IF;
-    RETURN ROW('stale', p_reason, p_current_epoch, p_current_holder,
+    RETURN ROW(CASE WHEN p_reason IN ('no_grant', 'bad_secret') THEN 'denied' ELSE 'stale' END, p_reason,
+               CASE WHEN p_reason = 'no_grant' THEN NULL ELSE p_current_epoch END,
+               CASE WHEN p_reason = 'no_grant' THEN NULL ELSE p_current_holder END,
                NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::pgfence.write_result;
 END;
 $$;
 
--- Checks that p_epoch is the current, held, unexpired epoch of p_lease, granted on the current timeline, and
--- keeps the lease's guard lock SHARED until the end of the calling transaction, so no takeover can commit
--- before the caller's write. Returns NULL when the epoch is current; otherwise records the rejection and
--- returns the 'stale' result. Needs READ COMMITTED (PF004 otherwise): under REPEATABLE READ or SERIALIZABLE
--- the transaction's snapshot may predate a takeover that committed before the lock was granted.
-CREATE FUNCTION pgfence._guard(p_lease text, p_epoch bigint, p_operation text, p_table text, p_key text)
+-- Refuses a call of a role without a grant on the lease's cluster (p_operator: operator rights needed): records
+-- it and returns the lease_result 'denied' / 'no_grant'; NULL when the role may go on.
+CREATE FUNCTION pgfence._deny_lease_call(p_lease text, p_epoch bigint, p_operation text,
+                                         p_operator boolean DEFAULT false)
+RETURNS pgfence.lease_result
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF pgfence._may_use(pgfence._cluster_of(p_lease), p_operator) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pgfence._reject(p_lease, coalesce(p_epoch, 0), NULL, NULL, 'no_grant', p_operation, NULL, NULL,
+                            p_may_wait => true);
+    RETURN ROW('denied', 'no_grant', NULL, NULL, NULL, NULL)::pgfence.lease_result;
+END;
+$$;
+
+-- Whether p_secret is the secret of tenure (p_lease, p_epoch): 'ok', 'bad', or NULL when that tenure is not the
+-- lease's latest (its secret is gone: it has been superseded). A tenure's secret never changes, so 'ok' and
+-- 'bad' are final. Secrets longer than 128 characters are not even hashed.
+CREATE FUNCTION pgfence._secret_check(p_lease text, p_epoch bigint, p_secret text) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN s.epoch <> p_epoch THEN NULL
+                WHEN p_secret IS NOT NULL AND length(p_secret) <= 128
+                     AND s.hash = pg_catalog.sha256(pg_catalog.convert_to(p_secret, 'UTF8')) THEN 'ok'
+                ELSE 'bad' END
+      FROM pgfence.tenure_secrets s
+     WHERE s.lease = p_lease
+$$;
+
+-- The name of the transaction-local setting in which pgfence.fence leaves the presented secret for the raw-SQL
+-- enforcement triggers (per lease: one transaction may be fenced by several leases).
+CREATE FUNCTION pgfence._fence_setting(p_lock_key integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'pgfence.tenure_secret_' || p_lock_key
+$$;
+
+-- Checks that the session's role may use p_lease's cluster, that p_epoch is the current, held, unexpired epoch
+-- of p_lease, granted on the current timeline, and that p_secret is its tenure's secret; and keeps the lease's
+-- guard lock SHARED until the end of the calling transaction, so no takeover can commit before the caller's
+-- write. Returns NULL when all holds; otherwise records the refusal and returns the 'denied' or 'stale' result.
+-- Needs READ COMMITTED (PF004 otherwise): under REPEATABLE READ or SERIALIZABLE the transaction's snapshot may
+-- predate a takeover that committed before the lock was granted.
+CREATE FUNCTION pgfence._guard(p_lease text, p_epoch bigint, p_secret text, p_operation text, p_table text,
+                               p_key text)
 RETURNS pgfence.write_result
 LANGUAGE plpgsql AS $$
 DECLARE
     l   pgfence.leases;
     why text;
     tl  bigint := pgfence._timeline();
+    secret text;
 BEGIN
     -- What makes a presented epoch stale is permanent: epochs only grow, a released tenure stays released, an
     -- expired one can never be renewed and timelines only grow. (One conservative exception: a renewal that
@@ -754,8 +1081,19 @@ BEGIN
             USING ERRCODE = 'PF004',
                   HINT = 'Run the guarded write in a READ COMMITTED transaction (BEGIN ISOLATION LEVEL READ COMMITTED).';
     END IF;
+    IF NOT pgfence._may_use(pgfence._cluster_of(p_lease)) THEN
+        RETURN pgfence._reject(p_lease, p_epoch, NULL, NULL, 'no_grant', p_operation, p_table, p_key,
+                               p_may_wait => true);
+    END IF;
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
     why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
+    IF why IS NULL THEN
+        -- A forged fence is refused before it takes the guard lock, like a stale one ('bad' is final).
+        secret := pgfence._secret_check(p_lease, p_epoch, p_secret);
+        IF secret = 'bad' THEN
+            why := 'bad_secret';
+        END IF;
+    END IF;
     IF why IS NOT NULL THEN
         RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key,
                                p_may_wait => true);
@@ -769,7 +1107,14 @@ BEGIN
     -- visible) and shows here.
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
     why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
+    -- The secret was not decided before the lock only when the tenure had been superseded meanwhile, which the
+    -- read above reports; checked again all the same.
+    IF why IS NULL AND secret IS DISTINCT FROM 'ok' AND pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok' THEN
+        why := 'bad_secret';
+    END IF;
     IF why IS NULL THEN
+        -- For the rest of the transaction, raw writes of this tenure pass the raw-SQL enforcement.
+        PERFORM set_config(pgfence._fence_setting(l.lock_key), p_secret, true);
         RETURN NULL;
     END IF;
     RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key);
@@ -777,11 +1122,14 @@ END;
 $$;
 
 -- The guard for a caller's own transaction (the generic fenced transaction):
---   BEGIN; SELECT outcome FROM pgfence.fence('prod/scheduler', 7, 'rebalance');  -- 'ok' or 'stale'
+--   BEGIN; SELECT outcome FROM pgfence.fence('prod/scheduler', 7, '<secret>', 'rebalance');  -- 'ok', else no
 --   ... your writes, only if 'ok' ...; COMMIT;
--- On 'stale' the rejection row is already written: COMMIT (not ROLLBACK) to keep it.
-CREATE FUNCTION pgfence.fence(p_lease text, p_epoch bigint, p_operation text DEFAULT 'fenced_transaction',
-                              p_table text DEFAULT NULL, p_key text DEFAULT NULL)
+-- On 'stale' or 'denied' the refusal row is already written: COMMIT (not ROLLBACK) to keep it. On 'ok' the
+-- secret is also kept for the rest of the transaction (a transaction-local setting of this session), so raw
+-- writes to pgfence.tasks and pgfence.task_events pass the raw-SQL enforcement.
+CREATE FUNCTION pgfence.fence(p_lease text, p_epoch bigint, p_secret text,
+                              p_operation text DEFAULT 'fenced_transaction', p_table text DEFAULT NULL,
+                              p_key text DEFAULT NULL)
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -789,7 +1137,9 @@ DECLARE
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, p_epoch);
     PERFORM pgfence._check_text('operation', p_operation, 64);
-    r := pgfence._guard(p_lease, p_epoch, p_operation, p_table, p_key);
+    PERFORM pgfence._check_optional_text('target table', p_table, 64);
+    PERFORM pgfence._check_optional_text('target key', p_key, 256);
+    r := pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
     END IF;
@@ -839,7 +1189,7 @@ $$;
 
 -- Creates a pending task and its 'created' event, idempotent by (lease, key): a retry returns the existing
 -- task with created = false and adds no event.
-CREATE FUNCTION pgfence.create_task(p_lease text, p_epoch bigint, p_key text, p_payload jsonb DEFAULT '{}')
+CREATE FUNCTION pgfence.create_task(p_lease text, p_epoch bigint, p_secret text, p_key text, p_payload jsonb DEFAULT '{}')
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -850,7 +1200,7 @@ BEGIN
     PERFORM pgfence._check_lease_args(p_lease, p_epoch);
     PERFORM pgfence._check_text('task key', p_key, 256);
     PERFORM pgfence._check_payload(p_payload);
-    r := pgfence._guard(p_lease, p_epoch, 'create_task', 'tasks', p_key);
+    r := pgfence._guard(p_lease, p_epoch, p_secret, 'create_task', 'tasks', p_key);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
     END IF;
@@ -869,7 +1219,7 @@ END;
 $$;
 
 -- Claims a pending task for an assignee: the pending guard, the row fence and the 'claimed' event in one step.
-CREATE FUNCTION pgfence.claim_task(p_lease text, p_epoch bigint, p_key text, p_assignee text)
+CREATE FUNCTION pgfence.claim_task(p_lease text, p_epoch bigint, p_secret text, p_key text, p_assignee text)
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -880,7 +1230,7 @@ BEGIN
     PERFORM pgfence._check_lease_args(p_lease, p_epoch);
     PERFORM pgfence._check_text('task key', p_key, 256);
     PERFORM pgfence._check_text('assignee', p_assignee, 256);
-    r := pgfence._guard(p_lease, p_epoch, 'claim_task', 'tasks', p_key);
+    r := pgfence._guard(p_lease, p_epoch, p_secret, 'claim_task', 'tasks', p_key);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
     END IF;
@@ -899,8 +1249,8 @@ END;
 $$;
 
 -- Moves a task from p_from to p_to (the business guard) and records the event p_kind with p_payload.
-CREATE FUNCTION pgfence.transition_task(p_lease text, p_epoch bigint, p_key text, p_from text, p_to text,
-                                        p_payload jsonb DEFAULT '{}')
+CREATE FUNCTION pgfence.transition_task(p_lease text, p_epoch bigint, p_secret text, p_key text, p_from text,
+                                        p_to text, p_payload jsonb DEFAULT '{}')
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -916,7 +1266,7 @@ BEGIN
        OR p_to NOT IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled') THEN
         RAISE EXCEPTION 'pgfence: unknown task state % -> %', p_from, p_to USING ERRCODE = '22023';
     END IF;
-    r := pgfence._guard(p_lease, p_epoch, 'transition_task', 'tasks', p_key);
+    r := pgfence._guard(p_lease, p_epoch, p_secret, 'transition_task', 'tasks', p_key);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
     END IF;
@@ -936,7 +1286,7 @@ $$;
 
 -- Appends an event to a task. The task row is fenced too (fence raised to p_epoch), so an older epoch can
 -- never write this task again.
-CREATE FUNCTION pgfence.append_event(p_lease text, p_epoch bigint, p_key text, p_kind text,
+CREATE FUNCTION pgfence.append_event(p_lease text, p_epoch bigint, p_secret text, p_key text, p_kind text,
                                      p_payload jsonb DEFAULT '{}')
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -949,7 +1299,7 @@ BEGIN
     PERFORM pgfence._check_text('task key', p_key, 256);
     PERFORM pgfence._check_text('event kind', p_kind, 64);
     PERFORM pgfence._check_payload(p_payload);
-    r := pgfence._guard(p_lease, p_epoch, 'append_event', 'task_events', p_key);
+    r := pgfence._guard(p_lease, p_epoch, p_secret, 'append_event', 'task_events', p_key);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
     END IF;
@@ -968,8 +1318,11 @@ $$;
 -- ---------------------------------------------------------------------------------------------------------
 -- Raw-SQL enforcement (off by default; `SELECT pgfence.set_enforcement(true)`): every INSERT or UPDATE of
 -- pgfence.tasks must carry the lease's current epoch in `fence`, every INSERT into pgfence.task_events in
--- `epoch` (and name its task's lease), and DELETE/TRUNCATE of tasks and moving a task to another lease are
--- refused. The pgfence functions satisfy this by construction. Two modes:
+-- `epoch` (and name its task's lease), in a transaction that presented that tenure's secret to pgfence.fence
+-- (or another guarded function) first; DELETE/TRUNCATE of tasks and moving a task to another lease are
+-- refused; and every other pgfence table (leases, tenures, tenure_secrets, rejections, grants, instance) may
+-- be written only by the schema owner — that is, through the pgfence functions — whatever table privileges a
+-- role was given. The pgfence functions satisfy this by construction. Two modes for the task tables:
 --   'error': the statement fails with SQLSTATE PF001 (its transaction aborts, so nothing can be recorded);
 --   'audit': the offending row is skipped, the refusal is recorded in pgfence.rejections (operation
 --            'raw_insert' / 'raw_update' / 'raw_delete') and a WARNING tells the client.
@@ -1020,6 +1373,12 @@ BEGIN
     IF why IS NULL THEN
         why := pgfence._loss_reason(l, NULL, presented, clock_timestamp(), pgfence._timeline());
     END IF;
+    -- Knowing the epoch is not enough: the transaction must have presented the tenure's secret to the guard.
+    IF why IS NULL AND pgfence._secret_check(target, presented,
+                                             current_setting(pgfence._fence_setting(l.lock_key), true))
+                       IS DISTINCT FROM 'ok' THEN
+        why := 'bad_secret';
+    END IF;
     IF why IS NULL THEN
         RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
     END IF;
@@ -1030,7 +1389,7 @@ BEGIN
             TG_OP, TG_TABLE_NAME, why, presented, l.epoch;
         RETURN NULL;
     END IF;
-    IF why IN ('delete_refused', 'lease_change', 'lease_mismatch') THEN
+    IF why IN ('delete_refused', 'lease_change', 'lease_mismatch', 'bad_secret') THEN
         RAISE EXCEPTION 'pgfence: enforcement refuses this % on pgfence.% (%)', TG_OP, TG_TABLE_NAME, why
             USING ERRCODE = 'PF001';
     END IF;
@@ -1055,6 +1414,35 @@ ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_truncate;
 ALTER TABLE pgfence.task_events DISABLE TRIGGER enforce_epoch;
 ALTER TABLE pgfence.task_events DISABLE TRIGGER enforce_audit;
 
+-- The other tables: only the schema owner writes them (SECURITY INVOKER on purpose: current_user is the role
+-- whose statement writes, which is the owner inside every pgfence function).
+CREATE FUNCTION pgfence._owner_writes_only() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NOT pg_has_role(current_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgfence'), 'MEMBER')
+    THEN
+        RAISE EXCEPTION 'pgfence: enforcement refuses % on pgfence.% by role %: only the pgfence functions write it',
+            TG_OP, TG_TABLE_NAME, quote_literal(regexp_replace(current_user, '[[:cntrl:]]', '?', 'g'))
+            USING ERRCODE = 'PF001';
+    END IF;
+    RETURN CASE WHEN TG_LEVEL = 'STATEMENT' THEN NULL WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+END;
+$$;
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'rejections', 'grants', 'instance'] LOOP
+        EXECUTE format('CREATE TRIGGER enforce_owner BEFORE INSERT OR UPDATE OR DELETE ON pgfence.%I '
+                       'FOR EACH ROW EXECUTE FUNCTION pgfence._owner_writes_only()', t);
+        EXECUTE format('CREATE TRIGGER enforce_owner_truncate BEFORE TRUNCATE ON pgfence.%I '
+                       'FOR EACH STATEMENT EXECUTE FUNCTION pgfence._owner_writes_only()', t);
+        EXECUTE format('ALTER TABLE pgfence.%I DISABLE TRIGGER enforce_owner', t);
+        EXECUTE format('ALTER TABLE pgfence.%I DISABLE TRIGGER enforce_owner_truncate', t);
+    END LOOP;
+END;
+$$;
+
 CREATE FUNCTION pgfence._append_only() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -1068,13 +1456,22 @@ CREATE TRIGGER append_only_truncate BEFORE TRUNCATE ON pgfence.task_events
 
 CREATE FUNCTION pgfence.set_enforcement(p_on boolean, p_mode text DEFAULT 'error') RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t text;
 BEGIN
+    PERFORM pgfence._require_instance_operator('set_enforcement');
     IF p_mode IS NULL OR p_mode NOT IN ('error', 'audit') THEN
-        RAISE EXCEPTION 'pgfence: enforcement mode must be ''error'' or ''audit'', got %', p_mode
+        RAISE EXCEPTION 'pgfence: enforcement mode must be ''error'' or ''audit'', got %', pgfence._printable(p_mode)
             USING ERRCODE = '22023';
     END IF;
-    -- Lock both tables up front, in the order readers join them (tasks, then task_events).
+    -- Lock both task tables up front, in the order readers join them (tasks, then task_events).
     LOCK TABLE pgfence.tasks, pgfence.task_events IN SHARE ROW EXCLUSIVE MODE;
+    FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'rejections', 'grants', 'instance'] LOOP
+        EXECUTE format('ALTER TABLE pgfence.%I %s TRIGGER enforce_owner', t,
+                       CASE WHEN p_on THEN 'ENABLE' ELSE 'DISABLE' END);
+        EXECUTE format('ALTER TABLE pgfence.%I %s TRIGGER enforce_owner_truncate', t,
+                       CASE WHEN p_on THEN 'ENABLE' ELSE 'DISABLE' END);
+    END LOOP;
     ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_epoch;
     ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_audit;
     ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_truncate;
@@ -1139,6 +1536,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n integer;
 BEGIN
+    PERFORM pgfence._require_instance_operator('prune_rejections');
     IF p_older_than IS NULL OR p_older_than < interval '0' OR p_batch IS NULL OR p_batch < 1 OR p_batch > 1000000 THEN
         RAISE EXCEPTION 'pgfence: prune needs a non-negative age and a batch of 1 to 1000000 rows'
             USING ERRCODE = '22023';
@@ -1154,40 +1552,111 @@ $$;
 
 -- ---------------------------------------------------------------------------------------------------------
 -- Privileges. Everything belongs to the role that ran the migration (the owner). Nothing is granted to
--- PUBLIC: an application role gets, through pgfence.grant_application, EXECUTE on the lease and guarded-write
--- functions (SECURITY DEFINER, search_path pinned: they act as the owner) and SELECT on the tables — and no
--- INSERT, UPDATE, DELETE or TRUNCATE on any of them, so the guarded functions are its only write path.
--- Operators get force_release, set_enforcement, prune_rejections and set_takeover_grace through
--- pgfence.grant_operator.
+-- PUBLIC. pgfence.grant_application records a grant per cluster in pgfence.grants and gives the role, once,
+-- EXECUTE on the lease and guarded-write functions (SECURITY DEFINER, search_path pinned: they act as the owner,
+-- and check the grant per call) and SELECT on the tables (filtered by row-level security) — and no INSERT,
+-- UPDATE, DELETE or TRUNCATE on any of them, so the functions are its only write path. pgfence.grant_operator
+-- adds force_release (per cluster) and, for every-cluster operators only, set_enforcement, prune_rejections
+-- and set_takeover_grace.
 
 REVOKE ALL ON ALL TABLES IN SCHEMA pgfence FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA pgfence FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgfence FROM PUBLIC;
 REVOKE ALL ON SCHEMA pgfence FROM PUBLIC;
 
-CREATE FUNCTION pgfence.grant_application(p_role name) RETURNS void
+-- Records a grant of p_cluster (NULL: every cluster) to p_role and gives it the object privileges. Refuses
+-- (22023) PUBLIC, pseudo-roles and predefined pg_* roles (every role would get the rights), superusers and
+-- BYPASSRLS roles (no grant can bound what they read or do), and the owner and its members (trusted already).
+CREATE FUNCTION pgfence._grant(p_role text, p_cluster text, p_operator boolean) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r pg_roles;
+    problem text := CASE WHEN p_cluster IS NOT NULL THEN pgfence._cluster_problem(p_cluster) END;
 BEGIN
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: invalid cluster: %', problem USING ERRCODE = '22023';
+    END IF;
+    IF pgfence._text_problem(p_role, 63) IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: invalid role: %', pgfence._text_problem(p_role, 63) USING ERRCODE = '22023';
+    END IF;
+    IF lower(p_role) IN ('public', 'current_user', 'current_role', 'session_user', 'user', 'none')
+       OR starts_with(p_role, 'pg_') THEN
+        RAISE EXCEPTION 'pgfence: refusing to grant to %: PUBLIC, pseudo-roles and predefined pg_* roles stand for many roles',
+            pgfence._printable(p_role)
+            USING ERRCODE = '22023', HINT = 'Grant to a role of the application, e.g. CREATE ROLE app LOGIN.';
+    END IF;
+    SELECT * INTO r FROM pg_roles WHERE rolname = p_role;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgfence: role % does not exist', pgfence._printable(p_role) USING ERRCODE = '42704';
+    END IF;
+    IF r.rolsuper OR r.rolbypassrls THEN
+        RAISE EXCEPTION 'pgfence: refusing to grant to %: a superuser or BYPASSRLS role is not bounded by grants',
+            pgfence._printable(p_role) USING ERRCODE = '22023';
+    END IF;
+    IF pg_has_role(r.oid, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgfence'), 'MEMBER') THEN
+        RAISE EXCEPTION 'pgfence: refusing to grant to %: it owns the pgfence schema (or is a member of its owner) and is trusted already',
+            pgfence._printable(p_role) USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO pgfence.grants (role, cluster, operator) VALUES (r.oid::regrole, p_cluster, p_operator)
+    ON CONFLICT (role, coalesce(cluster, '')) DO UPDATE SET operator = pgfence.grants.operator OR EXCLUDED.operator;
     EXECUTE format('GRANT USAGE ON SCHEMA pgfence TO %I', p_role);
     EXECUTE format('GRANT SELECT ON pgfence.instance, pgfence.leases, pgfence.tenures, pgfence.tasks, '
-                   'pgfence.task_events, pgfence.rejections, pgfence.tenure_history TO %I', p_role);
+                   'pgfence.task_events, pgfence.rejections, pgfence.grants, pgfence.tenure_history TO %I', p_role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION pgfence.acquire(text, text, bigint), '
-                   'pgfence.renew(text, text, bigint, bigint), pgfence.renew_many(text[], bigint[], text, bigint), '
-                   'pgfence.release(text, text, bigint), pgfence.fence(text, bigint, text, text, text), '
-                   'pgfence.create_task(text, bigint, text, jsonb), pgfence.claim_task(text, bigint, text, text), '
-                   'pgfence.transition_task(text, bigint, text, text, text, jsonb), '
-                   'pgfence.append_event(text, bigint, text, text, jsonb), pgfence.enforcement(), '
-                   'pgfence.identity() TO %I', p_role);
+                   'pgfence.renew(text, text, bigint, text, bigint), '
+                   'pgfence.renew_many(text[], bigint[], text[], text, bigint), '
+                   'pgfence.release(text, text, bigint, text), pgfence.fence(text, bigint, text, text, text, text), '
+                   'pgfence.create_task(text, bigint, text, text, jsonb), '
+                   'pgfence.claim_task(text, bigint, text, text, text), '
+                   'pgfence.transition_task(text, bigint, text, text, text, text, jsonb), '
+                   'pgfence.append_event(text, bigint, text, text, text, jsonb), pgfence.enforcement(), '
+                   'pgfence.identity(), pgfence._reads_all(), pgfence._readable_clusters() TO %I', p_role);
+    IF p_operator THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgfence.force_release(text), '
+                       'pgfence.set_enforcement(boolean, text), pgfence.prune_rejections(interval, integer), '
+                       'pgfence.set_takeover_grace(interval) TO %I', p_role);
+    END IF;
 END;
 $$;
 
-CREATE FUNCTION pgfence.grant_operator(p_role name) RETURNS void
+-- Grants p_role the application rights on cluster p_cluster (NULL: every cluster): acquire, renew, release
+-- and guarded writes of that cluster's leases, and reading its rows.
+CREATE FUNCTION pgfence.grant_application(p_role text, p_cluster text) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pgfence._grant(p_role, p_cluster, false)
+$$;
+
+-- Grants p_role the application and operator rights on cluster p_cluster (NULL: every cluster, which adds the
+-- instance settings and audit retention).
+CREATE FUNCTION pgfence.grant_operator(p_role text, p_cluster text) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pgfence._grant(p_role, p_cluster, true)
+$$;
+
+-- Removes p_role's grant of p_cluster (NULL: its every-cluster grant); once the role has no grant left, also
+-- its object privileges. Returns how many grants it removed (0 or 1).
+CREATE FUNCTION pgfence.revoke(p_role text, p_cluster text) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n integer;
+    oid_ oid := (SELECT r.oid FROM pg_roles r WHERE r.rolname = p_role);
 BEGIN
-    PERFORM pgfence.grant_application(p_role);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION pgfence.force_release(text), pgfence.set_enforcement(boolean, text), '
-                   'pgfence.prune_rejections(interval, integer), pgfence.set_takeover_grace(interval) TO %I', p_role);
+    IF oid_ IS NULL THEN
+        RAISE EXCEPTION 'pgfence: role % does not exist', pgfence._printable(p_role) USING ERRCODE = '42704';
+    END IF;
+    DELETE FROM pgfence.grants g WHERE g.role = oid_::regrole AND g.cluster IS NOT DISTINCT FROM p_cluster;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF NOT EXISTS (SELECT 1 FROM pgfence.grants g WHERE g.role = oid_::regrole) THEN
+        EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA pgfence FROM %I', p_role);
+        EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgfence FROM %I', p_role);
+        EXECUTE format('REVOKE ALL ON SCHEMA pgfence FROM %I', p_role);
+    ELSIF NOT EXISTS (SELECT 1 FROM pgfence.grants g WHERE g.role = oid_::regrole AND g.operator) THEN
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION pgfence.force_release(text), '
+                       'pgfence.set_enforcement(boolean, text), pgfence.prune_rejections(interval, integer), '
+                       'pgfence.set_takeover_grace(interval) FROM %I', p_role);
+    END IF;
+    RETURN n;
 END;
 $$;
 
-REVOKE ALL ON FUNCTION pgfence.grant_application(name), pgfence.grant_operator(name), pgfence.prune_rejections(interval, integer) FROM PUBLIC;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgfence FROM PUBLIC;

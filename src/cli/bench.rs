@@ -27,7 +27,7 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pgfence::embedded::{EmbeddedOptions, EmbeddedServer};
 use pgfence::leader::{Elector, LeaseOptions, PgElector};
-use pgfence::{ExpectedIdentity, Fence, Store, StoreConfig, TaskState};
+use pgfence::{ExpectedIdentity, Fence, Store, StoreConfig, TaskState, TenureSecret};
 use serde::Serialize;
 use serde_json::json;
 
@@ -891,7 +891,9 @@ async fn measure_leases(
         let mut writers: HashMap<(Workload, u32), Vec<Writer>> = HashMap::new();
         for &(w, rows) in &slots {
             let t = table(rows);
-            let fence = Fence::new("bench/l1", pgfence::Epoch::new(1)?)?;
+            // Lease workloads never write with it (renew writers get their own lease each round).
+            let placeholder = TenureSecret::parse("0".repeat(pgfence::SECRET_LEN))?;
+            let fence = Fence::new("bench/l1", pgfence::Epoch::new(1)?, placeholder)?;
             let list: Vec<Writer> = (0..c as usize)
                 .map(|i| Writer::new(w, i, 1, t.store.clone(), fence.clone(), None, rows))
                 .collect();
@@ -1169,6 +1171,7 @@ async fn measure(
                 &plan.batches,
                 setup.hot.lease(),
                 setup.hot.epoch().get(),
+                setup.hot.secret().expose_secret(),
             )?),
             None => None,
         };

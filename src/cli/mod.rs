@@ -110,15 +110,35 @@ enum Command {
     },
     /// Create or upgrade the pgfence schema (idempotent; concurrent runs take turns).
     Migrate,
-    /// Grant a role the application rights (guarded functions, read access; no direct table writes), or with
-    /// --operator also force-release, enforcement and audit retention. Run as the role that migrated.
+    /// Grant a role the application rights on clusters (acquire, renew, release, guarded writes, reading their
+    /// rows; no direct table writes), or with --operator also force-release there (and, with --all-clusters,
+    /// enforcement, takeover grace and audit retention). Run as the role that migrated. PUBLIC, pseudo-roles,
+    /// pg_* roles, superusers and BYPASSRLS roles are refused.
     Grant {
         /// The role to grant to (it must exist: CREATE ROLE is the DBA's job).
         #[arg(long)]
         role: String,
+        /// A cluster the role may use (repeat for several).
+        #[arg(long = "on-cluster", value_name = "CLUSTER", required_unless_present = "all_clusters")]
+        clusters: Vec<String>,
+        /// Every cluster, present and future, instead of --on-cluster.
+        #[arg(long, conflicts_with = "clusters")]
+        all_clusters: bool,
         /// Also grant the operator rights.
         #[arg(long)]
         operator: bool,
+    },
+    /// Remove a role's grant of clusters (once it has none left, also its privileges on pgfence's objects).
+    Revoke {
+        /// The role.
+        #[arg(long)]
+        role: String,
+        /// A cluster to revoke (repeat for several).
+        #[arg(long = "on-cluster", value_name = "CLUSTER", required_unless_present = "all_clusters")]
+        clusters: Vec<String>,
+        /// The role's every-cluster grant instead of --on-cluster.
+        #[arg(long, conflicts_with = "clusters")]
+        all_clusters: bool,
     },
     /// Measure what fencing costs: guarded writes against the unguarded write, raw prepared statements and
     /// pgbench, in interleaved rounds (on a throwaway server unless --database-url and --yes are given).
@@ -217,6 +237,9 @@ impl From<Error> for Failure {
             Error::SchemaMissing => 5,
             // A bounded lock wait ended; the message names the blocking backends.
             e if matches!(e.sqlstate(), Some("PF003" | "55P03")) => 7,
+            // The role may not do this (no grant on the cluster, not an operator, a wrong tenure secret).
+            Error::Denied { .. } => 8,
+            e if e.sqlstate() == Some("42501") => 8,
             _ => 1,
         };
         Failure::new(code, err.to_string())
@@ -311,16 +334,52 @@ async fn run(cli: Cli) -> CliResult {
             println!("deleted {deleted} audit rows last seen more than {older_than:?} ago");
             Ok(())
         }
-        Command::Grant { role, operator } => {
+        Command::Grant {
+            role,
+            clusters,
+            all_clusters,
+            operator,
+        } => {
             let store = global.store(&global.cluster).await?;
-            if operator {
-                store.grant_operator(&role).await?;
-                println!("granted {role} the operator rights on pgfence");
+            let targets: Vec<Option<&str>> = if all_clusters {
+                vec![None]
             } else {
-                store.grant_application(&role).await?;
+                clusters.iter().map(|c| Some(c.as_str())).collect()
+            };
+            let rights = if operator { "operator" } else { "application" };
+            for cluster in targets {
+                if operator {
+                    store.grant_operator(&role, cluster).await?;
+                } else {
+                    store.grant_application(&role, cluster).await?;
+                }
                 println!(
-                    "granted {role} the application rights on pgfence (no direct table writes)"
+                    "granted {} the {rights} rights on {}",
+                    role,
+                    cluster.map_or_else(|| "every cluster".to_owned(), |c| format!("cluster {}", c))
                 );
+            }
+            Ok(())
+        }
+        Command::Revoke {
+            role,
+            clusters,
+            all_clusters,
+        } => {
+            let store = global.store(&global.cluster).await?;
+            let targets: Vec<Option<&str>> = if all_clusters {
+                vec![None]
+            } else {
+                clusters.iter().map(|c| Some(c.as_str())).collect()
+            };
+            for cluster in targets {
+                let removed = store.revoke(&role, cluster).await?;
+                let on = cluster.map_or_else(|| "every cluster".to_owned(), |c| format!("cluster {}", c));
+                if removed {
+                    println!("revoked {}'s grant on {on}", role);
+                } else {
+                    println!("{} had no grant on {on}", role);
+                }
             }
             Ok(())
         }

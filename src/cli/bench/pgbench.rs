@@ -51,6 +51,7 @@ impl Pgbench {
         batches: &[u32],
         lease: &str,
         epoch: i64,
+        secret: &str,
     ) -> Result<Pgbench, Failure> {
         let version = Command::new(&exe)
             .arg("--version")
@@ -88,9 +89,9 @@ impl Pgbench {
                 .map_err(|e| Failure::new(1, format!("writing the pgbench script {name}: {e}")))
         };
         for &batch in batches {
-            write(&format!("fenced-{batch}.sql"), fenced_script(batch))?;
+            write(&format!("fenced-{batch}.sql"), fenced_script(batch, secret))?;
         }
-        write("append.sql", append_script())?;
+        write("append.sql", append_script(secret))?;
         Ok(Pgbench {
             exe,
             env,
@@ -211,21 +212,24 @@ impl Pgbench {
     }
 }
 
-/// BEGIN; guard; UPDATE of the client's `batch` rows; COMMIT — the statements of `raw-fenced`.
-fn fenced_script(batch: u32) -> String {
+/// BEGIN; guard; UPDATE of the client's `batch` rows; COMMIT — the statements of `raw-fenced`. The tenure secret
+/// is written into the script (in the private temporary directory), not passed as an argument, where every
+/// user of the machine could read it (`ps`).
+fn fenced_script(batch: u32, secret: &str) -> String {
     format!(
         "\\set lo :client_id * {batch}\n\
          \\set hi :lo + {batch}\n\
          BEGIN;\n\
-         SELECT pgfence.fence(:lease, :epoch, :op, NULL, NULL);\n\
+         SELECT pgfence.fence(:lease, :epoch, '{secret}', :op, NULL, NULL);\n\
          UPDATE pgfence_bench.rows SET v = v + 1 WHERE id >= :lo AND id < :hi;\n\
          COMMIT;\n"
     )
 }
 
 /// The statement of `append` and `raw-append`, on the client's own task (key = client id).
-fn append_script() -> String {
-    "\\set key :client_id\n\
-     SELECT pgfence.append_event(:lease, :epoch, :key, :kind, :payload);\n"
-        .to_owned()
+fn append_script(secret: &str) -> String {
+    format!(
+        "\\set key :client_id\n\
+         SELECT pgfence.append_event(:lease, :epoch, '{secret}', :key, :kind, :payload);\n"
+    )
 }

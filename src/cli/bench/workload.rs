@@ -288,13 +288,13 @@ $$;",
 pub(super) mod sql {
     pub(in super::super) const BEGIN: &str = "BEGIN";
     pub(in super::super) const COMMIT: &str = "COMMIT";
-    pub(in super::super) const FENCE: &str = "SELECT pgfence.fence($1, $2, $3, NULL, NULL)";
+    pub(in super::super) const FENCE: &str = "SELECT pgfence.fence($1, $2, $3, $4, NULL, NULL)";
     pub(in super::super) const UPDATE: &str =
         "UPDATE pgfence_bench.rows SET v = v + 1 WHERE id >= $1 AND id < $2";
     /// The guard and the write in one statement: the CTE runs the guard once, the UPDATE writes only when it
     /// said 'ok', and the reply carries the outcome and the number of rows written.
     pub(in super::super) const GUARDED_UPDATE: &str =
-        "WITH g AS (SELECT outcome FROM pgfence.fence($3, $4, $5, NULL, NULL)), \
+        "WITH g AS (SELECT outcome FROM pgfence.fence($3, $4, $6, $5, NULL, NULL)), \
               u AS (UPDATE pgfence_bench.rows SET v = v + 1 \
                      WHERE id >= $1 AND id < $2 AND (SELECT outcome FROM g) = 'ok' RETURNING 1) \
          SELECT (SELECT outcome FROM g) AS outcome, (SELECT count(*) FROM u) AS written";
@@ -306,7 +306,7 @@ pub(super) mod sql {
          SELECT (SELECT outcome FROM g) AS outcome, (SELECT count(*) FROM u) AS written";
     pub(in super::super) const APPEND_UNGUARDED: &str =
         "SELECT pgfence_bench.append_event_unguarded($1, $2, $3, $4, $5)";
-    pub(in super::super) const APPEND: &str = "SELECT pgfence.append_event($1, $2, $3, $4, $5)";
+    pub(in super::super) const APPEND: &str = "SELECT pgfence.append_event($1, $2, $6, $3, $4, $5)";
 }
 
 diesel::table! {
@@ -435,26 +435,34 @@ impl RawClient {
     /// Runs each statement of [`PROBES`] `iterations` times, interleaved, one at a time, as writer 0.
     pub(super) async fn probe(&self, fence: &Fence, iterations: u32) -> Result<(), Failure> {
         let (lease, epoch) = (fence.lease().to_owned(), fence.epoch().get());
+        let secret = fence.secret().expose_secret().to_owned();
         let (lo, hi) = (0i64, 1i64);
         let key = append_key(0);
         let payload = Json(json!({}));
         let c = &self.client;
         let err = |e| db_error("probing server time", e);
         for _ in 0..iterations {
-            c.query_one(&self.fence, &[&lease, &epoch, &OPERATION])
+            c.query_one(&self.fence, &[&lease, &epoch, &secret, &OPERATION])
                 .await
                 .map_err(err)?;
             c.execute(&self.update, &[&lo, &hi]).await.map_err(err)?;
             c.query_one(
                 &self.guarded_update,
-                &[&lo, &hi, &lease, &epoch, &OPERATION],
+                &[&lo, &hi, &lease, &epoch, &OPERATION, &secret],
             )
             .await
             .map_err(err)?;
             c.query_one(&self.advisory_update, &[&lo, &hi, &lease, &epoch])
                 .await
                 .map_err(err)?;
-            for statement in [&self.append, &self.append_unguarded] {
+            c.query_one(
+                &self.append,
+                &[&lease, &epoch, &key, &OPERATION, &payload, &secret],
+            )
+            .await
+            .map_err(err)?;
+            {
+                let statement = &self.append_unguarded;
                 c.query_one(statement, &[&lease, &epoch, &key, &OPERATION, &payload])
                     .await
                     .map_err(err)?;
@@ -575,6 +583,7 @@ impl Writer {
         };
         let lease = self.fence.lease().to_owned();
         let epoch = self.fence.epoch().get();
+        let secret = self.fence.secret().expose_secret().to_owned();
         match self.workload {
             Workload::Update => {
                 let mut conn = self.store.conn().await?;
@@ -607,8 +616,8 @@ impl Writer {
             Workload::RawFenced | Workload::RawPipelined => {
                 let raw = self.raw();
                 let c = &raw.client;
-                let fence_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-                    [&lease, &epoch, &OPERATION];
+                let fence_params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                    [&lease, &epoch, &secret, &OPERATION];
                 let verdict = if self.workload == Workload::RawPipelined {
                     // tokio-postgres pipelines requests that are in flight together on one connection.
                     let (_, row) = tokio::try_join!(
@@ -640,7 +649,10 @@ impl Writer {
                 let raw = self.raw();
                 let row = raw
                     .client
-                    .query_one(&raw.guarded_update, &[&lo, &hi, &lease, &epoch, &OPERATION])
+                    .query_one(
+                        &raw.guarded_update,
+                        &[&lo, &hi, &lease, &epoch, &OPERATION, &secret],
+                    )
                     .await
                     .map_err(|e| db_error("guarded UPDATE", e))?;
                 let outcome: String = row.try_get(0).map_err(|e| db_error("guard", e))?;
@@ -664,6 +676,7 @@ impl Writer {
                     .bind::<Text, _>(lease)
                     .bind::<BigInt, _>(epoch)
                     .bind::<Text, _>(OPERATION)
+                    .bind::<Text, _>(secret)
                     .get_result(&mut *conn)
                     .await
                     .map_err(pgfence::Error::from)?;
@@ -728,6 +741,7 @@ impl Writer {
                             &append_key(self.index),
                             &OPERATION,
                             &payload,
+                            &secret,
                         ],
                     )
                     .await

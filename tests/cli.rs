@@ -111,7 +111,7 @@ async fn demo_against_a_given_database_prints_the_story_and_verdict() {
 }
 
 /// Sets up one lease with a takeover and one refused stale write.
-async fn scenario(db: &TestDb) {
+async fn scenario(db: &TestDb) -> pgfence::Lease {
     let store = db.store("prod").await;
     let old = store
         .acquire("scheduler", "pod-a", Duration::from_secs(60))
@@ -122,11 +122,12 @@ async fn scenario(db: &TestDb) {
         .await
         .unwrap();
     store.force_release("scheduler").await.unwrap();
-    store
+    let current = store
         .acquire("scheduler", "pod-b", Duration::from_secs(60))
         .await
         .unwrap();
     assert!(store.claim_task(&old.fence(), "job-1", "w").await.is_err());
+    current
 }
 
 /// status, audit, history and identity print tables, and their `--json` output parses back into the library's
@@ -269,19 +270,18 @@ async fn force_release_needs_confirmation_and_fences_the_holder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_release_is_bounded_and_names_who_blocks() {
     let db = TestDb::new().await;
-    scenario(&db).await;
+    let current = scenario(&db).await;
     let url = with_password(&db);
-    let epoch = db
-        .scalar("SELECT epoch FROM pgfence.leases WHERE name = 'prod/scheduler'")
-        .await;
+    let epoch = current.epoch().get();
+    let secret = current.fence().secret().expose_secret().to_owned();
 
     // An idle fenced transaction of the current tenure: ended after the 2 s default grace.
     let idle = db.client().await;
     idle.batch_execute("BEGIN").await.unwrap();
     let outcome: String = idle
         .query_one(
-            "SELECT outcome FROM pgfence.fence('prod/scheduler', $1)",
-            &[&epoch],
+            "SELECT outcome FROM pgfence.fence('prod/scheduler', $1, $2)",
+            &[&epoch, &secret],
         )
         .await
         .unwrap()
@@ -306,14 +306,14 @@ async fn force_release_is_bounded_and_names_who_blocks() {
         .query_one("SELECT pgfence.set_takeover_grace('0')", &[])
         .await
         .unwrap();
-    let epoch: i64 = admin
+    let acquired = admin
         .query_one(
-            "SELECT epoch FROM pgfence.acquire('prod/scheduler', 'pod-c', 60000)",
+            "SELECT epoch, secret FROM pgfence.acquire('prod/scheduler', 'pod-c', 60000)",
             &[],
         )
         .await
-        .unwrap()
-        .get(0);
+        .unwrap();
+    let (epoch, secret): (i64, String) = (acquired.get(0), acquired.get(1));
     let open = db.client().await;
     open.batch_execute("BEGIN").await.unwrap();
     let pid: i32 = open
@@ -322,8 +322,8 @@ async fn force_release_is_bounded_and_names_who_blocks() {
         .unwrap()
         .get(0);
     open.query_one(
-        "SELECT pgfence.renew('prod/scheduler', 'pod-c', $1, 60000)",
-        &[&epoch],
+        "SELECT pgfence.renew('prod/scheduler', 'pod-c', $1, $2, 60000)",
+        &[&epoch, &secret],
     )
     .await
     .unwrap();

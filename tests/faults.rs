@@ -444,15 +444,16 @@ async fn a_holder_killed_with_sigkill_is_succeeded_after_the_ttl() {
         .unwrap();
     use tokio::io::AsyncBufReadExt;
     let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut epoch = None;
+    // The child hands over its fence as a leader hands it to a worker: serialized (with the tenure secret).
+    let mut fence = None;
     while let Some(line) = lines.next_line().await.unwrap() {
-        if let Some(rest) = line.split("HOLDING EPOCH ").nth(1) {
-            epoch = rest.trim().parse::<i64>().ok();
+        if let Some(rest) = line.split("HOLDING FENCE ").nth(1) {
+            fence = serde_json::from_str::<Fence>(rest.trim()).ok();
             break;
         }
     }
-    let epoch = Epoch::new(epoch.expect("the child acquired")).unwrap();
-    let dead = Fence::new("f/l", epoch).unwrap();
+    let dead = fence.expect("the child acquired");
+    let epoch = dead.epoch();
     // The worker's check passes while the child holds the lease; the child is killed only after that.
     let worker = Store::connect(db.config("f").application_name("worker-of-the-dead"))
         .await
@@ -539,7 +540,7 @@ async fn child_holds_a_lease_until_killed() {
         .acquire("l", "doomed", &options(2_000))
         .await
         .unwrap();
-    println!("HOLDING EPOCH {}", lease.epoch());
+    println!("HOLDING FENCE {}", serde_json::to_string(&lease.fence()).unwrap());
     let mut n = 0;
     loop {
         let _ = store
@@ -1085,7 +1086,7 @@ async fn epochs_stay_above_lost_ones_after_failover_to_an_async_standby() {
         ]
     );
     for lost in 1..=highest_before.get() {
-        let stale = Fence::new("f/l", Epoch::new(lost).unwrap()).unwrap();
+        let stale = common::forged_fence("f/l", lost);
         match promoted.create_task(&stale, "k", &json!({})).await {
             Err(Error::Stale {
                 reason: LossReason::Superseded,

@@ -378,7 +378,7 @@ async fn every_kind_of_stale_epoch_is_refused_with_its_reason() {
     );
 
     let d = store.acquire("l4", "pod-a", TTL).await.unwrap();
-    let future = Fence::new("c/l4", pgfence::Epoch::new(d.epoch().get() + 1).unwrap()).unwrap();
+    let future = common::forged_fence("c/l4", d.epoch().get() + 1);
     let bogus = store.create_task(&future, "k", &json!({})).await;
     assert!(
         matches!(
@@ -391,7 +391,7 @@ async fn every_kind_of_stale_epoch_is_refused_with_its_reason() {
         "{bogus:?}"
     );
 
-    let unknown = Fence::new("c/never", pgfence::Epoch::new(1).unwrap()).unwrap();
+    let unknown = common::forged_fence("c/never", 1);
     let missing = store.create_task(&unknown, "k", &json!({})).await;
     assert!(
         matches!(
@@ -575,16 +575,18 @@ async fn a_takeover_waits_for_a_fenced_transaction_in_flight_but_a_renewal_does_
 async fn guard_and_audit_are_usable_from_plain_sql() {
     let db = TestDb::new().await;
     let client = db.client().await;
-    let acquire = "SELECT outcome, epoch FROM pgfence.acquire('prod/scheduler', 'psql-1', 15000)";
+    let acquire =
+        "SELECT outcome, epoch, secret FROM pgfence.acquire('prod/scheduler', 'psql-1', 15000)";
     let row = client.query_one(acquire, &[]).await.unwrap();
     assert_eq!(
         (row.get::<_, String>(0), row.get::<_, i64>(1)),
         ("acquired".to_owned(), 1)
     );
+    let secret: String = row.get(2);
     let all = client
         .query_one(
-            "SELECT * FROM pgfence.create_task('prod/scheduler', 1, 'job-1', '{}')",
-            &[],
+            "SELECT * FROM pgfence.create_task('prod/scheduler', 1, $1, 'job-1', '{}')",
+            &[&secret],
         )
         .await
         .unwrap();
@@ -594,8 +596,8 @@ async fn guard_and_audit_are_usable_from_plain_sql() {
     assert_eq!(row.get::<_, i64>(1), 2, "one call, one new epoch");
     let stale = client
         .query_one(
-            "SELECT * FROM pgfence.claim_task('prod/scheduler', 1, 'job-1', 'w')",
-            &[],
+            "SELECT * FROM pgfence.claim_task('prod/scheduler', 1, $1, 'job-1', 'w')",
+            &[&secret],
         )
         .await
         .unwrap();
@@ -604,8 +606,8 @@ async fn guard_and_audit_are_usable_from_plain_sql() {
     client.batch_execute("BEGIN").await.unwrap();
     let fenced = client
         .query_one(
-            "SELECT outcome FROM pgfence.fence('prod/scheduler', 1, 'psql_update')",
-            &[],
+            "SELECT outcome FROM pgfence.fence('prod/scheduler', 1, $1, 'psql_update')",
+            &[&secret],
         )
         .await
         .unwrap();

@@ -461,9 +461,10 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
             .map(|c| c.code().to_owned())
             .unwrap_or_else(|| e.to_string())
     };
+    // The tenure's secret, kept in a session setting so that the statements below can name it.
     client
         .query_one(
-            "SELECT outcome FROM pgfence.acquire('c/l', 'pod', 60000)",
+            "SELECT set_config('test.secret', secret, false) FROM pgfence.acquire('c/l', 'pod', 60000)",
             &[],
         )
         .await
@@ -489,19 +490,19 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
             "22023",
         ),
         (
-            "SELECT * FROM pgfence.create_task('c/l', 0, 'k', '{}')",
+            "SELECT * FROM pgfence.create_task('c/l', 0, current_setting('test.secret'), 'k', '{}')",
             "22023",
         ),
         (
-            "SELECT * FROM pgfence.create_task('c/l', 1, NULL, '{}')",
+            "SELECT * FROM pgfence.create_task('c/l', 1, current_setting('test.secret'), NULL, '{}')",
             "22023",
         ),
         (
-            "SELECT * FROM pgfence.transition_task('c/l', 1, 'k', 'pending', 'bogus', '{}')",
+            "SELECT * FROM pgfence.transition_task('c/l', 1, current_setting('test.secret'), 'k', 'pending', 'bogus', '{}')",
             "22023",
         ),
         (
-            "SELECT * FROM pgfence.renew_many(ARRAY['c/l'], ARRAY[1, 2]::bigint[], 'pod', 1000)",
+            "SELECT * FROM pgfence.renew_many(ARRAY['c/l'], ARRAY[1, 2]::bigint[], ARRAY['x'], 'pod', 1000)",
             "22023",
         ),
     ];
@@ -512,7 +513,7 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
     // NUL cannot be in a PostgreSQL text value; a driver that sends one gets 22021.
     let nul = client
         .query(
-            "SELECT * FROM pgfence.create_task('c/l', 1, $1, '{}')",
+            "SELECT * FROM pgfence.create_task('c/l', 1, current_setting('test.secret'), $1, '{}')",
             &[&"a\0b"],
         )
         .await
@@ -520,7 +521,7 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
     assert_eq!(code(nul), "22021");
     let invalid_utf8 = client
         .query(
-            "SELECT * FROM pgfence.create_task('c/l', 1, $1, '{}')",
+            "SELECT * FROM pgfence.create_task('c/l', 1, current_setting('test.secret'), $1, '{}')",
             &[&RawText(vec![0x66, 0xff, 0xfe, 0x80])],
         )
         .await
@@ -532,7 +533,7 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
     let deep = format!("{}1{}", "[".repeat(200_000), "]".repeat(200_000));
     let err = client
         .query(
-            "SELECT * FROM pgfence.create_task('c/l', 1, 'deep', $1::text::jsonb)",
+            "SELECT * FROM pgfence.create_task('c/l', 1, current_setting('test.secret'), 'deep', $1::text::jsonb)",
             &[&deep],
         )
         .await
@@ -541,7 +542,7 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
     let at_the_limit = nest(pgfence::MAX_PAYLOAD_DEPTH, true, json!("deepest"));
     let row = client
         .query_one(
-            "SELECT outcome FROM pgfence.create_task('c/l', 1, 'deep-ok', $1::text::jsonb)",
+            "SELECT outcome FROM pgfence.create_task('c/l', 1, current_setting('test.secret'), 'deep-ok', $1::text::jsonb)",
             &[&at_the_limit.to_string()],
         )
         .await
@@ -576,7 +577,7 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
     let (fits, over) = (blob(n), blob(n + 1));
     let err = client
         .query(
-            "SELECT * FROM pgfence.create_task('c/l', 1, 'edge-over', $1::text::jsonb)",
+            "SELECT * FROM pgfence.create_task('c/l', 1, current_setting('test.secret'), 'edge-over', $1::text::jsonb)",
             &[&over],
         )
         .await
@@ -584,7 +585,7 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
     assert_eq!(code(err), "22023", "create_task one byte over the backstop");
     let row = client
         .query_one(
-            "SELECT outcome FROM pgfence.create_task('c/l', 1, 'edge', $1::text::jsonb)",
+            "SELECT outcome FROM pgfence.create_task('c/l', 1, current_setting('test.secret'), 'edge', $1::text::jsonb)",
             &[&fits],
         )
         .await
@@ -610,8 +611,8 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
         "the 16 MiB payload is stored exactly, in the task and its created event"
     );
     for call in [
-        "append_event('c/l', 1, 'edge', 'k', $1::text::jsonb)",
-        "transition_task('c/l', 1, 'edge', 'pending', 'pending', $1::text::jsonb)",
+        "append_event('c/l', 1, current_setting('test.secret'), 'edge', 'k', $1::text::jsonb)",
+        "transition_task('c/l', 1, current_setting('test.secret'), 'edge', 'pending', 'pending', $1::text::jsonb)",
     ] {
         let err = client
             .query(&format!("SELECT * FROM pgfence.{call}"), &[&over])
@@ -908,25 +909,31 @@ proptest! {
 
     /// Epochs: `Epoch::new` accepts exactly >= 1; a fence with any issued-or-not epoch is either the current one
     /// (accepted, nothing audited) or refused as stale — superseded below, future above — and audited: after
-    /// every case the audit holds exactly one row per refused epoch, with the count of its refusals so far, the
-    /// first refusal's reason and the current epoch.
+    /// every case the audit holds exactly one tenure-scope row per refused issued epoch, with the count of its
+    /// refusals so far, the first refusal's reason and the current epoch, and one role-scope row for every
+    /// future epoch together (no tenure explains those: a flood of them costs one row).
     #[test]
     fn any_epoch_is_current_stale_or_refused_before_sending(value in prop_oneof![any::<i64>(), -3i64..8]) {
-        static F: OnceLock<Mutex<(Fixture, i64, Refusals)>> = OnceLock::new();
+        static F: OnceLock<Mutex<(Fixture, pgfence::Fence, Refusals)>> = OnceLock::new();
         let mut guard = F.get_or_init(|| {
             let f = fixture();
-            let mut current = 0;
+            let mut lease = None;
             for _ in 0..3 {
-                current = f.runtime.block_on(f.store.acquire("epochs", "pod", TTL)).unwrap().epoch().get();
+                lease = Some(f.runtime.block_on(f.store.acquire("epochs", "pod", TTL)).unwrap());
             }
-            Mutex::new((f, current, HashMap::new()))
+            let fence = lease.unwrap().fence();
+            Mutex::new((f, fence, HashMap::new()))
         }).lock().unwrap_or_else(|p| p.into_inner());
-        let (f, current, refused) = &mut *guard;
-        let current = *current;
+        let (f, current_fence, refused) = &mut *guard;
+        let current = current_fence.epoch().get();
         match pgfence::Epoch::new(value) {
-            Ok(epoch) => {
+            Ok(_) => {
                 prop_assert!(value >= 1);
-                let fence = pgfence::Fence::new("hostile/epochs", epoch).unwrap();
+                let fence = if value == current {
+                    current_fence.clone()
+                } else {
+                    common::forged_fence("hostile/epochs", value)
+                };
                 let key = format!("e{value}");
                 match f.runtime.block_on(f.store.create_task(&fence, &key, &json!({}))) {
                     Ok(_) => prop_assert_eq!(value, current),
@@ -952,7 +959,7 @@ proptest! {
             .runtime
             .block_on(f.client.query(
                 "SELECT presented_epoch, count, reason, current_epoch, operation FROM pgfence.rejections \
-                  WHERE lease = 'hostile/epochs'",
+                  WHERE scope = 'tenure' AND lease = 'hostile/epochs'",
                 &[],
             ))
             .unwrap()
@@ -961,11 +968,26 @@ proptest! {
             .collect();
         let expected: HashMap<i64, (i64, String, Option<i64>, String)> = refused
             .iter()
+            .filter(|(epoch, _)| **epoch < current)
             .map(|(epoch, (count, reason))| {
                 (*epoch, (*count, (*reason).to_owned(), Some(current), "create_task".to_owned()))
             })
             .collect();
         prop_assert_eq!(audit, expected);
+        let future: i64 = refused.iter().filter(|(epoch, _)| **epoch > current).map(|(_, (n, _))| *n).sum();
+        let role_rows: Vec<(i64, String)> = f
+            .runtime
+            .block_on(f.client.query(
+                "SELECT count, reason FROM pgfence.rejections WHERE scope = 'role' AND reason = 'future_epoch'",
+                &[],
+            ))
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let expected_role: Vec<(i64, String)> =
+            if future > 0 { vec![(future, "future_epoch".to_owned())] } else { vec![] };
+        prop_assert_eq!(role_rows, expected_role);
     }
 
     /// CLI arguments: any combination of words and flags ends with a documented exit code and a message — never

@@ -62,7 +62,7 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
     let db = TestDb::new().await;
     let app = role(&db, "app").await;
     let owner = db.store("c").await;
-    owner.grant_application(&app).await.unwrap();
+    owner.grant_application(&app, None).await.unwrap();
     db.client()
         .await
         .batch_execute(&format!("CREATE TABLE shards (id int PRIMARY KEY, owner text); ALTER TABLE shards OWNER TO {app}"))
@@ -151,8 +151,8 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
         role(&db, "sdnone").await,
     );
     let owner = db.store("c").await;
-    owner.grant_application(&app).await.unwrap();
-    owner.grant_operator(&ops).await.unwrap();
+    owner.grant_application(&app, None).await.unwrap();
+    owner.grant_operator(&ops, None).await.unwrap();
     let client = db.client().await;
     let executable = |role: String| {
         let client = &client;
@@ -243,7 +243,7 @@ async fn a_hostile_search_path_cannot_redirect_the_guard() {
     let _shared = MEASURING.read().await;
     let db = TestDb::new().await;
     let app = role(&db, "sneaky").await;
-    db.store("c").await.grant_application(&app).await.unwrap();
+    db.store("c").await.grant_application(&app, None).await.unwrap();
     db.client()
         .await
         .batch_execute(&format!("GRANT CREATE ON DATABASE {} TO {app}", db.name))

@@ -248,6 +248,8 @@ struct Takeover {
     queued: Vec<Kind>,
     /// The (outcome, epoch) of the acquisition sent after the takeover's commit, if any.
     then: Option<(String, i64)>,
+    /// The tenure secret the last acquisition returned.
+    secret: String,
 }
 
 fn rows(result: &[tokio_postgres::SimpleQueryRow]) -> BTreeMap<Row, Kind> {
@@ -308,7 +310,9 @@ async fn take_over(
             r.get::<usize>(1).unwrap().parse::<i64>().unwrap(),
         )
     };
+    let acquisition = if then.is_some() { &results[8][0] } else { &results[3][0] };
     Takeover {
+        secret: acquisition.get(2).expect("the acquisition returned a secret").to_owned(),
         outcome: outcome(&results[3][0]),
         then: results.get(8).map(|r| outcome(&r[0])),
         at_start: rows(&results[1]),
@@ -428,7 +432,7 @@ async fn no_stale_write_commits_after_a_takeover_commits() {
         let next_holder = if holder == "pod-a" { "pod-b" } else { "pod-a" };
         let acquire = |holder: &str| {
             format!(
-                "SELECT outcome, epoch FROM pgfence.acquire('{QUALIFIED}', '{holder}', {})",
+                "SELECT outcome, epoch, secret FROM pgfence.acquire('{QUALIFIED}', '{holder}', {})",
                 TTL.as_millis()
             )
         };
@@ -437,7 +441,8 @@ async fn no_stale_write_commits_after_a_takeover_commits() {
             1 => (
                 "release",
                 format!(
-                    "SELECT outcome, epoch FROM pgfence.release('{QUALIFIED}', '{holder}', {old_epoch})"
+                    "SELECT outcome, epoch FROM pgfence.release('{QUALIFIED}', '{holder}', {old_epoch}, '{}')",
+                    current.secret().expose_secret()
                 ),
                 Some(acquire(next_holder)),
             ),
@@ -457,7 +462,12 @@ async fn no_stale_write_commits_after_a_takeover_commits() {
             assert_eq!(seen.then, Some(("acquired".to_owned(), old_epoch + 1)));
             holder = next_holder.to_owned();
         }
-        current = Fence::new(QUALIFIED, Epoch::new(old_epoch + 1).unwrap()).unwrap();
+        current = Fence::new(
+            QUALIFIED,
+            Epoch::new(old_epoch + 1).unwrap(),
+            pgfence::TenureSecret::parse(seen.secret.clone()).unwrap(),
+        )
+        .unwrap();
 
         let mut acked = BTreeMap::new();
         let mut refused = Vec::new();

@@ -537,7 +537,7 @@ async fn a_failover_is_a_fencing_boundary() {
 
     // B's epoch 2 was issued and acknowledged on the old primary but never reached the promoted server: it is
     // refused there too.
-    let fence_b_lost = Fence::new("f/l", b.epoch()).unwrap();
+    let fence_b_lost = b.fence();
     assert_stale(
         promoted.create_task(&fence_b_lost, "b-2", &json!({})).await,
         LossReason::FutureEpoch,

@@ -40,16 +40,19 @@ async fn session(db: &TestDb, application_name: &str) -> tokio_postgres::Client 
     client
 }
 
-/// `SELECT outcome, reason FROM pgfence.fence(lease, epoch)` on a raw session.
+/// `SELECT outcome, reason FROM pgfence.fence(lease, epoch, secret)` on a raw session.
 async fn fence_outcome(
     client: &tokio_postgres::Client,
-    lease: &str,
-    epoch: i64,
+    fence: &pgfence::Fence,
 ) -> Result<(String, Option<String>), tokio_postgres::Error> {
     client
         .query_one(
-            "SELECT outcome, reason FROM pgfence.fence($1, $2)",
-            &[&lease, &epoch],
+            "SELECT outcome, reason FROM pgfence.fence($1, $2, $3)",
+            &[
+                &fence.lease(),
+                &fence.epoch().get(),
+                &fence.secret().expose_secret(),
+            ],
         )
         .await
         .map(|r| (r.get(0), r.get(1)))
@@ -68,12 +71,11 @@ async fn a_waiting_takeover_is_not_overtaken_by_later_guards() {
     let db = TestDb::new().await;
     let store = db.store("c").await;
     let lease = store.acquire("fair", "leader", TTL).await.unwrap();
-    let epoch = lease.epoch().get();
 
     let in_flight = session(&db, "in-flight").await;
     in_flight.batch_execute("BEGIN").await.unwrap();
     assert_eq!(
-        fence_outcome(&in_flight, "c/fair", epoch).await.unwrap().0,
+        fence_outcome(&in_flight, &lease.fence()).await.unwrap().0,
         "ok"
     );
 
@@ -86,7 +88,7 @@ async fn a_waiting_takeover_is_not_overtaken_by_later_guards() {
     let later = session(&db, "later").await;
     let later_guard = tokio::spawn(async move {
         later.batch_execute("BEGIN").await.unwrap();
-        let outcome = fence_outcome(&later, "c/fair", epoch).await;
+        let outcome = fence_outcome(&later, &lease.fence()).await;
         later.batch_execute("COMMIT").await.unwrap();
         outcome
     });
@@ -137,7 +139,7 @@ async fn an_idle_guarded_transaction_delays_a_takeover_by_at_most_the_grace() {
     let stalled = session(&db, "stalled-writer").await;
     stalled.batch_execute("BEGIN").await.unwrap();
     assert_eq!(
-        fence_outcome(&stalled, "c/idle", epoch).await.unwrap().0,
+        fence_outcome(&stalled, &lease.fence()).await.unwrap().0,
         "ok"
     );
     stalled
@@ -244,8 +246,8 @@ async fn lock_waits_are_bounded_and_name_the_blocker() {
         .get(0);
     open_renewal
         .query_one(
-            "SELECT pgfence.renew('c/bounded', 'leader', $1, 60000)",
-            &[&epoch],
+            "SELECT pgfence.renew('c/bounded', 'leader', $1, $2, 60000)",
+            &[&epoch, &lease.fence().secret().expose_secret()],
         )
         .await
         .unwrap();
@@ -306,7 +308,7 @@ async fn a_direct_lease_update_serializes_against_guarded_writes() {
     let in_flight = session(&db, "in-flight").await;
     in_flight.batch_execute("BEGIN").await.unwrap();
     assert_eq!(
-        fence_outcome(&in_flight, "c/direct", epoch)
+        fence_outcome(&in_flight, &lease.fence())
             .await
             .unwrap()
             .0,
@@ -377,8 +379,9 @@ async fn guards_refuse_to_decide_outside_read_committed() {
         .unwrap();
     store.force_release("iso").await.unwrap();
     let second = store.acquire("iso", "b", TTL).await.unwrap();
-    for epoch in [first.epoch().get(), second.epoch().get()] {
-        let err = fence_outcome(&rr, "c/iso", epoch).await.unwrap_err();
+    for fence in [first.fence(), second.fence()] {
+        let epoch = fence.epoch();
+        let err = fence_outcome(&rr, &fence).await.unwrap_err();
         assert_eq!(sqlstate(&err), "PF004", "epoch {epoch}: {err}");
         assert!(err
             .as_db_error()
@@ -428,18 +431,19 @@ async fn renew_many_validates_like_renew_and_answers_duplicates_consistently() {
         (vec!["x"], vec![Some(epoch)]),
         (vec!["/many"], vec![Some(epoch)]),
     ] {
+        let secrets = vec![lease.fence().secret().expose_secret().to_owned()];
         let err = client
             .query(
-                "SELECT * FROM pgfence.renew_many($1, $2, 'h', 60000)",
-                &[&leases, &epochs],
+                "SELECT * FROM pgfence.renew_many($1, $2, $3, 'h', 60000)",
+                &[&leases, &epochs, &secrets],
             )
             .await
             .unwrap_err();
         assert_eq!(sqlstate(&err), "22023", "{leases:?} {epochs:?}: {err}");
         let renew = client
             .query_one(
-                "SELECT pgfence.renew($1, 'h', $2, 60000)",
-                &[&leases[0], &epochs[0]],
+                "SELECT pgfence.renew($1, 'h', $2, $3, 60000)",
+                &[&leases[0], &epochs[0], &secrets[0]],
             )
             .await
             .unwrap_err();
@@ -447,8 +451,9 @@ async fn renew_many_validates_like_renew_and_answers_duplicates_consistently() {
     }
     let rows = client
         .query(
-            "SELECT outcome, reason FROM pgfence.renew_many(ARRAY['c/many', 'c/many'], ARRAY[$1::bigint, $1::bigint], 'h', 60000)",
-            &[&epoch],
+            "SELECT outcome, reason FROM pgfence.renew_many(ARRAY['c/many', 'c/many'], \
+             ARRAY[$1::bigint, $1::bigint], ARRAY[$2, $2], 'h', 60000)",
+            &[&epoch, &lease.fence().secret().expose_secret()],
         )
         .await
         .unwrap();

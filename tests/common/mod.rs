@@ -371,3 +371,16 @@ pub mod metrics_probe {
             .unwrap_or_default()
     }
 }
+
+/// A well-formed tenure secret that is no tenure's: for fences whose epoch is stale or was never issued (the
+/// database refuses those for their epoch before it looks at the secret) and for forgery tests.
+#[allow(dead_code)]
+pub fn forged_secret() -> pgfence::TenureSecret {
+    pgfence::TenureSecret::parse("0".repeat(pgfence::SECRET_LEN)).unwrap()
+}
+
+/// A fence for (lease, epoch) with [`forged_secret`].
+#[allow(dead_code)]
+pub fn forged_fence(lease: &str, epoch: i64) -> pgfence::Fence {
+    pgfence::Fence::new(lease, pgfence::Epoch::new(epoch).unwrap(), forged_secret()).unwrap()
+}

@@ -1,14 +1,35 @@
 //! Throwaway PostgreSQL servers started from the system's binaries.
 //!
 //! [`EmbeddedServer`] runs `initdb` into a fresh temporary directory, starts a
-//! `postgres` server on a free TCP port of `127.0.0.1` with trust
-//! authentication, and removes everything again when it is dropped. It is
-//! meant for test suites, demos and benchmarks, not for production data.
+//! `postgres` server on a free TCP port of `127.0.0.1`, and removes
+//! everything again when it is dropped. It is meant for test suites, demos
+//! and benchmarks, not for production data.
 //!
 //! The binaries (`initdb`, `pg_ctl`, `postgres`) are located by
 //! [`find_bin_dir`]. PostgreSQL refuses to run as `root`; when the current
 //! process is root, every server command is run as the `postgres` OS user
 //! through `runuser`.
+//!
+//! # Access
+//!
+//! Only the process that started a server can connect to it. A superuser
+//! that any local OS user could reach would let them run commands as the
+//! user who started it (`COPY … TO PROGRAM`), so:
+//!
+//! - At start, a random password is generated for the superuser `postgres`
+//!   (32 bytes from the kernel's random source). It is kept in this
+//!   process's memory and in the URLs [`EmbeddedServer::url`] returns;
+//!   `initdb` reads it from a file created 0600 in the 0700 temporary
+//!   directory and deleted as soon as `initdb` returns, and the server keeps
+//!   only its SCRAM verifier.
+//! - `pg_hba.conf` asks every connection, over TCP on loopback or the Unix
+//!   socket, normal or replication, for that password (`scram-sha-256`);
+//!   there is no `trust` line. The Unix socket lives in a 0700 directory
+//!   owned by the server user, next to the 0700 data directory.
+//! - The password never appears in `Debug` output, logs or errors; tools run
+//!   against the server get it through their `PGPASSWORD` environment
+//!   variable, never through their command line (which every user can read
+//!   in `ps`).
 //!
 //! # Cleanup
 //!
@@ -27,16 +48,18 @@
 //! (asynchronously), and [`EmbeddedServer::promote`] turns such a standby
 //! into a primary: enough to test what a client does when it meets a
 //! standby, or a failover. A standby is an [`EmbeddedServer`] like any
-//! other, with its own directory, port and watchdog.
+//! other, with its own directory, port and watchdog, and the same superuser
+//! password as its primary (it is a copy of it).
 //!
 //! Everything here is synchronous and uses `std::process`; it can be called
 //! from async code, but it blocks the calling thread while commands run.
 
 use std::ffi::OsStr;
+use std::fmt::{self, Write as _};
 use std::fs;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io::{self, Read, Seek, SeekFrom, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
@@ -70,6 +93,26 @@ const TCP_READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How many lines of logs and command output end up in errors.
 const TAIL_LINES: usize = 40;
+
+/// Random bytes in the superuser's password.
+const PASSWORD_BYTES: usize = 32;
+
+/// The whole `pg_hba.conf` of every server: each connection must prove that
+/// it knows the superuser's password, whatever way it comes in. `trust`
+/// would admit every OS user of the machine as superuser. The replication
+/// lines serve `pg_basebackup` and a standby's walreceiver; `::1` is listed
+/// although the server listens on `127.0.0.1` only, so that a changed
+/// `listen_addresses` does not open a way in.
+const PG_HBA: &str = "\
+# Written by pgfence's embedded server: password (SCRAM) authentication only.
+# TYPE  DATABASE     USER  ADDRESS       METHOD
+local   all          all                 scram-sha-256
+host    all          all   127.0.0.1/32  scram-sha-256
+host    all          all   ::1/128       scram-sha-256
+local   replication  all                 scram-sha-256
+host    replication  all   127.0.0.1/32  scram-sha-256
+host    replication  all   ::1/128       scram-sha-256
+";
 
 /// Environment variables that would change how the server or `pg_ctl`
 /// behave; they are removed from every command.
@@ -105,8 +148,9 @@ pub struct EmbeddedOptions {
     /// `shared_buffers = 128MB`, `wal_level = replica`,
     /// `max_wal_senders = 10`), so they can override them (lowering the
     /// last two makes [`EmbeddedServer::start_standby`] fail). `port`,
-    /// `listen_addresses` and `unix_socket_directories` are always set by
-    /// the server itself and cannot be overridden.
+    /// `listen_addresses`, `unix_socket_directories`,
+    /// `unix_socket_permissions` and `password_encryption` are always set
+    /// by the server itself and cannot be overridden.
     pub extra_settings: Vec<(String, String)>,
 }
 
@@ -200,7 +244,8 @@ fn display_paths(paths: &[PathBuf]) -> String {
 ///
 /// The server listens on `127.0.0.1` only, on a port chosen at start that
 /// stays the same across [`stop`](Self::stop) / [`start_again`](Self::start_again),
-/// and accepts the superuser `postgres` without a password. Dropping the
+/// and accepts the superuser `postgres` only with the random password in
+/// [`url`](Self::url), which `Debug` does not show. Dropping the
 /// value stops the server immediately and deletes its directory; if the
 /// process exits without dropping it, a watchdog process does the same (see
 /// the [module documentation](self)).
@@ -216,11 +261,47 @@ pub struct EmbeddedServer {
     log_file: PathBuf,
     socket_dir: PathBuf,
     run_as: Option<RunAs>,
+    password: Password,
     /// Kept so that `pgfence.conf` can be rewritten for a new port, and so
     /// that a standby gets the same settings as its primary.
     options: EmbeddedOptions,
     temp: Option<TempDir>,
     watchdog: Option<Watchdog>,
+}
+
+/// The superuser's password. `Debug` does not show it.
+#[derive(Clone)]
+struct Password(String);
+
+impl Password {
+    /// [`PASSWORD_BYTES`] bytes from the kernel's CSPRNG, hex-encoded, so that
+    /// the password needs no quoting in a URL, a conninfo string or a file.
+    ///
+    /// Read from `/dev/urandom` rather than through a crate: this module
+    /// relies on Linux already (`runuser`, `/proc`), and it is the same
+    /// kernel source the `getrandom` crate reads. `fastrand`, a dependency
+    /// for jitter, is not cryptographic.
+    fn generate() -> Result<Self, EmbeddedError> {
+        let mut bytes = [0u8; PASSWORD_BYTES];
+        fs::File::open("/dev/urandom")
+            .and_then(|mut source| source.read_exact(&mut bytes))
+            .map_err(|e| EmbeddedError::io("reading /dev/urandom for the superuser password", e))?;
+        let mut hex = String::with_capacity(2 * PASSWORD_BYTES);
+        for byte in bytes {
+            let _ = write!(hex, "{byte:02x}");
+        }
+        Ok(Self(hex))
+    }
+
+    fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Password {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Password(<hidden>)")
+    }
 }
 
 /// How to run commands as the server user.
@@ -246,16 +327,18 @@ struct StartFailure {
 impl EmbeddedServer {
     /// Starts a server with [`EmbeddedOptions::default`].
     ///
-    /// Runs `initdb` into a new temporary directory (prefix `pgfence-pg-`),
-    /// starts the server on a free port and waits until it accepts TCP
-    /// connections. This takes about a second.
+    /// Generates the superuser's password, runs `initdb` into a new
+    /// temporary directory (prefix `pgfence-pg-`), starts the server on a
+    /// free port and waits until it accepts TCP connections. This takes
+    /// about a second.
     ///
     /// ```no_run
     /// use pgfence::embedded::EmbeddedServer;
     ///
     /// let server = EmbeddedServer::start()?;
-    /// println!("connect to {}", server.url());
-    /// // postgres://postgres@127.0.0.1:<port>/postgres
+    /// // The URL carries the password: hand it to a client, never print it.
+    /// let config = pgfence::StoreConfig::new(server.url(), "demo");
+    /// println!("PostgreSQL on 127.0.0.1:{}", server.port());
     /// server.crash()?; // like a power cut for the server processes
     /// server.start_again()?; // recovers, same port and data
     /// drop(server); // stops the server and deletes its directory
@@ -280,7 +363,8 @@ impl EmbeddedServer {
         let started = Instant::now();
         let bin_dir = find_bin_dir()?;
         let run_as = resolve_run_as()?;
-        let mut server = Self::prepare(bin_dir, run_as, options)?;
+        let password = Password::generate()?;
+        let mut server = Self::prepare(bin_dir, run_as, options, password)?;
         server.initdb()?;
         server.start_first()?;
         tracing::info!(
@@ -300,10 +384,10 @@ impl EmbeddedServer {
     /// `pg_basebackup -R` copies this server's data directory into a new
     /// temporary directory and writes the recovery configuration
     /// (`standby.signal`, and `primary_conninfo` pointing at this server's
-    /// port); the standby then runs on a new free port with its own socket
-    /// directory and the same [`EmbeddedOptions`] as this server (a hot
-    /// standby refuses to start with a lower `max_connections` than its
-    /// primary). Replication is asynchronous and uses no replication slot,
+    /// port, with the password); the standby then runs on a new free port
+    /// with its own socket directory and the same [`EmbeddedOptions`] as
+    /// this server (a hot standby refuses to start with a lower
+    /// `max_connections` than its primary). Replication is asynchronous and uses no replication slot,
     /// so dropping the standby leaves nothing behind on the primary. The
     /// returned server owns its directory and watchdog like any other, and
     /// is independent of this one: dropping the primary leaves the standby
@@ -314,7 +398,9 @@ impl EmbeddedServer {
     /// the primary's whole data directory, so it grows with it. Replication
     /// needs `wal_level = replica` and `max_wal_senders > 0` on this
     /// server (the defaults) and a `replication` line in `pg_hba.conf`
-    /// (written by `initdb --auth=trust`).
+    /// (there are, with password authentication like the others). The
+    /// standby is a copy of this server, so it has the same superuser
+    /// password.
     ///
     /// ```no_run
     /// use pgfence::embedded::EmbeddedServer;
@@ -339,6 +425,7 @@ impl EmbeddedServer {
             self.bin_dir.clone(),
             self.run_as.clone(),
             self.options.clone(),
+            self.password.clone(),
         )?;
         standby.base_backup_of(self)?;
         // The copied `pgfence.conf` names the primary's port and socket
@@ -404,12 +491,14 @@ impl EmbeddedServer {
         Ok(())
     }
 
-    /// A server value with a fresh temporary directory (owned by the server
-    /// user) and a running watchdog, but no data directory yet and port 0.
+    /// A server value with a fresh temporary directory (0700, owned by the
+    /// server user) and a running watchdog, but no data directory yet and
+    /// port 0.
     fn prepare(
         bin_dir: PathBuf,
         run_as: Option<RunAs>,
         options: EmbeddedOptions,
+        password: Password,
     ) -> Result<Self, EmbeddedError> {
         let base = temp_base(run_as.is_some());
         let temp = tempfile::Builder::new()
@@ -422,8 +511,18 @@ impl EmbeddedServer {
                 )
             })?;
         let root = temp.path().to_path_buf();
+        // Private whatever the umask: it holds the data directory, the socket
+        // directory and, for a moment, the password file.
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o700)).map_err(|e| {
+            EmbeddedError::io(format!("setting permissions of {}", root.display()), e)
+        })?;
+        // Whoever can enter this directory can reach the Unix socket; the
+        // password is still needed there, but only the server user gets this
+        // far.
         let socket_dir = root.join("socket");
-        fs::create_dir(&socket_dir)
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&socket_dir)
             .map_err(|e| EmbeddedError::io(format!("creating {}", socket_dir.display()), e))?;
 
         // From here on, dropping `server` (also on an error) cleans up.
@@ -435,6 +534,7 @@ impl EmbeddedServer {
             socket_dir,
             root,
             run_as,
+            password,
             options,
             temp: Some(temp),
             watchdog: None,
@@ -452,18 +552,22 @@ impl EmbeddedServer {
     }
 
     /// Connection URL of the `postgres` database:
-    /// `postgres://postgres@127.0.0.1:{port}/postgres`.
+    /// `postgres://postgres:{password}@127.0.0.1:{port}/postgres`.
+    ///
+    /// It carries the superuser's password (64 hex digits): show it with
+    /// [`redact`](crate::redact), never as is.
     pub fn url(&self) -> String {
         self.url_for("postgres")
     }
 
     /// Connection URL of another database on this server:
-    /// `postgres://postgres@127.0.0.1:{port}/{database}`.
+    /// `postgres://postgres:{password}@127.0.0.1:{port}/{database}`.
     ///
     /// The database name is inserted as given; it is not created.
     pub fn url_for(&self, database: &str) -> String {
         format!(
-            "postgres://{SERVER_USER}@127.0.0.1:{}/{database}",
+            "postgres://{SERVER_USER}:{}@127.0.0.1:{}/{database}",
+            self.password.as_str(),
             self.port
         )
     }
@@ -560,17 +664,36 @@ impl EmbeddedServer {
         }
     }
 
-    /// Initializes the data directory.
+    /// Initializes the data directory, with the superuser's password and
+    /// [`PG_HBA`] as `pg_hba.conf`.
     fn initdb(&self) -> Result<(), EmbeddedError> {
+        // initdb takes the password from a file only. The file is created
+        // 0600 in the temporary directory (0700, owned by the server user),
+        // handed to the server user, and removed as soon as initdb returns,
+        // whether it succeeded or not.
+        let pwfile = self.root.join("pwfile");
+        self.write_pwfile(&pwfile)?;
         let mut cmd = self.server_command(&self.bin_dir.join("initdb"));
         cmd.arg("-D")
             .arg(&self.data_dir)
-            .arg("--auth=trust")
+            .arg("--auth=scram-sha-256")
+            .arg("--pwfile")
+            .arg(&pwfile)
             .arg(format!("--username={SERVER_USER}"))
             .arg("--encoding=UTF8")
             .arg("--locale=C")
             .arg("--no-sync");
-        self.run_checked(cmd)?;
+        let initialized = self.run_checked(cmd);
+        let removed = fs::remove_file(&pwfile)
+            .map_err(|e| EmbeddedError::io(format!("removing {}", pwfile.display()), e));
+        initialized?;
+        removed?;
+
+        // initdb's own pg_hba.conf already asks for the password everywhere;
+        // this one says exactly which connections exist.
+        let hba = self.data_dir.join("pg_hba.conf");
+        fs::write(&hba, PG_HBA)
+            .map_err(|e| EmbeddedError::io(format!("writing {}", hba.display()), e))?;
 
         let conf = self.data_dir.join("postgresql.conf");
         let mut contents = fs::read_to_string(&conf)
@@ -578,6 +701,29 @@ impl EmbeddedServer {
         contents.push_str("\n# Settings of the embedded test server.\ninclude 'pgfence.conf'\n");
         fs::write(&conf, contents)
             .map_err(|e| EmbeddedError::io(format!("writing {}", conf.display()), e))
+    }
+
+    /// Writes the superuser's password to a new 0600 file at `path`, owned
+    /// by the server user, for `initdb --pwfile`.
+    fn write_pwfile(&self, path: &Path) -> Result<(), EmbeddedError> {
+        let context = || format!("writing {}", path.display());
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| EmbeddedError::io(context(), e))?;
+        writeln!(file, "{}", self.password.as_str())
+            .map_err(|e| EmbeddedError::io(context(), e))?;
+        if self.run_as.is_some() {
+            // The temporary directory was handed to the server user already.
+            let owner = fs::metadata(&self.root)
+                .map_err(|e| EmbeddedError::io(format!("reading {}", self.root.display()), e))?;
+            std::os::unix::fs::chown(path, Some(owner.uid()), Some(owner.gid())).map_err(|e| {
+                EmbeddedError::io(format!("handing {} to {SERVER_USER}", path.display()), e)
+            })?;
+        }
+        Ok(())
     }
 
     /// Fills the data directory with a base backup of `primary`, configured
@@ -589,7 +735,14 @@ impl EmbeddedServer {
         // default spreads it over minutes on a primary with dirty buffers.
         // The WAL written during the backup is streamed into it (`-X
         // stream`), so the backup is consistent without archiving.
-        cmd.arg("-D")
+        //
+        // The password goes through the environment, not the command line.
+        // `-R` writes it into `primary_conninfo` (in `postgresql.auto.conf`),
+        // since the standby's walreceiver must log in too: that file is in the
+        // standby's data directory, 0700 and owned by the server user, who
+        // can read both servers' data anyway.
+        cmd.env("PGPASSWORD", primary.password.as_str())
+            .arg("-D")
             .arg(&self.data_dir)
             .arg("-h")
             .arg("127.0.0.1")
@@ -629,6 +782,10 @@ impl EmbeddedServer {
             "unix_socket_directories",
             self.socket_dir.to_string_lossy().into_owned(),
         ));
+        settings.push(("unix_socket_permissions", "0700".to_owned()));
+        // Already the default since PostgreSQL 14; stated because `PG_HBA`
+        // accepts SCRAM verifiers only.
+        settings.push(("password_encryption", "scram-sha-256".to_owned()));
 
         let mut text = String::new();
         for (name, value) in settings {

@@ -4,6 +4,7 @@
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread;
@@ -87,19 +88,33 @@ fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// The superuser password in a server's URL.
+fn password_of(url: &str) -> String {
+    let config: tokio_postgres::Config = url.parse().expect("a valid URL");
+    let password = config.get_password().expect("a password in the URL");
+    String::from_utf8(password.to_vec()).expect("a UTF-8 password")
+}
+
 /// A server starts, answers `SELECT 1` on `url()`, and dropping it stops it
 /// and deletes its whole temporary directory.
 #[test]
 fn start_connect_drop_removes_data_dir() {
     let server = EmbeddedServer::start().expect("start");
     let url = server.url();
+    let password = password_of(&url);
     assert_eq!(
         url,
-        format!("postgres://postgres@127.0.0.1:{}/postgres", server.port())
+        format!(
+            "postgres://postgres:{password}@127.0.0.1:{}/postgres",
+            server.port()
+        )
     );
     assert_eq!(
         server.url_for("other"),
-        format!("postgres://postgres@127.0.0.1:{}/other", server.port())
+        format!(
+            "postgres://postgres:{password}@127.0.0.1:{}/other",
+            server.port()
+        )
     );
     assert!(server.is_running());
     assert_eq!(select_one(&url).expect("SELECT 1"), 1);
@@ -319,6 +334,201 @@ fn pg_ctl_symlink_on_path_resolves_to_real_bin_dir() {
         .expect("found via PATH");
     assert_eq!(found, real);
     assert!(found.join("pg_ctl").exists());
+}
+
+/// Whether this process runs as root (and so can run commands as another OS user).
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+}
+
+/// Runs `SELECT 1` with `psql` as the OS user `nobody`, on the connection string `conninfo`, with `password`
+/// in its `PGPASSWORD` (nothing else from this process's environment reaches libpq: no `PGPASSFILE`, no
+/// prompt).
+fn psql_as_nobody(psql: &Path, conninfo: &str, password: Option<&str>) -> std::process::Output {
+    let mut command = Command::new("runuser");
+    command
+        .args(["-u", "nobody", "--"])
+        .arg(psql)
+        .args([
+            "-X",
+            "--no-password",
+            "-A",
+            "-t",
+            "-c",
+            "SELECT 1",
+            "-d",
+            conninfo,
+        ])
+        .current_dir("/")
+        .stdin(Stdio::null());
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("PG") {
+            command.env_remove(name);
+        }
+    }
+    command
+        .env("LC_ALL", "C")
+        .env("PGPASSFILE", "/nonexistent/pgpass");
+    if let Some(password) = password {
+        command.env("PGPASSWORD", password);
+    }
+    command
+        .output()
+        .expect("run psql as nobody through runuser")
+}
+
+/// Every regular file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read_dir") {
+            let entry = entry.expect("dir entry");
+            let kind = entry.file_type().expect("file type");
+            if kind.is_dir() {
+                pending.push(entry.path());
+            } else if kind.is_file() {
+                files.push(entry.path());
+            }
+        }
+    }
+    files
+}
+
+/// The invariant of `pgfence::embedded`'s "Access" section: only the process that started a server can
+/// connect to it. Another OS user of the machine (as superuser they could run commands as the user who started
+/// it, with `COPY … TO PROGRAM`) is refused over TCP on loopback without a password and with a wrong one, and
+/// cannot even reach the Unix socket; the same `psql`, as the same user, gets in with the password from
+/// `url()`, so the refusals come from the server, not from the client's setup. Also checked: `pg_hba.conf` has
+/// no `trust` line (every line asks for `scram-sha-256`), the password is stored as a SCRAM verifier and
+/// nowhere in clear under the server's directory (the file `initdb` read it from is gone), the temporary,
+/// data and socket directories are 0700, and `Debug` does not show the password.
+///
+/// Against a `trust` configuration the connections without a password succeed, and the test fails. It runs
+/// `psql` as `nobody` through `runuser`, so it needs root; otherwise it says so and passes.
+#[test]
+fn another_os_user_cannot_connect() {
+    if !running_as_root() {
+        eprintln!(
+            "skipped another_os_user_cannot_connect: running as another OS user needs root (runuser)"
+        );
+        return;
+    }
+    let server = EmbeddedServer::start().expect("start");
+    let url = server.url();
+    let password = password_of(&url);
+    assert_eq!(password.len(), 64, "32 random bytes, hex-encoded");
+    assert!(password.bytes().all(|b| b.is_ascii_hexdigit()));
+    assert_eq!(select_one(&url).expect("SELECT 1 with url()"), 1);
+    assert!(
+        !format!("{server:?}").contains(&password),
+        "Debug shows the password: {server:?}"
+    );
+
+    let psql = server.bin_dir().join("psql");
+    assert!(
+        psql.is_file(),
+        "no psql next to the server binaries: {}",
+        psql.display()
+    );
+    let tcp = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres",
+        server.port()
+    );
+
+    let with_password = psql_as_nobody(&psql, &tcp, Some(&password));
+    assert!(
+        with_password.status.success()
+            && String::from_utf8_lossy(&with_password.stdout).trim() == "1",
+        "the control failed: psql as nobody with the right password: {with_password:?}"
+    );
+
+    let without = psql_as_nobody(&psql, &tcp, None);
+    let stderr = String::from_utf8_lossy(&without.stderr);
+    assert!(
+        !without.status.success() && stderr.contains("no password supplied"),
+        "nobody without a password over TCP: {without:?}"
+    );
+
+    let wrong = psql_as_nobody(&psql, &tcp, Some(&"0".repeat(64)));
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        !wrong.status.success()
+            && stderr.contains("password authentication failed for user \"postgres\""),
+        "nobody with a wrong password over TCP: {wrong:?}"
+    );
+
+    let socket_dir = show(&url, "unix_socket_directories");
+    assert!(!socket_dir.is_empty());
+    let socket = format!(
+        "host={socket_dir} port={} user=postgres dbname=postgres",
+        server.port()
+    );
+    for password in [None, Some(password.as_str())] {
+        let refused = psql_as_nobody(&psql, &socket, password);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            !refused.status.success() && stderr.contains("Permission denied"),
+            "nobody through the Unix socket in {socket_dir}: {refused:?}"
+        );
+    }
+
+    let hba = std::fs::read_to_string(server.data_dir().join("pg_hba.conf")).expect("pg_hba.conf");
+    let rules: Vec<&str> = hba
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .collect();
+    assert!(!rules.is_empty(), "pg_hba.conf has no rules:\n{hba}");
+    for rule in rules {
+        assert_eq!(
+            rule.split_whitespace().last(),
+            Some("scram-sha-256"),
+            "a pg_hba.conf line without password authentication: {rule}"
+        );
+    }
+    let verifier = with_client(&url, |client| {
+        Box::pin(async move {
+            client
+                .query_one(
+                    "SELECT rolpassword FROM pg_authid WHERE rolname = 'postgres'",
+                    &[],
+                )
+                .await?
+                .try_get::<_, String>(0)
+        })
+    })
+    .expect("read pg_authid");
+    assert!(verifier.starts_with("SCRAM-SHA-256$"), "{verifier}");
+
+    let root = server.data_dir().parent().expect("temp dir").to_path_buf();
+    for dir in [
+        &root,
+        &server.data_dir().to_path_buf(),
+        &PathBuf::from(&socket_dir),
+    ] {
+        let mode = std::fs::metadata(dir)
+            .expect("metadata")
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o700, "{} is {mode:o}", dir.display());
+    }
+    // Stopped, so that no file changes while it is read.
+    server.stop().expect("stop");
+    for file in files_under(&root) {
+        let bytes = std::fs::read(&file).unwrap_or_default();
+        assert!(
+            !bytes
+                .windows(password.len())
+                .any(|w| w == password.as_bytes()),
+            "the password is in clear in {}",
+            file.display()
+        );
+    }
 }
 
 /// Servers can be shared from a `static`.

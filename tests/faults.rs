@@ -776,7 +776,7 @@ async fn a_partitioned_holder_gives_up_first_and_its_late_writes_are_refused() {
     create_held_writes_table(&db.url).await;
     let observer = db.client().await;
     let grace = set_takeover_grace(&observer, Duration::from_millis(300)).await;
-    let proxy = Proxy::start(db.port()).await;
+    let proxy = Proxy::start(&db.url).await;
     let holder_store = Store::connect(
         StoreConfig::new(proxy.url(&db.name), "f")
             .application_name("partitioned")
@@ -927,7 +927,22 @@ async fn a_process_pointed_at_another_database_refuses_to_write() {
         .acquire("l", "someone-else", Duration::from_secs(60))
         .await
         .unwrap();
-    let proxy = Proxy::start(a.port()).await;
+    // Each embedded server has a superuser password of its own. The process behind the proxy logs in as a role
+    // that exists on both servers with one password, so that after the redirect it does get in to b, and what
+    // refuses its writes is the identity check, not the login.
+    for server in [&a, &b] {
+        raw_client(&server.url())
+            .await
+            .batch_execute("CREATE ROLE wanderer LOGIN SUPERUSER PASSWORD 'wanderer-on-a-and-b'")
+            .await
+            .unwrap();
+    }
+    let proxy = Proxy::start(&common::url_with_credentials(
+        &a.url(),
+        "wanderer",
+        "wanderer-on-a-and-b",
+    ))
+    .await;
     let store = Store::connect(
         StoreConfig::new(proxy.url("postgres"), "f")
             .expect(expected)
@@ -1137,7 +1152,7 @@ async fn a_leader_loses_at_a_failover_and_leads_again_without_operator_action() 
     let primary = server().await;
     let standby = blocking(|| primary.start_standby()).unwrap();
     drop(migrated_store(&primary.url(), "setup").await);
-    let proxy = Proxy::start(primary.port()).await;
+    let proxy = Proxy::start(&primary.url()).await;
     let store = Store::connect(
         StoreConfig::new(proxy.url("postgres"), "f")
             .application_name("leader")
@@ -1341,7 +1356,7 @@ async fn a_leader_loses_at_a_failover_and_leads_again_without_operator_action() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_a_lost_reply_has_exactly_one_effect() {
     let db = TestDb::new().await;
-    let proxy = Proxy::start(db.port()).await;
+    let proxy = Proxy::start(&db.url).await;
     let store = Store::connect(StoreConfig::new(proxy.url(&db.name), "f").pool_size(1))
         .await
         .unwrap();

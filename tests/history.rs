@@ -536,7 +536,7 @@ async fn randomized_history_has_no_violations() {
         })
     };
     // Contender 3 reaches the database through a proxy that can partition it.
-    let proxy = Proxy::start(server.port()).await;
+    let proxy = Proxy::start(&server.url()).await;
     for id in 0..4 {
         let (url, proxy) = if id == 3 {
             (proxy.url("postgres"), Some(proxy.clone()))

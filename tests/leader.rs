@@ -902,7 +902,7 @@ async fn the_release_listener_reconnects_after_its_connection_is_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashed_holder_is_succeeded_within_ttl_plus_one_poll() {
     let db = TestDb::new().await;
-    let proxy = Proxy::start(db.port()).await;
+    let proxy = Proxy::start(&db.url).await;
     let crashing = PgElector::new(
         pgfence::Store::connect(
             pgfence::StoreConfig::new(proxy.url(&db.name), "c")
@@ -1348,7 +1348,7 @@ async fn memory_the_context_reports_shutdown_after_an_orderly_stop() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_context_stops_believing_at_the_local_deadline_when_renewals_stop() {
     let db = TestDb::new().await;
-    let proxy = Proxy::start(db.port()).await;
+    let proxy = Proxy::start(&db.url).await;
     let store = pgfence::Store::connect(
         pgfence::StoreConfig::new(proxy.url(&db.name), "c")
             .connect_timeout(Duration::from_millis(300))

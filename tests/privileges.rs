@@ -23,13 +23,17 @@ const TTL: Duration = Duration::from_secs(60);
 /// run side by side with each other (read) but never with a measurement.
 static MEASURING: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
+/// The password of every role these tests create (the server asks every login for one).
+const ROLE_PASSWORD: &str = "pgfence-test-role";
+
 /// Creates a login role named after the test database (roles are cluster-wide; databases are per test).
 async fn role(db: &TestDb, suffix: &str) -> String {
     let name = format!("{}_{suffix}", db.name);
     db.client()
         .await
         .batch_execute(&format!(
-            "CREATE ROLE {name} LOGIN; GRANT CONNECT ON DATABASE {} TO {name}",
+            "CREATE ROLE {name} LOGIN PASSWORD '{ROLE_PASSWORD}'; \
+             GRANT CONNECT ON DATABASE {} TO {name}",
             db.name
         ))
         .await
@@ -38,7 +42,7 @@ async fn role(db: &TestDb, suffix: &str) -> String {
 }
 
 fn url_as(db: &TestDb, role: &str) -> String {
-    db.url.replacen("postgres@", &format!("{role}@"), 1)
+    common::url_with_credentials(&db.url, role, ROLE_PASSWORD)
 }
 
 async fn client_as(db: &TestDb, role: &str) -> tokio_postgres::Client {

@@ -110,10 +110,8 @@ async fn malformed_url_is_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_login_is_reported_without_the_password() {
     let db = TestDb::new().await;
-    // The embedded server trusts local connections; a missing role is the refusal we can provoke portably.
-    let url = db
-        .url
-        .replacen("postgres@", &format!("nobody_here:{SENTINEL}@"), 1);
+    // A missing role: refused whether the server asks for a password or not.
+    let url = common::url_with_credentials(&db.url, "nobody_here", SENTINEL);
     let err = Store::connect(StoreConfig::new(url, "c"))
         .await
         .unwrap_err();

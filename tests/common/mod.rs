@@ -41,6 +41,34 @@ pub fn url_with_database(url: &str, database: &str) -> String {
     out
 }
 
+/// Replaces the user and password of a `postgres://` URL with `user:password` (both inserted as given, so they
+/// must not need percent-encoding).
+pub fn url_with_credentials(url: &str, user: &str, password: &str) -> String {
+    let (scheme, rest) = url
+        .split_once("://")
+        .expect("DATABASE_URL must be a postgres:// URL");
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let host_start = rest[..authority_end].rfind('@').map_or(0, |at| at + 1);
+    format!("{scheme}://{user}:{password}@{}", &rest[host_start..])
+}
+
+/// `url` with a password in it, and that password — the one that must never show up in output: the URL's own
+/// (the embedded server's random one), or else `sentinel`, put into the URL (a server that asks for no password
+/// ignores it).
+pub fn url_with_password(url: &str, sentinel: &str) -> (String, String) {
+    let config: tokio_postgres::Config = url.parse().expect("a valid connection URL");
+    match config.get_password() {
+        Some(password) => (
+            url.to_owned(),
+            String::from_utf8_lossy(password).into_owned(),
+        ),
+        None => (
+            url_with_credentials(url, config.get_user().unwrap_or("postgres"), sentinel),
+            sentinel.to_owned(),
+        ),
+    }
+}
+
 fn base() -> &'static Base {
     BASE.get_or_init(|| {
         let (server, admin_url) = match std::env::var("DATABASE_URL") {

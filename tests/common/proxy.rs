@@ -24,6 +24,8 @@ pub const HOLD_REPLIES_FROM_COMMIT: u8 = 3;
 #[derive(Clone)]
 pub struct Proxy {
     pub port: u16,
+    /// The user (and password) of the upstream URL the proxy was started for, reused in [`Proxy::url`].
+    credentials: String,
     mode: Arc<AtomicU8>,
     changed: Arc<tokio::sync::Notify>,
     upstream: Arc<std::sync::Mutex<u16>>,
@@ -31,10 +33,26 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    pub async fn start(upstream: u16) -> Proxy {
+    /// A proxy to the server of `upstream_url` (on loopback), whose [`url`](Self::url)s log in as that URL does.
+    pub async fn start(upstream_url: &str) -> Proxy {
+        let config: tokio_postgres::Config = upstream_url.parse().expect("a valid connection URL");
+        let upstream = *config
+            .get_ports()
+            .first()
+            .expect("a port in the upstream URL");
+        // Verbatim, so that a percent-encoded password stays encoded.
+        let authority = upstream_url
+            .split_once("://")
+            .and_then(|(_, rest)| rest.split(['/', '?']).next())
+            .unwrap_or_default();
+        let credentials = authority
+            .rsplit_once('@')
+            .map_or("postgres", |(userinfo, _)| userinfo)
+            .to_owned();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let proxy = Proxy {
             port: listener.local_addr().unwrap().port(),
+            credentials,
             mode: Arc::new(AtomicU8::new(PASS)),
             changed: Arc::new(tokio::sync::Notify::new()),
             upstream: Arc::new(std::sync::Mutex::new(upstream)),
@@ -58,7 +76,10 @@ impl Proxy {
     }
 
     pub fn url(&self, database: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+        format!(
+            "postgres://{}@127.0.0.1:{}/{database}",
+            self.credentials, self.port
+        )
     }
 
     pub fn set(&self, mode: u8) {

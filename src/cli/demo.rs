@@ -6,6 +6,7 @@
 //! frozen one wakes, still believing it leads, and writes with its old epoch: the database refuses and records
 //! it. The report reads the tenures and the audit back from the database and checks the invariants.
 
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use pgfence::embedded::EmbeddedServer;
@@ -21,7 +22,8 @@ const TTL: Duration = Duration::from_secs(2);
 /// How long the leader stays frozen: past its ttl, so that the database can grant a successor meanwhile.
 const FREEZE: Duration = Duration::from_millis(3500);
 
-/// Prints the story with the time since the start; to stderr when stdout carries JSON.
+/// Prints the story with the time since the start; to stderr when stdout carries JSON. The text may quote
+/// values read back from the database (a holder, an error), so it is escaped like every stored value.
 struct Narrator {
     started: Instant,
     to_stderr: bool,
@@ -30,15 +32,16 @@ struct Narrator {
 impl Narrator {
     fn say(&self, who: &str, text: impl AsRef<str>) {
         let line = format!(
-            "[{:>5.2}s] {who:<12} {}",
+            "[{:>5.2}s] {who:<12} {}\n",
             self.started.elapsed().as_secs_f64(),
-            text.as_ref()
+            table::escape(text.as_ref(), table::MESSAGE_CHARS)
         );
-        if self.to_stderr {
-            eprintln!("{line}");
+        // A reader that went away does not stop the story (its verdict is the exit code), nor panics it.
+        let _ = if self.to_stderr {
+            std::io::stderr().write_all(line.as_bytes())
         } else {
-            println!("{line}");
-        }
+            std::io::stdout().write_all(line.as_bytes())
+        };
     }
 }
 
@@ -300,7 +303,7 @@ pub(super) async fn run(global: &Global, json: bool) -> CliResult {
     if json {
         super::print_json(&report)?;
     } else {
-        print_report(&report, &qualified);
+        super::emit(&report_text(&report, &qualified))?;
     }
     drop(server);
     if report.verdict {
@@ -393,31 +396,28 @@ async fn build_report(
     })
 }
 
-fn print_report(report: &Report, qualified: &str) {
-    println!();
-    println!("Tenure timeline of {qualified} (pgfence.tenure_history):");
-    table::tenures(&report.tenures);
-    println!();
-    println!(
-        "Refused writes, read back with: SELECT * FROM pgfence.rejections WHERE lease = '{qualified}' ORDER BY id DESC;"
+/// The closing report as text: the tenures and refused writes read back, then the verdict.
+fn report_text(report: &Report, qualified: &str) -> String {
+    let qualified = table::value(qualified);
+    let mut text = format!(
+        "\nTenure timeline of {qualified} (pgfence.tenure_history):\n{}\n\
+         Refused writes, read back with: SELECT * FROM pgfence.rejections WHERE lease = '{qualified}' ORDER BY id DESC;\n{}\n\
+         Verdict:\n",
+        table::tenures(&report.tenures),
+        table::rejections(&report.rejections),
     );
-    table::rejections(&report.rejections);
-    println!();
-    println!("Verdict:");
     for check in &report.checks {
-        println!(
-            "  [{}] {} ({})",
+        text.push_str(&format!(
+            "  [{}] {} ({})\n",
             if check.held { "ok" } else { "VIOLATED" },
             check.invariant,
-            check.detail
-        );
+            table::value(&check.detail)
+        ));
     }
-    println!(
-        "  => {}",
-        if report.verdict {
-            "every invariant held"
-        } else {
-            "an invariant was violated"
-        }
-    );
+    text.push_str(if report.verdict {
+        "  => every invariant held\n"
+    } else {
+        "  => an invariant was violated\n"
+    });
+    text
 }

@@ -294,10 +294,100 @@ impl Global {
     }
 }
 
+/// Writes human output to standard output. A reader that went away (`pgfence status | head -1`) ends the
+/// output quietly, where `println!` would panic; any other write error is exit 1.
+fn emit(text: &str) -> CliResult {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(Failure::new(
+            1,
+            format!("cannot write to standard output: {e}"),
+        )),
+    }
+}
+
+/// `--json` output: pretty JSON that parses back to exactly the values read, with no character in it that a
+/// terminal would act on.
 fn print_json<T: serde::Serialize>(value: &T) -> CliResult {
-    let text = serde_json::to_string_pretty(value).map_err(|e| Failure::new(1, e.to_string()))?;
-    println!("{text}");
-    Ok(())
+    let mut text = Vec::new();
+    let mut serializer = serde_json::Serializer::with_formatter(&mut text, TerminalJson::default());
+    value
+        .serialize(&mut serializer)
+        .map_err(|e| Failure::new(1, e.to_string()))?;
+    text.push(b'\n');
+    // serde_json writes UTF-8 only.
+    emit(&String::from_utf8_lossy(&text))
+}
+
+/// serde_json's pretty formatter, escaping for terminals: serde_json itself writes the C0 controls, `"` and
+/// `\` as escapes; this writes every other terminal control (DEL, C1, the bidirectional controls: see
+/// [`table::is_terminal_control`]) as `\uXXXX` too. JSON decodes those escapes, so the strings stay exact.
+#[derive(Default)]
+struct TerminalJson(serde_json::ser::PrettyFormatter<'static>);
+
+impl serde_json::ser::Formatter for TerminalJson {
+    fn write_string_fragment<W: ?Sized + Write>(
+        &mut self,
+        writer: &mut W,
+        fragment: &str,
+    ) -> std::io::Result<()> {
+        let mut start = 0;
+        for (at, c) in fragment.char_indices() {
+            if table::is_terminal_control(c) {
+                writer.write_all(&fragment.as_bytes()[start..at])?;
+                for unit in c.encode_utf16(&mut [0; 2]) {
+                    write!(writer, "\\u{unit:04x}")?;
+                }
+                start = at + c.len_utf8();
+            }
+        }
+        writer.write_all(&fragment.as_bytes()[start..])
+    }
+
+    // The layout is the pretty formatter's.
+    fn begin_array<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.0.begin_array(writer)
+    }
+    fn end_array<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.0.end_array(writer)
+    }
+    fn begin_array_value<W: ?Sized + Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.0.begin_array_value(writer, first)
+    }
+    fn end_array_value<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.0.end_array_value(writer)
+    }
+    fn begin_object<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.0.begin_object(writer)
+    }
+    fn end_object<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.0.end_object(writer)
+    }
+    fn begin_object_key<W: ?Sized + Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.0.begin_object_key(writer, first)
+    }
+    fn end_object_key<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.0.end_object_key(writer)
+    }
+    fn begin_object_value<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.0.begin_object_value(writer)
+    }
+    fn end_object_value<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        self.0.end_object_value(writer)
+    }
 }
 
 /// Fails with exit code 6 unless the lease exists.
@@ -322,8 +412,7 @@ async fn run(cli: Cli) -> CliResult {
             if json {
                 return print_json(&leases);
             }
-            table::leases(&leases);
-            Ok(())
+            emit(&table::leases(&leases))
         }
         Command::Audit {
             action: Some(AuditAction::Prune { older_than, batch }),
@@ -331,8 +420,9 @@ async fn run(cli: Cli) -> CliResult {
         } => {
             let store = global.store(&global.cluster).await?;
             let deleted = store.prune_rejections(older_than, batch).await?;
-            println!("deleted {deleted} audit rows last seen more than {older_than:?} ago");
-            Ok(())
+            emit(&format!(
+                "deleted {deleted} audit rows last seen more than {older_than:?} ago\n"
+            ))
         }
         Command::Grant {
             role,
@@ -415,8 +505,7 @@ async fn run(cli: Cli) -> CliResult {
             if json {
                 return print_json(&rows);
             }
-            table::rejections(&rows);
-            Ok(())
+            emit(&table::rejections(&rows))
         }
         Command::History { lease, json } => {
             let (cluster, name) = split_lease(&lease, &global.cluster);
@@ -426,8 +515,7 @@ async fn run(cli: Cli) -> CliResult {
             if json {
                 return print_json(&tenures);
             }
-            table::tenures(&tenures);
-            Ok(())
+            emit(&table::tenures(&tenures))
         }
         Command::Identity { json } => {
             let store = global.store(&global.cluster).await?;
@@ -435,22 +523,20 @@ async fn run(cli: Cli) -> CliResult {
             if json {
                 return print_json(&identity);
             }
-            table::identity(&identity, store.target());
-            Ok(())
+            emit(&table::identity(&identity, store.target()))
         }
         Command::Migrate => {
             let store = global.store(&global.cluster).await?;
             let applied = store.migrate().await?;
-            if applied.is_empty() {
-                println!("pgfence schema is up to date on {}", store.target());
+            let target = table::value(store.target());
+            emit(&if applied.is_empty() {
+                format!("pgfence schema is up to date on {target}\n")
             } else {
-                println!(
-                    "applied migrations on {}: {}",
-                    store.target(),
-                    applied.join(", ")
-                );
-            }
-            Ok(())
+                format!(
+                    "applied migrations on {target}: {}\n",
+                    table::value(&applied.join(", "))
+                )
+            })
         }
         Command::ForceRelease { name, yes, json } => {
             let (cluster, name) = split_lease(&name, &global.cluster);
@@ -468,14 +554,15 @@ async fn run(cli: Cli) -> CliResult {
             if json {
                 return print_json(&outcome);
             }
-            match outcome {
-                ForceReleased::Ended { epoch, holder } => println!(
-                    "ended epoch {epoch} of {cluster}/{name} (held by {holder}); writes presenting it are refused now, \
-                     and the next acquisition issues a larger epoch"
+            let lease = table::value(&format!("{cluster}/{name}"));
+            emit(&match outcome {
+                ForceReleased::Ended { epoch, holder } => format!(
+                    "ended epoch {epoch} of {lease} (held by {}); writes presenting it are refused now, \
+                     and the next acquisition issues a larger epoch\n",
+                    table::value(&holder)
                 ),
-                _ => println!("{cluster}/{name} was not held; nothing changed"),
-            }
-            Ok(())
+                _ => format!("{lease} was not held; nothing changed\n"),
+            })
         }
     }
 }
@@ -506,7 +593,13 @@ pub(crate) fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             let _ = std::io::stdout().flush();
-            eprintln!("pgfence: {}", failure.message);
+            // The message may quote stored values (a holder, a lease name, a server's error text): escaped like
+            // them, on one line.
+            let _ = writeln!(
+                std::io::stderr(),
+                "pgfence: {}",
+                table::escape(&failure.message, table::MESSAGE_CHARS)
+            );
             ExitCode::from(failure.code)
         }
     }

@@ -176,7 +176,13 @@ pub(super) fn rejections(rows: &[Rejection]) -> String {
         .map(|r| {
             vec![
                 time(Some(r.last_rejected_at)),
-                r.lease.clone(),
+                r.role.clone(),
+                // A role-scope row aggregates refusals of many leases: the latest one is shown.
+                if r.scope == "role" {
+                    format!("{} (latest)", r.last_lease.as_deref().unwrap_or(&r.lease))
+                } else {
+                    r.lease.clone()
+                },
                 r.presented_epoch.to_string(),
                 r.current_epoch
                     .map_or_else(|| "-".into(), |e| e.to_string()),
@@ -199,6 +205,7 @@ pub(super) fn rejections(rows: &[Rejection]) -> String {
     render(
         &[
             "LAST REFUSED (UTC)",
+            "ROLE",
             "LEASE",
             "PRESENTED",
             "CURRENT",

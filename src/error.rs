@@ -314,6 +314,9 @@ fn infer_sqlstate(kind: &diesel::result::DatabaseErrorKind, message: &str) -> Op
         {
             Some("PF005")
         }
+        _ if message.starts_with("pgfence:") && message.contains(" needs operator rights ") => {
+            Some("42501")
+        }
         _ if message.starts_with("canceling statement due to lock timeout") => Some("55P03"),
         _ if message.starts_with("pgfence:") => Some("22023"),
         _ => None,

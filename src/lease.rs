@@ -349,7 +349,9 @@ pub(crate) mod sql {
     }
 }
 
-fn check_text(field: &'static str, value: &str, max: usize) -> Result<()> {
+/// The one text rule, as the database applies it (`pgfence._text_problem`): 1 to `max` characters, no control
+/// character, Unicode Normalization Form C.
+pub(crate) fn check_text(field: &'static str, value: &str, max: usize) -> Result<()> {
     let len = value.chars().count();
     if len == 0 {
         return Err(Error::invalid(field, "must not be empty"));

@@ -345,15 +345,7 @@ impl Store {
     ) -> Result<TaskWrite> {
         validate_key(key)?;
         validate_payload(payload)?;
-        if kind.is_empty()
-            || kind.chars().count() > MAX_KIND_LEN
-            || kind.chars().any(char::is_control)
-        {
-            return Err(Error::invalid(
-                "event kind",
-                format!("must be 1 to {MAX_KIND_LEN} characters without control characters"),
-            ));
-        }
+        crate::lease::check_text("event kind", kind, MAX_KIND_LEN)?;
         let query = || {
             diesel::select(sql::append_event(
                 fence.lease().to_owned(),

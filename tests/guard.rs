@@ -642,7 +642,9 @@ async fn guard_and_audit_are_usable_from_plain_sql() {
 }
 
 /// With enforcement on, raw SQL that does not carry the lease's current epoch is refused by the database
-/// (SQLSTATE PF001), raw SQL that does is accepted, DELETE is refused; with it off, raw SQL is not checked.
+/// (SQLSTATE PF001), and so is raw SQL that carries it outside a transaction that presented the tenure's secret
+/// to the guard (knowing the epoch is not enough); raw SQL in a fenced transaction is accepted, DELETE is
+/// refused; with it off, raw SQL is not checked.
 /// Task events are append-only either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enforcement_refuses_raw_sql_without_the_current_epoch() {
@@ -695,6 +697,29 @@ async fn enforcement_refuses_raw_sql_without_the_current_epoch() {
         .await
         .unwrap_err();
     assert_eq!(code(delete).as_deref(), Some("PF001"));
+    // Knowing the current epoch is not enough: the transaction must present the tenure's secret to the guard.
+    let forged = client
+        .execute(
+            "UPDATE pgfence.tasks SET state = 'cancelled', fence = $1",
+            &[&new.epoch().get()],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(forged).as_deref(), Some("PF001"));
+    client.batch_execute("BEGIN").await.unwrap();
+    let fenced: String = client
+        .query_one(
+            "SELECT outcome FROM pgfence.fence($1, $2, $3)",
+            &[
+                &new.qualified_name(),
+                &new.epoch().get(),
+                &new.fence().secret().expose_secret(),
+            ],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(fenced, "ok");
     assert_eq!(
         client
             .execute(
@@ -705,6 +730,7 @@ async fn enforcement_refuses_raw_sql_without_the_current_epoch() {
             .unwrap(),
         1
     );
+    client.batch_execute("COMMIT").await.unwrap();
     // pgfence's own writes pass the trigger by construction.
     store
         .create_task(&new.fence(), "job-2", &json!({}))

@@ -74,7 +74,10 @@ fn counts(f: &Fixture) -> (i64, i64, i64, i64) {
 }
 
 fn is_clean_control_free(s: &str, max: usize) -> bool {
-    !s.is_empty() && s.chars().count() <= max && !s.chars().any(char::is_control)
+    !s.is_empty()
+        && s.chars().count() <= max
+        && !s.chars().any(char::is_control)
+        && unicode_normalization::is_nfc(s)
 }
 
 proptest! {

@@ -177,7 +177,14 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
                 .collect::<Vec<_>>()
         }
     };
+    // The row-level security helpers and the text checks of the CHECK constraints run in the application role's
+    // own statements (policies and constraints are evaluated as the querying role): plain SQL, no definer rights.
     let application = [
+        "_cluster_problem",
+        "_lease_problem",
+        "_readable_clusters",
+        "_reads_all",
+        "_text_problem",
         "acquire",
         "append_event",
         "claim_task",
@@ -196,8 +203,14 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
         "set_enforcement",
         "set_takeover_grace",
     ];
+    // Every executable function runs as the owner with a pinned search_path, except the three pure text checks
+    // (IMMUTABLE SQL with qualified names: no rights of their own to lend).
+    let plain = ["_cluster_problem", "_lease_problem", "_text_problem"];
     let pinned = |names: &[&str]| {
-        let mut all: Vec<(String, bool)> = names.iter().map(|n| (n.to_string(), true)).collect();
+        let mut all: Vec<(String, bool)> = names
+            .iter()
+            .map(|n| (n.to_string(), !plain.contains(n)))
+            .collect();
         all.sort();
         all
     };
@@ -297,6 +310,8 @@ async fn audit_mode_refuses_and_records_raw_writes_without_the_current_epoch() {
     let db = TestDb::new().await;
     let legacy = role(&db, "legacy").await;
     let owner = db.store("c").await;
+    // Row-level security bounds even a role with table privileges to the clusters it has a grant on.
+    owner.grant_application(&legacy, Some("c")).await.unwrap();
     db.client()
         .await
         .batch_execute(&format!(
@@ -338,7 +353,7 @@ async fn audit_mode_refuses_and_records_raw_writes_without_the_current_epoch() {
     assert_eq!(event, 0);
     let deleted = raw.execute("DELETE FROM pgfence.tasks", &[]).await.unwrap();
     assert_eq!(deleted, 0);
-    let current = raw
+    let forged = raw
         .execute(
             "UPDATE pgfence.tasks SET state = 'cancelled', fence = $1",
             &[&new.epoch().get()],
@@ -346,13 +361,39 @@ async fn audit_mode_refuses_and_records_raw_writes_without_the_current_epoch() {
         .await
         .unwrap();
     assert_eq!(
+        forged, 0,
+        "the current epoch without the tenure's secret is skipped"
+    );
+    raw.batch_execute("BEGIN").await.unwrap();
+    let fenced: String = raw
+        .query_one(
+            "SELECT outcome FROM pgfence.fence($1, $2, $3)",
+            &[
+                &new.qualified_name(),
+                &new.epoch().get(),
+                &new.fence().secret().expose_secret(),
+            ],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(fenced, "ok");
+    let current = raw
+        .execute(
+            "UPDATE pgfence.tasks SET state = 'cancelled', fence = $1",
+            &[&new.epoch().get()],
+        )
+        .await
+        .unwrap();
+    raw.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
         current, 1,
-        "a raw write carrying the current epoch is a guarded write"
+        "a raw write carrying the current epoch in a fenced transaction is a guarded write"
     );
 
     let rows = db.client().await
         .query(
-            "SELECT operation, reason, session_role, count FROM pgfence.rejections ORDER BY operation",
+            "SELECT operation, reason, role::text, count FROM pgfence.rejections ORDER BY operation, reason",
             &[],
         )
         .await
@@ -371,6 +412,7 @@ async fn audit_mode_refuses_and_records_raw_writes_without_the_current_epoch() {
                 1
             ),
             ("raw_insert".into(), "superseded".into(), legacy.clone(), 1),
+            ("raw_update".into(), "bad_secret".into(), legacy.clone(), 1),
             ("raw_update".into(), "superseded".into(), legacy.clone(), 2),
         ]
     );
@@ -913,7 +955,7 @@ async fn the_grant_command_sets_up_application_and_operator_roles() {
     let db = TestDb::new().await;
     let (app, ops) = (role(&db, "cliapp").await, role(&db, "cliops").await);
     for (role, extra) in [(&app, None), (&ops, Some("--operator"))] {
-        let mut args = vec!["grant", "--role", role.as_str()];
+        let mut args = vec!["grant", "--role", role.as_str(), "--on-cluster", "c"];
         args.extend(extra);
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
             .args(&args)
@@ -942,6 +984,22 @@ async fn the_grant_command_sets_up_application_and_operator_roles() {
         ops_store.force_release("l").await.unwrap(),
         pgfence::ForceReleased::Ended { .. }
     ));
+    // Audit retention spans clusters: it needs operator rights on every cluster.
+    assert_eq!(
+        ops_store
+            .prune_rejections(Duration::from_secs(3600), 100)
+            .await
+            .unwrap_err()
+            .sqlstate(),
+        Some("42501")
+    );
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
+        .args(["grant", "--role", ops.as_str(), "--operator", "--all-clusters"])
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     ops_store
         .prune_rejections(Duration::from_secs(3600), 100)
         .await

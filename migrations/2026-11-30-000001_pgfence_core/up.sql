@@ -63,7 +63,8 @@ CREATE SCHEMA IF NOT EXISTS pgfence;
 
 -- Why p_value is not a storable text of at most p_max characters (NULL when it is).
 CREATE FUNCTION pgfence._text_problem(p_value text, p_max integer) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+-- search_path pinned: constraints run it as the writing role, whose search_path could shadow an operator.
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
     SELECT CASE
         WHEN p_value IS NULL OR length(p_value) = 0 THEN 'must not be empty'
         WHEN length(p_value) > p_max THEN format('must be at most %s characters, got %s', p_max, length(p_value))
@@ -74,7 +75,8 @@ $$;
 
 -- Why p_cluster is not a cluster name (1 to 63 characters, no '/'), NULL when it is.
 CREATE FUNCTION pgfence._cluster_problem(p_cluster text) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+-- search_path pinned: constraints run it as the writing role, whose search_path could shadow an operator.
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
     SELECT coalesce(pgfence._text_problem(p_cluster, 63),
                     CASE WHEN position('/' in p_cluster) > 0 THEN 'must not contain ''/''' END)
 $$;
@@ -82,7 +84,8 @@ $$;
 -- Why p_lease is not a cluster-qualified lease name ('<cluster>/<name>', the name 1 to 200 characters and split
 -- at the first '/'), NULL when it is.
 CREATE FUNCTION pgfence._lease_problem(p_lease text) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+-- search_path pinned: constraints run it as the writing role, whose search_path could shadow an operator.
+LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
     SELECT CASE
         WHEN p_lease IS NULL OR position('/' in p_lease) = 0 THEN 'must be cluster-qualified: ''<cluster>/<name>'''
         ELSE coalesce('cluster ' || pgfence._cluster_problem(split_part(p_lease, '/', 1)),
@@ -281,10 +284,17 @@ CREATE POLICY granted_clusters ON pgfence.leases FOR SELECT
     USING ((SELECT pgfence._reads_all()) OR split_part(name, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]));
 CREATE POLICY granted_clusters ON pgfence.tenures FOR SELECT
     USING ((SELECT pgfence._reads_all()) OR split_part(lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]));
-CREATE POLICY granted_clusters ON pgfence.tasks FOR SELECT
-    USING ((SELECT pgfence._reads_all()) OR split_part(lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]));
-CREATE POLICY granted_clusters ON pgfence.task_events FOR SELECT
-    USING ((SELECT pgfence._reads_all()) OR split_part(lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]));
+-- The task tables also bound raw writes (by a role some DBA gave table privileges) to the role's clusters; the
+-- raw-SQL enforcement below then checks epoch and secret. No policy allows writing any other table: a role
+-- other than the owner cannot, whatever its table privileges.
+CREATE POLICY granted_clusters ON pgfence.tasks FOR ALL
+    USING ((SELECT pgfence._reads_all()) OR split_part(lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]))
+    WITH CHECK ((SELECT pgfence._reads_all())
+                OR split_part(lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]));
+CREATE POLICY granted_clusters ON pgfence.task_events FOR ALL
+    USING ((SELECT pgfence._reads_all()) OR split_part(lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]))
+    WITH CHECK ((SELECT pgfence._reads_all())
+                OR split_part(lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]));
 -- Tenure-scope refusals of the session's clusters, and the session's own refusals of any scope.
 CREATE POLICY granted_clusters ON pgfence.rejections FOR SELECT
     USING ((SELECT pgfence._reads_all()) OR role = session_user
@@ -1610,7 +1620,10 @@ BEGIN
                    'pgfence.claim_task(text, bigint, text, text, text), '
                    'pgfence.transition_task(text, bigint, text, text, text, text, jsonb), '
                    'pgfence.append_event(text, bigint, text, text, text, jsonb), pgfence.enforcement(), '
-                   'pgfence.identity(), pgfence._reads_all(), pgfence._readable_clusters() TO %I', p_role);
+                   'pgfence.identity(), pgfence._reads_all(), pgfence._readable_clusters(), '
+                   -- Row-level security policies and CHECK constraints run as the querying role.
+                   'pgfence._text_problem(text, integer), pgfence._cluster_problem(text), '
+                   'pgfence._lease_problem(text) TO %I', p_role);
     IF p_operator THEN
         EXECUTE format('GRANT EXECUTE ON FUNCTION pgfence.force_release(text), '
                        'pgfence.set_enforcement(boolean, text), pgfence.prune_rejections(interval, integer), '

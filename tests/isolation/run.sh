@@ -111,18 +111,39 @@ CREATE SCHEMA isolation_fixture;
 CREATE TABLE isolation_fixture.script (ord integer PRIMARY KEY, what text NOT NULL, sql text NOT NULL);
 INSERT INTO isolation_fixture.script VALUES (1, 'migration', :'migration');
 INSERT INTO isolation_fixture.script SELECT 2, 'mutant', :'mutant' WHERE :'mutant' <> '';
+-- Tenure secrets the specs' acquisitions were given, so that later steps can present them.
+CREATE TABLE isolation_fixture.secrets (lease text, epoch bigint, secret text NOT NULL, PRIMARY KEY (lease, epoch));
 CREATE PROCEDURE isolation_fixture.load_pgfence()
 LANGUAGE plpgsql SET client_min_messages = warning AS $$
 DECLARE
     s record;
 BEGIN
     DROP SCHEMA IF EXISTS pgfence CASCADE;
+    TRUNCATE isolation_fixture.secrets;
     FOR s IN SELECT * FROM isolation_fixture.script ORDER BY ord LOOP
         EXECUTE s.sql;
     END LOOP;
 END;
 $$;
 CALL isolation_fixture.load_pgfence();
+-- pgfence.acquire, keeping the secret of an acquired tenure (visible to other sessions once the caller commits).
+CREATE FUNCTION isolation_fixture.acquire(p_lease text, p_holder text, p_ttl_ms bigint)
+RETURNS TABLE (outcome text, reason text, epoch bigint, holder text, expires_in_ms bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    SELECT * INTO r FROM pgfence.acquire(p_lease, p_holder, p_ttl_ms);
+    IF r.outcome = 'acquired' THEN
+        INSERT INTO isolation_fixture.secrets VALUES (p_lease, r.epoch, r.secret);
+    END IF;
+    RETURN QUERY SELECT r.outcome, r.reason, r.epoch, r.holder, r.expires_in_ms;
+END;
+$$;
+CREATE FUNCTION isolation_fixture.secret(p_lease text, p_epoch bigint) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT s.secret FROM isolation_fixture.secrets s WHERE s.lease = p_lease AND s.epoch = p_epoch
+$$;
 SQL
 
 mkdir -p "$tmp/out"

@@ -87,6 +87,13 @@ MUTATIONS: list[Mutation] = [
         [Edit("sql:_guard",
               """    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
     why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
+    IF why IS NULL THEN
+        -- A forged fence is refused before it takes the guard lock, like a stale one ('bad' is final).
+        secret := pgfence._secret_check(p_lease, p_epoch, p_secret);
+        IF secret = 'bad' THEN
+            why := 'bad_secret';
+        END IF;
+    END IF;
     IF why IS NOT NULL THEN
         RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key,
                                p_may_wait => true);
@@ -140,11 +147,52 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "refusal-without-audit",
         "a refused write leaves no row in pgfence.rejections",
-        [Edit("sql:_reject",
-              "VALUES (p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table, p_key, p_key)",
-              "SELECT p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table, p_key, "
-              "p_key WHERE false")],
+        [Edit("sql:_reject", "VALUES ('role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key)",
+              "SELECT 'role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key WHERE false"),
+         Edit("sql:_reject", "VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table,\n"
+              "                    p_key, p_lease, p_key)",
+              "SELECT 'tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table,\n"
+              "                    p_key, p_lease, p_key WHERE false")],
         [cargo_test("guard"), cargo_test("race")],
+    ),
+    Mutation(
+        "grant-not-checked",
+        "every role may use every cluster (the per-cluster grant is not checked, nor row-level security)",
+        [Edit("sql:_may_use", "SELECT EXISTS (SELECT 1 FROM pgfence.grants g", "SELECT true OR EXISTS (SELECT 1 FROM pgfence.grants g")],
+        [cargo_test("trust", "a_role_cannot_touch_or_read_another_clusters_leases")],
+    ),
+    Mutation(
+        "secret-not-checked",
+        "a fence with the current epoch and any secret writes, renews and releases (knowing the epoch suffices)",
+        [Edit("sql:_secret_check", "ELSE 'bad' END", "ELSE 'ok' END")],
+        [cargo_test("trust", "a_forged_fence_cannot_write_renew_or_release")],
+    ),
+    Mutation(
+        "audit-shared-between-roles",
+        "tenure refusals of every role are aggregated into one row (one role's refusals change another's count)",
+        [Edit("sql:_reject", "INSERT INTO pgfence.rejections (scope, lease, presented_epoch, current_epoch",
+              "INSERT INTO pgfence.rejections (role, scope, lease, presented_epoch, current_epoch"),
+         Edit("sql:_reject", "VALUES ('tenure', p_lease", "VALUES ('shared', 'tenure', p_lease")],
+        [cargo_test("trust", "audit_rows_are_per_role_and_bounded")],
+    ),
+    Mutation(
+        "bogus-refusals-per-lease",
+        "refusals no tenure explains (unknown lease, no grant) get a row per lease: a flood of bogus names grows the table",
+        [Edit("sql:_reject", "by_role  boolean := p_reason IN ('no_grant', 'unknown_lease', 'future_epoch');",
+              "by_role  boolean := false;")],
+        [cargo_test("trust", "audit_rows_are_per_role_and_bounded")],
+    ),
+    Mutation(
+        "validation-without-nfc",
+        "the SQL text check accepts text not in Unicode NFC, which the Rust API refuses",
+        [Edit("sql:_text_problem", "WHEN NOT p_value IS NFC NORMALIZED THEN", "WHEN false THEN")],
+        [cargo_test("trust", "sql_and_rust_validation_agree")],
+    ),
+    Mutation(
+        "enforcement-lets-any-role-write",
+        "with enforcement on, a role given table privileges may TRUNCATE (and write) pgfence's own tables",
+        [Edit("sql:_owner_writes_only", "    IF NOT pg_has_role(current_user,", "    IF false AND NOT pg_has_role(current_user,")],
+        [cargo_test("trust", "no_role_but_the_owner_writes_pgfence_tables")],
     ),
     Mutation(
         "refusal-without-backpressure",

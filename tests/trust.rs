@@ -1,0 +1,640 @@
+//! The trust boundary, with real roles and real connections (invariant 8: no role touches a lease outside the
+//! clusters it was granted, and knowing (lease, epoch) is not enough to write or to end a tenure).
+//!
+//! Two application roles, each granted one cluster; an operator granted one cluster; a role some careless DBA
+//! gave table privileges. Every refusal is checked where it matters — in the database — and in its audit row.
+
+mod common;
+
+use std::time::Duration;
+
+use common::TestDb;
+use pgfence::{DenyReason, Error, Store, StoreConfig};
+use proptest::prelude::*;
+use serde_json::json;
+
+const TTL: Duration = Duration::from_secs(60);
+const ROLE_PASSWORD: &str = "trust-role-password";
+
+async fn role(db: &TestDb, suffix: &str) -> String {
+    let name = format!("{}_{suffix}", db.name);
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "CREATE ROLE {name} LOGIN PASSWORD '{ROLE_PASSWORD}'; \
+             GRANT CONNECT ON DATABASE {} TO {name}",
+            db.name
+        ))
+        .await
+        .unwrap();
+    name
+}
+
+fn url_as(db: &TestDb, role: &str) -> String {
+    common::url_with_credentials(&db.url, role, ROLE_PASSWORD)
+}
+
+async fn store_as(db: &TestDb, role: &str, cluster: &str) -> Store {
+    Store::connect(StoreConfig::new(url_as(db, role), cluster))
+        .await
+        .unwrap()
+}
+
+async fn client_as(db: &TestDb, role: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&url_as(db, role), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+fn sqlstate(err: &tokio_postgres::Error) -> String {
+    err.code().map(|c| c.code().to_owned()).unwrap_or_default()
+}
+
+fn denied(result: Result<impl std::fmt::Debug, Error>, expected: DenyReason, what: &str) {
+    match result {
+        Err(Error::Denied { reason, .. }) if reason == expected => {}
+        other => panic!("{what}: expected Denied {{ {expected:?} }}, got {other:?}"),
+    }
+}
+
+/// Audit rows: (role, scope, lease, reason, operation, count), ordered.
+async fn audit(db: &TestDb) -> Vec<(String, String, String, String, String, i64)> {
+    db.client()
+        .await
+        .query(
+            "SELECT role::text, scope, lease, reason, operation, count FROM pgfence.rejections \
+              ORDER BY role, scope, lease, reason, operation",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+        .collect()
+}
+
+/// A second application role, granted another cluster, cannot acquire, renew, release, write under, fence,
+/// force-release or read the first cluster's leases — even knowing holder, epoch and secret — and every
+/// refusal is a typed error (`Denied { NoGrant }`) and one aggregated audit row under the refused role. Its own
+/// cluster works as usual, and the first role's lease is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_cannot_touch_or_read_another_clusters_leases() {
+    let db = TestDb::new().await;
+    let (app, app2) = (role(&db, "app").await, role(&db, "app2").await);
+    let owner = db.store("a").await;
+    owner.grant_application(&app, Some("a")).await.unwrap();
+    owner.grant_application(&app2, Some("b")).await.unwrap();
+
+    let a = store_as(&db, &app, "a").await;
+    let lease = a.acquire("sched", "pod-a", TTL).await.unwrap();
+    a.create_task(&lease.fence(), "job", &json!({})).await.unwrap();
+
+    // app2 pointed at cluster a, with everything a leaked fence carries.
+    let intruder = store_as(&db, &app2, "a").await;
+    let fence = lease.fence();
+    denied(
+        intruder.acquire("sched", "pod-x", TTL).await,
+        DenyReason::NoGrant,
+        "acquire",
+    );
+    denied(
+        intruder.acquire("fresh", "pod-x", TTL).await,
+        DenyReason::NoGrant,
+        "acquire of a new lease",
+    );
+    let mut stolen = lease.clone();
+    denied(
+        intruder.renew(&mut stolen).await,
+        DenyReason::NoGrant,
+        "renew",
+    );
+    denied(
+        intruder.release(&lease).await,
+        DenyReason::NoGrant,
+        "release",
+    );
+    denied(
+        intruder.create_task(&fence, "evil", &json!({})).await,
+        DenyReason::NoGrant,
+        "create_task",
+    );
+    denied(
+        intruder.claim_task(&fence, "job", "evil").await,
+        DenyReason::NoGrant,
+        "claim_task",
+    );
+    denied(
+        intruder
+            .fenced(&fence, "evil", |_conn| {
+                Box::pin(async { Ok::<_, Error>(()) })
+            })
+            .await,
+        DenyReason::NoGrant,
+        "fenced",
+    );
+    // force_release is not even executable without operator rights.
+    let raw = client_as(&db, &app2).await;
+    let err = raw
+        .query_one("SELECT pgfence.force_release('a/sched')", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "42501");
+
+    // Reads: row-level security shows nothing of cluster a.
+    for table in [
+        "pgfence.leases",
+        "pgfence.tenures",
+        "pgfence.tasks",
+        "pgfence.task_events",
+        "pgfence.tenure_history",
+    ] {
+        let n: i64 = raw
+            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 0, "{table} as {app2}");
+    }
+    assert!(intruder.lease_status("sched").await.unwrap().is_none());
+    assert!(intruder.task("sched", "job").await.unwrap().is_none());
+    let secrets = raw
+        .query_one("SELECT count(*) FROM pgfence.tenure_secrets", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&secrets), "42501");
+
+    // Nothing moved: the tenure is app's, live, with one task.
+    let status = a.lease_status("sched").await.unwrap().unwrap();
+    assert_eq!(
+        (status.holder.as_deref(), status.epoch),
+        (Some("pod-a"), Some(lease.epoch()))
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.tasks").await,
+        1,
+        "no task was written by the intruder"
+    );
+    let mut renewed = lease.clone();
+    a.renew(&mut renewed).await.unwrap();
+
+    // Its own cluster works.
+    let b = store_as(&db, &app2, "b").await;
+    let own = b.acquire("sched", "pod-b", TTL).await.unwrap();
+    b.create_task(&own.fence(), "job", &json!({})).await.unwrap();
+    assert_eq!(b.leases().await.unwrap().len(), 1);
+    assert_eq!(a.leases().await.unwrap().len(), 1, "app sees only a/sched");
+
+    // The audit: one aggregated role-scope row for app2's no_grant refusals (the first one's operation), none
+    // for app; the intruder sees its own row, app sees none of it.
+    let rows = audit(&db).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let (who, scope, lease_name, reason, operation, count) = &rows[0];
+    assert_eq!(
+        (who.as_str(), scope.as_str(), lease_name.as_str(), reason.as_str()),
+        (app2.as_str(), "role", "a/sched", "no_grant")
+    );
+    assert_eq!(operation, "acquire");
+    assert_eq!(*count, 7, "acquire ×2, renew, release, create_task, claim_task, fenced");
+    let own_view: i64 = raw
+        .query_one("SELECT count(*) FROM pgfence.rejections", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(own_view, 1);
+    let app_view: i64 = client_as(&db, &app)
+        .await
+        .query_one("SELECT count(*) FROM pgfence.rejections", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(app_view, 0, "a role-scope row is its role's own");
+}
+
+/// Knowing (lease, epoch) is not enough: a fence with the current epoch and a wrong or missing secret is refused
+/// (`Denied { BadSecret }`, SQL outcome 'denied') for every guarded write, renewal and release, even by the
+/// role that holds the lease, and audited as 'bad_secret'; the tenure stays live and its real fence still writes.
+/// The secret never shows in Debug, errors or the audit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_fence_cannot_write_renew_or_release() {
+    let db = TestDb::new().await;
+    let app = role(&db, "app").await;
+    db.store("c").await.grant_application(&app, Some("c")).await.unwrap();
+    let store = store_as(&db, &app, "c").await;
+    let lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
+    let real = lease.fence();
+    store.create_task(&real, "job", &json!({})).await.unwrap();
+    let secret = real.secret().expose_secret().to_owned();
+
+    let forged = pgfence::Fence::new(real.lease(), real.epoch(), common::forged_secret()).unwrap();
+    denied(
+        store.create_task(&forged, "evil", &json!({})).await,
+        DenyReason::BadSecret,
+        "create_task",
+    );
+    denied(
+        store.claim_task(&forged, "job", "evil").await,
+        DenyReason::BadSecret,
+        "claim_task",
+    );
+    denied(
+        store.append_event(&forged, "job", "evil", &json!({})).await,
+        DenyReason::BadSecret,
+        "append_event",
+    );
+    denied(
+        store
+            .fenced(&forged, "evil", |_conn| {
+                Box::pin(async { Ok::<_, Error>(()) })
+            })
+            .await,
+        DenyReason::BadSecret,
+        "fenced",
+    );
+
+    // Through SQL: a wrong, an empty, a missing and an absurdly long secret.
+    let raw = client_as(&db, &app).await;
+    let epoch = lease.epoch().get();
+    for (label, presented) in [
+        ("wrong", Some("f".repeat(64))),
+        ("empty", Some(String::new())),
+        ("missing", None),
+        ("huge", Some("x".repeat(10_000_000))),
+    ] {
+        let row = raw
+            .query_one(
+                "SELECT outcome, reason FROM pgfence.fence('c/sched', $1, $2, 'sql_write')",
+                &[&epoch, &presented],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (row.get::<_, String>(0), row.get::<_, Option<String>>(1)),
+            ("denied".to_owned(), Some("bad_secret".to_owned())),
+            "{label} secret"
+        );
+        let renew = raw
+            .query_one(
+                "SELECT outcome, reason FROM pgfence.renew('c/sched', 'pod-a', $1, $2, 60000)",
+                &[&epoch, &presented],
+            )
+            .await
+            .unwrap();
+        assert_eq!(renew.get::<_, String>(0), "denied", "{label} renew");
+        let release = raw
+            .query_one(
+                "SELECT outcome, reason FROM pgfence.release('c/sched', 'pod-a', $1, $2)",
+                &[&epoch, &presented],
+            )
+            .await
+            .unwrap();
+        assert_eq!(release.get::<_, String>(0), "denied", "{label} release");
+    }
+
+    // The tenure is live and the real fence writes.
+    let status = store.lease_status("sched").await.unwrap().unwrap();
+    assert_eq!(status.state, pgfence::LeaseState::Held);
+    store.append_event(&real, "job", "real", &json!({})).await.unwrap();
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.tasks WHERE key = 'evil'").await,
+        0
+    );
+
+    // Audited per (role, lease, epoch, operation), as bad_secret, never with the secret.
+    let rows = audit(&db).await;
+    let ops: Vec<(&str, i64)> = rows
+        .iter()
+        .map(|r| {
+            assert_eq!((r.0.as_str(), r.1.as_str(), r.3.as_str()), (app.as_str(), "tenure", "bad_secret"));
+            (r.4.as_str(), r.5)
+        })
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            ("append_event", 1),
+            ("claim_task", 1),
+            ("create_task", 1),
+            ("evil", 1),
+            ("release", 4),
+            ("renew", 4),
+            ("sql_write", 4),
+        ]
+    );
+    let everything = db
+        .client()
+        .await
+        .query_one("SELECT string_agg(r::text, ' ') FROM pgfence.rejections r", &[])
+        .await
+        .unwrap()
+        .get::<_, String>(0);
+    assert!(!everything.contains(&secret), "the secret is in the audit");
+    assert!(!format!("{lease:?} {real:?}").contains(&secret), "Debug shows the secret");
+    let err = store.create_task(&forged, "evil", &json!({})).await.unwrap_err();
+    assert!(!err.to_string().contains(&secret) && !format!("{err:?}").contains(&secret));
+}
+
+/// The serialized fence carries the secret (a leader hands it to its workers), and a fence deserialized without
+/// it is refused before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_handed_to_a_worker_writes_and_a_stripped_one_is_refused() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
+    let wire = serde_json::to_string(&lease.fence()).unwrap();
+    let worker_fence: pgfence::Fence = serde_json::from_str(&wire).unwrap();
+    store
+        .create_task(&worker_fence, "from-worker", &json!({}))
+        .await
+        .unwrap();
+    let mut stripped: serde_json::Value = serde_json::from_str(&wire).unwrap();
+    stripped.as_object_mut().unwrap().remove("secret");
+    assert!(serde_json::from_value::<pgfence::Fence>(stripped.clone()).is_err());
+    stripped["secret"] = json!("not hex");
+    assert!(serde_json::from_value::<pgfence::Fence>(stripped).is_err());
+}
+
+/// Audit rows are per role: two roles refused for the same (lease, epoch, operation) get a row each, and one
+/// role's refusals never change the other's row. A flood of distinct bogus lease names from one role is one
+/// row per (role, reason), whatever the names. Stored texts are bounded as the API bounds them: an over-long
+/// target key is 22023 and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_rows_are_per_role_and_bounded() {
+    let db = TestDb::new().await;
+    let (app, app2) = (role(&db, "app").await, role(&db, "app2").await);
+    let owner = db.store("c").await;
+    owner.grant_application(&app, Some("c")).await.unwrap();
+    owner.grant_application(&app2, Some("c")).await.unwrap();
+    let (s1, s2) = (store_as(&db, &app, "c").await, store_as(&db, &app2, "c").await);
+    let old = s1.acquire("sched", "pod-a", TTL).await.unwrap();
+    s1.acquire("sched", "pod-a", TTL).await.unwrap();
+    s1.create_task(&old.fence(), "job", &json!({})).await.unwrap_err();
+    for _ in 0..5 {
+        s2.create_task(&old.fence(), "someone-elses", &json!({}))
+            .await
+            .unwrap_err();
+    }
+    let rows = audit(&db).await;
+    let stale: Vec<(&str, i64)> = rows
+        .iter()
+        .filter(|r| r.3 == "superseded")
+        .map(|r| (r.0.as_str(), r.5))
+        .collect();
+    let mut expected = vec![(app.as_str(), 1), (app2.as_str(), 5)];
+    expected.sort();
+    assert_eq!(stale, expected, "{rows:?}");
+
+    // 300 distinct bogus names: one row per role and reason.
+    let raw = client_as(&db, &app2).await;
+    for i in 0..300 {
+        let row = raw
+            .query_one(
+                "SELECT outcome, reason FROM pgfence.fence($1, 1, NULL, 'flood')",
+                &[&format!("c/bogus-{i}")],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, Option<String>>(1).as_deref(), Some("unknown_lease"));
+    }
+    for i in 0..50 {
+        raw.query_one(
+            "SELECT outcome FROM pgfence.fence($1, 1, NULL, 'flood')",
+            &[&format!("elsewhere-{i}/x")],
+        )
+        .await
+        .unwrap();
+    }
+    let flood: Vec<(String, String, i64)> = db
+        .client()
+        .await
+        .query(
+            "SELECT role::text, reason, count FROM pgfence.rejections WHERE scope = 'role' ORDER BY reason",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        flood,
+        [
+            (app2.clone(), "no_grant".to_owned(), 50),
+            (app2.clone(), "unknown_lease".to_owned(), 300)
+        ]
+    );
+    let err = raw
+        .query_one(
+            "SELECT outcome FROM pgfence.fence('c/sched', 1, NULL, 'op', 'tasks', repeat('k', 257))",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "22023");
+    let err = raw
+        .query_one(
+            "SELECT outcome FROM pgfence.fence('c/sched', 1, NULL, 'op', repeat('t', 65))",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "22023");
+}
+
+/// `grant` refuses PUBLIC, pseudo-roles, predefined pg_* roles, superusers, BYPASSRLS roles and the owner —
+/// through the CLI (exit 2 or 1 with a clear message), the library (`InvalidInput`) and SQL (22023) — and
+/// grants nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grant_refuses_public_pseudo_predefined_and_superuser_roles() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let su = format!("{}_su", db.name);
+    let bypass = format!("{}_bypass", db.name);
+    client
+        .batch_execute(&format!(
+            "CREATE ROLE {su} SUPERUSER; CREATE ROLE {bypass} BYPASSRLS"
+        ))
+        .await
+        .unwrap();
+    for name in ["public", "PUBLIC", "current_user", "session_user", "pg_monitor", "pg_read_all_data"] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
+            .args(["grant", "--role", name, "--on-cluster", "c"])
+            .env("DATABASE_URL", &db.url)
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        assert!(stderr.contains("PUBLIC, pseudo-roles and predefined pg_* roles"), "{stderr}");
+        let sql = client
+            .query_one("SELECT pgfence.grant_application($1, 'c')", &[&name])
+            .await
+            .unwrap_err();
+        assert_eq!(sqlstate(&sql), "22023", "{name}");
+    }
+    let store = db.store("c").await;
+    for name in [su.as_str(), bypass.as_str(), "postgres"] {
+        let err = store.grant_application(name, Some("c")).await.unwrap_err();
+        assert_eq!(err.sqlstate(), Some("22023"), "{name}: {err}");
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.grants").await, 0);
+}
+
+/// Enforcement covers every pgfence table: a role a DBA gave table privileges on leases, tenures, rejections and
+/// grants cannot roll an epoch back, change a holder, delete tenures or rejections, or grant itself a cluster —
+/// row-level security leaves it no row to change (whatever enforcement says), and with enforcement on its
+/// INSERTs are refused too (PF001). The owner's functions keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_role_but_the_owner_writes_pgfence_tables() {
+    let db = TestDb::new().await;
+    let careless = role(&db, "careless").await;
+    let owner = db.store("c").await;
+    owner.grant_application(&careless, Some("c")).await.unwrap();
+    let lease = owner.acquire("sched", "pod-a", TTL).await.unwrap();
+    owner.create_task(&lease.fence(), "job", &json!({})).await.unwrap();
+    owner.create_task(&pgfence::Fence::new(lease.qualified_name(), lease.epoch(), common::forged_secret()).unwrap(), "x", &json!({})).await.unwrap_err();
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "GRANT INSERT, UPDATE, DELETE, TRUNCATE ON pgfence.leases, pgfence.tenures, pgfence.rejections, \
+             pgfence.grants, pgfence.instance, pgfence.tenure_secrets TO {careless}"
+        ))
+        .await
+        .unwrap();
+    let raw = client_as(&db, &careless).await;
+    let changes = [
+        "UPDATE pgfence.leases SET epoch = 0",
+        "UPDATE pgfence.leases SET holder = 'me'",
+        "DELETE FROM pgfence.tenures",
+        "DELETE FROM pgfence.rejections",
+        "UPDATE pgfence.tenure_secrets SET hash = sha256('x')",
+    ];
+    for enforcement in [pgfence::Enforcement::Off, pgfence::Enforcement::Error] {
+        owner.set_enforcement(enforcement).await.unwrap();
+        for sql in changes {
+            match raw.execute(sql, &[]).await {
+                Ok(n) => assert_eq!(n, 0, "{sql} changed rows ({enforcement:?})"),
+                Err(e) => assert!(
+                    ["42501", "PF001"].contains(&sqlstate(&e).as_str()),
+                    "{sql}: {e}"
+                ),
+            }
+        }
+        let insert = raw
+            .execute(
+                &format!("INSERT INTO pgfence.grants (role, cluster) VALUES ('{careless}', 'other')"),
+                &[],
+            )
+            .await
+            .unwrap_err();
+        assert!(["42501", "PF001"].contains(&sqlstate(&insert).as_str()), "{insert}");
+        let truncate = raw.execute("TRUNCATE pgfence.rejections", &[]).await;
+        if enforcement == pgfence::Enforcement::Error {
+            assert_eq!(sqlstate(&truncate.unwrap_err()), "PF001");
+        } else if let Err(e) = truncate {
+            panic!("TRUNCATE with enforcement off should be left to privileges: {e}");
+        }
+    }
+    // With enforcement on the functions still write every table.
+    let status = owner.lease_status("sched").await.unwrap().unwrap();
+    assert_eq!(status.holder.as_deref(), Some("pod-a"));
+    let next = owner.acquire("sched", "pod-b", Duration::from_millis(200)).await;
+    assert!(matches!(next, Err(Error::Held { .. })));
+    owner.force_release("sched").await.unwrap();
+    let next = owner.acquire("sched", "pod-b", TTL).await.unwrap();
+    owner.create_task(&next.fence(), "job-2", &json!({})).await.unwrap();
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.tenures").await, 2);
+}
+
+/// LISTEN leaks no lease name: a release notifies the lease's lock key, which a role without a grant on the
+/// cluster cannot map to a name (its reads of pgfence.leases show nothing of that cluster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_notifications_name_no_lease() {
+    use futures_util::StreamExt;
+    let db = TestDb::new().await;
+    let outsider = role(&db, "outsider").await;
+    let owner = db.store("secret-cluster").await;
+    owner.grant_application(&outsider, Some("other")).await.unwrap();
+    let (client, mut connection) =
+        tokio_postgres::connect(&url_as(&db, &outsider), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = stream.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    client.batch_execute("LISTEN pgfence_lease_free").await.unwrap();
+    let lease = owner.acquire("payroll-run", "pod", TTL).await.unwrap();
+    owner.release(&lease).await.unwrap();
+    let payload = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("a notification")
+        .unwrap();
+    assert!(!payload.contains("payroll") && !payload.contains("secret-cluster"), "{payload}");
+    let key: i32 = payload.parse().expect("the payload is a lock key");
+    let seen: i64 = client
+        .query_one("SELECT count(*) FROM pgfence.leases WHERE lock_key = $1", &[&key])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(seen, 0);
+}
+
+fn arbitrary_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        any::<String>(),
+        "[a-z/ \\t\\n\u{7f}\u{85}\u{9f}e\u{301}\u{e9}\u{212b}\u{c5}\u{1e9b}\u{323}ﬁ가\u{1100}\u{1161}]{0,12}",
+        (0usize..3, 60usize..70).prop_map(|(c, n)| ["a", "é", "\u{1d160}"][c].repeat(n)),
+        (190usize..210).prop_map(|n| "n".repeat(n)),
+        (250usize..260).prop_map(|n| "h".repeat(n)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// One validation (invariant: the SQL functions refuse exactly what the Rust API refuses, so no client can
+    /// store what the CLI cannot show or address): for arbitrary strings as cluster, lease name and holder,
+    /// `pgfence._lease_problem` / `pgfence._text_problem` accept exactly what `Fence::new` and the holder check
+    /// accept — control characters, empty segments, lengths and Unicode NFC included.
+    #[test]
+    fn sql_and_rust_validation_agree(cluster in arbitrary_text(), name in arbitrary_text(), holder in arbitrary_text()) {
+        static DB: std::sync::OnceLock<(tokio::runtime::Runtime, TestDb, Store)> = std::sync::OnceLock::new();
+        static CASE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let (runtime, db, store) = DB.get_or_init(|| {
+            let runtime = tokio::runtime::Runtime::new().unwrap();
+            let db = runtime.block_on(TestDb::new());
+            let store = runtime.block_on(db.store("v"));
+            (runtime, db, store)
+        });
+        // PostgreSQL text cannot hold NUL: the driver refuses it before the database could judge.
+        prop_assume!(![&cluster, &name, &holder].iter().any(|s| s.contains('\0')));
+        let qualified = format!("{cluster}/{name}");
+        let rust_lease = pgfence::Fence::new(qualified.clone(), pgfence::Epoch::new(1).unwrap(), common::forged_secret()).is_ok();
+        // The holder through the library's own check: refused before sending, or sent (and then acquired).
+        let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let rust_holder = !matches!(
+            runtime.block_on(store.acquire(&format!("h{case}"), &holder, TTL)),
+            Err(Error::InvalidInput { .. })
+        );
+        let (sql_lease, sql_holder): (bool, bool) = runtime.block_on(async {
+            let client = db.client().await;
+            let row = client
+                .query_one(
+                    "SELECT pgfence._lease_problem($1) IS NULL, pgfence._text_problem($2, 256) IS NULL",
+                    &[&qualified, &holder],
+                )
+                .await
+                .unwrap();
+            (row.get(0), row.get(1))
+        });
+        prop_assert_eq!(rust_lease, sql_lease, "lease {:?}", qualified);
+        prop_assert_eq!(rust_holder, sql_holder, "holder {:?}", holder);
+    }
+}

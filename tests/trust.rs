@@ -638,3 +638,183 @@ proptest! {
         prop_assert_eq!(rust_holder, sql_holder, "holder {:?}", holder);
     }
 }
+
+fn env_secs(name: &str, default: u64) -> Duration {
+    Duration::from_secs(
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default),
+    )
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+/// Guarded writes (`Store::append_event`, each of `writers` connections on its own task of one lease) for
+/// `duration`; returns writes per second.
+async fn guarded_writes_per_second(store: &Store, fence: &pgfence::Fence, writers: usize, duration: Duration) -> f64 {
+    let started = std::time::Instant::now();
+    let mut handles = Vec::new();
+    for w in 0..writers {
+        let (store, fence) = (store.clone(), fence.clone());
+        handles.push(tokio::spawn(async move {
+            let key = format!("w{w}");
+            store.create_task(&fence, &key, &json!({})).await.unwrap();
+            let mut n = 0u64;
+            while started.elapsed() < duration {
+                store.append_event(&fence, &key, "tick", &json!({})).await.unwrap();
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut total = 0;
+    for h in handles {
+        total += h.await.unwrap();
+    }
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The cost of the trust boundary on a guarded write, measured (not a pass/fail test): the same guarded writes
+/// against three databases of one server, in interleaved rounds — the migration as it is; a copy whose guard
+/// neither looks up nor hashes the tenure secret (`_secret_check` answers 'ok'); and a copy that also skips the
+/// grant check (`_may_use` answers true). Prints the median writes per second of each and the ratios.
+///
+/// `PGFENCE_MEASURE_ROUNDS` (default 7) rounds of `PGFENCE_MEASURE_SECS` (default 3) seconds per variant;
+/// `cargo test --release --test trust measure_trust_boundary_cost -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn measure_trust_boundary_cost() {
+    let rounds: usize = std::env::var("PGFENCE_MEASURE_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(7);
+    let secs = env_secs("PGFENCE_MEASURE_SECS", 3);
+    let writers = 4;
+    let mut variants = Vec::new();
+    for (label, patch) in [
+        ("as migrated", ""),
+        (
+            "no secret check",
+            "CREATE OR REPLACE FUNCTION pgfence._secret_check(p_lease text, p_epoch bigint, p_secret text) \
+             RETURNS text LANGUAGE sql STABLE AS $$ SELECT 'ok'::text $$;",
+        ),
+        (
+            "no secret, no grant check",
+            "CREATE OR REPLACE FUNCTION pgfence._secret_check(p_lease text, p_epoch bigint, p_secret text) \
+             RETURNS text LANGUAGE sql STABLE AS $$ SELECT 'ok'::text $$; \
+             CREATE OR REPLACE FUNCTION pgfence._may_use(p_cluster text, p_operator boolean DEFAULT false) \
+             RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT true $$;",
+        ),
+    ] {
+        let db = TestDb::new().await;
+        if !patch.is_empty() {
+            db.client().await.batch_execute(patch).await.unwrap();
+        }
+        let app = role(&db, "app").await;
+        db.store("c").await.grant_application(&app, Some("c")).await.unwrap();
+        let store = Store::connect(StoreConfig::new(url_as(&db, &app), "c").pool_size(writers as u32))
+            .await
+            .unwrap();
+        let fence = store.acquire("hot", "leader", Duration::from_secs(3600)).await.unwrap().fence();
+        guarded_writes_per_second(&store, &fence, writers, Duration::from_millis(500)).await;
+        variants.push((label, db, store, fence, Vec::new()));
+    }
+    for _ in 0..rounds {
+        for (_, _, store, fence, rates) in variants.iter_mut() {
+            rates.push(guarded_writes_per_second(store, fence, writers, secs).await);
+        }
+    }
+    let medians: Vec<(&str, f64)> = variants
+        .iter_mut()
+        .map(|(label, _, _, _, rates)| (*label, median(rates)))
+        .collect();
+    eprintln!("guarded writes (append_event), {writers} writers, {rounds} interleaved rounds of {secs:?}:");
+    for (label, m) in &medians {
+        eprintln!("  {label:<28} median {m:8.0} writes/s   ratio to 'as migrated' {:.3}", medians[0].1 / m);
+    }
+}
+
+/// A flood of refusals no tenure explains, measured: a leader writes alone, then while 4 connections of another
+/// role send distinct bogus (lease, epoch, operation) triples — half unknown leases of a cluster the role may
+/// use, half leases of clusters it may not — then alone again. Prints the leader's writes per second in each
+/// phase, the ratio, the flood's refusals per second and the audit rows it left (the bound: one row per role
+/// and reason). `PGFENCE_FLOOD_SECS` (default 60) and `PGFENCE_ALONE_SECS` (default 20);
+/// `cargo test --release --test trust measure_bogus_flood -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn measure_bogus_flood() {
+    let flood_for = env_secs("PGFENCE_FLOOD_SECS", 60);
+    let alone_for = env_secs("PGFENCE_ALONE_SECS", 20);
+    let db = TestDb::new().await;
+    let (app, flooder) = (role(&db, "app").await, role(&db, "flooder").await);
+    let owner = db.store("c").await;
+    owner.grant_application(&app, Some("c")).await.unwrap();
+    owner.grant_application(&flooder, Some("c")).await.unwrap();
+    let leader = store_as(&db, &app, "c").await;
+    let fence = leader.acquire("hot", "leader", Duration::from_secs(3600)).await.unwrap().fence();
+    guarded_writes_per_second(&leader, &fence, 1, Duration::from_millis(500)).await;
+    let before = guarded_writes_per_second(&leader, &fence, 1, alone_for).await;
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut flood = Vec::new();
+    for f in 0..4 {
+        let client = client_as(&db, &flooder).await;
+        let stop = stop.clone();
+        flood.push(tokio::spawn(async move {
+            let statement = client
+                .prepare("SELECT outcome FROM pgfence.fence($1, $2, NULL, $3)")
+                .await
+                .unwrap();
+            let mut i: i64 = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let lease = if i % 2 == 0 {
+                    format!("c/bogus-{f}-{i}")
+                } else {
+                    format!("elsewhere-{f}-{i}/x")
+                };
+                client
+                    .query_one(&statement, &[&lease, &(i + 1), &format!("op-{i}")])
+                    .await
+                    .unwrap();
+                i += 1;
+            }
+            i
+        }));
+    }
+    let during = guarded_writes_per_second(&leader, &fence, 1, flood_for).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut refused = 0;
+    for h in flood {
+        refused += h.await.unwrap();
+    }
+    let after = guarded_writes_per_second(&leader, &fence, 1, alone_for).await;
+    let rows = db
+        .client()
+        .await
+        .query(
+            "SELECT role::text, reason, count, pg_size_pretty(pg_total_relation_size('pgfence.rejections')) \
+               FROM pgfence.rejections ORDER BY reason",
+            &[],
+        )
+        .await
+        .unwrap();
+    eprintln!(
+        "leader alone {before:.0} writes/s, during the flood {during:.0} ({:.3} x the mean alone), after {after:.0}",
+        during / ((before + after) / 2.0)
+    );
+    eprintln!(
+        "flood: {refused} refusals in {flood_for:?} ({:.0}/s) from 4 connections, audit rows left: {}",
+        refused as f64 / flood_for.as_secs_f64(),
+        rows.len()
+    );
+    for r in &rows {
+        eprintln!(
+            "  role {} reason {} count {} (table {})",
+            r.get::<_, String>(0),
+            r.get::<_, String>(1),
+            r.get::<_, i64>(2),
+            r.get::<_, String>(3)
+        );
+    }
+}

@@ -61,35 +61,44 @@ CREATE SCHEMA IF NOT EXISTS pgfence;
 -- is in Unicode Normalization Form C (refused otherwise, never normalized silently: two spellings of one name
 -- would be two leases).
 
+-- These three are plain IMMUTABLE SQL expressions so that PostgreSQL inlines them into the statement that calls
+-- them (a SET clause, a sublink or a call of a STABLE function such as format() would prevent that, and a
+-- non-inlined SQL function is planned again in every transaction that calls it). Every operator and function in them is qualified with pg_catalog: CHECK constraints
+-- evaluate them with the writing role's search_path, which must not be able to shadow one.
+
 -- Why p_value is not a storable text of at most p_max characters (NULL when it is).
 CREATE FUNCTION pgfence._text_problem(p_value text, p_max integer) RETURNS text
--- search_path pinned: constraints run it as the writing role, whose search_path could shadow an operator.
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE
-        WHEN p_value IS NULL OR length(p_value) = 0 THEN 'must not be empty'
-        WHEN length(p_value) > p_max THEN format('must be at most %s characters, got %s', p_max, length(p_value))
-        WHEN p_value ~ '[\u0001-\u001f\u007f-\u009f]' THEN 'must not contain control characters (NUL, newline, …)'
+        WHEN p_value IS NULL OR pg_catalog.length(p_value) OPERATOR(pg_catalog.=) 0 THEN 'must not be empty'
+        WHEN pg_catalog.length(p_value) OPERATOR(pg_catalog.>) p_max
+            THEN 'must be at most ' OPERATOR(pg_catalog.||) p_max::text OPERATOR(pg_catalog.||) ' characters, got '
+                 OPERATOR(pg_catalog.||) pg_catalog.length(p_value)::text
+        WHEN p_value OPERATOR(pg_catalog.~) '[\u0001-\u001f\u007f-\u009f]'
+            THEN 'must not contain control characters (NUL, newline, …)'
         WHEN NOT p_value IS NFC NORMALIZED THEN 'must be in Unicode Normalization Form C (NFC)'
     END
 $$;
 
 -- Why p_cluster is not a cluster name (1 to 63 characters, no '/'), NULL when it is.
 CREATE FUNCTION pgfence._cluster_problem(p_cluster text) RETURNS text
--- search_path pinned: constraints run it as the writing role, whose search_path could shadow an operator.
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT coalesce(pgfence._text_problem(p_cluster, 63),
-                    CASE WHEN position('/' in p_cluster) > 0 THEN 'must not contain ''/''' END)
+                               CASE WHEN pg_catalog.strpos(p_cluster, '/') OPERATOR(pg_catalog.>) 0
+                                    THEN 'must not contain ''/''' END)
 $$;
 
 -- Why p_lease is not a cluster-qualified lease name ('<cluster>/<name>', the name 1 to 200 characters and split
 -- at the first '/'), NULL when it is.
 CREATE FUNCTION pgfence._lease_problem(p_lease text) RETURNS text
--- search_path pinned: constraints run it as the writing role, whose search_path could shadow an operator.
-LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE
-        WHEN p_lease IS NULL OR position('/' in p_lease) = 0 THEN 'must be cluster-qualified: ''<cluster>/<name>'''
-        ELSE coalesce('cluster ' || pgfence._cluster_problem(split_part(p_lease, '/', 1)),
-                      'lease name ' || pgfence._text_problem(substr(p_lease, position('/' in p_lease) + 1), 200))
+        WHEN p_lease IS NULL OR pg_catalog.strpos(p_lease, '/') OPERATOR(pg_catalog.=) 0
+            THEN 'must be cluster-qualified: ''<cluster>/<name>'''
+        ELSE coalesce(
+            'cluster ' OPERATOR(pg_catalog.||) pgfence._cluster_problem(pg_catalog.split_part(p_lease, '/', 1)),
+            'lease name ' OPERATOR(pg_catalog.||)
+                pgfence._text_problem(pg_catalog.substr(p_lease, pg_catalog.strpos(p_lease, '/') OPERATOR(pg_catalog.+) 1), 200))
     END
 $$;
 
@@ -244,20 +253,19 @@ CREATE TABLE pgfence.tenure_secrets (
 --     tasks, task events, tenure-scope rejections) plus its own refusals. The functions below run as the owner,
 --     which row-level security does not filter.
 
--- Whether the session's login role is trusted (superuser, or a member of the owner of the pgfence schema).
-CREATE FUNCTION pgfence._trusted() RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT pg_catalog.pg_has_role(session_user, n.nspowner, 'MEMBER')
-      FROM pg_catalog.pg_namespace n WHERE n.nspname = 'pgfence'
-$$;
-
--- Whether the session's login role may use cluster p_cluster (p_operator: with operator rights).
+-- Whether the session's login role may use cluster p_cluster (p_operator: with operator rights); NULL
+-- p_cluster: every cluster. Superusers and members of the owner of the pgfence schema are trusted with every
+-- cluster. plpgsql, not SQL: its statement is planned once per session (an SQL function with a subquery is not
+-- inlined, and would be planned again for every statement that calls it).
 CREATE FUNCTION pgfence._may_use(p_cluster text, p_operator boolean DEFAULT false) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM pgfence.grants g
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM pgfence.grants g
                     WHERE (g.cluster = p_cluster OR g.cluster IS NULL) AND (g.operator OR NOT p_operator)
                       AND pg_catalog.pg_has_role(session_user, g.role::oid, 'MEMBER'))
-           OR pgfence._trusted()
+           OR pg_catalog.pg_has_role(session_user, (SELECT n.nspowner FROM pg_catalog.pg_namespace n
+                                                     WHERE n.nspname = 'pgfence'), 'MEMBER');
+END;
 $$;
 
 -- For row-level security: whether the session reads every cluster, and which clusters it reads otherwise.
@@ -1039,14 +1047,22 @@ BEGIN
 END;
 $$;
 
+-- Whether p_secret is the secret whose SHA-256 is p_hash. Secrets longer than 128 characters are not even
+-- hashed. (Comparing hashes leaks nothing an attacker can steer: it cannot choose the hash of its guess.)
+-- STABLE, as convert_to is: an IMMUTABLE declaration would keep PostgreSQL from inlining it.
+CREATE FUNCTION pgfence._secret_matches(p_hash bytea, p_secret text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(p_secret IS NOT NULL AND length(p_secret) <= 128
+                    AND p_hash = pg_catalog.sha256(pg_catalog.convert_to(p_secret, 'UTF8')), false)
+$$;
+
 -- Whether p_secret is the secret of tenure (p_lease, p_epoch): 'ok', 'bad', or NULL when that tenure is not the
 -- lease's latest (its secret is gone: it has been superseded). A tenure's secret never changes, so 'ok' and
--- 'bad' are final. Secrets longer than 128 characters are not even hashed.
+-- 'bad' are final.
 CREATE FUNCTION pgfence._secret_check(p_lease text, p_epoch bigint, p_secret text) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN s.epoch <> p_epoch THEN NULL
-                WHEN p_secret IS NOT NULL AND length(p_secret) <= 128
-                     AND s.hash = pg_catalog.sha256(pg_catalog.convert_to(p_secret, 'UTF8')) THEN 'ok'
+                WHEN pgfence._secret_matches(s.hash, p_secret) THEN 'ok'
                 ELSE 'bad' END
       FROM pgfence.tenure_secrets s
      WHERE s.lease = p_lease
@@ -1056,7 +1072,7 @@ $$;
 -- enforcement triggers (per lease: one transaction may be fenced by several leases).
 CREATE FUNCTION pgfence._fence_setting(p_lock_key integer) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT 'pgfence.tenure_secret_' || p_lock_key
+    SELECT 'pgfence.tenure_secret_' || p_lock_key::text
 $$;
 
 -- Checks that the session's role may use p_lease's cluster, that p_epoch is the current, held, unexpired epoch
@@ -1072,8 +1088,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     l   pgfence.leases;
     why text;
-    tl  bigint := pgfence._timeline();
-    secret text;
+    pre record;
+    secret_ok boolean;
 BEGIN
     -- What makes a presented epoch stale is permanent: epochs only grow, a released tenure stays released, an
     -- expired one can never be renewed and timelines only grow. (One conservative exception: a renewal that
@@ -1091,16 +1107,25 @@ BEGIN
             USING ERRCODE = 'PF004',
                   HINT = 'Run the guarded write in a READ COMMITTED transaction (BEGIN ISOLATION LEVEL READ COMMITTED).';
     END IF;
-    IF NOT pgfence._may_use(pgfence._cluster_of(p_lease)) THEN
+    -- The pre-check, in one statement (each statement of a function costs an executor run): the role's grant on
+    -- the cluster, the lease, the hash of its current tenure's secret and the WAL timeline.
+    SELECT pgfence._may_use(pgfence._cluster_of(p_lease)) AS granted, pgfence._timeline() AS tl,
+           x AS lease, s.epoch AS secret_epoch, s.hash AS secret_hash
+      INTO pre
+      FROM (SELECT) AS one
+      LEFT JOIN pgfence.leases x ON x.name = p_lease
+      LEFT JOIN pgfence.tenure_secrets s ON s.lease = p_lease;
+    IF NOT pre.granted THEN
         RETURN pgfence._reject(p_lease, p_epoch, NULL, NULL, 'no_grant', p_operation, p_table, p_key,
                                p_may_wait => true);
     END IF;
-    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
-    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
-    IF why IS NULL THEN
-        -- A forged fence is refused before it takes the guard lock, like a stale one ('bad' is final).
-        secret := pgfence._secret_check(p_lease, p_epoch, p_secret);
-        IF secret = 'bad' THEN
+    l := pre.lease;
+    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), pre.tl);
+    IF why IS NULL AND pre.secret_epoch = p_epoch THEN
+        -- A forged fence is refused before it takes the guard lock, like a stale one (a tenure's secret never
+        -- changes, so the answer is final either way).
+        secret_ok := pgfence._secret_matches(pre.secret_hash, p_secret);
+        IF NOT secret_ok THEN
             why := 'bad_secret';
         END IF;
     END IF;
@@ -1116,10 +1141,11 @@ BEGIN
     -- we were granted the shared one has committed (a transaction's locks are released after its commit is
     -- visible) and shows here.
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
-    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
-    -- The secret was not decided before the lock only when the tenure had been superseded meanwhile, which the
+    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), pre.tl);
+    -- The secret is undecided here only when the tenure was superseded between the pre-check's reads, which the
     -- read above reports; checked again all the same.
-    IF why IS NULL AND secret IS DISTINCT FROM 'ok' AND pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok' THEN
+    IF why IS NULL AND secret_ok IS NOT TRUE
+       AND pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok' THEN
         why := 'bad_secret';
     END IF;
     IF why IS NULL THEN

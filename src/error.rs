@@ -201,7 +201,9 @@ impl DenyReason {
 impl std::fmt::Display for DenyReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            DenyReason::NoGrant => "no_grant (the session's role has no grant on the lease's cluster)",
+            DenyReason::NoGrant => {
+                "no_grant (the session's role has no grant on the lease's cluster)"
+            }
             DenyReason::BadSecret => "bad_secret (the fence does not carry its tenure's secret)",
         })
     }

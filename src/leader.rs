@@ -654,18 +654,19 @@ async fn lease_name(store: &Store, names: &mut HashMap<i32, String>, key: i32) -
         return Some(name.clone());
     }
     let mut conn = store.conn().await.ok()?;
-    let name: Option<String> =
-        diesel::select(diesel::dsl::sql::<diesel::sql_types::Nullable<diesel::sql_types::Text>>(
+    let name: Option<String> = diesel::select(
+        diesel::dsl::sql::<diesel::sql_types::Nullable<diesel::sql_types::Text>>(
             "(SELECT name FROM pgfence.leases WHERE lock_key = ",
         )
         .bind::<diesel::sql_types::Integer, _>(key)
-        .sql(")"))
-        .get_result::<Option<String>>(&mut *conn)
-        .await
-        .optional()
-        .ok()
-        .flatten()
-        .flatten();
+        .sql(")"),
+    )
+    .get_result::<Option<String>>(&mut *conn)
+    .await
+    .optional()
+    .ok()
+    .flatten()
+    .flatten();
     if let Some(name) = &name {
         names.insert(key, name.clone());
     }

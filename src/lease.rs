@@ -544,7 +544,8 @@ impl Store {
                 let secret = secret
                     .ok_or_else(|| unexpected("acquire", "no tenure secret"))
                     .and_then(|s| {
-                        TenureSecret::parse(s).map_err(|_| unexpected("acquire", "malformed tenure secret"))
+                        TenureSecret::parse(s)
+                            .map_err(|_| unexpected("acquire", "malformed tenure secret"))
                     })?;
                 tracing::info!(target: TARGET, lease = %qualified, %epoch, holder, "lease acquired");
                 Ok(Lease {
@@ -574,8 +575,8 @@ impl Store {
     /// [`local_deadline`](Lease::local_deadline) moves to (send time of this renewal + ttl).
     pub async fn renew(&self, lease: &mut Lease) -> Result<()> {
         let ttl_ms = ttl_ms(lease.ttl)?;
-        let (sent, (outcome, reason, current, _holder, _expires, _)): (Instant, sql::LeaseRow) = self
-            .call_one(diesel::select(sql::renew(
+        let (sent, (outcome, reason, current, _holder, _expires, _)): (Instant, sql::LeaseRow) =
+            self.call_one(diesel::select(sql::renew(
                 lease.qualified.clone(),
                 lease.holder.clone(),
                 lease.epoch.get(),

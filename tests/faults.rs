@@ -540,7 +540,10 @@ async fn child_holds_a_lease_until_killed() {
         .acquire("l", "doomed", &options(2_000))
         .await
         .unwrap();
-    println!("HOLDING FENCE {}", serde_json::to_string(&lease.fence()).unwrap());
+    println!(
+        "HOLDING FENCE {}",
+        serde_json::to_string(&lease.fence()).unwrap()
+    );
     let mut n = 0;
     loop {
         let _ = store

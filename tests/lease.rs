@@ -389,7 +389,11 @@ async fn bad_input_is_refused_and_writes_nothing() {
         })
     ));
     assert!(matches!(
-        pgfence::Fence::new("no-cluster", Epoch::new(1).unwrap(), common::forged_secret()),
+        pgfence::Fence::new(
+            "no-cluster",
+            Epoch::new(1).unwrap(),
+            common::forged_secret()
+        ),
         Err(Error::InvalidInput { .. })
     ));
     assert_eq!(db.scalar("SELECT count(*) FROM pgfence.leases").await, 0);

@@ -260,7 +260,11 @@ async fn a_hostile_search_path_cannot_redirect_the_guard() {
     let _shared = MEASURING.read().await;
     let db = TestDb::new().await;
     let app = role(&db, "sneaky").await;
-    db.store("c").await.grant_application(&app, None).await.unwrap();
+    db.store("c")
+        .await
+        .grant_application(&app, None)
+        .await
+        .unwrap();
     db.client()
         .await
         .batch_execute(&format!("GRANT CREATE ON DATABASE {} TO {app}", db.name))
@@ -994,12 +998,22 @@ async fn the_grant_command_sets_up_application_and_operator_roles() {
         Some("42501")
     );
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
-        .args(["grant", "--role", ops.as_str(), "--operator", "--all-clusters"])
+        .args([
+            "grant",
+            "--role",
+            ops.as_str(),
+            "--operator",
+            "--all-clusters",
+        ])
         .env("DATABASE_URL", &db.url)
         .output()
         .await
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     ops_store
         .prune_rejections(Duration::from_secs(3600), 100)
         .await

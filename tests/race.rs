@@ -310,9 +310,16 @@ async fn take_over(
             r.get::<usize>(1).unwrap().parse::<i64>().unwrap(),
         )
     };
-    let acquisition = if then.is_some() { &results[8][0] } else { &results[3][0] };
+    let acquisition = if then.is_some() {
+        &results[8][0]
+    } else {
+        &results[3][0]
+    };
     Takeover {
-        secret: acquisition.get(2).expect("the acquisition returned a secret").to_owned(),
+        secret: acquisition
+            .get(2)
+            .expect("the acquisition returned a secret")
+            .to_owned(),
         outcome: outcome(&results[3][0]),
         then: results.get(8).map(|r| outcome(&r[0])),
         at_start: rows(&results[1]),

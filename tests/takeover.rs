@@ -308,10 +308,7 @@ async fn a_direct_lease_update_serializes_against_guarded_writes() {
     let in_flight = session(&db, "in-flight").await;
     in_flight.batch_execute("BEGIN").await.unwrap();
     assert_eq!(
-        fence_outcome(&in_flight, &lease.fence())
-            .await
-            .unwrap()
-            .0,
+        fence_outcome(&in_flight, &lease.fence()).await.unwrap().0,
         "ok"
     );
 

@@ -89,7 +89,9 @@ async fn a_role_cannot_touch_or_read_another_clusters_leases() {
 
     let a = store_as(&db, &app, "a").await;
     let lease = a.acquire("sched", "pod-a", TTL).await.unwrap();
-    a.create_task(&lease.fence(), "job", &json!({})).await.unwrap();
+    a.create_task(&lease.fence(), "job", &json!({}))
+        .await
+        .unwrap();
 
     // app2 pointed at cluster a, with everything a leaked fence carries.
     let intruder = store_as(&db, &app2, "a").await;
@@ -182,7 +184,9 @@ async fn a_role_cannot_touch_or_read_another_clusters_leases() {
     // Its own cluster works.
     let b = store_as(&db, &app2, "b").await;
     let own = b.acquire("sched", "pod-b", TTL).await.unwrap();
-    b.create_task(&own.fence(), "job", &json!({})).await.unwrap();
+    b.create_task(&own.fence(), "job", &json!({}))
+        .await
+        .unwrap();
     assert_eq!(b.leases().await.unwrap().len(), 1);
     assert_eq!(a.leases().await.unwrap().len(), 1, "app sees only a/sched");
 
@@ -192,11 +196,19 @@ async fn a_role_cannot_touch_or_read_another_clusters_leases() {
     assert_eq!(rows.len(), 1, "{rows:?}");
     let (who, scope, lease_name, reason, operation, count) = &rows[0];
     assert_eq!(
-        (who.as_str(), scope.as_str(), lease_name.as_str(), reason.as_str()),
+        (
+            who.as_str(),
+            scope.as_str(),
+            lease_name.as_str(),
+            reason.as_str()
+        ),
         (app2.as_str(), "role", "a/sched", "no_grant")
     );
     assert_eq!(operation, "acquire");
-    assert_eq!(*count, 7, "acquire ×2, renew, release, create_task, claim_task, fenced");
+    assert_eq!(
+        *count, 7,
+        "acquire ×2, renew, release, create_task, claim_task, fenced"
+    );
     let own_view: i64 = raw
         .query_one("SELECT count(*) FROM pgfence.rejections", &[])
         .await
@@ -220,7 +232,11 @@ async fn a_role_cannot_touch_or_read_another_clusters_leases() {
 async fn a_forged_fence_cannot_write_renew_or_release() {
     let db = TestDb::new().await;
     let app = role(&db, "app").await;
-    db.store("c").await.grant_application(&app, Some("c")).await.unwrap();
+    db.store("c")
+        .await
+        .grant_application(&app, Some("c"))
+        .await
+        .unwrap();
     let store = store_as(&db, &app, "c").await;
     let lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
     let real = lease.fence();
@@ -295,9 +311,13 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
     // The tenure is live and the real fence writes.
     let status = store.lease_status("sched").await.unwrap().unwrap();
     assert_eq!(status.state, pgfence::LeaseState::Held);
-    store.append_event(&real, "job", "real", &json!({})).await.unwrap();
+    store
+        .append_event(&real, "job", "real", &json!({}))
+        .await
+        .unwrap();
     assert_eq!(
-        db.scalar("SELECT count(*) FROM pgfence.tasks WHERE key = 'evil'").await,
+        db.scalar("SELECT count(*) FROM pgfence.tasks WHERE key = 'evil'")
+            .await,
         0
     );
 
@@ -306,7 +326,10 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
     let ops: Vec<(&str, i64)> = rows
         .iter()
         .map(|r| {
-            assert_eq!((r.0.as_str(), r.1.as_str(), r.3.as_str()), (app.as_str(), "tenure", "bad_secret"));
+            assert_eq!(
+                (r.0.as_str(), r.1.as_str(), r.3.as_str()),
+                (app.as_str(), "tenure", "bad_secret")
+            );
             (r.4.as_str(), r.5)
         })
         .collect();
@@ -325,13 +348,22 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
     let everything = db
         .client()
         .await
-        .query_one("SELECT string_agg(r::text, ' ') FROM pgfence.rejections r", &[])
+        .query_one(
+            "SELECT string_agg(r::text, ' ') FROM pgfence.rejections r",
+            &[],
+        )
         .await
         .unwrap()
         .get::<_, String>(0);
     assert!(!everything.contains(&secret), "the secret is in the audit");
-    assert!(!format!("{lease:?} {real:?}").contains(&secret), "Debug shows the secret");
-    let err = store.create_task(&forged, "evil", &json!({})).await.unwrap_err();
+    assert!(
+        !format!("{lease:?} {real:?}").contains(&secret),
+        "Debug shows the secret"
+    );
+    let err = store
+        .create_task(&forged, "evil", &json!({}))
+        .await
+        .unwrap_err();
     assert!(!err.to_string().contains(&secret) && !format!("{err:?}").contains(&secret));
 }
 
@@ -366,10 +398,15 @@ async fn audit_rows_are_per_role_and_bounded() {
     let owner = db.store("c").await;
     owner.grant_application(&app, Some("c")).await.unwrap();
     owner.grant_application(&app2, Some("c")).await.unwrap();
-    let (s1, s2) = (store_as(&db, &app, "c").await, store_as(&db, &app2, "c").await);
+    let (s1, s2) = (
+        store_as(&db, &app, "c").await,
+        store_as(&db, &app2, "c").await,
+    );
     let old = s1.acquire("sched", "pod-a", TTL).await.unwrap();
     s1.acquire("sched", "pod-a", TTL).await.unwrap();
-    s1.create_task(&old.fence(), "job", &json!({})).await.unwrap_err();
+    s1.create_task(&old.fence(), "job", &json!({}))
+        .await
+        .unwrap_err();
     for _ in 0..5 {
         s2.create_task(&old.fence(), "someone-elses", &json!({}))
             .await
@@ -395,7 +432,10 @@ async fn audit_rows_are_per_role_and_bounded() {
             )
             .await
             .unwrap();
-        assert_eq!(row.get::<_, Option<String>>(1).as_deref(), Some("unknown_lease"));
+        assert_eq!(
+            row.get::<_, Option<String>>(1).as_deref(),
+            Some("unknown_lease")
+        );
     }
     for i in 0..50 {
         raw.query_one(
@@ -457,7 +497,14 @@ async fn grant_refuses_public_pseudo_predefined_and_superuser_roles() {
         ))
         .await
         .unwrap();
-    for name in ["public", "PUBLIC", "current_user", "session_user", "pg_monitor", "pg_read_all_data"] {
+    for name in [
+        "public",
+        "PUBLIC",
+        "current_user",
+        "session_user",
+        "pg_monitor",
+        "pg_read_all_data",
+    ] {
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
             .args(["grant", "--role", name, "--on-cluster", "c"])
             .env("DATABASE_URL", &db.url)
@@ -466,7 +513,10 @@ async fn grant_refuses_public_pseudo_predefined_and_superuser_roles() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
-        assert!(stderr.contains("PUBLIC, pseudo-roles and predefined pg_* roles"), "{stderr}");
+        assert!(
+            stderr.contains("PUBLIC, pseudo-roles and predefined pg_* roles"),
+            "{stderr}"
+        );
         let sql = client
             .query_one("SELECT pgfence.grant_application($1, 'c')", &[&name])
             .await
@@ -492,8 +542,23 @@ async fn no_role_but_the_owner_writes_pgfence_tables() {
     let owner = db.store("c").await;
     owner.grant_application(&careless, Some("c")).await.unwrap();
     let lease = owner.acquire("sched", "pod-a", TTL).await.unwrap();
-    owner.create_task(&lease.fence(), "job", &json!({})).await.unwrap();
-    owner.create_task(&pgfence::Fence::new(lease.qualified_name(), lease.epoch(), common::forged_secret()).unwrap(), "x", &json!({})).await.unwrap_err();
+    owner
+        .create_task(&lease.fence(), "job", &json!({}))
+        .await
+        .unwrap();
+    owner
+        .create_task(
+            &pgfence::Fence::new(
+                lease.qualified_name(),
+                lease.epoch(),
+                common::forged_secret(),
+            )
+            .unwrap(),
+            "x",
+            &json!({}),
+        )
+        .await
+        .unwrap_err();
     db.client()
         .await
         .batch_execute(&format!(
@@ -523,12 +588,17 @@ async fn no_role_but_the_owner_writes_pgfence_tables() {
         }
         let insert = raw
             .execute(
-                &format!("INSERT INTO pgfence.grants (role, cluster) VALUES ('{careless}', 'other')"),
+                &format!(
+                    "INSERT INTO pgfence.grants (role, cluster) VALUES ('{careless}', 'other')"
+                ),
                 &[],
             )
             .await
             .unwrap_err();
-        assert!(["42501", "PF001"].contains(&sqlstate(&insert).as_str()), "{insert}");
+        assert!(
+            ["42501", "PF001"].contains(&sqlstate(&insert).as_str()),
+            "{insert}"
+        );
         let truncate = raw.execute("TRUNCATE pgfence.rejections", &[]).await;
         if enforcement == pgfence::Enforcement::Error {
             assert_eq!(sqlstate(&truncate.unwrap_err()), "PF001");
@@ -539,11 +609,16 @@ async fn no_role_but_the_owner_writes_pgfence_tables() {
     // With enforcement on the functions still write every table.
     let status = owner.lease_status("sched").await.unwrap().unwrap();
     assert_eq!(status.holder.as_deref(), Some("pod-a"));
-    let next = owner.acquire("sched", "pod-b", Duration::from_millis(200)).await;
+    let next = owner
+        .acquire("sched", "pod-b", Duration::from_millis(200))
+        .await;
     assert!(matches!(next, Err(Error::Held { .. })));
     owner.force_release("sched").await.unwrap();
     let next = owner.acquire("sched", "pod-b", TTL).await.unwrap();
-    owner.create_task(&next.fence(), "job-2", &json!({})).await.unwrap();
+    owner
+        .create_task(&next.fence(), "job-2", &json!({}))
+        .await
+        .unwrap();
     assert_eq!(db.scalar("SELECT count(*) FROM pgfence.tenures").await, 2);
 }
 
@@ -555,7 +630,10 @@ async fn release_notifications_name_no_lease() {
     let db = TestDb::new().await;
     let outsider = role(&db, "outsider").await;
     let owner = db.store("secret-cluster").await;
-    owner.grant_application(&outsider, Some("other")).await.unwrap();
+    owner
+        .grant_application(&outsider, Some("other"))
+        .await
+        .unwrap();
     let (client, mut connection) =
         tokio_postgres::connect(&url_as(&db, &outsider), tokio_postgres::NoTls)
             .await
@@ -569,17 +647,26 @@ async fn release_notifications_name_no_lease() {
             }
         }
     });
-    client.batch_execute("LISTEN pgfence_lease_free").await.unwrap();
+    client
+        .batch_execute("LISTEN pgfence_lease_free")
+        .await
+        .unwrap();
     let lease = owner.acquire("payroll-run", "pod", TTL).await.unwrap();
     owner.release(&lease).await.unwrap();
     let payload = tokio::time::timeout(Duration::from_secs(5), rx.recv())
         .await
         .expect("a notification")
         .unwrap();
-    assert!(!payload.contains("payroll") && !payload.contains("secret-cluster"), "{payload}");
+    assert!(
+        !payload.contains("payroll") && !payload.contains("secret-cluster"),
+        "{payload}"
+    );
     let key: i32 = payload.parse().expect("the payload is a lock key");
     let seen: i64 = client
-        .query_one("SELECT count(*) FROM pgfence.leases WHERE lock_key = $1", &[&key])
+        .query_one(
+            "SELECT count(*) FROM pgfence.leases WHERE lock_key = $1",
+            &[&key],
+        )
         .await
         .unwrap()
         .get(0);
@@ -655,7 +742,12 @@ fn median(values: &mut [f64]) -> f64 {
 
 /// Guarded writes (`Store::append_event`, each of `writers` connections on its own task of one lease) for
 /// `duration`; returns writes per second.
-async fn guarded_writes_per_second(store: &Store, fence: &pgfence::Fence, writers: usize, duration: Duration) -> f64 {
+async fn guarded_writes_per_second(
+    store: &Store,
+    fence: &pgfence::Fence,
+    writers: usize,
+    duration: Duration,
+) -> f64 {
     let started = std::time::Instant::now();
     let mut handles = Vec::new();
     for w in 0..writers {
@@ -665,7 +757,10 @@ async fn guarded_writes_per_second(store: &Store, fence: &pgfence::Fence, writer
             store.create_task(&fence, &key, &json!({})).await.unwrap();
             let mut n = 0u64;
             while started.elapsed() < duration {
-                store.append_event(&fence, &key, "tick", &json!({})).await.unwrap();
+                store
+                    .append_event(&fence, &key, "tick", &json!({}))
+                    .await
+                    .unwrap();
                 n += 1;
             }
             n
@@ -679,10 +774,12 @@ async fn guarded_writes_per_second(store: &Store, fence: &pgfence::Fence, writer
 }
 
 /// The secret check made free: neither hashed nor compared.
-const NO_SECRET: &str = "CREATE OR REPLACE FUNCTION pgfence._secret_matches(p_hash bytea, p_secret text) \
+const NO_SECRET: &str =
+    "CREATE OR REPLACE FUNCTION pgfence._secret_matches(p_hash bytea, p_secret text) \
      RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT true $$;";
 /// The grant check made free as well.
-const NO_SECRET_NO_GRANT: &str = "CREATE OR REPLACE FUNCTION pgfence._secret_matches(p_hash bytea, p_secret text) \
+const NO_SECRET_NO_GRANT: &str =
+    "CREATE OR REPLACE FUNCTION pgfence._secret_matches(p_hash bytea, p_secret text) \
      RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT true $$; \
      CREATE OR REPLACE FUNCTION pgfence._may_use(p_cluster text, p_operator boolean DEFAULT false) \
      RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT true $$;";
@@ -697,7 +794,10 @@ const NO_SECRET_NO_GRANT: &str = "CREATE OR REPLACE FUNCTION pgfence._secret_mat
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn measure_trust_boundary_cost() {
-    let rounds: usize = std::env::var("PGFENCE_MEASURE_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(7);
+    let rounds: usize = std::env::var("PGFENCE_MEASURE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(7);
     let secs = env_secs("PGFENCE_MEASURE_SECS", 3);
     let writers = 4;
     let mut variants = Vec::new();
@@ -713,11 +813,20 @@ async fn measure_trust_boundary_cost() {
             db.client().await.batch_execute(patch).await.unwrap();
         }
         let app = role(&db, "app").await;
-        db.store("c").await.grant_application(&app, Some("c")).await.unwrap();
-        let store = Store::connect(StoreConfig::new(url_as(&db, &app), "c").pool_size(writers as u32))
+        db.store("c")
+            .await
+            .grant_application(&app, Some("c"))
             .await
             .unwrap();
-        let fence = store.acquire("hot", "leader", Duration::from_secs(3600)).await.unwrap().fence();
+        let store =
+            Store::connect(StoreConfig::new(url_as(&db, &app), "c").pool_size(writers as u32))
+                .await
+                .unwrap();
+        let fence = store
+            .acquire("hot", "leader", Duration::from_secs(3600))
+            .await
+            .unwrap()
+            .fence();
         guarded_writes_per_second(&store, &fence, writers, Duration::from_millis(500)).await;
         variants.push((label, db, store, fence, Vec::new()));
     }
@@ -757,7 +866,11 @@ async fn measure_bogus_flood() {
     owner.grant_application(&app, Some("c")).await.unwrap();
     owner.grant_application(&flooder, Some("c")).await.unwrap();
     let leader = store_as(&db, &app, "c").await;
-    let fence = leader.acquire("hot", "leader", Duration::from_secs(3600)).await.unwrap().fence();
+    let fence = leader
+        .acquire("hot", "leader", Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .fence();
     guarded_writes_per_second(&leader, &fence, 1, Duration::from_millis(500)).await;
     let before = guarded_writes_per_second(&leader, &fence, 1, alone_for).await;
 

@@ -119,7 +119,11 @@ enum Command {
         #[arg(long)]
         role: String,
         /// A cluster the role may use (repeat for several).
-        #[arg(long = "on-cluster", value_name = "CLUSTER", required_unless_present = "all_clusters")]
+        #[arg(
+            long = "on-cluster",
+            value_name = "CLUSTER",
+            required_unless_present = "all_clusters"
+        )]
         clusters: Vec<String>,
         /// Every cluster, present and future, instead of --on-cluster.
         #[arg(long, conflicts_with = "clusters")]
@@ -134,7 +138,11 @@ enum Command {
         #[arg(long)]
         role: String,
         /// A cluster to revoke (repeat for several).
-        #[arg(long = "on-cluster", value_name = "CLUSTER", required_unless_present = "all_clusters")]
+        #[arg(
+            long = "on-cluster",
+            value_name = "CLUSTER",
+            required_unless_present = "all_clusters"
+        )]
         clusters: Vec<String>,
         /// The role's every-cluster grant instead of --on-cluster.
         #[arg(long, conflicts_with = "clusters")]
@@ -446,7 +454,8 @@ async fn run(cli: Cli) -> CliResult {
                 println!(
                     "granted {} the {rights} rights on {}",
                     role,
-                    cluster.map_or_else(|| "every cluster".to_owned(), |c| format!("cluster {}", c))
+                    cluster
+                        .map_or_else(|| "every cluster".to_owned(), |c| format!("cluster {}", c))
                 );
             }
             Ok(())
@@ -464,7 +473,8 @@ async fn run(cli: Cli) -> CliResult {
             };
             for cluster in targets {
                 let removed = store.revoke(&role, cluster).await?;
-                let on = cluster.map_or_else(|| "every cluster".to_owned(), |c| format!("cluster {}", c));
+                let on = cluster
+                    .map_or_else(|| "every cluster".to_owned(), |c| format!("cluster {}", c));
                 if removed {
                     println!("revoked {}'s grant on {on}", role);
                 } else {

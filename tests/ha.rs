@@ -57,6 +57,8 @@ struct Formation {
     bin_dir: PathBuf,
     monitor_port: u16,
     node_ports: [u16; 2],
+    /// The `setsid pg_autoctl …` processes, reaped on drop.
+    children: std::sync::Mutex<Vec<std::process::Child>>,
 }
 
 impl Formation {
@@ -107,7 +109,8 @@ impl Formation {
             .stdin(std::process::Stdio::null())
             .stdout(log)
             .stderr(err);
-        cmd.spawn().unwrap();
+        let child = cmd.spawn().unwrap();
+        self.children.lock().unwrap().push(child);
     }
 
     fn pgdata(&self, name: &str) -> String {
@@ -153,6 +156,7 @@ impl Formation {
             bin_dir,
             monitor_port: free_port(),
             node_ports: [free_port(), free_port()],
+            children: std::sync::Mutex::new(Vec::new()),
         };
         let monitor = formation.pgdata("monitor");
         let port = formation.monitor_port.to_string();
@@ -321,7 +325,15 @@ impl Drop for Formation {
         }
         let path = self.dir.path().display().to_string();
         let _ = Command::new("pkill").args(["-KILL", "-f", &path]).status();
-        std::thread::sleep(Duration::from_millis(300));
+        for mut child in self
+            .children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 

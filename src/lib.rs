@@ -9,6 +9,7 @@ pub mod leader;
 mod lease;
 mod store;
 mod tasks;
+mod tls;
 
 pub use error::{is_retryable_sqlstate, DenyReason, Error, Result};
 pub use fence::{
@@ -23,6 +24,7 @@ pub use store::{
     redact, DatabaseIdentity, ExpectedIdentity, Pool, PooledConnection, Store, StoreConfig,
     MIGRATIONS,
 };
+pub use tls::{Connection, Connector, SslMode, TlsStream};
 pub use tasks::{
     Task, TaskEvent, TaskState, TaskWrite, MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH,
 };
@@ -31,5 +33,9 @@ pub use tasks::{
 pub mod reexports {
     pub use diesel;
     pub use diesel_async;
+    /// rustls, for [`StoreConfig::tls`](crate::StoreConfig::tls).
+    #[cfg(feature = "tls")]
+    pub use rustls;
+    pub use tokio_postgres;
     pub use tokio_util;
 }

@@ -24,10 +24,10 @@ pub use store::{
     redact, DatabaseIdentity, ExpectedIdentity, Pool, PooledConnection, Store, StoreConfig,
     MIGRATIONS,
 };
-pub use tls::{Connection, Connector, SslMode, TlsStream};
 pub use tasks::{
     Task, TaskEvent, TaskState, TaskWrite, MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH,
 };
+pub use tls::{Connection, Connector, SslMode, TlsStream};
 
 /// The driver crates pgfence is built on, re-exported so that fenced-transaction code uses the same versions.
 pub mod reexports {

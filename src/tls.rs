@@ -403,9 +403,10 @@ impl TlsSettings {
 
 /// The stream of a connection opened by a [`Connector`]: TLS or plaintext.
 #[cfg(feature = "tls")]
-pub type TlsStream = <tokio_postgres_rustls::MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<
-    tokio_postgres::Socket,
->>::Stream;
+pub type TlsStream =
+    <tokio_postgres_rustls::MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<
+        tokio_postgres::Socket,
+    >>::Stream;
 
 /// The stream of a connection opened by a [`Connector`] (built without the `tls` feature: plaintext only).
 #[cfg(not(feature = "tls"))]
@@ -447,7 +448,10 @@ impl fmt::Debug for Connector {
         out.field("target", &self.target)
             .field("sslmode", &self.tls.mode)
             .field("roots", &self.tls.roots)
-            .field("client_certificate", &self.tls.client.as_ref().map(|c| &c.0));
+            .field(
+                "client_certificate",
+                &self.tls.client.as_ref().map(|c| &c.0),
+            );
         #[cfg(feature = "tls")]
         out.field("application_tls", &self.custom.is_some());
         out.finish()
@@ -722,10 +726,7 @@ impl Connector {
                 ))
             })?;
         if chain.is_empty() {
-            return Err(self.tls_error(format!(
-                "sslcert {}: no certificate in it",
-                cert.display()
-            )));
+            return Err(self.tls_error(format!("sslcert {}: no certificate in it", cert.display())));
         }
         let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
             self.tls_error(format!(
@@ -1070,7 +1071,10 @@ mod rustls_connect {
         type TlsConnect = Handshake;
         type Error = <Inner as MakeTlsConnect<tokio_postgres::Socket>>::Error;
 
-        fn make_tls_connect(&mut self, domain: &str) -> std::result::Result<Handshake, Self::Error> {
+        fn make_tls_connect(
+            &mut self,
+            domain: &str,
+        ) -> std::result::Result<Handshake, Self::Error> {
             self.progress.started.store(false, Ordering::SeqCst);
             self.progress.finished.store(false, Ordering::SeqCst);
             Ok(Handshake {
@@ -1197,7 +1201,8 @@ mod tests {
         };
         let err = TlsSettings::resolve(given("verify-full", None), &nothing, false).unwrap_err();
         assert!(err.to_string().contains("sslrootcert"), "{err}");
-        let err = TlsSettings::resolve(given("require", Some("system")), &nothing, false).unwrap_err();
+        let err =
+            TlsSettings::resolve(given("require", Some("system")), &nothing, false).unwrap_err();
         assert!(err.to_string().contains("verify-full"), "{err}");
         let system = Given {
             root_cert: Some("system".into()),
@@ -1208,7 +1213,10 @@ mod tests {
             SslMode::VerifyFull
         );
         let err = TlsSettings::resolve(given("verify_full", None), &nothing, false).unwrap_err();
-        assert!(err.to_string().contains("verify-ca or verify-full"), "{err}");
+        assert!(
+            err.to_string().contains("verify-ca or verify-full"),
+            "{err}"
+        );
         let err = TlsSettings::resolve(given("allow", None), &nothing, false).unwrap_err();
         assert!(err.to_string().contains("allow"), "{err}");
     }

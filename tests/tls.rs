@@ -331,8 +331,8 @@ impl std::io::Write for Captured {
     }
 }
 
-/// prefer (the default) uses TLS when the server offers it and falls back to plaintext when it does not, saying
-/// so at debug level.
+/// prefer (the default) uses TLS when the server offers it and falls back to plaintext when it does not, or
+/// when the handshake fails (as libpq does), saying so at debug level.
 #[tokio::test(flavor = "current_thread")]
 async fn prefer_falls_back_to_plaintext_against_a_server_without_tls() {
     let s = servers();
@@ -375,6 +375,30 @@ async fn prefer_falls_back_to_plaintext_against_a_server_without_tls() {
         .await
         .unwrap();
     assert!(row.get::<_, bool>(0));
+
+    let failing = Connector::new(&url(
+        &s.tls,
+        "localhost",
+        "postgres",
+        &format!("sslmode=prefer&sslrootcert={}", path(&s.pki.other_ca)),
+    ))
+    .unwrap();
+    let (client, connection) = failing.connect().await.unwrap();
+    tokio::spawn(connection);
+    let row = client
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(!row.get::<_, bool>(0));
+    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        log.contains("TLS handshake failed; sslmode=prefer continues in plaintext")
+            && log.contains("unknown issuer"),
+        "{log}"
+    );
 }
 
 /// sslcert/sslkey present a client certificate, which the server verifies against its CA and reports.

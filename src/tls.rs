@@ -496,7 +496,19 @@ impl Connector {
             tokio_postgres::Config::from_str(&rest).map_err(|e| Error::InvalidUrl {
                 reason: e.to_string(),
             })?;
-        let tls = TlsSettings::resolve(given.or_env(env), env, custom)?;
+        let given = if custom {
+            // Only the mode: the application's configuration stands for the certificate parameters, and stray
+            // PGSSLROOTCERT/PGSSLCERT/PGSSLKEY in the environment must not make it unusable.
+            Given {
+                mode: given
+                    .mode
+                    .or_else(|| env("PGSSLMODE").filter(|v| !v.is_empty())),
+                ..given
+            }
+        } else {
+            given.or_env(env)
+        };
+        let tls = TlsSettings::resolve(given, env, custom)?;
         let target = crate::store::describe(&config);
         let unix_only = !config.get_hosts().is_empty()
             && config
@@ -958,6 +970,18 @@ mod tests {
             settings.roots,
             Roots::File(dir.path().join(".postgresql/root.crt"))
         );
+    }
+
+    #[test]
+    fn an_application_configuration_reads_only_the_mode_from_the_environment() {
+        let env = env_of(&[("PGSSLMODE", "prefer"), ("PGSSLROOTCERT", "/env/ca.pem")]);
+        let connector = Connector::build("postgres://app@db/control", &env, true).unwrap();
+        assert_eq!(connector.ssl_mode(), SslMode::Prefer);
+        let connector = Connector::build("postgres://app@db/control", &env_of(&[]), true).unwrap();
+        assert_eq!(connector.ssl_mode(), SslMode::Require);
+        let err =
+            Connector::build("postgres://app@db/control?sslcert=/c.pem", &env, true).unwrap_err();
+        assert!(matches!(err, Error::InvalidUrl { .. }), "{err}");
     }
 
     #[test]

@@ -152,14 +152,22 @@ pub struct EmbeddedOptions {
     /// `unix_socket_permissions` and `password_encryption` are always set
     /// by the server itself and cannot be overridden.
     pub extra_settings: Vec<(String, String)>,
+    /// Files `(name, contents)` written into the data directory before the
+    /// server starts, owned by the server user with mode 0600 (what
+    /// PostgreSQL demands of a private key): a TLS certificate and key, named
+    /// by `ssl_cert_file`/`ssl_key_file` in `extra_settings` (relative paths
+    /// are relative to the data directory) together with `ssl = on`. A name
+    /// is a plain file name that `initdb` did not create.
+    pub data_files: Vec<(String, Vec<u8>)>,
 }
 
 impl Default for EmbeddedOptions {
-    /// `fsync` off and no extra settings.
+    /// `fsync` off, no extra settings, no extra files.
     fn default() -> Self {
         Self {
             fsync: false,
             extra_settings: Vec::new(),
+            data_files: Vec::new(),
         }
     }
 }
@@ -366,6 +374,7 @@ impl EmbeddedServer {
         let password = Password::generate()?;
         let mut server = Self::prepare(bin_dir, run_as, options, password)?;
         server.initdb()?;
+        server.write_data_files()?;
         server.start_first()?;
         tracing::info!(
             target: TARGET,
@@ -703,9 +712,24 @@ impl EmbeddedServer {
             .map_err(|e| EmbeddedError::io(format!("writing {}", conf.display()), e))
     }
 
-    /// Writes the superuser's password to a new 0600 file at `path`, owned
-    /// by the server user, for `initdb --pwfile`.
-    fn write_pwfile(&self, path: &Path) -> Result<(), EmbeddedError> {
+    /// Writes [`EmbeddedOptions::data_files`] into the data directory: new
+    /// 0600 files owned by the server user.
+    fn write_data_files(&self) -> Result<(), EmbeddedError> {
+        for (name, contents) in &self.options.data_files {
+            if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+                return Err(EmbeddedError::io(
+                    format!("writing the data file {name:?}"),
+                    io::Error::new(io::ErrorKind::InvalidInput, "not a plain file name"),
+                ));
+            }
+            self.write_private_file(&self.data_dir.join(name), contents)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `contents` to a new 0600 file at `path` owned by the server
+    /// user (the current user when not running as root).
+    fn write_private_file(&self, path: &Path, contents: &[u8]) -> Result<(), EmbeddedError> {
         let context = || format!("writing {}", path.display());
         let mut file = fs::OpenOptions::new()
             .write(true)
@@ -713,7 +737,7 @@ impl EmbeddedServer {
             .mode(0o600)
             .open(path)
             .map_err(|e| EmbeddedError::io(context(), e))?;
-        writeln!(file, "{}", self.password.as_str())
+        file.write_all(contents)
             .map_err(|e| EmbeddedError::io(context(), e))?;
         if self.run_as.is_some() {
             // The temporary directory was handed to the server user already.
@@ -724,6 +748,12 @@ impl EmbeddedServer {
             })?;
         }
         Ok(())
+    }
+
+    /// Writes the superuser's password to a new 0600 file at `path`, owned
+    /// by the server user, for `initdb --pwfile`.
+    fn write_pwfile(&self, path: &Path) -> Result<(), EmbeddedError> {
+        self.write_private_file(path, format!("{}\n", self.password.as_str()).as_bytes())
     }
 
     /// Fills the data directory with a base backup of `primary`, configured

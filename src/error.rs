@@ -41,6 +41,18 @@ pub enum Error {
         cause: String,
     },
 
+    /// TLS refused the connection: the server's certificate failed verification ("unknown issuer", "certificate
+    /// not valid for name …"), the handshake failed, the server does not support the TLS that `sslmode`
+    /// demands, or a certificate or key file could not be read. Not transient: retrying unchanged fails the same
+    /// way.
+    #[error("TLS connection to {target} refused: {cause}")]
+    Tls {
+        /// `user@host:port/database`, without credentials.
+        target: String,
+        /// The real cause, as rustls or the server reported it.
+        cause: String,
+    },
+
     /// No pooled connection became available in time.
     #[error("no database connection to {target} within {waited:?}{}", last_error.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
     PoolTimeout {

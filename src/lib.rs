@@ -9,6 +9,7 @@ pub mod leader;
 mod lease;
 mod store;
 mod tasks;
+mod tls;
 
 pub use error::{is_retryable_sqlstate, DenyReason, Error, Result};
 pub use fence::{
@@ -26,10 +27,15 @@ pub use store::{
 pub use tasks::{
     Task, TaskEvent, TaskState, TaskWrite, MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH,
 };
+pub use tls::{Connection, Connector, SslMode, TlsStream};
 
 /// The driver crates pgfence is built on, re-exported so that fenced-transaction code uses the same versions.
 pub mod reexports {
     pub use diesel;
     pub use diesel_async;
+    /// rustls, for [`StoreConfig::tls`](crate::StoreConfig::tls).
+    #[cfg(feature = "tls")]
+    pub use rustls;
+    pub use tokio_postgres;
     pub use tokio_util;
 }

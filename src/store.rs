@@ -14,6 +14,7 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use crate::error::{Error, Result};
 use crate::lease::validate_cluster;
+use crate::tls::Connector;
 
 /// The bb8 pool type pgfence uses; bring your own with [`Store::from_pool`].
 pub type Pool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
@@ -29,6 +30,8 @@ pub type PooledConnection<'a> =
 pub(crate) struct Checked<'a> {
     conn: PooledConnection<'a>,
     armed: bool,
+    /// How to reach the server for a cancel request (`None`: an application's pool).
+    connector: Option<Arc<Connector>>,
 }
 
 impl Checked<'_> {
@@ -60,9 +63,15 @@ impl Drop for Checked<'_> {
         // An error state makes bb8 discard the connection on check-in (diesel-async reports it broken).
         diesel_async::AnsiTransactionManager::transaction_manager_status_mut(&mut *self.conn)
             .set_in_error();
+        let connector = self.connector.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Err(e) = token.cancel_query(tokio_postgres::NoTls).await {
+                // Over TLS like the connection itself, when it used TLS.
+                let cancelled = match connector {
+                    Some(connector) => connector.cancel(&token).await,
+                    None => crate::tls::cancel_unknown(&token).await,
+                };
+                if let Err(e) = cancelled {
                     tracing::debug!(target: TARGET, error = %e, "cancelling an abandoned statement failed");
                 }
             });
@@ -149,6 +158,8 @@ pub struct StoreConfig {
     checkout_timeout: Duration,
     application_name: String,
     expected: ExpectedIdentity,
+    #[cfg(feature = "tls")]
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl fmt::Debug for StoreConfig {
@@ -161,6 +172,7 @@ impl fmt::Debug for StoreConfig {
             .field("checkout_timeout", &self.checkout_timeout)
             .field("application_name", &self.application_name)
             .field("expected", &self.expected)
+            .field("application_tls", &self.has_application_tls())
             .finish()
     }
 }
@@ -178,7 +190,58 @@ impl StoreConfig {
             checkout_timeout: Duration::from_secs(5),
             application_name: "pgfence".to_owned(),
             expected: ExpectedIdentity::default(),
+            #[cfg(feature = "tls")]
+            tls: None,
         }
+    }
+
+    fn has_application_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
+    /// Secures every connection of the store (the pool, the LISTEN connection, migrations, cancel requests) with
+    /// the application's own rustls configuration — its roots, its verifier, its client certificate — instead of
+    /// the one pgfence builds from `sslrootcert`, `sslcert` and `sslkey`.
+    ///
+    /// The connection string's `sslmode` (or `PGSSLMODE`) still decides whether TLS is used: `disable` uses
+    /// none, `prefer` falls back to plaintext when the server offers no TLS, and `require`, `verify-ca` and
+    /// `verify-full` demand it — and, given here, so does a connection string without `sslmode`. What the
+    /// certificate must prove is then this configuration's business alone (its verifier checks the host name or
+    /// not). `sslrootcert`, `sslcert` and `sslkey` in the connection string are refused with it
+    /// ([`Error::InvalidUrl`]); the environment's are not read. Build the configuration with pgfence's rustls
+    /// ([`reexports::rustls`](crate::reexports::rustls)).
+    ///
+    /// ```no_run
+    /// # async fn example(roots: pgfence::reexports::rustls::RootCertStore) -> pgfence::Result<()> {
+    /// use std::sync::Arc;
+    /// use pgfence::reexports::rustls;
+    ///
+    /// let provider = Arc::new(rustls::crypto::ring::default_provider());
+    /// let tls = rustls::ClientConfig::builder_with_provider(provider)
+    ///     .with_safe_default_protocol_versions()
+    ///     .expect("ring supports the default versions")
+    ///     .with_root_certificates(roots)
+    ///     .with_no_client_auth();
+    /// let config = pgfence::StoreConfig::new("postgres://app@db.example.com/control", "prod-eu-1")
+    ///     .tls(Arc::new(tls));
+    /// let store = pgfence::Store::connect(config).await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, config: Arc<rustls::ClientConfig>) -> Self {
+        self.tls = Some(config);
+        self
+    }
+
+    fn connector(&self) -> Result<Connector> {
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.tls {
+            return Connector::with_tls(&self.url, tls.clone());
+        }
+        Connector::new(&self.url)
     }
 
     /// Maximum number of pooled connections (default 16).
@@ -215,13 +278,13 @@ impl StoreConfig {
 
 /// Shows a connection string as `user@host:port/database`: never a password.
 pub fn redact(url: &str) -> String {
-    match tokio_postgres::Config::from_str(url) {
+    match tokio_postgres::Config::from_str(&crate::tls::without_tls_parameters(url)) {
         Ok(config) => describe(&config),
         Err(_) => "<unparsable connection string>".to_owned(),
     }
 }
 
-fn describe(config: &tokio_postgres::Config) -> String {
+pub(crate) fn describe(config: &tokio_postgres::Config) -> String {
     let host = config
         .get_hosts()
         .first()
@@ -271,7 +334,7 @@ struct Inner {
 
 #[derive(Clone)]
 struct ConnectSettings {
-    config: tokio_postgres::Config,
+    connector: Arc<Connector>,
     target: String,
     expected: ExpectedIdentity,
 }
@@ -308,19 +371,17 @@ impl Store {
                 "connect and checkout timeouts must be positive",
             ));
         }
-        let mut pg =
-            tokio_postgres::Config::from_str(&config.url).map_err(|e| Error::InvalidUrl {
-                reason: e.to_string(),
-            })?;
+        let mut connector = config.connector()?;
+        let pg = connector.config_mut();
         if pg.get_application_name().is_none() {
             pg.application_name(&config.application_name);
         }
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(config.connect_timeout);
         }
-        let target = describe(&pg);
+        let target = connector.target().to_owned();
         let settings = ConnectSettings {
-            config: pg,
+            connector: Arc::new(connector),
             target: target.clone(),
             expected: config.expected.clone(),
         };
@@ -329,6 +390,7 @@ impl Store {
         // (and anything that writes) exists.
         let (first, identity) = settings.open_checked().await?;
         tracing::info!(target: TARGET, database = %target, cluster = %config.cluster,
+            sslmode = %settings.connector.ssl_mode(),
             system_identifier = ?identity.system_identifier, instance_id = ?identity.instance_id, "connected");
 
         let last_error = LastError::default();
@@ -375,8 +437,14 @@ impl Store {
         })
     }
 
-    /// Wraps a pool the application already has. The pool's connections are not re-checked by pgfence when
-    /// they are created; the identity is verified once here.
+    /// Wraps a pool the application already has, with its own connection setup (TLS included). The pool's
+    /// connections are not re-checked by pgfence when they are created; the identity is verified once here.
+    ///
+    /// Migrations and the LISTEN connection that wakes waiting electors use connections opened by the pool's
+    /// manager outside the pool ([`bb8::Pool::dedicated_connection`]), so they are set up exactly like the
+    /// application's. Cancel requests for abandoned statements cannot know the application's TLS settings: they
+    /// use TLS when the connection did, without verifying the server's certificate (the request carries only
+    /// that backend's cancel key); a server that refuses them just lets the statement finish.
     pub async fn from_pool(
         pool: Pool,
         cluster: impl Into<String>,
@@ -447,6 +515,11 @@ impl Store {
         Ok(Checked {
             conn: self.conn().await?,
             armed: true,
+            connector: self
+                .inner
+                .connect
+                .as_ref()
+                .map(|settings| settings.connector.clone()),
         })
     }
 
@@ -509,32 +582,39 @@ impl Store {
     /// Applies the embedded migrations that are not applied yet and returns their versions. Migrating twice is
     /// a no-op; two processes migrating at once take turns (a session advisory lock on a dedicated connection).
     pub async fn migrate(&self) -> Result<Vec<String>> {
-        let conn =
-            match &self.inner.connect {
-                Some(settings) => settings.open().await?,
-                None => return Err(Error::Migration(
-                    "a store built from an application pool cannot migrate: use Store::connect or \
-                     `pgfence migrate`"
-                        .to_owned(),
-                )),
-            };
-        run_migrations(conn).await
+        run_migrations(self.open_dedicated().await?).await
     }
 
-    /// Whether this store can open connections of its own outside the pool (not for [`Store::from_pool`]).
+    /// Whether this store can open connections of its own outside the pool: every store can (one built
+    /// [`from_pool`](Store::from_pool) through the pool's manager).
     pub(crate) fn can_open_dedicated(&self) -> bool {
-        self.inner.connect.is_some()
+        true
     }
 
-    /// A new connection outside the pool (for LISTEN).
+    /// A new connection outside the pool (for LISTEN and migrations), secured like the pool's.
     pub(crate) async fn open_dedicated(&self) -> Result<AsyncPgConnection> {
         match &self.inner.connect {
             Some(settings) => settings.open().await,
-            None => Err(Error::Connect {
-                target: self.inner.target.clone(),
-                cause: "a store built from an application pool opens no connections of its own"
-                    .to_owned(),
-            }),
+            // The application's manager, with its TLS and setup; bounded like a checkout.
+            None => match tokio::time::timeout(
+                self.inner.checkout_timeout,
+                self.inner.pool.dedicated_connection(),
+            )
+            .await
+            {
+                Ok(Ok(conn)) => Ok(conn),
+                Ok(Err(e)) => Err(Error::Connect {
+                    target: self.inner.target.clone(),
+                    cause: error_chain(&e),
+                }),
+                Err(_) => Err(Error::Connect {
+                    target: self.inner.target.clone(),
+                    cause: format!(
+                        "the application pool's manager opened no connection within {:?}",
+                        self.inner.checkout_timeout
+                    ),
+                }),
+            },
         }
     }
 
@@ -548,7 +628,8 @@ impl ConnectSettings {
     /// the socket, not the startup and authentication exchange).
     async fn open(&self) -> Result<AsyncPgConnection> {
         let limit = self
-            .config
+            .connector
+            .config()
             .get_connect_timeout()
             .copied()
             .unwrap_or(Duration::from_secs(5));
@@ -564,7 +645,8 @@ impl ConnectSettings {
     /// Opens a connection and reads the identity, both within the connect timeout.
     async fn open_checked(&self) -> Result<(AsyncPgConnection, DatabaseIdentity)> {
         let limit = self
-            .config
+            .connector
+            .config()
             .get_connect_timeout()
             .copied()
             .unwrap_or(Duration::from_secs(5));
@@ -584,18 +666,13 @@ impl ConnectSettings {
     }
 
     async fn open_unbounded(&self) -> Result<AsyncPgConnection> {
-        let connect_err = |cause: String| Error::Connect {
-            target: self.target.clone(),
-            cause,
-        };
-        let (client, connection) = self
-            .config
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| connect_err(error_chain(&e)))?;
+        let (client, connection) = self.connector.connect().await?;
         AsyncPgConnection::try_from_client_and_connection(client, connection)
             .await
-            .map_err(|e| connect_err(e.to_string()))
+            .map_err(|e| Error::Connect {
+                target: self.target.clone(),
+                cause: e.to_string(),
+            })
     }
 
     fn check(&self, identity: &DatabaseIdentity) -> Result<()> {
@@ -609,7 +686,7 @@ impl ConnectSettings {
 }
 
 /// A driver error with its sources ("error connecting to server: Connection refused (os error 111)").
-fn error_chain(err: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {

@@ -223,6 +223,7 @@ fn options_are_applied_and_kept_across_restarts() {
             ("work_mem".to_owned(), "7MB".to_owned()),
             ("application_name".to_owned(), "it's embedded".to_owned()),
         ],
+        ..EmbeddedOptions::default()
     })
     .expect("start with options");
     let url = server.url();

@@ -368,9 +368,8 @@ fn blob_of(size: usize, filler: char) -> Value {
     let empty = serialized_len(&json!({"blob": ""}));
     let width = serialized_len(&json!(filler.to_string())) - 2;
     let n = (size - empty) / width;
-    let blob: String = std::iter::repeat(filler)
-        .take(n)
-        .chain(std::iter::repeat('x').take(size - empty - n * width))
+    let blob: String = std::iter::repeat_n(filler, n)
+        .chain(std::iter::repeat_n('x', size - empty - n * width))
         .collect();
     let value = json!({ "blob": blob });
     assert_eq!(serialized_len(&value), size);

@@ -17,7 +17,6 @@ mod workload;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -281,42 +280,20 @@ fn url_with_database(url: &str, database: &str) -> String {
 }
 
 async fn connect_admin(url: &str) -> Result<tokio_postgres::Client, Failure> {
-    let mut config = tokio_postgres::Config::from_str(url)
-        .map_err(|e| Failure::new(2, format!("invalid connection string: {e}")))?;
+    // TLS as for every pgfence connection: the URL's sslmode/sslrootcert/…, else PGSSLMODE/PGSSLROOTCERT/….
+    let mut connector = pgfence::Connector::new(url)?;
+    let config = connector.config_mut();
     if config.get_application_name().is_none() {
         config.application_name("pgfence-bench");
     }
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(10));
     }
-    let (client, connection) = config.connect(tokio_postgres::NoTls).await.map_err(|e| {
-        Failure::new(
-            3,
-            format!(
-                "cannot connect to {}: {}",
-                pgfence::redact(url),
-                error_chain(&e)
-            ),
-        )
-    })?;
+    let (client, connection) = connector.connect().await?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
     Ok(client)
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 impl Server {
@@ -338,6 +315,7 @@ impl Server {
         let options = EmbeddedOptions {
             fsync,
             extra_settings: settings,
+            ..EmbeddedOptions::default()
         };
         let server = tokio::task::spawn_blocking(move || EmbeddedServer::start_with(options))
             .await
@@ -692,11 +670,10 @@ fn store_config(url: &str, plan: &Plan, global: &Global) -> StoreConfig {
         })
 }
 
-fn raw_config(url: &str) -> Result<tokio_postgres::Config, Failure> {
-    let mut config = tokio_postgres::Config::from_str(url)
-        .map_err(|e| Failure::new(2, format!("invalid connection string: {e}")))?;
-    config.application_name("pgfence-bench-raw");
-    Ok(config)
+fn raw_config(url: &str) -> Result<pgfence::Connector, Failure> {
+    let mut connector = pgfence::Connector::new(url)?;
+    connector.config_mut().application_name("pgfence-bench-raw");
+    Ok(connector)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -28,13 +28,20 @@ pub(crate) struct Cli {
 const EXIT_CODES: &str = "Exit codes: 0 ok; 1 unexpected error; 2 usage or bad input (incl. a malformed URL, a \
 missing --yes); 3 database unreachable or refusing the connection; 4 standby or wrong database identity; 5 pgfence \
 schema missing (run `pgfence migrate`); 6 unknown lease; 7 a lock wait ended at its bound (the message names \
-who blocks); 10 demo verdict: an invariant was violated; 130 \
+who blocks); 8 denied (no grant on the cluster, not an operator, a wrong tenure secret); 9 TLS refused the \
+connection (the server's certificate failed verification, or the server offers no TLS that sslmode demands); \
+10 demo verdict: an invariant was violated; 130 \
 interrupted.";
 
 #[derive(Debug, Args)]
 struct Global {
     /// PostgreSQL connection string (URL or key=value). Credentials are never printed. `demo` starts a throwaway
     /// server when it is not given.
+    ///
+    /// TLS as in libpq: sslmode=disable|prefer (default)|require|verify-ca|verify-full, sslrootcert (a PEM CA
+    /// file, or `system`), sslcert and sslkey, from the URL or else from PGSSLMODE, PGSSLROOTCERT, PGSSLCERT and
+    /// PGSSLKEY. A TLS-only managed server:
+    /// postgres://app@db.example.com/control?sslmode=verify-full&sslrootcert=/etc/ssl/certs/rds-ca.pem
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
 
@@ -247,6 +254,8 @@ impl From<Error> for Failure {
             e if matches!(e.sqlstate(), Some("PF003" | "55P03")) => 7,
             // The role may not do this (no grant on the cluster, not an operator, a wrong tenure secret).
             Error::Denied { .. } => 8,
+            // The server's certificate failed verification, or the server offers no TLS that sslmode demands.
+            Error::Tls { .. } => 9,
             e if e.sqlstate() == Some("42501") => 8,
             _ => 1,
         };

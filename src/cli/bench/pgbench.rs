@@ -47,7 +47,7 @@ pub(super) fn find(server_bin: Option<&Path>) -> Option<PathBuf> {
 impl Pgbench {
     pub(super) fn new(
         exe: PathBuf,
-        config: &tokio_postgres::Config,
+        connector: &pgfence::Connector,
         batches: &[u32],
         lease: &str,
         epoch: i64,
@@ -58,7 +58,10 @@ impl Pgbench {
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
             .map_err(|e| Failure::new(1, format!("running {} --version: {e}", exe.display())))?;
+        let config = connector.config();
         let mut env = vec![("PGAPPNAME", "pgfence-bench-pgbench".to_owned())];
+        // The same TLS as pgfence's own connections: PGSSLMODE, PGSSLROOTCERT, PGSSLCERT, PGSSLKEY.
+        env.extend(connector.libpq_env());
         if let Some(host) = config.get_hosts().first() {
             env.push((
                 "PGHOST",
@@ -143,7 +146,14 @@ impl Pgbench {
             .arg(format!("--log-prefix={}", logs.join("lat").display()))
             .current_dir(self.dir.path())
             .stdin(Stdio::null());
-        for var in ["PGOPTIONS", "PGSERVICE", "PGSSLMODE"] {
+        for var in [
+            "PGOPTIONS",
+            "PGSERVICE",
+            "PGSSLMODE",
+            "PGSSLROOTCERT",
+            "PGSSLCERT",
+            "PGSSLKEY",
+        ] {
             cmd.env_remove(var);
         }
         for (name, value) in &self.env {

@@ -291,7 +291,7 @@ pub(super) fn targets(all: &[Measurement], renewal: Option<&RenewalCost>) -> Vec
         let mut met = true;
         for m in all.iter().filter(|m| {
             workloads.iter().any(|w| w.name() == m.workload)
-                && batch.map_or(true, |b| m.batch == b)
+                && batch.is_none_or(|b| m.batch == b)
                 && m.lease_rows.is_none()
         }) {
             if let Some(r) = pick(m) {

@@ -471,11 +471,8 @@ impl RawClient {
         Ok(())
     }
 
-    pub(super) async fn connect(config: &tokio_postgres::Config) -> Result<RawClient, Failure> {
-        let (client, connection) = config
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| db_error("connecting a raw client", e))?;
+    pub(super) async fn connect(connector: &pgfence::Connector) -> Result<RawClient, Failure> {
+        let (client, connection) = connector.connect().await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(target: "pgfence", error = %e, "raw benchmark connection ended");

@@ -1,0 +1,1004 @@
+//! TLS for every connection pgfence opens, with libpq's parameters and semantics.
+//!
+//! A connection string (URL query parameters or `key=value` pairs) may carry `sslmode`, `sslrootcert`, `sslcert`
+//! and `sslkey`; what it leaves out is read from `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT` and `PGSSLKEY`, as libpq
+//! does. tokio-postgres's own parser knows `disable`, `prefer` and `require` only, so [`Connector`] takes these
+//! parameters out of the string first and hands the rest to [`tokio_postgres::Config`].
+//!
+//! | `sslmode` | TLS | the server's certificate |
+//! |---|---|---|
+//! | `disable` | never | — |
+//! | `prefer` (default) | when the server offers it; plaintext otherwise, and after a failed handshake | checked against the root certificates when there are any (see below), else not at all |
+//! | `require` | always | as for `prefer`: with a root certificate it is checked like `verify-ca` |
+//! | `verify-ca` | always | must chain to a root in `sslrootcert`; any host name |
+//! | `verify-full` | always | must chain to a root in `sslrootcert` and name the host connected to |
+//!
+//! `sslrootcert` is a PEM file of one or more CA certificates, or `system` for the operating system's trust
+//! store (then `sslmode` defaults to `verify-full` and weaker modes are refused, as in libpq 16). Without it,
+//! `~/.postgresql/root.crt` is used when it exists. `sslcert`/`sslkey` (PEM; default
+//! `~/.postgresql/postgresql.crt`/`.key` when they exist) present a client certificate. Files are read at every
+//! new connection, so rotated certificates are picked up without a restart. Unix-socket connections never use
+//! TLS (the server offers none there), whatever the mode.
+//!
+//! Where pgfence differs from libpq: an `sslcert`, `sslkey` or `sslrootcert` named explicitly that cannot be read
+//! is an error (libpq ignores a missing client certificate); `sslmode=allow` is refused; the key file's
+//! permissions are not checked.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+#[cfg(feature = "tls")]
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::store::TARGET;
+
+/// libpq's `sslmode`: whether TLS is used and what the server's certificate must prove.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SslMode {
+    /// Plaintext only.
+    Disable,
+    /// TLS when the server offers it and the handshake succeeds, plaintext otherwise (libpq's default).
+    Prefer,
+    /// TLS always; the certificate is checked only when root certificates are configured.
+    Require,
+    /// TLS always; the certificate must chain to a configured root; the host name is not checked.
+    VerifyCa,
+    /// TLS always; the certificate must chain to a configured root and name the host.
+    VerifyFull,
+}
+
+impl SslMode {
+    /// The name in connection strings (`verify-full`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+
+    /// Whether a connection without TLS is refused.
+    pub fn requires_tls(self) -> bool {
+        matches!(
+            self,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull
+        )
+    }
+}
+
+impl fmt::Display for SslMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SslMode {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<SslMode> {
+        Ok(match text {
+            "disable" => SslMode::Disable,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            "allow" => {
+                return Err(Error::InvalidUrl {
+                    reason: "sslmode=allow is not supported: use prefer (TLS when offered) or require"
+                        .to_owned(),
+                })
+            }
+            other => {
+                return Err(Error::InvalidUrl {
+                    reason: format!(
+                        "invalid sslmode {other:?}: expected disable, prefer, require, verify-ca or verify-full"
+                    ),
+                })
+            }
+        })
+    }
+}
+
+/// The connection-string parameters pgfence reads itself, and the libpq environment variable of each.
+const TLS_PARAMETERS: [(&str, &str); 4] = [
+    ("sslmode", "PGSSLMODE"),
+    ("sslrootcert", "PGSSLROOTCERT"),
+    ("sslcert", "PGSSLCERT"),
+    ("sslkey", "PGSSLKEY"),
+];
+
+/// The TLS parameters as given: by the connection string, else by the environment.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Given {
+    mode: Option<String>,
+    root_cert: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+}
+
+impl Given {
+    fn slot(&mut self, name: &str) -> Option<&mut Option<String>> {
+        match name {
+            "sslmode" => Some(&mut self.mode),
+            "sslrootcert" => Some(&mut self.root_cert),
+            "sslcert" => Some(&mut self.cert),
+            "sslkey" => Some(&mut self.key),
+            _ => None,
+        }
+    }
+
+    /// Fills what the connection string left out from the environment (libpq's precedence).
+    fn or_env(mut self, env: &dyn Fn(&str) -> Option<String>) -> Given {
+        for (name, var) in TLS_PARAMETERS {
+            if let Some(slot) = self.slot(name) {
+                if slot.is_none() {
+                    *slot = env(var).filter(|v| !v.is_empty());
+                }
+            }
+        }
+        self
+    }
+}
+
+/// Takes pgfence's TLS parameters out of a connection string: returns the rest (for tokio-postgres) and the
+/// parameters. A string that does not parse is returned whole, for tokio-postgres to report.
+fn split_tls_parameters(url: &str) -> Result<(String, Given)> {
+    let mut given = Given::default();
+    let rest = if let Some(scheme) = ["postgres://", "postgresql://"]
+        .into_iter()
+        .find(|s| url.starts_with(s))
+    {
+        // As tokio-postgres (and libpq) read a URL: the credentials end at the first `@`, the query starts at the
+        // first `?` after them.
+        let after_scheme = &url[scheme.len()..];
+        let host_start = after_scheme.find('@').map_or(0, |at| at + 1);
+        let Some(q) = after_scheme[host_start..].find('?') else {
+            return Ok((url.to_owned(), given));
+        };
+        let query_at = scheme.len() + host_start + q;
+        let mut kept = Vec::new();
+        for pair in url[query_at + 1..].split('&') {
+            let slot = pair
+                .split_once('=')
+                .and_then(|(key, value)| Some((given.slot(&percent_decode(key)?)?, value)));
+            match slot {
+                Some((slot, value)) => {
+                    *slot = Some(percent_decode(value).ok_or_else(|| Error::InvalidUrl {
+                        reason: "a TLS parameter is not valid percent-encoded UTF-8".to_owned(),
+                    })?)
+                }
+                None => kept.push(pair),
+            }
+        }
+        let mut rest = url[..query_at].to_owned();
+        if !kept.is_empty() {
+            rest.push('?');
+            rest.push_str(&kept.join("&"));
+        }
+        rest
+    } else {
+        let Some(pairs) = keyword_pairs(url) else {
+            return Ok((url.to_owned(), given));
+        };
+        let mut kept = Vec::new();
+        for (key, value, span) in pairs {
+            match given.slot(key) {
+                Some(slot) => *slot = Some(value),
+                None => kept.push(&url[span]),
+            }
+        }
+        kept.join(" ")
+    };
+    Ok((rest, given))
+}
+
+fn percent_decode(text: &str) -> Option<String> {
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .ok()
+        .map(|s| s.into_owned())
+}
+
+/// The `key = value` pairs of a libpq keyword/value string (values quoted with `'`, `\` escaping the next
+/// character), each with its byte span; `None` if it does not parse. The grammar is tokio-postgres's.
+fn keyword_pairs(text: &str) -> Option<Vec<(&str, String, std::ops::Range<usize>)>> {
+    let bytes: Vec<(usize, char)> = text.char_indices().collect();
+    let mut i = 0;
+    let at = |i: usize| bytes.get(i).map_or(text.len(), |&(at, _)| at);
+    let mut pairs = Vec::new();
+    loop {
+        while bytes.get(i).is_some_and(|&(_, c)| c.is_whitespace()) {
+            i += 1;
+        }
+        if i == bytes.len() {
+            return Some(pairs);
+        }
+        let start = i;
+        while bytes
+            .get(i)
+            .is_some_and(|&(_, c)| !c.is_whitespace() && c != '=')
+        {
+            i += 1;
+        }
+        let key = &text[at(start)..at(i)];
+        while bytes.get(i).is_some_and(|&(_, c)| c.is_whitespace()) {
+            i += 1;
+        }
+        if key.is_empty() || bytes.get(i).map(|&(_, c)| c) != Some('=') {
+            return None;
+        }
+        i += 1;
+        while bytes.get(i).is_some_and(|&(_, c)| c.is_whitespace()) {
+            i += 1;
+        }
+        let mut value = String::new();
+        let quoted = bytes.get(i).map(|&(_, c)| c) == Some('\'');
+        if quoted {
+            i += 1;
+        }
+        loop {
+            match bytes.get(i).map(|&(_, c)| c) {
+                None if quoted => return None,
+                None => break,
+                Some('\'') if quoted => {
+                    i += 1;
+                    break;
+                }
+                Some(c) if c.is_whitespace() && !quoted => break,
+                Some('\\') => {
+                    if let Some(&(_, next)) = bytes.get(i + 1) {
+                        value.push(next);
+                    }
+                    i += 2;
+                }
+                Some(c) => {
+                    value.push(c);
+                    i += 1;
+                }
+            }
+        }
+        if !quoted && value.is_empty() {
+            return None;
+        }
+        pairs.push((key, value, at(start)..at(i.min(bytes.len()))));
+    }
+}
+
+/// Where the certificates that vouch for the server come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Roots {
+    /// None configured: the certificate is not checked (`prefer`, `require` only).
+    None,
+    /// A PEM file of CA certificates.
+    File(PathBuf),
+    /// The operating system's trust store (`sslrootcert=system`).
+    System,
+}
+
+impl fmt::Display for Roots {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Roots::None => f.write_str("no root certificates"),
+            Roots::File(path) => write!(f, "sslrootcert {}", path.display()),
+            Roots::System => f.write_str("the system's trust store (sslrootcert=system)"),
+        }
+    }
+}
+
+/// How TLS is set up for one connection string: the mode, the roots and the client certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TlsSettings {
+    mode: SslMode,
+    roots: Roots,
+    /// Certificate chain and private key files.
+    client: Option<(PathBuf, PathBuf)>,
+}
+
+/// `~/.postgresql/NAME`, libpq's default place for certificates.
+fn default_file(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<PathBuf> {
+    env("HOME")
+        .filter(|home| !home.is_empty())
+        .map(|home| Path::new(&home).join(".postgresql").join(name))
+}
+
+impl TlsSettings {
+    fn resolve(
+        given: Given,
+        env: &dyn Fn(&str) -> Option<String>,
+        custom: bool,
+    ) -> Result<TlsSettings> {
+        let mode = given.mode.as_deref().map(SslMode::from_str).transpose()?;
+        if custom {
+            // The application's rustls configuration decides roots and client certificates.
+            if given.root_cert.is_some() || given.cert.is_some() || given.key.is_some() {
+                return Err(Error::InvalidUrl {
+                    reason: "sslrootcert, sslcert and sslkey cannot be combined with an application's own TLS \
+                             configuration (StoreConfig::tls): put them into that configuration"
+                        .to_owned(),
+                });
+            }
+            return Ok(TlsSettings {
+                mode: mode.unwrap_or(SslMode::Require),
+                roots: Roots::None,
+                client: None,
+            });
+        }
+        let roots = match given.root_cert.as_deref() {
+            Some("system") => Roots::System,
+            Some(path) => Roots::File(PathBuf::from(path)),
+            None => match default_file(env, "root.crt") {
+                Some(path) if path.is_file() => Roots::File(path),
+                _ => Roots::None,
+            },
+        };
+        let mode = match (mode, &roots) {
+            (None, Roots::System) => SslMode::VerifyFull,
+            (Some(weak), Roots::System) if weak != SslMode::VerifyFull => {
+                return Err(Error::InvalidUrl {
+                    reason: format!(
+                        "weak sslmode {weak} may not be used with sslrootcert=system (use verify-full)"
+                    ),
+                })
+            }
+            (mode, _) => mode.unwrap_or(SslMode::Prefer),
+        };
+        if matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull) && roots == Roots::None {
+            return Err(Error::InvalidUrl {
+                reason: format!(
+                    "sslmode={mode} needs root certificates to verify the server against: set sslrootcert=/path/to/ca.pem \
+                     (or PGSSLROOTCERT, or sslrootcert=system for the system's trust store)"
+                ),
+            });
+        }
+        let client = match (given.cert, given.key) {
+            (Some(cert), key) => Some((
+                PathBuf::from(cert),
+                key.map(PathBuf::from)
+                    .or_else(|| default_file(env, "postgresql.key"))
+                    .ok_or_else(|| Error::InvalidUrl {
+                        reason: "sslcert needs sslkey (no HOME for ~/.postgresql/postgresql.key)"
+                            .to_owned(),
+                    })?,
+            )),
+            (None, Some(_)) => {
+                return Err(Error::InvalidUrl {
+                    reason: "sslkey without sslcert".to_owned(),
+                })
+            }
+            (None, None) => match (
+                default_file(env, "postgresql.crt"),
+                default_file(env, "postgresql.key"),
+            ) {
+                (Some(cert), Some(key)) if cert.is_file() => Some((cert, key)),
+                _ => None,
+            },
+        };
+        Ok(TlsSettings {
+            mode,
+            roots,
+            client,
+        })
+    }
+
+    /// What libpq-based tools (psql, pgbench) need in their environment to connect the same way.
+    fn libpq_env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![("PGSSLMODE", self.mode.as_str().to_owned())];
+        match &self.roots {
+            Roots::None => {}
+            Roots::File(path) => env.push(("PGSSLROOTCERT", path.display().to_string())),
+            Roots::System => env.push(("PGSSLROOTCERT", "system".to_owned())),
+        }
+        if let Some((cert, key)) = &self.client {
+            env.push(("PGSSLCERT", cert.display().to_string()));
+            env.push(("PGSSLKEY", key.display().to_string()));
+        }
+        env
+    }
+}
+
+/// The stream of a connection opened by a [`Connector`]: TLS or plaintext.
+#[cfg(feature = "tls")]
+pub type TlsStream =
+    <tokio_postgres_rustls::MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<
+        tokio_postgres::Socket,
+    >>::Stream;
+
+/// The stream of a connection opened by a [`Connector`] (built without the `tls` feature: plaintext only).
+#[cfg(not(feature = "tls"))]
+pub type TlsStream = tokio_postgres::tls::NoTlsStream;
+
+/// A connection opened by a [`Connector`]: drive it (spawn it) for the [`tokio_postgres::Client`] to work.
+pub type Connection = tokio_postgres::Connection<tokio_postgres::Socket, TlsStream>;
+
+/// How pgfence opens a connection: the connection string with its TLS parameters resolved (connection string
+/// first, then the libpq environment), and the TLS configuration they describe.
+///
+/// [`Store::connect`](crate::Store::connect) builds one from its [`StoreConfig`](crate::StoreConfig); it is public
+/// for code that wants its own tokio-postgres client secured exactly like pgfence's connections (the `pgfence`
+/// command's tools do).
+///
+/// ```no_run
+/// # async fn example() -> pgfence::Result<()> {
+/// let connector = pgfence::Connector::new(
+///     "postgres://app@db.example.com/control?sslmode=verify-full&sslrootcert=/etc/ssl/certs/rds-ca.pem",
+/// )?;
+/// let (client, connection) = connector.connect().await?;
+/// tokio::spawn(connection);
+/// client.simple_query("SELECT 1").await.ok();
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Connector {
+    config: tokio_postgres::Config,
+    tls: TlsSettings,
+    target: String,
+    /// The application's own rustls configuration ([`Connector::with_tls`]).
+    #[cfg(feature = "tls")]
+    custom: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+}
+
+impl fmt::Debug for Connector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = f.debug_struct("Connector");
+        out.field("target", &self.target)
+            .field("sslmode", &self.tls.mode)
+            .field("roots", &self.tls.roots)
+            .field(
+                "client_certificate",
+                &self.tls.client.as_ref().map(|c| &c.0),
+            );
+        #[cfg(feature = "tls")]
+        out.field("application_tls", &self.custom.is_some());
+        out.finish()
+    }
+}
+
+/// The libpq environment of this process.
+fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// Takes the TLS parameters out of `url` (ignoring errors) so that the rest parses: for redaction.
+pub(crate) fn without_tls_parameters(url: &str) -> String {
+    split_tls_parameters(url).map_or_else(|_| url.to_owned(), |(rest, _)| rest)
+}
+
+impl Connector {
+    /// Parses a connection string (a `postgres://` URL or `key=value` pairs) and resolves its TLS parameters,
+    /// falling back to `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT` and `PGSSLKEY` for those it does not give.
+    ///
+    /// Fails with [`Error::InvalidUrl`] for a malformed string or an inconsistent TLS setup (an unknown
+    /// `sslmode`, `verify-full` without root certificates), and with [`Error::Tls`] when a certificate or key
+    /// file cannot be read — or when TLS is demanded of a build without the `tls` feature.
+    pub fn new(url: &str) -> Result<Connector> {
+        Self::build(url, &process_env, false)
+    }
+
+    /// As [`new`](Self::new), with an application's own rustls configuration instead of the certificate
+    /// parameters (see [`StoreConfig::tls`](crate::StoreConfig::tls)).
+    #[cfg(feature = "tls")]
+    pub fn with_tls(url: &str, tls: Arc<rustls::ClientConfig>) -> Result<Connector> {
+        let mut connector = Self::build(url, &process_env, true)?;
+        connector.custom = Some(tokio_postgres_rustls::MakeRustlsConnect::new(
+            Arc::unwrap_or_clone(tls),
+        ));
+        Ok(connector)
+    }
+
+    fn build(url: &str, env: &dyn Fn(&str) -> Option<String>, custom: bool) -> Result<Connector> {
+        let (rest, given) = split_tls_parameters(url)?;
+        let mut config =
+            tokio_postgres::Config::from_str(&rest).map_err(|e| Error::InvalidUrl {
+                reason: e.to_string(),
+            })?;
+        let given = if custom {
+            // Only the mode: the application's configuration stands for the certificate parameters, and stray
+            // PGSSLROOTCERT/PGSSLCERT/PGSSLKEY in the environment must not make it unusable.
+            Given {
+                mode: given
+                    .mode
+                    .or_else(|| env("PGSSLMODE").filter(|v| !v.is_empty())),
+                ..given
+            }
+        } else {
+            given.or_env(env)
+        };
+        let tls = TlsSettings::resolve(given, env, custom)?;
+        let target = crate::store::describe(&config);
+        let unix_only = !config.get_hosts().is_empty()
+            && config
+                .get_hosts()
+                .iter()
+                .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
+        config.ssl_mode(match tls.mode {
+            // The server offers no TLS on a Unix socket; libpq does not ask there.
+            _ if unix_only => tokio_postgres::config::SslMode::Disable,
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            SslMode::Prefer if cfg!(feature = "tls") => tokio_postgres::config::SslMode::Prefer,
+            SslMode::Prefer => tokio_postgres::config::SslMode::Disable,
+            _ => tokio_postgres::config::SslMode::Require,
+        });
+        let connector = Connector {
+            config,
+            tls,
+            target,
+            #[cfg(feature = "tls")]
+            custom: None,
+        };
+        if connector.tls.mode.requires_tls() && !cfg!(feature = "tls") {
+            return Err(connector.tls_error(format!(
+                "sslmode={} needs TLS, and pgfence was built without its `tls` feature",
+                connector.tls.mode
+            )));
+        }
+        if !custom {
+            // Fail now, not at the first connection, on an unreadable certificate or key.
+            #[cfg(feature = "tls")]
+            connector.client_config()?;
+        }
+        Ok(connector)
+    }
+
+    /// The tokio-postgres configuration, without the TLS parameters pgfence handles.
+    pub fn config(&self) -> &tokio_postgres::Config {
+        &self.config
+    }
+
+    /// The tokio-postgres configuration, to set `application_name`, timeouts and the like before connecting.
+    pub fn config_mut(&mut self) -> &mut tokio_postgres::Config {
+        &mut self.config
+    }
+
+    /// The effective `sslmode`.
+    pub fn ssl_mode(&self) -> SslMode {
+        self.tls.mode
+    }
+
+    /// The database as `user@host:port/database` (no credentials).
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// The TLS settings as libpq environment variables (`PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`), for
+    /// a libpq tool such as `psql` or `pgbench` to connect the same way. An application's own rustls
+    /// configuration has no such form: only `PGSSLMODE` is given then.
+    pub fn libpq_env(&self) -> Vec<(&'static str, String)> {
+        self.tls.libpq_env()
+    }
+
+    fn tls_error(&self, cause: String) -> Error {
+        Error::Tls {
+            target: self.target.clone(),
+            cause,
+        }
+    }
+
+    /// Opens a connection. `prefer` falls back to plaintext when the server offers no TLS or the handshake fails
+    /// (logged at debug level).
+    ///
+    /// Errors: [`Error::Tls`] when the handshake fails (the server's certificate failed verification: "unknown
+    /// issuer", "certificate not valid for name …") or the server does not support the TLS the mode demands;
+    /// [`Error::Connect`] for everything else (refused, authentication, timeout).
+    pub async fn connect(&self) -> Result<(tokio_postgres::Client, Connection)> {
+        #[cfg(feature = "tls")]
+        {
+            let tls = self.make_tls()?;
+            match self.attempt(&self.config, tls.clone()).await {
+                Err(Attempt::Handshake(cause)) if self.tls.mode == SslMode::Prefer => {
+                    tracing::debug!(target: TARGET, database = %self.target, %cause,
+                        "TLS handshake failed; sslmode=prefer continues in plaintext");
+                    let mut plain = self.config.clone();
+                    plain.ssl_mode(tokio_postgres::config::SslMode::Disable);
+                    self.attempt(&plain, tls)
+                        .await
+                        .map_err(|e| self.attempt_error(e))
+                }
+                other => other.map_err(|e| self.attempt_error(e)),
+            }
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            if self.tls.mode == SslMode::Prefer {
+                tracing::debug!(target: TARGET, database = %self.target,
+                    "sslmode=prefer: built without the `tls` feature, connecting in plaintext");
+            }
+            self.config
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map_err(|e| Error::Connect {
+                    target: self.target.clone(),
+                    cause: crate::store::error_chain(&e),
+                })
+        }
+    }
+
+    /// Sends a cancel request for `token`'s running statement, secured like this connector's connections.
+    pub async fn cancel(&self, token: &tokio_postgres::CancelToken) -> Result<()> {
+        #[cfg(feature = "tls")]
+        let tls = self.make_tls()?;
+        #[cfg(not(feature = "tls"))]
+        let tls = tokio_postgres::NoTls;
+        token.cancel_query(tls).await.map_err(|e| Error::Connect {
+            target: self.target.clone(),
+            cause: crate::store::error_chain(&e),
+        })
+    }
+}
+
+/// Sends a cancel request for a connection of an application's pool, whose TLS settings pgfence does not know:
+/// with TLS when the connection used it (the certificate is not verified: the request carries only the backend's
+/// cancel key, which the same connection already sent in the clear or over TLS), else in plaintext.
+pub(crate) async fn cancel_unknown(token: &tokio_postgres::CancelToken) -> Result<()> {
+    #[cfg(feature = "tls")]
+    let tls = rustls_connect::MakeTls::new(tokio_postgres_rustls::MakeRustlsConnect::new(
+        rustls_connect::client_config(rustls_connect::Verify::Nothing, None)?,
+    ));
+    #[cfg(not(feature = "tls"))]
+    let tls = tokio_postgres::NoTls;
+    token.cancel_query(tls).await.map_err(|e| Error::Connect {
+        target: "<application pool>".to_owned(),
+        cause: crate::store::error_chain(&e),
+    })
+}
+
+#[cfg(feature = "tls")]
+enum Attempt {
+    /// The TLS handshake started and failed: the cause, readable.
+    Handshake(String),
+    /// The server answered the TLS request with "no" and the mode demands TLS.
+    NoServerTls,
+    /// Anything else.
+    Other(tokio_postgres::Error),
+}
+
+#[cfg(feature = "tls")]
+impl Connector {
+    fn make_tls(&self) -> Result<rustls_connect::MakeTls> {
+        Ok(rustls_connect::MakeTls::new(match &self.custom {
+            Some(custom) => custom.clone(),
+            None => tokio_postgres_rustls::MakeRustlsConnect::new(self.client_config()?),
+        }))
+    }
+
+    fn client_config(&self) -> Result<rustls::ClientConfig> {
+        use rustls_connect::Verify;
+        let verify = match (self.tls.mode, &self.tls.roots) {
+            (SslMode::VerifyFull, roots) => Verify::ChainAndName(self.root_store(roots)?),
+            (_, Roots::None) => Verify::Nothing,
+            (_, roots) => Verify::Chain(self.root_store(roots)?),
+        };
+        let client = match &self.tls.client {
+            Some((cert, key)) => Some(self.client_identity(cert, key)?),
+            None => None,
+        };
+        rustls_connect::client_config(verify, client).map_err(|e| match e {
+            Error::Tls { cause, .. } => self.tls_error(cause),
+            other => other,
+        })
+    }
+
+    fn root_store(&self, roots: &Roots) -> Result<Arc<rustls::RootCertStore>> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::CertificateDer;
+        let certs: Vec<CertificateDer<'static>> = match roots {
+            Roots::None => Vec::new(),
+            Roots::File(path) => CertificateDer::pem_file_iter(path)
+                .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
+                .map_err(|e| {
+                    self.tls_error(format!(
+                        "cannot read sslrootcert {}: {}",
+                        path.display(),
+                        pem_error(&e)
+                    ))
+                })?,
+            Roots::System => {
+                let found = rustls_native_certs::load_native_certs();
+                if found.certs.is_empty() {
+                    let why = found
+                        .errors
+                        .first()
+                        .map_or_else(|| "none found".to_owned(), |e| e.to_string());
+                    return Err(self.tls_error(format!(
+                        "cannot read the system's trust store (sslrootcert=system): {why}"
+                    )));
+                }
+                found.certs
+            }
+        };
+        let mut store = rustls::RootCertStore::empty();
+        let (added, _ignored) = store.add_parsable_certificates(certs);
+        if added == 0 {
+            return Err(self.tls_error(format!("{roots}: no usable CA certificate in it")));
+        }
+        Ok(Arc::new(store))
+    }
+
+    fn client_identity(
+        &self,
+        cert: &Path,
+        key: &Path,
+    ) -> Result<(
+        Vec<rustls::pki_types::CertificateDer<'static>>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    )> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let chain = CertificateDer::pem_file_iter(cert)
+            .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
+            .map_err(|e| {
+                self.tls_error(format!(
+                    "cannot read sslcert {}: {}",
+                    cert.display(),
+                    pem_error(&e)
+                ))
+            })?;
+        if chain.is_empty() {
+            return Err(self.tls_error(format!("sslcert {}: no certificate in it", cert.display())));
+        }
+        let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+            self.tls_error(format!(
+                "cannot read sslkey {}: {}",
+                key.display(),
+                pem_error(&e)
+            ))
+        })?;
+        Ok((chain, key))
+    }
+
+    async fn attempt(
+        &self,
+        config: &tokio_postgres::Config,
+        tls: rustls_connect::MakeTls,
+    ) -> std::result::Result<(tokio_postgres::Client, Connection), Attempt> {
+        let progress = tls.progress();
+        match config.connect(tls).await {
+            Ok(connected) => {
+                if self.tls.mode == SslMode::Prefer && !progress.started() {
+                    tracing::debug!(target: TARGET, database = %self.target,
+                        "the server offers no TLS; sslmode=prefer continues in plaintext");
+                }
+                Ok(connected)
+            }
+            // An error the server sent (authentication, too many connections) came after any handshake.
+            Err(e) if e.as_db_error().is_some() => Err(Attempt::Other(e)),
+            Err(e) if progress.started() && !progress.finished() => {
+                Err(Attempt::Handshake(handshake_cause(&e, &self.tls.roots)))
+            }
+            // Refused TLS answers "N" to the request: tokio-postgres reports it without an I/O error, unlike a
+            // refused or timed-out socket.
+            Err(e)
+                if !progress.started()
+                    && config.get_ssl_mode() == tokio_postgres::config::SslMode::Require
+                    && !has_io_error(&e) =>
+            {
+                Err(Attempt::NoServerTls)
+            }
+            Err(e) => Err(Attempt::Other(e)),
+        }
+    }
+
+    fn attempt_error(&self, attempt: Attempt) -> Error {
+        match attempt {
+            Attempt::Handshake(cause) => self.tls_error(cause),
+            Attempt::NoServerTls => self.tls_error(format!(
+                "the server does not support TLS, and sslmode={} demands it",
+                self.tls.mode
+            )),
+            Attempt::Other(e) => Error::Connect {
+                target: self.target.clone(),
+                cause: crate::store::error_chain(&e),
+            },
+        }
+    }
+}
+
+#[cfg(feature = "tls")]
+fn pem_error(err: &rustls::pki_types::pem::Error) -> String {
+    match err {
+        rustls::pki_types::pem::Error::Io(io) => io.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+#[cfg(feature = "tls")]
+fn has_io_error(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if e.is::<std::io::Error>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// The readable cause of a failed handshake: rustls's error (tokio-rustls wraps it in an `io::Error`), with
+/// the two common verification failures spelled out.
+#[cfg(feature = "tls")]
+fn handshake_cause(err: &tokio_postgres::Error, roots: &Roots) -> String {
+    use rustls::CertificateError;
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = next {
+        let rustls_error = e.downcast_ref::<rustls::Error>().or_else(|| {
+            e.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(rustls_error) = rustls_error {
+            return match rustls_error {
+                rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => format!(
+                    "server certificate verification failed: unknown issuer (the certificate does not chain to \
+                     a CA in {roots})"
+                ),
+                rustls::Error::InvalidCertificate(cause) => {
+                    format!("server certificate verification failed: {cause}")
+                }
+                other => format!("TLS handshake failed: {other}"),
+            };
+        }
+        next = e.source();
+    }
+    format!("TLS handshake failed: {}", crate::store::error_chain(err))
+}
+
+#[cfg(feature = "tls")]
+mod rustls_connect;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn url_tls_parameters_are_taken_out_and_the_rest_kept_verbatim() {
+        let (rest, given) = split_tls_parameters(
+            "postgres://app:p%3Fw@db.example.com:6432/control?sslmode=verify-full&application_name=x&\
+             sslrootcert=%2Fetc%2Fssl%2Fca%20bundle.pem&connect_timeout=3",
+        )
+        .unwrap();
+        assert_eq!(
+            rest,
+            "postgres://app:p%3Fw@db.example.com:6432/control?application_name=x&connect_timeout=3"
+        );
+        assert_eq!(given.mode.as_deref(), Some("verify-full"));
+        assert_eq!(given.root_cert.as_deref(), Some("/etc/ssl/ca bundle.pem"));
+        let (rest, _) =
+            split_tls_parameters("postgresql://u@h/db?sslcert=/c.pem&sslkey=/k.pem").unwrap();
+        assert_eq!(rest, "postgresql://u@h/db");
+        // A `?` inside the credentials is not the query.
+        let (rest, given) = split_tls_parameters("postgres://u:a?b@h/db").unwrap();
+        assert_eq!(rest, "postgres://u:a?b@h/db");
+        assert_eq!(given, Given::default());
+    }
+
+    #[test]
+    fn keyword_tls_parameters_are_taken_out_and_the_rest_kept_verbatim() {
+        let (rest, given) = split_tls_parameters(
+            "host=db  password='it''s' sslmode = verify-ca user=app sslrootcert='/etc/my ca.pem' \
+             dbname=x\\ y",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        // `''` is not an escape in this grammar: the quoted value ends at the second quote; it stays unparsable
+        // for tokio-postgres to report, unchanged.
+        assert!(rest.contains("password='it''s'"), "{rest}");
+        assert_eq!(given.mode, None);
+
+        let (rest, given) = split_tls_parameters(
+            "host=db password='it\\'s' sslmode = verify-ca user=app sslrootcert='/etc/my ca.pem' dbname=x\\ y",
+        )
+        .unwrap();
+        assert_eq!(rest, "host=db password='it\\'s' user=app dbname=x\\ y");
+        assert_eq!(given.mode.as_deref(), Some("verify-ca"));
+        assert_eq!(given.root_cert.as_deref(), Some("/etc/my ca.pem"));
+        let config: tokio_postgres::Config = rest.parse().unwrap();
+        assert_eq!(config.get_password(), Some(&b"it's"[..]));
+        assert_eq!(config.get_dbname(), Some("x y"));
+    }
+
+    #[test]
+    fn the_connection_string_wins_over_the_environment_and_prefer_is_the_default() {
+        let env = env_of(&[("PGSSLMODE", "require"), ("PGSSLROOTCERT", "/env/ca.pem")]);
+        let given = split_tls_parameters("postgres://h/db?sslmode=disable")
+            .unwrap()
+            .1
+            .or_env(&env);
+        assert_eq!(given.mode.as_deref(), Some("disable"));
+        assert_eq!(given.root_cert.as_deref(), Some("/env/ca.pem"));
+        let given = split_tls_parameters("host=h").unwrap().1.or_env(&env);
+        assert_eq!(given.mode.as_deref(), Some("require"));
+
+        let nothing = env_of(&[]);
+        let settings = TlsSettings::resolve(Given::default(), &nothing, false).unwrap();
+        assert_eq!(settings.mode, SslMode::Prefer);
+        assert_eq!(settings.roots, Roots::None);
+    }
+
+    #[test]
+    fn modes_that_verify_need_roots_and_system_roots_demand_verify_full() {
+        let nothing = env_of(&[]);
+        let given = |mode: &str, root: Option<&str>| Given {
+            mode: Some(mode.to_owned()),
+            root_cert: root.map(str::to_owned),
+            ..Given::default()
+        };
+        let err = TlsSettings::resolve(given("verify-full", None), &nothing, false).unwrap_err();
+        assert!(err.to_string().contains("sslrootcert"), "{err}");
+        let err =
+            TlsSettings::resolve(given("require", Some("system")), &nothing, false).unwrap_err();
+        assert!(err.to_string().contains("verify-full"), "{err}");
+        let system = Given {
+            root_cert: Some("system".into()),
+            ..Given::default()
+        };
+        assert_eq!(
+            TlsSettings::resolve(system, &nothing, false).unwrap().mode,
+            SslMode::VerifyFull
+        );
+        let err = TlsSettings::resolve(given("verify_full", None), &nothing, false).unwrap_err();
+        assert!(
+            err.to_string().contains("verify-ca or verify-full"),
+            "{err}"
+        );
+        let err = TlsSettings::resolve(given("allow", None), &nothing, false).unwrap_err();
+        assert!(err.to_string().contains("allow"), "{err}");
+    }
+
+    #[test]
+    fn libpq_defaults_under_home_are_used_only_when_present() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().to_str().unwrap().to_owned();
+        let env = move |name: &str| (name == "HOME").then(|| home.clone());
+        let settings = TlsSettings::resolve(Given::default(), &env, false).unwrap();
+        assert_eq!((settings.roots, settings.client), (Roots::None, None));
+        std::fs::create_dir(dir.path().join(".postgresql")).unwrap();
+        std::fs::write(dir.path().join(".postgresql/root.crt"), "").unwrap();
+        let settings = TlsSettings::resolve(Given::default(), &env, false).unwrap();
+        assert_eq!(
+            settings.roots,
+            Roots::File(dir.path().join(".postgresql/root.crt"))
+        );
+    }
+
+    #[test]
+    fn an_application_configuration_reads_only_the_mode_from_the_environment() {
+        let env = env_of(&[("PGSSLMODE", "prefer"), ("PGSSLROOTCERT", "/env/ca.pem")]);
+        let connector = Connector::build("postgres://app@db/control", &env, true).unwrap();
+        assert_eq!(connector.ssl_mode(), SslMode::Prefer);
+        let connector = Connector::build("postgres://app@db/control", &env_of(&[]), true).unwrap();
+        assert_eq!(connector.ssl_mode(), SslMode::Require);
+        let err =
+            Connector::build("postgres://app@db/control?sslcert=/c.pem", &env, true).unwrap_err();
+        assert!(matches!(err, Error::InvalidUrl { .. }), "{err}");
+    }
+
+    #[test]
+    fn libpq_env_repeats_the_resolved_settings() {
+        let settings = TlsSettings {
+            mode: SslMode::VerifyCa,
+            roots: Roots::File("/ca.pem".into()),
+            client: Some(("/c.pem".into(), "/k.pem".into())),
+        };
+        assert_eq!(
+            settings.libpq_env(),
+            vec![
+                ("PGSSLMODE", "verify-ca".to_owned()),
+                ("PGSSLROOTCERT", "/ca.pem".to_owned()),
+                ("PGSSLCERT", "/c.pem".to_owned()),
+                ("PGSSLKEY", "/k.pem".to_owned()),
+            ]
+        );
+    }
+}

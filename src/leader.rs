@@ -8,7 +8,15 @@
 //! clock** at (send time of the last successful renewal + ttl − safety margin): the database computed the
 //! expiry from its clock when it *ran* that renewal, which was later than the send, so the holder gives up
 //! before the database can grant a successor — even when the database is unreachable. Transient renewal errors
-//! are retried until that deadline; a definitive loss (another epoch or holder on the row) is reported at once.
+//! are retried every `retry_every` until that deadline; a definitive loss (another epoch or holder on the row) is
+//! reported at once.
+//!
+//! # Outages
+//!
+//! Renewals go through a connection of their own, not through the pool (unless the store was built from an
+//! application's pool): every retry really tries to connect, so a database back before the local deadline is
+//! renewed at the next retry. A pool would hand out its connections only after its own reconnect backoff. A loss
+//! at the deadline names the last real error ("connection refused" and the address).
 //!
 //! # Renewal cost
 //!
@@ -23,6 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
+use diesel_async::AsyncPgConnection;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch, Notify};
 use tokio_util::sync::CancellationToken;
@@ -30,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{Error, Result};
 use crate::fence::{Fence, TenureSecret};
 use crate::lease::{Epoch, Lease, LossReason, Released};
-use crate::store::{Store, TARGET};
+use crate::store::{Checked, Store, TARGET};
 
 /// Gauge, 1 while this process leads the lease (label `lease`), else 0.
 pub const METRIC_LEADER: &str = "pgfence_leader";
@@ -436,14 +445,25 @@ impl Drop for HeldLease {
     }
 }
 
+/// What the release channel of an elector carries.
+#[derive(Debug, Clone)]
+enum Wake {
+    /// The lease with this qualified name was released.
+    Free(String),
+    /// The release listener LISTENs again after it lost its connection: releases in between were not heard,
+    /// so every waiter should look again.
+    Resumed,
+}
+
 /// Resolves when a lease may have become free (a release notification) — a hint, never a guarantee.
 #[derive(Debug)]
 pub struct Wakeups {
-    rx: Option<broadcast::Receiver<String>>,
+    rx: Option<broadcast::Receiver<Wake>>,
 }
 
 impl Wakeups {
-    /// Waits until `qualified` is announced free or `max_wait` passes, whichever is first.
+    /// Waits until `qualified` is announced free or `max_wait` passes, whichever is first. Also returns early
+    /// when the elector's release listener reconnected (a release may have gone unheard while it was away).
     pub async fn wait(&mut self, qualified: &str, max_wait: Duration) {
         let deadline = tokio::time::Instant::now() + max_wait;
         let Some(rx) = self.rx.as_mut() else {
@@ -453,8 +473,9 @@ impl Wakeups {
         loop {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Err(_) => return,
-                Ok(Ok(name)) if name == qualified => return,
-                Ok(Ok(_)) => continue,
+                Ok(Ok(Wake::Free(name))) if name == qualified => return,
+                Ok(Ok(Wake::Resumed)) => return,
+                Ok(Ok(Wake::Free(_))) => continue,
                 // Missed messages: one of them may have been ours.
                 Ok(Err(broadcast::error::RecvError::Lagged(_))) => return,
                 Ok(Err(broadcast::error::RecvError::Closed)) => {
@@ -514,7 +535,7 @@ pub struct PgElector {
 struct PgInner {
     store: Store,
     groups: Mutex<HashMap<GroupKey, Arc<Group>>>,
-    notifications: OnceLock<broadcast::Sender<String>>,
+    notifications: OnceLock<broadcast::Sender<Wake>>,
     listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -585,7 +606,7 @@ impl PgElector {
         tokio::spawn(renew_loop(Arc::downgrade(&self.inner), group));
     }
 
-    fn notifications(&self) -> &broadcast::Sender<String> {
+    fn notifications(&self) -> &broadcast::Sender<Wake> {
         self.inner.notifications.get_or_init(|| {
             let (tx, _) = broadcast::channel(1024);
             if self.inner.store.can_open_dedicated() {
@@ -601,37 +622,54 @@ impl PgElector {
     }
 }
 
-/// Keeps one dedicated connection LISTENing for released leases and fans the names out. Reconnects with
-/// backoff; while it is down, waiters fall back to their timeouts.
+/// First delay before the release listener reconnects; it doubles up to [`LISTEN_RETRY_MAX`].
+const LISTEN_RETRY_MIN: Duration = Duration::from_millis(100);
+/// Longest delay between the release listener's connection attempts. Short: while it is away, releases go unheard
+/// (waiters sleep out their timers, up to `poll_every`), and an attempt against a server that is down costs it
+/// nothing. With the former cap of 5 s the attempts came 0.1, 0.3, 0.7, 1.5, 3.1 and 6.3 s after the connection
+/// was lost: a server back after 3.2 s was listened to again only 3.1 s later.
+const LISTEN_RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// Keeps one dedicated connection LISTENing for released leases and fans the names out. Reconnects after
+/// 100 ms, doubling up to 1 s; while it is down, waiters fall back to their timeouts, and once it LISTENs again
+/// every waiter is woken ([`Wake::Resumed`]) to look for a release it did not hear.
 ///
 /// A notification carries the released lease's lock key, not its name (any role may LISTEN): the name is
 /// looked up in `pgfence.leases`, which shows only leases of clusters this role has a grant on, and cached
 /// (lock keys are never reused and names never change). Keys of leases this role cannot see are ignored.
-async fn listen(store: Store, tx: broadcast::Sender<String>) {
+async fn listen(store: Store, tx: broadcast::Sender<Wake>) {
     use diesel_async::SimpleAsyncConnection;
     use futures_util::StreamExt;
     let mut names: HashMap<i32, String> = HashMap::new();
-    let mut delay = Duration::from_millis(100);
+    let mut delay = LISTEN_RETRY_MIN;
+    let mut listened_before = false;
     loop {
         match store.open_dedicated().await {
             Ok(mut conn) => match conn.batch_execute("LISTEN pgfence_lease_free").await {
                 Ok(()) => {
-                    delay = Duration::from_millis(100);
-                    let mut stream = std::pin::pin!(conn.notifications_stream());
-                    while let Some(item) = stream.next().await {
-                        match item {
-                            Ok(n) => {
+                    delay = LISTEN_RETRY_MIN;
+                    if listened_before {
+                        let _ = tx.send(Wake::Resumed);
+                    }
+                    listened_before = true;
+                    loop {
+                        // The stream only reads the connection's notification queue: dropping it between
+                        // notifications loses none, and frees the connection for the name lookup.
+                        let next = std::pin::pin!(conn.notifications_stream()).next().await;
+                        match next {
+                            Some(Ok(n)) => {
                                 let Ok(key) = n.payload.parse::<i32>() else {
                                     continue;
                                 };
-                                if let Some(name) = lease_name(&store, &mut names, key).await {
-                                    let _ = tx.send(name);
+                                if let Some(name) = lease_name(&mut conn, &mut names, key).await {
+                                    let _ = tx.send(Wake::Free(name));
                                 }
                             }
-                            Err(e) => {
+                            Some(Err(e)) => {
                                 tracing::debug!(target: TARGET, error = %e, "release listener connection failed");
                                 break;
                             }
+                            None => break,
                         }
                     }
                 }
@@ -642,18 +680,23 @@ async fn listen(store: Store, tx: broadcast::Sender<String>) {
             }
         }
         tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(5));
+        delay = (delay * 2).min(LISTEN_RETRY_MAX);
     }
 }
 
-/// The name of the lease with lock key `key`, if this role can see it (cached).
-async fn lease_name(store: &Store, names: &mut HashMap<i32, String>, key: i32) -> Option<String> {
+/// The name of the lease with lock key `key`, if this role can see it (cached). Looked up on the listener's own
+/// connection, the one that just proved alive: right after an outage the pool may still hand out connections
+/// that died with the server, or none at all during its reconnect backoff, and the notification would be lost.
+async fn lease_name(
+    conn: &mut AsyncPgConnection,
+    names: &mut HashMap<i32, String>,
+    key: i32,
+) -> Option<String> {
     use diesel::OptionalExtension;
     use diesel_async::RunQueryDsl;
     if let Some(name) = names.get(&key) {
         return Some(name.clone());
     }
-    let mut conn = store.conn().await.ok()?;
     let name: Option<String> = diesel::select(
         diesel::dsl::sql::<diesel::sql_types::Nullable<diesel::sql_types::Text>>(
             "(SELECT name FROM pgfence.leases WHERE lock_key = ",
@@ -661,7 +704,7 @@ async fn lease_name(store: &Store, names: &mut HashMap<i32, String>, key: i32) -
         .bind::<diesel::sql_types::Integer, _>(key)
         .sql(")"),
     )
-    .get_result::<Option<String>>(&mut *conn)
+    .get_result::<Option<String>>(conn)
     .await
     .optional()
     .ok()
@@ -688,49 +731,167 @@ pub(crate) mod sql {
     }
 }
 
-/// One renewal statement for every held member of a group.
-async fn renew_group(
-    store: &Store,
-    key: &GroupKey,
-    members: &[Arc<Shared>],
-) -> Result<Vec<(String, String, Option<String>)>> {
-    use diesel_async::RunQueryDsl;
-    let names: Vec<String> = members
-        .iter()
-        .map(|m| m.lease.qualified_name().to_owned())
-        .collect();
-    let epochs: Vec<i64> = members.iter().map(|m| m.lease.epoch().get()).collect();
-    let secrets: Vec<String> = members
-        .iter()
-        .map(|m| m.lease.fence().secret().expose_secret().to_owned())
-        .collect();
-    // Armed: when the local deadline cuts a renewal short, the statement is cancelled and the connection
-    // discarded rather than handed to the next user with the statement still running.
-    let mut conn = store.checked().await?;
-    let rows: Result<Vec<sql::RenewOutcome>, _> = diesel::select(sql::renew_many(
-        names,
-        epochs,
-        secrets,
-        key.holder.clone(),
-        key.ttl.as_millis() as i64,
-    ))
-    .load(&mut *conn)
-    .await;
-    conn.disarm();
-    let rows = rows?;
-    Ok(rows
-        .into_iter()
-        .map(|(lease, outcome, reason, _)| (lease, outcome, reason))
-        .collect())
+/// The connection a group's renewals go through.
+///
+/// A store that opens connections of its own ([`Store::connect`]) keeps one for the group's renewals, opened
+/// again — checked to be the expected primary, as every pooled connection is — by the first attempt after it
+/// broke. Every retry then really tries to connect. Through the pool a retry would only wait: after a failed
+/// connect, bb8 tries again 0.4 s later, then 0.8 s, … (up to half the checkout timeout), and a checkout waits
+/// for that pending attempt instead of starting one. A database down for 0.8 s cost a lease with a 2 s ttl that
+/// way (the next attempt came after the local deadline). Renewals also no longer wait for an application that
+/// has every pooled connection busy. A store built from an application's pool ([`Store::from_pool`]) renews
+/// through that pool.
+struct RenewalConnection {
+    dedicated: bool,
+    conn: Option<AsyncPgConnection>,
+}
+
+/// A connection lent to one renewal attempt.
+enum Lent<'a> {
+    /// Armed (see [`Checked`]): dropped before the answer, its statement is cancelled and it is discarded.
+    Pooled(Checked<'a>),
+    Dedicated(AsyncPgConnection),
+}
+
+/// How one renewal attempt ended.
+enum Attempt {
+    /// The database answered: one row per member, in the order sent, and when the statement was sent.
+    Answered {
+        sent: Instant,
+        rows: Vec<sql::RenewOutcome>,
+    },
+    /// Connecting or the statement failed.
+    Failed(Error),
+    /// The local deadline came while `doing` was in progress.
+    CutOff { doing: &'static str },
+}
+
+impl RenewalConnection {
+    fn new(store: &Store) -> RenewalConnection {
+        RenewalConnection {
+            dedicated: store.can_open_dedicated(),
+            conn: None,
+        }
+    }
+
+    /// A connection for one attempt, by `until` at the latest: the kept one unless it broke, else a new one.
+    async fn lend<'a>(
+        &mut self,
+        store: &'a Store,
+        until: tokio::time::Instant,
+    ) -> std::result::Result<Lent<'a>, Attempt> {
+        use diesel_async::pooled_connection::PoolableConnection;
+        if !self.dedicated {
+            return match tokio::time::timeout_at(until, store.checked()).await {
+                Ok(Ok(conn)) => Ok(Lent::Pooled(conn)),
+                Ok(Err(e)) => Err(Attempt::Failed(e)),
+                Err(_) => Err(Attempt::CutOff {
+                    doing: "waiting for a pooled connection",
+                }),
+            };
+        }
+        if let Some(mut conn) = self.conn.take() {
+            // Closed by the server (a restart, an idle-session timeout): a statement on it could only fail.
+            if !conn.is_broken() {
+                return Ok(Lent::Dedicated(conn));
+            }
+        }
+        match tokio::time::timeout_at(until, store.open_dedicated_checked()).await {
+            Ok(Ok(conn)) => Ok(Lent::Dedicated(conn)),
+            Ok(Err(e)) => Err(Attempt::Failed(e)),
+            Err(_) => Err(Attempt::CutOff {
+                doing: "connecting",
+            }),
+        }
+    }
+
+    /// One attempt: one renewal statement for every held member of the group, all of it — connecting
+    /// included — by `until` (the earliest local deadline of the members).
+    async fn renew(
+        &mut self,
+        store: &Store,
+        key: &GroupKey,
+        members: &[Arc<Shared>],
+        until: tokio::time::Instant,
+    ) -> Attempt {
+        use diesel_async::pooled_connection::PoolableConnection;
+        use diesel_async::RunQueryDsl;
+        let mut lent = match self.lend(store, until).await {
+            Ok(lent) => lent,
+            Err(attempt) => return attempt,
+        };
+        let names: Vec<String> = members
+            .iter()
+            .map(|m| m.lease.qualified_name().to_owned())
+            .collect();
+        let epochs: Vec<i64> = members.iter().map(|m| m.lease.epoch().get()).collect();
+        let secrets: Vec<String> = members
+            .iter()
+            .map(|m| m.lease.fence().secret().expose_secret().to_owned())
+            .collect();
+        let query = diesel::select(sql::renew_many(
+            names,
+            epochs,
+            secrets,
+            key.holder.clone(),
+            key.ttl.as_millis() as i64,
+        ));
+        let conn: &mut AsyncPgConnection = match &mut lent {
+            Lent::Pooled(conn) => conn,
+            Lent::Dedicated(conn) => conn,
+        };
+        let cancel = conn.cancel_token();
+        let sent = Instant::now();
+        let result = tokio::time::timeout_at(until, query.load::<sql::RenewOutcome>(conn)).await;
+        let result = match (result, lent) {
+            (Ok(result), Lent::Pooled(mut conn)) => {
+                conn.disarm();
+                result
+            }
+            (Ok(result), Lent::Dedicated(mut conn)) => {
+                if result.is_ok() || !conn.is_broken() {
+                    self.conn = Some(conn);
+                }
+                result
+            }
+            // Dropped armed: the statement is cancelled and the connection discarded.
+            (Err(_), Lent::Pooled(_)) => {
+                return Attempt::CutOff {
+                    doing: "the renewal statement",
+                }
+            }
+            (Err(_), Lent::Dedicated(conn)) => {
+                // The statement may still be queued on the server (behind a lock): cancel it, so that it cannot
+                // renew a tenure this process has given up, and close the connection.
+                drop(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = cancel.cancel_query(tokio_postgres::NoTls).await {
+                        tracing::debug!(target: TARGET, error = %e, "cancelling a late renewal failed");
+                    }
+                });
+                return Attempt::CutOff {
+                    doing: "the renewal statement",
+                };
+            }
+        };
+        match result {
+            Ok(rows) => Attempt::Answered { sent, rows },
+            Err(e) => Attempt::Failed(e.into()),
+        }
+    }
 }
 
 /// The renewal loop of one group: renews all held members with one statement per tick, retries transient
-/// errors until each member's local deadline, and declares members lost at that deadline even while a renewal
-/// is still in flight.
+/// errors every `retry_every` until each member's local deadline, and declares members lost at that deadline
+/// even while an attempt is still in flight.
 async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
     let key = group.key.clone();
     let mut next = tokio::time::Instant::now() + key.renew_every;
     let mut last_error: Option<String> = None;
+    let mut connection = match elector.upgrade() {
+        Some(inner) => RenewalConnection::new(&inner.store),
+        None => return,
+    };
     loop {
         let Some(inner) = elector.upgrade() else {
             return;
@@ -777,18 +938,16 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
         if members.is_empty() {
             continue;
         }
-        let sent = Instant::now();
-        let result = tokio::select! {
-            r = renew_group(&inner.store, &key, &members) => Some(r),
-            _ = tokio::time::sleep_until(trust_until) => None,
-        };
+        let attempt = connection
+            .renew(&inner.store, &key, &members, trust_until)
+            .await;
         drop(inner);
-        match result {
-            Some(Ok(rows)) => {
+        match attempt {
+            Attempt::Answered { sent, rows } => {
                 metrics::histogram!(METRIC_RENEW_SECONDS).record(sent.elapsed().as_secs_f64());
                 // One row per member, in the order sent (two tenures of one lease may be in the group: the
                 // names alone would not tell them apart).
-                for (member, (lease, outcome, reason)) in members.iter().zip(&rows) {
+                for (member, (lease, outcome, reason, _)) in members.iter().zip(&rows) {
                     debug_assert_eq!(member.lease.qualified_name(), lease);
                     match renewal_verdict(outcome, reason.as_deref()) {
                         None => member.renewed(sent),
@@ -801,20 +960,24 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
                 next = tokio::time::Instant::from_std(sent) + key.renew_every;
                 tracing::debug!(target: TARGET, holder = %key.holder, leases = rows.len(), "leases renewed");
             }
-            Some(Err(err)) if !err.is_transient() => {
+            Attempt::Failed(err) if !err.is_transient() => {
                 // The statement itself was refused: nothing will make the next try different.
                 last_error = Some(err.to_string());
                 tracing::error!(target: TARGET, holder = %key.holder, error = %err, "renewal refused");
                 next = tokio::time::Instant::now() + key.retry_every;
             }
-            Some(Err(err)) => {
+            Attempt::Failed(err) => {
                 tracing::warn!(target: TARGET, holder = %key.holder, error = %err, "renewal failed; retrying");
                 last_error = Some(err.to_string());
                 next = tokio::time::Instant::now() + key.retry_every;
             }
-            None => {
+            Attempt::CutOff { doing } => {
+                // An attempt in flight at the deadline says nothing about the database that the one before it
+                // did not: keep that one's error (e.g. the refused connection) as the cause.
+                tracing::warn!(target: TARGET, holder = %key.holder, doing,
+                    "renewal did not complete before the local deadline");
                 last_error.get_or_insert_with(|| {
-                    "renewal did not complete before the local deadline".into()
+                    format!("{doing} did not complete before the local deadline")
                 });
                 next = tokio::time::Instant::now() + key.retry_every;
             }
@@ -939,7 +1102,7 @@ pub struct MemoryElector {
 #[derive(Debug, Default)]
 struct MemoryInner {
     leases: Mutex<HashMap<String, MemoryLease>>,
-    wake: OnceLock<broadcast::Sender<String>>,
+    wake: OnceLock<broadcast::Sender<Wake>>,
 }
 
 #[derive(Debug, Default)]
@@ -995,7 +1158,7 @@ impl MemoryElector {
             }
         };
         let ended = current.map(|s| s.lose(cause)).unwrap_or(false);
-        let _ = self.sender().send(qualified);
+        let _ = self.sender().send(Wake::Free(qualified));
         ended
     }
 
@@ -1026,7 +1189,7 @@ impl MemoryElector {
         Some((lease.holder.clone()?, Epoch::new(lease.epoch).ok()?))
     }
 
-    fn sender(&self) -> &broadcast::Sender<String> {
+    fn sender(&self) -> &broadcast::Sender<Wake> {
         self.inner.wake.get_or_init(|| broadcast::channel(1024).0)
     }
 }
@@ -1056,7 +1219,9 @@ impl Releaser for MemoryReleaser {
                 }
             };
             if released {
-                let _ = elector.sender().send(lease.qualified_name().to_owned());
+                let _ = elector
+                    .sender()
+                    .send(Wake::Free(lease.qualified_name().to_owned()));
                 Ok(Released::Released)
             } else {
                 Ok(Released::NotHeld(LossReason::Superseded))

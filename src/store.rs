@@ -621,6 +621,21 @@ impl Store {
     pub(crate) fn qualify(&self, name: &str) -> String {
         format!("{}/{}", self.inner.cluster, name)
     }
+
+    /// A new connection outside the pool, checked as every pooled connection is when it is created: a primary
+    /// with the expected identity ([`Error::NotPrimary`], [`Error::WrongDatabase`] otherwise). Bounded by the
+    /// connect timeout (twice that for the identity query). For the leader's renewals, which must not queue
+    /// behind the pool's reconnect backoff.
+    pub(crate) async fn open_dedicated_checked(&self) -> Result<AsyncPgConnection> {
+        match &self.inner.connect {
+            Some(settings) => Ok(settings.open_checked().await?.0),
+            None => Err(Error::Connect {
+                target: self.inner.target.clone(),
+                cause: "a store built from an application pool opens no connections of its own"
+                    .to_owned(),
+            }),
+        }
+    }
 }
 
 impl ConnectSettings {

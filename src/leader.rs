@@ -864,8 +864,10 @@ impl RenewalConnection {
                 // The statement may still be queued on the server (behind a lock): cancel it, so that it cannot
                 // renew a tenure this process has given up, and close the connection.
                 drop(conn);
+                let store = store.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = cancel.cancel_query(tokio_postgres::NoTls).await {
+                    // Over TLS like the connection itself, when it used TLS.
+                    if let Err(e) = store.cancel(&cancel).await {
                         tracing::debug!(target: TARGET, error = %e, "cancelling a late renewal failed");
                     }
                 });

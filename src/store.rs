@@ -626,6 +626,15 @@ impl Store {
     /// with the expected identity ([`Error::NotPrimary`], [`Error::WrongDatabase`] otherwise). Bounded by the
     /// connect timeout (twice that for the identity query). For the leader's renewals, which must not queue
     /// behind the pool's reconnect backoff.
+    /// Sends a cancel request for the statement running on the connection `token` belongs to, over TLS when
+    /// this store's connections use it.
+    pub(crate) async fn cancel(&self, token: &tokio_postgres::CancelToken) -> Result<()> {
+        match &self.inner.connect {
+            Some(settings) => settings.connector.cancel(token).await,
+            None => crate::tls::cancel_unknown(token).await,
+        }
+    }
+
     pub(crate) async fn open_dedicated_checked(&self) -> Result<AsyncPgConnection> {
         match &self.inner.connect {
             Some(settings) => Ok(settings.open_checked().await?.0),

@@ -648,22 +648,64 @@ impl Store {
 }
 
 impl ConnectSettings {
-    /// Opens a connection, bounded by the connect timeout as a whole (tokio-postgres's own timeout covers only
-    /// the socket, not the startup and authentication exchange).
+    /// Opens a connection, each host's attempt bounded by the connect timeout as a whole (tokio-postgres's own
+    /// timeout covers only the socket, not the startup and authentication exchange).
     async fn open(&self) -> Result<AsyncPgConnection> {
+        self.open_reaching().await.map(|(conn, _)| conn)
+    }
+
+    /// Opens a connection and says which host it reached. The hosts of a multi-host connection string are tried
+    /// in order, each within the connect timeout, as libpq does: a first host that accepts TCP and never answers
+    /// costs one timeout, not the whole attempt. When every host failed, the error names each with its cause, and
+    /// it is [`Error::NotPrimary`] when a host was refused only for being read-only (`target_session_attrs`).
+    async fn open_reaching(&self) -> Result<(AsyncPgConnection, String)> {
         let limit = self
             .connector
             .config()
             .get_connect_timeout()
             .copied()
             .unwrap_or(Duration::from_secs(5));
-        match tokio::time::timeout(limit, self.open_unbounded()).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::Connect {
-                target: self.target.clone(),
-                cause: format!("no answer to the connection startup within {limit:?}"),
-            }),
+        let hosts = self.connector.per_host();
+        let single = hosts.len() == 1;
+        let mut failures = Vec::new();
+        let mut read_only = false;
+        let mut all_tls = true;
+        for host in &hosts {
+            let error = match tokio::time::timeout(limit, open_with(host)).await {
+                Ok(Ok(conn)) => return Ok((conn, host.target().to_owned())),
+                Ok(Err(e)) => e,
+                Err(_) => Error::Connect {
+                    target: host.target().to_owned(),
+                    cause: format!("no answer to the connection startup within {limit:?}"),
+                },
+            };
+            if single {
+                return Err(error);
+            }
+            let (is_tls, cause) = match &error {
+                Error::Tls { cause, .. } => (true, cause.clone()),
+                Error::Connect { cause, .. } => (false, cause.clone()),
+                other => (false, other.to_string()),
+            };
+            all_tls &= is_tls;
+            read_only |= cause.contains("does not allow writes") || cause.contains("read-only");
+            tracing::debug!(target: TARGET, host = %host.target(), %cause, "host not usable; trying the next");
+            failures.push(format!("{}: {cause}", host.target()));
         }
+        let target = failures.join("; ");
+        if read_only {
+            return Err(Error::NotPrimary { target });
+        }
+        if all_tls {
+            return Err(Error::Tls {
+                target: self.target.clone(),
+                cause: target,
+            });
+        }
+        Err(Error::Connect {
+            target: self.target.clone(),
+            cause: format!("no host could be used: {target}"),
+        })
     }
 
     /// Opens a connection and reads the identity, both within the connect timeout.
@@ -674,39 +716,33 @@ impl ConnectSettings {
             .get_connect_timeout()
             .copied()
             .unwrap_or(Duration::from_secs(5));
+        let (mut conn, reached) = self.open_reaching().await?;
         let started = tokio::time::Instant::now();
-        let mut conn = self.open().await?;
-        let identity = tokio::time::timeout_at(started + limit * 2, read_identity(&mut conn))
+        let identity = tokio::time::timeout_at(started + limit, read_identity(&mut conn))
             .await
             .map_err(|_| Error::Connect {
-                target: self.target.clone(),
+                target: reached.clone(),
                 cause: format!(
-                    "the server did not answer the identity query within {:?} of connecting",
-                    limit * 2
+                    "the server did not answer the identity query within {limit:?} of connecting"
                 ),
             })??;
-        self.check(&identity)?;
+        if identity.in_recovery {
+            return Err(Error::NotPrimary { target: reached });
+        }
+        identity.verify(&self.expected)?;
         Ok((conn, identity))
     }
+}
 
-    async fn open_unbounded(&self) -> Result<AsyncPgConnection> {
-        let (client, connection) = self.connector.connect().await?;
-        AsyncPgConnection::try_from_client_and_connection(client, connection)
-            .await
-            .map_err(|e| Error::Connect {
-                target: self.target.clone(),
-                cause: e.to_string(),
-            })
-    }
-
-    fn check(&self, identity: &DatabaseIdentity) -> Result<()> {
-        if identity.in_recovery {
-            return Err(Error::NotPrimary {
-                target: self.target.clone(),
-            });
-        }
-        identity.verify(&self.expected)
-    }
+/// Opens a connection through one host's connector (no timeout of its own).
+async fn open_with(connector: &Connector) -> Result<AsyncPgConnection> {
+    let (client, connection) = connector.connect().await?;
+    AsyncPgConnection::try_from_client_and_connection(client, connection)
+        .await
+        .map_err(|e| Error::Connect {
+            target: connector.target().to_owned(),
+            cause: e.to_string(),
+        })
 }
 
 /// A driver error with its sources ("error connecting to server: Connection refused (os error 111)").

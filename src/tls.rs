@@ -564,6 +564,25 @@ impl Connector {
         &self.target
     }
 
+    /// One connector per host of a multi-host connection string (`host=a,b`, `postgres://a,b/…`), in the order
+    /// given, each with that host only and naming it; a single-host connector as it is. pgfence tries the hosts
+    /// itself, so that the connect timeout bounds each host's whole attempt as in libpq (tokio-postgres's bounds
+    /// only the socket) and every message names the host it is about.
+    pub(crate) fn per_host(&self) -> Vec<Connector> {
+        let hosts = self.config.get_hosts();
+        if hosts.len() <= 1 {
+            return vec![self.clone()];
+        }
+        (0..hosts.len())
+            .map(|i| {
+                let mut one = self.clone();
+                one.config = single_host(&self.config, i);
+                one.target = crate::store::describe(&one.config);
+                one
+            })
+            .collect()
+    }
+
     /// The TLS settings as libpq environment variables (`PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`), for
     /// a libpq tool such as `psql` or `pgbench` to connect the same way. An application's own rustls
     /// configuration has no such form: only `PGSSLMODE` is given then.
@@ -795,6 +814,63 @@ impl Connector {
             },
         }
     }
+}
+
+/// `config` with only its `i`-th host (and that host's `hostaddr` and port).
+fn single_host(config: &tokio_postgres::Config, i: usize) -> tokio_postgres::Config {
+    use tokio_postgres::config::Host;
+    let mut one = tokio_postgres::Config::new();
+    if let Some(user) = config.get_user() {
+        one.user(user);
+    }
+    if let Some(password) = config.get_password() {
+        one.password(password);
+    }
+    if let Some(dbname) = config.get_dbname() {
+        one.dbname(dbname);
+    }
+    if let Some(options) = config.get_options() {
+        one.options(options);
+    }
+    if let Some(name) = config.get_application_name() {
+        one.application_name(name);
+    }
+    one.ssl_mode(config.get_ssl_mode());
+    one.ssl_negotiation(config.get_ssl_negotiation());
+    match &config.get_hosts()[i] {
+        Host::Tcp(name) => one.host(name),
+        #[cfg(unix)]
+        Host::Unix(path) => one.host_path(path),
+    };
+    if let Some(addr) = config.get_hostaddrs().get(i) {
+        one.hostaddr(*addr);
+    }
+    // libpq: one port for every host, or one per host.
+    let ports = config.get_ports();
+    if let Some(port) = if ports.len() == 1 {
+        ports.first()
+    } else {
+        ports.get(i)
+    } {
+        one.port(*port);
+    }
+    if let Some(timeout) = config.get_connect_timeout() {
+        one.connect_timeout(*timeout);
+    }
+    if let Some(timeout) = config.get_tcp_user_timeout() {
+        one.tcp_user_timeout(*timeout);
+    }
+    one.keepalives(config.get_keepalives());
+    one.keepalives_idle(config.get_keepalives_idle());
+    if let Some(interval) = config.get_keepalives_interval() {
+        one.keepalives_interval(interval);
+    }
+    if let Some(retries) = config.get_keepalives_retries() {
+        one.keepalives_retries(retries);
+    }
+    one.target_session_attrs(config.get_target_session_attrs());
+    one.channel_binding(config.get_channel_binding());
+    one
 }
 
 #[cfg(feature = "tls")]

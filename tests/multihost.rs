@@ -1,0 +1,125 @@
+//! Multi-host connection strings (`postgres://a,b/…?target_session_attrs=read-write`), as libpq treats them:
+//! hosts are tried in order, each within the connect timeout (a first host that accepts TCP and never answers
+//! costs one timeout, not the whole attempt); a standby is never written to (identity before any write: a store
+//! that reaches only standbys is `Error::NotPrimary`, the CLI's exit 4); every message names the host it is
+//! about.
+
+use std::time::{Duration, Instant};
+
+use pgfence::embedded::EmbeddedServer;
+use pgfence::{Error, Store, StoreConfig};
+
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// `url` (one host) with the host list replaced by `hosts` and `target_session_attrs=read-write`.
+fn multi(url: &str, hosts: &[String]) -> String {
+    let (scheme_user, rest) = url.split_once('@').unwrap();
+    let path = &rest[rest.find('/').unwrap()..];
+    format!(
+        "{scheme_user}@{}{path}?target_session_attrs=read-write",
+        hosts.join(",")
+    )
+}
+
+/// A TCP port that accepts connections and never answers (a host hung in its startup).
+async fn black_hole() -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    (port, task)
+}
+
+/// A hung first host costs one connect timeout; the primary listed second is reached, and the store works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_first_host_costs_one_timeout_and_the_next_host_is_used() {
+    let primary = blocking(EmbeddedServer::start).expect("start primary");
+    let (hung, _task) = black_hole().await;
+    let url = multi(
+        &primary.url(),
+        &[
+            format!("127.0.0.1:{hung}"),
+            format!("127.0.0.1:{}", primary.port()),
+        ],
+    );
+    let started = Instant::now();
+    let store = Store::connect(StoreConfig::new(&url, "c").connect_timeout(Duration::from_secs(2)))
+        .await
+        .expect("the second host is reached");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(5),
+        "one timeout for the hung host, then the primary: {took:?}"
+    );
+    store.migrate().await.unwrap();
+    store
+        .acquire("l", "pod", Duration::from_secs(10))
+        .await
+        .unwrap();
+}
+
+/// With a standby listed first, `target_session_attrs=read-write` skips it and the primary is used; with only
+/// standbys (or only the standby) the store is refused as `NotPrimary` naming the host it reached, and the CLI
+/// exits 4. Hosts that cannot be reached are named each with its cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standbys_are_skipped_or_refused_and_every_host_is_named() {
+    let primary = blocking(EmbeddedServer::start).expect("start primary");
+    let standby = blocking(|| primary.start_standby()).expect("start standby");
+    let host = |port: u16| format!("127.0.0.1:{port}");
+    let both = multi(
+        &primary.url(),
+        &[host(standby.port()), host(primary.port())],
+    );
+    let store = Store::connect(StoreConfig::new(&both, "c")).await.unwrap();
+    assert!(!store.identity().await.unwrap().in_recovery);
+
+    let only_standby = multi(
+        &primary.url(),
+        &[host(standby.port()), host(standby.port())],
+    );
+    match Store::connect(StoreConfig::new(&only_standby, "c")).await {
+        Err(Error::NotPrimary { target }) => {
+            assert!(target.contains(&standby.port().to_string()), "{target}")
+        }
+        other => panic!("expected NotPrimary, got {other:?}"),
+    }
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
+        .args(["status"])
+        .env("DATABASE_URL", &only_standby)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Two closed ports: the error names both, each with its cause.
+    let closed = |_: ()| {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let (a, b) = (closed(()), closed(()));
+    let dead = multi(&primary.url(), &[host(a), host(b)]);
+    let err = Store::connect(StoreConfig::new(&dead, "c"))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(&a.to_string()) && text.contains(&b.to_string()),
+        "{text}"
+    );
+    assert!(text.contains("refused"), "{text}");
+    assert!(
+        !text.contains(primary.url().split('@').next().unwrap()),
+        "credentials: {text}"
+    );
+}

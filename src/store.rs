@@ -14,6 +14,7 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use crate::error::{Error, Result};
 use crate::lease::validate_cluster;
+use crate::pooler::{self, PoolerMode};
 
 /// The bb8 pool type pgfence uses; bring your own with [`Store::from_pool`].
 pub type Pool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
@@ -149,6 +150,8 @@ pub struct StoreConfig {
     checkout_timeout: Duration,
     application_name: String,
     expected: ExpectedIdentity,
+    pooler: PoolerMode,
+    direct_url: Option<String>,
 }
 
 impl fmt::Debug for StoreConfig {
@@ -161,6 +164,8 @@ impl fmt::Debug for StoreConfig {
             .field("checkout_timeout", &self.checkout_timeout)
             .field("application_name", &self.application_name)
             .field("expected", &self.expected)
+            .field("pooler", &self.pooler)
+            .field("direct", &self.direct_url.as_deref().map(redact))
             .finish()
     }
 }
@@ -178,6 +183,8 @@ impl StoreConfig {
             checkout_timeout: Duration::from_secs(5),
             application_name: "pgfence".to_owned(),
             expected: ExpectedIdentity::default(),
+            pooler: PoolerMode::Session,
+            direct_url: None,
         }
     }
 
@@ -209,6 +216,27 @@ impl StoreConfig {
     /// The identity the database must have; a mismatch is [`Error::WrongDatabase`] before anything is written.
     pub fn expect(mut self, expected: ExpectedIdentity) -> Self {
         self.expected = expected;
+        self
+    }
+
+    /// What stands between pgfence and PostgreSQL (default [`PoolerMode::Session`]: PostgreSQL itself, or a
+    /// pooler in session mode). Declare [`PoolerMode::Transaction`] for a pooler in transaction mode (PgBouncer's
+    /// `pool_mode = transaction`): [`Store::connect`] then checks that the pooler keeps named prepared statements
+    /// (PgBouncer 1.21 or later with `max_prepared_statements` > 0) and refuses it otherwise, and pgfence opens no
+    /// connection through it that needs a lasting session (see [`direct_url`](Self::direct_url)).
+    pub fn pooler(mut self, mode: PoolerMode) -> Self {
+        self.pooler = mode;
+        self
+    }
+
+    /// A URL of the same database that reaches it without a transaction-mode pooler (PostgreSQL itself, or a
+    /// pooler in session mode), for the connections whose session must last: the elector's LISTEN connection
+    /// and migrations. Every such connection is checked to reach the server and database the pool reaches.
+    /// Without it, behind [`PoolerMode::Transaction`], electors learn of released leases by polling
+    /// ([`LeadershipOptions::poll_every`](crate::leader::LeadershipOptions::poll_every)) and
+    /// [`Store::migrate`] is refused.
+    pub fn direct_url(mut self, url: impl Into<String>) -> Self {
+        self.direct_url = Some(url.into());
         self
     }
 }
@@ -267,6 +295,9 @@ struct Inner {
     last_error: LastError,
     expected: ExpectedIdentity,
     connect: Option<ConnectSettings>,
+    pooler: PoolerMode,
+    /// Where connections outside the pool go when they must not go through the pooler.
+    direct: Option<ConnectSettings>,
 }
 
 #[derive(Clone)]
@@ -327,9 +358,39 @@ impl Store {
 
         // One direct connection first: its error is the real cause, and the identity is checked before a pool
         // (and anything that writes) exists.
-        let (first, identity) = settings.open_checked().await?;
+        let (mut first, identity) = settings.open_checked().await?;
         tracing::info!(target: TARGET, database = %target, cluster = %config.cluster,
             system_identifier = ?identity.system_identifier, instance_id = ?identity.instance_id, "connected");
+        let direct = match &config.direct_url {
+            Some(url) => Some(settings.for_direct_url(url, &config.application_name, &identity)?),
+            None => None,
+        };
+        let second = match config.pooler {
+            PoolerMode::Session => None,
+            PoolerMode::Transaction => {
+                let (mut second, _) = settings.open_checked().await?;
+                let shared = pooler::check_transaction_pooler(
+                    &mut first,
+                    &mut second,
+                    &target,
+                    config.connect_timeout,
+                )
+                .await?;
+                match &direct {
+                    Some(direct) => {
+                        tracing::info!(target: TARGET, database = %target, direct = %direct.target,
+                        shared_sessions_seen = shared,
+                        "behind a transaction-mode pooler: LISTEN and migrations use the direct URL")
+                    }
+                    None => {
+                        tracing::info!(target: TARGET, database = %target, shared_sessions_seen = shared,
+                        "behind a transaction-mode pooler and no direct URL: no LISTEN connection, electors learn \
+                         of released leases by polling (LeadershipOptions::poll_every); migrate() is refused")
+                    }
+                }
+                Some(second)
+            }
+        };
 
         let last_error = LastError::default();
         let setup = settings.clone();
@@ -361,6 +422,10 @@ impl Store {
             sqlstate: None,
             message: "the pool refused its first connection".to_owned(),
         })?;
+        if let Some(second) = second {
+            // The pooler check's second connection, verified like the first (dropped if the pool is full).
+            let _ = pool.add(second);
+        }
 
         Ok(Store {
             inner: Arc::new(Inner {
@@ -371,6 +436,8 @@ impl Store {
                 last_error,
                 expected: config.expected,
                 connect: Some(settings),
+                pooler: config.pooler,
+                direct,
             }),
         })
     }
@@ -394,6 +461,8 @@ impl Store {
                 last_error,
                 expected,
                 connect: None,
+                pooler: PoolerMode::Session,
+                direct: None,
             }),
         };
         let identity = store.identity().await?;
@@ -511,7 +580,13 @@ impl Store {
     pub async fn migrate(&self) -> Result<Vec<String>> {
         let conn =
             match &self.inner.connect {
-                Some(settings) => settings.open().await?,
+                // Through the direct URL when there is one.
+                Some(_) if self.can_open_dedicated() => self.open_dedicated().await?,
+                Some(_) => return Err(Error::Migration(
+                    "behind a transaction-mode pooler, migrations need StoreConfig::direct_url (their lock and \
+                     search_path are session state)"
+                        .to_owned(),
+                )),
                 None => return Err(Error::Migration(
                     "a store built from an application pool cannot migrate: use Store::connect or \
                      `pgfence migrate`"
@@ -521,15 +596,25 @@ impl Store {
         run_migrations(conn).await
     }
 
-    /// Whether this store can open connections of its own outside the pool (not for [`Store::from_pool`]).
+    /// Whether this store can open connections of its own outside the pool whose session lasts (not for
+    /// [`Store::from_pool`], nor behind [`PoolerMode::Transaction`] without a direct URL).
     pub(crate) fn can_open_dedicated(&self) -> bool {
-        self.inner.connect.is_some()
+        self.inner.direct.is_some()
+            || (self.inner.connect.is_some() && self.inner.pooler == PoolerMode::Session)
     }
 
-    /// A new connection outside the pool (for LISTEN).
+    /// A new connection outside the pool (for LISTEN and migrations): through the direct URL when there is one.
     pub(crate) async fn open_dedicated(&self) -> Result<AsyncPgConnection> {
+        if let Some(direct) = &self.inner.direct {
+            return direct.open_checked().await.map(|(conn, _)| conn);
+        }
         match &self.inner.connect {
-            Some(settings) => settings.open().await,
+            Some(settings) if self.inner.pooler == PoolerMode::Session => settings.open().await,
+            Some(_) => Err(Error::Connect {
+                target: self.inner.target.clone(),
+                cause: "behind a transaction-mode pooler without a direct URL, no session outlives a transaction"
+                    .to_owned(),
+            }),
             None => Err(Error::Connect {
                 target: self.inner.target.clone(),
                 cause: "a store built from an application pool opens no connections of its own"
@@ -544,6 +629,37 @@ impl Store {
 }
 
 impl ConnectSettings {
+    /// These settings for the direct URL; its connections must reach the server and database `seen` through
+    /// the pooler (and whatever else is expected).
+    fn for_direct_url(
+        &self,
+        url: &str,
+        application_name: &str,
+        seen: &DatabaseIdentity,
+    ) -> Result<ConnectSettings> {
+        let mut direct = self.clone();
+        direct.config = tokio_postgres::Config::from_str(url).map_err(|e| Error::InvalidUrl {
+            reason: format!("direct URL: {e}"),
+        })?;
+        if direct.config.get_application_name().is_none() {
+            direct.config.application_name(application_name);
+        }
+        if let (None, Some(timeout)) = (
+            direct.config.get_connect_timeout(),
+            self.config.get_connect_timeout(),
+        ) {
+            direct.config.connect_timeout(*timeout);
+        }
+        direct.target = describe(&direct.config);
+        direct.expected = ExpectedIdentity {
+            system_identifier: (self.expected.system_identifier.clone())
+                .or_else(|| seen.system_identifier.clone()),
+            instance_id: (self.expected.instance_id.clone()).or_else(|| seen.instance_id.clone()),
+            database: Some(seen.database.clone()),
+        };
+        Ok(direct)
+    }
+
     /// Opens a connection, bounded by the connect timeout as a whole (tokio-postgres's own timeout covers only
     /// the socket, not the startup and authentication exchange).
     async fn open(&self) -> Result<AsyncPgConnection> {

@@ -7,6 +7,7 @@ mod error;
 mod fence;
 pub mod leader;
 mod lease;
+mod pooler;
 mod store;
 mod tasks;
 mod tls;
@@ -20,6 +21,7 @@ pub use lease::{
     Epoch, ForceReleased, Lease, LeaseState, LeaseStatus, LossReason, Released, Tenure,
     MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL,
 };
+pub use pooler::PoolerMode;
 pub use store::{
     redact, DatabaseIdentity, ExpectedIdentity, Pool, PooledConnection, Store, StoreConfig,
     MIGRATIONS,

@@ -14,6 +14,7 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use crate::error::{Error, Result};
 use crate::lease::validate_cluster;
+use crate::pooler::{self, PoolerMode};
 use crate::tls::Connector;
 
 /// The bb8 pool type pgfence uses; bring your own with [`Store::from_pool`].
@@ -160,6 +161,8 @@ pub struct StoreConfig {
     expected: ExpectedIdentity,
     #[cfg(feature = "tls")]
     tls: Option<Arc<rustls::ClientConfig>>,
+    pooler: PoolerMode,
+    direct_url: Option<String>,
 }
 
 impl fmt::Debug for StoreConfig {
@@ -173,6 +176,8 @@ impl fmt::Debug for StoreConfig {
             .field("application_name", &self.application_name)
             .field("expected", &self.expected)
             .field("application_tls", &self.has_application_tls())
+            .field("pooler", &self.pooler)
+            .field("direct", &self.direct_url.as_deref().map(redact))
             .finish()
     }
 }
@@ -192,6 +197,8 @@ impl StoreConfig {
             expected: ExpectedIdentity::default(),
             #[cfg(feature = "tls")]
             tls: None,
+            pooler: PoolerMode::Session,
+            direct_url: None,
         }
     }
 
@@ -237,11 +244,16 @@ impl StoreConfig {
     }
 
     fn connector(&self) -> Result<Connector> {
+        self.connector_for(&self.url)
+    }
+
+    /// A connector for `url` with this configuration's TLS.
+    fn connector_for(&self, url: &str) -> Result<Connector> {
         #[cfg(feature = "tls")]
         if let Some(tls) = &self.tls {
-            return Connector::with_tls(&self.url, tls.clone());
+            return Connector::with_tls(url, tls.clone());
         }
-        Connector::new(&self.url)
+        Connector::new(url)
     }
 
     /// Maximum number of pooled connections (default 16).
@@ -272,6 +284,27 @@ impl StoreConfig {
     /// The identity the database must have; a mismatch is [`Error::WrongDatabase`] before anything is written.
     pub fn expect(mut self, expected: ExpectedIdentity) -> Self {
         self.expected = expected;
+        self
+    }
+
+    /// What stands between pgfence and PostgreSQL (default [`PoolerMode::Session`]: PostgreSQL itself, or a
+    /// pooler in session mode). Declare [`PoolerMode::Transaction`] for a pooler in transaction mode (PgBouncer's
+    /// `pool_mode = transaction`): [`Store::connect`] then checks that the pooler keeps named prepared statements
+    /// (PgBouncer 1.21 or later with `max_prepared_statements` > 0) and refuses it otherwise, and pgfence opens no
+    /// connection through it that needs a lasting session (see [`direct_url`](Self::direct_url)).
+    pub fn pooler(mut self, mode: PoolerMode) -> Self {
+        self.pooler = mode;
+        self
+    }
+
+    /// A URL of the same database that reaches it without a transaction-mode pooler (PostgreSQL itself, or a
+    /// pooler in session mode), for the connections whose session must last: the elector's LISTEN connection
+    /// and migrations. Every such connection is checked to reach the server and database the pool reaches.
+    /// Without it, behind [`PoolerMode::Transaction`], electors learn of released leases by polling
+    /// ([`LeadershipOptions::poll_every`](crate::leader::LeadershipOptions::poll_every)) and
+    /// [`Store::migrate`] is refused.
+    pub fn direct_url(mut self, url: impl Into<String>) -> Self {
+        self.direct_url = Some(url.into());
         self
     }
 }
@@ -330,6 +363,9 @@ struct Inner {
     last_error: LastError,
     expected: ExpectedIdentity,
     connect: Option<ConnectSettings>,
+    pooler: PoolerMode,
+    /// Where connections outside the pool go when they must not go through the pooler.
+    direct: Option<ConnectSettings>,
 }
 
 #[derive(Clone)]
@@ -388,10 +424,44 @@ impl Store {
 
         // One direct connection first: its error is the real cause, and the identity is checked before a pool
         // (and anything that writes) exists.
-        let (first, identity) = settings.open_checked().await?;
+        let (mut first, identity) = settings.open_checked().await?;
         tracing::info!(target: TARGET, database = %target, cluster = %config.cluster,
             sslmode = %settings.connector.ssl_mode(),
             system_identifier = ?identity.system_identifier, instance_id = ?identity.instance_id, "connected");
+        let direct = match &config.direct_url {
+            Some(url) => Some(settings.for_direct_url(
+                config.connector_for(url)?,
+                &config.application_name,
+                &identity,
+            )),
+            None => None,
+        };
+        let second = match config.pooler {
+            PoolerMode::Session => None,
+            PoolerMode::Transaction => {
+                let (mut second, _) = settings.open_checked().await?;
+                let shared = pooler::check_transaction_pooler(
+                    &mut first,
+                    &mut second,
+                    &target,
+                    config.connect_timeout,
+                )
+                .await?;
+                match &direct {
+                    Some(direct) => {
+                        tracing::info!(target: TARGET, database = %target, direct = %direct.target,
+                        shared_sessions_seen = shared,
+                        "behind a transaction-mode pooler: LISTEN and migrations use the direct URL")
+                    }
+                    None => {
+                        tracing::info!(target: TARGET, database = %target, shared_sessions_seen = shared,
+                        "behind a transaction-mode pooler and no direct URL: no LISTEN connection, electors learn \
+                         of released leases by polling (LeadershipOptions::poll_every); migrate() is refused")
+                    }
+                }
+                Some(second)
+            }
+        };
 
         let last_error = LastError::default();
         let setup = settings.clone();
@@ -423,6 +493,10 @@ impl Store {
             sqlstate: None,
             message: "the pool refused its first connection".to_owned(),
         })?;
+        if let Some(second) = second {
+            // The pooler check's second connection, verified like the first (dropped if the pool is full).
+            let _ = pool.add(second);
+        }
 
         Ok(Store {
             inner: Arc::new(Inner {
@@ -433,6 +507,8 @@ impl Store {
                 last_error,
                 expected: config.expected,
                 connect: Some(settings),
+                pooler: config.pooler,
+                direct,
             }),
         })
     }
@@ -462,6 +538,8 @@ impl Store {
                 last_error,
                 expected,
                 connect: None,
+                pooler: PoolerMode::Session,
+                direct: None,
             }),
         };
         let identity = store.identity().await?;
@@ -582,19 +660,36 @@ impl Store {
     /// Applies the embedded migrations that are not applied yet and returns their versions. Migrating twice is
     /// a no-op; two processes migrating at once take turns (a session advisory lock on a dedicated connection).
     pub async fn migrate(&self) -> Result<Vec<String>> {
+        if !self.can_open_dedicated() {
+            return Err(Error::Migration(
+                "behind a transaction-mode pooler, migrations need StoreConfig::direct_url (their lock and \
+                 search_path are session state)"
+                    .to_owned(),
+            ));
+        }
         run_migrations(self.open_dedicated().await?).await
     }
 
-    /// Whether this store can open connections of its own outside the pool: every store can (one built
-    /// [`from_pool`](Store::from_pool) through the pool's manager).
+    /// Whether this store can open connections of its own outside the pool whose session lasts: every store
+    /// can (one built [`from_pool`](Store::from_pool) through the pool's manager), except one behind
+    /// [`PoolerMode::Transaction`] without a direct URL.
     pub(crate) fn can_open_dedicated(&self) -> bool {
-        true
+        self.inner.direct.is_some() || self.inner.pooler == PoolerMode::Session
     }
 
-    /// A new connection outside the pool (for LISTEN and migrations), secured like the pool's.
+    /// A new connection outside the pool (for LISTEN and migrations), secured like the pool's: through the
+    /// direct URL when there is one.
     pub(crate) async fn open_dedicated(&self) -> Result<AsyncPgConnection> {
+        if let Some(direct) = &self.inner.direct {
+            return direct.open_checked().await.map(|(conn, _)| conn);
+        }
         match &self.inner.connect {
-            Some(settings) => settings.open().await,
+            Some(settings) if self.inner.pooler == PoolerMode::Session => settings.open().await,
+            Some(_) => Err(Error::Connect {
+                target: self.inner.target.clone(),
+                cause: "behind a transaction-mode pooler without a direct URL, no session outlives a transaction"
+                    .to_owned(),
+            }),
             // The application's manager, with its TLS and setup; bounded like a checkout.
             None => match tokio::time::timeout(
                 self.inner.checkout_timeout,
@@ -622,10 +717,6 @@ impl Store {
         format!("{}/{}", self.inner.cluster, name)
     }
 
-    /// A new connection outside the pool, checked as every pooled connection is when it is created: a primary
-    /// with the expected identity ([`Error::NotPrimary`], [`Error::WrongDatabase`] otherwise). Bounded by the
-    /// connect timeout (twice that for the identity query). For the leader's renewals, which must not queue
-    /// behind the pool's reconnect backoff.
     /// Sends a cancel request for the statement running on the connection `token` belongs to, over TLS when
     /// this store's connections use it.
     pub(crate) async fn cancel(&self, token: &tokio_postgres::CancelToken) -> Result<()> {
@@ -635,7 +726,14 @@ impl Store {
         }
     }
 
+    /// A new connection outside the pool, checked as every pooled connection is when it is created: a primary
+    /// with the expected identity ([`Error::NotPrimary`], [`Error::WrongDatabase`] otherwise). Bounded by the
+    /// connect timeout (and as much again for the identity query). For the leader's renewals, which must not
+    /// queue behind the pool's reconnect backoff; through the direct URL when there is one.
     pub(crate) async fn open_dedicated_checked(&self) -> Result<AsyncPgConnection> {
+        if let Some(direct) = &self.inner.direct {
+            return direct.open_checked().await.map(|(conn, _)| conn);
+        }
         match &self.inner.connect {
             Some(settings) => Ok(settings.open_checked().await?.0),
             None => Err(Error::Connect {
@@ -648,6 +746,38 @@ impl Store {
 }
 
 impl ConnectSettings {
+    /// Settings for the direct URL (its connector built by the same [`StoreConfig`]); its connections must
+    /// reach the server and database `seen` through the pooler (and whatever else is expected).
+    fn for_direct_url(
+        &self,
+        mut connector: Connector,
+        application_name: &str,
+        seen: &DatabaseIdentity,
+    ) -> ConnectSettings {
+        let config = connector.config_mut();
+        if config.get_application_name().is_none() {
+            config.application_name(application_name);
+        }
+        if let (None, Some(timeout)) = (
+            config.get_connect_timeout().copied(),
+            self.connector.config().get_connect_timeout().copied(),
+        ) {
+            config.connect_timeout(timeout);
+        }
+        let target = connector.target().to_owned();
+        ConnectSettings {
+            connector: Arc::new(connector),
+            target,
+            expected: ExpectedIdentity {
+                system_identifier: (self.expected.system_identifier.clone())
+                    .or_else(|| seen.system_identifier.clone()),
+                instance_id: (self.expected.instance_id.clone())
+                    .or_else(|| seen.instance_id.clone()),
+                database: Some(seen.database.clone()),
+            },
+        }
+    }
+
     /// Opens a connection, each host's attempt bounded by the connect timeout as a whole (tokio-postgres's own
     /// timeout covers only the socket, not the startup and authentication exchange).
     async fn open(&self) -> Result<AsyncPgConnection> {

@@ -30,7 +30,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::TestDb;
+use common::{guarded_writes_per_second, median, TestDb};
 use pgfence::leader::{
     run_with_leadership, Elector, Ended, Health, HeldLease, LeadershipOptions, LeaseOptions,
     PgElector, Wakeups,
@@ -992,44 +992,6 @@ fn env_number(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    values[values.len() / 2]
-}
-
-/// Guarded writes (`Store::append_event`, each of `writers` connections on its own task of one lease) for
-/// `duration`; returns writes per second.
-async fn guarded_writes_per_second(
-    store: &Store,
-    fence: &pgfence::Fence,
-    writers: usize,
-    duration: Duration,
-) -> f64 {
-    let started = Instant::now();
-    let mut handles = Vec::new();
-    for w in 0..writers {
-        let (store, fence) = (store.clone(), fence.clone());
-        handles.push(tokio::spawn(async move {
-            let key = format!("w{w}");
-            store.create_task(&fence, &key, &json!({})).await.unwrap();
-            let mut n = 0u64;
-            while started.elapsed() < duration {
-                store
-                    .append_event(&fence, &key, "tick", &json!({}))
-                    .await
-                    .unwrap();
-                n += 1;
-            }
-            n
-        }));
-    }
-    let mut total = 0;
-    for h in handles {
-        total += h.await.unwrap();
-    }
-    total as f64 / started.elapsed().as_secs_f64()
 }
 
 /// A store on `url` over a pool of the application's own (diesel-async's default connection setup, no ping on

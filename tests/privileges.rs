@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::TestDb;
+use common::{client_as, role, url_as, TestDb};
 use pgfence::{Enforcement, Error, RejectionFilter, Store, StoreConfig};
 use serde_json::json;
 
@@ -24,35 +24,6 @@ const TTL: Duration = Duration::from_secs(60);
 static MEASURING: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// The password of every role these tests create (the server asks every login for one).
-const ROLE_PASSWORD: &str = "pgfence-test-role";
-
-/// Creates a login role named after the test database (roles are cluster-wide; databases are per test).
-async fn role(db: &TestDb, suffix: &str) -> String {
-    let name = format!("{}_{suffix}", db.name);
-    db.client()
-        .await
-        .batch_execute(&format!(
-            "CREATE ROLE {name} LOGIN PASSWORD '{ROLE_PASSWORD}'; \
-             GRANT CONNECT ON DATABASE {} TO {name}",
-            db.name
-        ))
-        .await
-        .unwrap();
-    name
-}
-
-fn url_as(db: &TestDb, role: &str) -> String {
-    common::url_with_credentials(&db.url, role, ROLE_PASSWORD)
-}
-
-async fn client_as(db: &TestDb, role: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(&url_as(db, role), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-}
-
 fn sqlstate(err: &tokio_postgres::Error) -> String {
     err.code().map(|c| c.code().to_owned()).unwrap_or_default()
 }

@@ -8,44 +8,18 @@ mod common;
 
 use std::time::Duration;
 
-use common::TestDb;
+use common::{client_as, guarded_writes_per_second, median, role, url_as, TestDb};
 use pgfence::{DenyReason, Error, Store, StoreConfig};
 use proptest::prelude::*;
 use serde_json::json;
 
 const TTL: Duration = Duration::from_secs(60);
-const ROLE_PASSWORD: &str = "trust-role-password";
 
-async fn role(db: &TestDb, suffix: &str) -> String {
-    let name = format!("{}_{suffix}", db.name);
-    db.client()
-        .await
-        .batch_execute(&format!(
-            "CREATE ROLE {name} LOGIN PASSWORD '{ROLE_PASSWORD}'; \
-             GRANT CONNECT ON DATABASE {} TO {name}",
-            db.name
-        ))
-        .await
-        .unwrap();
-    name
-}
-
-fn url_as(db: &TestDb, role: &str) -> String {
-    common::url_with_credentials(&db.url, role, ROLE_PASSWORD)
-}
-
+/// A store of `cluster` logged in as `role`.
 async fn store_as(db: &TestDb, role: &str, cluster: &str) -> Store {
     Store::connect(StoreConfig::new(url_as(db, role), cluster))
         .await
         .unwrap()
-}
-
-async fn client_as(db: &TestDb, role: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(&url_as(db, role), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
 }
 
 fn sqlstate(err: &tokio_postgres::Error) -> String {
@@ -733,44 +707,6 @@ fn env_secs(name: &str, default: u64) -> Duration {
             .and_then(|v| v.parse().ok())
             .unwrap_or(default),
     )
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    values[values.len() / 2]
-}
-
-/// Guarded writes (`Store::append_event`, each of `writers` connections on its own task of one lease) for
-/// `duration`; returns writes per second.
-async fn guarded_writes_per_second(
-    store: &Store,
-    fence: &pgfence::Fence,
-    writers: usize,
-    duration: Duration,
-) -> f64 {
-    let started = std::time::Instant::now();
-    let mut handles = Vec::new();
-    for w in 0..writers {
-        let (store, fence) = (store.clone(), fence.clone());
-        handles.push(tokio::spawn(async move {
-            let key = format!("w{w}");
-            store.create_task(&fence, &key, &json!({})).await.unwrap();
-            let mut n = 0u64;
-            while started.elapsed() < duration {
-                store
-                    .append_event(&fence, &key, "tick", &json!({}))
-                    .await
-                    .unwrap();
-                n += 1;
-            }
-            n
-        }));
-    }
-    let mut total = 0;
-    for h in handles {
-        total += h.await.unwrap();
-    }
-    total as f64 / started.elapsed().as_secs_f64()
 }
 
 /// The secret check made free: neither hashed nor compared.

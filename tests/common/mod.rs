@@ -412,3 +412,83 @@ pub fn forged_secret() -> pgfence::TenureSecret {
 pub fn forged_fence(lease: &str, epoch: i64) -> pgfence::Fence {
     pgfence::Fence::new(lease, pgfence::Epoch::new(epoch).unwrap(), forged_secret()).unwrap()
 }
+
+/// The password of the login roles tests create with [`role`].
+#[allow(dead_code)]
+pub const ROLE_PASSWORD: &str = "pgfence-test-role";
+
+/// A login role `<database>_<suffix>` (unique to the test's database) with [`ROLE_PASSWORD`], allowed to connect.
+#[allow(dead_code)]
+pub async fn role(db: &TestDb, suffix: &str) -> String {
+    let name = format!("{}_{suffix}", db.name);
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "CREATE ROLE {name} LOGIN PASSWORD '{ROLE_PASSWORD}'; \
+             GRANT CONNECT ON DATABASE {} TO {name}",
+            db.name
+        ))
+        .await
+        .unwrap();
+    name
+}
+
+/// The test database's URL, logging in as `role` (made by [`role`]).
+#[allow(dead_code)]
+pub fn url_as(db: &TestDb, role: &str) -> String {
+    url_with_credentials(&db.url, role, ROLE_PASSWORD)
+}
+
+/// A raw client logged in as `role`, its connection driven on the runtime.
+#[allow(dead_code)]
+pub async fn client_as(db: &TestDb, role: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&url_as(db, role), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// The median (the upper one of an even count); sorts `values`.
+#[allow(dead_code)]
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+/// Guarded writes (`Store::append_event`, each of `writers` tasks on its own task of one lease) for `duration`:
+/// writes per second.
+#[allow(dead_code)]
+pub async fn guarded_writes_per_second(
+    store: &Store,
+    fence: &pgfence::Fence,
+    writers: usize,
+    duration: Duration,
+) -> f64 {
+    let started = std::time::Instant::now();
+    let mut handles = Vec::new();
+    for w in 0..writers {
+        let (store, fence) = (store.clone(), fence.clone());
+        handles.push(tokio::spawn(async move {
+            let key = format!("w{w}");
+            store
+                .create_task(&fence, &key, &serde_json::json!({}))
+                .await
+                .unwrap();
+            let mut n = 0u64;
+            while started.elapsed() < duration {
+                store
+                    .append_event(&fence, &key, "tick", &serde_json::json!({}))
+                    .await
+                    .unwrap();
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut total = 0;
+    for h in handles {
+        total += h.await.unwrap();
+    }
+    total as f64 / started.elapsed().as_secs_f64()
+}

@@ -962,10 +962,17 @@ async fn stale_writes_are_refused_and_audited_under_repeatable_read() {
 
 /// A lease call abandoned while it waits (a timeout around `acquire`) is cancelled on the server, not left to
 /// complete behind the caller's back: once the lock it waited for is free, it has not acquired anything, and
-/// the pool's connection was replaced rather than reused mid-statement.
+/// the pool's connection was replaced rather than reused mid-statement. The takeover grace is raised to a
+/// minute first, so that the function's own bounded lock wait (grace + 5 s) cannot end the wait within the
+/// 10 s this test allows: only the cancel request can.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_acquire_is_cancelled_on_the_server() {
     let db = TestDb::new().await;
+    db.client()
+        .await
+        .query_one("SELECT pgfence.set_takeover_grace('60 seconds')", &[])
+        .await
+        .unwrap();
     let store = Store::connect(db.config("c").pool_size(1)).await.unwrap();
     let first = store.acquire("sched", "pod-a", TTL).await.unwrap();
     store.release(&first).await.unwrap();

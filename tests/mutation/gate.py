@@ -221,6 +221,16 @@ MUTATIONS: list[Mutation] = [
         [cargo_test("standby", "a_failover_is_a_fencing_boundary")],
     ),
     Mutation(
+        "abandoned-statement-not-cancelled",
+        "a statement abandoned mid-flight (a dropped future) is not cancelled on the server and completes later",
+        [Edit("src/store.rs", """                let cancelled = match connector {
+                    Some(connector) => connector.cancel(&token).await,
+                    None => crate::tls::cancel_unknown(&token).await,
+                };""", """                let _ = (&connector, &token);
+                let cancelled: Result<()> = Ok(());""")],
+        [cargo_test("guard", "an_abandoned_acquire_is_cancelled_on_the_server")],
+    ),
+    Mutation(
         "deadline-from-receive-time",
         "the local deadline counts the ttl from when the reply arrived, not from when the statement was sent",
         [Edit("src/lease.rs", "local_deadline: sent + ttl,", "local_deadline: Instant::now() + ttl,"),

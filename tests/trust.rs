@@ -133,6 +133,17 @@ async fn a_role_cannot_touch_or_read_another_clusters_leases() {
             .get(0);
         assert_eq!(n, 0, "{table} as {app2}");
     }
+    // Not even through an error raised by the caller's own condition on the view (it would quote the row).
+    let through_error = raw
+        .query_one(
+            "SELECT count(*) FROM pgfence.tenure_history WHERE (lease || holder)::int = 0",
+            &[],
+        )
+        .await;
+    assert!(
+        matches!(&through_error, Ok(row) if row.get::<_, i64>(0) == 0),
+        "{through_error:?}"
+    );
     assert!(intruder.lease_status("sched").await.unwrap().is_none());
     assert!(intruder.task("sched", "job").await.unwrap().is_none());
     let secrets = raw
@@ -341,6 +352,33 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
     assert!(!err.to_string().contains(&secret) && !format!("{err:?}").contains(&secret));
 }
 
+/// Knowing a holder's name (readable by every role of the cluster) does not end its tenure: another role
+/// acquiring with the same holder name is told the lease is held; the same role may (a restart of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_role_using_a_holder_name_does_not_take_over() {
+    let db = TestDb::new().await;
+    let (app, app2) = (role(&db, "app").await, role(&db, "app2").await);
+    let owner = db.store("c").await;
+    owner.grant_application(&app, Some("c")).await.unwrap();
+    owner.grant_application(&app2, Some("c")).await.unwrap();
+    let (s1, s2) = (
+        store_as(&db, &app, "c").await,
+        store_as(&db, &app2, "c").await,
+    );
+    let lease = s1.acquire("sched", "pod-a", TTL).await.unwrap();
+    match s2.acquire("sched", "pod-a", TTL).await {
+        Err(Error::Held { holder, epoch, .. }) => {
+            assert_eq!((holder.as_str(), epoch), ("pod-a", lease.epoch()))
+        }
+        other => panic!("expected Held, got {other:?}"),
+    }
+    s1.create_task(&lease.fence(), "job", &json!({}))
+        .await
+        .unwrap();
+    let restarted = s1.acquire("sched", "pod-a", TTL).await.unwrap();
+    assert!(restarted.epoch() > lease.epoch());
+}
+
 /// The serialized fence carries the secret (a leader hands it to its workers), and a fence deserialized without
 /// it is refused before anything is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -438,6 +476,23 @@ async fn audit_rows_are_per_role_and_bounded() {
             (app2.clone(), "unknown_lease".to_owned(), 300)
         ]
     );
+    // Operation labels are the caller's: 40 distinct ones on one stale tenure cost at most 17 rows.
+    for i in 0..40 {
+        raw.query_one(
+            "SELECT outcome FROM pgfence.fence('c/sched', $1, NULL, $2)",
+            &[&old.epoch().get(), &format!("label-{i}")],
+        )
+        .await
+        .unwrap();
+    }
+    let per_tenure = db
+        .scalar(&format!(
+            "SELECT count(*) FROM pgfence.rejections WHERE role = '{app2}' AND scope = 'tenure' \
+               AND lease = 'c/sched' AND presented_epoch = {}",
+            old.epoch().get()
+        ))
+        .await;
+    assert!(per_tenure <= 17, "{per_tenure} rows");
     let err = raw
         .query_one(
             "SELECT outcome FROM pgfence.fence('c/sched', 1, NULL, 'op', 'tasks', repeat('k', 257))",
@@ -573,13 +628,69 @@ async fn no_role_but_the_owner_writes_pgfence_tables() {
             ["42501", "PF001"].contains(&sqlstate(&insert).as_str()),
             "{insert}"
         );
-        let truncate = raw.execute("TRUNCATE pgfence.rejections", &[]).await;
-        if enforcement == pgfence::Enforcement::Error {
-            assert_eq!(sqlstate(&truncate.unwrap_err()), "PF001");
-        } else if let Err(e) = truncate {
-            panic!("TRUNCATE with enforcement off should be left to privileges: {e}");
-        }
+        // TRUNCATE bypasses row-level security: refused whether enforcement is on or not (the privilege itself
+        // is revoked by the next grant or enforcement change).
+        let truncate = raw
+            .execute("TRUNCATE pgfence.rejections", &[])
+            .await
+            .unwrap_err();
+        assert!(
+            ["42501", "PF001"].contains(&sqlstate(&truncate).as_str()),
+            "{truncate}"
+        );
     }
+    // A trigger on a pgfence table would run as the owner inside every pgfence function: TRIGGER (like TRUNCATE
+    // and REFERENCES) is revoked by every grant, and a trigger pgfence did not create is dropped.
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "GRANT TRIGGER, TRUNCATE ON pgfence.rejections, pgfence.tenures TO {careless}"
+        ))
+        .await
+        .unwrap();
+    raw.batch_execute(
+        "CREATE FUNCTION pg_temp.evil() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$; \
+         CREATE TRIGGER zz_evil BEFORE INSERT ON pgfence.rejections FOR EACH ROW EXECUTE FUNCTION pg_temp.evil()",
+    )
+    .await
+    .unwrap();
+    let other = role(&db, "other").await;
+    owner.grant_application(&other, Some("c")).await.unwrap();
+    let left: i64 = db
+        .scalar(&format!(
+            "SELECT (SELECT count(*) FROM pg_trigger WHERE tgname = 'zz_evil') \
+                  + (SELECT count(*) FROM unnest(ARRAY['pgfence.rejections', 'pgfence.tenures']) t \
+                      WHERE has_table_privilege('{careless}', t, 'TRIGGER') \
+                         OR has_table_privilege('{careless}', t, 'TRUNCATE'))"
+        ))
+        .await;
+    assert_eq!(
+        left, 0,
+        "the foreign trigger and the dangerous privileges are gone"
+    );
+
+    // Raw writes of a cluster the role has no grant on: refused before anything of it is read.
+    let foreign = db.store("other").await;
+    foreign.acquire("x", "secret-holder", TTL).await.unwrap();
+    db.client()
+        .await
+        .batch_execute(&format!("GRANT INSERT ON pgfence.tasks TO {careless}"))
+        .await
+        .unwrap();
+    let err = raw
+        .execute(
+            "INSERT INTO pgfence.tasks (lease, key, state, fence) VALUES ('other/x', 'k', 'pending', 1)",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "PF001");
+    let text = format!("{err:?}");
+    assert!(
+        text.contains("no_grant") && !text.contains("secret-holder"),
+        "{text}"
+    );
+
     // With enforcement on the functions still write every table.
     let status = owner.lease_status("sched").await.unwrap().unwrap();
     assert_eq!(status.holder.as_deref(), Some("pod-a"));
@@ -593,7 +704,11 @@ async fn no_role_but_the_owner_writes_pgfence_tables() {
         .create_task(&next.fence(), "job-2", &json!({}))
         .await
         .unwrap();
-    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.tenures").await, 2);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.tenures WHERE lease = 'c/sched'")
+            .await,
+        2
+    );
 }
 
 /// LISTEN leaks no lease name: a release notifies the lease's lock key, which a role without a grant on the

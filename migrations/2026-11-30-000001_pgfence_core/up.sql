@@ -132,6 +132,9 @@ CREATE TABLE pgfence.leases (
     renewed_at  timestamptz,
     -- The WAL timeline the current tenure was granted on: a tenure from an earlier timeline is over.
     timeline    bigint,
+    -- The login role that acquired the current tenure: only it may start a new tenure of the same holder name
+    -- while this one is live (a restart); any other role waits for the tenure to end.
+    holder_role name,
     -- how many times the holder identity changed (client-go's leaderTransitions)
     transitions bigint NOT NULL DEFAULT 0,
     created_at  timestamptz NOT NULL DEFAULT clock_timestamp()
@@ -313,8 +316,10 @@ CREATE POLICY own_grants ON pgfence.grants FOR SELECT
 -- No policy on tenure_secrets: no role but the owner reads it (and nobody is granted SELECT on it anyway).
 
 -- Tenures with the time of their last accepted task write (every guarded task write appends an event). A view
--- runs with its owner's rights, which row-level security does not filter: the WHERE clause applies the same rule.
-CREATE VIEW pgfence.tenure_history AS
+-- runs with its owner's rights, which row-level security does not filter: the WHERE clause applies the same rule,
+-- and security_barrier makes it run before any condition of the caller's (which could otherwise see, through an
+-- error or a function with side effects, rows the rule hides).
+CREATE VIEW pgfence.tenure_history WITH (security_barrier) AS
 SELECT t.lease, t.epoch, t.holder, t.acquired_at, t.ended_at, t.end_reason,
        -- The newest event of the epoch, found by a backward scan of task_events_epoch_idx.
        (SELECT e.created_at FROM pgfence.task_events e
@@ -592,10 +597,13 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- Whether a live tenure of another holder blocks an acquisition by p_holder.
+-- Another holder is another holder name, or the same name used by another login role: knowing a holder's name
+-- (readable by every role of the cluster) must not let a role end its tenure.
 CREATE FUNCTION pgfence._held_by_other(l pgfence.leases, p_holder text, ts timestamptz, p_timeline bigint)
 RETURNS boolean
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT l.state = 'held' AND l.expires_at > ts AND l.holder IS DISTINCT FROM p_holder
+LANGUAGE sql STABLE AS $$
+    SELECT l.state = 'held' AND l.expires_at > ts
+           AND (l.holder IS DISTINCT FROM p_holder OR l.holder_role IS DISTINCT FROM session_user)
            AND l.timeline >= p_timeline
 $$;
 
@@ -659,7 +667,8 @@ BEGIN
     -- lease and timeline), so epochs keep increasing across failovers even when the counter went backwards.
     new_epoch := GREATEST(l.epoch + 1, (tl - 1) * 4294967296 + 1);
     UPDATE pgfence.leases
-       SET holder = p_holder, epoch = new_epoch, state = 'held', ttl_ms = p_ttl_ms, timeline = tl,
+       SET holder = p_holder, holder_role = session_user, epoch = new_epoch, state = 'held', ttl_ms = p_ttl_ms,
+           timeline = tl,
            expires_at = ts + p_ttl_ms * interval '1 millisecond', acquired_at = ts, renewed_at = ts,
            transitions = transitions + CASE WHEN holder IS DISTINCT FROM p_holder THEN 1 ELSE 0 END
      WHERE name = p_lease;
@@ -972,14 +981,26 @@ DECLARE
     previous timestamptz;
     wait_ms  bigint := pgfence._lock_wait_ms();
     by_role  boolean := p_reason IN ('no_grant', 'unknown_lease', 'future_epoch');
+    op       text := p_operation;
 BEGIN
+    -- Operation labels are the caller's to choose: past 16 distinct ones for one (role, lease, epoch), further
+    -- labels are aggregated under 'other', so one tenure costs at most 17 rows per role.
+    IF NOT by_role
+       AND NOT EXISTS (SELECT 1 FROM pgfence.rejections r
+                        WHERE r.scope = 'tenure' AND r.role = session_user AND r.lease = p_lease
+                          AND r.presented_epoch = p_epoch AND r.operation = p_operation)
+       AND (SELECT count(*) FROM pgfence.rejections r
+             WHERE r.scope = 'tenure' AND r.role = session_user AND r.lease = p_lease
+               AND r.presented_epoch = p_epoch) >= 16 THEN
+        op := 'other';
+    END IF;
     IF by_role THEN
         SELECT r.last_rejected_at INTO previous FROM pgfence.rejections r
          WHERE r.scope = 'role' AND r.role = session_user AND r.reason = p_reason;
     ELSE
         SELECT r.last_rejected_at INTO previous FROM pgfence.rejections r
          WHERE r.scope = 'tenure' AND r.role = session_user AND r.lease = p_lease AND r.presented_epoch = p_epoch
-           AND r.operation = p_operation;
+           AND r.operation = op;
     END IF;
     -- Bounded: a refused transaction left open keeps its aggregated row locked. The first refusal's reason and
     -- epochs are kept (after a failover, 'failover' stays the evidence even once the tenure is also
@@ -998,7 +1019,7 @@ BEGIN
         ELSE
             INSERT INTO pgfence.rejections (scope, lease, presented_epoch, current_epoch, current_holder, reason,
                                             operation, target_table, target_key, last_lease, last_target_key)
-            VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table,
+            VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,
                     p_key, p_lease, p_key)
             ON CONFLICT (role, lease, presented_epoch, operation) WHERE scope = 'tenure' DO UPDATE
                SET count = pgfence.rejections.count + 1,
@@ -1394,9 +1415,34 @@ BEGIN
             why := 'lease_mismatch';
         END IF;
     END IF;
+    -- Before anything is read: a role with table privileges may write only the clusters it has a grant on
+    -- (this trigger runs before row-level security's check of the new row), and an epoch below 1 was never issued.
+    IF NOT pgfence._may_use(pgfence._cluster_of(target)) THEN
+        why := 'no_grant';
+    ELSIF presented IS NULL OR presented < 1 THEN
+        why := 'future_epoch';
+    END IF;
+    IF why IN ('no_grant', 'future_epoch') THEN
+        IF TG_NARGS > 0 AND TG_ARGV[0] = 'audit' THEN
+            PERFORM pgfence._reject(target, coalesce(presented, 0), NULL, NULL, why, 'raw_' || lower(TG_OP),
+                                    TG_TABLE_NAME, key);
+            RAISE WARNING 'pgfence: refused raw % on pgfence.% (%); recorded in pgfence.rejections',
+                TG_OP, TG_TABLE_NAME, why;
+            RETURN NULL;
+        END IF;
+        RAISE EXCEPTION 'pgfence: enforcement refuses this % on pgfence.% (%)', TG_OP, TG_TABLE_NAME, why
+            USING ERRCODE = 'PF001';
+    END IF;
+    -- A transaction that did not present the tenure's secret is refused before it takes the guard lock.
+    IF why IS NULL AND pgfence._secret_check(target, presented,
+                                             current_setting(pgfence._fence_setting(
+                                                 (SELECT x.lock_key FROM pgfence.leases x WHERE x.name = target)),
+                                                 true)) = 'bad' THEN
+        why := 'bad_secret';
+    END IF;
     -- The guard's protocol: the lease's guard lock shared, then the row read in a new snapshot.
     SELECT * INTO l FROM pgfence.leases WHERE name = target;
-    IF FOUND THEN
+    IF FOUND AND why IS DISTINCT FROM 'bad_secret' THEN
         IF current_setting('transaction_isolation') <> 'read committed' THEN
             RAISE EXCEPTION 'pgfence: writes to pgfence.% need READ COMMITTED isolation; this transaction is %',
                 TG_TABLE_NAME, upper(current_setting('transaction_isolation')) USING ERRCODE = 'PF004';
@@ -1419,7 +1465,7 @@ BEGIN
         RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
     END IF;
     IF TG_NARGS > 0 AND TG_ARGV[0] = 'audit' THEN
-        PERFORM pgfence._reject(target, coalesce(presented, 0), l.epoch, l.holder, why,
+        PERFORM pgfence._reject(target, presented, l.epoch, l.holder, why,
                                 'raw_' || lower(TG_OP), TG_TABLE_NAME, key);
         RAISE WARNING 'pgfence: refused raw % on pgfence.% (%, presented epoch %, current %); recorded in pgfence.rejections',
             TG_OP, TG_TABLE_NAME, why, presented, l.epoch;
@@ -1474,7 +1520,7 @@ BEGIN
         EXECUTE format('CREATE TRIGGER enforce_owner_truncate BEFORE TRUNCATE ON pgfence.%I '
                        'FOR EACH STATEMENT EXECUTE FUNCTION pgfence._owner_writes_only()', t);
         EXECUTE format('ALTER TABLE pgfence.%I DISABLE TRIGGER enforce_owner', t);
-        EXECUTE format('ALTER TABLE pgfence.%I DISABLE TRIGGER enforce_owner_truncate', t);
+        -- TRUNCATE bypasses row-level security: refused to other roles whether enforcement is on or not.
     END LOOP;
 END;
 $$;
@@ -1500,12 +1546,11 @@ BEGIN
         RAISE EXCEPTION 'pgfence: enforcement mode must be ''error'' or ''audit'', got %', pgfence._printable(p_mode)
             USING ERRCODE = '22023';
     END IF;
+    PERFORM pgfence._harden();
     -- Lock both task tables up front, in the order readers join them (tasks, then task_events).
     LOCK TABLE pgfence.tasks, pgfence.task_events IN SHARE ROW EXCLUSIVE MODE;
     FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'rejections', 'grants', 'instance'] LOOP
         EXECUTE format('ALTER TABLE pgfence.%I %s TRIGGER enforce_owner', t,
-                       CASE WHEN p_on THEN 'ENABLE' ELSE 'DISABLE' END);
-        EXECUTE format('ALTER TABLE pgfence.%I %s TRIGGER enforce_owner_truncate', t,
                        CASE WHEN p_on THEN 'ENABLE' ELSE 'DISABLE' END);
     END LOOP;
     ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_epoch;
@@ -1600,6 +1645,45 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA pgfence FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgfence FROM PUBLIC;
 REVOKE ALL ON SCHEMA pgfence FROM PUBLIC;
 
+-- Table privileges that amount to the owner's rights, and what they may have left behind. A trigger on a pgfence
+-- table fires inside the pgfence functions, as the owner: whoever may create one (TRIGGER) can run anything as
+-- the owner. TRUNCATE bypasses row-level security and REFERENCES can block writes. So these privileges are
+-- revoked from every role but the owner, and triggers pgfence did not create are dropped (with a WARNING naming
+-- them). Run by every grant, revoke and enforcement change, and at the end of the migration.
+CREATE FUNCTION pgfence._harden() RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT c.relname, a.privilege_type,
+                    CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(g.rolname) END AS grantee
+               FROM pg_class c
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+               CROSS JOIN LATERAL aclexplode(c.relacl) a
+               LEFT JOIN pg_roles g ON g.oid = a.grantee
+              WHERE n.nspname = 'pgfence' AND c.relkind IN ('r', 'v', 'p') AND a.grantee <> c.relowner
+                AND a.privilege_type IN ('TRIGGER', 'TRUNCATE', 'REFERENCES')
+    LOOP
+        EXECUTE format('REVOKE %s ON pgfence.%I FROM %s', r.privilege_type, r.relname, r.grantee);
+    END LOOP;
+    FOR r IN SELECT c.relname, t.tgname
+               FROM pg_trigger t
+               JOIN pg_class c ON c.oid = t.tgrelid
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = 'pgfence' AND NOT t.tgisinternal
+                AND t.tgname NOT IN ('lease_change', 'lease_delete', 'lease_truncate', 'enforce_epoch',
+                                     'enforce_audit', 'enforce_truncate', 'append_only', 'append_only_truncate',
+                                     'enforce_owner', 'enforce_owner_truncate')
+    LOOP
+        EXECUTE format('DROP TRIGGER %I ON pgfence.%I', r.tgname, r.relname);
+        RAISE WARNING 'pgfence: dropped trigger % on pgfence.%: a trigger on a pgfence table runs as its owner',
+            pgfence._printable(r.tgname), r.relname;
+    END LOOP;
+    -- Grants of roles that were dropped (their oid could one day be reused).
+    DELETE FROM pgfence.grants g WHERE NOT EXISTS (SELECT 1 FROM pg_roles pr WHERE pr.oid = g.role::oid);
+END;
+$$;
+
 -- Records a grant of p_cluster (NULL: every cluster) to p_role and gives it the object privileges. Refuses
 -- (22023) PUBLIC, pseudo-roles and predefined pg_* roles (every role would get the rights), superusers and
 -- BYPASSRLS roles (no grant can bound what they read or do), and the owner and its members (trusted already).
@@ -1633,6 +1717,7 @@ BEGIN
         RAISE EXCEPTION 'pgfence: refusing to grant to %: it owns the pgfence schema (or is a member of its owner) and is trusted already',
             pgfence._printable(p_role) USING ERRCODE = '22023';
     END IF;
+    PERFORM pgfence._harden();
     INSERT INTO pgfence.grants (role, cluster, operator) VALUES (r.oid::regrole, p_cluster, p_operator)
     ON CONFLICT (role, coalesce(cluster, '')) DO UPDATE SET operator = pgfence.grants.operator OR EXCLUDED.operator;
     EXECUTE format('GRANT USAGE ON SCHEMA pgfence TO %I', p_role);
@@ -1683,6 +1768,7 @@ BEGIN
     IF oid_ IS NULL THEN
         RAISE EXCEPTION 'pgfence: role % does not exist', pgfence._printable(p_role) USING ERRCODE = '42704';
     END IF;
+    PERFORM pgfence._harden();
     DELETE FROM pgfence.grants g WHERE g.role = oid_::regrole AND g.cluster IS NOT DISTINCT FROM p_cluster;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF NOT EXISTS (SELECT 1 FROM pgfence.grants g WHERE g.role = oid_::regrole) THEN
@@ -1699,3 +1785,5 @@ END;
 $$;
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgfence FROM PUBLIC;
+
+SELECT pgfence._harden();

@@ -140,9 +140,9 @@ MUTATIONS: list[Mutation] = [
         "a refused write leaves no row in pgfence.rejections",
         [Edit("sql:_reject", "VALUES ('role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key)",
               "SELECT 'role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key WHERE false"),
-         Edit("sql:_reject", "VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table,\n"
+         Edit("sql:_reject", "VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,\n"
               "                    p_key, p_lease, p_key)",
-              "SELECT 'tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, p_operation, p_table,\n"
+              "SELECT 'tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,\n"
               "                    p_key, p_lease, p_key WHERE false")],
         [cargo_test("guard"), cargo_test("race")],
     ),
@@ -183,6 +183,25 @@ MUTATIONS: list[Mutation] = [
         "enforcement-lets-any-role-write",
         "with enforcement on, a role given table privileges may TRUNCATE (and write) pgfence's own tables",
         [Edit("sql:_owner_writes_only", "    IF NOT pg_has_role(current_user,", "    IF false AND NOT pg_has_role(current_user,")],
+        [cargo_test("trust", "no_role_but_the_owner_writes_pgfence_tables")],
+    ),
+    Mutation(
+        "foreign-trigger-kept",
+        "a trigger a role with table privileges created on a pgfence table survives grants (it runs as the owner)",
+        [Edit("sql:_harden", "EXECUTE format('DROP TRIGGER %I ON pgfence.%I', r.tgname, r.relname);", "NULL;")],
+        [cargo_test("trust", "no_role_but_the_owner_writes_pgfence_tables")],
+    ),
+    Mutation(
+        "holder-name-takes-over",
+        "another role acquiring with a live tenure's holder name starts a new tenure (a forced takeover)",
+        [Edit("sql:_held_by_other", "(l.holder IS DISTINCT FROM p_holder OR l.holder_role IS DISTINCT FROM session_user)",
+              "l.holder IS DISTINCT FROM p_holder")],
+        [cargo_test("trust", "another_role_using_a_holder_name_does_not_take_over")],
+    ),
+    Mutation(
+        "raw-write-ignores-grant",
+        "the raw-SQL enforcement judges writes to a cluster the role has no grant on (and reads its lease)",
+        [Edit("sql:_enforce_epoch", "IF NOT pgfence._may_use(pgfence._cluster_of(target)) THEN", "IF false THEN")],
         [cargo_test("trust", "no_role_but_the_owner_writes_pgfence_tables")],
     ),
     Mutation(

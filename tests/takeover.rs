@@ -750,3 +750,47 @@ async fn measure_guard_throughput_and_multixacts() {
         assert!(median(am) < 0.001, "MultiXacts per guarded write");
     }
 }
+
+/// Every lock wait is bounded and names who blocks, also for pgfence's own DDL: switching enforcement while a
+/// transaction holds a pgfence table fails with PF003 after grace + 5 s, naming that backend, instead of waiting
+/// for it without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_enforcement_waits_a_bounded_time_for_table_locks() {
+    let db = TestDb::new().await;
+    let owner = db.client().await;
+    owner
+        .query_one("SELECT pgfence.set_takeover_grace('0')", &[])
+        .await
+        .unwrap();
+    let holder = session(&db, "table-holder").await;
+    holder
+        .batch_execute("BEGIN; LOCK TABLE pgfence.tasks IN ROW EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let pid: i32 = holder
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let started = Instant::now();
+    let err = tokio::time::timeout(
+        Duration::from_secs(15),
+        owner.query_one("SELECT pgfence.set_enforcement(true)", &[]),
+    )
+    .await
+    .expect("the wait must be bounded")
+    .unwrap_err();
+    assert_eq!(sqlstate(&err), "PF003", "{err}");
+    let message = err.as_db_error().unwrap().message().to_owned();
+    assert!(message.contains(&format!("pid {pid}")), "{message}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(5) && started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    owner
+        .query_one("SELECT pgfence.set_enforcement(true)", &[])
+        .await
+        .unwrap();
+}

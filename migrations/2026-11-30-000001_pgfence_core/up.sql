@@ -474,6 +474,17 @@ LANGUAGE sql STABLE AS $$
                     (SELECT array_agg(DISTINCT pid) FROM candidates), '{}')
 $$;
 
+-- The backends other than this one holding a lock on a pgfence table (what a DDL statement of pgfence waits for).
+CREATE FUNCTION pgfence._table_lockers() RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(DISTINCT k.pid), '{}')
+      FROM pg_catalog.pg_locks k
+      JOIN pg_catalog.pg_class c ON c.oid = k.relation
+      JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     WHERE k.locktype = 'relation' AND k.granted AND n.nspname = 'pgfence'
+       AND k.pid <> pg_catalog.pg_backend_pid()
+$$;
+
 -- Locks a lease row (FOR NO KEY UPDATE: it does not conflict with the FOR KEY SHARE of foreign-key checks) for
 -- a change, waiting at most _lock_wait_ms(); p_create first inserts the row if it is missing (a concurrent insert
 -- of the same name is waited for, bounded too). Returns the locked row (all NULL when there is no such lease).
@@ -1536,11 +1547,15 @@ CREATE TRIGGER append_only BEFORE UPDATE OR DELETE ON pgfence.task_events
 CREATE TRIGGER append_only_truncate BEFORE TRUNCATE ON pgfence.task_events
     FOR EACH STATEMENT EXECUTE FUNCTION pgfence._append_only();
 
+-- Its table locks (ALTER TABLE … TRIGGER, LOCK TABLE) wait at most _lock_wait_ms(), then fail with PF003
+-- naming the backends that hold locks on pgfence tables.
 CREATE FUNCTION pgfence.set_enforcement(p_on boolean, p_mode text DEFAULT 'error') RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '10min' AS $$
 DECLARE
     t text;
+    wait_ms bigint := pgfence._lock_wait_ms();
 BEGIN
+    PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
     PERFORM pgfence._require_instance_operator('set_enforcement');
     IF p_mode IS NULL OR p_mode NOT IN ('error', 'audit') THEN
         RAISE EXCEPTION 'pgfence: enforcement mode must be ''error'' or ''audit'', got %', pgfence._printable(p_mode)
@@ -1569,6 +1584,10 @@ BEGIN
         ALTER TABLE pgfence.tasks ENABLE TRIGGER enforce_truncate;
     END IF;
     RETURN p_on;
+EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION 'pgfence: set_enforcement waited % ms for a table lock; blocked by %', wait_ms,
+        pgfence._describe_backends(pgfence._table_lockers())
+        USING ERRCODE = 'PF003', HINT = 'A long transaction on pgfence tables holds them: let it finish and retry.';
 END;
 $$;
 
@@ -1650,11 +1669,14 @@ REVOKE ALL ON SCHEMA pgfence FROM PUBLIC;
 -- the owner. TRUNCATE bypasses row-level security and REFERENCES can block writes. So these privileges are
 -- revoked from every role but the owner, and triggers pgfence did not create are dropped (with a WARNING naming
 -- them). Run by every grant, revoke and enforcement change, and at the end of the migration.
+-- Its DROP TRIGGER waits at most _lock_wait_ms() for the table (PF003 naming who holds it).
 CREATE FUNCTION pgfence._harden() RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '10min' AS $$
 DECLARE
     r record;
+    wait_ms bigint := pgfence._lock_wait_ms();
 BEGIN
+    PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
     FOR r IN SELECT c.relname, a.privilege_type,
                     CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(g.rolname) END AS grantee
                FROM pg_class c
@@ -1681,6 +1703,10 @@ BEGIN
     END LOOP;
     -- Grants of roles that were dropped (their oid could one day be reused).
     DELETE FROM pgfence.grants g WHERE NOT EXISTS (SELECT 1 FROM pg_roles pr WHERE pr.oid = g.role::oid);
+EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION 'pgfence: dropping a foreign trigger waited % ms for its table; blocked by %', wait_ms,
+        pgfence._describe_backends(pgfence._table_lockers())
+        USING ERRCODE = 'PF003', HINT = 'A long transaction on pgfence tables holds them: let it finish and retry.';
 END;
 $$;
 

@@ -38,7 +38,8 @@
 --
 -- SQLSTATEs of pgfence's own errors: PF001 raw write refused (enforcement), PF002 append-only table, PF003 lock
 -- wait timed out (the message names the blocking backends), PF004 guarded write outside READ COMMITTED, PF005
--- lease row change refused (delete, truncate, epoch lowered), 22023 invalid argument. Refusals that must be
+-- lease row change refused (delete, truncate, epoch lowered), PF006 a one-statement guarded write that is not
+-- gated on its guard, 22023 invalid argument. Refusals that must be
 -- audited (no grant on the cluster, a wrong tenure secret, a stale epoch) are results, not errors — an error
 -- would roll its own audit row back: outcome 'denied' (reason 'no_grant' or 'bad_secret') or 'stale'.
 
@@ -1216,6 +1217,21 @@ END;
 $$;
 
 
+-- The safety net of the one-statement guarded write (Store::guarded_write; see pgfence.fence above): the caller's
+-- statement changed rows although its guard refused, so its SQL does not test pgfence_guard.passed. Raising
+-- rolls the whole statement back, the refusal's audit row with it: a refused write never commits, and the caller
+-- learns that its statement is not gated (SQLSTATE PF006).
+CREATE FUNCTION pgfence.ungated_write(p_outcome text, p_written bigint) RETURNS bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'pgfence: a guarded write changed % rows although its guard answered %: the statement does not test pgfence_guard.passed',
+        p_written, pgfence._printable(p_outcome)
+        USING ERRCODE = 'PF006',
+              HINT = 'Add AND (SELECT passed FROM pgfence_guard) to its WHERE clause (INSERT: INSERT ... SELECT ... WHERE it).';
+END;
+$$;
+
+
 CREATE FUNCTION pgfence._task_result(t pgfence.tasks, p_outcome text, p_reason text, p_epoch bigint,
                                      p_created boolean, p_event_id bigint)
 RETURNS pgfence.write_result
@@ -1757,6 +1773,7 @@ BEGIN
                    'pgfence.claim_task(text, bigint, text, text, text), '
                    'pgfence.transition_task(text, bigint, text, text, text, text, jsonb), '
                    'pgfence.append_event(text, bigint, text, text, text, jsonb), pgfence.enforcement(), '
+                   'pgfence.ungated_write(text, bigint), '
                    'pgfence.identity(), pgfence._reads_all(), pgfence._readable_clusters(), '
                    -- Row-level security policies and CHECK constraints run as the querying role.
                    'pgfence._text_problem(text, integer), pgfence._cluster_problem(text), '

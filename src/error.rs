@@ -294,6 +294,9 @@ impl From<diesel::result::Error> for Error {
     }
 }
 
+/// How the guard's `PF004` refusal (a guarded write outside READ COMMITTED) begins.
+pub(crate) const ISOLATION_REFUSAL: &str = "pgfence: guarded writes need READ COMMITTED";
+
 /// diesel reports a database error as a coarse kind plus the server's message; the SQLSTATE itself does not
 /// survive. Recover it for the conditions callers act on.
 fn infer_sqlstate(kind: &diesel::result::DatabaseErrorKind, message: &str) -> Option<&'static str> {
@@ -320,9 +323,8 @@ fn infer_sqlstate(kind: &diesel::result::DatabaseErrorKind, message: &str) -> Op
         {
             Some("PF003")
         }
-        _ if message.starts_with("pgfence:") && message.contains("need READ COMMITTED") => {
-            Some("PF004")
-        }
+        _ if message.starts_with(ISOLATION_REFUSAL) => Some("PF004"),
+        _ if message.starts_with("pgfence: a guarded write changed") => Some("PF006"),
         _ if message.starts_with("pgfence: lease rows are never deleted")
             || message.starts_with("pgfence: refused change of lease") =>
         {

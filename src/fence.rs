@@ -19,6 +19,8 @@ use std::pin::Pin;
 
 use chrono::{DateTime, Utc};
 use diesel::pg::sql_types::{Jsonb, Record};
+use diesel::pg::{Pg, PgQueryBuilder};
+use diesel::query_builder::{AstPass, Query, QueryBuilder, QueryFragment, QueryId};
 use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text, Timestamptz};
 use diesel::QueryableByName;
 use diesel_async::AsyncPgConnection;
@@ -168,6 +170,160 @@ pub const METRIC_STALE_WRITES: &str = "pgfence_stale_writes_total";
 
 /// The future a [`Store::fenced`] callback returns: it borrows the transaction's connection.
 pub type FencedFuture<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
+
+/// The name of the guard's verdict in a one-statement guarded write ([`Store::guarded_write`]): a one-row CTE
+/// with the column `passed` (boolean), true only when the fence is current and its guard lock held.
+const GUARD_CTE: &str = "pgfence_guard";
+
+/// The guard's verdict as SQL text, for the WHERE clause of a statement passed to [`Store::guarded_write`]:
+/// `UPDATE shards SET owner = $1 WHERE id = $2 AND (SELECT passed FROM pgfence_guard)`.
+pub const FENCE_PASSED: &str = "(SELECT passed FROM pgfence_guard)";
+
+/// The guard's verdict as a diesel expression ([`FENCE_PASSED`]), for the filter of a query passed to
+/// [`Store::guarded_write`]: `diesel::update(shards.filter(id.eq(7)).filter(pgfence::fence_passed()))`. It has a
+/// meaning only there.
+pub fn fence_passed() -> diesel::expression::SqlLiteral<Bool> {
+    diesel::dsl::sql::<Bool>(FENCE_PASSED)
+}
+
+/// The reply of a one-statement guarded write: the guard's outcome, reason, the lease's current epoch and holder,
+/// and how many rows the statement changed.
+type GuardedRow = (String, Option<String>, Option<i64>, Option<String>, i64);
+
+/// The statement [`Store::guarded_write`] sends (see there). `WITH RECURSIVE` lets the caller's statement come
+/// first and name the guard's CTE defined after it: the caller's binds keep their numbers and the guard's four
+/// follow them. The guard still runs first: the statement's gate reads its verdict before touching a row.
+#[derive(Debug, Clone)]
+struct GuardedWrite<Q> {
+    write: Q,
+    lease: String,
+    epoch: i64,
+    secret: String,
+    operation: String,
+}
+
+impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for GuardedWrite<Q> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> diesel::QueryResult<()> {
+        out.push_sql("WITH RECURSIVE pgfence_write AS (");
+        self.write.walk_ast(out.reborrow())?;
+        out.push_sql(
+            " RETURNING 1), pgfence_guard AS MATERIALIZED (SELECT g.outcome = 'ok' AS passed, g.outcome, \
+             g.reason, g.current_epoch, g.current_holder FROM pgfence.fence(",
+        );
+        out.push_bind_param::<Text, _>(&self.lease)?;
+        out.push_sql(", ");
+        out.push_bind_param::<BigInt, _>(&self.epoch)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, _>(&self.secret)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, _>(&self.operation)?;
+        out.push_sql(
+            ", NULL, NULL) g) SELECT g.outcome, g.reason, g.current_epoch, g.current_holder, \
+             CASE WHEN g.passed OR w.n = 0 THEN w.n ELSE pgfence.ungated_write(g.outcome, w.n) END \
+             FROM pgfence_guard g, (SELECT count(*) AS n FROM pgfence_write) w",
+        );
+        Ok(())
+    }
+
+    // Cached per connection by its SQL text (its type has no static id): the text depends only on the caller's
+    // statement, never on the fence, which is bound.
+    fn is_safe_to_cache_prepared(&self, _backend: &Pg) -> diesel::QueryResult<bool> {
+        Ok(true)
+    }
+}
+
+impl<Q> QueryId for GuardedWrite<Q> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<Q> Query for GuardedWrite<Q> {
+    type SqlType = (
+        Text,
+        Nullable<Text>,
+        Nullable<BigInt>,
+        Nullable<Text>,
+        BigInt,
+    );
+}
+
+/// A query that diesel-async prepares once per connection and then reuses, keyed by its SQL text — for the
+/// statements of a [`Store::fenced`] transaction (or any other) that diesel would otherwise prepare again on
+/// every call: UPDATE statements built with diesel's DSL and `sql_query` texts. Wrap a statement whose SQL
+/// text is built from constants, with its values as binds: every distinct text stays prepared on the
+/// connection for the connection's life. (A cached statement whose tables change shape afterwards fails with
+/// "cached plan must not change result type" until the connection is replaced, as diesel's own cached
+/// statements do.)
+///
+/// ```no_run
+/// # async fn example(conn: &mut diesel_async::AsyncPgConnection) -> diesel::QueryResult<()> {
+/// use diesel::sql_types::Integer;
+/// use diesel_async::RunQueryDsl;
+/// pgfence::Cached::new(diesel::sql_query("UPDATE shards SET moves = moves + 1 WHERE id = $1").bind::<Integer, _>(7))
+///     .execute(conn)
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Cached<Q>(Q);
+
+impl<Q> Cached<Q> {
+    /// Wraps `query`.
+    pub fn new(query: Q) -> Cached<Q> {
+        Cached(query)
+    }
+}
+
+impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for Cached<Q> {
+    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> diesel::QueryResult<()> {
+        self.0.walk_ast(out)
+    }
+
+    fn is_safe_to_cache_prepared(&self, _backend: &Pg) -> diesel::QueryResult<bool> {
+        Ok(true)
+    }
+}
+
+impl<Q> QueryId for Cached<Q> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<Q: Query> Query for Cached<Q> {
+    type SqlType = Q::SqlType;
+}
+
+/// Sends `BEGIN ISOLATION LEVEL READ COMMITTED` and the guard of `fence` pipelined: one round trip. BEGIN goes
+/// out on its future's first poll (the simple-query protocol, nothing to prepare), before the guard's future is
+/// even created, and the server runs a connection's requests in the order they were sent.
+async fn begin_and_guard(
+    conn: &AsyncPgConnection,
+    fence: &Fence,
+    operation: &str,
+) -> (diesel::QueryResult<()>, diesel::QueryResult<sql::WriteRow>) {
+    use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+    use std::task::Poll;
+    let mut begin_conn = conn;
+    let mut guard_conn = conn;
+    let mut begin =
+        std::pin::pin!(begin_conn.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"));
+    let first = std::future::poll_fn(|cx| Poll::Ready(begin.as_mut().poll(cx))).await;
+    let guard = diesel::select(sql::fence(
+        fence.lease.clone(),
+        fence.epoch.get(),
+        fence.secret.0.clone(),
+        operation.to_owned(),
+        None::<String>,
+        None::<String>,
+    ))
+    .get_result::<sql::WriteRow>(&mut guard_conn);
+    match first {
+        // BEGIN already failed: the guard is not sent.
+        Poll::Ready(Err(e)) => (Err(e), Err(diesel::result::Error::NotInTransaction)),
+        Poll::Ready(Ok(())) => (Ok(()), guard.await),
+        Poll::Pending => futures_util::future::join(begin, guard).await,
+    }
+}
 
 pub(crate) mod sql {
     use super::*;
@@ -418,36 +574,161 @@ impl Store {
         E: From<Error> + From<diesel::result::Error> + Send,
         T: Send,
     {
-        use diesel_async::RunQueryDsl;
+        use diesel::connection::TransactionDepthChange;
+        use diesel_async::{AnsiTransactionManager, TransactionManager};
+        type Tm = AnsiTransactionManager;
         check_operation(operation).map_err(E::from)?;
         let mut conn = self.checked().await.map_err(E::from)?;
-        let fence = fence.clone();
-        let op = operation.to_owned();
-        // READ COMMITTED whatever the session default: the guard waits for a takeover in flight and then reads
-        // the new epoch in a fresh snapshot, so a stale fence is refused *and audited*.
-        let outcome: Result<Result<T, Error>, E> = (*conn)
-            .build_transaction()
-            .read_committed()
-            .run(async move |conn: &mut AsyncPgConnection| {
-                let check: sql::WriteRow = diesel::select(sql::fence(
-                    &fence.lease,
-                    fence.epoch.get(),
-                    fence.secret.expose_secret(),
-                    &op,
-                    None::<String>,
-                    None::<String>,
-                ))
-                .get_result(conn)
-                .await?;
-                if let Some(stale) = WriteOutcome::from(check).refused(&fence, &op) {
-                    // Commit: the transaction holds only the audit row.
-                    return Ok(Err(stale));
-                }
-                work(conn).await.map(Ok)
-            })
-            .await;
+        // BEGIN and the guard in one round trip. READ COMMITTED whatever the session default: the guard waits
+        // for a takeover in flight and then reads the new epoch in a fresh snapshot, so a stale fence is refused
+        // *and audited*.
+        let (begun, check) = begin_and_guard(&*conn, fence, operation).await;
+        if let Err(e) = begun {
+            // Nothing ran inside a transaction; a guard that ran anyway (autocommit) wrote at most its audit row.
+            return Err(E::from(Error::from(e)));
+        }
+        // diesel's transaction manager learns of the transaction now, so that `work` nests its own transactions
+        // as savepoints and the COMMIT or ROLLBACK below goes through it.
+        let depth = Tm::transaction_manager_status_mut(&mut *conn)
+            .transaction_state()
+            .and_then(|s| s.change_transaction_depth(TransactionDepthChange::IncreaseDepth));
+        if let Err(e) = depth {
+            return Err(E::from(Error::from(e)));
+        }
+        let refused = match check {
+            Ok(row) => WriteOutcome::from(row).refused(fence, operation),
+            Err(e) => {
+                let _ = Tm::rollback_transaction(&mut *conn).await;
+                conn.disarm();
+                return Err(E::from(Error::from(e)));
+            }
+        };
+        if let Some(refusal) = refused {
+            // Commit: the transaction holds only the audit row.
+            Tm::commit_transaction(&mut *conn)
+                .await
+                .map_err(|e| E::from(Error::from(e)))?;
+            conn.disarm();
+            return Err(E::from(refusal));
+        }
+        let outcome = match work(&mut *conn).await {
+            Ok(value) => Tm::commit_transaction(&mut *conn)
+                .await
+                .map(|()| value)
+                .map_err(E::from),
+            Err(e) => {
+                // The caller's error wins over a failed rollback (which leaves the connection broken: bb8 then
+                // discards it).
+                let _ = Tm::rollback_transaction(&mut *conn).await;
+                Err(e)
+            }
+        };
         conn.disarm();
-        outcome?.map_err(E::from)
+        outcome
+    }
+
+    /// Runs one INSERT, UPDATE or DELETE of your own tables *guarded by `fence` in the same statement*: one round
+    /// trip checks the fence and writes, with exactly the guarantees of [`Store::fenced`] — the guard holds the
+    /// lease's guard lock until the statement commits, so no takeover commits before it, and a refused fence
+    /// writes nothing but its audit row. Returns how many rows the statement changed; a refusal is
+    /// [`Error::Stale`] or [`Error::Denied`].
+    ///
+    /// The statement must test the guard's verdict: [`fence_passed()`] in a diesel query's filter, or the SQL
+    /// text [`FENCE_PASSED`] in its WHERE clause (an INSERT writes `INSERT … SELECT … WHERE` it). pgfence runs
+    /// it as a data-modifying CTE beside the guard's, so that the guard runs first and its verdict gates every
+    /// row:
+    ///
+    /// ```text
+    /// WITH RECURSIVE pgfence_write AS (<your statement> RETURNING 1),
+    ///      pgfence_guard AS MATERIALIZED (SELECT … FROM pgfence.fence(<fence>, <operation>))
+    /// SELECT <verdict>, (SELECT count(*) FROM pgfence_write) FROM pgfence_guard
+    /// ```
+    ///
+    /// A statement that does not mention the verdict is refused before it is sent ([`Error::InvalidInput`]).
+    /// One that mentions it without being gated by it (say, in a comment) and changes rows under a refused fence
+    /// fails as a whole with SQLSTATE `PF006`: a refused write never commits, but then its audit row does not
+    /// either.
+    ///
+    /// The statement is prepared once per connection and reused (cached by its SQL text): build the text from
+    /// constants and pass values as binds, as diesel does. Binds keep their numbers (`$1` is your first). It
+    /// must not have a `RETURNING` clause of its own, nor a trailing semicolon. Use [`Store::fenced`] instead
+    /// for several statements, for reads that decide what to write, or to get rows back.
+    ///
+    /// Autocommit: the write is acknowledged only once it committed (the reply is read to its end, which the
+    /// server sends after the commit). The guard needs READ COMMITTED; under another session default the
+    /// statement runs in an explicit READ COMMITTED transaction instead.
+    ///
+    /// ```no_run
+    /// # async fn example(store: pgfence::Store, lease: pgfence::Lease) -> pgfence::Result<()> {
+    /// use diesel::sql_types::{Integer, Text};
+    /// // SQL text with binds:
+    /// let moved = store
+    ///     .guarded_write(
+    ///         &lease.fence(),
+    ///         "rebalance",
+    ///         diesel::sql_query(
+    ///             "UPDATE shards SET owner = $1 WHERE id = $2 AND (SELECT passed FROM pgfence_guard)",
+    ///         )
+    ///         .bind::<Text, _>("node-2")
+    ///         .bind::<Integer, _>(7),
+    ///     )
+    ///     .await?;
+    /// assert!(moved <= 1);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// The same with diesel's query builder:
+    ///
+    /// ```ignore
+    /// let moved = store
+    ///     .guarded_write(
+    ///         &lease.fence(),
+    ///         "rebalance",
+    ///         diesel::update(shards::table.filter(shards::id.eq(7)).filter(pgfence::fence_passed()))
+    ///             .set(shards::owner.eq("node-2")),
+    ///     )
+    ///     .await?;
+    /// ```
+    pub async fn guarded_write<Q>(&self, fence: &Fence, operation: &str, write: Q) -> Result<u64>
+    where
+        Q: QueryFragment<Pg> + Clone + Send + 'static,
+    {
+        check_operation(operation)?;
+        let mut sql = PgQueryBuilder::default();
+        write.to_sql(&mut sql, &Pg)?;
+        if !sql.finish().contains(GUARD_CTE) {
+            return Err(Error::invalid(
+                "guarded write",
+                format!("the statement must test the guard's verdict: {FENCE_PASSED} in its WHERE clause"),
+            ));
+        }
+        let statement = || GuardedWrite {
+            write: write.clone(),
+            lease: fence.lease.clone(),
+            epoch: fence.epoch.get(),
+            secret: fence.secret.0.clone(),
+            operation: operation.to_owned(),
+        };
+        let (outcome, reason, current_epoch, _holder, written): GuardedRow =
+            self.call_guarded(statement).await?;
+        let verdict = WriteOutcome {
+            outcome,
+            reason,
+            current_epoch,
+            task_id: None,
+            task_key: None,
+            task_state: None,
+            assignee: None,
+            payload: None,
+            fence: None,
+            version: None,
+            created: None,
+            event_id: None,
+        };
+        if let Some(refusal) = verdict.refused(fence, operation) {
+            return Err(refusal);
+        }
+        Ok(written.max(0) as u64)
     }
 
     /// Rejections of this store's cluster, newest first.

@@ -617,23 +617,40 @@ impl Store {
         Ok((sent, result?))
     }
 
-    /// Like [`Store::call_one`], inside an explicit READ COMMITTED transaction: for guarded writes, which must be
-    /// acknowledged only once their COMMIT succeeded (an autocommit statement's result arrives before its commit)
-    /// and whose guard needs READ COMMITTED whatever the session default.
-    pub(crate) async fn call_one_read_committed<Q, U>(&self, query: Q) -> Result<U>
+    /// Runs one guarded statement and returns its only row, acknowledged only once the write committed.
+    ///
+    /// One round trip, autocommit. The rows are read to the end of the reply, which the server sends after the
+    /// statement's implicit commit: a commit that fails there (a deferred trigger, a lost connection) is an error
+    /// here, never an acknowledgement. (`get_result` would return at the first row, before the commit.)
+    ///
+    /// The guard needs READ COMMITTED. When the session's default isolation is another, the guard refuses with
+    /// `PF004` before anything is written, and the statement runs again in an explicit READ COMMITTED
+    /// transaction (three round trips) — the session default is the caller's to choose, so it is not changed.
+    pub(crate) async fn call_guarded<Q, U>(&self, query: impl Fn() -> Q) -> Result<U>
     where
         Q: diesel_async::methods::LoadQuery<'static, AsyncPgConnection, U> + Send + 'static,
         U: Send + 'static,
     {
         use diesel_async::RunQueryDsl;
         let mut conn = self.checked().await?;
-        let result = (*conn)
-            .build_transaction()
-            .read_committed()
-            .run(async move |conn: &mut AsyncPgConnection| query.get_result::<U>(conn).await)
-            .await;
+        let rows: std::result::Result<Vec<U>, diesel::result::Error> =
+            query().load(&mut *conn).await;
+        let rows = match rows {
+            Err(e) if is_isolation_refusal(&e) => {
+                let again = query();
+                (*conn)
+                    .build_transaction()
+                    .read_committed()
+                    .run(async move |conn: &mut AsyncPgConnection| again.load::<U>(conn).await)
+                    .await
+            }
+            other => other,
+        };
         conn.disarm();
-        Ok(result?)
+        rows?.into_iter().next().ok_or_else(|| Error::Database {
+            sqlstate: None,
+            message: "a guarded statement returned no row".to_owned(),
+        })
     }
 
     /// Reads the database's identity now (a fresh query, not a cached value).
@@ -971,4 +988,11 @@ async fn run_migrations(mut conn: AsyncPgConnection) -> Result<Vec<String>> {
         tracing::info!(target: TARGET, ?applied, "applied migrations");
     }
     Ok(applied)
+}
+
+/// Whether a statement failed because its guard ran outside READ COMMITTED (`PF004`, raised before anything is
+/// written: the statement can run again in a READ COMMITTED transaction).
+pub(crate) fn is_isolation_refusal(error: &diesel::result::Error) -> bool {
+    matches!(error, diesel::result::Error::DatabaseError(_, info)
+        if info.message().starts_with(crate::error::ISOLATION_REFUSAL))
 }

@@ -230,13 +230,9 @@ impl Store {
             + Send
             + 'static,
     {
-        // The query is built again only for the rare retry, so the common path copies the payload once.
-        // In an explicit READ COMMITTED transaction, for two reasons. An autocommit statement's result arrives
-        // before its implicit commit (which happens when the server reaches the end of the request): a commit that
-        // failed there — a connection cut, a crash, a deferred trigger — would have been acknowledged to the caller
-        // as written. With an explicit COMMIT the write is acknowledged only once it committed. And the guard needs
-        // READ COMMITTED whatever the session default (PF004 otherwise).
-        let row: WriteRow = self.call_one_read_committed(query()).await?;
+        // The query is built again only for the rare retry (a session default other than READ COMMITTED), so the
+        // common path copies the payload once.
+        let row: WriteRow = self.call_guarded(query).await?;
         let outcome = WriteOutcome::from(row);
         if let Some(stale) = outcome.refused(fence, operation) {
             return Err(stale);

@@ -1166,3 +1166,354 @@ async fn fenced_operation_labels_are_checked_before_anything_is_sent() {
         "nothing audited"
     );
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// One-statement guarded writes (`Store::guarded_write`) and the fewest round trips of `Store::fenced`.
+
+diesel::table! {
+    shards (id) {
+        id -> Integer,
+        owner -> Text,
+    }
+}
+
+/// The caller's UPDATE with the guard's verdict in its WHERE clause, as SQL text with binds.
+fn move_shard_sql(
+    id: i32,
+    owner: &str,
+) -> impl diesel::query_builder::QueryFragment<diesel::pg::Pg> + Clone + Send + 'static {
+    use diesel::sql_types::{Integer, Text};
+    diesel::sql_query(
+        "UPDATE shards SET owner = $1 WHERE id = $2 AND (SELECT passed FROM pgfence_guard)",
+    )
+    .bind::<Text, _>(owner.to_owned())
+    .bind::<Integer, _>(id)
+}
+
+/// Invariants 3 and 4 through the one-statement path: the current fence writes and gets the row count; after a
+/// takeover the old fence's statement writes nothing and is refused as stale and audited, in SQL text and in
+/// diesel's query builder (UPDATE, and INSERT … SELECT gated in its WHERE).
+#[tokio::test]
+async fn guarded_write_writes_under_the_current_fence_and_refuses_a_stale_one_with_audit() {
+    use diesel::prelude::*;
+    let db = TestDb::new().await;
+    app_table(&db).await;
+    db.client()
+        .await
+        .batch_execute("INSERT INTO shards VALUES (1, 'node-1'), (2, 'node-1')")
+        .await
+        .unwrap();
+    let store = db.store("prod").await;
+    let old = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
+    assert_eq!(
+        store
+            .guarded_write(&old, "move", move_shard_sql(1, "node-2"))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .guarded_write(&old, "move", move_shard_sql(9, "node-2"))
+            .await
+            .unwrap(),
+        0
+    );
+    let dsl = |owner: &'static str| {
+        diesel::update(
+            shards::table
+                .filter(shards::id.eq(2))
+                .filter(pgfence::fence_passed()),
+        )
+        .set(shards::owner.eq(owner))
+    };
+    assert_eq!(
+        store
+            .guarded_write(&old, "move", dsl("node-3"))
+            .await
+            .unwrap(),
+        1
+    );
+    let insert = |id: i32| {
+        use diesel::sql_types::Integer;
+        diesel::sql_query(
+            "INSERT INTO shards (id, owner) SELECT $1, 'new' WHERE (SELECT passed FROM pgfence_guard)",
+        )
+        .bind::<Integer, _>(id)
+    };
+    assert_eq!(
+        store.guarded_write(&old, "add", insert(3)).await.unwrap(),
+        1
+    );
+
+    store.force_release("sched").await.unwrap();
+    let new = store.acquire("sched", "pod-b", TTL).await.unwrap().fence();
+    for result in [
+        store
+            .guarded_write(&old, "move", move_shard_sql(1, "stale"))
+            .await,
+        store.guarded_write(&old, "move", dsl("stale")).await,
+        store.guarded_write(&old, "add", insert(4)).await,
+    ] {
+        match result {
+            Err(Error::Stale {
+                presented,
+                current,
+                reason,
+                ..
+            }) => {
+                assert_eq!(presented, old.epoch());
+                assert_eq!(current, Some(new.epoch()));
+                assert_eq!(reason, LossReason::Superseded);
+            }
+            other => panic!("a stale one-statement write must be refused, got {other:?}"),
+        }
+    }
+    let owners = db
+        .client()
+        .await
+        .query("SELECT id, owner FROM shards ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get::<_, i32>(0), r.get::<_, String>(1)))
+        .collect::<Vec<_>>();
+    assert_eq!(
+        owners,
+        vec![
+            (1, "node-2".to_owned()),
+            (2, "node-3".to_owned()),
+            (3, "new".to_owned())
+        ],
+        "nothing written under the stale fence"
+    );
+    let audit = store.rejections(&RejectionFilter::default()).await.unwrap();
+    let count = |op: &str| {
+        audit
+            .iter()
+            .filter(|r| r.operation == op)
+            .map(|r| r.count)
+            .sum::<i64>()
+    };
+    assert_eq!(
+        (count("move"), count("add")),
+        (2, 1),
+        "every refusal audited: {audit:?}"
+    );
+    assert_eq!(
+        store
+            .guarded_write(&new, "move", move_shard_sql(1, "node-4"))
+            .await
+            .unwrap(),
+        1
+    );
+}
+
+/// A statement that does not test the verdict is refused before it is sent; one that names it without being
+/// gated by it, and changes rows under a refused fence, fails as a whole (PF006): the refused write never
+/// commits (invariant 3 even for a misused API).
+#[tokio::test]
+async fn an_ungated_statement_never_commits_under_a_refused_fence() {
+    let db = TestDb::new().await;
+    app_table(&db).await;
+    db.client()
+        .await
+        .batch_execute("INSERT INTO shards VALUES (1, 'node-1')")
+        .await
+        .unwrap();
+    let store = db.store("prod").await;
+    let old = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
+    let ungated = || diesel::sql_query("UPDATE shards SET owner = 'stale' WHERE id = 1");
+    match store.guarded_write(&old, "move", ungated()).await {
+        Err(Error::InvalidInput { field, .. }) => assert_eq!(field, "guarded write"),
+        other => panic!("an ungated statement must be refused before it is sent, got {other:?}"),
+    }
+    let disguised =
+        || diesel::sql_query("UPDATE shards SET owner = 'stale' WHERE id = 1 /* pgfence_guard */");
+    // Under the current fence it writes (the guard passed: nothing to refuse).
+    assert_eq!(
+        store
+            .guarded_write(&old, "move", disguised())
+            .await
+            .unwrap(),
+        1
+    );
+    store.force_release("sched").await.unwrap();
+    store.acquire("sched", "pod-b", TTL).await.unwrap();
+    db.client()
+        .await
+        .batch_execute("UPDATE shards SET owner = 'node-b'")
+        .await
+        .unwrap();
+    let err = store
+        .guarded_write(&old, "move", disguised())
+        .await
+        .unwrap_err();
+    assert_eq!(err.sqlstate(), Some("PF006"), "{err}");
+    let owner: String = db
+        .client()
+        .await
+        .query_one("SELECT owner FROM shards WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owner, "node-b", "the refused, ungated write rolled back");
+}
+
+/// Invariant 6: a guarded write is acknowledged only once it committed. A deferred constraint trigger fails
+/// the commit of every write to the table: the one-statement write (autocommit, one round trip) must report
+/// the failure, and so must a task write, and nothing is written.
+#[tokio::test]
+async fn a_guarded_write_whose_commit_fails_is_an_error_not_an_acknowledgement() {
+    let db = TestDb::new().await;
+    app_table(&db).await;
+    db.client()
+        .await
+        .batch_execute(
+            "INSERT INTO shards VALUES (1, 'node-1');
+             CREATE FUNCTION fail_at_commit() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN RAISE EXCEPTION 'refused at commit' USING ERRCODE = '23514'; END $$;
+             CREATE CONSTRAINT TRIGGER at_commit AFTER UPDATE ON shards DEFERRABLE INITIALLY DEFERRED
+               FOR EACH ROW EXECUTE FUNCTION fail_at_commit();",
+        )
+        .await
+        .unwrap();
+    let store = db.store("prod").await;
+    let fence = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
+    let err = store
+        .guarded_write(&fence, "move", move_shard_sql(1, "node-2"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("refused at commit"), "{err}");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM shards WHERE owner = 'node-2'")
+            .await,
+        0
+    );
+    // The pool's connection is still usable afterwards.
+    assert_eq!(
+        store
+            .guarded_write(&fence, "move", move_shard_sql(9, "x"))
+            .await
+            .unwrap(),
+        0
+    );
+}
+
+/// The guard needs READ COMMITTED; a session whose default isolation is REPEATABLE READ still gets guarded
+/// one-statement writes, task writes and fenced transactions (run in an explicit READ COMMITTED transaction).
+#[tokio::test]
+async fn guarded_writes_work_under_a_repeatable_read_session_default() {
+    let db = TestDb::new().await;
+    app_table(&db).await;
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "INSERT INTO shards VALUES (1, 'node-1');
+             ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let store = db.store("prod").await;
+    let fence = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
+    assert_eq!(
+        store
+            .guarded_write(&fence, "move", move_shard_sql(1, "node-2"))
+            .await
+            .unwrap(),
+        1
+    );
+    store.create_task(&fence, "t", &json!({})).await.unwrap();
+    store
+        .append_event(&fence, "t", "tick", &json!({}))
+        .await
+        .unwrap();
+    assert_eq!(move_shard(&store, &fence, "node-3").await.unwrap(), 1);
+}
+
+/// The round trips the client path saves: a one-statement guarded write, and `Cached` statements inside a
+/// fenced transaction, are prepared once per connection (the server keeps one prepared statement for each,
+/// however many calls); and the fenced transaction's guard runs inside its transaction (its guard lock is held
+/// while the caller's work runs) although BEGIN and the guard travel together.
+#[tokio::test]
+async fn guarded_statements_are_prepared_once_and_fenced_guards_run_inside_their_transaction() {
+    let db = TestDb::new().await;
+    app_table(&db).await;
+    db.client()
+        .await
+        .batch_execute("INSERT INTO shards VALUES (1, 'node-1')")
+        .await
+        .unwrap();
+    let store = Store::connect(db.config("prod").pool_size(1))
+        .await
+        .unwrap();
+    let fence = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
+    for i in 0..5 {
+        let owner = format!("node-{i}");
+        assert_eq!(
+            store
+                .guarded_write(&fence, "move", move_shard_sql(1, &owner))
+                .await
+                .unwrap(),
+            1
+        );
+        let held = store
+            .fenced(&fence, "move", move |conn| {
+                Box::pin(async move {
+                    use diesel::sql_types::{BigInt, Text};
+                    use diesel_async::RunQueryDsl;
+                    #[derive(diesel::QueryableByName)]
+                    struct Held {
+                        #[diesel(sql_type = BigInt)]
+                        n: i64,
+                    }
+                    pgfence::Cached::new(
+                        diesel::sql_query("UPDATE shards SET owner = $1 WHERE id = 1").bind::<Text, _>(owner),
+                    )
+                    .execute(conn)
+                    .await?;
+                    let held: Held = diesel::sql_query(
+                        "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885824613 \
+                           AND mode = 'ShareLock' AND granted AND pid = pg_backend_pid()",
+                    )
+                    .get_result(conn)
+                    .await?;
+                    Ok::<_, Error>(held.n)
+                })
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            held, 1,
+            "the guard lock is held by the fenced transaction itself"
+        );
+    }
+    let mut conn = store.conn().await.unwrap();
+    use diesel_async::RunQueryDsl;
+    #[derive(diesel::QueryableByName, Debug)]
+    struct Prepared {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        statement: String,
+    }
+    let prepared: Vec<Prepared> = diesel::sql_query("SELECT statement FROM pg_prepared_statements")
+        .load(&mut *conn)
+        .await
+        .unwrap();
+    let count = |start: &str| {
+        prepared
+            .iter()
+            .filter(|p| p.statement.starts_with(start))
+            .count()
+    };
+    assert_eq!(
+        count("WITH RECURSIVE pgfence_write AS (UPDATE shards"),
+        1,
+        "{prepared:?}"
+    );
+    assert_eq!(
+        count("UPDATE shards SET owner = $1 WHERE id = 1"),
+        1,
+        "{prepared:?}"
+    );
+}

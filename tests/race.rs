@@ -44,7 +44,7 @@ fn iterations() -> usize {
         .unwrap_or(1000)
 }
 
-/// The five guarded write paths.
+/// The six guarded write paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     AppendEvent,
@@ -52,14 +52,16 @@ enum Kind {
     ClaimTask,
     TransitionTask,
     Fenced,
+    GuardedWrite,
 }
 
-const KINDS: [Kind; 5] = [
+const KINDS: [Kind; 6] = [
     Kind::AppendEvent,
     Kind::CreateTask,
     Kind::ClaimTask,
     Kind::TransitionTask,
     Kind::Fenced,
+    Kind::GuardedWrite,
 ];
 
 impl Kind {
@@ -70,10 +72,12 @@ impl Kind {
             Kind::ClaimTask => "claim_task",
             Kind::TransitionTask => "transition_task",
             Kind::Fenced => "fenced",
+            Kind::GuardedWrite => "guarded_write",
         }
     }
 
-    /// The kind of a committed row, from the event kind each write path records (`fenced` for `app_writes`).
+    /// The kind of a committed row, from the event kind each write path records (`app_writes.via` for the
+    /// application table).
     fn of_row(kind: &str) -> Kind {
         match kind {
             "tick" => Kind::AppendEvent,
@@ -81,6 +85,7 @@ impl Kind {
             "claimed" => Kind::ClaimTask,
             "pending" => Kind::TransitionTask,
             "fenced" => Kind::Fenced,
+            "guarded_write" => Kind::GuardedWrite,
             other => panic!("an old-epoch row of unknown kind {other}"),
         }
     }
@@ -106,7 +111,8 @@ fn event(write: TaskWrite) -> Row {
 }
 
 /// One guarded write: an event append, a task creation (new key), a claim or a transition of the writer's own
-/// task (whichever its state allows), or a fenced transaction inserting into an application table. Each path
+/// task (whichever its state allows), a one-statement guarded INSERT or a fenced transaction inserting into an
+/// application table. Each path
 /// writes through its own store (`stores[kind]`).
 async fn write(
     stores: &Arc<BTreeMap<Kind, Store>>,
@@ -116,7 +122,7 @@ async fn write(
 ) -> (Kind, Result<Row, Error>) {
     let own = format!("own-{writer}");
     let store = |kind| &stores[&kind];
-    match (round + writer + k) % 5 {
+    match (round + writer + k) % 6 {
         0 => (
             Kind::AppendEvent,
             store(Kind::AppendEvent)
@@ -153,6 +159,31 @@ async fn write(
             *claimed &= r.is_err();
             (Kind::TransitionTask, r)
         }
+        4 => {
+            // One statement: the guard and the INSERT together. It returns no row of its own, so the writer
+            // chooses the id (far above the sequence the fenced transactions draw from).
+            let epoch = fence.epoch().get();
+            let id =
+                1_000_000_000_000 + (round as i64) * 1_000_000 + (writer as i64) * 1_000 + k as i64;
+            let r = store(Kind::GuardedWrite)
+                .guarded_write(
+                    fence,
+                    "app_write",
+                    diesel::sql_query(
+                        "INSERT INTO app_writes (id, epoch, via) SELECT $1, $2, 'guarded_write' \
+                          WHERE (SELECT passed FROM pgfence_guard)",
+                    )
+                    .bind::<diesel::sql_types::BigInt, _>(id)
+                    .bind::<diesel::sql_types::BigInt, _>(epoch),
+                )
+                .await;
+            let r = match r {
+                Ok(1) => Ok(Row::App(id)),
+                Ok(n) => panic!("a guarded INSERT of one row wrote {n}"),
+                Err(e) => Err(e),
+            };
+            (Kind::GuardedWrite, r)
+        }
         _ => {
             let epoch = fence.epoch().get();
             let r = store(Kind::Fenced)
@@ -166,7 +197,7 @@ async fn write(
                             id: i64,
                         }
                         let row: Id = diesel::sql_query(
-                            "INSERT INTO app_writes (epoch) VALUES ($1) RETURNING id",
+                            "INSERT INTO app_writes (epoch, via) VALUES ($1, 'fenced') RETURNING id",
                         )
                         .bind::<BigInt, _>(epoch)
                         .get_result(conn)
@@ -185,7 +216,7 @@ async fn write(
 fn old_epoch_rows_sql(epoch: i64) -> String {
     format!(
         "SELECT 'e', id, kind FROM pgfence.task_events WHERE lease = '{QUALIFIED}' AND epoch = {epoch} \
-         UNION ALL SELECT 'a', id, 'fenced' FROM app_writes WHERE epoch = {epoch}"
+         UNION ALL SELECT 'a', id, via FROM app_writes WHERE epoch = {epoch}"
     )
 }
 
@@ -276,6 +307,7 @@ fn lockers(result: &[tokio_postgres::SimpleQueryRow]) -> Vec<Kind> {
             "claim_task" => Kind::ClaimTask,
             "transition_task" => Kind::TransitionTask,
             "fenced" => Kind::Fenced,
+            "guarded_write" => Kind::GuardedWrite,
             other => panic!("a guard lock held by an unexpected backend: {other}"),
         })
         .collect()
@@ -365,7 +397,7 @@ async fn no_stale_write_commits_after_a_takeover_commits() {
     let client = db.client().await;
     let taker = db.client().await;
     client
-        .batch_execute("CREATE TABLE app_writes (id bigserial PRIMARY KEY, epoch bigint NOT NULL)")
+        .batch_execute("CREATE TABLE app_writes (id bigserial PRIMARY KEY, epoch bigint NOT NULL, via text NOT NULL)")
         .await
         .unwrap();
     let setup = store.acquire(LEASE, "pod-a", TTL).await.unwrap();

@@ -202,14 +202,47 @@ struct GuardedWrite<Q> {
     operation: String,
 }
 
+/// The text of a one-statement guarded write before the caller's statement, between it and the fence's four
+/// parameters (lease, epoch, secret, operation, separated by commas), and after them.
+const GUARDED_HEAD: &str = "WITH RECURSIVE pgfence_write AS (";
+const GUARDED_MID: &str =
+    " RETURNING 1), pgfence_guard AS MATERIALIZED (SELECT g.outcome = 'ok' AS passed, \
+     g.outcome, g.reason, g.current_epoch, g.current_holder FROM pgfence.fence(";
+const GUARDED_TAIL: &str =
+    ", NULL, NULL) g) SELECT g.outcome, g.reason, g.current_epoch, g.current_holder, \
+     CASE WHEN g.passed OR w.n = 0 THEN w.n ELSE pgfence.ungated_write(g.outcome, w.n) END \
+     FROM pgfence_guard g, (SELECT count(*) AS n FROM pgfence_write) w";
+
+/// The SQL that [`Store::guarded_write`] sends for `statement`, for drivers other than diesel (tokio-postgres,
+/// pgbench, psql): prepare it once and run it with `statement`'s `binds` parameters (`$1` … `$binds`, numbered as
+/// in `statement`) followed by the fence's: lease (text), epoch (bigint), secret (text) and operation (text).
+/// The reply is one row: `outcome` (`ok`, `stale` or `denied`), `reason`, `current_epoch`, `current_holder`
+/// and `n`, the rows the statement changed. `statement` must test [`FENCE_PASSED`] (see
+/// [`Store::guarded_write`]); run it autocommit or in a READ COMMITTED transaction.
+///
+/// ```
+/// let sql = pgfence::guarded_write_sql(
+///     "UPDATE shards SET owner = $1 WHERE id = $2 AND (SELECT passed FROM pgfence_guard)",
+///     2,
+/// );
+/// assert!(sql.contains("pgfence.fence($3, $4, $5, $6, NULL, NULL)"));
+/// ```
+pub fn guarded_write_sql(statement: &str, binds: usize) -> String {
+    let first = binds + 1;
+    format!(
+        "{GUARDED_HEAD}{statement}{GUARDED_MID}${}, ${}, ${}, ${}{GUARDED_TAIL}",
+        first,
+        first + 1,
+        first + 2,
+        first + 3
+    )
+}
+
 impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for GuardedWrite<Q> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> diesel::QueryResult<()> {
-        out.push_sql("WITH RECURSIVE pgfence_write AS (");
+        out.push_sql(GUARDED_HEAD);
         self.write.walk_ast(out.reborrow())?;
-        out.push_sql(
-            " RETURNING 1), pgfence_guard AS MATERIALIZED (SELECT g.outcome = 'ok' AS passed, g.outcome, \
-             g.reason, g.current_epoch, g.current_holder FROM pgfence.fence(",
-        );
+        out.push_sql(GUARDED_MID);
         out.push_bind_param::<Text, _>(&self.lease)?;
         out.push_sql(", ");
         out.push_bind_param::<BigInt, _>(&self.epoch)?;
@@ -217,11 +250,7 @@ impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for GuardedWrite<Q> {
         out.push_bind_param::<Text, _>(&self.secret)?;
         out.push_sql(", ");
         out.push_bind_param::<Text, _>(&self.operation)?;
-        out.push_sql(
-            ", NULL, NULL) g) SELECT g.outcome, g.reason, g.current_epoch, g.current_holder, \
-             CASE WHEN g.passed OR w.n = 0 THEN w.n ELSE pgfence.ungated_write(g.outcome, w.n) END \
-             FROM pgfence_guard g, (SELECT count(*) AS n FROM pgfence_write) w",
-        );
+        out.push_sql(GUARDED_TAIL);
         Ok(())
     }
 

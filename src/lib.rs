@@ -14,8 +14,9 @@ mod tls;
 
 pub use error::{is_retryable_sqlstate, DenyReason, Error, Result};
 pub use fence::{
-    fence_passed, Cached, Enforcement, Fence, FencedFuture, Rejection, RejectionFilter,
-    TenureSecret, FENCE_PASSED, MAX_OPERATION_LEN, METRIC_STALE_WRITES, SECRET_LEN,
+    fence_passed, guarded_write_sql, Cached, Enforcement, Fence, FencedFuture, Rejection,
+    RejectionFilter, TenureSecret, FENCE_PASSED, MAX_OPERATION_LEN, METRIC_STALE_WRITES,
+    SECRET_LEN,
 };
 pub use lease::{
     Epoch, ForceReleased, Lease, LeaseState, LeaseStatus, LossReason, Released, Tenure,

@@ -155,6 +155,7 @@ pub struct StoreConfig {
     url: String,
     cluster: String,
     pool_size: u32,
+    ping_on_checkout: bool,
     connect_timeout: Duration,
     checkout_timeout: Duration,
     application_name: String,
@@ -171,6 +172,7 @@ impl fmt::Debug for StoreConfig {
             .field("target", &redact(&self.url))
             .field("cluster", &self.cluster)
             .field("pool_size", &self.pool_size)
+            .field("ping_on_checkout", &self.ping_on_checkout)
             .field("connect_timeout", &self.connect_timeout)
             .field("checkout_timeout", &self.checkout_timeout)
             .field("application_name", &self.application_name)
@@ -191,6 +193,7 @@ impl StoreConfig {
             url: url.into(),
             cluster: cluster.into(),
             pool_size: 16,
+            ping_on_checkout: false,
             connect_timeout: Duration::from_secs(5),
             checkout_timeout: Duration::from_secs(5),
             application_name: "pgfence".to_owned(),
@@ -259,6 +262,17 @@ impl StoreConfig {
     /// Maximum number of pooled connections (default 16).
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size.max(1);
+        self
+    }
+
+    /// Whether the pool sends a test query on every check-out, to hand out only connections that answered
+    /// (default `false`). It costs a round trip per operation — `pgfence bench` measures it as `update-ping`
+    /// against `update` — and without it a connection that broke while idle is found out by the statement that
+    /// uses it: that statement fails with a transient error ([`Error::is_transient`]) and the pool discards the
+    /// connection. pgfence's own operations then surface the error rather than retry it blindly, because a write
+    /// whose connection broke may have committed.
+    pub fn ping_on_checkout(mut self, ping: bool) -> Self {
+        self.ping_on_checkout = ping;
         self
     }
 
@@ -483,9 +497,9 @@ impl Store {
         let pool = bb8::Pool::builder()
             .max_size(config.pool_size)
             .connection_timeout(config.checkout_timeout)
-            // A ping on every checkout costs a round trip per operation; broken connections are detected by
-            // the failing statement instead and then discarded.
-            .test_on_check_out(false)
+            // A ping on every checkout costs a round trip per operation (see `ping_on_checkout`); by default
+            // broken connections are detected by the failing statement instead and then discarded.
+            .test_on_check_out(config.ping_on_checkout)
             .error_sink(Box::new(last_error.clone()))
             .build_unchecked(manager);
         // Hand the already verified connection to the pool instead of dropping it.

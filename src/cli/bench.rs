@@ -58,8 +58,8 @@ pub(super) struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,1000,100000")]
     lease_rows: Vec<u32>,
 
-    /// Only these workloads (comma-separated): update, tx, fenced, raw-fenced, raw-fenced-pipelined,
-    /// raw-guarded-update, pgbench-fenced, append, append-unguarded, claim-transition, append-own-lease,
+    /// Only these workloads (comma-separated): update, update-ping, tx, fenced, raw-fenced,
+    /// raw-fenced-pipelined, raw-guarded-update, guarded-update, raw-advisory-update, pgbench-fenced, append, append-unguarded, claim-transition, append-own-lease,
     /// raw-append, pgbench-append, acquire, renew. Default: all.
     #[arg(long, value_delimiter = ',')]
     workloads: Option<Vec<String>>,
@@ -214,9 +214,10 @@ impl Plan {
         slots
     }
 
-    /// Connections open at once: the pool, the raw clients and pgbench; or one pool per lease table.
+    /// Connections open at once: the pool, the pinging pool of `update-ping`, the raw clients and pgbench; or one
+    /// pool per lease table.
     fn connections_needed(&self) -> u32 {
-        let per_writer = 3.max(if self.leases.is_empty() {
+        let per_writer = 4.max(if self.leases.is_empty() {
             0
         } else {
             self.lease_rows.len() as u32
@@ -606,6 +607,8 @@ async fn timed(
 /// The write workloads' database: the user table, the hot lease, every writer's tasks and own lease.
 struct WriteSetup {
     store: Store,
+    /// The same database through a pool that tests each connection at check-out (`update-ping`).
+    pinging: Store,
     url: String,
     hot: Fence,
     own: Vec<Fence>,
@@ -620,6 +623,7 @@ async fn setup_writes(
     let url = server.url_for(&db);
     let store = Store::connect(store_config(&url, plan, global)).await?;
     store.migrate().await?;
+    let pinging = Store::connect(store_config(&url, plan, global).ping_on_checkout(true)).await?;
     let admin = connect_admin(&url).await?;
     // For the server-time probe; absent when the server does not preload the library.
     let _ = admin
@@ -651,6 +655,7 @@ async fn setup_writes(
     }
     Ok(WriteSetup {
         store,
+        pinging,
         url,
         hot,
         own,
@@ -712,8 +717,12 @@ async fn measure_writes(
                 } else {
                     setup.hot.clone()
                 };
-                let mut writer =
-                    Writer::new(w, i, b, setup.store.clone(), fence, raw.get(i).cloned(), 0);
+                let store = if w == Workload::UpdatePing {
+                    setup.pinging.clone()
+                } else {
+                    setup.store.clone()
+                };
+                let mut writer = Writer::new(w, i, b, store, fence, raw.get(i).cloned(), 0);
                 if w == Workload::ClaimTransition {
                     let task = setup.store.task(HOT_LEASE, &workload::claim_key(i)).await?;
                     writer.set_claimed(task.is_some_and(|t| t.state == TaskState::Claimed));

@@ -1,80 +1,251 @@
-//! `--plot`: throughput against concurrency, one panel per batch size and one for the lease workloads, one line
-//! per workload. SVG only (no fonts or bitmaps to bundle); browsers and GitHub render it.
+//! `--plot`: the message first. The top row shows what fencing costs — guarded ÷ unguarded throughput per write
+//! path, and the library's path ÷ the same statement sent raw through tokio-postgres — against concurrency,
+//! with the targets drawn as dashed lines. Below them: single-row throughput of the main workloads, the gain of
+//! batching, and the lease operations. SVG only (no fonts or bitmaps to bundle); browsers and GitHub render it.
 
 use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::report::Measurement;
+use super::report::{Measurement, Ratio};
 
 type Series = (String, Vec<(u32, f64)>);
 
-pub(super) fn write_svg(path: &Path, all: &[Measurement], title: &str) -> Result<(), String> {
-    let mut batches: Vec<u32> = all
+/// One panel: a caption, the y axis label, its lines, dashed horizontal target lines, and whether the y axis
+/// starts at 0 with a fixed top (ratios) or scales to the data (throughput).
+struct Panel {
+    caption: String,
+    unit: &'static str,
+    series: Vec<Series>,
+    targets: Vec<(f64, &'static str)>,
+    y_max: Option<f64>,
+}
+
+/// The ratio lines of a panel: (label, workload, which ratio of it).
+type RatioLine = (
+    &'static str,
+    &'static str,
+    fn(&Measurement) -> Option<&Ratio>,
+);
+
+fn ratio_series(all: &[Measurement], batch: u32, lines: &[RatioLine]) -> Vec<Series> {
+    lines
         .iter()
-        .filter(|m| m.lease_rows.is_none())
-        .map(|m| m.batch)
-        .collect();
-    batches.sort_unstable();
-    batches.dedup();
-    let mut panels: Vec<(String, &str, Vec<Series>)> = batches
-        .iter()
-        .map(|&b| {
-            let series = series(
-                all.iter()
-                    .filter(|m| m.lease_rows.is_none() && m.batch == b),
-                |m| m.workload.to_owned(),
-            );
-            (
-                format!(
-                    "writes, {b} row{} per round trip",
-                    if b == 1 { "" } else { "s" }
-                ),
-                "rows/s",
-                series,
-            )
+        .filter_map(|(label, workload, pick)| {
+            let mut points: Vec<(u32, f64)> = all
+                .iter()
+                .filter(|m| m.lease_rows.is_none() && m.batch == batch && m.workload == *workload)
+                .filter_map(|m| pick(m).map(|r| (m.concurrency, r.value)))
+                .collect();
+            points.sort_by_key(|p| p.0);
+            (!points.is_empty()).then(|| ((*label).to_owned(), points))
         })
-        .collect();
-    let leases = series(all.iter().filter(|m| m.lease_rows.is_some()), |m| {
-        format!("{} ({} leases)", m.workload, m.lease_rows.unwrap_or(0))
-    });
-    if !leases.is_empty() {
-        panels.push(("acquire and renew".to_owned(), "ops/s", leases));
+        .collect()
+}
+
+fn throughput_series(
+    all: &[Measurement],
+    keep: impl Fn(&Measurement) -> bool,
+    name: impl Fn(&Measurement) -> String,
+    value: impl Fn(&Measurement) -> f64,
+) -> Vec<Series> {
+    let mut out: Vec<Series> = Vec::new();
+    for m in all.iter().filter(|m| keep(m)) {
+        let label = name(m);
+        let point = (m.concurrency, value(m));
+        match out.iter_mut().find(|(n, _)| *n == label) {
+            Some((_, points)) => points.push(point),
+            None => out.push((label, vec![point])),
+        }
     }
+    for (_, points) in &mut out {
+        points.sort_by_key(|p| p.0);
+    }
+    out
+}
+
+fn panels(all: &[Measurement]) -> Vec<Panel> {
+    let mut panels = Vec::new();
+    let guard_cost: [RatioLine; 5] = [
+        (
+            "guarded-update ÷ update (one statement)",
+            "guarded-update",
+            |m| m.vs_unguarded.as_ref(),
+        ),
+        (
+            "fenced ÷ tx (BEGIN+guard, UPDATE, COMMIT)",
+            "fenced",
+            |m| m.vs_unguarded.as_ref(),
+        ),
+        ("append ÷ append-unguarded", "append", |m| {
+            m.vs_unguarded.as_ref()
+        }),
+        (
+            "claim-transition ÷ append-unguarded",
+            "claim-transition",
+            |m| m.vs_unguarded.as_ref(),
+        ),
+        (
+            "update-ping ÷ update (a test query per check-out)",
+            "update-ping",
+            |m| m.vs_unguarded.as_ref(),
+        ),
+    ];
+    let series = ratio_series(all, 1, &guard_cost);
+    if !series.is_empty() {
+        panels.push(Panel {
+            caption: "what the guard costs: guarded ÷ unguarded, same pool, same rows".to_owned(),
+            unit: "throughput ratio",
+            series,
+            targets: vec![(0.95, "0.95 one statement"), (0.90, "0.90 fenced, append")],
+            y_max: Some(1.3),
+        });
+    }
+    let client_path: [RatioLine; 3] = [
+        (
+            "guarded-update ÷ raw-guarded-update",
+            "guarded-update",
+            |m| m.vs_raw.as_ref(),
+        ),
+        ("fenced ÷ raw-fenced", "fenced", |m| m.vs_raw.as_ref()),
+        ("append ÷ raw-append", "append", |m| m.vs_raw.as_ref()),
+    ];
+    let series = ratio_series(all, 1, &client_path);
+    if !series.is_empty() {
+        panels.push(Panel {
+            caption: "what the library's client path costs: pool ÷ raw tokio-postgres".to_owned(),
+            unit: "throughput ratio",
+            series,
+            targets: vec![(0.90, "0.90")],
+            y_max: Some(1.3),
+        });
+    }
+    const MAIN: [&str; 7] = [
+        "update",
+        "guarded-update",
+        "tx",
+        "fenced",
+        "append",
+        "append-unguarded",
+        "pgbench-fenced",
+    ];
+    let series = throughput_series(
+        all,
+        |m| m.lease_rows.is_none() && m.batch == 1 && MAIN.contains(&m.workload),
+        |m| m.workload.to_owned(),
+        |m| m.tx_per_s,
+    );
+    if !series.is_empty() {
+        panels.push(Panel {
+            caption: "single-row writes, transactions per second".to_owned(),
+            unit: "tx/s",
+            series,
+            targets: Vec::new(),
+            y_max: None,
+        });
+    }
+    let series = throughput_series(
+        all,
+        |m| {
+            m.lease_rows.is_none()
+                && m.batch > 1
+                && m.vs_batch1.is_some()
+                && ["fenced", "guarded-update", "raw-guarded-update"].contains(&m.workload)
+        },
+        |m| format!("{} ({} rows)", m.workload, m.batch),
+        |m| m.vs_batch1.as_ref().map_or(0.0, |r| r.value),
+    );
+    if !series.is_empty() {
+        panels.push(Panel {
+            caption: "batching: rows/s ÷ single-row rows/s".to_owned(),
+            unit: "× single-row",
+            series,
+            targets: vec![(30.0, "30× (100 rows)")],
+            y_max: None,
+        });
+    }
+    let series = throughput_series(
+        all,
+        |m| m.lease_rows.is_some(),
+        |m| format!("{} ({} leases)", m.workload, m.lease_rows.unwrap_or(0)),
+        |m| m.tx_per_s,
+    );
+    if !series.is_empty() {
+        panels.push(Panel {
+            caption: "acquire and renew".to_owned(),
+            unit: "ops/s",
+            series,
+            targets: Vec::new(),
+            y_max: None,
+        });
+    }
+    panels
+}
+
+pub(super) fn write_svg(path: &Path, all: &[Measurement], title: &str) -> Result<(), String> {
+    let panels = panels(all);
     if panels.is_empty() {
         return Err("nothing was measured".to_owned());
     }
     let max_c = all.iter().map(|m| m.concurrency).max().unwrap_or(1).max(2);
     let columns = if panels.len() > 1 { 2 } else { 1 };
     let rows = panels.len().div_ceil(columns);
-    let size = (760 * columns as u32, 560 * rows as u32 + 40);
+    let size = (760 * columns as u32, 520 * rows as u32 + 40);
     let root = SVGBackend::new(path, size).into_drawing_area();
     let err = |e: DrawingAreaErrorKind<_>| e.to_string();
     root.fill(&WHITE).map_err(err)?;
     let root = root.titled(title, ("sans-serif", 22)).map_err(err)?;
     let areas = root.split_evenly((rows, columns));
-    for ((caption, unit, series), area) in panels.iter().zip(areas.iter()) {
-        let y_max = series
+    for (panel, area) in panels.iter().zip(areas.iter()) {
+        let data_max = panel
+            .series
             .iter()
             .flat_map(|(_, points)| points.iter().map(|p| p.1))
+            .chain(panel.targets.iter().map(|t| t.0))
             .fold(1.0f64, f64::max)
             * 1.1;
+        let y_max = panel.y_max.map_or(data_max, |top| top.max(data_max));
+        let x_range = (1u32..max_c * 2).log_scale();
         let mut chart = ChartBuilder::on(area)
-            .caption(caption, ("sans-serif", 18))
+            .caption(&panel.caption, ("sans-serif", 17))
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(70)
-            .build_cartesian_2d((1u32..max_c * 2).log_scale(), 0f64..y_max)
+            .build_cartesian_2d(x_range, 0f64..y_max)
             .map_err(err)?;
+        let ratio = panel.y_max.is_some();
         chart
             .configure_mesh()
             .x_desc("concurrent writers")
-            .y_desc(*unit)
+            .y_desc(panel.unit)
             .x_label_formatter(&|c| c.to_string())
-            .y_label_formatter(&|v| format!("{v:.0}"))
+            .y_label_formatter(&|v| {
+                if ratio {
+                    format!("{v:.2}")
+                } else {
+                    format!("{v:.0}")
+                }
+            })
             .draw()
             .map_err(err)?;
-        for (i, (name, points)) in series.iter().enumerate() {
+        for (value, label) in &panel.targets {
+            let grey = RGBColor(90, 90, 90);
+            let dashed = DashedLineSeries::new(
+                [(1u32, *value), (max_c * 2 - 1, *value)],
+                6,
+                4,
+                grey.stroke_width(1),
+            );
+            chart.draw_series(dashed).map_err(err)?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    format!("target {label}"),
+                    (1u32, *value),
+                    ("sans-serif", 12).into_font().color(&grey),
+                )))
+                .map_err(err)?;
+        }
+        for (i, (name, points)) in panel.series.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             chart
                 .draw_series(LineSeries::new(
@@ -92,7 +263,11 @@ pub(super) fn write_svg(path: &Path, all: &[Measurement], title: &str) -> Result
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(if ratio {
+                SeriesLabelPosition::LowerRight
+            } else {
+                SeriesLabelPosition::UpperLeft
+            })
             .border_style(BLACK.mix(0.3))
             .background_style(WHITE.mix(0.85))
             .label_font(("sans-serif", 12))
@@ -101,24 +276,4 @@ pub(super) fn write_svg(path: &Path, all: &[Measurement], title: &str) -> Result
     }
     root.present().map_err(err)?;
     Ok(())
-}
-
-/// One line per name, points sorted by concurrency; rows/s for writes, ops/s for leases.
-fn series<'a>(
-    measurements: impl Iterator<Item = &'a Measurement>,
-    name: impl Fn(&Measurement) -> String,
-) -> Vec<Series> {
-    let mut out: Vec<Series> = Vec::new();
-    for m in measurements {
-        let label = name(m);
-        let point = (m.concurrency, m.rows_per_s);
-        match out.iter_mut().find(|(n, _)| *n == label) {
-            Some((_, points)) => points.push(point),
-            None => out.push((label, vec![point])),
-        }
-    }
-    for (_, points) in &mut out {
-        points.sort_by_key(|p| p.0);
-    }
-    out
 }

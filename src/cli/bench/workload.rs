@@ -46,6 +46,7 @@ impl Path {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(super) enum Workload {
     Update,
+    UpdatePing,
     Tx,
     Fenced,
     RawFenced,
@@ -65,8 +66,9 @@ pub(super) enum Workload {
 }
 
 /// The write workloads, in the order each round runs them.
-pub(super) const WRITES: [Workload; 15] = [
+pub(super) const WRITES: [Workload; 16] = [
     Workload::Update,
+    Workload::UpdatePing,
     Workload::Tx,
     Workload::Fenced,
     Workload::RawFenced,
@@ -94,6 +96,7 @@ impl Workload {
     pub(super) fn name(self) -> &'static str {
         match self {
             Workload::Update => "update",
+            Workload::UpdatePing => "update-ping",
             Workload::Tx => "tx",
             Workload::Fenced => "fenced",
             Workload::RawFenced => "raw-fenced",
@@ -119,18 +122,28 @@ impl Workload {
 
     pub(super) fn description(self) -> &'static str {
         match self {
-            Workload::Update => "unguarded UPDATE of the rows, autocommit, through the pool (the baseline)",
-            Workload::Tx => "unguarded UPDATE in a transaction (BEGIN; UPDATE; COMMIT) through the pool",
-            Workload::Fenced => "Store::fenced: BEGIN; guard; the same UPDATE; COMMIT",
+            Workload::Update => {
+                "unguarded UPDATE of the rows, autocommit, prepared once per connection (pgfence::Cached), through \
+                 the pool (the baseline)"
+            }
+            Workload::UpdatePing => {
+                "as update, through a pool that tests every connection at check-out (ping_on_checkout(true))"
+            }
+            Workload::Tx => {
+                "the same UPDATE in a transaction (BEGIN; UPDATE; COMMIT: 3 round trips) through the pool"
+            }
+            Workload::Fenced => {
+                "Store::fenced: BEGIN and the guard pipelined; the same UPDATE; COMMIT (3 round trips)"
+            }
             Workload::RawFenced => "tokio-postgres, prepared: BEGIN; SELECT pgfence.fence(..); UPDATE; COMMIT",
             Workload::RawPipelined => {
                 "as raw-fenced with BEGIN and the guard pipelined in one round trip (a proposed library path)"
             }
             Workload::RawGuardedUpdate => {
-                "tokio-postgres, prepared: guard and UPDATE in one statement (a proposed library path)"
+                "tokio-postgres, prepared: the statement Store::guarded_write sends (pgfence::guarded_write_sql)"
             }
             Workload::GuardedUpdate => {
-                "guard and UPDATE in one statement through the pool (diesel sql_query; a proposed library path)"
+                "Store::guarded_write: the guard and the same UPDATE in one statement, one round trip"
             }
             Workload::RawAdvisoryUpdate => {
                 "as raw-guarded-update with a prototype guard taking a shared advisory lock instead of a row lock \
@@ -165,6 +178,7 @@ impl Workload {
         matches!(
             self,
             Workload::Update
+                | Workload::UpdatePing
                 | Workload::Tx
                 | Workload::Fenced
                 | Workload::RawFenced
@@ -180,17 +194,31 @@ impl Workload {
     pub(super) fn guarded(self) -> bool {
         !matches!(
             self,
-            Workload::Update | Workload::Tx | Workload::AppendUnguarded
+            Workload::Update | Workload::UpdatePing | Workload::Tx | Workload::AppendUnguarded
         )
     }
 
-    /// The unguarded workload that writes the same rows through the same pool.
+    /// The unguarded workload that writes the same rows through the same pool with the same statements:
+    /// what the ratio to it isolates is the guard. (`update-ping` is compared with `update` too: what a test
+    /// query per check-out costs.)
     pub(super) fn unguarded(self) -> Option<Workload> {
         match self {
-            Workload::Fenced | Workload::Tx | Workload::GuardedUpdate => Some(Workload::Update),
+            Workload::GuardedUpdate | Workload::UpdatePing => Some(Workload::Update),
+            Workload::Fenced => Some(Workload::Tx),
             Workload::Append | Workload::ClaimTransition | Workload::AppendOwnLease => {
                 Some(Workload::AppendUnguarded)
             }
+            _ => None,
+        }
+    }
+
+    /// The raw tokio-postgres workload that sends the same guarded statement on a connection of its own: what
+    /// the ratio to it isolates is the library's client path.
+    pub(super) fn raw(self) -> Option<Workload> {
+        match self {
+            Workload::GuardedUpdate => Some(Workload::RawGuardedUpdate),
+            Workload::Fenced => Some(Workload::RawFenced),
+            Workload::Append => Some(Workload::RawAppend),
             _ => None,
         }
     }
@@ -291,13 +319,10 @@ pub(super) mod sql {
     pub(in super::super) const FENCE: &str = "SELECT pgfence.fence($1, $2, $3, $4, NULL, NULL)";
     pub(in super::super) const UPDATE: &str =
         "UPDATE pgfence_bench.rows SET v = v + 1 WHERE id >= $1 AND id < $2";
-    /// The guard and the write in one statement: the CTE runs the guard once, the UPDATE writes only when it
-    /// said 'ok', and the reply carries the outcome and the number of rows written.
-    pub(in super::super) const GUARDED_UPDATE: &str =
-        "WITH g AS (SELECT outcome FROM pgfence.fence($3, $4, $6, $5, NULL, NULL)), \
-              u AS (UPDATE pgfence_bench.rows SET v = v + 1 \
-                     WHERE id >= $1 AND id < $2 AND (SELECT outcome FROM g) = 'ok' RETURNING 1) \
-         SELECT (SELECT outcome FROM g) AS outcome, (SELECT count(*) FROM u) AS written";
+    /// [`UPDATE`] gated on the guard's verdict, for `Store::guarded_write`; the raw path sends what the library
+    /// makes of it ([`pgfence::guarded_write_sql`]).
+    pub(in super::super) const GATED_UPDATE: &str =
+        "UPDATE pgfence_bench.rows SET v = v + 1 WHERE id >= $1 AND id < $2 AND (SELECT passed FROM pgfence_guard)";
     /// As [`GUARDED_UPDATE`] with the prototype advisory-lock guard.
     pub(in super::super) const ADVISORY_UPDATE: &str =
         "WITH g AS (SELECT pgfence_bench.fence_advisory($3, $4) AS outcome), \
@@ -307,13 +332,6 @@ pub(super) mod sql {
     pub(in super::super) const APPEND_UNGUARDED: &str =
         "SELECT pgfence_bench.append_event_unguarded($1, $2, $3, $4, $5)";
     pub(in super::super) const APPEND: &str = "SELECT pgfence.append_event($1, $2, $6, $3, $4, $5)";
-}
-
-diesel::table! {
-    pgfence_bench.rows (id) {
-        id -> BigInt,
-        v -> BigInt,
-    }
 }
 
 type WriteResult = Record<(
@@ -361,8 +379,8 @@ pub(super) const PROBES: [(&str, &str); 6] = [
     ),
     ("UPDATE of 1 row, unguarded", "UPDATE pgfence_bench.rows"),
     (
-        "guard + UPDATE of 1 row in one statement",
-        "WITH g AS (SELECT outcome FROM pgfence.fence(",
+        "guard + UPDATE of 1 row in one statement (Store::guarded_write)",
+        "WITH RECURSIVE pgfence_write AS (UPDATE pgfence_bench.rows",
     ),
     (
         "advisory-lock prototype guard + UPDATE of 1 row",
@@ -377,15 +395,6 @@ pub(super) const PROBES: [(&str, &str); 6] = [
         "SELECT pgfence_bench.append_event_unguarded(",
     ),
 ];
-
-/// The reply of the single-statement guarded UPDATE.
-#[derive(diesel::QueryableByName)]
-struct Verdict {
-    #[diesel(sql_type = Nullable<Text>)]
-    outcome: Option<String>,
-    #[diesel(sql_type = BigInt)]
-    written: i64,
-}
 
 /// The first field (`outcome`) of a composite value in binary form, whatever its type: enough to check a guard's
 /// verdict on the raw path without declaring the composite to the driver.
@@ -448,7 +457,7 @@ impl RawClient {
             c.execute(&self.update, &[&lo, &hi]).await.map_err(err)?;
             c.query_one(
                 &self.guarded_update,
-                &[&lo, &hi, &lease, &epoch, &OPERATION, &secret],
+                &[&lo, &hi, &lease, &epoch, &secret, &OPERATION],
             )
             .await
             .map_err(err)?;
@@ -492,7 +501,10 @@ impl RawClient {
             commit: prepare(sql::COMMIT).await?,
             fence: prepare(sql::FENCE).await?,
             update: prepare(sql::UPDATE).await?,
-            guarded_update: prepare(sql::GUARDED_UPDATE).await?,
+            guarded_update: client
+                .prepare(&pgfence::guarded_write_sql(sql::GATED_UPDATE, 2))
+                .await
+                .map_err(|e| db_error("preparing the guarded UPDATE", e))?,
             advisory_update: prepare(sql::ADVISORY_UPDATE).await?,
             append: prepare(sql::APPEND).await?,
             append_unguarded: prepare(sql::APPEND_UNGUARDED).await?,
@@ -570,19 +582,22 @@ impl Writer {
 
     /// One round trip's worth of work (one transaction; for `claim-transition` one of its two writes).
     pub(super) async fn step(&mut self) -> Result<(), Failure> {
-        use diesel::{BoolExpressionMethods, ExpressionMethods, QueryDsl};
         use diesel_async::RunQueryDsl;
         let lo = self.index as i64 * self.batch;
         let hi = lo + self.batch;
+        // Prepared once per connection, like the raw path's statements: the ratios isolate the guard.
         let update = move || {
-            diesel::update(rows::table.filter(rows::id.ge(lo).and(rows::id.lt(hi))))
-                .set(rows::v.eq(rows::v + 1i64))
+            pgfence::Cached::new(
+                diesel::sql_query(sql::UPDATE)
+                    .bind::<BigInt, _>(lo)
+                    .bind::<BigInt, _>(hi),
+            )
         };
         let lease = self.fence.lease().to_owned();
         let epoch = self.fence.epoch().get();
         let secret = self.fence.secret().expose_secret().to_owned();
         match self.workload {
-            Workload::Update => {
+            Workload::Update | Workload::UpdatePing => {
                 let mut conn = self.store.conn().await?;
                 update()
                     .execute(&mut *conn)
@@ -648,7 +663,7 @@ impl Writer {
                     .client
                     .query_one(
                         &raw.guarded_update,
-                        &[&lo, &hi, &lease, &epoch, &OPERATION, &secret],
+                        &[&lo, &hi, &lease, &epoch, &secret, &OPERATION],
                     )
                     .await
                     .map_err(|e| db_error("guarded UPDATE", e))?;
@@ -666,19 +681,17 @@ impl Writer {
                 self.stale(&outcome)?;
             }
             Workload::GuardedUpdate => {
-                let mut conn = self.store.conn().await?;
-                let verdict: Verdict = diesel::sql_query(sql::GUARDED_UPDATE)
-                    .bind::<BigInt, _>(lo)
-                    .bind::<BigInt, _>(hi)
-                    .bind::<Text, _>(lease)
-                    .bind::<BigInt, _>(epoch)
-                    .bind::<Text, _>(OPERATION)
-                    .bind::<Text, _>(secret)
-                    .get_result(&mut *conn)
-                    .await
-                    .map_err(pgfence::Error::from)?;
-                self.stale(verdict.outcome.as_deref().unwrap_or("none"))?;
-                debug_assert_eq!(verdict.written, self.batch);
+                let written = self
+                    .store
+                    .guarded_write(
+                        &self.fence,
+                        OPERATION,
+                        diesel::sql_query(sql::GATED_UPDATE)
+                            .bind::<BigInt, _>(lo)
+                            .bind::<BigInt, _>(hi),
+                    )
+                    .await?;
+                debug_assert_eq!(written as i64, self.batch);
             }
             Workload::Append | Workload::AppendOwnLease => {
                 self.store

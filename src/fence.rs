@@ -568,29 +568,42 @@ pub struct RejectionFilter {
 }
 
 impl Store {
-    /// Runs `work` in a transaction guarded by `fence`: the first statement locks the lease row and checks the
-    /// epoch; if it is stale the transaction commits only the audit row and the result is [`Error::Stale`]
-    /// (converted into `E`) without running `work`. Otherwise `work` runs on the same connection and the
-    /// transaction commits when it returns `Ok` and rolls back when it returns `Err`.
+    /// Runs `work` in a transaction guarded by `fence`. BEGIN and the guard travel in one round trip; the guard
+    /// takes the lease's guard lock shared and checks the fence. If the fence is refused, the transaction commits
+    /// only the audit row and the result is [`Error::Stale`] or [`Error::Denied`] (converted into `E`) without
+    /// running `work`. Otherwise `work` runs on the same connection and the transaction commits when it returns
+    /// `Ok` and rolls back when it returns `Err`; transactions `work` opens itself nest as savepoints. A fenced
+    /// transaction of one statement costs three round trips (guard, statement, COMMIT), as many as an unguarded
+    /// `BEGIN; statement; COMMIT`; a single INSERT, UPDATE or DELETE is cheaper still through
+    /// [`Store::guarded_write`] (one).
     ///
     /// Until the transaction ends no takeover of the lease can commit: keep fenced transactions short, since
-    /// a successor's acquisition waits for them — and never acquire, release or force-release the same lease
-    /// from inside `work` (on another connection that would wait for this very transaction).
+    /// a successor's acquisition waits for them (at most the takeover grace, after which it ends them) — and
+    /// never acquire, release or force-release the same lease from inside `work` (on another connection that
+    /// would wait for this very transaction).
     ///
     /// The transaction runs at READ COMMITTED whatever the session default: the guard reads the lease in a
     /// snapshot taken after it was granted its lock, which REPEATABLE READ would not allow (the SQL guard
     /// refuses to decide there, with SQLSTATE `PF004`).
     /// Dropping the returned future rolls the transaction back on the server.
     ///
+    /// diesel prepares an UPDATE built with its DSL, and any `sql_query`, again on every call (a round trip of
+    /// its own); wrap the statements of `work` in [`Cached`] to prepare them once per connection.
+    ///
     /// ```no_run
     /// # async fn example(store: pgfence::Store, lease: pgfence::Lease) -> pgfence::Result<()> {
+    /// use diesel::sql_types::{Integer, Text};
     /// use diesel_async::RunQueryDsl;
     /// let moved = store
     ///     .fenced(&lease.fence(), "rebalance", |conn| {
     ///         Box::pin(async move {
-    ///             let n = diesel::sql_query("UPDATE shards SET owner = 'node-2' WHERE id = 7")
-    ///                 .execute(conn)
-    ///                 .await?;
+    ///             let n = pgfence::Cached::new(
+    ///                 diesel::sql_query("UPDATE shards SET owner = $1 WHERE id = $2")
+    ///                     .bind::<Text, _>("node-2")
+    ///                     .bind::<Integer, _>(7),
+    ///             )
+    ///             .execute(conn)
+    ///             .await?;
     ///             Ok::<_, pgfence::Error>(n)
     ///         })
     ///     })
@@ -708,7 +721,10 @@ impl Store {
     ///
     /// The same with diesel's query builder:
     ///
-    /// ```ignore
+    /// ```no_run
+    /// # diesel::table! { shards (id) { id -> Integer, owner -> Text, } }
+    /// # async fn example(store: pgfence::Store, lease: pgfence::Lease) -> pgfence::Result<()> {
+    /// use diesel::prelude::*;
     /// let moved = store
     ///     .guarded_write(
     ///         &lease.fence(),
@@ -717,6 +733,7 @@ impl Store {
     ///             .set(shards::owner.eq("node-2")),
     ///     )
     ///     .await?;
+    /// # Ok(()) }
     /// ```
     pub async fn guarded_write<Q>(&self, fence: &Fence, operation: &str, write: Q) -> Result<u64>
     where

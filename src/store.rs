@@ -616,7 +616,9 @@ impl Store {
     }
 
     /// Runs one statement that returns one row on an armed connection; returns the instant it was sent (by the
-    /// monotonic clock) and the row. Dropping the future midway cancels the statement and discards the
+    /// monotonic clock) and the row. The reply is read to its end, which the server sends after the statement's
+    /// implicit commit, so a row is never taken for done before it committed (an acquisition, renewal or release
+    /// whose commit failed is an error). Dropping the future midway cancels the statement and discards the
     /// connection.
     pub(crate) async fn call_one<Q, U>(&self, query: Q) -> Result<(std::time::Instant, U)>
     where
@@ -626,9 +628,9 @@ impl Store {
         use diesel_async::RunQueryDsl;
         let mut conn = self.checked().await?;
         let sent = std::time::Instant::now();
-        let result = query.get_result(&mut *conn).await;
+        let rows: std::result::Result<Vec<U>, diesel::result::Error> = query.load(&mut *conn).await;
         conn.disarm();
-        Ok((sent, result?))
+        Ok((sent, only_row(rows?)?))
     }
 
     /// Runs one guarded statement and returns its only row, acknowledged only once the write committed.
@@ -661,10 +663,7 @@ impl Store {
             other => other,
         };
         conn.disarm();
-        rows?.into_iter().next().ok_or_else(|| Error::Database {
-            sqlstate: None,
-            message: "a guarded statement returned no row".to_owned(),
-        })
+        only_row(rows?)
     }
 
     /// Reads the database's identity now (a fresh query, not a cached value).
@@ -1009,4 +1008,12 @@ async fn run_migrations(mut conn: AsyncPgConnection) -> Result<Vec<String>> {
 pub(crate) fn is_isolation_refusal(error: &diesel::result::Error) -> bool {
     matches!(error, diesel::result::Error::DatabaseError(_, info)
         if info.message().starts_with(crate::error::ISOLATION_REFUSAL))
+}
+
+/// The row of a statement that returns exactly one.
+fn only_row<U>(rows: Vec<U>) -> Result<U> {
+    rows.into_iter().next().ok_or_else(|| Error::Database {
+        sqlstate: None,
+        message: "a pgfence function returned no row".to_owned(),
+    })
 }

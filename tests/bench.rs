@@ -94,6 +94,7 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
     let mut expected: Vec<(&str, u64, Option<u64>)> = vec![
         ("update", 1, None),
         ("update", 3, None),
+        ("update-ping", 1, None),
         ("tx", 1, None),
         ("fenced", 1, None),
         ("fenced", 3, None),
@@ -101,6 +102,7 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
         ("raw-fenced-pipelined", 1, None),
         ("raw-guarded-update", 3, None),
         ("guarded-update", 1, None),
+        ("guarded-update", 3, None),
         ("raw-advisory-update", 1, None),
         ("append", 1, None),
         ("append-unguarded", 1, None),
@@ -135,8 +137,20 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
     }
     // Ratios are present exactly where a baseline ran.
     let fenced = find("fenced", 1, None).unwrap();
-    assert_eq!(fenced["vs_unguarded"]["baseline"], "update c=2 batch=1");
+    assert_eq!(fenced["vs_unguarded"]["baseline"], "tx c=2 batch=1");
     assert!(fenced["vs_unguarded"]["paired"].as_bool().unwrap());
+    assert_eq!(fenced["vs_raw"]["baseline"], "raw-fenced c=2 batch=1");
+    let guarded = find("guarded-update", 1, None).unwrap();
+    assert_eq!(guarded["vs_unguarded"]["baseline"], "update c=2 batch=1");
+    assert_eq!(guarded["vs_raw"]["baseline"], "raw-guarded-update c=2 batch=1");
+    assert_eq!(
+        find("append", 1, None).unwrap()["vs_raw"]["baseline"],
+        "raw-append c=2 batch=1"
+    );
+    assert_eq!(
+        find("update-ping", 1, None).unwrap()["vs_unguarded"]["baseline"],
+        "update c=2 batch=1"
+    );
     assert!(find("fenced", 3, None).unwrap()["vs_batch1"]["value"].is_f64());
     assert!(find("update", 1, None).unwrap()["vs_unguarded"].is_null());
 
@@ -147,6 +161,8 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
 
     let svg = std::fs::read_to_string(&svg_path).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("fenced"), "{svg}");
+    // The chart leads with the ratios and their targets.
+    assert!(svg.contains("guarded-update ÷ update") && svg.contains("target 0.95"), "{svg}");
 }
 
 /// It writes: against a database it did not create it runs only with --yes, and refuses before connecting.

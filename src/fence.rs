@@ -205,8 +205,9 @@ struct GuardedWrite<Q> {
 /// The text of a one-statement guarded write before the caller's statement, between it and the fence's four
 /// parameters (lease, epoch, secret, operation, separated by commas), and after them.
 const GUARDED_HEAD: &str = "WITH RECURSIVE pgfence_write AS (";
+// (A line break first: the caller's statement may end in a `--` comment.)
 const GUARDED_MID: &str =
-    " RETURNING 1), pgfence_guard AS MATERIALIZED (SELECT g.outcome = 'ok' AS passed, \
+    "\n RETURNING 1), pgfence_guard AS MATERIALIZED (SELECT g.outcome = 'ok' AS passed, \
      g.outcome, g.reason, g.current_epoch, g.current_holder FROM pgfence.fence(";
 const GUARDED_TAIL: &str =
     ", NULL, NULL) g) SELECT g.outcome, g.reason, g.current_epoch, g.current_holder, \

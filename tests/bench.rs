@@ -142,7 +142,10 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
     assert_eq!(fenced["vs_raw"]["baseline"], "raw-fenced c=2 batch=1");
     let guarded = find("guarded-update", 1, None).unwrap();
     assert_eq!(guarded["vs_unguarded"]["baseline"], "update c=2 batch=1");
-    assert_eq!(guarded["vs_raw"]["baseline"], "raw-guarded-update c=2 batch=1");
+    assert_eq!(
+        guarded["vs_raw"]["baseline"],
+        "raw-guarded-update c=2 batch=1"
+    );
     assert_eq!(
         find("append", 1, None).unwrap()["vs_raw"]["baseline"],
         "raw-append c=2 batch=1"
@@ -162,7 +165,10 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
     let svg = std::fs::read_to_string(&svg_path).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("fenced"), "{svg}");
     // The chart leads with the ratios and their targets.
-    assert!(svg.contains("guarded-update ÷ update") && svg.contains("target 0.95"), "{svg}");
+    assert!(
+        svg.contains("guarded-update ÷ update") && svg.contains("target 0.95"),
+        "{svg}"
+    );
 }
 
 /// It writes: against a database it did not create it runs only with --yes, and refuses before connecting.

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::proxy::{Proxy, HOLD_ALL, HOLD_REPLIES_FROM_COMMIT, PASS};
+use common::proxy::{Proxy, HOLD_ALL, HOLD_REPLIES, PASS};
 use common::TestDb;
 use pgfence::embedded::EmbeddedServer;
 use pgfence::leader::{
@@ -1368,13 +1368,13 @@ async fn a_retry_after_a_lost_reply_has_exactly_one_effect() {
         .await
         .unwrap()
         .fence();
-    // Warm up: the statement is prepared on the connection. The write runs in BEGIN … COMMIT; the proxy holds the
-    // replies from the COMMIT on, so the server commits and the client never hears of it.
+    // Warm up: the statement is prepared on the connection. The write is one autocommit statement; the proxy holds
+    // every reply from now on, so the server commits and the client never hears of it.
     store
         .create_task(&fence, "warm-up", &json!({}))
         .await
         .unwrap();
-    proxy.set(HOLD_REPLIES_FROM_COMMIT);
+    proxy.set(HOLD_REPLIES);
     let attempt = tokio::spawn({
         let (store, fence) = (store.clone(), fence.clone());
         async move {

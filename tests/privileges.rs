@@ -167,6 +167,7 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
         "renew",
         "renew_many",
         "transition_task",
+        "ungated_write",
     ];
     let operator = [
         "force_release",

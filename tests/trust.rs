@@ -253,6 +253,45 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
         DenyReason::BadSecret,
         "fenced",
     );
+    // The one-statement path, on a table of the application's: refused and audited, nothing written — and as an
+    // application role, a statement not gated on the verdict fails whole (PF006), never with a missing privilege.
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "CREATE TABLE shards (id int PRIMARY KEY, owner text); INSERT INTO shards VALUES (1, 'a'); \
+             GRANT SELECT, UPDATE ON shards TO {app}"
+        ))
+        .await
+        .unwrap();
+    let gated = || {
+        diesel::sql_query(
+            "UPDATE shards SET owner = 'evil' WHERE id = 1 AND (SELECT passed FROM pgfence_guard)",
+        )
+    };
+    denied(
+        store.guarded_write(&forged, "evil", gated()).await,
+        DenyReason::BadSecret,
+        "guarded_write",
+    );
+    let ungated = store
+        .guarded_write(
+            &forged,
+            "evil",
+            diesel::sql_query("UPDATE shards SET owner = 'evil' WHERE id = 1 -- pgfence_guard"),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(ungated.sqlstate(), Some("PF006"), "{ungated}");
+    assert_eq!(
+        store.guarded_write(&real, "move", gated()).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM shards WHERE owner = 'evil'")
+            .await,
+        1,
+        "only the real fence wrote"
+    );
 
     // Through SQL: a wrong, an empty, a missing and an absurdly long secret.
     let raw = client_as(&db, &app).await;
@@ -324,7 +363,8 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
             ("append_event", 1),
             ("claim_task", 1),
             ("create_task", 1),
-            ("evil", 1),
+            // The fenced transaction and the gated one-statement write; the ungated one rolled back whole.
+            ("evil", 2),
             ("release", 4),
             ("renew", 4),
             ("sql_write", 4),

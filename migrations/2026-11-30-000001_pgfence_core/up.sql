@@ -1222,7 +1222,7 @@ $$;
 -- rolls the whole statement back, the refusal's audit row with it: a refused write never commits, and the caller
 -- learns that its statement is not gated (SQLSTATE PF006).
 CREATE FUNCTION pgfence.ungated_write(p_outcome text, p_written bigint) RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     RAISE EXCEPTION 'pgfence: a guarded write changed % rows although its guard answered %: the statement does not test pgfence_guard.passed',
         p_written, pgfence._printable(p_outcome)

@@ -15,11 +15,6 @@ pub const HOLD_ALL: u8 = 1;
 /// Forward requests, hold replies (the server commits, the client never hears).
 pub const HOLD_REPLIES: u8 = 2;
 
-/// Forward everything until the client sends a COMMIT statement (`COMMIT` and its terminating NUL, not the
-/// `COMMITTED` of a BEGIN), then hold replies (the server commits the transaction,
-/// the client never hears).
-pub const HOLD_REPLIES_FROM_COMMIT: u8 = 3;
-
 /// A running proxy.
 #[derive(Clone)]
 pub struct Proxy {
@@ -109,12 +104,6 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        if !reply
-            && proxy.mode.load(Ordering::SeqCst) == HOLD_REPLIES_FROM_COMMIT
-            && buf[..n].windows(7).any(|w| w == b"COMMIT\0")
-        {
-            proxy.set(HOLD_REPLIES);
-        }
         loop {
             if proxy.kill.load(Ordering::SeqCst) != started_epoch {
                 return; // redirected: this connection is cut

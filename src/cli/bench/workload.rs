@@ -146,8 +146,8 @@ impl Workload {
                 "Store::guarded_write: the guard and the same UPDATE in one statement, one round trip"
             }
             Workload::RawAdvisoryUpdate => {
-                "as raw-guarded-update with a prototype guard taking a shared advisory lock instead of a row lock \
-                 (no MultiXacts; correct only if takeovers take the exclusive one)"
+                "as raw-guarded-update with the floor of a plpgsql guard: advisory lock and fresh epoch read only \
+                 (no grant, secret, timeline or audit; a yardstick, not safe)"
             }
             Workload::PgbenchFenced => "pgbench -M prepared, the SQL of raw-fenced",
             Workload::Append => "Store::append_event on the hot lease: guard + task row fence + event, one statement",
@@ -291,10 +291,10 @@ BEGIN
                ev)::pgfence_bench.write_result;
 END;
 $$;
--- A prototype of a guard without a tuple lock (not pgfence's guard): a shared transaction-level advisory lock on
--- the lease, then the epoch read in a fresh snapshot (a new statement of a VOLATILE function). It linearizes
--- against takeovers only if every takeover takes the exclusive advisory lock on the same key first, which
--- pgfence's acquire does not: here it measures what such a guard would cost, not a safe way to write.
+-- The floor of a plpgsql guard (not pgfence's guard, and not safe: pgfence's takeovers take the exclusive lock
+-- on another key): a shared transaction-level advisory lock, then the epoch read in a fresh snapshot (a new
+-- statement of a VOLATILE function) — without the grant, secret, timeline and isolation checks, the unlocked
+-- pre-check and the audit of pgfence.fence. What pgfence.fence costs above it is the price of those.
 CREATE FUNCTION pgfence_bench.fence_advisory(p_lease text, p_epoch bigint) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -383,7 +383,7 @@ pub(super) const PROBES: [(&str, &str); 6] = [
         "WITH RECURSIVE pgfence_write AS (UPDATE pgfence_bench.rows",
     ),
     (
-        "advisory-lock prototype guard + UPDATE of 1 row",
+        "the floor of a plpgsql guard (lock + fresh read) + UPDATE of 1 row",
         "WITH g AS (SELECT pgfence_bench.fence_advisory(",
     ),
     (

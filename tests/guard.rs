@@ -1177,6 +1177,14 @@ diesel::table! {
     }
 }
 
+/// A fresh database with the application table `shards`, after `setup` (SQL) ran on it.
+async fn shards_db(setup: &str) -> TestDb {
+    let db = TestDb::new().await;
+    app_table(&db).await;
+    db.client().await.batch_execute(setup).await.unwrap();
+    db
+}
+
 /// The caller's UPDATE with the guard's verdict in its WHERE clause, as SQL text with binds.
 fn move_shard_sql(
     id: i32,
@@ -1196,13 +1204,7 @@ fn move_shard_sql(
 #[tokio::test]
 async fn guarded_write_writes_under_the_current_fence_and_refuses_a_stale_one_with_audit() {
     use diesel::prelude::*;
-    let db = TestDb::new().await;
-    app_table(&db).await;
-    db.client()
-        .await
-        .batch_execute("INSERT INTO shards VALUES (1, 'node-1'), (2, 'node-1')")
-        .await
-        .unwrap();
+    let db = shards_db("INSERT INTO shards VALUES (1, 'node-1'), (2, 'node-1')").await;
     let store = db.store("prod").await;
     let old = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
     assert_eq!(
@@ -1314,13 +1316,7 @@ async fn guarded_write_writes_under_the_current_fence_and_refuses_a_stale_one_wi
 /// commits (invariant 3 even for a misused API).
 #[tokio::test]
 async fn an_ungated_statement_never_commits_under_a_refused_fence() {
-    let db = TestDb::new().await;
-    app_table(&db).await;
-    db.client()
-        .await
-        .batch_execute("INSERT INTO shards VALUES (1, 'node-1')")
-        .await
-        .unwrap();
+    let db = shards_db("INSERT INTO shards VALUES (1, 'node-1')").await;
     let store = db.store("prod").await;
     let old = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
     let ungated = || diesel::sql_query("UPDATE shards SET owner = 'stale' WHERE id = 1");
@@ -1365,19 +1361,13 @@ async fn an_ungated_statement_never_commits_under_a_refused_fence() {
 /// the failure, and so must a task write, and nothing is written.
 #[tokio::test]
 async fn a_guarded_write_whose_commit_fails_is_an_error_not_an_acknowledgement() {
-    let db = TestDb::new().await;
-    app_table(&db).await;
-    db.client()
-        .await
-        .batch_execute(
+    let db = shards_db(
             "INSERT INTO shards VALUES (1, 'node-1');
              CREATE FUNCTION fail_at_commit() RETURNS trigger LANGUAGE plpgsql AS
                $$ BEGIN RAISE EXCEPTION 'refused at commit' USING ERRCODE = '23514'; END $$;
              CREATE CONSTRAINT TRIGGER at_commit AFTER UPDATE ON shards DEFERRABLE INITIALLY DEFERRED
                FOR EACH ROW EXECUTE FUNCTION fail_at_commit();",
-        )
-        .await
-        .unwrap();
+        ).await;
     let store = db.store("prod").await;
     let fence = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
     let err = store
@@ -1404,17 +1394,12 @@ async fn a_guarded_write_whose_commit_fails_is_an_error_not_an_acknowledgement()
 /// one-statement writes, task writes and fenced transactions (run in an explicit READ COMMITTED transaction).
 #[tokio::test]
 async fn guarded_writes_work_under_a_repeatable_read_session_default() {
-    let db = TestDb::new().await;
-    app_table(&db).await;
-    db.client()
-        .await
-        .batch_execute(&format!(
-            "INSERT INTO shards VALUES (1, 'node-1');
-             ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'",
-            db.name
-        ))
-        .await
-        .unwrap();
+    let db = shards_db(
+        "INSERT INTO shards VALUES (1, 'node-1');
+         DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = %L',
+                                    current_database(), 'repeatable read'); END $$",
+    )
+    .await;
     let store = db.store("prod").await;
     let fence = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
     assert_eq!(
@@ -1438,13 +1423,7 @@ async fn guarded_writes_work_under_a_repeatable_read_session_default() {
 /// while the caller's work runs) although BEGIN and the guard travel together.
 #[tokio::test]
 async fn guarded_statements_are_prepared_once_and_fenced_guards_run_inside_their_transaction() {
-    let db = TestDb::new().await;
-    app_table(&db).await;
-    db.client()
-        .await
-        .batch_execute("INSERT INTO shards VALUES (1, 'node-1')")
-        .await
-        .unwrap();
+    let db = shards_db("INSERT INTO shards VALUES (1, 'node-1')").await;
     let store = Store::connect(db.config("prod").pool_size(1))
         .await
         .unwrap();

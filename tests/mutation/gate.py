@@ -149,7 +149,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "grant-not-checked",
         "every role may use every cluster (the per-cluster grant is not checked, nor row-level security)",
-        [Edit("sql:_may_use", "RETURN EXISTS (SELECT 1 FROM pgfence.grants g", "RETURN true OR EXISTS (SELECT 1 FROM pgfence.grants g")],
+        [Edit("sql:_grant_of", "SELECT EXISTS (SELECT 1 FROM pgfence.grants g", "SELECT true OR EXISTS (SELECT 1 FROM pgfence.grants g")],
         [cargo_test("trust", "a_role_cannot_touch_or_read_another_clusters_leases")],
     ),
     Mutation(

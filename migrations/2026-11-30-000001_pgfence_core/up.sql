@@ -383,6 +383,28 @@ CREATE TYPE pgfence.write_result AS (
 -- plpgsql assignment the whole check is then one precomputed expression, evaluated without an executor run
 -- (a PERFORM, or a call of a plpgsql function, costs one each). Called only from functions that pin their
 -- search_path, where the names in them resolve.
+--
+-- The write path (fence and the task functions) first runs a cheaper test, _plain_lease_args/_plain_arg, and
+-- the full checks only when it fails: plpgsql prepares each expression it evaluates anew in every
+-- transaction, and the full checks of four arguments are a large expression (measured: 14 µs of a fence
+-- call, against 4 µs for the cheap test). The cheap test is sufficient, not necessary: it passes printable
+-- ASCII only (no control character, and always in NFC) within the length bounds, so whatever it passes, the
+-- full checks pass too; any other argument (non-ASCII text, a NULL, a bad value) gets the full checks.
+
+-- Whether p_value passes _arg_problem(p_what, p_value, p_max, p_optional) for certain: 1 to p_max printable
+-- ASCII characters (at most 255: a regular expression's bound), or NULL and p_optional. NULL when p_value is
+-- NULL and not optional.
+CREATE FUNCTION pgfence._plain_arg(p_value text, p_max integer, p_optional boolean DEFAULT false) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT (p_optional AND p_value IS NULL) OR p_value ~ ('^[ -~]{1,' || least(p_max, 255)::text || '}$')
+$$;
+
+-- Whether (p_lease, p_epoch) pass _lease_args_problem for certain: a cluster of 1 to 63 printable ASCII
+-- characters other than '/', a '/', a name of 1 to 200 printable ASCII characters, and an epoch of at least 1.
+CREATE FUNCTION pgfence._plain_lease_args(p_lease text, p_epoch bigint) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_lease ~ '^[ -.0-~]{1,63}/[ -~]{1,200}$' AND p_epoch >= 1
+$$;
 
 -- Why p_value is not a valid p_what argument of at most p_max characters; NULL when it is, and when it is NULL
 -- and p_optional.
@@ -1233,14 +1255,19 @@ CREATE FUNCTION pgfence.fence(p_lease text, p_epoch bigint, p_secret text,
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    problem text := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
-                             pgfence._arg_problem('operation', p_operation, 64),
-                             pgfence._arg_problem('target table', p_table, 64, p_optional => true),
-                             pgfence._arg_problem('target key', p_key, 256, p_optional => true));
+    problem text;
     r pgfence.write_result;
 BEGIN
-    IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND pgfence._plain_arg(p_operation, 64)
+        AND pgfence._plain_arg(p_table, 64, p_optional => true)
+        AND pgfence._plain_arg(p_key, 256, p_optional => true)) IS NOT TRUE THEN
+        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
+                            pgfence._arg_problem('operation', p_operation, 64),
+                            pgfence._arg_problem('target table', p_table, 64, p_optional => true),
+                            pgfence._arg_problem('target key', p_key, 256, p_optional => true));
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        END IF;
     END IF;
     r := pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
@@ -1300,15 +1327,19 @@ CREATE FUNCTION pgfence.create_task(p_lease text, p_epoch bigint, p_secret text,
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    problem text := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
-                             pgfence._arg_problem('task key', p_key, 256),
-                             pgfence._payload_problem(p_payload));
+    problem text;
     r pgfence.write_result;
     t pgfence.tasks;
     ev bigint;
 BEGIN
-    IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND pgfence._plain_arg(p_key, 256)
+        AND pgfence._payload_problem(p_payload) IS NULL) IS NOT TRUE THEN
+        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
+                            pgfence._arg_problem('task key', p_key, 256),
+                            pgfence._payload_problem(p_payload));
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        END IF;
     END IF;
     r := pgfence._guard(p_lease, p_epoch, p_secret, 'create_task', 'tasks', p_key);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
@@ -1333,15 +1364,19 @@ CREATE FUNCTION pgfence.claim_task(p_lease text, p_epoch bigint, p_secret text, 
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    problem text := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
-                             pgfence._arg_problem('task key', p_key, 256),
-                             pgfence._arg_problem('assignee', p_assignee, 256));
+    problem text;
     r pgfence.write_result;
     t pgfence.tasks;
     ev bigint;
 BEGIN
-    IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND pgfence._plain_arg(p_key, 256)
+        AND pgfence._plain_arg(p_assignee, 256)) IS NOT TRUE THEN
+        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
+                            pgfence._arg_problem('task key', p_key, 256),
+                            pgfence._arg_problem('assignee', p_assignee, 256));
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        END IF;
     END IF;
     r := pgfence._guard(p_lease, p_epoch, p_secret, 'claim_task', 'tasks', p_key);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
@@ -1367,15 +1402,19 @@ CREATE FUNCTION pgfence.transition_task(p_lease text, p_epoch bigint, p_secret t
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    problem text := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
-                             pgfence._arg_problem('task key', p_key, 256),
-                             pgfence._payload_problem(p_payload));
+    problem text;
     r pgfence.write_result;
     t pgfence.tasks;
     ev bigint;
 BEGIN
-    IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND pgfence._plain_arg(p_key, 256)
+        AND pgfence._payload_problem(p_payload) IS NULL) IS NOT TRUE THEN
+        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
+                            pgfence._arg_problem('task key', p_key, 256),
+                            pgfence._payload_problem(p_payload));
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        END IF;
     END IF;
     IF p_from IS NULL OR p_to IS NULL
        OR p_from NOT IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled')
@@ -1407,16 +1446,20 @@ CREATE FUNCTION pgfence.append_event(p_lease text, p_epoch bigint, p_secret text
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    problem text := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
-                             pgfence._arg_problem('task key', p_key, 256),
-                             pgfence._arg_problem('event kind', p_kind, 64),
-                             pgfence._payload_problem(p_payload));
+    problem text;
     r pgfence.write_result;
     t pgfence.tasks;
     ev bigint;
 BEGIN
-    IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND pgfence._plain_arg(p_key, 256)
+        AND pgfence._plain_arg(p_kind, 64) AND pgfence._payload_problem(p_payload) IS NULL) IS NOT TRUE THEN
+        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
+                            pgfence._arg_problem('task key', p_key, 256),
+                            pgfence._arg_problem('event kind', p_kind, 64),
+                            pgfence._payload_problem(p_payload));
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        END IF;
     END IF;
     r := pgfence._guard(p_lease, p_epoch, p_secret, 'append_event', 'task_events', p_key);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)

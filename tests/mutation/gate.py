@@ -180,6 +180,14 @@ MUTATIONS: list[Mutation] = [
         [cargo_test("trust", "sql_and_rust_validation_agree")],
     ),
     Mutation(
+        "argument-shortcut-too-wide",
+        "the cheap argument test of the write path passes arguments the full checks refuse (too long, epoch 0)",
+        [Edit("sql:_plain_arg", "(p_value ~ '^[ -~]+$' AND octet_length(p_value) <= p_max)", "true"),
+         Edit("sql:_plain_lease_args", " AND p_epoch >= 1", "")],
+        [cargo_test("trust", "audit_rows_are_per_role_and_bounded"),
+         cargo_test("hostile", "sql_functions_refuse_hostile_arguments_cleanly")],
+    ),
+    Mutation(
         "enforcement-lets-any-role-write",
         "with enforcement on, a role given table privileges may TRUNCATE (and write) pgfence's own tables",
         [Edit("sql:_owner_writes_only", "    IF NOT pg_has_role(current_user,", "    IF false AND NOT pg_has_role(current_user,")],

@@ -259,16 +259,24 @@ CREATE TABLE pgfence.tenure_secrets (
 
 -- Whether the session's login role may use cluster p_cluster (p_operator: with operator rights); NULL
 -- p_cluster: every cluster. Superusers and members of the owner of the pgfence schema are trusted with every
--- cluster. plpgsql, not SQL: its statement is planned once per session (an SQL function with a subquery is not
--- inlined, and would be planned again for every statement that calls it).
-CREATE FUNCTION pgfence._may_use(p_cluster text, p_operator boolean DEFAULT false) RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    RETURN EXISTS (SELECT 1 FROM pgfence.grants g
+-- cluster. The one definition of the rule, as one row: a set-returning SQL function, so that a statement naming
+-- it in its FROM clause gets it inlined as a subquery (planned with that statement, and once for all when the
+-- statement is a plpgsql one: the guard's pre-check); a scalar SQL function with a subquery is never inlined.
+CREATE FUNCTION pgfence._grant_of(p_cluster text, p_operator boolean DEFAULT false) RETURNS TABLE (granted boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM pgfence.grants g
                     WHERE (g.cluster = p_cluster OR g.cluster IS NULL) AND (g.operator OR NOT p_operator)
                       AND pg_catalog.pg_has_role(session_user, g.role::oid, 'MEMBER'))
            OR pg_catalog.pg_has_role(session_user, (SELECT n.nspowner FROM pg_catalog.pg_namespace n
-                                                     WHERE n.nspname = 'pgfence'), 'MEMBER');
+                                                     WHERE n.nspname = 'pgfence'), 'MEMBER')
+$$;
+
+-- _grant_of as a boolean, for expressions. plpgsql, not SQL: its statement is planned once per session (an SQL
+-- function with a subquery is not inlined, and would be planned again for every statement that calls it).
+CREATE FUNCTION pgfence._may_use(p_cluster text, p_operator boolean DEFAULT false) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT u.granted FROM pgfence._grant_of(p_cluster, p_operator) u);
 END;
 $$;
 
@@ -367,24 +375,72 @@ CREATE TYPE pgfence.write_result AS (
 -- ---------------------------------------------------------------------------------------------------------
 -- Input checks shared by every function: a bad argument raises 22023 (invalid_parameter_value) and writes
 -- nothing.
+--
+-- Each check is an SQL expression that names the first problem (the error message after 'pgfence: '), NULL
+-- when there is none; an entry function joins its arguments' checks with coalesce() into one expression and
+-- raises once. Plain SQL without a SET clause, sublink or call of a function more volatile than they are
+-- declared (_payload_problem is STABLE, as pg_column_size is), so that PostgreSQL inlines them: in a
+-- plpgsql assignment the whole check is then one precomputed expression, evaluated without an executor run
+-- (a PERFORM, or a call of a plpgsql function, costs one each). Called only from functions that pin their
+-- search_path, where the names in them resolve.
+--
+-- The write path (fence and the task functions) first runs a cheaper test, _plain_lease_args/_plain_arg, and
+-- the full checks only when it fails: plpgsql prepares each expression it evaluates anew in every
+-- transaction, and the full checks of four arguments are a large expression (measured: 14 µs of a fence
+-- call, against 4 µs for the cheap test). The cheap test is sufficient, not necessary: it passes printable
+-- ASCII only (no control character, and always in NFC) within the length bounds, so whatever it passes, the
+-- full checks pass too; any other argument (non-ASCII text, a NULL, a bad value) gets the full checks.
 
+-- Whether p_value passes _arg_problem(p_what, p_value, p_max, p_optional) for certain: 1 to p_max printable
+-- ASCII characters, or NULL and p_optional. NULL when p_value is NULL and not optional. (The lengths are
+-- counted in bytes, which is exact for ASCII; the regular expressions have no bounded repetition, whose
+-- matching costs microseconds.)
+CREATE FUNCTION pgfence._plain_arg(p_value text, p_max integer, p_optional boolean DEFAULT false) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT (p_optional AND p_value IS NULL) OR (p_value ~ '^[ -~]+$' AND octet_length(p_value) <= p_max)
+$$;
+
+-- Whether (p_lease, p_epoch) pass _lease_args_problem for certain: a cluster of 1 to 63 printable ASCII
+-- characters other than '/', a '/', a name of 1 to 200 printable ASCII characters, and an epoch of at least 1.
+CREATE FUNCTION pgfence._plain_lease_args(p_lease text, p_epoch bigint) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_lease ~ '^[ -.0-~]+/[ -~]+$' AND strpos(p_lease, '/') <= 64
+           AND octet_length(p_lease) - strpos(p_lease, '/') <= 200 AND p_epoch >= 1
+$$;
+
+-- Why p_value is not a valid p_what argument of at most p_max characters; NULL when it is, and when it is NULL
+-- and p_optional.
+CREATE FUNCTION pgfence._arg_problem(p_what text, p_value text, p_max integer, p_optional boolean DEFAULT false)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_value IS NOT NULL OR NOT p_optional
+                THEN 'invalid ' || p_what || ': ' || pgfence._text_problem(p_value, p_max) END
+$$;
+
+-- Why (p_lease, p_epoch) is not a fence's lease and epoch; NULL when it is.
+CREATE FUNCTION pgfence._lease_args_problem(p_lease text, p_epoch bigint) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce('invalid lease: ' || pgfence._lease_problem(p_lease),
+                    CASE WHEN p_epoch IS NULL OR p_epoch < 1
+                         THEN 'epoch must be >= 1, got ' || coalesce(p_epoch::text, '<NULL>') END)
+$$;
+
+-- Why a task payload is refused; NULL when it is not. A backstop for SQL callers. The Rust API refuses more
+-- than 1 MiB of serialized JSON before sending, which stays below this even for payloads that grow several
+-- times when stored as jsonb (arrays of small numbers).
+CREATE FUNCTION pgfence._payload_problem(p_payload jsonb) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN pg_column_size(p_payload) > 16777216 THEN 'payload larger than 16 MiB stored' END
+$$;
+
+-- The same checks as statements, for the functions off the write path (acquire, renew, release, …).
 CREATE FUNCTION pgfence._check_text(p_what text, p_value text, p_max integer) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    problem text := pgfence._text_problem(p_value, p_max);
+    problem text := pgfence._arg_problem(p_what, p_value, p_max);
 BEGIN
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: invalid %: %', p_what, problem USING ERRCODE = '22023';
-    END IF;
-END;
-$$;
-
--- Like _check_text, for an optional argument (NULL allowed).
-CREATE FUNCTION pgfence._check_optional_text(p_what text, p_value text, p_max integer) RETURNS void
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    IF p_value IS NOT NULL THEN
-        PERFORM pgfence._check_text(p_what, p_value, p_max);
+        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
     END IF;
 END;
 $$;
@@ -392,13 +448,10 @@ $$;
 CREATE FUNCTION pgfence._check_lease_args(p_lease text, p_epoch bigint) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    problem text := pgfence._lease_problem(p_lease);
+    problem text := pgfence._lease_args_problem(p_lease, p_epoch);
 BEGIN
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: invalid lease: %', problem USING ERRCODE = '22023';
-    END IF;
-    IF p_epoch IS NULL OR p_epoch < 1 THEN
-        RAISE EXCEPTION 'pgfence: epoch must be >= 1, got %', p_epoch USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
     END IF;
 END;
 $$;
@@ -1123,6 +1176,7 @@ DECLARE
     why text;
     pre record;
     secret_ok boolean;
+    kept text;
 BEGIN
     -- What makes a presented epoch stale is permanent: epochs only grow, a released tenure stays released, an
     -- expired one can never be renewed and timelines only grow. (One conservative exception: a renewal that
@@ -1141,11 +1195,11 @@ BEGIN
                   HINT = 'Run the guarded write in a READ COMMITTED transaction (BEGIN ISOLATION LEVEL READ COMMITTED).';
     END IF;
     -- The pre-check, in one statement (each statement of a function costs an executor run): the role's grant on
-    -- the cluster, the lease, the hash of its current tenure's secret and the WAL timeline.
-    SELECT pgfence._may_use(pgfence._cluster_of(p_lease)) AS granted, pgfence._timeline() AS tl,
-           x AS lease, s.epoch AS secret_epoch, s.hash AS secret_hash
+    -- the cluster (the rule inlined here, not a call of _may_use: that would be a second executor run), the
+    -- lease, the hash of its current tenure's secret and the WAL timeline.
+    SELECT u.granted, pgfence._timeline() AS tl, x AS lease, s.epoch AS secret_epoch, s.hash AS secret_hash
       INTO pre
-      FROM (SELECT) AS one
+      FROM pgfence._grant_of(pgfence._cluster_of(p_lease)) AS u
       LEFT JOIN pgfence.leases x ON x.name = p_lease
       LEFT JOIN pgfence.tenure_secrets s ON s.lease = p_lease;
     IF NOT pre.granted THEN
@@ -1182,8 +1236,9 @@ BEGIN
         why := 'bad_secret';
     END IF;
     IF why IS NULL THEN
-        -- For the rest of the transaction, raw writes of this tenure pass the raw-SQL enforcement.
-        PERFORM set_config(pgfence._fence_setting(l.lock_key), p_secret, true);
+        -- For the rest of the transaction, raw writes of this tenure pass the raw-SQL enforcement. An assignment,
+        -- not PERFORM: a plpgsql expression without an executor run.
+        kept := pg_catalog.set_config(pgfence._fence_setting(l.lock_key), p_secret, true);
         RETURN NULL;
     END IF;
     RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key);
@@ -1202,12 +1257,20 @@ CREATE FUNCTION pgfence.fence(p_lease text, p_epoch bigint, p_secret text,
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    problem text;
     r pgfence.write_result;
 BEGIN
-    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
-    PERFORM pgfence._check_text('operation', p_operation, 64);
-    PERFORM pgfence._check_optional_text('target table', p_table, 64);
-    PERFORM pgfence._check_optional_text('target key', p_key, 256);
+    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND pgfence._plain_arg(p_operation, 64)
+        AND pgfence._plain_arg(p_table, 64, p_optional => true)
+        AND pgfence._plain_arg(p_key, 256, p_optional => true)) IS NOT TRUE THEN
+        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
+                            pgfence._arg_problem('operation', p_operation, 64),
+                            pgfence._arg_problem('target table', p_table, 64, p_optional => true),
+                            pgfence._arg_problem('target key', p_key, 256, p_optional => true));
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        END IF;
+    END IF;
     r := pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
@@ -1260,30 +1323,26 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION pgfence._check_payload(p_payload jsonb) RETURNS void
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    -- A backstop for SQL callers. The Rust API refuses more than 1 MiB of serialized JSON before sending, which
-    -- stays below this even for payloads that grow several times when stored as jsonb (arrays of small numbers).
-    IF p_payload IS NOT NULL AND pg_column_size(p_payload) > 16777216 THEN
-        RAISE EXCEPTION 'pgfence: payload larger than 16 MiB stored' USING ERRCODE = '22023';
-    END IF;
-END;
-$$;
-
 -- Creates a pending task and its 'created' event, idempotent by (lease, key): a retry returns the existing
 -- task with created = false and adds no event.
 CREATE FUNCTION pgfence.create_task(p_lease text, p_epoch bigint, p_secret text, p_key text, p_payload jsonb DEFAULT '{}')
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    problem text;
     r pgfence.write_result;
     t pgfence.tasks;
     ev bigint;
 BEGIN
-    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
-    PERFORM pgfence._check_text('task key', p_key, 256);
-    PERFORM pgfence._check_payload(p_payload);
+    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND pgfence._plain_arg(p_key, 256)
+        AND pgfence._payload_problem(p_payload) IS NULL) IS NOT TRUE THEN
+        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
+                            pgfence._arg_problem('task key', p_key, 256),
+                            pgfence._payload_problem(p_payload));
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        END IF;
+    END IF;
     r := pgfence._guard(p_lease, p_epoch, p_secret, 'create_task', 'tasks', p_key);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
@@ -1307,13 +1366,20 @@ CREATE FUNCTION pgfence.claim_task(p_lease text, p_epoch bigint, p_secret text, 
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    problem text;
     r pgfence.write_result;
     t pgfence.tasks;
     ev bigint;
 BEGIN
-    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
-    PERFORM pgfence._check_text('task key', p_key, 256);
-    PERFORM pgfence._check_text('assignee', p_assignee, 256);
+    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND pgfence._plain_arg(p_key, 256)
+        AND pgfence._plain_arg(p_assignee, 256)) IS NOT TRUE THEN
+        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
+                            pgfence._arg_problem('task key', p_key, 256),
+                            pgfence._arg_problem('assignee', p_assignee, 256));
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        END IF;
+    END IF;
     r := pgfence._guard(p_lease, p_epoch, p_secret, 'claim_task', 'tasks', p_key);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
@@ -1338,13 +1404,20 @@ CREATE FUNCTION pgfence.transition_task(p_lease text, p_epoch bigint, p_secret t
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    problem text;
     r pgfence.write_result;
     t pgfence.tasks;
     ev bigint;
 BEGIN
-    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
-    PERFORM pgfence._check_text('task key', p_key, 256);
-    PERFORM pgfence._check_payload(p_payload);
+    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND pgfence._plain_arg(p_key, 256)
+        AND pgfence._payload_problem(p_payload) IS NULL) IS NOT TRUE THEN
+        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
+                            pgfence._arg_problem('task key', p_key, 256),
+                            pgfence._payload_problem(p_payload));
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        END IF;
+    END IF;
     IF p_from IS NULL OR p_to IS NULL
        OR p_from NOT IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled')
        OR p_to NOT IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled') THEN
@@ -1375,14 +1448,21 @@ CREATE FUNCTION pgfence.append_event(p_lease text, p_epoch bigint, p_secret text
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    problem text;
     r pgfence.write_result;
     t pgfence.tasks;
     ev bigint;
 BEGIN
-    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
-    PERFORM pgfence._check_text('task key', p_key, 256);
-    PERFORM pgfence._check_text('event kind', p_kind, 64);
-    PERFORM pgfence._check_payload(p_payload);
+    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND pgfence._plain_arg(p_key, 256)
+        AND pgfence._plain_arg(p_kind, 64) AND pgfence._payload_problem(p_payload) IS NULL) IS NOT TRUE THEN
+        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
+                            pgfence._arg_problem('task key', p_key, 256),
+                            pgfence._arg_problem('event kind', p_kind, 64),
+                            pgfence._payload_problem(p_payload));
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        END IF;
+    END IF;
     r := pgfence._guard(p_lease, p_epoch, p_secret, 'append_event', 'task_events', p_key);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;

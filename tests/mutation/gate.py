@@ -149,7 +149,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "grant-not-checked",
         "every role may use every cluster (the per-cluster grant is not checked, nor row-level security)",
-        [Edit("sql:_may_use", "RETURN EXISTS (SELECT 1 FROM pgfence.grants g", "RETURN true OR EXISTS (SELECT 1 FROM pgfence.grants g")],
+        [Edit("sql:_grant_of", "SELECT EXISTS (SELECT 1 FROM pgfence.grants g", "SELECT true OR EXISTS (SELECT 1 FROM pgfence.grants g")],
         [cargo_test("trust", "a_role_cannot_touch_or_read_another_clusters_leases")],
     ),
     Mutation(
@@ -178,6 +178,14 @@ MUTATIONS: list[Mutation] = [
         "the SQL text check accepts text not in Unicode NFC, which the Rust API refuses",
         [Edit("sql:_text_problem", "WHEN NOT p_value IS NFC NORMALIZED THEN", "WHEN false THEN")],
         [cargo_test("trust", "sql_and_rust_validation_agree")],
+    ),
+    Mutation(
+        "argument-shortcut-too-wide",
+        "the cheap argument test of the write path passes arguments the full checks refuse (too long, epoch 0)",
+        [Edit("sql:_plain_arg", "(p_value ~ '^[ -~]+$' AND octet_length(p_value) <= p_max)", "true"),
+         Edit("sql:_plain_lease_args", " AND p_epoch >= 1", "")],
+        [cargo_test("trust", "audit_rows_are_per_role_and_bounded"),
+         cargo_test("hostile", "sql_functions_refuse_hostile_arguments_cleanly")],
     ),
     Mutation(
         "enforcement-lets-any-role-write",

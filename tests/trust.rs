@@ -877,13 +877,13 @@ const NO_SECRET: &str =
 const NO_SECRET_NO_GRANT: &str =
     "CREATE OR REPLACE FUNCTION pgfence._secret_matches(p_hash bytea, p_secret text) \
      RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT true $$; \
-     CREATE OR REPLACE FUNCTION pgfence._may_use(p_cluster text, p_operator boolean DEFAULT false) \
-     RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT true $$;";
+     CREATE OR REPLACE FUNCTION pgfence._grant_of(p_cluster text, p_operator boolean DEFAULT false) \
+     RETURNS TABLE (granted boolean) LANGUAGE sql STABLE AS $$ SELECT true $$;";
 
 /// The cost of the trust boundary on a guarded write, measured (not a pass/fail test): the same guarded writes
 /// against three databases of one server, in interleaved rounds — the migration as it is; a copy whose guard
 /// neither hashes nor compares the tenure secret (`_secret_matches` answers true); and a copy that also skips the
-/// grant check (`_may_use` answers true). Prints the median writes per second of each and the ratios.
+/// grant check (`_grant_of` answers true). Prints the median writes per second of each and the ratios.
 ///
 /// `PGFENCE_MEASURE_ROUNDS` (default 7) rounds of `PGFENCE_MEASURE_SECS` (default 3) seconds per variant;
 /// `cargo test --release --test trust measure_trust_boundary_cost -- --ignored --nocapture`.

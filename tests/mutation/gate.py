@@ -273,6 +273,31 @@ MUTATIONS: list[Mutation] = [
               "*self.deadline.lock().unwrap_or_else(|p| p.into_inner())")],
         [cargo_test("leader")],
     ),
+    Mutation(
+        "guarded-write-acknowledged-before-commit",
+        "a one-statement guarded write (and every task write) is acknowledged at its first row, before the implicit "
+        "commit that follows it",
+        [Edit("src/store.rs", """        let rows: std::result::Result<Vec<U>, diesel::result::Error> =
+            query().load(&mut *conn).await;""", """        let rows: std::result::Result<Vec<U>, diesel::result::Error> =
+            query().get_result(&mut *conn).await.map(|r| vec![r]);""")],
+        [cargo_test("guard", "a_guarded_write_whose_commit_fails_is_an_error_not_an_acknowledgement"),
+         cargo_test("faults", "a_write_is_acknowledged_only_once_committed")],
+    ),
+    Mutation(
+        "guarded-write-without-its-safety-net",
+        "a one-statement guarded write whose statement is not gated commits its rows although the guard refused",
+        [Edit("src/fence.rs", "CASE WHEN g.passed OR w.n = 0 THEN w.n ELSE pgfence.ungated_write(g.outcome, w.n) END",
+              "w.n")],
+        [cargo_test("guard", "an_ungated_statement_never_commits_under_a_refused_fence")],
+    ),
+    Mutation(
+        "fenced-guard-outside-its-transaction",
+        "the fenced transaction's guard runs before (outside) the transaction it guards, so its guard lock is "
+        "released before the caller's writes",
+        [Edit("src/fence.rs", 'batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")', 'batch_execute("SELECT 1")')],
+        [cargo_test("guard", "guarded_statements_are_prepared_once_and_fenced_guards_run_inside_their_transaction"),
+         cargo_test("race", "no_stale_write_commits_after_a_takeover_commits")],
+    ),
 ]
 
 

@@ -1,5 +1,6 @@
 //! One criterion benchmark per pgfence operation, so that a regression in one of them shows up in
-//! `cargo bench`: acquire, renew, release, a single guarded write (`append_event`) and a fenced transaction.
+//! `cargo bench`: acquire, renew, release, a task write (`append_event`), a one-statement guarded UPDATE
+//! (`guarded_write`) and a fenced transaction.
 //!
 //! Each runs one operation at a time against a throwaway server (or `DATABASE_URL` with `PGFENCE_BENCH_YES=1`,
 //! since it writes). For ratios between guarded and unguarded writes, raw statements and pgbench at several
@@ -137,12 +138,28 @@ fn operations(c: &mut Criterion) {
         })
     });
 
-    group.bench_function("guarded_write", |b| {
+    group.bench_function("append_event", |b| {
         b.to_async(&s.runtime).iter(|| async {
             s.store
                 .append_event(&s.fence, "task", "criterion", &json!({}))
                 .await
                 .expect("append_event")
+        })
+    });
+
+    group.bench_function("guarded_write", |b| {
+        b.to_async(&s.runtime).iter(|| async {
+            s.store
+                .guarded_write(
+                    &s.fence,
+                    "criterion",
+                    diesel::sql_query(
+                        "UPDATE pgfence_criterion_rows SET v = v + 1 \
+                          WHERE id = 1 AND (SELECT passed FROM pgfence_guard)",
+                    ),
+                )
+                .await
+                .expect("guarded_write")
         })
     });
 
@@ -152,9 +169,9 @@ fn operations(c: &mut Criterion) {
                 .fenced(&s.fence, "criterion", |conn| {
                     Box::pin(async move {
                         use diesel_async::RunQueryDsl;
-                        diesel::sql_query(
+                        pgfence::Cached::new(diesel::sql_query(
                             "UPDATE pgfence_criterion_rows SET v = v + 1 WHERE id = 1",
-                        )
+                        ))
                         .execute(conn)
                         .await?;
                         Ok::<_, Error>(())

@@ -400,3 +400,75 @@ async fn a_silent_server_fails_within_the_connect_timeout() {
     assert!(!err.to_string().contains(SENTINEL));
     silent.abort();
 }
+
+/// Ends the server sessions of the store's pooled connections (application_name `app`) from outside, as a
+/// restart of a pooler or a firewall timeout would while they sit idle in the pool.
+async fn end_idle_sessions(db: &TestDb, app: &str) {
+    let ended = db
+        .scalar(&format!(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+              WHERE application_name = '{app}' AND datname = current_database()) t"
+        ))
+        .await;
+    assert!(ended >= 1, "no idle session of {app} to end");
+    // Wait until the server has let them go.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while db
+        .scalar(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{app}' \
+               AND datname = current_database()"
+        ))
+        .await
+        > 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the ended sessions never went away"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The pool does not ping a connection at check-out (a round trip per operation, measured by `pgfence bench` as
+/// `update-ping`): a connection that broke while idle is found out by the statement that uses it, which fails
+/// with a transient error and never reports success; the pool then discards the connection and the next
+/// operation runs on a new one. With `ping_on_checkout(true)` the broken connection is replaced before use.
+#[tokio::test]
+async fn a_connection_broken_while_idle_fails_its_next_statement_transiently_and_is_replaced() {
+    let db = TestDb::new().await;
+    let store = Store::connect(db.config("c").pool_size(1).application_name("idle-broken"))
+        .await
+        .unwrap();
+    store
+        .acquire("a", "h", Duration::from_secs(60))
+        .await
+        .unwrap();
+    end_idle_sessions(&db, "idle-broken").await;
+    let err = store
+        .acquire("b", "h", Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert!(err.is_transient(), "{err:?}");
+    store
+        .acquire("b", "h", Duration::from_secs(60))
+        .await
+        .unwrap();
+
+    let pinging = Store::connect(
+        db.config("c")
+            .pool_size(1)
+            .application_name("idle-pinged")
+            .ping_on_checkout(true),
+    )
+    .await
+    .unwrap();
+    pinging
+        .acquire("c", "h", Duration::from_secs(60))
+        .await
+        .unwrap();
+    end_idle_sessions(&db, "idle-pinged").await;
+    pinging
+        .acquire("d", "h", Duration::from_secs(60))
+        .await
+        .unwrap();
+}

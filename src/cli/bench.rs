@@ -97,8 +97,19 @@ pub(super) fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds")
 }
 
-pub(super) fn db_error(context: &str, e: impl std::fmt::Display) -> Failure {
-    Failure::new(1, format!("{context}: {e}"))
+/// A failure of the benchmark's own statements, with the error's sources (tokio-postgres shows "db error" and
+/// keeps the server's message as its source).
+pub(super) fn db_error(context: &str, e: impl std::error::Error) -> Failure {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    Failure::new(1, format!("{context}: {text}"))
 }
 
 /// What the command was asked to measure.
@@ -839,15 +850,19 @@ async fn setup_leases(
         let store = Store::connect(store_config(&url, plan, global)).await?;
         store.migrate().await?;
         let admin = connect_admin(&url).await?;
-        // Through the public SQL function, so the rows are exactly what acquisitions create.
-        admin
-            .execute(
-                "SELECT count(*) FROM generate_series(1, $1::int) g, \
-                   LATERAL pgfence.acquire('bench/l' || g, $2, $3) a",
-                &[&(rows as i32), &HOLDER, &(TTL.as_millis() as i64)],
-            )
-            .await
-            .map_err(|e| db_error("creating leases", e))?;
+        // Through the public SQL function, so the rows are exactly what acquisitions create; 1,000 per transaction,
+        // since every acquisition holds its lease's guard lock (a lock table entry) until its transaction ends.
+        for first in (1..=rows as i32).step_by(1000) {
+            let last = (first + 999).min(rows as i32);
+            admin
+                .execute(
+                    "SELECT count(*) FROM generate_series($1::int, $2::int) g, \
+                       LATERAL pgfence.acquire('bench/l' || g, $3, $4) a",
+                    &[&first, &last, &HOLDER, &(TTL.as_millis() as i64)],
+                )
+                .await
+                .map_err(|e| db_error("creating leases", e))?;
+        }
         admin
             .batch_execute("VACUUM ANALYZE pgfence.leases, pgfence.tenures")
             .await

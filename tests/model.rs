@@ -23,7 +23,10 @@ use protocol::{Config, Protocol, Weakening};
 
 /// Threads of the checker (the machines running the suite have 2 cores).
 fn threads() -> usize {
-    std::env::var("PGFENCE_MODEL_THREADS").ok().and_then(|t| t.parse().ok()).unwrap_or(2)
+    std::env::var("PGFENCE_MODEL_THREADS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(2)
 }
 
 /// Explores `cfg` in full and asserts that no `always` property fails and that the `examples` are reached.
@@ -43,8 +46,13 @@ fn check_all(name: &str, cfg: Config, examples: &[&str]) {
     let mut failed = Vec::new();
     for p in checker.model().properties() {
         match (p.expectation, discoveries.get(p.name)) {
-            (stateright::Expectation::Always, Some(path)) | (stateright::Expectation::Eventually, Some(path)) => {
-                failed.push(format!("VIOLATED: {}\n{}", p.name, trace::render(checker.model(), path)));
+            (stateright::Expectation::Always, Some(path))
+            | (stateright::Expectation::Eventually, Some(path)) => {
+                failed.push(format!(
+                    "VIOLATED: {}\n{}",
+                    p.name,
+                    trace::render(checker.model(), path)
+                ));
             }
             (stateright::Expectation::Sometimes, None) if examples.contains(&p.name) => {
                 failed.push(format!("NEVER REACHED: {}", p.name))
@@ -59,7 +67,9 @@ fn check_all(name: &str, cfg: Config, examples: &[&str]) {
 /// counterexample.
 fn find_in(cfg: Config, weakenings: &[Weakening], expected: &'static str) {
     let started = Instant::now();
-    let model = Protocol { cfg: cfg.with(weakenings) };
+    let model = Protocol {
+        cfg: cfg.with(weakenings),
+    };
     let checker = model
         .checker()
         .threads(threads())
@@ -69,7 +79,10 @@ fn find_in(cfg: Config, weakenings: &[Weakening], expected: &'static str) {
         .join();
     let discoveries = checker.discoveries();
     let safety = properties::safety_names(checker.model());
-    let broken: Vec<_> = safety.iter().filter(|n| discoveries.contains_key(*n)).collect();
+    let broken: Vec<_> = safety
+        .iter()
+        .filter(|n| discoveries.contains_key(*n))
+        .collect();
     let Some(path) = discoveries.get(expected) else {
         panic!("{weakenings:?}: no counterexample for {expected:?} (broken: {broken:?})");
     };
@@ -86,18 +99,30 @@ fn takeovers_renewals_and_deadlines_keep_every_property() {
     check_all(
         "takeover",
         Config::takeover(),
-        &[properties::S_TERMINATED, properties::S_REFUSED_AFTER_WAIT, properties::S_WRITE_AFTER_TAKEOVER],
+        &[
+            properties::S_TERMINATED,
+            properties::S_REFUSED_AFTER_WAIT,
+            properties::S_WRITE_AFTER_TAKEOVER,
+        ],
     );
 }
 
 #[test]
 fn force_release_keeps_every_property() {
-    check_all("force_release", Config::force_release(), &[properties::S_TERMINATED, properties::S_WRITE_AFTER_TAKEOVER]);
+    check_all(
+        "force_release",
+        Config::force_release(),
+        &[properties::S_TERMINATED, properties::S_WRITE_AFTER_TAKEOVER],
+    );
 }
 
 #[test]
 fn release_keeps_every_property() {
-    check_all("release", Config::release(), &[properties::S_TERMINATED, properties::S_WRITE_AFTER_TAKEOVER]);
+    check_all(
+        "release",
+        Config::release(),
+        &[properties::S_TERMINATED, properties::S_WRITE_AFTER_TAKEOVER],
+    );
 }
 
 #[test]
@@ -105,7 +130,11 @@ fn a_promotion_keeps_every_property() {
     check_all(
         "promotion",
         Config::promotion(),
-        &[properties::S_FAILOVER_REFUSED, properties::S_ACKED_LOST, properties::S_WRITE_AFTER_TAKEOVER],
+        &[
+            properties::S_FAILOVER_REFUSED,
+            properties::S_ACKED_LOST,
+            properties::S_WRITE_AFTER_TAKEOVER,
+        ],
     );
 }
 
@@ -118,52 +147,115 @@ fn everything_at_once_keeps_every_property() {
 
 #[test]
 fn a_guard_without_its_shared_lock_is_found() {
-    find_in(Config::takeover(), &[Weakening::GuardWithoutLock], properties::FENCING);
+    find_in(
+        Config::takeover(),
+        &[Weakening::GuardWithoutLock],
+        properties::FENCING,
+    );
 }
 
 #[test]
 fn a_takeover_without_its_exclusive_lock_is_found() {
-    find_in(Config::takeover(), &[Weakening::TakeoverWithoutExclusiveLock], properties::FENCING);
+    find_in(
+        Config::takeover(),
+        &[Weakening::TakeoverWithoutExclusiveLock],
+        properties::FENCING,
+    );
 }
 
 #[test]
 fn a_takeover_without_grace_is_found() {
     // The bound (grace + 3 rounds) must fit in the clock range.
-    find_in(Config { max_clock: 7, ..Config::takeover() }, &[Weakening::TakeoverWithoutGrace], properties::TAKEOVER_BOUNDED);
+    find_in(
+        Config {
+            max_clock: 7,
+            ..Config::takeover()
+        },
+        &[Weakening::TakeoverWithoutGrace],
+        properties::TAKEOVER_BOUNDED,
+    );
 }
 
 #[test]
 fn a_superseded_check_accepting_the_previous_epoch_is_found() {
-    find_in(Config::takeover(), &[Weakening::SupersededAcceptsPrevious], properties::REFUSALS_AUDITED);
+    find_in(
+        Config::takeover(),
+        &[Weakening::SupersededAcceptsPrevious],
+        properties::REFUSALS_AUDITED,
+    );
 }
 
 #[test]
 fn a_superseded_check_accepting_the_previous_epoch_without_the_secret_is_found() {
-    find_in(Config::takeover(), &[Weakening::SupersededAcceptsPrevious, Weakening::SecretNotChecked], properties::FENCING);
+    find_in(
+        Config::takeover(),
+        &[
+            Weakening::SupersededAcceptsPrevious,
+            Weakening::SecretNotChecked,
+        ],
+        properties::FENCING,
+    );
 }
 
 #[test]
 fn a_superseded_check_refusing_the_current_epoch_is_found() {
-    find_in(Config::takeover(), &[Weakening::SupersededRefusesCurrent], properties::REFUSALS_AUDITED);
+    find_in(
+        Config::takeover(),
+        &[Weakening::SupersededRefusesCurrent],
+        properties::REFUSALS_AUDITED,
+    );
 }
 
 #[test]
 fn the_failover_boundary_removed_is_found() {
-    find_in(Config::promotion(), &[Weakening::FailoverBoundaryRemoved], properties::FAILOVER_FENCE);
+    find_in(
+        Config::promotion(),
+        &[Weakening::FailoverBoundaryRemoved],
+        properties::FAILOVER_FENCE,
+    );
 }
 
 #[test]
 fn epochs_without_the_timeline_jump_are_found() {
-    find_in(Config::promotion(), &[Weakening::NoEpochJump], properties::EPOCHS_INCREASE);
+    find_in(
+        Config::promotion(),
+        &[Weakening::NoEpochJump],
+        properties::EPOCHS_INCREASE,
+    );
 }
 
 #[test]
 fn a_local_deadline_without_the_margin_is_found() {
-    find_in(Config::takeover(), &[Weakening::DeadlineWithoutMargin], properties::BELIEF);
+    find_in(
+        Config::takeover(),
+        &[Weakening::DeadlineWithoutMargin],
+        properties::BELIEF,
+    );
 }
 
 #[test]
 fn a_local_deadline_from_the_receive_time_is_found() {
-    find_in(Config::takeover(), &[Weakening::DeadlineFromReceive], properties::BELIEF);
+    find_in(
+        Config::takeover(),
+        &[Weakening::DeadlineFromReceive],
+        properties::BELIEF,
+    );
 }
 
+/// Not a weakening: the protocol as built. Between `_take_guard_lock`'s terminations and its next request the
+/// exclusive request is not queued, so a guarded write of a *live* tenure that passed its pre-check can take the
+/// shared lock in that gap; three times in a row and the force_release gives up with PF003.
+#[test]
+fn a_force_release_of_a_live_tenure_can_fail_when_its_writes_slip_in_three_rounds() {
+    let cfg = Config {
+        holders: 1,
+        renews: 0,
+        releases: 0,
+        writes: 4,
+        promotions: 0,
+        ttl: 6,
+        max_clock: 6,
+        ..Config::large()
+    };
+    find_in(cfg, &[], properties::S_LIVE_TAKEOVER_FAILS);
+}

@@ -119,22 +119,43 @@ impl Config {
     /// Takeovers of an expired lease against guarded writes, renewals and local deadlines (no release, no
     /// force_release, no promotion).
     pub fn takeover() -> Config {
-        Config { releases: 0, force_releases: 0, promotions: 0, ..Config::large() }
+        Config {
+            releases: 0,
+            force_releases: 0,
+            promotions: 0,
+            ..Config::large()
+        }
     }
 
     /// The operator's force_release of a live tenure against guarded writes and a successor.
     pub fn force_release() -> Config {
-        Config { renews: 0, releases: 0, promotions: 0, ..Config::large() }
+        Config {
+            renews: 0,
+            releases: 0,
+            promotions: 0,
+            ..Config::large()
+        }
     }
 
     /// A holder's release against its own guarded writes and a successor (clock 0..=3).
     pub fn release() -> Config {
-        Config { renews: 0, force_releases: 0, promotions: 0, max_clock: 3, ..Config::large() }
+        Config {
+            renews: 0,
+            force_releases: 0,
+            promotions: 0,
+            max_clock: 3,
+            ..Config::large()
+        }
     }
 
     /// A promotion losing up to two commits, with a force_release and a successor (clock 0..=3).
     pub fn promotion() -> Config {
-        Config { renews: 0, releases: 0, max_clock: 3, ..Config::large() }
+        Config {
+            renews: 0,
+            releases: 0,
+            max_clock: 3,
+            ..Config::large()
+        }
     }
 
     pub fn with(mut self, weakenings: &[Weakening]) -> Config {
@@ -152,7 +173,12 @@ impl Config {
 pub enum Commit {
     /// pgfence.acquire: the lease row now names `holder`, `epoch`, state 'held', `expires_at`, `timeline`.
     /// The tenure secret is the index of this entry in `hist` (unique per acquisition).
-    Acquire { holder: Pid, epoch: Epoch, expires: Tick, timeline: u8 },
+    Acquire {
+        holder: Pid,
+        epoch: Epoch,
+        expires: Tick,
+        timeline: u8,
+    },
     /// pgfence.renew: `expires_at` moved.
     Renew { epoch: Epoch, expires: Tick },
     /// pgfence.release: state 'released', `expires_at = LEAST(expires_at, ts)`.
@@ -160,7 +186,11 @@ pub enum Commit {
     /// pgfence.force_release: same as release, for whatever tenure is current.
     ForceRelease { epoch: Epoch, at: Tick },
     /// A guarded write presenting `epoch` (granted on `tenure_timeline`), committed on `timeline`.
-    Write { epoch: Epoch, tenure_timeline: u8, timeline: u8 },
+    Write {
+        epoch: Epoch,
+        tenure_timeline: u8,
+        timeline: u8,
+    },
 }
 
 /// A commit and whether a promotion lost it.
@@ -245,9 +275,18 @@ pub enum Stage {
     RowLockWait,
     /// Holds the row lock; queued for the guard lock EXCLUSIVE since `since`, in termination round `round`.
     /// `live`: the tenure being ended was live when the row lock was granted.
-    GuardWait { since: Tick, round: u8, live: bool, started: Tick },
+    GuardWait {
+        since: Tick,
+        round: u8,
+        live: bool,
+        started: Tick,
+    },
     /// The wait timed out and the guard holders were terminated; the request is queued again next.
-    GuardTerminated { round: u8, live: bool, started: Tick },
+    GuardTerminated {
+        round: u8,
+        live: bool,
+        started: Tick,
+    },
     /// Holds the row lock and the guard lock EXCLUSIVE: the change commits next.
     GuardGranted,
 }
@@ -268,8 +307,15 @@ pub enum ControlReply {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ControlOp {
     Idle,
-    Call { change: Change, sent: Tick, stage: Stage },
-    Reply { reply: ControlReply, sent: Tick },
+    Call {
+        change: Change,
+        sent: Tick,
+        stage: Stage,
+    },
+    Reply {
+        reply: ControlReply,
+        sent: Tick,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -326,6 +372,8 @@ pub struct State {
     pub promotions_left: u8,
     /// Ghost: a takeover of a lease that was not live failed with PF003.
     pub expired_takeover_failed: bool,
+    /// Ghost: a takeover of a live tenure (force_release, release) failed with PF003.
+    pub live_takeover_failed: bool,
     /// Ghost: a guarded transaction was terminated by a takeover after the grace.
     pub terminated_writes: bool,
     /// Ghost: a refusal's audit row gave a reason that is not the true one.
@@ -397,8 +445,13 @@ pub struct Protocol {
 /// or losing it leaves the holder as it was).
 fn reply_op(reply: ControlReply, sent: Tick) -> ControlOp {
     match reply {
-        ControlReply::Acquired(_) | ControlReply::Renewed | ControlReply::Lost => ControlOp::Reply { reply, sent },
-        ControlReply::Held | ControlReply::Released | ControlReply::NotHeld | ControlReply::Failed => ControlOp::Idle,
+        ControlReply::Acquired(_) | ControlReply::Renewed | ControlReply::Lost => {
+            ControlOp::Reply { reply, sent }
+        }
+        ControlReply::Held
+        | ControlReply::Released
+        | ControlReply::NotHeld
+        | ControlReply::Failed => ControlOp::Idle,
     }
 }
 
@@ -409,11 +462,30 @@ fn conflicts(a: Mode, b: Mode) -> bool {
 impl State {
     /// The lease row as the surviving history leaves it.
     pub fn row(&self) -> Row {
-        let mut r = Row { epoch: 0, holder: None, held: false, expires: 0, timeline: 0, secret: None };
+        let mut r = Row {
+            epoch: 0,
+            holder: None,
+            held: false,
+            expires: 0,
+            timeline: 0,
+            secret: None,
+        };
         for (i, e) in self.hist.iter().enumerate().filter(|(_, e)| !e.lost) {
             match e.commit {
-                Commit::Acquire { holder, epoch, expires, timeline } => {
-                    r = Row { epoch, holder: Some(holder), held: true, expires, timeline, secret: Some(i) };
+                Commit::Acquire {
+                    holder,
+                    epoch,
+                    expires,
+                    timeline,
+                } => {
+                    r = Row {
+                        epoch,
+                        holder: Some(holder),
+                        held: true,
+                        expires,
+                        timeline,
+                        secret: Some(i),
+                    };
                 }
                 Commit::Renew { expires, .. } => r.expires = expires,
                 Commit::Release { at, .. } | Commit::ForceRelease { at, .. } => {
@@ -434,7 +506,11 @@ impl State {
     }
 
     fn commit(&mut self, commit: Commit) -> usize {
-        self.hist.push(Entry { commit, lost: false, acked: false });
+        self.hist.push(Entry {
+            commit,
+            lost: false,
+            acked: false,
+        });
         self.hist.len() - 1
     }
 }
@@ -445,7 +521,14 @@ impl Protocol {
     }
 
     /// `_loss_reason(l, p_holder, p_epoch, ts, p_timeline)`.
-    fn loss_reason(&self, row: &Row, holder: Option<Pid>, epoch: Epoch, ts: Tick, tl: u8) -> Option<Reason> {
+    fn loss_reason(
+        &self,
+        row: &Row,
+        holder: Option<Pid>,
+        epoch: Epoch,
+        ts: Tick,
+        tl: u8,
+    ) -> Option<Reason> {
         let superseded = if self.cfg.weak(Weakening::SupersededAcceptsPrevious) {
             epoch + 1 < row.epoch
         } else if self.cfg.weak(Weakening::SupersededRefusesCurrent) {
@@ -496,16 +579,20 @@ impl Protocol {
     /// (`_secret_check(..) IS DISTINCT FROM 'ok'`).
     fn guard_reason(&self, s: &State, t: &Tenure, fresh: bool) -> Option<Reason> {
         let row = s.row();
-        self.loss_reason(&row, None, t.epoch, s.clock, s.timeline).or_else(|| {
-            let decided = fresh || row.epoch == t.epoch;
-            (decided && !self.secret_ok(&row, t)).then_some(Reason::BadSecret)
-        })
+        self.loss_reason(&row, None, t.epoch, s.clock, s.timeline)
+            .or_else(|| {
+                let decided = fresh || row.epoch == t.epoch;
+                (decided && !self.secret_ok(&row, t)).then_some(Reason::BadSecret)
+            })
     }
 
     fn grantable(&self, s: &State, conn: Conn, mode: Mode) -> bool {
         // PostgreSQL checks the waiters' modes too (LockAcquireExtended: conflictTab & waitMask), also for a
         // try-lock: a shared request never overtakes a waiting exclusive one.
-        !s.guard.granted.iter().any(|&(c, m)| c != conn && conflicts(m, mode))
+        !s.guard
+            .granted
+            .iter()
+            .any(|&(c, m)| c != conn && conflicts(m, mode))
             && !s.guard.queue.iter().any(|&(_, m)| conflicts(m, mode))
     }
 
@@ -516,7 +603,11 @@ impl Protocol {
         let mut i = 0;
         while i < s.guard.queue.len() {
             let (conn, mode) = s.guard.queue[i];
-            let blocked = s.guard.granted.iter().any(|&(c, m)| c != conn && conflicts(m, mode))
+            let blocked = s
+                .guard
+                .granted
+                .iter()
+                .any(|&(c, m)| c != conn && conflicts(m, mode))
                 || ahead.iter().any(|&m| conflicts(m, mode));
             if blocked {
                 ahead.push(mode);
@@ -553,16 +644,30 @@ impl Protocol {
     }
 
     /// `_take_guard_lock`'s first request, on behalf of the session holding the row lock.
-    fn request_exclusive(&self, s: &mut State, p: Pid, round: u8, live: bool, started: Tick) -> Stage {
+    fn request_exclusive(
+        &self,
+        s: &mut State,
+        p: Pid,
+        round: u8,
+        live: bool,
+        started: Tick,
+    ) -> Stage {
         let conn = Conn::Control(p);
-        if self.cfg.weak(Weakening::TakeoverWithoutExclusiveLock) || self.grantable(s, conn, Mode::Exclusive) {
+        if self.cfg.weak(Weakening::TakeoverWithoutExclusiveLock)
+            || self.grantable(s, conn, Mode::Exclusive)
+        {
             if !self.cfg.weak(Weakening::TakeoverWithoutExclusiveLock) {
                 s.guard.granted.push((conn, Mode::Exclusive));
             }
             Stage::GuardGranted
         } else {
             s.guard.queue.push((conn, Mode::Exclusive));
-            Stage::GuardWait { since: s.clock, round, live, started }
+            Stage::GuardWait {
+                since: s.clock,
+                round,
+                live,
+                started,
+            }
         }
     }
 
@@ -592,7 +697,9 @@ impl Protocol {
         if reason == Reason::Failover {
             s.failover_refused = true;
         }
-        if reason == Reason::Superseded && matches!(s.holders[p as usize].writer, WriteOp::Locked(_)) {
+        if reason == Reason::Superseded
+            && matches!(s.holders[p as usize].writer, WriteOp::Locked(_))
+        {
             s.superseded_after_lock = true;
         }
         self.release_guard(s, Conn::Writer(p));
@@ -607,10 +714,14 @@ impl Protocol {
             return false;
         }
         s.holders.iter().any(|h| match h.control {
-            ControlOp::Call { stage: Stage::GuardWait { since, round, .. }, .. } => {
-                s.clock >= since + self.wait_limit(round)
-            }
-            ControlOp::Call { stage: Stage::GuardTerminated { .. }, .. } => true,
+            ControlOp::Call {
+                stage: Stage::GuardWait { since, round, .. },
+                ..
+            } => s.clock >= since + self.wait_limit(round),
+            ControlOp::Call {
+                stage: Stage::GuardTerminated { .. },
+                ..
+            } => true,
             _ => false,
         })
     }
@@ -631,7 +742,11 @@ impl Protocol {
     /// The instant (database clock) at which a holder stops trusting its tenure: `HeldLease::trust_until`,
     /// anchor + ttl − margin on its own clock, which reads `drift` less than the database's when it runs slow.
     fn trust_until(&self, slow: bool, anchor: Tick) -> Tick {
-        let margin = if self.cfg.weak(Weakening::DeadlineWithoutMargin) { 0 } else { self.cfg.margin };
+        let margin = if self.cfg.weak(Weakening::DeadlineWithoutMargin) {
+            0
+        } else {
+            self.cfg.margin
+        };
         let drift = if slow { self.cfg.drift } else { 0 };
         (anchor + self.cfg.ttl + drift).saturating_sub(margin)
     }
@@ -684,6 +799,7 @@ impl Model for Protocol {
                 holders,
                 promotions_left: self.cfg.promotions,
                 expired_takeover_failed: false,
+                live_takeover_failed: false,
                 terminated_writes: false,
                 inexact_refusal: None,
                 failover_refused: false,
@@ -745,7 +861,10 @@ impl Model for Protocol {
                 ControlOp::Reply { reply, .. } => {
                     actions.push(Action::DeliverControl(p));
                     // Losing a reply that teaches nothing is the same as delivering it.
-                    if matches!(reply, ControlReply::Acquired(_) | ControlReply::Renewed | ControlReply::Lost) {
+                    if matches!(
+                        reply,
+                        ControlReply::Acquired(_) | ControlReply::Renewed | ControlReply::Lost
+                    ) {
                         actions.push(Action::LoseControl(p));
                     }
                 }
@@ -779,13 +898,17 @@ impl Model for Protocol {
         // A call whose row lock is free takes it in the same step: whatever runs between its unlocked read
         // and the lock is judged again by the re-check on the locked row.
         if let Action::AcquireCall(p) | Action::ReleaseCall(p) = action {
-            if s.row_lock.is_none() && matches!(s.holders[p as usize].control, ControlOp::Call { .. }) {
+            if s.row_lock.is_none()
+                && matches!(s.holders[p as usize].control, ControlOp::Call { .. })
+            {
                 return self.step(&s, Action::LockLeaseRow(p));
             }
         }
         if action == Action::ForceReleaseCall {
             let op = self.operator();
-            if s.row_lock.is_none() && matches!(s.holders[op as usize].control, ControlOp::Call { .. }) {
+            if s.row_lock.is_none()
+                && matches!(s.holders[op as usize].control, ControlOp::Call { .. })
+            {
                 return self.step(&s, Action::LockLeaseRow(op));
             }
         }
@@ -838,8 +961,11 @@ impl Protocol {
                 if row.epoch > 0 && self.held_by_other(&row, p, s.clock, s.timeline) {
                     s.holders[p as usize].control = reply_op(ControlReply::Held, sent);
                 } else {
-                    s.holders[p as usize].control =
-                        ControlOp::Call { change: Change::Acquire, sent, stage: Stage::RowLockWait };
+                    s.holders[p as usize].control = ControlOp::Call {
+                        change: Change::Acquire,
+                        sent,
+                        stage: Stage::RowLockWait,
+                    };
                 }
             }
             Action::ReleaseCall(p) => {
@@ -851,8 +977,11 @@ impl Protocol {
                 let row = s.row();
                 match self.loss_reason(&row, Some(p), t.epoch, s.clock, s.timeline) {
                     Some(Reason::Expired) | Some(Reason::Failover) | None => {
-                        s.holders[p as usize].control =
-                            ControlOp::Call { change: Change::Release(t), sent, stage: Stage::RowLockWait };
+                        s.holders[p as usize].control = ControlOp::Call {
+                            change: Change::Release(t),
+                            sent,
+                            stage: Stage::RowLockWait,
+                        };
                     }
                     Some(_) => {
                         s.holders[p as usize].control = reply_op(ControlReply::NotHeld, sent);
@@ -867,11 +996,19 @@ impl Protocol {
                 s.holders[op as usize].control = if row.epoch == 0 || !row.held {
                     reply_op(ControlReply::NotHeld, sent)
                 } else {
-                    ControlOp::Call { change: Change::ForceRelease, sent, stage: Stage::RowLockWait }
+                    ControlOp::Call {
+                        change: Change::ForceRelease,
+                        sent,
+                        stage: Stage::RowLockWait,
+                    }
                 };
             }
             Action::LockLeaseRow(p) => {
-                let ControlOp::Call { change, sent, stage: Stage::RowLockWait } = s.holders[p as usize].control
+                let ControlOp::Call {
+                    change,
+                    sent,
+                    stage: Stage::RowLockWait,
+                } = s.holders[p as usize].control
                 else {
                     return None;
                 };
@@ -886,23 +1023,44 @@ impl Protocol {
                     ),
                     Change::Release(t) => {
                         let why = self.loss_reason(&row, Some(p), t.epoch, ts, s.timeline);
-                        let refused = !matches!(why, None | Some(Reason::Expired) | Some(Reason::Failover))
-                            || !self.secret_ok(&row, &t);
+                        let refused =
+                            !matches!(why, None | Some(Reason::Expired) | Some(Reason::Failover))
+                                || !self.secret_ok(&row, &t);
                         (refused, why.is_none())
                     }
-                    Change::ForceRelease => (!row.held, row.held && row.expires > ts && row.timeline >= s.timeline),
+                    Change::ForceRelease => (
+                        !row.held,
+                        row.held && row.expires > ts && row.timeline >= s.timeline,
+                    ),
                 };
                 if refused {
-                    let reply = if change == Change::Acquire { ControlReply::Held } else { ControlReply::NotHeld };
+                    let reply = if change == Change::Acquire {
+                        ControlReply::Held
+                    } else {
+                        ControlReply::NotHeld
+                    };
                     self.finish_control(&mut s, p, reply, sent);
                 } else {
                     let stage = self.request_exclusive(&mut s, p, 0, live, ts);
-                    s.holders[p as usize].control = ControlOp::Call { change, sent, stage };
+                    s.holders[p as usize].control = ControlOp::Call {
+                        change,
+                        sent,
+                        stage,
+                    };
                 }
             }
             Action::GuardTimeout(p) => {
-                let ControlOp::Call { change, sent, stage: Stage::GuardWait { round, live, started, .. } } =
-                    s.holders[p as usize].control
+                let ControlOp::Call {
+                    change,
+                    sent,
+                    stage:
+                        Stage::GuardWait {
+                            round,
+                            live,
+                            started,
+                            ..
+                        },
+                } = s.holders[p as usize].control
                 else {
                     return None;
                 };
@@ -911,7 +1069,9 @@ impl Protocol {
                 self.wakeup(&mut s);
                 if round >= self.cfg.rounds {
                     // PF003: the takeover fails and rolls back.
-                    if !live {
+                    if live {
+                        s.live_takeover_failed = true;
+                    } else {
                         s.expired_takeover_failed = true;
                     }
                     self.finish_control(&mut s, p, ControlReply::Failed, sent);
@@ -934,21 +1094,39 @@ impl Protocol {
                     s.holders[p as usize].control = ControlOp::Call {
                         change,
                         sent,
-                        stage: Stage::GuardTerminated { round: round + 1, live, started },
+                        stage: Stage::GuardTerminated {
+                            round: round + 1,
+                            live,
+                            started,
+                        },
                     };
                 }
             }
             Action::RequeueGuard(p) => {
-                let ControlOp::Call { change, sent, stage: Stage::GuardTerminated { round, live, started } } =
-                    s.holders[p as usize].control
+                let ControlOp::Call {
+                    change,
+                    sent,
+                    stage:
+                        Stage::GuardTerminated {
+                            round,
+                            live,
+                            started,
+                        },
+                } = s.holders[p as usize].control
                 else {
                     return None;
                 };
                 let stage = self.request_exclusive(&mut s, p, round, live, started);
-                s.holders[p as usize].control = ControlOp::Call { change, sent, stage };
+                s.holders[p as usize].control = ControlOp::Call {
+                    change,
+                    sent,
+                    stage,
+                };
             }
             Action::CommitChange(p) => {
-                let ControlOp::Call { change, sent, .. } = s.holders[p as usize].control else { return None };
+                let ControlOp::Call { change, sent, .. } = s.holders[p as usize].control else {
+                    return None;
+                };
                 let row = s.row();
                 let ts = s.clock;
                 let reply = match change {
@@ -956,19 +1134,34 @@ impl Protocol {
                         let epoch = if self.cfg.weak(Weakening::NoEpochJump) {
                             row.epoch + 1
                         } else {
-                            (row.epoch + 1).max((s.timeline as Epoch - 1) * self.cfg.epochs_per_timeline + 1)
+                            (row.epoch + 1)
+                                .max((s.timeline as Epoch - 1) * self.cfg.epochs_per_timeline + 1)
                         };
                         let expires = ts + self.cfg.ttl;
-                        let secret =
-                            s.commit(Commit::Acquire { holder: p, epoch, expires, timeline: s.timeline });
-                        ControlReply::Acquired(Tenure { epoch, secret, timeline: s.timeline })
+                        let secret = s.commit(Commit::Acquire {
+                            holder: p,
+                            epoch,
+                            expires,
+                            timeline: s.timeline,
+                        });
+                        ControlReply::Acquired(Tenure {
+                            epoch,
+                            secret,
+                            timeline: s.timeline,
+                        })
                     }
                     Change::Release(t) => {
-                        s.commit(Commit::Release { epoch: t.epoch, at: ts });
+                        s.commit(Commit::Release {
+                            epoch: t.epoch,
+                            at: ts,
+                        });
                         ControlReply::Released
                     }
                     Change::ForceRelease => {
-                        s.commit(Commit::ForceRelease { epoch: row.epoch, at: ts });
+                        s.commit(Commit::ForceRelease {
+                            epoch: row.epoch,
+                            at: ts,
+                        });
                         ControlReply::Released
                     }
                 };
@@ -980,19 +1173,30 @@ impl Protocol {
                 let t = h.tenure.expect("renew needs a tenure");
                 let sent = s.clock;
                 let row = s.row();
-                let reply = if self.loss_reason(&row, Some(p), t.epoch, s.clock, s.timeline).is_some()
+                let reply = if self
+                    .loss_reason(&row, Some(p), t.epoch, s.clock, s.timeline)
+                    .is_some()
                     || !self.secret_ok(&row, &t)
                 {
                     ControlReply::Lost
                 } else {
-                    s.commit(Commit::Renew { epoch: t.epoch, expires: s.clock + self.cfg.ttl });
+                    s.commit(Commit::Renew {
+                        epoch: t.epoch,
+                        expires: s.clock + self.cfg.ttl,
+                    });
                     ControlReply::Renewed
                 };
                 s.holders[p as usize].control = reply_op(reply, sent);
             }
             Action::DeliverControl(p) => {
-                let ControlOp::Reply { reply, sent } = s.holders[p as usize].control else { return None };
-                let anchor = if self.cfg.weak(Weakening::DeadlineFromReceive) { s.clock } else { sent };
+                let ControlOp::Reply { reply, sent } = s.holders[p as usize].control else {
+                    return None;
+                };
+                let anchor = if self.cfg.weak(Weakening::DeadlineFromReceive) {
+                    s.clock
+                } else {
+                    sent
+                };
                 let until = self.trust_until(s.holders[p as usize].slow, anchor);
                 let h = &mut s.holders[p as usize];
                 match reply {
@@ -1007,7 +1211,10 @@ impl Protocol {
                         }
                     }
                     ControlReply::Lost => h.ended = true,
-                    ControlReply::Held | ControlReply::Released | ControlReply::NotHeld | ControlReply::Failed => {}
+                    ControlReply::Held
+                    | ControlReply::Released
+                    | ControlReply::NotHeld
+                    | ControlReply::Failed => {}
                 }
                 h.control = ControlOp::Idle;
             }
@@ -1022,7 +1229,9 @@ impl Protocol {
                 }
             }
             Action::GuardLockShared(p) => {
-                let WriteOp::PreChecked(t) = s.holders[p as usize].writer else { return None };
+                let WriteOp::PreChecked(t) = s.holders[p as usize].writer else {
+                    return None;
+                };
                 let conn = Conn::Writer(p);
                 if self.cfg.weak(Weakening::GuardWithoutLock) {
                     s.holders[p as usize].writer = WriteOp::Locked(t);
@@ -1038,14 +1247,18 @@ impl Protocol {
                 }
             }
             Action::GuardFreshRead(p) => {
-                let WriteOp::Locked(t) = s.holders[p as usize].writer else { return None };
+                let WriteOp::Locked(t) = s.holders[p as usize].writer else {
+                    return None;
+                };
                 match self.guard_reason(&s, &t, true) {
                     Some(reason) => self.refuse(&mut s, p, &t, reason),
                     None => s.holders[p as usize].writer = WriteOp::Passed(t),
                 }
             }
             Action::WriteCommit(p) => {
-                let WriteOp::Passed(t) = s.holders[p as usize].writer else { return None };
+                let WriteOp::Passed(t) = s.holders[p as usize].writer else {
+                    return None;
+                };
                 let entry = s.commit(Commit::Write {
                     epoch: t.epoch,
                     tenure_timeline: t.timeline,
@@ -1053,11 +1266,16 @@ impl Protocol {
                 });
                 self.release_guard(&mut s, Conn::Writer(p));
                 // Without a promotion nothing can lose a commit: the acknowledgement teaches nothing.
-                s.holders[p as usize].writer =
-                    if self.cfg.promotions > 0 { WriteOp::Reply(WriteReply::Ok(entry)) } else { WriteOp::Idle };
+                s.holders[p as usize].writer = if self.cfg.promotions > 0 {
+                    WriteOp::Reply(WriteReply::Ok(entry))
+                } else {
+                    WriteOp::Idle
+                };
             }
             Action::DeliverWrite(p) => {
-                let WriteOp::Reply(reply) = s.holders[p as usize].writer else { return None };
+                let WriteOp::Reply(reply) = s.holders[p as usize].writer else {
+                    return None;
+                };
                 let WriteReply::Ok(entry) = reply;
                 s.hist[entry].acked = true;
                 s.holders[p as usize].writer = WriteOp::Idle;
@@ -1066,14 +1284,19 @@ impl Protocol {
         }
         Some(s)
     }
-
 }
 
 impl Protocol {
     /// An action as a trace line: who, the SQL function, the lock.
     pub fn describe(&self, action: &Action) -> String {
         let holders = self.cfg.holders;
-        let n = |p: &Pid| if *p == holders { "operator".to_string() } else { ((b'A' + *p) as char).to_string() };
+        let n = |p: &Pid| {
+            if *p == holders {
+                "operator".to_string()
+            } else {
+                ((b'A' + *p) as char).to_string()
+            }
+        };
         let mut out = String::new();
         let f = &mut out;
         let _ = match action {
@@ -1081,9 +1304,9 @@ impl Protocol {
             Action::Promote { keep } => {
                 write!(f, "PROMOTE async standby (keeps {keep} surviving commits; new timeline)")
             }
-            Action::AcquireCall(p) => write!(f, "{}: pgfence.acquire — unlocked read, _held_by_other", n(p)),
-            Action::ReleaseCall(p) => write!(f, "{}: pgfence.release — unlocked read, _loss_reason", n(p)),
-            Action::ForceReleaseCall => write!(f, "operator: pgfence.force_release — unlocked read"),
+            Action::AcquireCall(p) => write!(f, "{}: pgfence.acquire — unlocked read, _held_by_other [+ _lock_lease_row, _take_guard_lock if the row is free]", n(p)),
+            Action::ReleaseCall(p) => write!(f, "{}: pgfence.release — unlocked read, _loss_reason [+ _lock_lease_row, _take_guard_lock if the row is free]", n(p)),
+            Action::ForceReleaseCall => write!(f, "operator: pgfence.force_release — unlocked read [+ _lock_lease_row, _take_guard_lock if the row is free]"),
             Action::LockLeaseRow(p) => write!(
                 f,
                 "{}: _lock_lease_row (FOR NO KEY UPDATE), re-check, _take_guard_lock (advisory EXCLUSIVE: try, else queue)",

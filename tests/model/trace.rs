@@ -27,7 +27,11 @@ pub fn render(model: &Protocol, path: &Path<State, Action>) -> String {
                 out,
                 "   0. start: clock 0, timeline 1; holders' clocks slow by {} tick(s): {}",
                 model.cfg.drift,
-                if slow.is_empty() { "none".to_string() } else { slow.join(", ") }
+                if slow.is_empty() {
+                    "none".to_string()
+                } else {
+                    slow.join(", ")
+                }
             );
         }
         if let Some(a) = action {
@@ -67,7 +71,12 @@ fn summary(model: &Protocol, before: &State, s: &State) -> String {
         .granted
         .iter()
         .map(|(c, m)| format!("{c:?}:{m:?}"))
-        .chain(s.guard.queue.iter().map(|(c, m)| format!("{c:?}:{m:?}(queued)")))
+        .chain(
+            s.guard
+                .queue
+                .iter()
+                .map(|(c, m)| format!("{c:?}:{m:?}(queued)")),
+        )
         .collect();
     if !locks.is_empty() {
         let _ = write!(out, " | guard lock: {}", locks.join(" "));
@@ -75,7 +84,8 @@ fn summary(model: &Protocol, before: &State, s: &State) -> String {
     if s.hist.len() > before.hist.len() {
         let _ = write!(out, " | COMMIT {:?}", s.hist[s.hist.len() - 1].commit);
     }
-    let lost = s.hist.iter().filter(|e| e.lost).count() - before.hist.iter().filter(|e| e.lost).count();
+    let lost =
+        s.hist.iter().filter(|e| e.lost).count() - before.hist.iter().filter(|e| e.lost).count();
     if lost > 0 {
         let _ = write!(out, " | {lost} commit(s) LOST");
     }

@@ -122,6 +122,15 @@ fn takeovers_renewals_and_deadlines_keep_every_property() {
 }
 
 #[test]
+fn lost_replies_and_retries_keep_every_property() {
+    check_all(
+        "retries",
+        Config::retries(),
+        &[properties::S_WRITE_AFTER_TAKEOVER, properties::S_REACQUIRED],
+    );
+}
+
+#[test]
 fn force_release_keeps_every_property() {
     check_all(
         "force_release",

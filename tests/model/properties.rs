@@ -30,6 +30,8 @@ pub const S_ACKED_LOST: &str =
     "example: an acknowledged write is lost by an asynchronous promotion (by design)";
 pub const S_LIVE_TAKEOVER_FAILS: &str =
     "example: a force_release of a live tenure fails (PF003) after the tenure's writes slipped in three rounds";
+pub const S_REACQUIRED: &str =
+    "example: a holder acquires again (its earlier tenure fenced by the new epoch), e.g. after a lost reply";
 pub const S_WRITE_AFTER_TAKEOVER: &str = "example: the successor writes after a takeover";
 
 pub fn all() -> Vec<Property<Protocol>> {
@@ -132,6 +134,15 @@ pub fn all() -> Vec<Property<Protocol>> {
         }),
         Property::sometimes(S_LIVE_TAKEOVER_FAILS, |_: &Protocol, s: &State| {
             s.live_takeover_failed
+        }),
+        Property::sometimes(S_REACQUIRED, |m: &Protocol, s: &State| {
+            (0..m.cfg.holders).any(|p| {
+                s.hist
+                    .iter()
+                    .filter(|e| matches!(e.commit, Commit::Acquire { holder, .. } if holder == p))
+                    .count()
+                    >= 2
+            })
         }),
         Property::sometimes(S_ACKED_LOST, |_: &Protocol, s: &State| {
             s.hist.iter().any(|e| e.acked && e.lost)

@@ -127,6 +127,21 @@ impl Config {
         }
     }
 
+    /// Lost replies and retries: a holder whose acquisition reply was lost acquires again (a new epoch), a
+    /// writer whose acknowledgement was lost writes again (no release, force_release or promotion; clock 0..=3).
+    pub fn retries() -> Config {
+        Config {
+            acquires: 2,
+            writes: 2,
+            renews: 0,
+            releases: 0,
+            force_releases: 0,
+            promotions: 0,
+            max_clock: 3,
+            ..Config::large()
+        }
+    }
+
     /// The operator's force_release of a live tenure against guarded writes and a successor.
     pub fn force_release() -> Config {
         Config {

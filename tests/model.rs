@@ -1,0 +1,309 @@
+//! The pgfence protocol, model-checked: every interleaving of acquire, renew, release, force_release, guarded
+//! writes, the guard lock's queue, expiry by the database clock, holders' local deadlines, lost replies and a
+//! promotion of an asynchronous standby, explored exhaustively within bounds (stateright, breadth first).
+//!
+//! `cargo test --test model` explores the bounded configuration in full and checks that each deliberate
+//! weakening of the protocol is found; `cargo test --test model -- --ignored` explores the large one
+//! (everything at once). See docs/model.md. A change to the guard or to the lease protocol changes the model
+//! (tests/model/protocol.rs) in the same commit.
+
+#[path = "model/properties.rs"]
+mod properties;
+#[path = "model/protocol.rs"]
+mod protocol;
+#[path = "model/trace.rs"]
+mod trace;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use stateright::{Checker, HasDiscoveries, Model};
+
+use protocol::{Config, Protocol, Weakening};
+
+/// Threads of the checker (the machines running the suite have 2 cores).
+fn threads() -> usize {
+    std::env::var("PGFENCE_MODEL_THREADS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(2)
+}
+
+/// Explores `cfg` in full and asserts that no `always` property fails and that the `examples` are reached.
+fn check_all(name: &str, cfg: Config, examples: &[&str]) {
+    check_within(name, cfg, examples, None)
+}
+
+/// Like `check_all`, stopping after `budget` if given: then the search is depth first, because its memory
+/// grows with the states seen and not with a breadth-first frontier (which filled 16 GB in 8 minutes on the
+/// large configuration), and it is a partial exploration when the budget ends it.
+fn check_within(name: &str, cfg: Config, examples: &[&str], budget: Option<Duration>) {
+    let started = Instant::now();
+    let builder = Protocol { cfg }.checker().threads(threads());
+    match budget {
+        Some(b) => report(
+            name,
+            builder.timeout(b).spawn_dfs().join(),
+            started,
+            budget,
+            examples,
+        ),
+        None => report(name, builder.spawn_bfs().join(), started, budget, examples),
+    }
+}
+
+fn report(
+    name: &str,
+    checker: impl Checker<Protocol>,
+    started: Instant,
+    budget: Option<Duration>,
+    examples: &[&str],
+) {
+    let elapsed = started.elapsed();
+    println!(
+        "model {name}: {} states ({} unique), max depth {}, {:.1?}{}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        elapsed,
+        match budget {
+            Some(b) if elapsed >= b => " (stopped by the time budget: a partial exploration)",
+            _ => " (complete)",
+        }
+    );
+    let discoveries = checker.discoveries();
+    let mut failed = Vec::new();
+    for p in checker.model().properties() {
+        match (p.expectation, discoveries.get(p.name)) {
+            (stateright::Expectation::Always, Some(path))
+            | (stateright::Expectation::Eventually, Some(path)) => {
+                failed.push(format!(
+                    "VIOLATED: {}\n{}",
+                    p.name,
+                    trace::render(checker.model(), path)
+                ));
+            }
+            (stateright::Expectation::Sometimes, None) if examples.contains(&p.name) => {
+                failed.push(format!("NEVER REACHED: {}", p.name))
+            }
+            _ => {}
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// Explores `weakenings` applied to the bounded configuration until `expected` fails, and prints the shortest
+/// counterexample.
+fn find_in(cfg: Config, weakenings: &[Weakening], expected: &'static str) {
+    let started = Instant::now();
+    let model = Protocol {
+        cfg: cfg.with(weakenings),
+    };
+    let checker = model
+        .checker()
+        .threads(threads())
+        .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([expected])))
+        .timeout(Duration::from_secs(300))
+        .spawn_bfs()
+        .join();
+    let discoveries = checker.discoveries();
+    let safety = properties::safety_names(checker.model());
+    let broken: Vec<_> = safety
+        .iter()
+        .filter(|n| discoveries.contains_key(*n))
+        .collect();
+    let Some(path) = discoveries.get(expected) else {
+        panic!("{weakenings:?}: no counterexample for {expected:?} (broken: {broken:?})");
+    };
+    println!(
+        "{weakenings:?} breaks {expected:?} ({} states, {:.1?}); also broken so far: {broken:?}\n{}",
+        checker.unique_state_count(),
+        started.elapsed(),
+        trace::render(checker.model(), path)
+    );
+}
+
+#[test]
+fn takeovers_renewals_and_deadlines_keep_every_property() {
+    check_all(
+        "takeover",
+        Config::takeover(),
+        &[
+            properties::S_TERMINATED,
+            properties::S_REFUSED_AFTER_WAIT,
+            properties::S_WRITE_AFTER_TAKEOVER,
+        ],
+    );
+}
+
+#[test]
+fn lost_replies_and_retries_keep_every_property() {
+    check_all(
+        "retries",
+        Config::retries(),
+        &[properties::S_WRITE_AFTER_TAKEOVER, properties::S_REACQUIRED],
+    );
+}
+
+#[test]
+fn force_release_keeps_every_property() {
+    check_all(
+        "force_release",
+        Config::force_release(),
+        &[properties::S_TERMINATED, properties::S_WRITE_AFTER_TAKEOVER],
+    );
+}
+
+#[test]
+fn release_keeps_every_property() {
+    check_all(
+        "release",
+        Config::release(),
+        &[properties::S_TERMINATED, properties::S_WRITE_AFTER_TAKEOVER],
+    );
+}
+
+#[test]
+fn a_promotion_keeps_every_property() {
+    check_all(
+        "promotion",
+        Config::promotion(),
+        &[
+            properties::S_FAILOVER_REFUSED,
+            properties::S_ACKED_LOST,
+            properties::S_WRITE_AFTER_TAKEOVER,
+        ],
+    );
+}
+
+/// Everything at once (long): `cargo test --test model -- --ignored --nocapture`. Stops after
+/// `PGFENCE_MODEL_MINUTES` (default 10) if it has not finished, and says so.
+#[test]
+#[ignore = "the large configuration: cargo test --test model -- --ignored --nocapture"]
+fn everything_at_once_keeps_every_property() {
+    let minutes: u64 = std::env::var("PGFENCE_MODEL_MINUTES")
+        .ok()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(10);
+    check_within(
+        "large",
+        Config::large(),
+        &[],
+        Some(Duration::from_secs(60 * minutes)),
+    );
+}
+
+#[test]
+fn a_guard_without_its_shared_lock_is_found() {
+    find_in(
+        Config::takeover(),
+        &[Weakening::GuardWithoutLock],
+        properties::FENCING,
+    );
+}
+
+#[test]
+fn a_takeover_without_its_exclusive_lock_is_found() {
+    find_in(
+        Config::takeover(),
+        &[Weakening::TakeoverWithoutExclusiveLock],
+        properties::FENCING,
+    );
+}
+
+#[test]
+fn a_takeover_without_grace_is_found() {
+    // The bound (grace + 3 rounds) must fit in the clock range.
+    find_in(
+        Config {
+            max_clock: 7,
+            ..Config::takeover()
+        },
+        &[Weakening::TakeoverWithoutGrace],
+        properties::TAKEOVER_BOUNDED,
+    );
+}
+
+#[test]
+fn a_superseded_check_accepting_the_previous_epoch_is_found() {
+    find_in(
+        Config::takeover(),
+        &[Weakening::SupersededAcceptsPrevious],
+        properties::REFUSALS_AUDITED,
+    );
+}
+
+#[test]
+fn a_superseded_check_accepting_the_previous_epoch_without_the_secret_is_found() {
+    find_in(
+        Config::takeover(),
+        &[
+            Weakening::SupersededAcceptsPrevious,
+            Weakening::SecretNotChecked,
+        ],
+        properties::FENCING,
+    );
+}
+
+#[test]
+fn a_superseded_check_refusing_the_current_epoch_is_found() {
+    find_in(
+        Config::takeover(),
+        &[Weakening::SupersededRefusesCurrent],
+        properties::REFUSALS_AUDITED,
+    );
+}
+
+#[test]
+fn the_failover_boundary_removed_is_found() {
+    find_in(
+        Config::promotion(),
+        &[Weakening::FailoverBoundaryRemoved],
+        properties::FAILOVER_FENCE,
+    );
+}
+
+#[test]
+fn epochs_without_the_timeline_jump_are_found() {
+    find_in(
+        Config::promotion(),
+        &[Weakening::NoEpochJump],
+        properties::EPOCHS_INCREASE,
+    );
+}
+
+#[test]
+fn a_local_deadline_without_the_margin_is_found() {
+    find_in(
+        Config::takeover(),
+        &[Weakening::DeadlineWithoutMargin],
+        properties::BELIEF,
+    );
+}
+
+#[test]
+fn a_local_deadline_from_the_receive_time_is_found() {
+    find_in(
+        Config::takeover(),
+        &[Weakening::DeadlineFromReceive],
+        properties::BELIEF,
+    );
+}
+
+/// Not a weakening: the protocol as built. Between `_take_guard_lock`'s terminations and its next request the
+/// exclusive request is not queued, so a guarded write of a *live* tenure that passed its pre-check can take the
+/// shared lock in that gap; three times in a row and the force_release gives up with PF003.
+#[test]
+fn a_force_release_of_a_live_tenure_can_fail_when_its_writes_slip_in_three_rounds() {
+    let cfg = Config {
+        holders: 1,
+        renews: 0,
+        releases: 0,
+        writes: 4,
+        promotions: 0,
+        ttl: 6,
+        max_clock: 6,
+        ..Config::large()
+    };
+    find_in(cfg, &[], properties::S_LIVE_TAKEOVER_FAILS);
+}

@@ -625,7 +625,7 @@ impl Store {
         // BEGIN and the guard in one round trip. READ COMMITTED whatever the session default: the guard waits
         // for a takeover in flight and then reads the new epoch in a fresh snapshot, so a stale fence is refused
         // *and audited*.
-        let (begun, check) = begin_and_guard(&*conn, fence, operation).await;
+        let (begun, check) = begin_and_guard(&conn, fence, operation).await;
         if let Err(e) = begun {
             // Nothing ran inside a transaction; a guard that ran anyway (autocommit) wrote at most its audit row.
             return Err(E::from(Error::from(e)));
@@ -654,7 +654,7 @@ impl Store {
             conn.disarm();
             return Err(E::from(refusal));
         }
-        let outcome = match work(&mut *conn).await {
+        let outcome = match work(&mut conn).await {
             Ok(value) => Tm::commit_transaction(&mut *conn)
                 .await
                 .map(|()| value)

@@ -39,6 +39,14 @@ for db in before after; do
     "${psql[@]}" -d postgres -c "CREATE DATABASE $db"
     "${psql[@]}" -d "$db" -c "CREATE EXTENSION pg_stat_statements" -f "$dir/$db.sql" >/dev/null
     "${psql[@]}" -d "$db" >/dev/null <<'SQL'
+-- Migrations older than the one-statement write lack its safety net; the statement below calls it (only on a
+-- refusal that changed rows, which never happens here).
+DO $$ BEGIN
+    IF to_regprocedure('pgfence.ungated_write(text, bigint)') IS NULL THEN
+        CREATE FUNCTION pgfence.ungated_write(p_outcome text, p_written bigint) RETURNS bigint
+        LANGUAGE plpgsql AS 'BEGIN RAISE EXCEPTION ''ungated write''; END';
+    END IF;
+END $$;
 CREATE SCHEMA b;
 CREATE TABLE b.t (id bigint PRIMARY KEY, v bigint NOT NULL DEFAULT 0);
 INSERT INTO b.t (id) SELECT generate_series(0, 99);

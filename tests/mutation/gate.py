@@ -392,6 +392,10 @@ def run_mutation(mutation: Mutation) -> dict:
         build = subprocess.run(["cargo", "test", "--no-run", "--quiet", *tests], cwd=cwd, env=env,
                                capture_output=True, text=True)
         if build.returncode != 0:
+            # A toolchain killed by a signal or out of disk says nothing about the mutation: say so, not "stale".
+            if re.search(r"terminated with signal|No space left on device|Bus error", build.stderr):
+                raise SystemExit(f"gate: the build of the mutated tree failed for want of resources "
+                                 f"(disk full?), not because of the mutation:\n{build.stderr[-1500:]}")
             raise Stale(f"the mutated tree does not build:\n{build.stderr[-3000:]}")
     started = time.monotonic()
     for label, command in mutation.suites:

@@ -22,6 +22,20 @@ async fn store_as(db: &TestDb, role: &str, cluster: &str) -> Store {
         .unwrap()
 }
 
+/// A fresh database with two application roles, both granted cluster `c`, and a store of `c` logged in as each.
+async fn two_applications() -> (TestDb, String, String, Store, Store) {
+    let db = TestDb::new().await;
+    let (app, app2) = (role(&db, "app").await, role(&db, "app2").await);
+    let owner = db.store("c").await;
+    owner.grant_application(&app, Some("c")).await.unwrap();
+    owner.grant_application(&app2, Some("c")).await.unwrap();
+    let (s1, s2) = (
+        store_as(&db, &app, "c").await,
+        store_as(&db, &app2, "c").await,
+    );
+    (db, app, app2, s1, s2)
+}
+
 fn sqlstate(err: &tokio_postgres::Error) -> String {
     err.code().map(|c| c.code().to_owned()).unwrap_or_default()
 }
@@ -396,15 +410,7 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
 /// acquiring with the same holder name is told the lease is held; the same role may (a restart of its own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_role_using_a_holder_name_does_not_take_over() {
-    let db = TestDb::new().await;
-    let (app, app2) = (role(&db, "app").await, role(&db, "app2").await);
-    let owner = db.store("c").await;
-    owner.grant_application(&app, Some("c")).await.unwrap();
-    owner.grant_application(&app2, Some("c")).await.unwrap();
-    let (s1, s2) = (
-        store_as(&db, &app, "c").await,
-        store_as(&db, &app2, "c").await,
-    );
+    let (_db, _, _, s1, s2) = two_applications().await;
     let lease = s1.acquire("sched", "pod-a", TTL).await.unwrap();
     match s2.acquire("sched", "pod-a", TTL).await {
         Err(Error::Held { holder, epoch, .. }) => {
@@ -445,15 +451,7 @@ async fn a_fence_handed_to_a_worker_writes_and_a_stripped_one_is_refused() {
 /// target key is 22023 and writes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_rows_are_per_role_and_bounded() {
-    let db = TestDb::new().await;
-    let (app, app2) = (role(&db, "app").await, role(&db, "app2").await);
-    let owner = db.store("c").await;
-    owner.grant_application(&app, Some("c")).await.unwrap();
-    owner.grant_application(&app2, Some("c")).await.unwrap();
-    let (s1, s2) = (
-        store_as(&db, &app, "c").await,
-        store_as(&db, &app2, "c").await,
-    );
+    let (db, app, app2, s1, s2) = two_applications().await;
     let old = s1.acquire("sched", "pod-a", TTL).await.unwrap();
     s1.acquire("sched", "pod-a", TTL).await.unwrap();
     s1.create_task(&old.fence(), "job", &json!({}))

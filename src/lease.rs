@@ -164,6 +164,7 @@ pub struct Lease {
 }
 
 impl Lease {
+    #[cfg(feature = "testing")]
     pub(crate) fn from_parts(
         name: &str,
         qualified: String,

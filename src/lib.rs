@@ -1,7 +1,10 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+#[cfg(all(unix, feature = "testing"))]
+#[cfg_attr(docsrs, doc(cfg(all(unix, feature = "testing"))))]
 pub mod embedded;
 mod error;
 mod fence;

@@ -998,7 +998,7 @@ proptest! {
     /// only `demo` could start one; it is left out).
     #[test]
     fn cli_arguments_end_with_a_documented_exit_code(args in prop::collection::vec(cli_word(), 0..5)) {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
+        let output = std::process::Command::new(common::pgfence_bin())
             .args(&args)
             .env_remove("DATABASE_URL")
             .env("DATABASE_URL", format!("postgres://u:{SENTINEL}@127.0.0.1:1/db"))

@@ -4,6 +4,8 @@
 //! that reaches only standbys is `Error::NotPrimary`, the CLI's exit 4); every message names the host it is
 //! about.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use pgfence::embedded::EmbeddedServer;
@@ -89,7 +91,7 @@ async fn standbys_are_skipped_or_refused_and_every_host_is_named() {
         }
         other => panic!("expected NotPrimary, got {other:?}"),
     }
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
+    let out = tokio::process::Command::new(common::pgfence_bin())
         .args(["status"])
         .env("DATABASE_URL", &only_standby)
         .output()

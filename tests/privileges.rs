@@ -501,7 +501,7 @@ async fn prune_removes_old_audit_rows_in_batches() {
         Err(Error::InvalidInput { .. })
     ));
 
-    let cli = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
+    let cli = tokio::process::Command::new(common::pgfence_bin())
         .args(["audit", "prune", "--older-than", "0s", "--batch", "1"])
         .env("DATABASE_URL", &db.url)
         .output()
@@ -933,7 +933,7 @@ async fn the_grant_command_sets_up_application_and_operator_roles() {
     for (role, extra) in [(&app, None), (&ops, Some("--operator"))] {
         let mut args = vec!["grant", "--role", role.as_str(), "--on-cluster", "c"];
         args.extend(extra);
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
+        let out = tokio::process::Command::new(common::pgfence_bin())
             .args(&args)
             .env("DATABASE_URL", &db.url)
             .output()
@@ -969,7 +969,7 @@ async fn the_grant_command_sets_up_application_and_operator_roles() {
             .sqlstate(),
         Some("42501")
     );
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
+    let out = tokio::process::Command::new(common::pgfence_bin())
         .args([
             "grant",
             "--role",

@@ -8,6 +8,8 @@
 //! default `prefer`; credentials are never printed.
 #![cfg(feature = "tls")]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -687,7 +689,7 @@ struct Run {
 /// PGSSL* variables, a HOME without `~/.postgresql`). The password never appears in its output.
 async fn pgfence(args: &[&str], url: &str, env: &[(&str, String)]) -> Run {
     let home = tempfile::tempdir().unwrap();
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgfence"));
+    let mut command = tokio::process::Command::new(common::pgfence_bin());
     command
         .args(args)
         .env("DATABASE_URL", url)

@@ -572,7 +572,7 @@ async fn grant_refuses_public_pseudo_predefined_and_superuser_roles() {
         "pg_monitor",
         "pg_read_all_data",
     ] {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
+        let out = tokio::process::Command::new(common::pgfence_bin())
             .args(["grant", "--role", name, "--on-cluster", "c"])
             .env("DATABASE_URL", &db.url)
             .output()

@@ -21,6 +21,37 @@ struct Base {
 }
 
 static BASE: OnceLock<Base> = OnceLock::new();
+
+/// The `pgfence` command-line binary (the workspace member `cli/`), for library suites that also check what an
+/// operator sees. Cargo gives `CARGO_BIN_EXE_*` only to the package that owns a binary, so it is built here, once
+/// per test process, by the cargo that runs the tests (a no-op when it is up to date) and in the same profile;
+/// its path comes from cargo's JSON messages, never from a guess that could pick a stale file.
+pub fn pgfence_bin() -> &'static std::path::Path {
+    static BIN: OnceLock<std::path::PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut command = std::process::Command::new(cargo);
+        command
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["build", "--quiet", "-p", "pgfence-cli", "--bin", "pgfence"])
+            .arg("--message-format=json-render-diagnostics");
+        if !cfg!(debug_assertions) {
+            command.arg("--release");
+        }
+        let output = command
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("run cargo to build the pgfence binary");
+        assert!(output.status.success(), "cargo build -p pgfence-cli failed");
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|message| message["reason"] == "compiler-artifact")
+            .filter(|message| message["target"]["name"] == "pgfence")
+            .find_map(|message| message["executable"].as_str().map(std::path::PathBuf::from))
+            .expect("cargo reported no pgfence executable")
+    })
+}
 static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
 
 /// Replaces the database of a `postgres://` URL.

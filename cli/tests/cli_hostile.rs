@@ -15,6 +15,7 @@
 //! on with the others. The run fails only if nothing hostile could be stored in any table that a read command
 //! shows, since then it would no longer test the CLI.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::collections::HashSet;

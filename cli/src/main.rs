@@ -1,5 +1,9 @@
 //! The `pgfence` command: the demo on an embedded default database, operator reads (status, audit, history,
-//! identity) and writes (migrate, force-release).
+//! identity) and writes (migrate, force-release, grants), and the guarded-write benchmark.
+//!
+//! A separate package of the workspace, so that a controller depending on the `pgfence` library compiles none of
+//! the command line's crates (clap, the benchmark's histograms, progress bar and chart, tracing-subscriber).
+#![forbid(unsafe_code)]
 
 mod bench;
 mod demo;
@@ -587,7 +591,15 @@ async fn run(cli: Cli) -> CliResult {
 }
 
 /// Parses the command line, runs it, prints a one-line error on failure and returns the documented exit code.
-pub(crate) fn main() -> ExitCode {
+/// Log output (`PGFENCE_LOG`, an `EnvFilter` directive; errors only by default) goes to stderr.
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PGFENCE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -1,6 +1,7 @@
 //! The `pgfence` binary, run as a user would run it, against real PostgreSQL: every command, `--json` parsed
 //! back, every documented error with its exit code, and no password in any output.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::time::{Duration, Instant};

@@ -1,0 +1,390 @@
+//! One tenure as the runtime holds it: [`HeldLease`], its loss signal ([`LossCause`], [`Standing`]), the
+//! release wakeups electors share, and [`Health`].
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::supervisor::BoxFuture;
+use super::{METRIC_LEADER, METRIC_LOSSES, METRIC_TRANSITIONS};
+use crate::error::Result;
+use crate::fence::Fence;
+use crate::lease::{Epoch, Lease, LossReason, Released};
+use crate::store::TARGET;
+
+/// Why a held lease stopped being held.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "cause")]
+pub enum LossCause {
+    /// The database says the tenure is over (superseded, expired, released by an operator, …).
+    Definitive {
+        /// Why, as the database reported it.
+        reason: LossReason,
+    },
+    /// No renewal succeeded before the local deadline (send time of the last good renewal + ttl − margin).
+    DeadlineExceeded {
+        /// The last renewal error, if one was seen (connection refused, timeout, …).
+        last_error: Option<String>,
+    },
+    /// Injected through [`MemoryElector::lose`].
+    Injected,
+}
+
+impl LossCause {
+    fn label(&self) -> &'static str {
+        match self {
+            LossCause::Definitive { .. } => "definitive",
+            LossCause::DeadlineExceeded { .. } => "deadline",
+            LossCause::Injected => "injected",
+        }
+    }
+}
+
+impl fmt::Display for LossCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossCause::Definitive { reason } => write!(f, "{reason}"),
+            LossCause::DeadlineExceeded {
+                last_error: Some(e),
+            } => {
+                write!(f, "no renewal before the local deadline (last error: {e})")
+            }
+            LossCause::DeadlineExceeded { last_error: None } => {
+                f.write_str("no renewal before the local deadline")
+            }
+            LossCause::Injected => f.write_str("loss injected"),
+        }
+    }
+}
+
+/// Where a held lease stands, as seen by this process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// Held: writes with its fence are expected to be accepted.
+    Held,
+    /// Lost: stop writing; the cause says why.
+    Lost(LossCause),
+    /// Released by this process.
+    Released,
+}
+
+/// State shared by a [`HeldLease`], its renewal group and the elector.
+pub(super) struct Shared {
+    pub(super) lease: Lease,
+    pub(super) margin: Duration,
+    /// Send time of the last successful acquire or renew + ttl, by the monotonic clock.
+    pub(super) deadline: Mutex<Instant>,
+    /// The error of the last renewal attempt, `None` after a successful one: the detail of a deadline loss.
+    pub(super) last_error: Mutex<Option<String>>,
+    pub(super) standing: watch::Sender<Standing>,
+    pub(super) token: CancellationToken,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("lease", &self.lease.qualified_name())
+            .field("epoch", &self.lease.epoch())
+            .field("standing", &*self.standing.borrow())
+            .finish()
+    }
+}
+
+impl Shared {
+    pub(super) fn new(lease: Lease, margin: Duration, deadline: Instant) -> Arc<Shared> {
+        let shared = Arc::new(Shared {
+            lease,
+            margin,
+            deadline: Mutex::new(deadline),
+            last_error: Mutex::new(None),
+            standing: watch::Sender::new(Standing::Held),
+            token: CancellationToken::new(),
+        });
+        let name = shared.lease.qualified_name().to_owned();
+        metrics::gauge!(METRIC_LEADER, "lease" => name.clone()).set(1.0);
+        metrics::counter!(METRIC_TRANSITIONS, "lease" => name).increment(1);
+        shared
+    }
+
+    /// Not ended (lost or released) yet, by the standing alone; see [`believed_held`](Self::believed_held) for the
+    /// answer that also reads the clock.
+    pub(super) fn is_current(&self) -> bool {
+        matches!(*self.standing.borrow(), Standing::Held)
+    }
+
+    /// Whether this process may still believe it holds the tenure: not ended, and before the local deadline by
+    /// the monotonic clock. Whoever first sees that deadline passed — the renewal task's timer or a caller asking
+    /// here — declares the loss, so the belief ends once, at the deadline, even when a starved runtime runs that
+    /// timer late; a renewal that completes afterwards does not revive it (safe: it only ends trust early).
+    pub(super) fn believed_held(&self) -> bool {
+        if !self.is_current() {
+            return false;
+        }
+        if Instant::now() < self.trust_until() {
+            return true;
+        }
+        let last_error = self
+            .last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        self.lose(LossCause::DeadlineExceeded { last_error });
+        false
+    }
+
+    /// The instant after which this process must not trust the lease.
+    pub(super) fn trust_until(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) - self.margin
+    }
+
+    pub(super) fn renewed(&self, sent: Instant) {
+        if self.is_current() {
+            *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = sent + self.lease.ttl();
+        }
+    }
+
+    /// Records the outcome of the last renewal attempt (`None`: it succeeded).
+    pub(super) fn set_last_error(&self, error: Option<String>) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error;
+    }
+
+    /// Held → `to`, once: a tenure ends a single time and is never resumed. On the change the leader gauge drops,
+    /// a transition is counted and the token is cancelled.
+    pub(super) fn end(&self, to: Standing) -> bool {
+        let changed = self.standing.send_if_modified(|s| {
+            if *s == Standing::Held {
+                *s = to.clone();
+                true
+            } else {
+                false
+            }
+        });
+        if changed {
+            let name = self.lease.qualified_name().to_owned();
+            metrics::gauge!(METRIC_LEADER, "lease" => name.clone()).set(0.0);
+            metrics::counter!(METRIC_TRANSITIONS, "lease" => name).increment(1);
+            self.token.cancel();
+        }
+        changed
+    }
+
+    /// Held → Lost; later calls change nothing (a loss is never undone).
+    pub(super) fn lose(&self, cause: LossCause) -> bool {
+        let changed = self.end(Standing::Lost(cause.clone()));
+        if changed {
+            let name = self.lease.qualified_name().to_owned();
+            tracing::warn!(target: TARGET, lease = %name, epoch = %self.lease.epoch(), holder = self.lease.holder(),
+                %cause, "leadership lost");
+            metrics::counter!(METRIC_LOSSES, "lease" => name, "cause" => cause.label())
+                .increment(1);
+        }
+        changed
+    }
+
+    /// Held → Released; returns whether it was held.
+    pub(super) fn mark_released(&self) -> bool {
+        self.end(Standing::Released)
+    }
+}
+
+/// How a backend ends a tenure in its store.
+pub(super) trait Releaser: Send + Sync + fmt::Debug {
+    fn release(&self, lease: Lease) -> BoxFuture<Result<Released>>;
+}
+
+/// A lease this process holds, renewed in the background.
+///
+/// Exposes the fencing token ([`epoch`](Self::epoch), [`fence`](Self::fence)), whether it is still trusted
+/// ([`is_held`](Self::is_held)) and a loss signal ([`lost`](Self::lost), [`cancellation_token`](Self::cancellation_token)).
+/// Dropping it releases the lease promptly in the background; releasing after a loss never touches a successor's
+/// tenure (the database ignores a release of an epoch that is not current).
+///
+/// What it does not guarantee: that a write already in flight when the loss is declared is refused — the
+/// database decides that by epoch, which is why every write presents the fence.
+#[derive(Debug)]
+pub struct HeldLease {
+    pub(super) shared: Arc<Shared>,
+    pub(super) releaser: Arc<dyn Releaser>,
+    pub(super) runtime: tokio::runtime::Handle,
+    pub(super) done: bool,
+}
+
+impl HeldLease {
+    pub(super) fn new(shared: Arc<Shared>, releaser: Arc<dyn Releaser>) -> HeldLease {
+        HeldLease {
+            shared,
+            releaser,
+            runtime: tokio::runtime::Handle::current(),
+            done: false,
+        }
+    }
+
+    /// The lease name without cluster.
+    pub fn name(&self) -> &str {
+        self.shared.lease.name()
+    }
+
+    /// The cluster-qualified name.
+    pub fn qualified_name(&self) -> &str {
+        self.shared.lease.qualified_name()
+    }
+
+    /// The fencing token of this tenure.
+    pub fn epoch(&self) -> Epoch {
+        self.shared.lease.epoch()
+    }
+
+    /// The fence every guarded write of this tenure presents.
+    pub fn fence(&self) -> Fence {
+        self.shared.lease.fence()
+    }
+
+    /// True until the lease is lost or released, and never at or past [`trust_until`](Self::trust_until).
+    ///
+    /// The clock is read here too: a starved runtime may run the renewal task's deadline timer late, but the
+    /// answer is never "held" past the local deadline. The first call that sees the deadline passed declares the
+    /// loss ([`LossCause::DeadlineExceeded`]) for everyone, so once this returns `false` it stays `false` and
+    /// [`standing`](Self::standing) says why.
+    pub fn is_held(&self) -> bool {
+        self.shared.believed_held()
+    }
+
+    /// The current standing.
+    pub fn standing(&self) -> Standing {
+        self.shared.standing.borrow().clone()
+    }
+
+    /// Completes when the lease is no longer held, with the cause (or `None` when it was released).
+    pub fn lost(&self) -> impl Future<Output = Option<LossCause>> + Send + 'static {
+        let mut rx = self.shared.standing.subscribe();
+        async move {
+            let standing = match rx.wait_for(|s| *s != Standing::Held).await {
+                Ok(s) => s.clone(),
+                Err(_) => return None,
+            };
+            match standing {
+                Standing::Lost(cause) => Some(cause),
+                _ => None,
+            }
+        }
+    }
+
+    /// A token cancelled when the lease is lost or released: hand it to the work that must stop then.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.shared.token.clone()
+    }
+
+    /// By the monotonic clock, the instant until which this process trusts the lease (send time of the last
+    /// successful renewal + ttl − safety margin).
+    pub fn trust_until(&self) -> Instant {
+        self.shared.trust_until()
+    }
+
+    /// Releases now and waits for the database. After a loss this is a no-op.
+    pub async fn release(mut self) -> Result<Released> {
+        self.done = true;
+        if !self.shared.mark_released() {
+            return Ok(Released::NotHeld(LossReason::Released));
+        }
+        let result = self.releaser.release(self.shared.lease.clone()).await;
+        if let Ok(Released::Released) = result {
+            tracing::info!(target: TARGET, lease = %self.qualified_name(), epoch = %self.epoch(), "leadership released");
+        }
+        result
+    }
+
+    /// Stops renewing without releasing, as if the process had died or frozen: the lease stays held in the
+    /// database until its ttl runs out. For demos and failure tests.
+    #[doc(hidden)]
+    pub fn abandon(mut self) {
+        self.done = true;
+        self.shared.lose(LossCause::DeadlineExceeded {
+            last_error: Some("abandoned".into()),
+        });
+    }
+}
+
+impl Drop for HeldLease {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // Released locally at once (the gauge drops, the token is cancelled); the database learns it in the
+        // background. A lease lost by the local deadline may still be current in the database: release it too,
+        // so a successor need not wait for the ttl. A definitively lost one needs nothing.
+        let needs_release = matches!(
+            &*self.shared.standing.borrow(),
+            Standing::Held | Standing::Lost(LossCause::DeadlineExceeded { .. })
+        );
+        self.shared.mark_released();
+        if needs_release {
+            let (releaser, lease) = (self.releaser.clone(), self.shared.lease.clone());
+            self.runtime.spawn(async move {
+                if let Err(e) = releaser.release(lease.clone()).await {
+                    tracing::warn!(target: TARGET, lease = %lease.qualified_name(), error = %e,
+                        "background release failed; the lease expires after its ttl");
+                }
+            });
+        }
+    }
+}
+
+/// What the release channel of an elector carries.
+#[derive(Debug, Clone)]
+pub(super) enum Wake {
+    /// The lease with this qualified name was released.
+    Free(String),
+    /// The release listener LISTENs again after it lost its connection: releases in between were not heard,
+    /// so every waiter should look again.
+    Resumed,
+}
+
+/// Resolves when a lease may have become free (a release notification) — a hint, never a guarantee.
+#[derive(Debug)]
+pub struct Wakeups {
+    pub(super) rx: Option<broadcast::Receiver<Wake>>,
+}
+
+impl Wakeups {
+    /// Waits until `qualified` is announced free or `max_wait` passes, whichever is first. Also returns early
+    /// when the elector's release listener reconnected (a release may have gone unheard while it was away).
+    pub async fn wait(&mut self, qualified: &str, max_wait: Duration) {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        let Some(rx) = self.rx.as_mut() else {
+            tokio::time::sleep_until(deadline).await;
+            return;
+        };
+        loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Err(_) => return,
+                Ok(Ok(Wake::Free(name))) if name == qualified => return,
+                Ok(Ok(Wake::Resumed)) => return,
+                Ok(Ok(Wake::Free(_))) => continue,
+                // Missed messages: one of them may have been ours.
+                Ok(Err(broadcast::error::RecvError::Lagged(_))) => return,
+                Ok(Err(broadcast::error::RecvError::Closed)) => {
+                    tokio::time::sleep_until(deadline).await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Health of an elector's backing store, in separate dimensions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    /// A query reached the database.
+    pub database_reachable: bool,
+    /// The server is a primary (`None` when unreachable).
+    pub primary: Option<bool>,
+    /// The identity matched the configured expectation (`None` when unreachable or not checked).
+    pub identity_as_expected: Option<bool>,
+    /// The error behind a `false`, if any.
+    pub error: Option<String>,
+}

@@ -1,0 +1,233 @@
+//! The in-memory [`Elector`](super::Elector): a deterministic double for users' controller tests.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::broadcast;
+
+use super::held::{Health, HeldLease, LossCause, Releaser, Shared, Wake, Wakeups};
+use super::options::LeaseOptions;
+use super::supervisor::BoxFuture;
+use super::Elector;
+use crate::error::{Error, Result};
+use crate::fence::TenureSecret;
+use crate::lease::{Epoch, Lease, LossReason, Released};
+
+/// A deterministic, in-memory [`Elector`] for unit-testing controller code without a database.
+///
+/// State is shared only by clones of one instance (never across processes), leases never expire by time, and
+/// its fences are not accepted by a real pgfence database. Inject a loss with [`lose`](Self::lose).
+#[derive(Clone, Debug, Default)]
+pub struct MemoryElector {
+    inner: Arc<MemoryInner>,
+}
+
+#[derive(Debug, Default)]
+struct MemoryInner {
+    leases: Mutex<HashMap<String, MemoryLease>>,
+    wake: OnceLock<broadcast::Sender<Wake>>,
+}
+
+#[derive(Debug, Default)]
+struct MemoryLease {
+    epoch: i64,
+    holder: Option<String>,
+    current: Option<Weak<Shared>>,
+}
+
+impl MemoryElector {
+    /// A new, empty elector.
+    pub fn new() -> MemoryElector {
+        MemoryElector::default()
+    }
+
+    /// Ends the current tenure of `name` as if the database had granted it to someone else: the holder's
+    /// loss signal fires with [`LossCause::Injected`]. Returns whether a tenure was ended.
+    pub fn lose(&self, name: &str) -> bool {
+        self.end_tenure(name, LossCause::Injected)
+    }
+
+    /// Ends the current tenure of `name` the way the database would have answered its next renewal with
+    /// `reason`: the holder's loss signal fires with [`LossCause::Definitive`]. Use it to drive a controller
+    /// through a specific loss, e.g. [`LossReason::Failover`]. Returns whether a tenure was ended.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> pgfence::Result<()> {
+    /// use std::time::Duration;
+    /// use pgfence::LossReason;
+    /// use pgfence::leader::{Elector, LeaseOptions, LossCause, MemoryElector};
+    ///
+    /// let elector = MemoryElector::new();
+    /// let lease = elector.acquire("scheduler", "pod-a", &LeaseOptions::new(Duration::from_secs(15))).await?;
+    /// assert!(elector.lose_because("scheduler", LossReason::Failover));
+    /// assert!(!lease.is_held());
+    /// assert_eq!(lease.lost().await, Some(LossCause::Definitive { reason: LossReason::Failover }));
+    /// # Ok(()) }
+    /// ```
+    pub fn lose_because(&self, name: &str, reason: LossReason) -> bool {
+        self.end_tenure(name, LossCause::Definitive { reason })
+    }
+
+    fn end_tenure(&self, name: &str, cause: LossCause) -> bool {
+        let qualified = self.qualify(name);
+        let current = {
+            let mut leases = self.inner.leases.lock().unwrap_or_else(|p| p.into_inner());
+            match leases.get_mut(&qualified) {
+                Some(lease) if lease.holder.is_some() => {
+                    lease.holder = None;
+                    lease.current.take().and_then(|w| w.upgrade())
+                }
+                _ => None,
+            }
+        };
+        let ended = current.map(|s| s.lose(cause)).unwrap_or(false);
+        let _ = self.sender().send(Wake::Free(qualified));
+        ended
+    }
+
+    /// Makes `name` held by `holder` as if another process had acquired it (without a [`HeldLease`] here), so
+    /// that a test can exercise "someone else leads". Fails with [`Error::Held`] when it is held already.
+    pub fn occupy(&self, name: &str, holder: &str) -> Result<Epoch> {
+        let qualified = self.qualify(name);
+        let mut leases = self.inner.leases.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = leases.entry(qualified.clone()).or_default();
+        if let Some(current) = &entry.holder {
+            return Err(Error::Held {
+                lease: qualified,
+                holder: current.clone(),
+                epoch: Epoch::new(entry.epoch)?,
+                expires_in: Duration::MAX,
+            });
+        }
+        entry.epoch += 1;
+        entry.holder = Some(holder.to_owned());
+        entry.current = None;
+        Epoch::new(entry.epoch)
+    }
+
+    /// The current holder and epoch of `name`, if held.
+    pub fn holder(&self, name: &str) -> Option<(String, Epoch)> {
+        let leases = self.inner.leases.lock().unwrap_or_else(|p| p.into_inner());
+        let lease = leases.get(&self.qualify(name))?;
+        Some((lease.holder.clone()?, Epoch::new(lease.epoch).ok()?))
+    }
+
+    fn sender(&self) -> &broadcast::Sender<Wake> {
+        self.inner.wake.get_or_init(|| broadcast::channel(1024).0)
+    }
+}
+
+#[derive(Debug)]
+struct MemoryReleaser {
+    elector: MemoryElector,
+}
+
+impl Releaser for MemoryReleaser {
+    fn release(&self, lease: Lease) -> BoxFuture<Result<Released>> {
+        let elector = self.elector.clone();
+        Box::pin(async move {
+            let released = {
+                let mut leases = elector
+                    .inner
+                    .leases
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                match leases.get_mut(lease.qualified_name()) {
+                    Some(l) if l.epoch == lease.epoch().get() && l.holder.is_some() => {
+                        l.holder = None;
+                        l.current = None;
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            if released {
+                let _ = elector
+                    .sender()
+                    .send(Wake::Free(lease.qualified_name().to_owned()));
+                Ok(Released::Released)
+            } else {
+                Ok(Released::NotHeld(LossReason::Superseded))
+            }
+        })
+    }
+}
+
+impl Elector for MemoryElector {
+    fn qualify(&self, name: &str) -> String {
+        format!("memory/{name}")
+    }
+
+    async fn acquire(&self, name: &str, holder: &str, options: &LeaseOptions) -> Result<HeldLease> {
+        options.validate()?;
+        crate::lease::validate_name(name)?;
+        crate::lease::validate_holder("holder", holder)?;
+        let qualified = self.qualify(name);
+        let shared = {
+            let mut leases = self.inner.leases.lock().unwrap_or_else(|p| p.into_inner());
+            let entry = leases.entry(qualified.clone()).or_default();
+            if let Some(current) = &entry.holder {
+                if current != holder {
+                    return Err(Error::Held {
+                        lease: qualified,
+                        holder: current.clone(),
+                        epoch: Epoch::new(entry.epoch)?,
+                        expires_in: options.ttl,
+                    });
+                }
+                // Same holder again: a new tenure fences the earlier one, as in PostgreSQL.
+                if let Some(old) = entry.current.take().and_then(|w| w.upgrade()) {
+                    old.lose(LossCause::Definitive {
+                        reason: LossReason::Superseded,
+                    });
+                }
+            }
+            entry.epoch += 1;
+            entry.holder = Some(holder.to_owned());
+            // A test double: the secret is random but from a non-cryptographic generator (nothing checks it).
+            let secret = TenureSecret::parse(
+                (0..crate::fence::SECRET_LEN)
+                    .map(|_| char::from_digit(fastrand::u32(0..16), 16).unwrap_or('0'))
+                    .collect::<String>(),
+            )?;
+            let lease = Lease::from_parts(
+                name,
+                qualified,
+                holder,
+                (Epoch::new(entry.epoch)?, secret),
+                options.ttl,
+                Instant::now(),
+            );
+            // Memory leases do not expire by time: only release and `lose` end them.
+            let shared = Shared::new(lease, Duration::ZERO, far_future());
+            entry.current = Some(Arc::downgrade(&shared));
+            shared
+        };
+        Ok(HeldLease::new(
+            shared,
+            Arc::new(MemoryReleaser {
+                elector: self.clone(),
+            }),
+        ))
+    }
+
+    fn wakeups(&self) -> Wakeups {
+        Wakeups {
+            rx: Some(self.sender().subscribe()),
+        }
+    }
+
+    async fn health(&self) -> Health {
+        Health {
+            database_reachable: true,
+            primary: Some(true),
+            identity_as_expected: Some(true),
+            error: None,
+        }
+    }
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
+}

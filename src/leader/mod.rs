@@ -1,0 +1,96 @@
+//! The leadership runtime: self-renewing leases with a loss signal, `run_with_leadership`, a supervisor that
+//! re-campaigns with bounded backoff, fast handover through LISTEN/NOTIFY, batched renewal of many leases, and
+//! an in-memory test double behind the same [`Elector`] trait.
+//!
+//! # Timing
+//!
+//! A [`HeldLease`] renews every `renew_every` (default ttl/3). It stops trusting itself by its **own monotonic
+//! clock** at (send time of the last successful renewal + ttl − safety margin): the database computed the
+//! expiry from its clock when it *ran* that renewal, which was later than the send, so the holder gives up
+//! before the database can grant a successor — even when the database is unreachable. Transient renewal errors
+//! are retried every `retry_every` until that deadline; a definitive loss (another epoch or holder on the row) is
+//! reported at once.
+//!
+//! # Outages
+//!
+//! Renewals go through a connection of their own, not through the pool (unless the store was built from an
+//! application's pool): every retry really tries to connect, so a database back before the local deadline is
+//! renewed at the next retry. A pool would hand out its connections only after its own reconnect backoff. A loss
+//! at the deadline names the last real error ("connection refused" and the address).
+//!
+//! # Renewal cost
+//!
+//! All leases of one [`PgElector`] with the same holder and timing are renewed together by **one** statement
+//! per tick (`pgfence.renew_many`), however many there are.
+//!
+//! # Modules
+//!
+//! | file | owns |
+//! |---|---|
+//! | `options` | [`LeaseOptions`]: ttl, renewal period, retry period, safety margin, validated at construction |
+//! | `held` | [`HeldLease`] and its loss signal ([`LossCause`], [`Standing`]), release [`Wakeups`], [`Health`] |
+//! | `pg` | [`PgElector`]: acquisition, batched renewal on a connection of its own, LISTEN/NOTIFY wakeups |
+//! | `memory` | [`MemoryElector`] (feature `testing`): the in-memory double for users' controller tests |
+//! | `run` | [`run_with_leadership`], [`LeaderContext`], [`LeadershipOptions`], [`Ended`] |
+//! | `backoff` | [`Backoff`] between a supervised controller's campaigns |
+//! | `supervisor` | [`Supervisor`]: several controllers, each with its lease, restarted with backoff |
+
+use std::future::Future;
+
+use crate::error::Result;
+
+mod backoff;
+mod held;
+#[cfg(feature = "testing")]
+mod memory;
+mod options;
+pub(crate) mod pg;
+mod run;
+mod supervisor;
+
+pub use backoff::Backoff;
+pub use held::{Health, HeldLease, LossCause, Standing, Wakeups};
+#[cfg(feature = "testing")]
+pub use memory::MemoryElector;
+pub use options::LeaseOptions;
+pub use pg::PgElector;
+pub use run::{run_with_leadership, Ended, LeaderContext, LeadershipOptions, TenureEnd};
+pub use supervisor::{BoxError, Readiness, Supervisor, SupervisorStatus};
+
+/// Gauge, 1 while this process leads the lease (label `lease`), else 0.
+pub const METRIC_LEADER: &str = "pgfence_leader";
+/// Counter of leadership gains and losses of this process (label `lease`).
+pub const METRIC_TRANSITIONS: &str = "pgfence_leader_transitions_total";
+/// Counter of losses by cause (labels `lease`, `cause`).
+pub const METRIC_LOSSES: &str = "pgfence_lease_losses_total";
+/// Histogram of renewal round-trip seconds (one observation per renewal statement, however many leases).
+pub const METRIC_RENEW_SECONDS: &str = "pgfence_renew_seconds";
+/// Counter of callbacks that did not return within the grace period after cancellation (label `lease`).
+pub const METRIC_CALLBACKS_NOT_STOPPED: &str = "pgfence_callbacks_not_stopped_total";
+
+/// Something that grants leases: PostgreSQL ([`PgElector`]) or the in-memory double (`MemoryElector`, feature
+/// `testing`).
+///
+/// Controllers are generic over it to run against either. It can be implemented outside pgfence to *wrap* an
+/// elector (instrumentation, fault injection, as the leader tests do to observe every campaign attempt): a
+/// [`HeldLease`] has no public constructor, because its loss signal and release are wired into the runtime, so
+/// every implementation delegates its acquisitions to [`PgElector`] or `MemoryElector`.
+pub trait Elector: Clone + Send + Sync + 'static {
+    /// The name leases are stored under (`<cluster>/<name>` or `memory/<name>`).
+    fn qualify(&self, name: &str) -> String;
+
+    /// One acquisition attempt; `Error::Held` when another holder's tenure is live.
+    fn acquire(
+        &self,
+        name: &str,
+        holder: &str,
+        options: &LeaseOptions,
+    ) -> impl Future<Output = Result<HeldLease>> + Send;
+
+    /// Subscribes to release announcements. Subscribe *before* an acquisition attempt so a release between
+    /// the attempt and the wait is not missed.
+    fn wakeups(&self) -> Wakeups;
+
+    /// Health of the backing store.
+    fn health(&self) -> impl Future<Output = Health> + Send;
+}

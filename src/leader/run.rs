@@ -1,0 +1,374 @@
+//! [`run_with_leadership`]: one controller callback per tenure, cancelled when the tenure ends.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::held::{LossCause, Shared, Standing};
+use super::options::LeaseOptions;
+use super::{Elector, METRIC_CALLBACKS_NOT_STOPPED};
+use crate::error::{Error, Result};
+use crate::fence::Fence;
+use crate::lease::{Epoch, LossReason};
+use crate::store::TARGET;
+
+/// What the callback of [`run_with_leadership`] gets for one tenure: the fence to present on every write,
+/// whether the tenure is still believed held ([`is_held`](Self::is_held)), a token cancelled when leadership
+/// ends, and why it ended ([`end_cause`](Self::end_cause)).
+///
+/// Clones share one tenure: work the callback hands a clone to sees the same answers.
+///
+/// What it does not guarantee: that a write already in flight when the tenure ends is refused — the database
+/// decides that by epoch, which is why every write presents [`fence`](Self::fence).
+#[derive(Debug, Clone)]
+pub struct LeaderContext {
+    fence: Fence,
+    token: CancellationToken,
+    /// The tenure's state, shared with its [`HeldLease`] and renewal task.
+    tenure: Arc<Shared>,
+    /// Set by [`run_with_leadership`] before it cancels the token because its parent was cancelled.
+    shutdown: Arc<AtomicBool>,
+}
+
+/// Why the leadership a [`LeaderContext`] stands for ended (or, for [`Shutdown`](Self::Shutdown), is ending).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TenureEnd {
+    /// The tenure was lost: the database ended it ([`LossCause::Definitive`]), the local deadline passed without
+    /// a renewal ([`LossCause::DeadlineExceeded`]), or a test double injected the loss. Writes with its fence are
+    /// refused (or soon will be); the runtime re-campaigns for a new tenure.
+    Lost(LossCause),
+    /// The caller asked leadership to stop (the parent token of [`run_with_leadership`] or the supervisor's
+    /// shutdown was cancelled). The tenure stays held until the callback returns and is then released, so work in
+    /// flight may finish with the fence; start nothing new.
+    Shutdown,
+    /// The callback returned (or failed) and the tenure was released: only work the callback left running with a
+    /// clone of the context can see this.
+    Released,
+}
+
+impl fmt::Display for TenureEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TenureEnd::Lost(cause) => write!(f, "lost: {cause}"),
+            TenureEnd::Shutdown => f.write_str("shut down"),
+            TenureEnd::Released => f.write_str("released after the callback returned"),
+        }
+    }
+}
+
+impl LeaderContext {
+    /// The fence of this tenure.
+    pub fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
+    /// The epoch of this tenure.
+    pub fn epoch(&self) -> Epoch {
+        self.fence.epoch()
+    }
+
+    /// Whether this process still believes it holds the tenure — the same answer as [`HeldLease::is_held`] for
+    /// the lease behind this context: false once the lease is lost or released, and never true at or past
+    /// [`trust_until`](Self::trust_until), even when a starved runtime has not yet run the timer that would
+    /// declare the loss (the first caller to see the deadline passed declares it). Once false it stays false, and
+    /// [`end_cause`](Self::end_cause) says why.
+    ///
+    /// Check it before each write: the token tells a waiting callback promptly, this tells a busy one truthfully.
+    /// It stays true during an orderly [`Shutdown`](TenureEnd::Shutdown) until the tenure is released.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> pgfence::Result<()> {
+    /// use std::time::Duration;
+    /// use pgfence::leader::{run_with_leadership, LeadershipOptions, LossCause, MemoryElector, TenureEnd};
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// let elector = MemoryElector::new();
+    /// let (ctx_tx, ctx_rx) = tokio::sync::oneshot::channel();
+    /// let run = tokio::spawn({
+    ///     let elector = elector.clone();
+    ///     async move {
+    ///         let options = LeadershipOptions::new(Duration::from_secs(15));
+    ///         run_with_leadership(&elector, "scheduler", "pod-a", &options, &CancellationToken::new(),
+    ///             move |ctx| async move {
+    ///                 ctx_tx.send(ctx.clone()).unwrap();
+    ///                 ctx.cancelled().await;
+    ///                 Ok::<_, pgfence::Error>(())
+    ///             }).await
+    ///     }
+    /// });
+    /// let ctx = ctx_rx.await.unwrap();
+    /// assert!(ctx.is_held());
+    /// elector.lose("scheduler"); // as if the database had granted the lease to someone else
+    /// assert!(!ctx.is_held());
+    /// assert_eq!(ctx.end_cause(), Some(TenureEnd::Lost(LossCause::Injected)));
+    /// run.await.unwrap()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn is_held(&self) -> bool {
+        self.tenure.believed_held()
+    }
+
+    /// By the monotonic clock, the instant until which this process trusts the tenure (send time of the last
+    /// successful renewal + ttl − safety margin); see [`HeldLease::trust_until`]. Useful to bound a write's
+    /// timeout.
+    pub fn trust_until(&self) -> Instant {
+        self.tenure.trust_until()
+    }
+
+    /// Why leadership ended, or `None` while it goes on. `Some` from the moment the
+    /// [`cancellation token`](Self::cancellation_token) is cancelled, and whenever [`is_held`](Self::is_held) is
+    /// false. A loss is reported as [`TenureEnd::Lost`] with its cause even when it happens during an orderly
+    /// shutdown (the tenure was then not released in order); otherwise an orderly stop is
+    /// [`TenureEnd::Shutdown`].
+    ///
+    /// ```
+    /// use pgfence::leader::{LeaderContext, LossCause, TenureEnd};
+    /// use pgfence::LossReason;
+    ///
+    /// fn report(ctx: &LeaderContext) {
+    ///     match ctx.end_cause() {
+    ///         None => println!("still leading at epoch {}", ctx.epoch()),
+    ///         Some(TenureEnd::Lost(LossCause::Definitive { reason: LossReason::Failover })) => {
+    ///             println!("the database failed over; campaigning again")
+    ///         }
+    ///         Some(TenureEnd::Lost(cause)) => println!("lost epoch {}: {cause}", ctx.epoch()),
+    ///         Some(end) => println!("stopped: {end}"),
+    ///     }
+    /// }
+    /// ```
+    pub fn end_cause(&self) -> Option<TenureEnd> {
+        // Read the clock first: past the local deadline the tenure is over even if no timer has said so yet.
+        self.tenure.believed_held();
+        match &*self.tenure.standing.borrow() {
+            Standing::Lost(cause) => Some(TenureEnd::Lost(cause.clone())),
+            _ if self.shutdown.load(Ordering::SeqCst) => Some(TenureEnd::Shutdown),
+            Standing::Released => Some(TenureEnd::Released),
+            Standing::Held => None,
+        }
+    }
+
+    /// Cancelled when leadership ends (loss or shutdown): stop working then. [`end_cause`](Self::end_cause)
+    /// says why.
+    pub fn cancellation_token(&self) -> &CancellationToken {
+        &self.token
+    }
+
+    /// Completes when leadership ends (loss or shutdown); [`end_cause`](Self::end_cause) is `Some` from then on.
+    pub async fn cancelled(&self) {
+        self.token.cancelled().await
+    }
+}
+
+/// Timing of a leadership run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeadershipOptions {
+    /// The lease timing.
+    pub lease: LeaseOptions,
+    /// How long to wait for the callback to return after cancelling it (default 5 s).
+    pub grace: Duration,
+    /// Longest wait between acquisition attempts while another holder leads (default ttl / 2); a release
+    /// notification wakes the candidate earlier.
+    pub poll_every: Duration,
+}
+
+impl LeadershipOptions {
+    /// Options with `ttl` and defaults for the rest.
+    pub fn new(ttl: Duration) -> LeadershipOptions {
+        LeadershipOptions {
+            lease: LeaseOptions::new(ttl),
+            grace: Duration::from_secs(5),
+            poll_every: ttl / 2,
+        }
+    }
+}
+
+/// Why a [`run_with_leadership`] ended.
+#[derive(Debug)]
+pub enum Ended<E> {
+    /// The callback returned `Ok`; the lease was released.
+    Returned,
+    /// The callback returned an error; the lease was released.
+    Failed(E),
+    /// The callback panicked; the lease was released.
+    Panicked(String),
+    /// The lease was lost; the callback was cancelled.
+    Lost {
+        /// Why the lease was lost.
+        cause: LossCause,
+        /// Whether the callback returned within the grace period (if not, it was aborted at its next await and
+        /// reported through tracing and the `pgfence_callbacks_not_stopped_total` metric).
+        callback_stopped: bool,
+    },
+    /// The parent token was cancelled (before or during leadership); the lease, if held, was released.
+    Cancelled {
+        /// Whether the callback returned within the grace period (`true` when it never started).
+        callback_stopped: bool,
+    },
+}
+
+fn jittered(base: Duration) -> Duration {
+    // Up to 10 % jitter so that candidates woken together do not stampede.
+    base + base.mul_f64(fastrand::f64() * 0.1)
+}
+
+/// Campaigns for `name` until acquired (or `parent` is cancelled), then runs `callback` with a
+/// [`LeaderContext`]. When the lease is lost or `parent` is cancelled, the context's token is cancelled and the
+/// callback gets `options.grace` to return; one that does not is aborted at its next await point and reported
+/// (an error event and the `pgfence_callbacks_not_stopped_total` metric) — never silently left running.
+///
+/// While another holder leads, the candidate waits for the database-computed remaining time (at most
+/// `poll_every`) or a release notification, whichever comes first.
+///
+/// ```no_run
+/// # async fn example(store: pgfence::Store) -> pgfence::Result<()> {
+/// use std::time::Duration;
+/// use pgfence::leader::{run_with_leadership, LeadershipOptions, PgElector, TenureEnd};
+/// use tokio_util::sync::CancellationToken;
+///
+/// let elector = PgElector::new(store.clone());
+/// let shutdown = CancellationToken::new();
+/// let ended = run_with_leadership(&elector, "scheduler", "pod-a", &LeadershipOptions::new(Duration::from_secs(15)),
+///     &shutdown, move |ctx| async move {
+///         // `is_held` reads the monotonic clock: false at the local deadline even if the loss signal is late.
+///         while ctx.is_held() && !ctx.cancellation_token().is_cancelled() {
+///             store.create_task(ctx.fence(), "tick", &serde_json::json!({})).await?;
+///             tokio::select! {
+///                 _ = ctx.cancelled() => {}
+///                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+///             }
+///         }
+///         match ctx.end_cause() {
+///             Some(TenureEnd::Lost(cause)) => eprintln!("lost epoch {}: {cause}", ctx.epoch()),
+///             other => eprintln!("stopped leading: {other:?}"),
+///         }
+///         Ok::<_, pgfence::Error>(())
+///     }).await?;
+/// println!("{ended:?}");
+/// # Ok(()) }
+/// ```
+pub async fn run_with_leadership<E, F, Fut, Err>(
+    elector: &E,
+    name: &str,
+    holder: &str,
+    options: &LeadershipOptions,
+    parent: &CancellationToken,
+    callback: F,
+) -> Result<Ended<Err>>
+where
+    E: Elector,
+    F: FnOnce(LeaderContext) -> Fut,
+    Fut: Future<Output = std::result::Result<(), Err>> + Send + 'static,
+    Err: Send + 'static,
+{
+    if options.poll_every.is_zero() || options.grace.is_zero() {
+        return Err(Error::invalid(
+            "leadership options",
+            "poll_every and grace must be positive",
+        ));
+    }
+    let qualified = elector.qualify(name);
+    let lease = loop {
+        let mut wakeups = elector.wakeups();
+        let wait = match elector.acquire(name, holder, &options.lease).await {
+            Ok(lease) => break lease,
+            Err(Error::Held { expires_in, .. }) => expires_in.min(options.poll_every),
+            Err(e) if e.is_transient() => {
+                tracing::warn!(target: TARGET, lease = %qualified, error = %e, "acquisition failed; retrying");
+                options.poll_every
+            }
+            Err(e) => return Err(e),
+        };
+        tokio::select! {
+            _ = parent.cancelled() => return Ok(Ended::Cancelled { callback_stopped: true }),
+            _ = wakeups.wait(&qualified, jittered(wait)) => {}
+        }
+    };
+    tracing::info!(target: TARGET, lease = %qualified, epoch = %lease.epoch(), holder, "leading");
+
+    let token = lease.cancellation_token().child_token();
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let context = LeaderContext {
+        fence: lease.fence(),
+        token: token.clone(),
+        tenure: lease.shared.clone(),
+        shutdown: shutdown.clone(),
+    };
+    let mut task = tokio::spawn(callback(context));
+    let lost = lease.lost();
+    tokio::pin!(lost);
+
+    enum Stop {
+        Lost(LossCause),
+        Cancelled,
+    }
+    let stop = tokio::select! {
+        // Biased: a callback that returns *because* it saw the loss or the shutdown must be reported as such,
+        // and by then the loss (or the parent's cancellation) is already observable.
+        biased;
+        cause = &mut lost => Stop::Lost(cause.unwrap_or(LossCause::Definitive { reason: LossReason::Released })),
+        _ = parent.cancelled() => Stop::Cancelled,
+        joined = &mut task => {
+            // Re-check: the callback may have returned on the loss signal between the polls above.
+            if let Standing::Lost(cause) = lease.standing() {
+                return Ok(Ended::Lost { cause, callback_stopped: true });
+            }
+            if parent.is_cancelled() {
+                // Seen by work the callback left running with a clone of the context.
+                shutdown.store(true, Ordering::SeqCst);
+            }
+            let ended = match joined {
+                Ok(Ok(())) if parent.is_cancelled() => Ended::Cancelled { callback_stopped: true },
+                Ok(Ok(())) => Ended::Returned,
+                Ok(Err(e)) => Ended::Failed(e),
+                Err(join) => Ended::Panicked(panic_message(join)),
+            };
+            lease.release().await?;
+            return Ok(ended);
+        }
+    };
+    if let Stop::Cancelled = stop {
+        // Before the token: a callback woken by it must find the cause already set.
+        shutdown.store(true, Ordering::SeqCst);
+    }
+    token.cancel();
+    let callback_stopped = match tokio::time::timeout(options.grace, &mut task).await {
+        Ok(_) => true,
+        Err(_) => {
+            tracing::error!(target: TARGET, lease = %qualified, grace = ?options.grace,
+                "leader callback did not stop within the grace period after cancellation; aborting it");
+            metrics::counter!(METRIC_CALLBACKS_NOT_STOPPED, "lease" => qualified.clone())
+                .increment(1);
+            task.abort();
+            false
+        }
+    };
+    match stop {
+        Stop::Lost(cause) => {
+            drop(lease); // releases in the background if the database may still think we hold it
+            Ok(Ended::Lost {
+                cause,
+                callback_stopped,
+            })
+        }
+        Stop::Cancelled => {
+            lease.release().await?;
+            Ok(Ended::Cancelled { callback_stopped })
+        }
+    }
+}
+
+fn panic_message(join: tokio::task::JoinError) -> String {
+    match join.try_into_panic() {
+        Ok(payload) => payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".to_owned()),
+        Err(e) => e.to_string(),
+    }
+}

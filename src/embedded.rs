@@ -68,9 +68,6 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-/// Tracing target of every event emitted by this module.
-const TARGET: &str = "pgfence";
-
 /// OS user the server runs as when the current process is root; also the
 /// database superuser created by `initdb`.
 const SERVER_USER: &str = "postgres";
@@ -377,7 +374,6 @@ impl EmbeddedServer {
         server.write_data_files()?;
         server.start_first()?;
         tracing::info!(
-            target: TARGET,
             port = server.port,
             data_dir = %server.data_dir.display(),
             bin_dir = %server.bin_dir.display(),
@@ -441,7 +437,6 @@ impl EmbeddedServer {
         // directory; `start_first` rewrites it before every attempt.
         standby.start_first()?;
         tracing::info!(
-            target: TARGET,
             port = standby.port,
             primary_port = self.port,
             data_dir = %standby.data_dir.display(),
@@ -492,7 +487,6 @@ impl EmbeddedServer {
             });
         }
         tracing::info!(
-            target: TARGET,
             port = self.port,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "embedded PostgreSQL promoted"
@@ -644,7 +638,6 @@ impl EmbeddedServer {
         let started = Instant::now();
         self.pg_ctl_start().map_err(|failure| failure.error)?;
         tracing::info!(
-            target: TARGET,
             port = self.port,
             data_dir = %self.data_dir.display(),
             elapsed_ms = started.elapsed().as_millis() as u64,
@@ -841,7 +834,6 @@ impl EmbeddedServer {
                 Err(failure) if failure.port_in_use && attempt < PORT_RETRIES => {
                     attempt += 1;
                     tracing::debug!(
-                        target: TARGET,
                         port = self.port,
                         attempt,
                         "port already in use, retrying with another one"
@@ -922,7 +914,7 @@ impl EmbeddedServer {
             .arg(PG_CTL_TIMEOUT_SECS.to_string());
         let (command, output) = self.run(cmd)?;
         if output.status.success() || !self.is_running() {
-            tracing::debug!(target: TARGET, port = self.port, mode, "embedded PostgreSQL stopped");
+            tracing::debug!(port = self.port, mode, "embedded PostgreSQL stopped");
             return Ok(());
         }
         Err(EmbeddedError::Command {
@@ -954,7 +946,7 @@ impl EmbeddedServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .process_group(0);
-        tracing::debug!(target: TARGET, command = %describe(&cmd), "spawning watchdog");
+        tracing::debug!(command = %describe(&cmd), "spawning watchdog");
         let mut child = cmd
             .spawn()
             .map_err(|e| EmbeddedError::io("spawning the cleanup watchdog (/bin/sh)", e))?;
@@ -985,11 +977,11 @@ impl EmbeddedServer {
         // Untranslated messages, so that they can be recognized.
         cmd.env("LC_ALL", "C").stdin(Stdio::null());
         let command = describe(&cmd);
-        tracing::debug!(target: TARGET, command = %command, "running");
+        tracing::debug!(command = %command, "running");
         let output = cmd
             .output()
             .map_err(|e| EmbeddedError::io(format!("running `{command}`"), e))?;
-        tracing::debug!(target: TARGET, command = %command, status = %output.status, "finished");
+        tracing::debug!(command = %command, status = %output.status, "finished");
         Ok((command, output))
     }
 
@@ -1025,21 +1017,19 @@ impl Drop for EmbeddedServer {
             match self.run(cmd) {
                 Ok((_, output)) if !output.status.success() => {
                     tracing::debug!(
-                        target: TARGET,
                         output = %output_tail(&output),
                         "pg_ctl stop during drop failed"
                     );
                 }
                 Ok(_) => {}
                 Err(error) => {
-                    tracing::debug!(target: TARGET, %error, "pg_ctl stop during drop failed");
+                    tracing::debug!(%error, "pg_ctl stop during drop failed");
                 }
             }
         }
         if let Some(temp) = self.temp.take() {
             if let Err(error) = temp.close() {
                 tracing::debug!(
-                    target: TARGET,
                     %error,
                     dir = %self.root.display(),
                     "removing the temporary directory failed"
@@ -1059,7 +1049,7 @@ impl Drop for EmbeddedServer {
                 }
             }
         }
-        tracing::debug!(target: TARGET, port = self.port, "embedded PostgreSQL removed");
+        tracing::debug!(port = self.port, "embedded PostgreSQL removed");
     }
 }
 

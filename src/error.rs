@@ -6,8 +6,7 @@
 
 use std::time::Duration;
 
-use crate::lease::{Epoch, LossReason};
-use crate::tasks::TaskState;
+use crate::types::{Epoch, LossReason, TaskState};
 
 /// Result alias used throughout pgfence.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -337,4 +336,19 @@ fn infer_sqlstate(kind: &diesel::result::DatabaseErrorKind, message: &str) -> Op
         _ if message.starts_with("pgfence:") => Some("22023"),
         _ => None,
     }
+}
+
+/// A driver error with its sources ("error connecting to server: Connection refused (os error 111)").
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }

@@ -13,7 +13,6 @@
 //!
 //! SQL: `pgfence.fence`, `pgfence._guard`, `pgfence._wait_guard_lock`, `pgfence._reject` in `migrations/*/up.sql`.
 
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 
@@ -27,63 +26,10 @@ use diesel_async::AsyncPgConnection;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{DenyReason, Error, Result};
-use crate::lease::{validate_holder, validate_qualified, Epoch, LossReason};
-use crate::store::{Store, TARGET};
-
-/// The secret of one tenure: the database returns it once, with the epoch, when it grants the tenure, and keeps
-/// only its SHA-256, which no role but the schema owner can read. Every guarded write, renewal and release
-/// presents it, so knowing a tenure's (lease, epoch) — from the tables, an error or a log — is not enough to
-/// write under it or to end it.
-///
-/// It never shows: `Debug` prints `TenureSecret(<redacted>)`, there is no `Display`, and pgfence puts it in no
-/// log, error, audit row or CLI output. It does serialize (as its text), so that a leader can hand its
-/// [`Fence`] to its own workers: treat a serialized fence like a credential.
-#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct TenureSecret(String);
-
-/// Length of a tenure secret in characters (hexadecimal).
-pub const SECRET_LEN: usize = 64;
-
-impl TenureSecret {
-    /// A secret from its text: the 64 hexadecimal characters `pgfence.acquire` returned. The text is never
-    /// repeated in the error.
-    pub fn parse(text: impl Into<String>) -> Result<TenureSecret> {
-        let text = text.into();
-        if text.len() != SECRET_LEN || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(Error::invalid(
-                "tenure secret",
-                format!("must be {SECRET_LEN} hexadecimal characters"),
-            ));
-        }
-        Ok(TenureSecret(text))
-    }
-
-    /// The secret's text, to pass to the SQL functions yourself (`pgfence.fence(lease, epoch, secret, …)`).
-    /// Never log it.
-    pub fn expose_secret(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for TenureSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("TenureSecret(<redacted>)")
-    }
-}
-
-impl TryFrom<String> for TenureSecret {
-    type Error = Error;
-    fn try_from(text: String) -> Result<TenureSecret> {
-        TenureSecret::parse(text)
-    }
-}
-
-impl From<TenureSecret> for String {
-    fn from(secret: TenureSecret) -> String {
-        secret.0
-    }
-}
+use crate::lease::{Lease, TenureSecret};
+use crate::store::Store;
+use crate::types::{Epoch, LossReason};
+use crate::validate::{validate_holder, validate_qualified};
 
 /// What a guarded write presents: the cluster-qualified lease name, the epoch of the tenure that writes, and
 /// that tenure's [`TenureSecret`].
@@ -341,7 +287,7 @@ async fn begin_and_guard(
     let guard = diesel::select(sql::fence(
         fence.lease.clone(),
         fence.epoch.get(),
-        fence.secret.0.clone(),
+        fence.secret.expose_secret().to_owned(),
         operation.to_owned(),
         None::<String>,
         None::<String>,
@@ -454,7 +400,7 @@ impl WriteOutcome {
     pub(crate) fn refused(&self, fence: &Fence, operation: &str) -> Option<Error> {
         if self.outcome == "denied" {
             let reason = DenyReason::parse(self.reason.as_deref().unwrap_or("bad_secret"));
-            tracing::warn!(target: TARGET, lease = %fence.lease, presented = %fence.epoch, %reason, operation,
+            tracing::warn!(lease = %fence.lease, presented = %fence.epoch, %reason, operation,
                 "write denied");
             return Some(Error::Denied {
                 lease: fence.lease.clone(),
@@ -464,7 +410,7 @@ impl WriteOutcome {
         }
         (self.outcome == "stale").then(|| {
             let reason = LossReason::parse(self.reason.as_deref().unwrap_or("superseded"));
-            tracing::warn!(target: TARGET, lease = %fence.lease, presented = %fence.epoch,
+            tracing::warn!(lease = %fence.lease, presented = %fence.epoch,
                 current = ?self.current_epoch, %reason, operation, "stale write refused");
             metrics::counter!(METRIC_STALE_WRITES, "lease" => fence.lease.clone()).increment(1);
             Error::Stale {
@@ -753,7 +699,7 @@ impl Store {
             write: write.clone(),
             lease: fence.lease.clone(),
             epoch: fence.epoch.get(),
-            secret: fence.secret.0.clone(),
+            secret: fence.secret.expose_secret().to_owned(),
             operation: operation.to_owned(),
         };
         let (outcome, reason, current_epoch, _holder, written): GuardedRow =
@@ -784,7 +730,7 @@ impl Store {
         let pattern = match &filter.lease {
             _ if filter.all_clusters => String::new(),
             Some(name) => {
-                crate::lease::validate_name(name)?;
+                crate::validate::validate_name(name)?;
                 self.qualify(name)
             }
             None => format!("{}/", self.cluster()),
@@ -832,7 +778,7 @@ impl Store {
             .bind::<Text, _>(mode)
             .execute(&mut *conn)
             .await?;
-        tracing::info!(target: TARGET, ?enforcement, "raw-SQL enforcement switched");
+        tracing::info!(?enforcement, "raw-SQL enforcement switched");
         Ok(())
     }
 
@@ -877,7 +823,7 @@ impl Store {
             .await?;
             total += deleted as u64;
             if (deleted as u32) < batch {
-                tracing::info!(target: TARGET, deleted = total, ?older_than, "audit pruned");
+                tracing::info!(deleted = total, ?older_than, "audit pruned");
                 return Ok(total);
             }
         }
@@ -905,7 +851,7 @@ impl Store {
         use diesel_async::RunQueryDsl;
         check_role(role)?;
         if let Some(cluster) = cluster {
-            crate::lease::validate_cluster(cluster)?;
+            crate::validate::validate_cluster(cluster)?;
         }
         let mut conn = self.conn().await?;
         let removed: i32 = diesel::select(
@@ -917,7 +863,12 @@ impl Store {
         )
         .get_result(&mut *conn)
         .await?;
-        tracing::info!(target: TARGET, role, cluster = cluster.unwrap_or("*"), removed, "grant revoked");
+        tracing::info!(
+            role,
+            cluster = cluster.unwrap_or("*"),
+            removed,
+            "grant revoked"
+        );
         Ok(removed > 0)
     }
 
@@ -925,7 +876,7 @@ impl Store {
         use diesel_async::RunQueryDsl;
         check_role(role)?;
         if let Some(cluster) = cluster {
-            crate::lease::validate_cluster(cluster)?;
+            crate::validate::validate_cluster(cluster)?;
         }
         let mut conn = self.conn().await?;
         diesel::sql_query(format!("SELECT pgfence.{function}($1, $2)"))
@@ -933,7 +884,12 @@ impl Store {
             .bind::<Nullable<Text>, _>(cluster)
             .execute(&mut *conn)
             .await?;
-        tracing::info!(target: TARGET, role, cluster = cluster.unwrap_or("*"), function, "grant recorded");
+        tracing::info!(
+            role,
+            cluster = cluster.unwrap_or("*"),
+            function,
+            "grant recorded"
+        );
         Ok(())
     }
 }
@@ -958,4 +914,11 @@ fn check_role(role: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+impl Lease {
+    /// The fence every guarded write of this tenure presents (it carries the tenure's secret).
+    pub fn fence(&self) -> Fence {
+        Fence::from_parts(self.qualified.clone(), self.epoch, self.secret.clone())
+    }
 }

@@ -14,138 +14,9 @@ use diesel::QueryableByName;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{DenyReason, Error, Result};
-use crate::fence::{Fence, TenureSecret};
-use crate::store::{Store, TARGET};
-
-/// Shortest accepted ttl.
-pub const MIN_TTL: Duration = Duration::from_millis(100);
-/// Longest accepted ttl.
-pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
-/// Longest accepted lease name, in characters (the cluster prefix is not counted).
-pub const MAX_NAME_LEN: usize = 200;
-/// Longest accepted cluster name, in characters.
-pub const MAX_CLUSTER_LEN: usize = 63;
-/// Longest accepted holder (and assignee, task key) in characters.
-pub const MAX_HOLDER_LEN: usize = 256;
-
-/// A fencing token: the number of the tenure that wrote. Each acquisition of a lease issues the previous epoch + 1
-/// (or more, after a failover to a new WAL timeline), so epochs per lease name strictly increase forever. Serializes as a plain number so it can travel
-/// to downstream services.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "i64", into = "i64")]
-pub struct Epoch(i64);
-
-impl Epoch {
-    /// An epoch from its number; epochs start at 1.
-    pub fn new(value: i64) -> Result<Epoch> {
-        if value < 1 {
-            return Err(Error::invalid(
-                "epoch",
-                format!("must be >= 1, got {value}"),
-            ));
-        }
-        Ok(Epoch(value))
-    }
-
-    /// The number.
-    pub fn get(self) -> i64 {
-        self.0
-    }
-
-    /// Epoch from a database value that may be 0 ("never acquired") or NULL.
-    pub(crate) fn from_db(value: Option<i64>) -> Option<Epoch> {
-        value.filter(|v| *v >= 1).map(Epoch)
-    }
-}
-
-impl TryFrom<i64> for Epoch {
-    type Error = Error;
-    fn try_from(value: i64) -> Result<Epoch> {
-        Epoch::new(value)
-    }
-}
-
-impl From<Epoch> for i64 {
-    fn from(epoch: Epoch) -> i64 {
-        epoch.0
-    }
-}
-
-impl fmt::Display for Epoch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-/// Why a tenure is not (or no longer) current: the reason of a [`Error::Lost`] renewal and of a
-/// [`Error::Stale`] write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum LossReason {
-    /// A newer epoch was issued.
-    Superseded,
-    /// The tenure's ttl ran out by the database clock.
-    Expired,
-    /// The tenure was released (by its holder or by an operator's force-release).
-    Released,
-    /// No lease has this name.
-    UnknownLease,
-    /// The presented epoch was never issued.
-    FutureEpoch,
-    /// The epoch matches but the holder does not.
-    HolderMismatch,
-    /// The target row was already written by a newer epoch (its fence is higher).
-    RowFence,
-    /// The tenure was granted before the server's last promotion (or point-in-time recovery): a failover is a
-    /// fencing boundary, and no tenure current before it may write or renew after it. Re-acquire.
-    Failover,
-    /// The database refused the session's role (its grant on the lease's cluster was revoked: `no_grant`) or the
-    /// tenure's secret (`bad_secret`) — reported by the leadership runtime, whose renewals end the tenure then.
-    /// Calls made directly get [`Error::Denied`] instead.
-    Denied,
-}
-
-impl LossReason {
-    pub(crate) fn parse(text: &str) -> LossReason {
-        match text {
-            "superseded" => LossReason::Superseded,
-            "expired" => LossReason::Expired,
-            "released" | "forced" => LossReason::Released,
-            "unknown_lease" => LossReason::UnknownLease,
-            "future_epoch" => LossReason::FutureEpoch,
-            "holder_mismatch" => LossReason::HolderMismatch,
-            "row_fence" => LossReason::RowFence,
-            "failover" => LossReason::Failover,
-            "no_grant" | "bad_secret" | "denied" => LossReason::Denied,
-            other => {
-                tracing::warn!(target: TARGET, reason = other, "unknown loss reason from the database");
-                LossReason::Superseded
-            }
-        }
-    }
-
-    /// The name used in SQL and in `pgfence.rejections.reason`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LossReason::Superseded => "superseded",
-            LossReason::Expired => "expired",
-            LossReason::Released => "released",
-            LossReason::UnknownLease => "unknown_lease",
-            LossReason::FutureEpoch => "future_epoch",
-            LossReason::HolderMismatch => "holder_mismatch",
-            LossReason::RowFence => "row_fence",
-            LossReason::Failover => "failover",
-            LossReason::Denied => "denied",
-        }
-    }
-}
-
-impl fmt::Display for LossReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use crate::store::Store;
+use crate::types::{Epoch, LossReason, MAX_TTL, MIN_TTL};
+use crate::validate::{validate_holder, validate_name};
 
 /// A tenure this process holds: the lease name, the holder, the epoch the database issued and the local
 /// deadline before which the database cannot grant a successor.
@@ -154,11 +25,11 @@ impl fmt::Display for LossReason {
 #[derive(Debug, Clone)]
 pub struct Lease {
     name: String,
-    qualified: String,
+    pub(crate) qualified: String,
     holder: String,
-    epoch: Epoch,
+    pub(crate) epoch: Epoch,
     /// `Debug` redacts it.
-    secret: TenureSecret,
+    pub(crate) secret: TenureSecret,
     ttl: Duration,
     local_deadline: Instant,
 }
@@ -207,11 +78,6 @@ impl Lease {
     /// The ttl of the last acquisition or renewal.
     pub fn ttl(&self) -> Duration {
         self.ttl
-    }
-
-    /// The fence every guarded write of this tenure presents (it carries the tenure's secret).
-    pub fn fence(&self) -> Fence {
-        Fence::from_parts(self.qualified.clone(), self.epoch, self.secret.clone())
     }
 
     /// By this process's monotonic clock: when the last successful acquire or renew statement was *sent*, plus
@@ -350,69 +216,6 @@ pub(crate) mod sql {
     }
 }
 
-/// The one text rule, as the database applies it (`pgfence._text_problem`): 1 to `max` characters, no control
-/// character, Unicode Normalization Form C.
-pub(crate) fn check_text(field: &'static str, value: &str, max: usize) -> Result<()> {
-    let len = value.chars().count();
-    if len == 0 {
-        return Err(Error::invalid(field, "must not be empty"));
-    }
-    if len > max {
-        return Err(Error::invalid(
-            field,
-            format!("must be at most {max} characters, got {len}"),
-        ));
-    }
-    if value.chars().any(char::is_control) {
-        return Err(Error::invalid(
-            field,
-            "must not contain control characters (NUL, newline, …)",
-        ));
-    }
-    if !unicode_normalization::is_nfc(value) {
-        return Err(Error::invalid(
-            field,
-            "must be in Unicode Normalization Form C (NFC)",
-        ));
-    }
-    Ok(())
-}
-
-/// Checks a cluster name: 1 to 63 characters, no `/` (it separates cluster and lease name), no control
-/// characters.
-pub(crate) fn validate_cluster(cluster: &str) -> Result<()> {
-    check_text("cluster", cluster, MAX_CLUSTER_LEN)?;
-    if cluster.contains('/') {
-        return Err(Error::invalid("cluster", "must not contain '/'"));
-    }
-    Ok(())
-}
-
-/// Checks a lease name (without cluster): 1 to 200 characters, no control characters. Quotes, `/` and SQL are
-/// plain data.
-pub(crate) fn validate_name(name: &str) -> Result<()> {
-    check_text("lease name", name, MAX_NAME_LEN)
-}
-
-/// Checks a holder, assignee or similar identity: 1 to 256 characters, no control characters.
-pub(crate) fn validate_holder(field: &'static str, holder: &str) -> Result<()> {
-    check_text(field, holder, MAX_HOLDER_LEN)
-}
-
-/// Checks a cluster-qualified lease name (`<cluster>/<name>`).
-pub(crate) fn validate_qualified(qualified: &str) -> Result<()> {
-    match qualified.split_once('/') {
-        Some((cluster, name)) => {
-            validate_cluster(cluster)?;
-            validate_name(name)
-        }
-        None => Err(Error::invalid(
-            "lease",
-            "must be cluster-qualified: '<cluster>/<name>'",
-        )),
-    }
-}
-
 fn ttl_ms(ttl: Duration) -> Result<i64> {
     if ttl < MIN_TTL || ttl > MAX_TTL {
         return Err(Error::invalid(
@@ -548,7 +351,7 @@ impl Store {
                         TenureSecret::parse(s)
                             .map_err(|_| unexpected("acquire", "malformed tenure secret"))
                     })?;
-                tracing::info!(target: TARGET, lease = %qualified, %epoch, holder, "lease acquired");
+                tracing::info!(lease = %qualified, %epoch, holder, "lease acquired");
                 Ok(Lease {
                     name: name.to_owned(),
                     qualified,
@@ -588,12 +391,12 @@ impl Store {
         match outcome.as_str() {
             "renewed" => {
                 lease.local_deadline = sent + lease.ttl;
-                tracing::debug!(target: TARGET, lease = %lease.qualified, epoch = %lease.epoch, "lease renewed");
+                tracing::debug!(lease = %lease.qualified, epoch = %lease.epoch, "lease renewed");
                 Ok(())
             }
             "lost" => {
                 let reason = LossReason::parse(reason.as_deref().unwrap_or("expired"));
-                tracing::warn!(target: TARGET, lease = %lease.qualified, epoch = %lease.epoch, %reason, "lease lost");
+                tracing::warn!(lease = %lease.qualified, epoch = %lease.epoch, %reason, "lease lost");
                 Err(Error::Lost {
                     lease: lease.qualified.clone(),
                     epoch: lease.epoch,
@@ -620,7 +423,7 @@ impl Store {
             .await?;
         match outcome.as_str() {
             "released" => {
-                tracing::info!(target: TARGET, lease = %lease.qualified, epoch = %lease.epoch, holder = %lease.holder, "lease released");
+                tracing::info!(lease = %lease.qualified, epoch = %lease.epoch, holder = %lease.holder, "lease released");
                 Ok(Released::Released)
             }
             "not_held" => Ok(Released::NotHeld(LossReason::parse(
@@ -641,7 +444,7 @@ impl Store {
             .await?;
         match (outcome.as_str(), Epoch::from_db(epoch)) {
             ("released", Some(epoch)) => {
-                tracing::warn!(target: TARGET, lease = %qualified, %epoch, holder = ?holder, "lease force-released");
+                tracing::warn!(lease = %qualified, %epoch, holder = ?holder, "lease force-released");
                 Ok(ForceReleased::Ended {
                     epoch,
                     holder: holder.unwrap_or_default(),
@@ -723,7 +526,7 @@ impl Store {
 /// The [`Error::Denied`] of a lease call the database refused (and audited).
 fn denied(lease: String, operation: &str, reason: Option<String>) -> Error {
     let reason = DenyReason::parse(reason.as_deref().unwrap_or("no_grant"));
-    tracing::warn!(target: TARGET, %lease, operation, %reason, "lease call denied");
+    tracing::warn!(%lease, operation, %reason, "lease call denied");
     Error::Denied {
         lease,
         operation: operation.to_owned(),
@@ -735,5 +538,60 @@ pub(crate) fn unexpected(operation: &str, outcome: &str) -> Error {
     Error::Database {
         sqlstate: None,
         message: format!("unexpected result of pgfence.{operation}: {outcome}"),
+    }
+}
+
+/// The secret of one tenure: the database returns it once, with the epoch, when it grants the tenure, and keeps
+/// only its SHA-256, which no role but the schema owner can read. Every guarded write, renewal and release
+/// presents it, so knowing a tenure's (lease, epoch) — from the tables, an error or a log — is not enough to
+/// write under it or to end it.
+///
+/// It never shows: `Debug` prints `TenureSecret(<redacted>)`, there is no `Display`, and pgfence puts it in no
+/// log, error, audit row or CLI output. It does serialize (as its text), so that a leader can hand its
+/// [`Fence`](crate::Fence) to its own workers: treat a serialized fence like a credential.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct TenureSecret(String);
+
+/// Length of a tenure secret in characters (hexadecimal).
+pub const SECRET_LEN: usize = 64;
+
+impl TenureSecret {
+    /// A secret from its text: the 64 hexadecimal characters `pgfence.acquire` returned. The text is never
+    /// repeated in the error.
+    pub fn parse(text: impl Into<String>) -> Result<TenureSecret> {
+        let text = text.into();
+        if text.len() != SECRET_LEN || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::invalid(
+                "tenure secret",
+                format!("must be {SECRET_LEN} hexadecimal characters"),
+            ));
+        }
+        Ok(TenureSecret(text))
+    }
+
+    /// The secret's text, to pass to the SQL functions yourself (`pgfence.fence(lease, epoch, secret, …)`).
+    /// Never log it.
+    pub fn expose_secret(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for TenureSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TenureSecret(<redacted>)")
+    }
+}
+
+impl TryFrom<String> for TenureSecret {
+    type Error = Error;
+    fn try_from(text: String) -> Result<TenureSecret> {
+        TenureSecret::parse(text)
+    }
+}
+
+impl From<TenureSecret> for String {
+    fn from(secret: TenureSecret) -> String {
+        secret.0
     }
 }

@@ -2,7 +2,7 @@
 //! pgfence writes to the primary it was configured for, and the embedded migrations.
 
 use std::fmt;
-use std::str::FromStr;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,10 +12,10 @@ use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfi
 use diesel_async::AsyncPgConnection;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
-use crate::error::{Error, Result};
-use crate::lease::validate_cluster;
+use crate::error::{error_chain, Error, Result};
 use crate::pooler::{self, PoolerMode};
-use crate::tls::Connector;
+use crate::tls::{redact, Connector};
+use crate::validate::validate_cluster;
 
 /// The bb8 pool type pgfence uses; bring your own with [`Store::from_pool`].
 pub type Pool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
@@ -73,7 +73,7 @@ impl Drop for Checked<'_> {
                     None => crate::tls::cancel_unknown(&token).await,
                 };
                 if let Err(e) = cancelled {
-                    tracing::debug!(target: TARGET, error = %e, "cancelling an abandoned statement failed");
+                    tracing::debug!(error = %e, "cancelling an abandoned statement failed");
                 }
             });
         }
@@ -82,9 +82,6 @@ impl Drop for Checked<'_> {
 
 /// The schema migrations compiled into the crate (the `migrations/` folder).
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
-
-/// The tracing target of every pgfence event.
-pub(crate) const TARGET: &str = "pgfence";
 
 /// Session advisory lock key held while migrating, so two processes migrating at once take turns.
 /// (The ASCII bytes of "pgfence" followed by a version byte.)
@@ -323,29 +320,6 @@ impl StoreConfig {
     }
 }
 
-/// Shows a connection string as `user@host:port/database`: never a password.
-pub fn redact(url: &str) -> String {
-    match tokio_postgres::Config::from_str(&crate::tls::without_tls_parameters(url)) {
-        Ok(config) => describe(&config),
-        Err(_) => "<unparsable connection string>".to_owned(),
-    }
-}
-
-pub(crate) fn describe(config: &tokio_postgres::Config) -> String {
-    let host = config
-        .get_hosts()
-        .first()
-        .map(|h| match h {
-            tokio_postgres::config::Host::Tcp(name) => name.clone(),
-            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
-        })
-        .unwrap_or_else(|| "localhost".to_owned());
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    let user = config.get_user().unwrap_or("?");
-    let db = config.get_dbname().unwrap_or(user);
-    format!("{user}@{host}:{port}/{db}")
-}
-
 /// Remembers the last connection error bb8 saw, so that a checkout timeout can report the real cause
 /// ("connection refused") instead of only "timed out".
 #[derive(Debug, Clone, Default)]
@@ -353,7 +327,7 @@ struct LastError(Arc<Mutex<Option<String>>>);
 
 impl bb8::ErrorSink<PoolError> for LastError {
     fn sink(&self, error: PoolError) {
-        tracing::warn!(target: TARGET, error = %error, "database connection failed");
+        tracing::warn!(error = %error, "database connection failed");
         *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
     }
 
@@ -439,7 +413,7 @@ impl Store {
         // One direct connection first: its error is the real cause, and the identity is checked before a pool
         // (and anything that writes) exists.
         let (mut first, identity) = settings.open_checked().await?;
-        tracing::info!(target: TARGET, database = %target, cluster = %config.cluster,
+        tracing::info!(database = %target, cluster = %config.cluster,
             sslmode = %settings.connector.ssl_mode(),
             system_identifier = ?identity.system_identifier, instance_id = ?identity.instance_id, "connected");
         let direct = match &config.direct_url {
@@ -463,12 +437,12 @@ impl Store {
                 .await?;
                 match &direct {
                     Some(direct) => {
-                        tracing::info!(target: TARGET, database = %target, direct = %direct.target,
+                        tracing::info!(database = %target, direct = %direct.target,
                         shared_sessions_seen = shared,
                         "behind a transaction-mode pooler: LISTEN and migrations use the direct URL")
                     }
                     None => {
-                        tracing::info!(target: TARGET, database = %target, shared_sessions_seen = shared,
+                        tracing::info!(database = %target, shared_sessions_seen = shared,
                         "behind a transaction-mode pooler and no direct URL: no LISTEN connection, electors learn \
                          of released leases by polling (LeadershipOptions::poll_every); migrate() is refused")
                     }
@@ -849,7 +823,7 @@ impl ConnectSettings {
             };
             all_tls &= is_tls;
             read_only |= cause.contains("does not allow writes") || cause.contains("read-only");
-            tracing::debug!(target: TARGET, host = %host.target(), %cause, "host not usable; trying the next");
+            tracing::debug!(host = %host.target(), %cause, "host not usable; trying the next");
             failures.push(format!("{}: {cause}", host.target()));
         }
         let target = failures.join("; ");
@@ -903,21 +877,6 @@ async fn open_with(connector: &Connector) -> Result<AsyncPgConnection> {
             target: connector.target().to_owned(),
             cause: e.to_string(),
         })
-}
-
-/// A driver error with its sources ("error connecting to server: Connection refused (os error 111)").
-pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 #[derive(QueryableByName)]
@@ -996,9 +955,9 @@ async fn run_migrations(mut conn: AsyncPgConnection) -> Result<Vec<String>> {
     .await
     .map_err(|e| Error::Migration(format!("migration task failed: {e}")))??;
     if applied.is_empty() {
-        tracing::debug!(target: TARGET, "schema already up to date");
+        tracing::debug!("schema already up to date");
     } else {
-        tracing::info!(target: TARGET, ?applied, "applied migrations");
+        tracing::info!(?applied, "applied migrations");
     }
     Ok(applied)
 }

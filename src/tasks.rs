@@ -5,9 +5,6 @@
 //! SQL: `pgfence.create_task`, `pgfence.claim_task`, `pgfence.transition_task`, `pgfence.append_event` in
 //! `migrations/*/up.sql`.
 
-use std::fmt;
-use std::str::FromStr;
-
 use chrono::{DateTime, Utc};
 use diesel::pg::sql_types::Jsonb;
 use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz};
@@ -16,8 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::fence::{sql::WriteResult, sql::WriteRow, Fence, WriteOutcome};
-use crate::lease::{unexpected, validate_holder, validate_name, Epoch};
+use crate::lease::unexpected;
 use crate::store::Store;
+use crate::types::{Epoch, TaskState};
+use crate::validate::{validate_holder, validate_name};
 
 /// Largest accepted payload (task or event), serialized.
 pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
@@ -25,64 +24,6 @@ pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 pub const MAX_PAYLOAD_DEPTH: usize = 64;
 /// Longest accepted event kind.
 pub const MAX_KIND_LEN: usize = 64;
-
-/// Where a task is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskState {
-    /// Created, waiting to be claimed.
-    Pending,
-    /// Claimed by an assignee.
-    Claimed,
-    /// Being worked on.
-    Running,
-    /// Finished successfully.
-    Succeeded,
-    /// Finished with a failure.
-    Failed,
-    /// Abandoned.
-    Cancelled,
-}
-
-impl TaskState {
-    /// The state's name in SQL.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskState::Pending => "pending",
-            TaskState::Claimed => "claimed",
-            TaskState::Running => "running",
-            TaskState::Succeeded => "succeeded",
-            TaskState::Failed => "failed",
-            TaskState::Cancelled => "cancelled",
-        }
-    }
-}
-
-impl fmt::Display for TaskState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for TaskState {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<TaskState> {
-        Ok(match s {
-            "pending" => TaskState::Pending,
-            "claimed" => TaskState::Claimed,
-            "running" => TaskState::Running,
-            "succeeded" => TaskState::Succeeded,
-            "failed" => TaskState::Failed,
-            "cancelled" => TaskState::Cancelled,
-            other => {
-                return Err(Error::invalid(
-                    "task state",
-                    format!("unknown state {other:?}"),
-                ))
-            }
-        })
-    }
-}
 
 /// A task as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -341,7 +282,7 @@ impl Store {
     ) -> Result<TaskWrite> {
         validate_key(key)?;
         validate_payload(payload)?;
-        crate::lease::check_text("event kind", kind, MAX_KIND_LEN)?;
+        crate::validate::check_text("event kind", kind, MAX_KIND_LEN)?;
         let query = || {
             diesel::select(sql::append_event(
                 fence.lease().to_owned(),

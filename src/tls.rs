@@ -32,7 +32,6 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::store::TARGET;
 
 /// libpq's `sslmode`: whether TLS is used and what the server's certificate must prove.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -509,7 +508,7 @@ impl Connector {
             given.or_env(env)
         };
         let tls = TlsSettings::resolve(given, env, custom)?;
-        let target = crate::store::describe(&config);
+        let target = describe(&config);
         let unix_only = !config.get_hosts().is_empty()
             && config
                 .get_hosts()
@@ -577,7 +576,7 @@ impl Connector {
             .map(|i| {
                 let mut one = self.clone();
                 one.config = single_host(&self.config, i);
-                one.target = crate::store::describe(&one.config);
+                one.target = describe(&one.config);
                 one
             })
             .collect()
@@ -609,7 +608,7 @@ impl Connector {
             let tls = self.make_tls()?;
             match self.attempt(&self.config, tls.clone()).await {
                 Err(Attempt::Handshake(cause)) if self.tls.mode == SslMode::Prefer => {
-                    tracing::debug!(target: TARGET, database = %self.target, %cause,
+                    tracing::debug!(database = %self.target, %cause,
                         "TLS handshake failed; sslmode=prefer continues in plaintext");
                     let mut plain = self.config.clone();
                     plain.ssl_mode(tokio_postgres::config::SslMode::Disable);
@@ -623,7 +622,7 @@ impl Connector {
         #[cfg(not(feature = "tls"))]
         {
             if self.tls.mode == SslMode::Prefer {
-                tracing::debug!(target: TARGET, database = %self.target,
+                tracing::debug!(database = %self.target,
                     "sslmode=prefer: built without the `tls` feature, connecting in plaintext");
             }
             self.config
@@ -631,7 +630,7 @@ impl Connector {
                 .await
                 .map_err(|e| Error::Connect {
                     target: self.target.clone(),
-                    cause: crate::store::error_chain(&e),
+                    cause: crate::error::error_chain(&e),
                 })
         }
     }
@@ -644,7 +643,7 @@ impl Connector {
         let tls = tokio_postgres::NoTls;
         token.cancel_query(tls).await.map_err(|e| Error::Connect {
             target: self.target.clone(),
-            cause: crate::store::error_chain(&e),
+            cause: crate::error::error_chain(&e),
         })
     }
 }
@@ -661,7 +660,7 @@ pub(crate) async fn cancel_unknown(token: &tokio_postgres::CancelToken) -> Resul
     let tls = tokio_postgres::NoTls;
     token.cancel_query(tls).await.map_err(|e| Error::Connect {
         target: "<application pool>".to_owned(),
-        cause: crate::store::error_chain(&e),
+        cause: crate::error::error_chain(&e),
     })
 }
 
@@ -778,7 +777,7 @@ impl Connector {
         match config.connect(tls).await {
             Ok(connected) => {
                 if self.tls.mode == SslMode::Prefer && !progress.started() {
-                    tracing::debug!(target: TARGET, database = %self.target,
+                    tracing::debug!(database = %self.target,
                         "the server offers no TLS; sslmode=prefer continues in plaintext");
                 }
                 Ok(connected)
@@ -810,7 +809,7 @@ impl Connector {
             )),
             Attempt::Other(e) => Error::Connect {
                 target: self.target.clone(),
-                cause: crate::store::error_chain(&e),
+                cause: crate::error::error_chain(&e),
             },
         }
     }
@@ -919,11 +918,34 @@ fn handshake_cause(err: &tokio_postgres::Error, roots: &Roots) -> String {
         }
         next = e.source();
     }
-    format!("TLS handshake failed: {}", crate::store::error_chain(err))
+    format!("TLS handshake failed: {}", crate::error::error_chain(err))
 }
 
 #[cfg(feature = "tls")]
 mod rustls_connect;
+
+/// Shows a connection string as `user@host:port/database`: never a password.
+pub fn redact(url: &str) -> String {
+    match tokio_postgres::Config::from_str(&without_tls_parameters(url)) {
+        Ok(config) => describe(&config),
+        Err(_) => "<unparsable connection string>".to_owned(),
+    }
+}
+
+pub(crate) fn describe(config: &tokio_postgres::Config) -> String {
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(name) => name.clone(),
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        })
+        .unwrap_or_else(|| "localhost".to_owned());
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("?");
+    let db = config.get_dbname().unwrap_or(user);
+    format!("{user}@{host}:{port}/{db}")
+}
 
 #[cfg(test)]
 mod tests {

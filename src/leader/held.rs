@@ -14,8 +14,8 @@ use super::supervisor::BoxFuture;
 use super::{METRIC_LEADER, METRIC_LOSSES, METRIC_TRANSITIONS};
 use crate::error::Result;
 use crate::fence::Fence;
-use crate::lease::{Epoch, Lease, LossReason, Released};
-use crate::store::TARGET;
+use crate::lease::{Lease, Released};
+use crate::types::{Epoch, LossReason};
 
 /// Why a held lease stopped being held.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,7 +31,7 @@ pub enum LossCause {
         /// The last renewal error, if one was seen (connection refused, timeout, …).
         last_error: Option<String>,
     },
-    /// Injected through [`MemoryElector::lose`].
+    /// Injected through `MemoryElector::lose` (feature `testing`).
     Injected,
 }
 
@@ -178,7 +178,7 @@ impl Shared {
         let changed = self.end(Standing::Lost(cause.clone()));
         if changed {
             let name = self.lease.qualified_name().to_owned();
-            tracing::warn!(target: TARGET, lease = %name, epoch = %self.lease.epoch(), holder = self.lease.holder(),
+            tracing::warn!(lease = %name, epoch = %self.lease.epoch(), holder = self.lease.holder(),
                 %cause, "leadership lost");
             metrics::counter!(METRIC_LOSSES, "lease" => name, "cause" => cause.label())
                 .increment(1);
@@ -293,7 +293,7 @@ impl HeldLease {
         }
         let result = self.releaser.release(self.shared.lease.clone()).await;
         if let Ok(Released::Released) = result {
-            tracing::info!(target: TARGET, lease = %self.qualified_name(), epoch = %self.epoch(), "leadership released");
+            tracing::info!(lease = %self.qualified_name(), epoch = %self.epoch(), "leadership released");
         }
         result
     }
@@ -326,7 +326,7 @@ impl Drop for HeldLease {
             let (releaser, lease) = (self.releaser.clone(), self.shared.lease.clone());
             self.runtime.spawn(async move {
                 if let Err(e) = releaser.release(lease.clone()).await {
-                    tracing::warn!(target: TARGET, lease = %lease.qualified_name(), error = %e,
+                    tracing::warn!(lease = %lease.qualified_name(), error = %e,
                         "background release failed; the lease expires after its ttl");
                 }
             });

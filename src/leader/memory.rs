@@ -11,8 +11,8 @@ use super::options::LeaseOptions;
 use super::supervisor::BoxFuture;
 use super::Elector;
 use crate::error::{Error, Result};
-use crate::fence::TenureSecret;
-use crate::lease::{Epoch, Lease, LossReason, Released};
+use crate::lease::{Lease, Released, TenureSecret};
+use crate::types::{Epoch, LossReason};
 
 /// A deterministic, in-memory [`Elector`] for unit-testing controller code without a database.
 ///
@@ -161,8 +161,8 @@ impl Elector for MemoryElector {
 
     async fn acquire(&self, name: &str, holder: &str, options: &LeaseOptions) -> Result<HeldLease> {
         options.validate()?;
-        crate::lease::validate_name(name)?;
-        crate::lease::validate_holder("holder", holder)?;
+        crate::validate::validate_name(name)?;
+        crate::validate::validate_holder("holder", holder)?;
         let qualified = self.qualify(name);
         let shared = {
             let mut leases = self.inner.leases.lock().unwrap_or_else(|p| p.into_inner());
@@ -187,7 +187,7 @@ impl Elector for MemoryElector {
             entry.holder = Some(holder.to_owned());
             // A test double: the secret is random but from a non-cryptographic generator (nothing checks it).
             let secret = TenureSecret::parse(
-                (0..crate::fence::SECRET_LEN)
+                (0..crate::lease::SECRET_LEN)
                     .map(|_| char::from_digit(fastrand::u32(0..16), 16).unwrap_or('0'))
                     .collect::<String>(),
             )?;

@@ -30,7 +30,7 @@
 //! | `options` | [`LeaseOptions`]: ttl, renewal period, retry period, safety margin, validated at construction |
 //! | `held` | [`HeldLease`] and its loss signal ([`LossCause`], [`Standing`]), release [`Wakeups`], [`Health`] |
 //! | `pg` | [`PgElector`]: acquisition, batched renewal on a connection of its own, LISTEN/NOTIFY wakeups |
-//! | `memory` | [`MemoryElector`] (feature `testing`): the in-memory double for users' controller tests |
+//! | `memory` | `MemoryElector` (feature `testing`): the in-memory double for users' controller tests |
 //! | `run` | [`run_with_leadership`], [`LeaderContext`], [`LeadershipOptions`], [`Ended`] |
 //! | `backoff` | [`Backoff`] between a supervised controller's campaigns |
 //! | `supervisor` | [`Supervisor`]: several controllers, each with its lease, restarted with backoff |

@@ -49,13 +49,13 @@ impl LeaseOptions {
 
     /// Checks that a renewal can happen before the holder's deadline.
     pub fn validate(&self) -> Result<()> {
-        if self.ttl < crate::lease::MIN_TTL || self.ttl > crate::lease::MAX_TTL {
+        if self.ttl < crate::types::MIN_TTL || self.ttl > crate::types::MAX_TTL {
             return Err(Error::invalid(
                 "ttl",
                 format!(
                     "must be between {:?} and {:?}",
-                    crate::lease::MIN_TTL,
-                    crate::lease::MAX_TTL
+                    crate::types::MIN_TTL,
+                    crate::types::MAX_TTL
                 ),
             ));
         }

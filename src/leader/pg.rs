@@ -13,8 +13,9 @@ use super::options::LeaseOptions;
 use super::supervisor::BoxFuture;
 use super::{Elector, METRIC_RENEW_SECONDS};
 use crate::error::{Error, Result};
-use crate::lease::{Lease, LossReason, Released};
-use crate::store::{Checked, Store, TARGET};
+use crate::lease::{Lease, Released};
+use crate::store::{Checked, Store};
+use crate::types::LossReason;
 
 /// The PostgreSQL [`Elector`]: leases in `pgfence.leases`, renewed in batches, woken by LISTEN/NOTIFY.
 /// Create one per process and clone it.
@@ -158,17 +159,17 @@ async fn listen(store: Store, tx: broadcast::Sender<Wake>) {
                                 }
                             }
                             Some(Err(e)) => {
-                                tracing::debug!(target: TARGET, error = %e, "release listener connection failed");
+                                tracing::debug!(error = %e, "release listener connection failed");
                                 break;
                             }
                             None => break,
                         }
                     }
                 }
-                Err(e) => tracing::debug!(target: TARGET, error = %e, "LISTEN failed"),
+                Err(e) => tracing::debug!(error = %e, "LISTEN failed"),
             },
             Err(e) => {
-                tracing::debug!(target: TARGET, error = %e, "release listener cannot connect")
+                tracing::debug!(error = %e, "release listener cannot connect")
             }
         }
         tokio::time::sleep(delay).await;
@@ -360,7 +361,7 @@ impl RenewalConnection {
                 tokio::spawn(async move {
                     // Over TLS like the connection itself, when it used TLS.
                     if let Err(e) = store.cancel(&cancel).await {
-                        tracing::debug!(target: TARGET, error = %e, "cancelling a late renewal failed");
+                        tracing::debug!(error = %e, "cancelling a late renewal failed");
                     }
                 });
                 return Attempt::CutOff {
@@ -452,23 +453,23 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
                 }
                 last_error = None;
                 next = tokio::time::Instant::from_std(sent) + key.renew_every;
-                tracing::debug!(target: TARGET, holder = %key.holder, leases = rows.len(), "leases renewed");
+                tracing::debug!(holder = %key.holder, leases = rows.len(), "leases renewed");
             }
             Attempt::Failed(err) if !err.is_transient() => {
                 // The statement itself was refused: nothing will make the next try different.
                 last_error = Some(err.to_string());
-                tracing::error!(target: TARGET, holder = %key.holder, error = %err, "renewal refused");
+                tracing::error!(holder = %key.holder, error = %err, "renewal refused");
                 next = tokio::time::Instant::now() + key.retry_every;
             }
             Attempt::Failed(err) => {
-                tracing::warn!(target: TARGET, holder = %key.holder, error = %err, "renewal failed; retrying");
+                tracing::warn!(holder = %key.holder, error = %err, "renewal failed; retrying");
                 last_error = Some(err.to_string());
                 next = tokio::time::Instant::now() + key.retry_every;
             }
             Attempt::CutOff { doing } => {
                 // An attempt in flight at the deadline says nothing about the database that the one before it
                 // did not: keep that one's error (e.g. the refused connection) as the cause.
-                tracing::warn!(target: TARGET, holder = %key.holder, doing,
+                tracing::warn!(holder = %key.holder, doing,
                     "renewal did not complete before the local deadline");
                 last_error.get_or_insert_with(|| {
                     format!("{doing} did not complete before the local deadline")

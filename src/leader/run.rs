@@ -13,8 +13,7 @@ use super::options::LeaseOptions;
 use super::{Elector, METRIC_CALLBACKS_NOT_STOPPED};
 use crate::error::{Error, Result};
 use crate::fence::Fence;
-use crate::lease::{Epoch, LossReason};
-use crate::store::TARGET;
+use crate::types::{Epoch, LossReason};
 
 /// What the callback of [`run_with_leadership`] gets for one tenure: the fence to present on every write,
 /// whether the tenure is still believed held ([`is_held`](Self::is_held)), a token cancelled when leadership
@@ -72,7 +71,7 @@ impl LeaderContext {
         self.fence.epoch()
     }
 
-    /// Whether this process still believes it holds the tenure — the same answer as [`HeldLease::is_held`] for
+    /// Whether this process still believes it holds the tenure — the same answer as [`HeldLease::is_held`](super::HeldLease::is_held) for
     /// the lease behind this context: false once the lease is lost or released, and never true at or past
     /// [`trust_until`](Self::trust_until), even when a starved runtime has not yet run the timer that would
     /// declare the loss (the first caller to see the deadline passed declares it). Once false it stays false, and
@@ -114,7 +113,7 @@ impl LeaderContext {
     }
 
     /// By the monotonic clock, the instant until which this process trusts the tenure (send time of the last
-    /// successful renewal + ttl − safety margin); see [`HeldLease::trust_until`]. Useful to bound a write's
+    /// successful renewal + ttl − safety margin); see [`HeldLease::trust_until`](super::HeldLease::trust_until). Useful to bound a write's
     /// timeout.
     pub fn trust_until(&self) -> Instant {
         self.tenure.trust_until()
@@ -278,7 +277,7 @@ where
             Ok(lease) => break lease,
             Err(Error::Held { expires_in, .. }) => expires_in.min(options.poll_every),
             Err(e) if e.is_transient() => {
-                tracing::warn!(target: TARGET, lease = %qualified, error = %e, "acquisition failed; retrying");
+                tracing::warn!(lease = %qualified, error = %e, "acquisition failed; retrying");
                 options.poll_every
             }
             Err(e) => return Err(e),
@@ -288,7 +287,7 @@ where
             _ = wakeups.wait(&qualified, jittered(wait)) => {}
         }
     };
-    tracing::info!(target: TARGET, lease = %qualified, epoch = %lease.epoch(), holder, "leading");
+    tracing::info!(lease = %qualified, epoch = %lease.epoch(), holder, "leading");
 
     let token = lease.cancellation_token().child_token();
     let shutdown = Arc::new(AtomicBool::new(false));
@@ -339,7 +338,7 @@ where
     let callback_stopped = match tokio::time::timeout(options.grace, &mut task).await {
         Ok(_) => true,
         Err(_) => {
-            tracing::error!(target: TARGET, lease = %qualified, grace = ?options.grace,
+            tracing::error!(lease = %qualified, grace = ?options.grace,
                 "leader callback did not stop within the grace period after cancellation; aborting it");
             metrics::counter!(METRIC_CALLBACKS_NOT_STOPPED, "lease" => qualified.clone())
                 .increment(1);

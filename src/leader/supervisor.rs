@@ -13,7 +13,6 @@ use super::backoff::Backoff;
 use super::held::Health;
 use super::run::{run_with_leadership, Ended, LeaderContext, LeadershipOptions};
 use super::Elector;
-use crate::store::TARGET;
 
 pub(super) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -209,22 +208,22 @@ async fn campaign<E: Elector>(
                 backoff.delay(0)
             }
             Ok(Ended::Lost { cause, .. }) => {
-                tracing::warn!(target: TARGET, controller = %controller.name, %cause, "re-campaigning after loss");
+                tracing::warn!(controller = %controller.name, %cause, "re-campaigning after loss");
                 failures = 0;
                 backoff.delay(0)
             }
             Ok(Ended::Failed(e)) => {
-                tracing::error!(target: TARGET, controller = %controller.name, error = %e, "controller failed");
+                tracing::error!(controller = %controller.name, error = %e, "controller failed");
                 failures += 1;
                 backoff.delay(failures)
             }
             Ok(Ended::Panicked(message)) => {
-                tracing::error!(target: TARGET, controller = %controller.name, %message, "controller panicked");
+                tracing::error!(controller = %controller.name, %message, "controller panicked");
                 failures += 1;
                 backoff.delay(failures)
             }
             Err(e) => {
-                tracing::error!(target: TARGET, controller = %controller.name, error = %e, "campaign failed");
+                tracing::error!(controller = %controller.name, error = %e, "campaign failed");
                 failures += 1;
                 backoff.delay(failures)
             }

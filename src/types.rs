@@ -1,0 +1,163 @@
+//! The value types every layer shares — the [`Epoch`], why a tenure ended ([`LossReason`]), where a task is
+//! ([`TaskState`]) — and the input limits. The bottom of the module graph: it imports nothing from pgfence.
+//! Fallible constructors (`Epoch::new`, `TaskState::from_str`) return [`Error`](crate::Error) and live with the
+//! other input checks in `validate`.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Shortest accepted ttl.
+pub const MIN_TTL: Duration = Duration::from_millis(100);
+
+/// Longest accepted ttl.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Longest accepted lease name, in characters (the cluster prefix is not counted).
+pub const MAX_NAME_LEN: usize = 200;
+
+/// Longest accepted cluster name, in characters.
+pub const MAX_CLUSTER_LEN: usize = 63;
+
+/// Longest accepted holder (and assignee, task key) in characters.
+pub const MAX_HOLDER_LEN: usize = 256;
+
+/// A fencing token: the number of the tenure that wrote. Each acquisition of a lease issues the previous epoch + 1
+/// (or more, after a failover to a new WAL timeline), so epochs per lease name strictly increase forever. Serializes as a plain number so it can travel
+/// to downstream services.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "i64", into = "i64")]
+pub struct Epoch(pub(crate) i64);
+
+impl Epoch {
+    /// The number.
+    pub fn get(self) -> i64 {
+        self.0
+    }
+
+    /// Epoch from a database value that may be 0 ("never acquired") or NULL.
+    pub(crate) fn from_db(value: Option<i64>) -> Option<Epoch> {
+        value.filter(|v| *v >= 1).map(Epoch)
+    }
+}
+
+impl From<Epoch> for i64 {
+    fn from(epoch: Epoch) -> i64 {
+        epoch.0
+    }
+}
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Why a tenure is not (or no longer) current: the reason of a [`Error::Lost`](crate::Error::Lost) renewal and of a
+/// [`Error::Stale`](crate::Error::Stale) write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LossReason {
+    /// A newer epoch was issued.
+    Superseded,
+    /// The tenure's ttl ran out by the database clock.
+    Expired,
+    /// The tenure was released (by its holder or by an operator's force-release).
+    Released,
+    /// No lease has this name.
+    UnknownLease,
+    /// The presented epoch was never issued.
+    FutureEpoch,
+    /// The epoch matches but the holder does not.
+    HolderMismatch,
+    /// The target row was already written by a newer epoch (its fence is higher).
+    RowFence,
+    /// The tenure was granted before the server's last promotion (or point-in-time recovery): a failover is a
+    /// fencing boundary, and no tenure current before it may write or renew after it. Re-acquire.
+    Failover,
+    /// The database refused the session's role (its grant on the lease's cluster was revoked: `no_grant`) or the
+    /// tenure's secret (`bad_secret`) — reported by the leadership runtime, whose renewals end the tenure then.
+    /// Calls made directly get [`Error::Denied`](crate::Error::Denied) instead.
+    Denied,
+}
+
+impl LossReason {
+    pub(crate) fn parse(text: &str) -> LossReason {
+        match text {
+            "superseded" => LossReason::Superseded,
+            "expired" => LossReason::Expired,
+            "released" | "forced" => LossReason::Released,
+            "unknown_lease" => LossReason::UnknownLease,
+            "future_epoch" => LossReason::FutureEpoch,
+            "holder_mismatch" => LossReason::HolderMismatch,
+            "row_fence" => LossReason::RowFence,
+            "failover" => LossReason::Failover,
+            "no_grant" | "bad_secret" | "denied" => LossReason::Denied,
+            other => {
+                tracing::warn!(reason = other, "unknown loss reason from the database");
+                LossReason::Superseded
+            }
+        }
+    }
+
+    /// The name used in SQL and in `pgfence.rejections.reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossReason::Superseded => "superseded",
+            LossReason::Expired => "expired",
+            LossReason::Released => "released",
+            LossReason::UnknownLease => "unknown_lease",
+            LossReason::FutureEpoch => "future_epoch",
+            LossReason::HolderMismatch => "holder_mismatch",
+            LossReason::RowFence => "row_fence",
+            LossReason::Failover => "failover",
+            LossReason::Denied => "denied",
+        }
+    }
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a task is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    /// Created, waiting to be claimed.
+    Pending,
+    /// Claimed by an assignee.
+    Claimed,
+    /// Being worked on.
+    Running,
+    /// Finished successfully.
+    Succeeded,
+    /// Finished with a failure.
+    Failed,
+    /// Abandoned.
+    Cancelled,
+}
+
+impl TaskState {
+    /// The state's name in SQL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Pending => "pending",
+            TaskState::Claimed => "claimed",
+            TaskState::Running => "running",
+            TaskState::Succeeded => "succeeded",
+            TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for TaskState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

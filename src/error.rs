@@ -164,18 +164,31 @@ pub enum Error {
     },
 
     /// Applying the embedded migrations failed.
-    #[error("migration failed: {0}")]
-    Migration(String),
+    #[error("migration failed: {reason}")]
+    Migration {
+        /// What failed (the migration's version and the server's message).
+        reason: String,
+        /// The migration harness's or driver's error, when there is one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    },
 
-    /// Any other database error. `sqlstate` is set for the conditions callers act on (serialization failure,
-    /// deadlock, constraint violations, lost connection, pgfence's own `PF001` stale raw write and `22023` bad
-    /// argument); the driver stack does not carry the server's code for others.
+    /// Any other database error, with the server's SQLSTATE as it sent it: PostgreSQL's codes (`40P01`, `55P03`,
+    /// `42501`, …) and pgfence's own (`PF001`–`PF006`, `22023` for a refused argument), whatever the language of
+    /// the server's messages. On connections pgfence opened the code is read off the wire
+    /// ([`WireStream`](crate::WireStream)); on a store built from an application's pool
+    /// ([`Store::from_pool`](crate::Store::from_pool)) only the classes diesel names itself (serialization
+    /// failure, unique/foreign-key/not-null/check/exclusion violation, read-only transaction, lost connection)
+    /// carry one. The message is the server's (in its `lc_messages` language) or the driver's.
     #[error("database error{}: {message}", sqlstate.as_ref().map(|s| format!(" [{s}]")).unwrap_or_default())]
     Database {
-        /// The five-character SQLSTATE, if the server reported one.
+        /// The five-character SQLSTATE, if known.
         sqlstate: Option<String>,
         /// The server's or driver's message.
         message: String,
+        /// The driver's error, when there is one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
     },
 }
 
@@ -270,35 +283,50 @@ pub fn is_retryable_sqlstate(code: &str) -> bool {
 impl From<diesel::result::Error> for Error {
     fn from(err: diesel::result::Error) -> Self {
         use diesel::result::Error as D;
-        match err {
-            D::DatabaseError(kind, info) => {
-                let message = info.message().to_owned();
-                // A missing pgfence object means the schema was never migrated (or only partly). Match pgfence's
-                // own objects only (`pgfence.x`, schema "pgfence"), not a user's `pgfence_app.x`.
-                if message.contains("does not exist")
-                    && (message.contains("pgfence.") || message.contains("\"pgfence\""))
-                {
-                    return Error::SchemaMissing;
-                }
-                Error::Database {
-                    sqlstate: infer_sqlstate(&kind, &message).map(str::to_owned),
-                    message,
-                }
-            }
-            other => Error::Database {
-                sqlstate: None,
-                message: other.to_string(),
-            },
+        let (sqlstate, message) = match &err {
+            D::DatabaseError(kind, info) => (
+                crate::wire::sqlstate_of(info.message(), info.details(), info.hint())
+                    .or_else(|| kind_sqlstate(kind).map(str::to_owned)),
+                info.message().to_owned(),
+            ),
+            other => (None, other.to_string()),
+        };
+        // A missing pgfence object means the schema was never migrated (or only partly): an undefined schema,
+        // table, function or type, named in the pgfence schema (a name is the same in every language; a user's
+        // `pgfence_app.x` is not pgfence's).
+        if matches!(
+            sqlstate.as_deref(),
+            Some("3F000" | "42P01" | "42883" | "42704")
+        ) && names_pgfence(&message)
+        {
+            return Error::SchemaMissing;
+        }
+        Error::Database {
+            sqlstate,
+            message,
+            source: Some(Box::new(err)),
         }
     }
 }
 
-/// How the guard's `PF004` refusal (a guarded write outside READ COMMITTED) begins.
-pub(crate) const ISOLATION_REFUSAL: &str = "pgfence: guarded writes need READ COMMITTED";
+/// Whether a message names the pgfence schema or one of its objects: the identifier `pgfence` standing alone
+/// (`pgfence.acquire`, `»pgfence«`, `"pgfence"`), not as part of another name (`pgfence_app`). Identifiers are
+/// not translated; the quotes around them are.
+fn names_pgfence(message: &str) -> bool {
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_' || c == '$';
+    message.match_indices("pgfence").any(|(at, word)| {
+        let before = message[..at].chars().next_back();
+        let after = message[at + word.len()..].chars().next();
+        !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+    })
+}
 
-/// diesel reports a database error as a coarse kind plus the server's message; the SQLSTATE itself does not
-/// survive. Recover it for the conditions callers act on.
-fn infer_sqlstate(kind: &diesel::result::DatabaseErrorKind, message: &str) -> Option<&'static str> {
+/// pgfence's `PF004`: a guarded write outside READ COMMITTED, refused before anything was written.
+pub(crate) const ISOLATION_REFUSAL: &str = "PF004";
+
+/// The SQLSTATEs diesel keeps as a kind of its own (the server's code mapped by diesel-async): for stores built
+/// from an application's pool, whose connections pgfence did not open.
+fn kind_sqlstate(kind: &diesel::result::DatabaseErrorKind) -> Option<&'static str> {
     use diesel::result::DatabaseErrorKind as K;
     match kind {
         K::SerializationFailure => Some("40001"),
@@ -306,34 +334,10 @@ fn infer_sqlstate(kind: &diesel::result::DatabaseErrorKind, message: &str) -> Op
         K::ForeignKeyViolation => Some("23503"),
         K::NotNullViolation => Some("23502"),
         K::CheckViolation => Some("23514"),
+        K::ExclusionViolation => Some("23P01"),
+        K::RestrictViolation => Some("23001"),
         K::ReadOnlyTransaction => Some("25006"),
         K::ClosedConnection | K::UnableToSendCommand => Some("08006"),
-        _ if message.starts_with("permission denied") => Some("42501"),
-        // Server messages are matched in English (lc_messages = 'C' or 'en_*').
-        _ if message.starts_with("deadlock detected") => Some("40P01"),
-        _ if message.starts_with("pgfence: stale write")
-            || message.starts_with("pgfence: enforcement") =>
-        {
-            Some("PF001")
-        }
-        _ if message.starts_with("pgfence:") && message.contains("append-only") => Some("PF002"),
-        _ if message.starts_with("pgfence:")
-            && (message.contains(" waited ") || message.contains("still blocked")) =>
-        {
-            Some("PF003")
-        }
-        _ if message.starts_with(ISOLATION_REFUSAL) => Some("PF004"),
-        _ if message.starts_with("pgfence: a guarded write changed") => Some("PF006"),
-        _ if message.starts_with("pgfence: lease rows are never deleted")
-            || message.starts_with("pgfence: refused change of lease") =>
-        {
-            Some("PF005")
-        }
-        _ if message.starts_with("pgfence:") && message.contains(" needs operator rights ") => {
-            Some("42501")
-        }
-        _ if message.starts_with("canceling statement due to lock timeout") => Some("55P03"),
-        _ if message.starts_with("pgfence:") => Some("22023"),
         _ => None,
     }
 }

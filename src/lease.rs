@@ -538,6 +538,7 @@ pub(crate) fn unexpected(operation: &str, outcome: &str) -> Error {
     Error::Database {
         sqlstate: None,
         message: format!("unexpected result of pgfence.{operation}: {outcome}"),
+        source: None,
     }
 }
 

@@ -33,6 +33,7 @@ mod tasks;
 mod tls;
 mod types;
 mod validate;
+mod wire;
 
 pub use error::{is_retryable_sqlstate, DenyReason, Error, Result};
 pub use fence::{
@@ -51,6 +52,7 @@ pub use tls::{redact, Connection, Connector, SslMode, TlsStream};
 pub use types::{
     Epoch, LossReason, TaskState, MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL,
 };
+pub use wire::WireStream;
 
 /// The driver crates pgfence is built on, re-exported so that fenced-transaction code uses the same versions.
 pub mod reexports {

@@ -412,7 +412,7 @@ impl Store {
 
         // One direct connection first: its error is the real cause, and the identity is checked before a pool
         // (and anything that writes) exists.
-        let (mut first, identity) = settings.open_checked().await?;
+        let (mut first, identity) = settings.open_checked(Kind::Coded).await?;
         tracing::info!(database = %target, cluster = %config.cluster,
             sslmode = %settings.connector.ssl_mode(),
             system_identifier = ?identity.system_identifier, instance_id = ?identity.instance_id, "connected");
@@ -427,7 +427,7 @@ impl Store {
         let second = match config.pooler {
             PoolerMode::Session => None,
             PoolerMode::Transaction => {
-                let (mut second, _) = settings.open_checked().await?;
+                let (mut second, _) = settings.open_checked(Kind::Coded).await?;
                 let shared = pooler::check_transaction_pooler(
                     &mut first,
                     &mut second,
@@ -460,7 +460,7 @@ impl Store {
                 // Every new connection re-checks primary and identity: after a failover or a DNS change the
                 // pool must not quietly start writing elsewhere.
                 let (conn, _) = setup
-                    .open_checked()
+                    .open_checked(Kind::Coded)
                     .await
                     .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
                 Ok(conn)
@@ -480,6 +480,7 @@ impl Store {
         pool.add(first).map_err(|_| Error::Database {
             sqlstate: None,
             message: "the pool refused its first connection".to_owned(),
+            source: None,
         })?;
         if let Some(second) = second {
             // The pooler check's second connection, verified like the first (dropped if the pool is full).
@@ -665,11 +666,12 @@ impl Store {
     /// a no-op; two processes migrating at once take turns (a session advisory lock on a dedicated connection).
     pub async fn migrate(&self) -> Result<Vec<String>> {
         if !self.can_open_dedicated() {
-            return Err(Error::Migration(
-                "behind a transaction-mode pooler, migrations need StoreConfig::direct_url (their lock and \
-                 search_path are session state)"
+            return Err(Error::Migration {
+                reason: "behind a transaction-mode pooler, migrations need StoreConfig::direct_url (their lock \
+                         and search_path are session state)"
                     .to_owned(),
-            ));
+                source: None,
+            });
         }
         run_migrations(self.open_dedicated().await?).await
     }
@@ -685,10 +687,15 @@ impl Store {
     /// direct URL when there is one.
     pub(crate) async fn open_dedicated(&self) -> Result<AsyncPgConnection> {
         if let Some(direct) = &self.inner.direct {
-            return direct.open_checked().await.map(|(conn, _)| conn);
+            return direct
+                .open_checked(Kind::Listening)
+                .await
+                .map(|(conn, _)| conn);
         }
         match &self.inner.connect {
-            Some(settings) if self.inner.pooler == PoolerMode::Session => settings.open().await,
+            Some(settings) if self.inner.pooler == PoolerMode::Session => {
+                settings.open(Kind::Listening).await
+            }
             Some(_) => Err(Error::Connect {
                 target: self.inner.target.clone(),
                 cause: "behind a transaction-mode pooler without a direct URL, no session outlives a transaction"
@@ -736,10 +743,10 @@ impl Store {
     /// queue behind the pool's reconnect backoff; through the direct URL when there is one.
     pub(crate) async fn open_dedicated_checked(&self) -> Result<AsyncPgConnection> {
         if let Some(direct) = &self.inner.direct {
-            return direct.open_checked().await.map(|(conn, _)| conn);
+            return direct.open_checked(Kind::Coded).await.map(|(conn, _)| conn);
         }
         match &self.inner.connect {
-            Some(settings) => Ok(settings.open_checked().await?.0),
+            Some(settings) => Ok(settings.open_checked(Kind::Coded).await?.0),
             None => Err(Error::Connect {
                 target: self.inner.target.clone(),
                 cause: "a store built from an application pool opens no connections of its own"
@@ -784,15 +791,15 @@ impl ConnectSettings {
 
     /// Opens a connection, each host's attempt bounded by the connect timeout as a whole (tokio-postgres's own
     /// timeout covers only the socket, not the startup and authentication exchange).
-    async fn open(&self) -> Result<AsyncPgConnection> {
-        self.open_reaching().await.map(|(conn, _)| conn)
+    async fn open(&self, kind: Kind) -> Result<AsyncPgConnection> {
+        self.open_reaching(kind).await.map(|(conn, _)| conn)
     }
 
     /// Opens a connection and says which host it reached. The hosts of a multi-host connection string are tried
     /// in order, each within the connect timeout, as libpq does: a first host that accepts TCP and never answers
     /// costs one timeout, not the whole attempt. When every host failed, the error names each with its cause, and
     /// it is [`Error::NotPrimary`] when a host was refused only for being read-only (`target_session_attrs`).
-    async fn open_reaching(&self) -> Result<(AsyncPgConnection, String)> {
+    async fn open_reaching(&self, kind: Kind) -> Result<(AsyncPgConnection, String)> {
         let limit = self
             .connector
             .config()
@@ -805,7 +812,7 @@ impl ConnectSettings {
         let mut read_only = false;
         let mut all_tls = true;
         for host in &hosts {
-            let error = match tokio::time::timeout(limit, open_with(host)).await {
+            let error = match tokio::time::timeout(limit, open_with(host, kind)).await {
                 Ok(Ok(conn)) => return Ok((conn, host.target().to_owned())),
                 Ok(Err(e)) => e,
                 Err(_) => Error::Connect {
@@ -816,13 +823,13 @@ impl ConnectSettings {
             if single {
                 return Err(error);
             }
+            read_only |= matches!(error, Error::NotPrimary { .. });
             let (is_tls, cause) = match &error {
                 Error::Tls { cause, .. } => (true, cause.clone()),
                 Error::Connect { cause, .. } => (false, cause.clone()),
                 other => (false, other.to_string()),
             };
             all_tls &= is_tls;
-            read_only |= cause.contains("does not allow writes") || cause.contains("read-only");
             tracing::debug!(host = %host.target(), %cause, "host not usable; trying the next");
             failures.push(format!("{}: {cause}", host.target()));
         }
@@ -843,14 +850,14 @@ impl ConnectSettings {
     }
 
     /// Opens a connection and reads the identity, both within the connect timeout.
-    async fn open_checked(&self) -> Result<(AsyncPgConnection, DatabaseIdentity)> {
+    async fn open_checked(&self, kind: Kind) -> Result<(AsyncPgConnection, DatabaseIdentity)> {
         let limit = self
             .connector
             .config()
             .get_connect_timeout()
             .copied()
             .unwrap_or(Duration::from_secs(5));
-        let (mut conn, reached) = self.open_reaching().await?;
+        let (mut conn, reached) = self.open_reaching(kind).await?;
         let started = tokio::time::Instant::now();
         let identity = tokio::time::timeout_at(started + limit, read_identity(&mut conn))
             .await
@@ -868,15 +875,47 @@ impl ConnectSettings {
     }
 }
 
+/// Which connection a [`ConnectSettings`] opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// For the pool and the leader's renewals: over a socket pgfence opened, so that every error's SQLSTATE is read
+    /// off the wire ([`WireStream`](crate::WireStream)); pgfence drives it (diesel-async drives only tokio-postgres's
+    /// own sockets), so diesel-async's `notifications_stream` stays empty on it.
+    Coded,
+    /// For LISTEN and migrations: opened and driven by tokio-postgres and diesel-async, so that notifications
+    /// arrive; only a TLS connection's errors are read off the wire.
+    Listening,
+}
+
 /// Opens a connection through one host's connector (no timeout of its own).
-async fn open_with(connector: &Connector) -> Result<AsyncPgConnection> {
-    let (client, connection) = connector.connect().await?;
-    AsyncPgConnection::try_from_client_and_connection(client, connection)
-        .await
-        .map_err(|e| Error::Connect {
-            target: connector.target().to_owned(),
-            cause: e.to_string(),
-        })
+async fn open_with(connector: &Connector, kind: Kind) -> Result<AsyncPgConnection> {
+    let opened = match kind {
+        Kind::Listening => {
+            let (client, connection) = connector.connect().await?;
+            AsyncPgConnection::try_from_client_and_connection(client, connection).await
+        }
+        Kind::Coded => {
+            let (client, connection) = connector.connect_pooled().await?;
+            drive(connection, connector.target().to_owned());
+            AsyncPgConnection::try_from(client).await
+        }
+    };
+    opened.map_err(|e| Error::Connect {
+        target: connector.target().to_owned(),
+        cause: e.to_string(),
+    })
+}
+
+/// Drives a pool connection until its client is dropped (the connection then ends itself) or it fails.
+fn drive(mut connection: crate::tls::PoolConnection, target: String) {
+    tokio::spawn(async move {
+        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let Err(e) = message {
+                tracing::debug!(database = %target, error = %error_chain(&e), "connection ended");
+                break;
+            }
+        }
+    });
 }
 
 #[derive(QueryableByName)]
@@ -950,10 +989,16 @@ async fn run_migrations(mut conn: AsyncPgConnection) -> Result<Vec<String>> {
         wrapped
             .run_pending_migrations(MIGRATIONS)
             .map(|versions| versions.iter().map(|v| v.to_string()).collect::<Vec<_>>())
-            .map_err(|e| Error::Migration(e.to_string()))
+            .map_err(|e| Error::Migration {
+                reason: e.to_string(),
+                source: Some(e),
+            })
     })
     .await
-    .map_err(|e| Error::Migration(format!("migration task failed: {e}")))??;
+    .map_err(|e| Error::Migration {
+        reason: format!("migration task failed: {e}"),
+        source: Some(Box::new(e)),
+    })??;
     if applied.is_empty() {
         tracing::debug!("schema already up to date");
     } else {
@@ -966,7 +1011,8 @@ async fn run_migrations(mut conn: AsyncPgConnection) -> Result<Vec<String>> {
 /// written: the statement can run again in a READ COMMITTED transaction).
 pub(crate) fn is_isolation_refusal(error: &diesel::result::Error) -> bool {
     matches!(error, diesel::result::Error::DatabaseError(_, info)
-        if info.message().starts_with(crate::error::ISOLATION_REFUSAL))
+        if crate::wire::sqlstate_of(info.message(), info.details(), info.hint()).as_deref()
+            == Some(crate::error::ISOLATION_REFUSAL))
 }
 
 /// The row of a statement that returns exactly one.
@@ -974,5 +1020,6 @@ fn only_row<U>(rows: Vec<U>) -> Result<U> {
     rows.into_iter().next().ok_or_else(|| Error::Database {
         sqlstate: None,
         message: "a pgfence function returned no row".to_owned(),
+        source: None,
     })
 }

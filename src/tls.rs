@@ -32,6 +32,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::wire::WireStream;
 
 /// libpq's `sslmode`: whether TLS is used and what the server's certificate must prove.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -400,19 +401,189 @@ impl TlsSettings {
     }
 }
 
-/// The stream of a connection opened by a [`Connector`]: TLS or plaintext.
+/// The decrypted stream of a TLS connection opened by a [`Connector`], read through a [`WireStream`] for the
+/// SQLSTATE of every error (a plaintext connection never uses it).
 #[cfg(feature = "tls")]
-pub type TlsStream =
-    <tokio_postgres_rustls::MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<
-        tokio_postgres::Socket,
-    >>::Stream;
+pub type TlsStream = rustls_connect::Decrypted<tokio_postgres::Socket>;
 
-/// The stream of a connection opened by a [`Connector`] (built without the `tls` feature: plaintext only).
+/// The stream of a TLS connection opened by a [`Connector`] (built without the `tls` feature: plaintext only).
 #[cfg(not(feature = "tls"))]
 pub type TlsStream = tokio_postgres::tls::NoTlsStream;
 
-/// A connection opened by a [`Connector`]: drive it (spawn it) for the [`tokio_postgres::Client`] to work.
+/// A connection opened by [`Connector::connect`]: drive it (spawn it) for the [`tokio_postgres::Client`] to work,
+/// or hand both to diesel-async (`AsyncPgConnection::try_from_client_and_connection`).
 pub type Connection = tokio_postgres::Connection<tokio_postgres::Socket, TlsStream>;
+
+/// The TLS stream of a connection of pgfence's own pool: decrypted bytes over a socket pgfence opened.
+#[cfg(feature = "tls")]
+pub(crate) type PoolTlsStream = rustls_connect::Decrypted<WireStream<Socket>>;
+#[cfg(not(feature = "tls"))]
+pub(crate) type PoolTlsStream = tokio_postgres::tls::NoTlsStream;
+
+/// A connection of pgfence's own pool: every byte, plaintext or decrypted, passes through a [`WireStream`].
+pub(crate) type PoolConnection = tokio_postgres::Connection<WireStream<Socket>, PoolTlsStream>;
+
+/// A TCP or Unix-domain socket to one PostgreSQL server, opened by pgfence itself (with tokio-postgres's
+/// settings: connect timeout, `TCP_NODELAY`, keepalives, `tcp_user_timeout`) so that its plaintext bytes too pass
+/// through a [`WireStream`]. diesel-async accepts only tokio-postgres's own socket type for the connections it
+/// drives, so these are used for pgfence's pool, whose connections pgfence drives itself.
+#[derive(Debug)]
+pub(crate) struct Socket(SocketKind);
+
+#[derive(Debug)]
+enum SocketKind {
+    Tcp(tokio::net::TcpStream),
+    #[cfg(unix)]
+    Unix(tokio::net::UnixStream),
+}
+
+impl Socket {
+    /// Opens a socket to `host` (a name, an address or, on Unix, a socket directory) and `port`, trying each
+    /// address the name resolves to; `hostaddr` skips the lookup. Each attempt is bounded by the connect timeout.
+    async fn open(
+        config: &tokio_postgres::Config,
+        host: &tokio_postgres::config::Host,
+        hostaddr: Option<std::net::IpAddr>,
+        port: u16,
+    ) -> std::io::Result<Socket> {
+        use tokio_postgres::config::Host;
+        let timeout = config.get_connect_timeout().copied();
+        let bounded =
+            |what: String| move |_| std::io::Error::new(std::io::ErrorKind::TimedOut, what);
+        let addresses: Vec<std::net::SocketAddr> =
+            match (host, hostaddr) {
+                (_, Some(ip)) => vec![(ip, port).into()],
+                (Host::Tcp(name), None) => tokio::net::lookup_host((name.as_str(), port))
+                    .await?
+                    .collect(),
+                #[cfg(unix)]
+                (Host::Unix(dir), None) => {
+                    let path = dir.join(format!(".s.PGSQL.{port}"));
+                    let connecting = tokio::net::UnixStream::connect(&path);
+                    let stream =
+                        match timeout {
+                            Some(limit) => tokio::time::timeout(limit, connecting).await.map_err(
+                                bounded(format!("connecting to {} timed out", path.display())),
+                            )??,
+                            None => connecting.await?,
+                        };
+                    return Ok(Socket(SocketKind::Unix(stream)));
+                }
+            };
+        let mut last = None;
+        for address in addresses {
+            let connecting = tokio::net::TcpStream::connect(address);
+            let stream = match timeout {
+                Some(limit) => match tokio::time::timeout(limit, connecting).await {
+                    Ok(stream) => stream,
+                    Err(elapsed) => Err(bounded(format!("connecting to {address} timed out"))(
+                        elapsed,
+                    )),
+                },
+                None => connecting.await,
+            };
+            match stream.and_then(|stream| Self::tune(config, stream)) {
+                Ok(socket) => return Ok(socket),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "could not resolve any addresses",
+            )
+        }))
+    }
+
+    /// tokio-postgres's socket settings: no Nagle delay, keepalives as configured, `tcp_user_timeout`.
+    fn tune(
+        config: &tokio_postgres::Config,
+        stream: tokio::net::TcpStream,
+    ) -> std::io::Result<Socket> {
+        stream.set_nodelay(true)?;
+        let socket = socket2::SockRef::from(&stream);
+        #[cfg(target_os = "linux")]
+        if let Some(limit) = config.get_tcp_user_timeout() {
+            socket.set_tcp_user_timeout(Some(*limit))?;
+        }
+        if config.get_keepalives() {
+            #[allow(unused_mut)]
+            let mut keepalive =
+                socket2::TcpKeepalive::new().with_time(config.get_keepalives_idle());
+            #[cfg(not(any(
+                target_os = "aix",
+                target_os = "redox",
+                target_os = "solaris",
+                target_os = "openbsd"
+            )))]
+            if let Some(interval) = config.get_keepalives_interval() {
+                keepalive = keepalive.with_interval(interval);
+            }
+            #[cfg(not(any(
+                target_os = "aix",
+                target_os = "redox",
+                target_os = "solaris",
+                target_os = "windows",
+                target_os = "openbsd"
+            )))]
+            if let Some(retries) = config.get_keepalives_retries() {
+                keepalive = keepalive.with_retries(retries);
+            }
+            socket.set_tcp_keepalive(&keepalive)?;
+        }
+        Ok(Socket(SocketKind::Tcp(stream)))
+    }
+}
+
+impl tokio::io::AsyncRead for Socket {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match &mut self.get_mut().0 {
+            SocketKind::Tcp(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            #[cfg(unix)]
+            SocketKind::Unix(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Socket {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match &mut self.get_mut().0 {
+            SocketKind::Tcp(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            #[cfg(unix)]
+            SocketKind::Unix(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match &mut self.get_mut().0 {
+            SocketKind::Tcp(s) => std::pin::Pin::new(s).poll_flush(cx),
+            #[cfg(unix)]
+            SocketKind::Unix(s) => std::pin::Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match &mut self.get_mut().0 {
+            SocketKind::Tcp(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            #[cfg(unix)]
+            SocketKind::Unix(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
 
 /// How pgfence opens a connection: the connection string with its TLS parameters resolved (connection string
 /// first, then the libpq environment), and the TLS configuration they describe.
@@ -635,16 +806,174 @@ impl Connector {
         }
     }
 
+    /// Opens a connection for pgfence's own pool, over a socket pgfence opens (see [`Socket`]): the same hosts,
+    /// TLS and errors as [`connect`](Self::connect), and `target_session_attrs` checked the same way.
+    pub(crate) async fn connect_pooled(&self) -> Result<(tokio_postgres::Client, PoolConnection)> {
+        let hosts = self.per_host();
+        let mut last = None;
+        for one in &hosts {
+            match one.connect_host().await {
+                Ok(connected) => return Ok(connected),
+                Err(e) => {
+                    if hosts.len() > 1 {
+                        tracing::debug!(database = %one.target, error = %e, "host failed; trying the next");
+                    }
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Connect {
+            target: self.target.clone(),
+            cause: "the connection string names no host".to_owned(),
+        }))
+    }
+
+    /// Opens a pool connection to this connector's single host.
+    async fn connect_host(&self) -> Result<(tokio_postgres::Client, PoolConnection)> {
+        #[cfg(feature = "tls")]
+        {
+            let tls = self.make_tls()?;
+            match self.attempt_pooled(&self.config, tls.clone()).await {
+                Err(Attempt::Handshake(cause)) if self.tls.mode == SslMode::Prefer => {
+                    tracing::debug!(database = %self.target, %cause,
+                        "TLS handshake failed; sslmode=prefer continues in plaintext");
+                    let mut plain = self.config.clone();
+                    plain.ssl_mode(tokio_postgres::config::SslMode::Disable);
+                    self.attempt_pooled(&plain, tls)
+                        .await
+                        .map_err(|e| self.attempt_error(e))
+                }
+                other => other.map_err(|e| self.attempt_error(e)),
+            }
+        }
+        #[cfg(not(feature = "tls"))]
+        {
+            if self.tls.mode == SslMode::Prefer {
+                tracing::debug!(database = %self.target,
+                    "sslmode=prefer: built without the `tls` feature, connecting in plaintext");
+            }
+            let mut last = None;
+            for (host, hostaddr, port) in self.addresses()? {
+                let socket = match Socket::open(&self.config, &host, hostaddr, port).await {
+                    Ok(socket) => socket,
+                    Err(e) => {
+                        last = Some(crate::error::error_chain(&e));
+                        continue;
+                    }
+                };
+                match self
+                    .config
+                    .connect_raw(WireStream::socket(socket), tokio_postgres::NoTls)
+                    .await
+                {
+                    Ok(connected) => return self.check_session(connected).await,
+                    Err(e) => last = Some(crate::error::error_chain(&e)),
+                }
+            }
+            Err(Error::Connect {
+                target: self.target.clone(),
+                cause: last.unwrap_or_else(|| "no address to connect to".to_owned()),
+            })
+        }
+    }
+
+    /// The host this connector reaches (its first, for a multi-host string: see [`per_host`](Self::per_host)),
+    /// with its `hostaddr` and port.
+    fn addresses(
+        &self,
+    ) -> Result<Vec<(tokio_postgres::config::Host, Option<std::net::IpAddr>, u16)>> {
+        let hosts = self.config.get_hosts();
+        let addrs = self.config.get_hostaddrs();
+        let ports = self.config.get_ports();
+        let host = match (hosts.first(), addrs.first()) {
+            (Some(host), _) => host.clone(),
+            (None, Some(ip)) => tokio_postgres::config::Host::Tcp(ip.to_string()),
+            (None, None) => {
+                return Err(Error::Connect {
+                    target: self.target.clone(),
+                    cause: "the connection string names no host".to_owned(),
+                })
+            }
+        };
+        Ok(vec![(
+            host,
+            addrs.first().copied(),
+            ports.first().copied().unwrap_or(5432),
+        )])
+    }
+
+    /// `target_session_attrs=read-write` (or `read-only`), checked as tokio-postgres does on a connection it opens:
+    /// `SHOW transaction_read_only`, driving the connection meanwhile.
+    async fn check_session(
+        &self,
+        (client, mut connection): (tokio_postgres::Client, PoolConnection),
+    ) -> Result<(tokio_postgres::Client, PoolConnection)> {
+        use tokio_postgres::config::TargetSessionAttrs;
+        let wanted = self.config.get_target_session_attrs();
+        if wanted == TargetSessionAttrs::Any {
+            return Ok((client, connection));
+        }
+        let fail = |cause: String| Error::Connect {
+            target: self.target.clone(),
+            cause,
+        };
+        let rows = {
+            let show = client.simple_query("SHOW transaction_read_only");
+            tokio::select! {
+                rows = show => rows.map_err(|e| fail(crate::error::error_chain(&e)))?,
+                ended = &mut connection => {
+                    return Err(fail(match ended {
+                        Ok(()) => "the server closed the connection".to_owned(),
+                        Err(e) => crate::error::error_chain(&e),
+                    }));
+                }
+            }
+        };
+        let read_only = rows.iter().any(|message| {
+            matches!(message, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("on"))
+        });
+        match (wanted, read_only) {
+            (TargetSessionAttrs::ReadWrite, true) => Err(Error::NotPrimary {
+                target: self.target.clone(),
+            }),
+            (TargetSessionAttrs::ReadOnly, false) => Err(fail(
+                "the server accepts writes and target_session_attrs=read-only".to_owned(),
+            )),
+            _ => Ok((client, connection)),
+        }
+    }
+
     /// Sends a cancel request for `token`'s running statement, secured like this connector's connections.
     pub async fn cancel(&self, token: &tokio_postgres::CancelToken) -> Result<()> {
+        let fail = |cause: String| Error::Connect {
+            target: self.target.clone(),
+            cause,
+        };
+        let (host, hostaddr, port) = self
+            .addresses()?
+            .into_iter()
+            .next()
+            .ok_or_else(|| fail("no address to connect to".to_owned()))?;
+        let socket = Socket::open(&self.config, &host, hostaddr, port)
+            .await
+            .map_err(|e| fail(crate::error::error_chain(&e)))?;
         #[cfg(feature = "tls")]
-        let tls = self.make_tls()?;
+        let tls = {
+            let mut make = self.make_tls()?;
+            let name = match &host {
+                tokio_postgres::config::Host::Tcp(name) => name.as_str(),
+                #[cfg(unix)]
+                tokio_postgres::config::Host::Unix(_) => "",
+            };
+            tokio_postgres::tls::MakeTlsConnect::<Socket>::make_tls_connect(&mut make, name)
+                .map_err(|e| self.tls_error(e.to_string()))?
+        };
         #[cfg(not(feature = "tls"))]
         let tls = tokio_postgres::NoTls;
-        token.cancel_query(tls).await.map_err(|e| Error::Connect {
-            target: self.target.clone(),
-            cause: crate::error::error_chain(&e),
-        })
+        token
+            .cancel_query_raw(socket, tls)
+            .await
+            .map_err(|e| fail(crate::error::error_chain(&e)))
     }
 }
 
@@ -670,8 +999,10 @@ enum Attempt {
     Handshake(String),
     /// The server answered the TLS request with "no" and the mode demands TLS.
     NoServerTls,
-    /// Anything else.
-    Other(tokio_postgres::Error),
+    /// Anything else: the cause, readable.
+    Other(String),
+    /// The connection is up but its session is not what `target_session_attrs` asks for.
+    Session(Error),
 }
 
 #[cfg(feature = "tls")]
@@ -783,7 +1114,9 @@ impl Connector {
                 Ok(connected)
             }
             // An error the server sent (authentication, too many connections) came after any handshake.
-            Err(e) if e.as_db_error().is_some() => Err(Attempt::Other(e)),
+            Err(e) if e.as_db_error().is_some() => {
+                Err(Attempt::Other(crate::error::error_chain(&e)))
+            }
             Err(e) if progress.started() && !progress.finished() => {
                 Err(Attempt::Handshake(handshake_cause(&e, &self.tls.roots)))
             }
@@ -796,8 +1129,75 @@ impl Connector {
             {
                 Err(Attempt::NoServerTls)
             }
-            Err(e) => Err(Attempt::Other(e)),
+            Err(e) => Err(Attempt::Other(crate::error::error_chain(&e))),
         }
+    }
+
+    async fn attempt_pooled(
+        &self,
+        config: &tokio_postgres::Config,
+        mut tls: rustls_connect::MakeTls,
+    ) -> std::result::Result<(tokio_postgres::Client, PoolConnection), Attempt> {
+        use tokio_postgres::tls::MakeTlsConnect;
+        let progress = tls.progress();
+        let mut last = None;
+        for (host, hostaddr, port) in self
+            .addresses()
+            .map_err(|e| Attempt::Other(e.to_string()))?
+        {
+            let socket = match Socket::open(config, &host, hostaddr, port).await {
+                Ok(socket) => socket,
+                Err(e) => {
+                    last = Some(format!(
+                        "error connecting to server: {}",
+                        crate::error::error_chain(&e)
+                    ));
+                    continue;
+                }
+            };
+            // The name the server's certificate must carry (verify-full); a Unix socket never uses TLS.
+            let name = match &host {
+                tokio_postgres::config::Host::Tcp(name) => name.as_str(),
+                #[cfg(unix)]
+                tokio_postgres::config::Host::Unix(_) => "",
+            };
+            let handshake = MakeTlsConnect::<WireStream<Socket>>::make_tls_connect(&mut tls, name)
+                .map_err(|e| Attempt::Handshake(e.to_string()))?;
+            return match config
+                .connect_raw(WireStream::socket(socket), handshake)
+                .await
+            {
+                Ok(connected) => {
+                    if self.tls.mode == SslMode::Prefer && !progress.started() {
+                        tracing::debug!(database = %self.target,
+                            "the server offers no TLS; sslmode=prefer continues in plaintext");
+                    }
+                    self.check_session(connected)
+                        .await
+                        .map_err(Attempt::Session)
+                }
+                // An error the server sent (authentication, too many connections) came after any handshake.
+                Err(e) if e.as_db_error().is_some() => {
+                    Err(Attempt::Other(crate::error::error_chain(&e)))
+                }
+                Err(e) if progress.started() && !progress.finished() => {
+                    Err(Attempt::Handshake(handshake_cause(&e, &self.tls.roots)))
+                }
+                // Refused TLS answers "N" to the request: tokio-postgres reports it without an I/O error, unlike a
+                // refused or timed-out socket.
+                Err(e)
+                    if !progress.started()
+                        && config.get_ssl_mode() == tokio_postgres::config::SslMode::Require
+                        && !has_io_error(&e) =>
+                {
+                    Err(Attempt::NoServerTls)
+                }
+                Err(e) => Err(Attempt::Other(crate::error::error_chain(&e))),
+            };
+        }
+        Err(Attempt::Other(
+            last.unwrap_or_else(|| "no address to connect to".to_owned()),
+        ))
     }
 
     fn attempt_error(&self, attempt: Attempt) -> Error {
@@ -807,10 +1207,11 @@ impl Connector {
                 "the server does not support TLS, and sslmode={} demands it",
                 self.tls.mode
             )),
-            Attempt::Other(e) => Error::Connect {
+            Attempt::Other(cause) => Error::Connect {
                 target: self.target.clone(),
-                cause: crate::error::error_chain(&e),
+                cause,
             },
+            Attempt::Session(error) => error,
         }
     }
 }

@@ -743,7 +743,7 @@ async fn transaction_mode_runs_every_operation_and_migrates_through_the_direct_u
 
     let pooled_only = Store::connect(config()).await.unwrap();
     match pooled_only.migrate().await {
-        Err(Error::Migration(reason)) => assert!(reason.contains("direct_url"), "{reason}"),
+        Err(Error::Migration { reason, .. }) => assert!(reason.contains("direct_url"), "{reason}"),
         other => panic!("expected a refused migration, got {other:?}"),
     }
     assert_eq!(

@@ -10,9 +10,11 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 
 use crate::error::{Error, Result};
+use crate::wire::WireStream;
 
 /// What the server's certificate must prove.
 pub(super) enum Verify {
@@ -227,47 +229,55 @@ impl MakeTls {
 }
 
 type Inner = tokio_postgres_rustls::MakeRustlsConnect;
-type InnerConnect = <Inner as MakeTlsConnect<tokio_postgres::Socket>>::TlsConnect;
+type InnerConnect<S> = <Inner as MakeTlsConnect<S>>::TlsConnect;
+type HandshakeError<S> = <InnerConnect<S> as TlsConnect<S>>::Error;
 
-impl MakeTlsConnect<tokio_postgres::Socket> for MakeTls {
-    type Stream = super::TlsStream;
-    type TlsConnect = Handshake;
-    type Error = <Inner as MakeTlsConnect<tokio_postgres::Socket>>::Error;
+/// The decrypted stream of a TLS connection over `S`, read through a [`WireStream`] for its error codes.
+pub(crate) type Decrypted<S> = WireStream<<Inner as MakeTlsConnect<S>>::Stream>;
 
-    fn make_tls_connect(&mut self, domain: &str) -> std::result::Result<Handshake, Self::Error> {
+impl<S> MakeTlsConnect<S> for MakeTls
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = Decrypted<S>;
+    type TlsConnect = Handshake<S>;
+    type Error = <Inner as MakeTlsConnect<S>>::Error;
+
+    fn make_tls_connect(&mut self, domain: &str) -> std::result::Result<Handshake<S>, Self::Error> {
         self.progress.started.store(false, Ordering::SeqCst);
         self.progress.finished.store(false, Ordering::SeqCst);
         Ok(Handshake {
-            inner: <Inner as MakeTlsConnect<tokio_postgres::Socket>>::make_tls_connect(
-                &mut self.inner,
-                domain,
-            )?,
+            inner: <Inner as MakeTlsConnect<S>>::make_tls_connect(&mut self.inner, domain)?,
             progress: self.progress.clone(),
         })
     }
 }
 
-pub(super) struct Handshake {
-    inner: InnerConnect,
+pub(crate) struct Handshake<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    inner: InnerConnect<S>,
     progress: Arc<Progress>,
 }
 
-type HandshakeError = <InnerConnect as TlsConnect<tokio_postgres::Socket>>::Error;
-
-impl TlsConnect<tokio_postgres::Socket> for Handshake {
-    type Stream = super::TlsStream;
-    type Error = HandshakeError;
+impl<S> TlsConnect<S> for Handshake<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = Decrypted<S>;
+    type Error = HandshakeError<S>;
     type Future =
-        Pin<Box<dyn Future<Output = std::result::Result<super::TlsStream, HandshakeError>> + Send>>;
+        Pin<Box<dyn Future<Output = std::result::Result<Decrypted<S>, HandshakeError<S>>> + Send>>;
 
-    fn connect(self, stream: tokio_postgres::Socket) -> Self::Future {
+    fn connect(self, stream: S) -> Self::Future {
         self.progress.started.store(true, Ordering::SeqCst);
         let handshake = self.inner.connect(stream);
         let progress = self.progress;
         Box::pin(async move {
             let stream = handshake.await?;
             progress.finished.store(true, Ordering::SeqCst);
-            Ok(stream)
+            Ok(WireStream::messages(stream))
         })
     }
 }

@@ -298,6 +298,15 @@ MUTATIONS: list[Mutation] = [
         [cargo_test("guard", "guarded_statements_are_prepared_once_and_fenced_guards_run_inside_their_transaction"),
          cargo_test("race", "no_stale_write_commits_after_a_takeover_commits")],
     ),
+    Mutation(
+        "sqlstate-not-read-off-the-wire",
+        "an error's SQLSTATE comes only from diesel's coarse kind, so a server speaking another language loses "
+        "deadlock, lock-timeout, privilege and pgfence codes",
+        [Edit("src/error.rs", """                crate::wire::sqlstate_of(info.message(), info.details(), info.hint())
+                    .or_else(|| kind_sqlstate(kind).map(str::to_owned)),""",
+              """                kind_sqlstate(kind).map(str::to_owned),""")],
+        [cargo_test("sqlstate")],
+    ),
 ]
 
 

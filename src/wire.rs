@@ -386,6 +386,32 @@ mod tests {
         );
     }
 
+    /// What the reader costs: a typical guarded write's reply (RowDescription, one DataRow, CommandComplete,
+    /// ReadyForQuery: ~150 bytes) fed a million times. Prints the time per reply; run it in a release build:
+    /// `cargo test --release --lib wire::tests::reader_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement"]
+    fn reader_cost() {
+        let mut reply = message(b'T', &[0; 60]);
+        reply.extend(message(b'D', &[1; 40]));
+        reply.extend(message(b'C', b"SELECT 1\0"));
+        reply.extend(message(b'Z', b"I"));
+        let mut reader = Reader::default();
+        let rounds = 1_000_000;
+        let started = std::time::Instant::now();
+        for _ in 0..rounds {
+            reader.feed(std::hint::black_box(&reply));
+        }
+        let elapsed = started.elapsed();
+        assert_eq!(reader.phase, Phase::Messages);
+        println!(
+            "{} bytes per reply: {:.1} ns per reply ({:.2} GB/s)",
+            reply.len(),
+            elapsed.as_nanos() as f64 / rounds as f64,
+            (reply.len() * rounds) as f64 / elapsed.as_secs_f64() / 1e9
+        );
+    }
+
     /// A length that cannot be a message's turns the reader off instead of misreading what follows.
     #[test]
     fn a_malformed_length_turns_the_reader_off() {

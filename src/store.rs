@@ -673,7 +673,7 @@ impl Store {
                 source: None,
             });
         }
-        run_migrations(self.open_dedicated().await?).await
+        run_migrations(self.open_dedicated(Kind::Coded).await?).await
     }
 
     /// Whether this store can open connections of its own outside the pool whose session lasts: every store
@@ -685,16 +685,13 @@ impl Store {
 
     /// A new connection outside the pool (for LISTEN and migrations), secured like the pool's: through the
     /// direct URL when there is one.
-    pub(crate) async fn open_dedicated(&self) -> Result<AsyncPgConnection> {
+    pub(crate) async fn open_dedicated(&self, kind: Kind) -> Result<AsyncPgConnection> {
         if let Some(direct) = &self.inner.direct {
-            return direct
-                .open_checked(Kind::Listening)
-                .await
-                .map(|(conn, _)| conn);
+            return direct.open_checked(kind).await.map(|(conn, _)| conn);
         }
         match &self.inner.connect {
             Some(settings) if self.inner.pooler == PoolerMode::Session => {
-                settings.open(Kind::Listening).await
+                settings.open(kind).await
             }
             Some(_) => Err(Error::Connect {
                 target: self.inner.target.clone(),
@@ -877,12 +874,12 @@ impl ConnectSettings {
 
 /// Which connection a [`ConnectSettings`] opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// For the pool and the leader's renewals: over a socket pgfence opened, so that every error's SQLSTATE is read
+pub(crate) enum Kind {
+    /// For the pool, migrations and the leader's renewals: over a socket pgfence opened, so that every error's SQLSTATE is read
     /// off the wire ([`WireStream`](crate::WireStream)); pgfence drives it (diesel-async drives only tokio-postgres's
     /// own sockets), so diesel-async's `notifications_stream` stays empty on it.
     Coded,
-    /// For LISTEN and migrations: opened and driven by tokio-postgres and diesel-async, so that notifications
+    /// For LISTEN: opened and driven by tokio-postgres and diesel-async, so that notifications
     /// arrive; only a TLS connection's errors are read off the wire.
     Listening,
 }

@@ -17,7 +17,7 @@ use pgfence::embedded::{
 /// Set in the environment of the re-executed test binary in
 /// `watchdog_cleans_up_after_exit_without_drop`.
 const CHILD_ENV: &str = "PGFENCE_EMBEDDED_WATCHDOG_CHILD";
-const CHILD_TEST: &str = "watchdog_child_process";
+const CHILD_TEST: &str = "embedded::watchdog_child_process";
 
 /// Runs `f` with a fresh client connection to `url` on a single-threaded
 /// runtime.

@@ -4,7 +4,7 @@
 //! Invariants checked: 3 (stale writes never commit after a takeover), 4 (refusals are typed errors and audit
 //! rows), 6 (a retry by stable key has exactly one effect).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! megabytes large. Every case is a clear typed error (or an SQLSTATE) or a success that stores the data as
 //! given — never a panic, never a partial write. Secrets never reach logs, errors or the audit.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -5,7 +5,7 @@
 //! per epoch), 5 (expiry by the database clock; the local deadline is never later than the database's expiry,
 //! measured from the database side).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! that reaches only standbys is `Error::NotPrimary`, the CLI's exit 4); every message names the host it is
 //! about.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

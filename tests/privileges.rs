@@ -6,7 +6,7 @@
 //! Invariants checked: 3 (no write around the guard), 4 (every refusal is a typed error and accounted for in the
 //! audit, aggregated, with the exact count), 7 (stale writers do not delay a takeover).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -908,7 +908,7 @@ async fn a_takeover_is_prompt_while_stale_writers_hammer() {
     );
 }
 
-/// The README's measurement, in a release build (`cargo test --release --test privileges -- --ignored
+/// The README's measurement, in a release build (`cargo test --release --test suite privileges:: -- --ignored
 /// --nocapture`): the current leader's guarded-write throughput alone and while a stale writer hammers from 4
 /// connections, 5 interleaved pairs of 3-second rounds; prints the medians and the median of the per-pair
 /// ratios (a measurement: its ratio is not asserted). The same checks as the test above run on the way (audit

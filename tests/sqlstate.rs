@@ -8,7 +8,7 @@
 //! makes it). Without it every test says so and passes — unless `PGFENCE_REQUIRE_LOCALE` is set (`.ci/run` sets
 //! it), when it fails.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

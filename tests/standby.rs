@@ -7,7 +7,7 @@
 //! are typed errors and audit rows), 7 (after a promotion no tenure current
 //! before it can write).
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};

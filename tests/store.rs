@@ -3,7 +3,7 @@
 //! Invariants checked: nothing is written to a database that is not the expected primary; errors name the real
 //! cause quickly and never contain credentials.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -7,9 +7,9 @@
 //! by at most a bounded grace), 3 (no stale write commits after a takeover), 1 (epochs never go down).
 //!
 //! The measurement behind the README's takeover figures is `#[ignore]`d here (it runs for minutes):
-//! `cargo test --release --test takeover -- --ignored --nocapture`.
+//! `cargo test --release --test suite takeover:: -- --ignored --nocapture`.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -692,7 +692,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// (p99 within twice the in-flight transaction's hold + 20 ms: on 2 cores the longest transaction in flight runs
 /// longer than its nominal hold).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement (minutes): cargo test --release --test takeover -- --ignored --nocapture"]
+#[ignore = "a measurement (minutes): cargo test --release --test suite takeover:: -- --ignored --nocapture"]
 async fn measure_takeover_latency() {
     const HOLD_MS: i32 = 20;
     const ROUNDS: usize = 40;
@@ -724,7 +724,7 @@ async fn measure_takeover_latency() {
 /// The README's throughput and MultiXact figures: the guard as built against the previous row-lock guard,
 /// interleaved rounds, medians of paired ratios. Asserts 0 MultiXacts per guarded write for the guard as built.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement (about a minute): cargo test --release --test takeover -- --ignored --nocapture"]
+#[ignore = "a measurement (about a minute): cargo test --release --test suite takeover:: -- --ignored --nocapture"]
 async fn measure_guard_throughput_and_multixacts() {
     println!("Guarded-write throughput (fenced transaction: guard + INSERT + COMMIT), 3 interleaved rounds of 3 s, medians:");
     println!("| writers | advisory (built) tx/s | row lock (previous) tx/s | ratio | MultiXacts/write advisory | row lock |\n|---|---|---|---|---|---|");

@@ -8,7 +8,7 @@
 //! default `prefer`; credentials are never printed.
 #![cfg(feature = "tls")]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};

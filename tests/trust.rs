@@ -4,7 +4,7 @@
 //! Two application roles, each granted one cluster; an operator granted one cluster; a role some careless DBA
 //! gave table privileges. Every refusal is checked where it matters — in the database — and in its audit row.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -884,7 +884,7 @@ const NO_SECRET_NO_GRANT: &str =
 /// grant check (`_grant_of` answers true). Prints the median writes per second of each and the ratios.
 ///
 /// `PGFENCE_MEASURE_ROUNDS` (default 7) rounds of `PGFENCE_MEASURE_SECS` (default 3) seconds per variant;
-/// `cargo test --release --test trust measure_trust_boundary_cost -- --ignored --nocapture`.
+/// `cargo test --release --test suite trust::measure_trust_boundary_cost -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn measure_trust_boundary_cost() {
@@ -948,7 +948,7 @@ async fn measure_trust_boundary_cost() {
 /// use, half leases of clusters it may not — then alone again. Prints the leader's writes per second in each
 /// phase, the ratio, the flood's refusals per second and the audit rows it left (the bound: one row per role
 /// and reason). `PGFENCE_FLOOD_SECS` (default 60) and `PGFENCE_ALONE_SECS` (default 20);
-/// `cargo test --release --test trust measure_bogus_flood -- --ignored --nocapture`.
+/// `cargo test --release --test suite trust::measure_bogus_flood -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn measure_bogus_flood() {

@@ -137,7 +137,7 @@ async fn listen(store: Store, tx: broadcast::Sender<Wake>) {
     let mut delay = LISTEN_RETRY_MIN;
     let mut listened_before = false;
     loop {
-        match store.open_dedicated().await {
+        match store.open_dedicated(crate::store::Kind::Listening).await {
             Ok(mut conn) => match conn.batch_execute("LISTEN pgfence_lease_free").await {
                 Ok(()) => {
                     delay = LISTEN_RETRY_MIN;

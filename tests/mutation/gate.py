@@ -57,7 +57,15 @@ class Mutation:
     suites: list[tuple[str, list[str]]] = field(default_factory=list)
 
 
+# The suites that are modules of the shared test binary tests/suite.rs (see Cargo.toml's [[test]] targets).
+SUITE_MODULES = {"guard", "lease", "store", "privileges", "trust", "sqlstate", "hostile", "multihost", "embedded",
+                 "tls", "takeover", "standby"}
+
+
 def cargo_test(test: str, *filters: str) -> tuple[str, list[str]]:
+    if test in SUITE_MODULES:
+        filters = tuple(f"{test}::{f}" for f in filters) or (f"{test}::",)
+        test = "suite"
     label = f"cargo test --test {test}" + (f" {' '.join(filters)}" if filters else "")
     return label, ["cargo", "test", "--test", test, *filters]
 

@@ -1,0 +1,32 @@
+//! The integration suites that can share one throwaway PostgreSQL server, built as one test binary: one server
+//! and one template database per `cargo test` run instead of one per file, and one link instead of twelve. Each
+//! file is a module (`cargo test --test suite guard::` runs one). Suites that install process-wide state (a
+//! global tracing subscriber or metrics recorder) or that time themselves against the whole machine stay
+//! binaries of their own (see `[[test]]` in Cargo.toml).
+
+mod common;
+
+#[path = "embedded.rs"]
+mod embedded;
+#[path = "guard.rs"]
+mod guard;
+#[path = "hostile.rs"]
+mod hostile;
+#[path = "lease.rs"]
+mod lease;
+#[path = "multihost.rs"]
+mod multihost;
+#[path = "privileges.rs"]
+mod privileges;
+#[path = "sqlstate.rs"]
+mod sqlstate;
+#[path = "standby.rs"]
+mod standby;
+#[path = "store.rs"]
+mod store;
+#[path = "takeover.rs"]
+mod takeover;
+#[path = "tls.rs"]
+mod tls;
+#[path = "trust.rs"]
+mod trust;

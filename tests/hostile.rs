@@ -379,7 +379,7 @@ fn blob_of(size: usize, filler: char) -> Value {
 /// `[0,0,…,0]` (one `10` when needed) of exactly `size` bytes serialized.
 fn zeros_of(size: usize) -> Value {
     let mut items = vec![json!(0); (size - 1) / 2];
-    if size % 2 == 0 {
+    if size.is_multiple_of(2) {
         items[0] = json!(10);
     }
     let value = Value::Array(items);

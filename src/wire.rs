@@ -71,7 +71,7 @@ pub(crate) fn sqlstate_of(
 }
 
 /// A connection's byte stream, read through a reader of the backend protocol's framing that records the SQLSTATE of
-/// every ErrorResponse (see the [module docs](self)). Reads and writes pass through unchanged.
+/// every ErrorResponse (see the module docs). Reads and writes pass through unchanged.
 ///
 /// pgfence wraps both layers of a connection it opens: the socket (whose reader stops at a TLS handshake, after
 /// which the bytes are ciphertext) and, for TLS, the decrypted stream.

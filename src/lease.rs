@@ -1,8 +1,8 @@
 //! Leases: acquire, renew, release and force-release, each one call of a SQL function, timed only by the
 //! database clock; and the [`Epoch`], the fencing token every acquisition issues.
 //!
-//! SQL: `migrations/*/up.sql` (`pgfence.acquire`, `pgfence.renew`, `pgfence.release`,
-//! `pgfence.force_release`).
+//! SQL: `migrations/2026-11-30-000002_lease_protocol/up.sql` (`pgfence.acquire`, `pgfence.renew`,
+//! `pgfence.release`, `pgfence.force_release`, the view `pgfence.tenure_history`).
 
 use std::fmt;
 use std::time::{Duration, Instant};

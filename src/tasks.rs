@@ -2,8 +2,8 @@
 //! prepared once per connection and reused) that checks the fence, writes the task row (raising its row fence
 //! to the presented epoch) and appends the task's event, atomically.
 //!
-//! SQL: `pgfence.create_task`, `pgfence.claim_task`, `pgfence.transition_task`, `pgfence.append_event` in
-//! `migrations/*/up.sql`.
+//! SQL: `migrations/2026-11-30-000004_tasks/up.sql` (`pgfence.create_task`, `pgfence.claim_task`,
+//! `pgfence.transition_task`, `pgfence.append_event`).
 
 use chrono::{DateTime, Utc};
 use diesel::pg::sql_types::Jsonb;

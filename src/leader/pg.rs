@@ -1,5 +1,8 @@
 //! The PostgreSQL [`Elector`](super::Elector): acquisition, batched renewal on a connection of its own, and
 //! release announcements through LISTEN/NOTIFY.
+//!
+//! SQL: `pgfence.renew_many` and the `pgfence_lease_free` notification of `pgfence.release` and
+//! `pgfence.force_release`, in `migrations/2026-11-30-000002_lease_protocol/up.sql`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};

@@ -6,5 +6,6 @@ DROP FUNCTION pgfence.append_event(text, bigint, text, text, text, jsonb);
 DROP FUNCTION pgfence.transition_task(text, bigint, text, text, text, text, jsonb);
 DROP FUNCTION pgfence.claim_task(text, bigint, text, text, text);
 DROP FUNCTION pgfence.create_task(text, bigint, text, text, jsonb);
+DROP FUNCTION pgfence._open_task_write(text, bigint, text, text, text, text, text, text, integer, jsonb);
 DROP FUNCTION pgfence._explain_miss(text, bigint, text, text);
 DROP FUNCTION pgfence._task_result(pgfence.tasks, text, text, bigint, boolean, bigint);

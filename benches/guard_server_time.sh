@@ -81,7 +81,7 @@ SQL
 cat >"$dir/guarded-update.sql" <<'SQL'
 \set id random(0, 99)
 WITH RECURSIVE pgfence_write AS (UPDATE b.t SET v = v + 1 WHERE id = :id AND (SELECT passed FROM pgfence_guard)
- RETURNING 1), pgfence_guard AS MATERIALIZED (SELECT g.outcome = 'ok' AS passed, g.outcome, g.reason, g.current_epoch, g.current_holder FROM pgfence.fence('c/l', :epoch, :secret, 'bench', NULL, NULL) g) SELECT g.outcome, g.reason, g.current_epoch, g.current_holder, CASE WHEN g.passed OR w.n = 0 THEN w.n ELSE pgfence.ungated_write(g.outcome, w.n) END FROM pgfence_guard g, (SELECT count(*) AS n FROM pgfence_write) w;
+ RETURNING 1), pgfence_guard AS MATERIALIZED (SELECT g.outcome = 'ok' AS passed, g.outcome, g.reason, g.current_epoch, g.current_holder FROM pgfence.fence('c/l', :epoch, :secret, 'bench', NULL, NULL) g) SELECT g.outcome, g.reason, g.current_epoch, g.current_holder, CASE WHEN g.passed OR w.n = 0 THEN w.n ELSE pgfence.ungated_write(g.outcome, w.n) END AS n FROM pgfence_guard g, (SELECT count(*) AS n FROM pgfence_write) w;
 SQL
 echo "SELECT * FROM pgfence.fence('c/l', :epoch, :secret, 'bench', NULL, NULL);" >"$dir/fence.sql"
 echo "SELECT * FROM pgfence.append_event('c/l', :epoch, :secret, 'k1', 'note', '{}');" >"$dir/append.sql"

@@ -9,6 +9,7 @@
 //! | `types` | the shared value types ([`Epoch`], [`LossReason`], [`TaskState`]) and input limits | — |
 //! | `error` | [`Error`], its codes ([`Error::sqlstate`]) and which are retryable | — |
 //! | `validate` | input checks applied before anything is sent, fallible constructors | the same rules in `pgfence._text_problem` (`000001_schema`) |
+//! | `reply` | how a pgfence SQL function's answer is read: `SELECT * FROM pgfence.f(…)` by column name, the shared reasons, the error for an answer it does not know | — |
 //! | `tls`, `pooler` | [`Connector`] (connection strings, TLS, several hosts), [`PoolerMode`] | — |
 //! | `store` | [`Store`]: the pool, database identity, migrations | applies every migration; `pgfence.identity` (`000001_schema`) |
 //! | `lease` | [`Lease`], acquire / renew / release / force-release, status and history reads | `000002_lease_protocol`: `pgfence.acquire`, `renew`, `release`, `force_release`, `tenure_history` |
@@ -28,6 +29,7 @@ mod fence;
 pub mod leader;
 mod lease;
 mod pooler;
+mod reply;
 mod store;
 mod tasks;
 mod tls;

@@ -253,8 +253,8 @@ CREATE TABLE pgfence.tenure_secrets (
 );
 
 -- ---------------------------------------------------------------------------------------------------------
--- Result rows. Functions return one composite value so that a client can call them as
--- `SELECT pgfence.f(...)`, a statement every driver prepares once and reuses.
+-- Result rows. Functions return one composite value so that a client calls them with one statement that every
+-- driver prepares once and reuses, `SELECT * FROM pgfence.f(...)`, and reads the fields by name.
 
 -- outcome: 'acquired' | 'renewed' | 'held' | 'lost' | 'released' | 'not_held' | 'denied'
 -- reason (for 'lost'/'not_held'): 'superseded' | 'expired' | 'released' | 'unknown_lease' | 'future_epoch'

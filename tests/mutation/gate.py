@@ -229,6 +229,14 @@ MUTATIONS: list[Mutation] = [
         [cargo_test("guard", "a_row_fence_above_the_presented_epoch_refuses_the_write")],
     ),
     Mutation(
+        "task-writes-unguarded",
+        "the opening every task write shares checks the arguments but not the fence",
+        [Edit("sql:_open_task_write",
+              "    RETURN pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);",
+              "    RETURN NULL;")],
+        [cargo_test("guard", "stale_write_after_takeover_is_rejected_and_audited"), cargo_test("race")],
+    ),
+    Mutation(
         "renew-ignores-expiry",
         "a renewal extends a tenure whose ttl already ran out by the database clock",
         [Edit("sql:renew", "why := pgfence._loss_reason(l, p_holder, p_epoch, ts, pgfence._timeline());",

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The guard's server time before and after a change of the migration, side by side.
+# The guard's server time before and after a change of the migrations, side by side.
 #
 # Starts a throwaway PostgreSQL server (pg_stat_statements loaded, fsync off), creates two databases — one migrated
-# with migrations/*/up.sql as of REV (default HEAD), one with the working tree's — and runs pgbench -M prepared on
-# each in turn, round after round (interleaved, so both see the same noise): the guard alone, the one-statement
-# guarded UPDATE that Store::guarded_write sends, the same UPDATE unguarded, pgfence.append_event and the same
-# writes without the guard. Prints, per statement and database, the median over rounds of the mean server time
-# per call (pg_stat_statements, top-level statements) and of tx/s, and the after ÷ before ratios.
+# with migrations/*/up.sql as of REV (default HEAD), one with the working tree's, each in the order the migrations
+# apply — and runs pgbench -M prepared on each in turn, round after round (interleaved, so both see the same
+# noise): the guard alone, the one-statement guarded UPDATE that Store::guarded_write sends, the same UPDATE
+# unguarded, pgfence.append_event and the same writes without the guard. Prints, per statement and database, the
+# median over rounds of the mean server time per call (pg_stat_statements, top-level statements) and of tx/s, and
+# the after ÷ before ratios.
 #
 # usage: benches/guard_server_time.sh [REV] [ROUNDS] [SECONDS]    (as root or as the postgres OS user)
 set -euo pipefail
@@ -16,7 +17,6 @@ rounds=${2:-3}
 secs=${3:-5}
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-migration=$(cd "$root" && ls migrations/*/up.sql)
 
 as_postgres() {
     if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
@@ -32,8 +32,11 @@ as_postgres "$bin/pg_ctl" -D "$dir/data" -l "$dir/log" -w -o "-p $port -k $dir -
 trap 'as_postgres "$bin/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 
 psql=(psql -X -q -h "$dir" -p "$port" -U postgres -v ON_ERROR_STOP=1)
-git -C "$root" show "$rev:$migration" >"$dir/before.sql"
-cp "$root/$migration" "$dir/after.sql"
+# Every migration in version order (the directory names start with the version), as of REV and as in the tree.
+for path in $(git -C "$root" ls-tree -r --name-only "$rev" -- migrations | grep '/up\.sql$' | sort); do
+    git -C "$root" show "$rev:$path" >>"$dir/before.sql"
+done
+cat "$root"/migrations/*/up.sql >"$dir/after.sql"
 
 for db in before after; do
     "${psql[@]}" -d postgres -c "CREATE DATABASE $db"
@@ -78,13 +81,13 @@ SQL
 cat >"$dir/guarded-update.sql" <<'SQL'
 \set id random(0, 99)
 WITH RECURSIVE pgfence_write AS (UPDATE b.t SET v = v + 1 WHERE id = :id AND (SELECT passed FROM pgfence_guard)
- RETURNING 1), pgfence_guard AS MATERIALIZED (SELECT g.outcome = 'ok' AS passed, g.outcome, g.reason, g.current_epoch, g.current_holder FROM pgfence.fence('c/l', :epoch, :secret, 'bench', NULL, NULL) g) SELECT g.outcome, g.reason, g.current_epoch, g.current_holder, CASE WHEN g.passed OR w.n = 0 THEN w.n ELSE pgfence.ungated_write(g.outcome, w.n) END FROM pgfence_guard g, (SELECT count(*) AS n FROM pgfence_write) w;
+ RETURNING 1), pgfence_guard AS MATERIALIZED (SELECT g.outcome = 'ok' AS passed, g.outcome, g.reason, g.current_epoch, g.current_holder FROM pgfence.fence('c/l', :epoch, :secret, 'bench', NULL, NULL) g) SELECT g.outcome, g.reason, g.current_epoch, g.current_holder, CASE WHEN g.passed OR w.n = 0 THEN w.n ELSE pgfence.ungated_write(g.outcome, w.n) END AS n FROM pgfence_guard g, (SELECT count(*) AS n FROM pgfence_write) w;
 SQL
 echo "SELECT * FROM pgfence.fence('c/l', :epoch, :secret, 'bench', NULL, NULL);" >"$dir/fence.sql"
 echo "SELECT * FROM pgfence.append_event('c/l', :epoch, :secret, 'k1', 'note', '{}');" >"$dir/append.sql"
 echo "SELECT * FROM b.append_event_unguarded('c/l', :epoch, 'k2', 'note', '{}');" >"$dir/append-unguarded.sql"
 
-echo "guard server time: $migration as of $rev (before) against the working tree (after); $rounds rounds of ${secs} s" >&2
+echo "guard server time: migrations/*/up.sql as of $rev (before) against the working tree (after); $rounds rounds of ${secs} s" >&2
 for r in $(seq 1 "$rounds"); do
     for w in update guarded-update fence append append-unguarded; do
         for db in before after; do

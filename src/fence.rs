@@ -11,24 +11,28 @@
 //! and a takeover waits for a stalled guarded transaction at most the takeover grace (then ends it). Renewals
 //! never take the guard lock, so they never queue behind writes.
 //!
-//! SQL: `pgfence.fence`, `pgfence._guard`, `pgfence._wait_guard_lock`, `pgfence._reject` in `migrations/*/up.sql`.
+//! SQL: `migrations/2026-11-30-000003_guard/up.sql` (`pgfence.fence`, `pgfence._guard`, `pgfence._wait_guard_lock`,
+//! `pgfence.ungated_write`, the raw-SQL enforcement, `pgfence.prune_rejections`); the audit's writer
+//! `pgfence._reject` and its table in `migrations/2026-11-30-000001_schema/up.sql`; `pgfence.grant_application`,
+//! `pgfence.grant_operator` and `pgfence.revoke` in `migrations/2026-11-30-000005_roles/up.sql`.
 
 use std::future::Future;
 use std::pin::Pin;
 
 use chrono::{DateTime, Utc};
-use diesel::pg::sql_types::{Jsonb, Record};
+use diesel::pg::sql_types::Jsonb;
 use diesel::pg::{Pg, PgQueryBuilder};
 use diesel::query_builder::{AstPass, Query, QueryBuilder, QueryFragment, QueryId};
-use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text, Timestamptz};
+use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text, Timestamptz, Untyped};
 use diesel::QueryableByName;
 use diesel_async::AsyncPgConnection;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{DenyReason, Error, Result};
 use crate::lease::{Lease, TenureSecret};
+use crate::reply::{deny_reason, loss_reason, unexpected, RowsOf};
 use crate::store::Store;
-use crate::types::{Epoch, LossReason};
+use crate::types::{Epoch, LossReason, TaskState};
 use crate::validate::{validate_holder, validate_qualified};
 
 /// What a guarded write presents: the cluster-qualified lease name, the epoch of the tenure that writes, and
@@ -132,9 +136,19 @@ pub fn fence_passed() -> diesel::expression::SqlLiteral<Bool> {
     diesel::dsl::sql::<Bool>(FENCE_PASSED)
 }
 
-/// The reply of a one-statement guarded write: the guard's outcome, reason, the lease's current epoch and holder,
-/// and how many rows the statement changed.
-type GuardedRow = (String, Option<String>, Option<i64>, Option<String>, i64);
+/// The reply of a one-statement guarded write, read by column name: the guard's outcome and reason, the lease's
+/// current epoch, and how many rows the statement changed.
+#[derive(Debug, QueryableByName)]
+struct GuardedWriteRow {
+    #[diesel(sql_type = Nullable<Text>)]
+    outcome: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    reason: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    current_epoch: Option<i64>,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
 
 /// The statement [`Store::guarded_write`] sends (see there). `WITH RECURSIVE` lets the caller's statement come
 /// first and name the guard's CTE defined after it: the caller's binds keep their numbers and the guard's four
@@ -157,7 +171,7 @@ const GUARDED_MID: &str =
      g.outcome, g.reason, g.current_epoch, g.current_holder FROM pgfence.fence(";
 const GUARDED_TAIL: &str =
     ", NULL, NULL) g) SELECT g.outcome, g.reason, g.current_epoch, g.current_holder, \
-     CASE WHEN g.passed OR w.n = 0 THEN w.n ELSE pgfence.ungated_write(g.outcome, w.n) END \
+     CASE WHEN g.passed OR w.n = 0 THEN w.n ELSE pgfence.ungated_write(g.outcome, w.n) END AS n \
      FROM pgfence_guard g, (SELECT count(*) AS n FROM pgfence_write) w";
 
 /// The SQL that [`Store::guarded_write`] sends for `statement`, for drivers other than diesel (tokio-postgres,
@@ -214,13 +228,7 @@ impl<Q> QueryId for GuardedWrite<Q> {
 }
 
 impl<Q> Query for GuardedWrite<Q> {
-    type SqlType = (
-        Text,
-        Nullable<Text>,
-        Nullable<BigInt>,
-        Nullable<Text>,
-        BigInt,
-    );
+    type SqlType = Untyped;
 }
 
 /// A query that diesel-async prepares once per connection and then reuses, keyed by its SQL text — for the
@@ -276,7 +284,7 @@ async fn begin_and_guard(
     conn: &AsyncPgConnection,
     fence: &Fence,
     operation: &str,
-) -> (diesel::QueryResult<()>, diesel::QueryResult<sql::WriteRow>) {
+) -> (diesel::QueryResult<()>, diesel::QueryResult<WriteResultRow>) {
     use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
     use std::task::Poll;
     let mut begin_conn = conn;
@@ -284,7 +292,7 @@ async fn begin_and_guard(
     let mut begin =
         std::pin::pin!(begin_conn.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"));
     let first = std::future::poll_fn(|cx| Poll::Ready(begin.as_mut().poll(cx))).await;
-    let guard = diesel::select(sql::fence(
+    let guard = RowsOf(sql::fence(
         fence.lease.clone(),
         fence.epoch.get(),
         fence.secret.expose_secret().to_owned(),
@@ -292,7 +300,7 @@ async fn begin_and_guard(
         None::<String>,
         None::<String>,
     ))
-    .get_result::<sql::WriteRow>(&mut guard_conn);
+    .get_result::<WriteResultRow>(&mut guard_conn);
     match first {
         // BEGIN already failed: the guard is not sent.
         Poll::Ready(Err(e)) => (Err(e), Err(diesel::result::Error::NotInTransaction)),
@@ -301,41 +309,18 @@ async fn begin_and_guard(
     }
 }
 
+/// The guard functions, each called as `SELECT * FROM pgfence.f(…)` ([`RowsOf`]) and answered by one
+/// [`WriteResultRow`].
 pub(crate) mod sql {
-    use super::*;
+    use diesel::sql_types::{BigInt, Nullable, Text};
 
-    /// `pgfence.write_result`.
-    pub(crate) type WriteResult = Record<(
-        Text,
-        Nullable<Text>,
-        Nullable<BigInt>,
-        Nullable<Text>,
-        Nullable<BigInt>,
-        Nullable<Text>,
-        Nullable<Text>,
-        Nullable<Text>,
-        Nullable<Jsonb>,
-        Nullable<BigInt>,
-        Nullable<BigInt>,
-        Nullable<Bool>,
-        Nullable<BigInt>,
-    )>;
-
-    pub(crate) type WriteRow = (
-        String,
-        Option<String>,
-        Option<i64>,
-        Option<String>,
-        Option<i64>,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        Option<serde_json::Value>,
-        Option<i64>,
-        Option<i64>,
-        Option<bool>,
-        Option<i64>,
-    );
+    /// The composite type `pgfence.write_result` (migrations/2026-11-30-000001_schema) that `pgfence.fence` and
+    /// the task functions return.
+    #[derive(Debug, diesel::sql_types::SqlType, diesel::query_builder::QueryId)]
+    #[diesel(postgres_type(name = "write_result", schema = "pgfence"))]
+    // `pub`: the types diesel generates for each function name it in their public interface.
+    #[allow(unreachable_pub)]
+    pub struct WriteResult;
 
     diesel::define_sql_function! {
         #[sql_name = "pgfence.fence"]
@@ -344,83 +329,140 @@ pub(crate) mod sql {
     }
 }
 
-/// One decoded `pgfence.write_result`.
-#[derive(Debug)]
-pub(crate) struct WriteOutcome {
-    pub(crate) outcome: String,
-    pub(crate) reason: Option<String>,
-    pub(crate) current_epoch: Option<i64>,
+/// A `pgfence.write_result`, read by column name: the guard's verdict and, for a task write, the task after it.
+#[derive(Debug, QueryableByName)]
+pub(crate) struct WriteResultRow {
+    #[diesel(sql_type = Nullable<Text>)]
+    outcome: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    reason: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    current_epoch: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
     pub(crate) task_id: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
     pub(crate) task_key: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
     pub(crate) task_state: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
     pub(crate) assignee: Option<String>,
+    #[diesel(sql_type = Nullable<Jsonb>)]
     pub(crate) payload: Option<serde_json::Value>,
+    #[diesel(sql_type = Nullable<BigInt>)]
     pub(crate) fence: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
     pub(crate) version: Option<i64>,
+    #[diesel(sql_type = Nullable<Bool>)]
     pub(crate) created: Option<bool>,
+    #[diesel(sql_type = Nullable<BigInt>)]
     pub(crate) event_id: Option<i64>,
 }
 
-impl From<sql::WriteRow> for WriteOutcome {
-    fn from(row: sql::WriteRow) -> Self {
-        let (
-            outcome,
-            reason,
-            current_epoch,
-            _holder,
-            task_id,
-            task_key,
-            task_state,
-            assignee,
-            payload,
-            fence,
-            version,
-            created,
-            event_id,
-        ) = row;
-        WriteOutcome {
-            outcome,
-            reason,
-            current_epoch,
-            task_id,
-            task_key,
-            task_state,
-            assignee,
-            payload,
-            fence,
-            version,
-            created,
-            event_id,
-        }
+impl WriteResultRow {
+    /// The verdict of `pgfence.<function>` (see [`WriteOutcome::decode`]).
+    pub(crate) fn outcome(&self, function: &str) -> Result<WriteOutcome> {
+        WriteOutcome::decode(
+            function,
+            self.outcome.as_deref(),
+            self.reason.as_deref(),
+            self.current_epoch,
+        )
     }
 }
 
+/// The verdict of a guarded write — the outcome and reason of a `pgfence.write_result`, or of a one-statement
+/// guarded write — decoded in this one place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum WriteOutcome {
+    /// `ok`: the fence is current and the write went through.
+    Ok,
+    /// `stale`: refused and audited, the fence's tenure is over.
+    Stale {
+        reason: LossReason,
+        current: Option<Epoch>,
+    },
+    /// `denied`: refused and audited (no grant on the cluster, or not the tenure's secret).
+    Denied(DenyReason),
+    /// `not_found`: no such task.
+    NotFound,
+    /// `conflict`: the task is not in the state the write requires.
+    Conflict { actual: TaskState },
+}
+
 impl WriteOutcome {
-    /// `Some(Error::Stale)` or `Some(Error::Denied)` when the database refused the write (and audited it).
-    pub(crate) fn refused(&self, fence: &Fence, operation: &str) -> Option<Error> {
-        if self.outcome == "denied" {
-            let reason = DenyReason::parse(self.reason.as_deref().unwrap_or("bad_secret"));
-            tracing::warn!(lease = %fence.lease, presented = %fence.epoch, %reason, operation,
-                "write denied");
-            return Some(Error::Denied {
-                lease: fence.lease.clone(),
-                operation: operation.to_owned(),
-                reason,
-            });
-        }
-        (self.outcome == "stale").then(|| {
-            let reason = LossReason::parse(self.reason.as_deref().unwrap_or("superseded"));
-            tracing::warn!(lease = %fence.lease, presented = %fence.epoch,
-                current = ?self.current_epoch, %reason, operation, "stale write refused");
-            metrics::counter!(METRIC_STALE_WRITES, "lease" => fence.lease.clone()).increment(1);
-            Error::Stale {
-                lease: fence.lease.clone(),
-                presented: fence.epoch,
-                current: Epoch::from_db(self.current_epoch),
-                reason,
-                operation: operation.to_owned(),
-            }
+    /// The verdict `pgfence.<function>` answered with `outcome` and `reason` (`current_epoch`: the lease's, or
+    /// for `row_fence` the row's); an outcome or reason it never gives is an error.
+    fn decode(
+        function: &str,
+        outcome: Option<&str>,
+        reason: Option<&str>,
+        current_epoch: Option<i64>,
+    ) -> Result<WriteOutcome> {
+        Ok(match outcome {
+            Some("ok") => WriteOutcome::Ok,
+            Some("stale") => WriteOutcome::Stale {
+                reason: loss_reason(function, reason)?,
+                current: Epoch::from_db(current_epoch),
+            },
+            Some("denied") => WriteOutcome::Denied(deny_reason(function, reason)?),
+            Some("not_found") => WriteOutcome::NotFound,
+            Some("conflict") => WriteOutcome::Conflict {
+                actual: reason.and_then(|state| state.parse().ok()).ok_or_else(|| {
+                    unexpected(
+                        function,
+                        &format!("conflict with task state {}", reason.unwrap_or("NULL")),
+                    )
+                })?,
+            },
+            Some(other) => return Err(unexpected(function, &format!("outcome {other}"))),
+            None => return Err(unexpected(function, "outcome missing")),
         })
+    }
+
+    /// Whether the database refused the write (and audited it).
+    pub(crate) fn is_refusal(&self) -> bool {
+        matches!(self, WriteOutcome::Stale { .. } | WriteOutcome::Denied(_))
+    }
+
+    /// The error of a verdict other than `ok`: [`Error::Stale`] or [`Error::Denied`] for a refusal (logged, and
+    /// counted in [`METRIC_STALE_WRITES`] when stale); for an outcome `pgfence.<function>` gives to other writes
+    /// only, an unexpected-reply error.
+    pub(crate) fn into_error(self, fence: &Fence, operation: &str, function: &str) -> Error {
+        match self {
+            WriteOutcome::Denied(reason) => {
+                tracing::warn!(lease = %fence.lease, presented = %fence.epoch, %reason, operation,
+                    "write denied");
+                Error::Denied {
+                    lease: fence.lease.clone(),
+                    operation: operation.to_owned(),
+                    reason,
+                }
+            }
+            WriteOutcome::Stale { reason, current } => {
+                tracing::warn!(lease = %fence.lease, presented = %fence.epoch,
+                    current = ?current.map(Epoch::get), %reason, operation, "stale write refused");
+                metrics::counter!(METRIC_STALE_WRITES, "lease" => fence.lease.clone()).increment(1);
+                Error::Stale {
+                    lease: fence.lease.clone(),
+                    presented: fence.epoch,
+                    current,
+                    reason,
+                    operation: operation.to_owned(),
+                }
+            }
+            other => unexpected(function, &format!("outcome {}", other.as_str())),
+        }
+    }
+
+    /// The outcome's name in SQL.
+    fn as_str(&self) -> &'static str {
+        match self {
+            WriteOutcome::Ok => "ok",
+            WriteOutcome::Stale { .. } => "stale",
+            WriteOutcome::Denied(_) => "denied",
+            WriteOutcome::NotFound => "not_found",
+            WriteOutcome::Conflict { .. } => "conflict",
+        }
     }
 }
 
@@ -584,21 +626,29 @@ impl Store {
         if let Err(e) = depth {
             return Err(E::from(Error::from(e)));
         }
-        let refused = match check {
-            Ok(row) => WriteOutcome::from(row).refused(fence, operation),
-            Err(e) => {
+        let verdict = check
+            .map_err(Error::from)
+            .and_then(|row| row.outcome("fence"));
+        match verdict {
+            Ok(WriteOutcome::Ok) => {}
+            Ok(refusal) if refusal.is_refusal() => {
+                // Commit: the transaction holds only the audit row.
+                Tm::commit_transaction(&mut *conn)
+                    .await
+                    .map_err(|e| E::from(Error::from(e)))?;
+                conn.disarm();
+                return Err(E::from(refusal.into_error(fence, operation, "fence")));
+            }
+            // The guard failed, or answered what it never answers: nothing of `work` runs.
+            other => {
                 let _ = Tm::rollback_transaction(&mut *conn).await;
                 conn.disarm();
-                return Err(E::from(Error::from(e)));
+                let error = match other {
+                    Ok(verdict) => verdict.into_error(fence, operation, "fence"),
+                    Err(e) => e,
+                };
+                return Err(E::from(error));
             }
-        };
-        if let Some(refusal) = refused {
-            // Commit: the transaction holds only the audit row.
-            Tm::commit_transaction(&mut *conn)
-                .await
-                .map_err(|e| E::from(Error::from(e)))?;
-            conn.disarm();
-            return Err(E::from(refusal));
         }
         let outcome = match work(&mut conn).await {
             Ok(value) => Tm::commit_transaction(&mut *conn)
@@ -702,26 +752,16 @@ impl Store {
             secret: fence.secret.expose_secret().to_owned(),
             operation: operation.to_owned(),
         };
-        let (outcome, reason, current_epoch, _holder, written): GuardedRow =
-            self.call_guarded(statement).await?;
-        let verdict = WriteOutcome {
-            outcome,
-            reason,
-            current_epoch,
-            task_id: None,
-            task_key: None,
-            task_state: None,
-            assignee: None,
-            payload: None,
-            fence: None,
-            version: None,
-            created: None,
-            event_id: None,
-        };
-        if let Some(refusal) = verdict.refused(fence, operation) {
-            return Err(refusal);
+        let row: GuardedWriteRow = self.call_guarded(statement).await?;
+        match WriteOutcome::decode(
+            "fence",
+            row.outcome.as_deref(),
+            row.reason.as_deref(),
+            row.current_epoch,
+        )? {
+            WriteOutcome::Ok => Ok(row.n.max(0) as u64),
+            verdict => Err(verdict.into_error(fence, operation, "fence")),
         }
-        Ok(written.max(0) as u64)
     }
 
     /// Rejections of this store's cluster, newest first.
@@ -789,11 +829,12 @@ impl Store {
         let mode: String = diesel::select(diesel::dsl::sql::<Text>("pgfence.enforcement()"))
             .get_result(&mut *conn)
             .await?;
-        Ok(match mode.as_str() {
-            "error" => Enforcement::Error,
-            "audit" => Enforcement::Audit,
-            _ => Enforcement::Off,
-        })
+        match mode.as_str() {
+            "off" => Ok(Enforcement::Off),
+            "error" => Ok(Enforcement::Error),
+            "audit" => Ok(Enforcement::Audit),
+            other => Err(unexpected("enforcement", other)),
+        }
     }
 
     /// Deletes audit rows last seen more than `older_than` ago (database clock), in batches of at most `batch`
@@ -920,5 +961,56 @@ impl Lease {
     /// The fence every guarded write of this tenure presents (it carries the tenure's secret).
     pub fn fence(&self) -> Fence {
         Fence::from_parts(self.qualified.clone(), self.epoch, self.secret.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A guarded write's verdict decodes by its outcome and reason; an outcome no function gives, a refusal
+    /// without its reason and a conflict without a task state are errors, never defaults (an unknown verdict
+    /// taken for `ok` would let a fenced transaction run).
+    #[test]
+    fn write_outcomes_decode_exactly() {
+        let decode =
+            |outcome, reason, current| WriteOutcome::decode("fence", outcome, reason, current);
+        assert_eq!(decode(Some("ok"), None, Some(2)).unwrap(), WriteOutcome::Ok);
+        assert_eq!(
+            decode(Some("stale"), Some("row_fence"), Some(5)).unwrap(),
+            WriteOutcome::Stale {
+                reason: LossReason::RowFence,
+                current: Some(Epoch(5))
+            }
+        );
+        assert_eq!(
+            decode(Some("denied"), Some("no_grant"), None).unwrap(),
+            WriteOutcome::Denied(DenyReason::NoGrant)
+        );
+        assert_eq!(
+            decode(Some("conflict"), Some("running"), Some(1)).unwrap(),
+            WriteOutcome::Conflict {
+                actual: TaskState::Running
+            }
+        );
+        assert_eq!(
+            decode(Some("not_found"), None, Some(1)).unwrap(),
+            WriteOutcome::NotFound
+        );
+        for (outcome, reason) in [
+            (Some("okay"), None),
+            (None, None),
+            (Some("stale"), None),
+            (Some("denied"), Some("expired")),
+            (Some("conflict"), Some("paused")),
+            (Some("conflict"), None),
+        ] {
+            assert!(
+                decode(outcome, reason, None).is_err(),
+                "{outcome:?} {reason:?}"
+            );
+        }
+        assert!(WriteOutcome::Denied(DenyReason::BadSecret).is_refusal());
+        assert!(!WriteOutcome::NotFound.is_refusal());
     }
 }

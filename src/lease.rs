@@ -1,19 +1,19 @@
 //! Leases: acquire, renew, release and force-release, each one call of a SQL function, timed only by the
 //! database clock; and the [`Epoch`], the fencing token every acquisition issues.
 //!
-//! SQL: `migrations/*/up.sql` (`pgfence.acquire`, `pgfence.renew`, `pgfence.release`,
-//! `pgfence.force_release`).
+//! SQL: `migrations/2026-11-30-000002_lease_protocol/up.sql` (`pgfence.acquire`, `pgfence.renew`,
+//! `pgfence.release`, `pgfence.force_release`, the view `pgfence.tenure_history`).
 
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use diesel::pg::sql_types::Record;
 use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz};
 use diesel::QueryableByName;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{DenyReason, Error, Result};
+use crate::reply::{deny_reason, loss_reason, unexpected, RowsOf};
 use crate::store::Store;
 use crate::types::{Epoch, LossReason, MAX_TTL, MIN_TTL};
 use crate::validate::{validate_holder, validate_name};
@@ -177,26 +177,18 @@ pub struct Tenure {
     pub last_write_at: Option<DateTime<Utc>>,
 }
 
-pub(crate) mod sql {
-    use super::*;
+/// The lease functions, each called as `SELECT * FROM pgfence.f(…)` ([`RowsOf`]) and answered by one
+/// [`LeaseResultRow`].
+mod sql {
+    use diesel::sql_types::{BigInt, Text};
 
-    /// `pgfence.lease_result`: (outcome, reason, epoch, holder, expires_in_ms, secret).
-    pub(crate) type LeaseResult = Record<(
-        Text,
-        Nullable<Text>,
-        Nullable<BigInt>,
-        Nullable<Text>,
-        Nullable<BigInt>,
-        Nullable<Text>,
-    )>;
-    pub(crate) type LeaseRow = (
-        String,
-        Option<String>,
-        Option<i64>,
-        Option<String>,
-        Option<i64>,
-        Option<String>,
-    );
+    /// The composite type `pgfence.lease_result` (migrations/2026-11-30-000001_schema) that every lease function
+    /// returns.
+    #[derive(Debug, diesel::sql_types::SqlType, diesel::query_builder::QueryId)]
+    #[diesel(postgres_type(name = "lease_result", schema = "pgfence"))]
+    // `pub`: the types diesel generates for each function name it in their public interface.
+    #[allow(unreachable_pub)]
+    pub struct LeaseResult;
 
     diesel::define_sql_function! {
         #[sql_name = "pgfence.acquire"]
@@ -214,6 +206,110 @@ pub(crate) mod sql {
         #[sql_name = "pgfence.force_release"]
         fn force_release(lease: Text) -> LeaseResult;
     }
+}
+
+/// A `pgfence.lease_result`, read by column name.
+#[derive(QueryableByName)]
+struct LeaseResultRow {
+    #[diesel(sql_type = Nullable<Text>)]
+    outcome: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    reason: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    epoch: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    holder: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    expires_in_ms: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    secret: Option<String>,
+}
+
+/// What a lease function answered: a [`LeaseResultRow`] decoded, in this one place, from its outcome and reason.
+#[derive(Debug)]
+enum LeaseReply {
+    /// `acquired`: a new tenure and its secret, given this once.
+    Acquired { epoch: Epoch, secret: TenureSecret },
+    /// `held`: another holder's live tenure, and the time it has left by the database clock.
+    Held {
+        holder: String,
+        epoch: Epoch,
+        expires_in: Duration,
+    },
+    /// `renewed`.
+    Renewed,
+    /// `released`: the tenure ended now (for force_release, the one that was current).
+    Released {
+        epoch: Option<Epoch>,
+        holder: Option<String>,
+    },
+    /// `lost`: a renewal refused, the tenure is over.
+    Lost {
+        reason: LossReason,
+        current: Option<Epoch>,
+    },
+    /// `not_held`: nothing to release (`epoch`: the lease's last, `None` when never acquired or unknown).
+    NotHeld {
+        reason: LossReason,
+        epoch: Option<Epoch>,
+    },
+    /// `denied`: refused and audited.
+    Denied(DenyReason),
+}
+
+impl LeaseReply {
+    /// The outcome's name in SQL.
+    fn outcome(&self) -> &'static str {
+        match self {
+            LeaseReply::Acquired { .. } => "acquired",
+            LeaseReply::Held { .. } => "held",
+            LeaseReply::Renewed => "renewed",
+            LeaseReply::Released { .. } => "released",
+            LeaseReply::Lost { .. } => "lost",
+            LeaseReply::NotHeld { .. } => "not_held",
+            LeaseReply::Denied(_) => "denied",
+        }
+    }
+}
+
+impl LeaseResultRow {
+    /// The reply of `pgfence.<function>`; an outcome or reason it never gives is an error.
+    fn decode(self, function: &str) -> Result<LeaseReply> {
+        let missing = |what: &str| unexpected(function, &format!("{what} missing"));
+        Ok(match self.outcome.as_deref() {
+            Some("acquired") => LeaseReply::Acquired {
+                epoch: Epoch::from_db(self.epoch).ok_or_else(|| missing("epoch"))?,
+                secret: TenureSecret::parse(self.secret.ok_or_else(|| missing("tenure secret"))?)
+                    .map_err(|_| unexpected(function, "malformed tenure secret"))?,
+            },
+            Some("held") => LeaseReply::Held {
+                holder: self.holder.unwrap_or_default(),
+                epoch: Epoch::from_db(self.epoch).ok_or_else(|| missing("epoch"))?,
+                expires_in: ms(self.expires_in_ms),
+            },
+            Some("renewed") => LeaseReply::Renewed,
+            Some("released") => LeaseReply::Released {
+                epoch: Epoch::from_db(self.epoch),
+                holder: self.holder,
+            },
+            Some("lost") => LeaseReply::Lost {
+                reason: loss_reason(function, self.reason.as_deref())?,
+                current: Epoch::from_db(self.epoch),
+            },
+            Some("not_held") => LeaseReply::NotHeld {
+                reason: loss_reason(function, self.reason.as_deref())?,
+                epoch: Epoch::from_db(self.epoch),
+            },
+            Some("denied") => LeaseReply::Denied(deny_reason(function, self.reason.as_deref())?),
+            Some(other) => return Err(unexpected(function, &format!("outcome {other}"))),
+            None => return Err(missing("outcome")),
+        })
+    }
+}
+
+/// The error for a reply that `pgfence.<function>` gives, but not to this call.
+fn unexpected_reply(function: &str, reply: &LeaseReply) -> Error {
+    unexpected(function, &format!("outcome {}", reply.outcome()))
 }
 
 fn ttl_ms(ttl: Duration) -> Result<i64> {
@@ -252,14 +348,16 @@ struct LeaseStatusRow {
     last_write_at: Option<DateTime<Utc>>,
 }
 
-impl From<LeaseStatusRow> for LeaseStatus {
-    fn from(row: LeaseStatusRow) -> Self {
+impl TryFrom<LeaseStatusRow> for LeaseStatus {
+    type Error = Error;
+    fn try_from(row: LeaseStatusRow) -> Result<Self> {
         let state = match row.state.as_str() {
             "held" => LeaseState::Held,
             "expired" => LeaseState::Expired,
-            _ => LeaseState::Released,
+            "released" => LeaseState::Released,
+            other => return Err(unexpected("leases", &format!("state {other}"))),
         };
-        LeaseStatus {
+        Ok(LeaseStatus {
             name: row.name,
             holder: row.holder,
             epoch: Epoch::from_db(Some(row.epoch)),
@@ -269,7 +367,7 @@ impl From<LeaseStatusRow> for LeaseStatus {
             acquired_at: row.acquired_at,
             renewed_at: row.renewed_at,
             last_write_at: row.last_write_at,
-        }
+        })
     }
 }
 
@@ -331,26 +429,15 @@ impl Store {
         // The database grants whole milliseconds; the local deadline must not be later than its expiry.
         let ttl = Duration::from_millis(ttl_ms as u64);
         let qualified = self.qualify(name);
-        let (sent, (outcome, reason, epoch, current_holder, expires_in_ms, secret)): (
-            Instant,
-            sql::LeaseRow,
-        ) = self
-            .call_one(diesel::select(sql::acquire(
+        let (sent, row): (Instant, LeaseResultRow) = self
+            .call_one(RowsOf(sql::acquire(
                 qualified.clone(),
                 holder.to_owned(),
                 ttl_ms,
             )))
             .await?;
-        match outcome.as_str() {
-            "acquired" => {
-                let epoch =
-                    Epoch::from_db(epoch).ok_or_else(|| unexpected("acquire", "no epoch"))?;
-                let secret = secret
-                    .ok_or_else(|| unexpected("acquire", "no tenure secret"))
-                    .and_then(|s| {
-                        TenureSecret::parse(s)
-                            .map_err(|_| unexpected("acquire", "malformed tenure secret"))
-                    })?;
+        match row.decode("acquire")? {
+            LeaseReply::Acquired { epoch, secret } => {
                 tracing::info!(lease = %qualified, %epoch, holder, "lease acquired");
                 Ok(Lease {
                     name: name.to_owned(),
@@ -362,15 +449,18 @@ impl Store {
                     local_deadline: sent + ttl,
                 })
             }
-            "denied" => Err(denied(qualified, "acquire", reason)),
-            "held" => Err(Error::Held {
+            LeaseReply::Denied(reason) => Err(denied(qualified, "acquire", reason)),
+            LeaseReply::Held {
+                holder,
+                epoch,
+                expires_in,
+            } => Err(Error::Held {
                 lease: qualified,
-                holder: current_holder.unwrap_or_default(),
-                epoch: Epoch::from_db(epoch)
-                    .ok_or_else(|| unexpected("acquire", "held without epoch"))?,
-                expires_in: ms(expires_in_ms),
+                holder,
+                epoch,
+                expires_in,
             }),
-            other => Err(unexpected("acquire", other)),
+            other => Err(unexpected_reply("acquire", &other)),
         }
     }
 
@@ -379,8 +469,8 @@ impl Store {
     /// [`local_deadline`](Lease::local_deadline) moves to (send time of this renewal + ttl).
     pub async fn renew(&self, lease: &mut Lease) -> Result<()> {
         let ttl_ms = ttl_ms(lease.ttl)?;
-        let (sent, (outcome, reason, current, _holder, _expires, _)): (Instant, sql::LeaseRow) =
-            self.call_one(diesel::select(sql::renew(
+        let (sent, row): (Instant, LeaseResultRow) = self
+            .call_one(RowsOf(sql::renew(
                 lease.qualified.clone(),
                 lease.holder.clone(),
                 lease.epoch.get(),
@@ -388,24 +478,23 @@ impl Store {
                 ttl_ms,
             )))
             .await?;
-        match outcome.as_str() {
-            "renewed" => {
+        match row.decode("renew")? {
+            LeaseReply::Renewed => {
                 lease.local_deadline = sent + lease.ttl;
                 tracing::debug!(lease = %lease.qualified, epoch = %lease.epoch, "lease renewed");
                 Ok(())
             }
-            "lost" => {
-                let reason = LossReason::parse(reason.as_deref().unwrap_or("expired"));
+            LeaseReply::Lost { reason, current } => {
                 tracing::warn!(lease = %lease.qualified, epoch = %lease.epoch, %reason, "lease lost");
                 Err(Error::Lost {
                     lease: lease.qualified.clone(),
                     epoch: lease.epoch,
                     reason,
-                    current: Epoch::from_db(current),
+                    current,
                 })
             }
-            "denied" => Err(denied(lease.qualified.clone(), "renew", reason)),
-            other => Err(unexpected("renew", other)),
+            LeaseReply::Denied(reason) => Err(denied(lease.qualified.clone(), "renew", reason)),
+            other => Err(unexpected_reply("renew", &other)),
         }
     }
 
@@ -413,24 +502,22 @@ impl Store {
     /// successor's tenure: releasing an epoch that is no longer current changes nothing and returns
     /// [`Released::NotHeld`]. After it returns, no write presenting this epoch can commit.
     pub async fn release(&self, lease: &Lease) -> Result<Released> {
-        let (_, (outcome, reason, _epoch, _holder, _expires, _)): (Instant, sql::LeaseRow) = self
-            .call_one(diesel::select(sql::release(
+        let (_, row): (Instant, LeaseResultRow) = self
+            .call_one(RowsOf(sql::release(
                 lease.qualified.clone(),
                 lease.holder.clone(),
                 lease.epoch.get(),
                 lease.secret.expose_secret().to_owned(),
             )))
             .await?;
-        match outcome.as_str() {
-            "released" => {
+        match row.decode("release")? {
+            LeaseReply::Released { .. } => {
                 tracing::info!(lease = %lease.qualified, epoch = %lease.epoch, holder = %lease.holder, "lease released");
                 Ok(Released::Released)
             }
-            "not_held" => Ok(Released::NotHeld(LossReason::parse(
-                reason.as_deref().unwrap_or("released"),
-            ))),
-            "denied" => Err(denied(lease.qualified.clone(), "release", reason)),
-            other => Err(unexpected("release", other)),
+            LeaseReply::NotHeld { reason, .. } => Ok(Released::NotHeld(reason)),
+            LeaseReply::Denied(reason) => Err(denied(lease.qualified.clone(), "release", reason)),
+            other => Err(unexpected_reply("release", &other)),
         }
     }
 
@@ -439,21 +526,24 @@ impl Store {
     pub async fn force_release(&self, name: &str) -> Result<ForceReleased> {
         validate_name(name)?;
         let qualified = self.qualify(name);
-        let (_, (outcome, reason, epoch, holder, _expires, _)): (Instant, sql::LeaseRow) = self
-            .call_one(diesel::select(sql::force_release(qualified.clone())))
+        let (_, row): (Instant, LeaseResultRow) = self
+            .call_one(RowsOf(sql::force_release(qualified.clone())))
             .await?;
-        match (outcome.as_str(), Epoch::from_db(epoch)) {
-            ("released", Some(epoch)) => {
+        match row.decode("force_release")? {
+            LeaseReply::Released {
+                epoch: Some(epoch),
+                holder,
+            } => {
                 tracing::warn!(lease = %qualified, %epoch, holder = ?holder, "lease force-released");
                 Ok(ForceReleased::Ended {
                     epoch,
                     holder: holder.unwrap_or_default(),
                 })
             }
-            ("not_held", None) => Ok(ForceReleased::Unknown),
-            ("not_held", _) => Ok(ForceReleased::NotHeld),
-            ("denied", _) => Err(denied(qualified, "force_release", reason)),
-            (other, _) => Err(unexpected("force_release", other)),
+            LeaseReply::NotHeld { epoch: None, .. } => Ok(ForceReleased::Unknown),
+            LeaseReply::NotHeld { .. } => Ok(ForceReleased::NotHeld),
+            LeaseReply::Denied(reason) => Err(denied(qualified, "force_release", reason)),
+            other => Err(unexpected_reply("force_release", &other)),
         }
     }
 
@@ -469,7 +559,7 @@ impl Store {
                 .get_result(&mut *conn)
                 .await
                 .optional()?;
-        Ok(row.map(LeaseStatus::from))
+        row.map(LeaseStatus::try_from).transpose()
     }
 
     /// Every lease of this store's cluster, by name.
@@ -482,7 +572,7 @@ impl Store {
         .bind::<Text, _>(format!("{}/", self.cluster()))
         .load(&mut *conn)
         .await?;
-        Ok(rows.into_iter().map(LeaseStatus::from).collect())
+        rows.into_iter().map(LeaseStatus::try_from).collect()
     }
 
     /// Every lease of every cluster in this database, by name: the operator's view.
@@ -492,7 +582,7 @@ impl Store {
         let rows: Vec<LeaseStatusRow> = diesel::sql_query(format!("{STATUS_SQL} ORDER BY name"))
             .load(&mut *conn)
             .await?;
-        Ok(rows.into_iter().map(LeaseStatus::from).collect())
+        rows.into_iter().map(LeaseStatus::try_from).collect()
     }
 
     /// Every tenure of `name`, oldest first, with the time of its last accepted task write.
@@ -524,21 +614,12 @@ impl Store {
 }
 
 /// The [`Error::Denied`] of a lease call the database refused (and audited).
-fn denied(lease: String, operation: &str, reason: Option<String>) -> Error {
-    let reason = DenyReason::parse(reason.as_deref().unwrap_or("no_grant"));
+fn denied(lease: String, operation: &str, reason: DenyReason) -> Error {
     tracing::warn!(%lease, operation, %reason, "lease call denied");
     Error::Denied {
         lease,
         operation: operation.to_owned(),
         reason,
-    }
-}
-
-pub(crate) fn unexpected(operation: &str, outcome: &str) -> Error {
-    Error::Database {
-        sqlstate: None,
-        message: format!("unexpected result of pgfence.{operation}: {outcome}"),
-        source: None,
     }
 }
 
@@ -594,5 +675,74 @@ impl TryFrom<String> for TenureSecret {
 impl From<TenureSecret> for String {
     fn from(secret: TenureSecret) -> String {
         secret.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(outcome: Option<&str>, reason: Option<&str>, epoch: Option<i64>) -> LeaseResultRow {
+        LeaseResultRow {
+            outcome: outcome.map(str::to_owned),
+            reason: reason.map(str::to_owned),
+            epoch,
+            holder: Some("pod-a".to_owned()),
+            expires_in_ms: Some(1500),
+            secret: None,
+        }
+    }
+
+    /// A lease_result decodes by its outcome and reason into one reply; an outcome the functions never give, a
+    /// loss or refusal without its reason, and an acquisition without its secret are errors, never defaults.
+    #[test]
+    fn lease_results_decode_exactly() {
+        assert!(matches!(
+            row(Some("held"), None, Some(3)).decode("acquire").unwrap(),
+            LeaseReply::Held { epoch, expires_in, .. }
+                if epoch.get() == 3 && expires_in == Duration::from_millis(1500)
+        ));
+        assert!(matches!(
+            row(Some("lost"), Some("failover"), Some(4)).decode("renew").unwrap(),
+            LeaseReply::Lost { reason: LossReason::Failover, current: Some(current) } if current.get() == 4
+        ));
+        assert!(matches!(
+            row(Some("not_held"), Some("unknown_lease"), None)
+                .decode("force_release")
+                .unwrap(),
+            LeaseReply::NotHeld {
+                reason: LossReason::UnknownLease,
+                epoch: None
+            }
+        ));
+        assert!(matches!(
+            row(Some("denied"), Some("bad_secret"), None)
+                .decode("release")
+                .unwrap(),
+            LeaseReply::Denied(DenyReason::BadSecret)
+        ));
+        let mut acquired = row(Some("acquired"), None, Some(1));
+        acquired.secret = Some("ab".repeat(SECRET_LEN / 2));
+        assert!(matches!(
+            acquired.decode("acquire").unwrap(),
+            LeaseReply::Acquired { .. }
+        ));
+        for (outcome, reason, epoch) in [
+            (Some("granted"), None, Some(1)),
+            (None, None, None),
+            (Some("lost"), None, Some(2)),
+            (Some("not_held"), Some("vanished"), Some(2)),
+            (Some("denied"), None, None),
+            (Some("acquired"), None, Some(1)),
+            (Some("held"), None, None),
+        ] {
+            let error = row(outcome, reason, epoch).decode("renew").unwrap_err();
+            assert!(
+                error
+                    .to_string()
+                    .contains("unexpected result of pgfence.renew"),
+                "{outcome:?} {reason:?}: {error}"
+            );
+        }
     }
 }

@@ -4,17 +4,18 @@
 //!
 //! Modules depend only on the ones above them in this list:
 //!
-//! | module | owns | SQL it calls (`migrations/`) |
+//! | module | owns | SQL it calls (`migrations/2026-11-30-…/up.sql`) |
 //! |---|---|---|
 //! | `types` | the shared value types ([`Epoch`], [`LossReason`], [`TaskState`]) and input limits | — |
 //! | `error` | [`Error`], its codes ([`Error::sqlstate`]) and which are retryable | — |
-//! | `validate` | input checks applied before anything is sent, fallible constructors | the same rules in `pgfence._text_problem` |
+//! | `validate` | input checks applied before anything is sent, fallible constructors | the same rules in `pgfence._text_problem` (`000001_schema`) |
+//! | `reply` | how a pgfence SQL function's answer is read: `SELECT * FROM pgfence.f(…)` by column name, the shared reasons, the error for an answer it does not know | — |
 //! | `tls`, `pooler` | [`Connector`] (connection strings, TLS, several hosts), [`PoolerMode`] | — |
-//! | `store` | [`Store`]: the pool, database identity, migrations | — |
-//! | `lease` | [`Lease`], acquire / renew / release / force-release, status and history reads | `pgfence.acquire`, `renew`, `release`, `force_release` |
-//! | `fence` | [`Fence`], the guard, [`Store::fenced`], [`Store::guarded_write`], the audit, enforcement, grants | `pgfence.fence`, `pgfence._guard`, `pgfence._reject`, `pgfence.grant_*` |
-//! | `tasks` | the guarded task and event writes | `pgfence.create_task`, `claim_task`, `transition_task`, `append_event` |
-//! | [`leader`] | the leadership runtime, one file per concern | `pgfence.renew_many` |
+//! | `store` | [`Store`]: the pool, database identity, migrations | applies every migration; `pgfence.identity` (`000001_schema`) |
+//! | `lease` | [`Lease`], acquire / renew / release / force-release, status and history reads | `000002_lease_protocol`: `pgfence.acquire`, `renew`, `release`, `force_release`, `tenure_history` |
+//! | `fence` | [`Fence`], the guard, [`Store::fenced`], [`Store::guarded_write`], the audit, enforcement, grants | `000003_guard`: `pgfence.fence`, `_guard`, `ungated_write`, enforcement, `prune_rejections`; `000005_roles`: `pgfence.grant_*`, `revoke` |
+//! | `tasks` | the guarded task and event writes | `000004_tasks`: `pgfence.create_task`, `claim_task`, `transition_task`, `append_event` |
+//! | [`leader`] | the leadership runtime, one file per concern | `000002_lease_protocol`: `pgfence.renew_many` |
 //! | `embedded` | a throwaway PostgreSQL server (feature `testing`, Unix) | — |
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -28,6 +29,7 @@ mod fence;
 pub mod leader;
 mod lease;
 mod pooler;
+mod reply;
 mod store;
 mod tasks;
 mod tls;

@@ -1,9 +1,9 @@
-//! The task/event model built on the guard: every mutating call is one statement (`SELECT pgfence.<op>(…)`,
-//! prepared once per connection and reused) that checks the fence, writes the task row (raising its row fence
-//! to the presented epoch) and appends the task's event, atomically.
+//! The task/event model built on the guard: every mutating call is one statement
+//! (`SELECT * FROM pgfence.<op>(…)`, prepared once per connection and reused) that checks the fence, writes the
+//! task row (raising its row fence to the presented epoch) and appends the task's event, atomically.
 //!
-//! SQL: `pgfence.create_task`, `pgfence.claim_task`, `pgfence.transition_task`, `pgfence.append_event` in
-//! `migrations/*/up.sql`.
+//! SQL: `migrations/2026-11-30-000004_tasks/up.sql` (`pgfence.create_task`, `pgfence.claim_task`,
+//! `pgfence.transition_task`, `pgfence.append_event`).
 
 use chrono::{DateTime, Utc};
 use diesel::pg::sql_types::Jsonb;
@@ -12,8 +12,8 @@ use diesel::QueryableByName;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::fence::{sql::WriteResult, sql::WriteRow, Fence, WriteOutcome};
-use crate::lease::unexpected;
+use crate::fence::{sql::WriteResult, Fence, WriteOutcome, WriteResultRow};
+use crate::reply::{unexpected, RowsOf};
 use crate::store::Store;
 use crate::types::{Epoch, TaskState};
 use crate::validate::{validate_holder, validate_name};
@@ -80,6 +80,8 @@ pub struct TaskEvent {
     pub created_at: DateTime<Utc>,
 }
 
+/// The task functions, each called as `SELECT * FROM pgfence.f(…)` ([`RowsOf`]) and answered by one
+/// [`WriteResultRow`].
 mod sql {
     use super::*;
 
@@ -167,30 +169,29 @@ impl Store {
         query: impl Fn() -> Q,
     ) -> Result<TaskWrite>
     where
-        Q: diesel_async::methods::LoadQuery<'static, diesel_async::AsyncPgConnection, WriteRow>
-            + Send
+        Q: diesel_async::methods::LoadQuery<
+                'static,
+                diesel_async::AsyncPgConnection,
+                WriteResultRow,
+            > + Send
             + 'static,
     {
         // The query is built again only for the rare retry (a session default other than READ COMMITTED), so the
         // common path copies the payload once.
-        let row: WriteRow = self.call_guarded(query).await?;
-        let outcome = WriteOutcome::from(row);
-        if let Some(stale) = outcome.refused(fence, operation) {
-            return Err(stale);
-        }
-        match outcome.outcome.as_str() {
-            "ok" => task_write(fence, outcome),
-            "not_found" => Err(Error::TaskNotFound {
+        let row: WriteResultRow = self.call_guarded(query).await?;
+        match row.outcome(operation)? {
+            WriteOutcome::Ok => task_write(operation, fence, row),
+            WriteOutcome::NotFound => Err(Error::TaskNotFound {
                 lease: fence.lease().to_owned(),
                 key: key.to_owned(),
             }),
-            "conflict" => Err(Error::Conflict {
+            WriteOutcome::Conflict { actual } => Err(Error::Conflict {
                 lease: fence.lease().to_owned(),
                 key: key.to_owned(),
                 expected: expected.unwrap_or(TaskState::Pending),
-                actual: outcome.task_state.as_deref().unwrap_or("pending").parse()?,
+                actual,
             }),
-            other => Err(unexpected(operation, other)),
+            refused => Err(refused.into_error(fence, operation, operation)),
         }
     }
 
@@ -215,7 +216,7 @@ impl Store {
         validate_key(key)?;
         validate_payload(payload)?;
         let query = || {
-            diesel::select(sql::create_task(
+            RowsOf(sql::create_task(
                 fence.lease().to_owned(),
                 fence.epoch().get(),
                 fence.secret().expose_secret().to_owned(),
@@ -233,7 +234,7 @@ impl Store {
         validate_key(key)?;
         validate_holder("assignee", assignee)?;
         let query = || {
-            diesel::select(sql::claim_task(
+            RowsOf(sql::claim_task(
                 fence.lease().to_owned(),
                 fence.epoch().get(),
                 fence.secret().expose_secret().to_owned(),
@@ -258,7 +259,7 @@ impl Store {
         validate_key(key)?;
         validate_payload(payload)?;
         let query = || {
-            diesel::select(sql::transition_task(
+            RowsOf(sql::transition_task(
                 fence.lease().to_owned(),
                 fence.epoch().get(),
                 fence.secret().expose_secret().to_owned(),
@@ -284,7 +285,7 @@ impl Store {
         validate_payload(payload)?;
         crate::validate::check_text("event kind", kind, MAX_KIND_LEN)?;
         let query = || {
-            diesel::select(sql::append_event(
+            RowsOf(sql::append_event(
                 fence.lease().to_owned(),
                 fence.epoch().get(),
                 fence.secret().expose_secret().to_owned(),
@@ -371,25 +372,25 @@ impl TryFrom<TaskRow> for Task {
     }
 }
 
-fn task_write(fence: &Fence, outcome: WriteOutcome) -> Result<TaskWrite> {
-    let missing = |what: &str| unexpected("task write", &format!("ok without {what}"));
+/// The task an `ok` of `pgfence.<function>` carries.
+fn task_write(function: &str, fence: &Fence, row: WriteResultRow) -> Result<TaskWrite> {
+    let missing = |what: &str| unexpected(function, &format!("ok without {what}"));
+    let state = row.task_state.ok_or_else(|| missing("task state"))?;
     let task = Task {
-        id: outcome.task_id.ok_or_else(|| missing("task id"))?,
+        id: row.task_id.ok_or_else(|| missing("task id"))?,
         lease: fence.lease().to_owned(),
-        key: outcome.task_key.ok_or_else(|| missing("key"))?,
-        state: outcome
-            .task_state
-            .as_deref()
-            .ok_or_else(|| missing("state"))?
-            .parse()?,
-        assignee: outcome.assignee,
-        payload: outcome.payload.unwrap_or(serde_json::Value::Null),
-        fence: Epoch::from_db(outcome.fence).ok_or_else(|| missing("fence"))?,
-        version: outcome.version.unwrap_or(1),
+        key: row.task_key.ok_or_else(|| missing("task key"))?,
+        state: state
+            .parse()
+            .map_err(|_| unexpected(function, &format!("task state {state}")))?,
+        assignee: row.assignee,
+        payload: row.payload.unwrap_or(serde_json::Value::Null),
+        fence: Epoch::from_db(row.fence).ok_or_else(|| missing("fence"))?,
+        version: row.version.unwrap_or(1),
     };
     Ok(TaskWrite {
         task,
-        created: outcome.created.unwrap_or(false),
-        event_id: outcome.event_id,
+        created: row.created.unwrap_or(false),
+        event_id: row.event_id,
     })
 }

@@ -84,8 +84,10 @@ pub enum LossReason {
 }
 
 impl LossReason {
-    pub(crate) fn parse(text: &str) -> LossReason {
-        match text {
+    /// The reason a pgfence SQL function names `text` (`forced`: a release by an operator; `no_grant` and
+    /// `bad_secret`: refusals of the role), or `None` for a text it never gives.
+    pub(crate) fn from_sql(text: &str) -> Option<LossReason> {
+        Some(match text {
             "superseded" => LossReason::Superseded,
             "expired" => LossReason::Expired,
             "released" | "forced" => LossReason::Released,
@@ -95,11 +97,8 @@ impl LossReason {
             "row_fence" => LossReason::RowFence,
             "failover" => LossReason::Failover,
             "no_grant" | "bad_secret" | "denied" => LossReason::Denied,
-            other => {
-                tracing::warn!(reason = other, "unknown loss reason from the database");
-                LossReason::Superseded
-            }
-        }
+            _ => return None,
+        })
     }
 
     /// The name used in SQL and in `pgfence.rejections.reason`.

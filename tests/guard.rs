@@ -828,7 +828,7 @@ async fn guarded_writes_reuse_one_prepared_statement() {
     let mut conn = store.conn().await.unwrap();
     let prepared: Prepared = diesel::sql_query(
         "SELECT count(*) AS statements, coalesce(sum(generic_plans + custom_plans), 0)::bigint AS executions \
-           FROM pg_prepared_statements WHERE statement LIKE 'SELECT pgfence.create_task(%'",
+           FROM pg_prepared_statements WHERE statement LIKE 'SELECT * FROM pgfence.create_task(%'",
     )
     .get_result(&mut *conn)
     .await

@@ -1,5 +1,5 @@
 //! The integration suites that can share one throwaway PostgreSQL server, built as one test binary: one server
-//! and one template database per `cargo test` run instead of one per file, and one link instead of twelve. Each
+//! and one template database per `cargo test` run instead of one per file, and one link instead of thirteen. Each
 //! file is a module (`cargo test --test suite guard::` runs one). Suites that install process-wide state (a
 //! global tracing subscriber or metrics recorder) or that time themselves against the whole machine stay
 //! binaries of their own (see `[[test]]` in Cargo.toml).
@@ -14,6 +14,8 @@ mod guard;
 mod hostile;
 #[path = "lease.rs"]
 mod lease;
+#[path = "migrations.rs"]
+mod migrations;
 #[path = "multihost.rs"]
 mod multihost;
 #[path = "privileges.rs"]

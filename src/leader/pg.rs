@@ -1,5 +1,8 @@
 //! The PostgreSQL [`Elector`](super::Elector): acquisition, batched renewal on a connection of its own, and
 //! release announcements through LISTEN/NOTIFY.
+//!
+//! SQL: `pgfence.renew_many` and the `pgfence_lease_free` notification of `pgfence.release` and
+//! `pgfence.force_release`, in `migrations/2026-11-30-000002_lease_protocol/up.sql`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -12,8 +15,9 @@ use super::held::{Health, HeldLease, LossCause, Releaser, Shared, Wake, Wakeups}
 use super::options::LeaseOptions;
 use super::supervisor::BoxFuture;
 use super::{Elector, METRIC_RENEW_SECONDS};
-use crate::error::{Error, Result};
+use crate::error::{DenyReason, Error, Result};
 use crate::lease::{Lease, Released};
+use crate::reply::{deny_reason, loss_reason, unexpected, RowsOf};
 use crate::store::{Checked, Store};
 use crate::types::LossReason;
 
@@ -209,18 +213,58 @@ async fn lease_name(
     name
 }
 
-pub(crate) mod sql {
-    use diesel::pg::sql_types::Record;
-    use diesel::sql_types::{Array, BigInt, Nullable, Text};
+/// `pgfence.renew_many`, called as `SELECT * FROM pgfence.renew_many(…)` ([`RowsOf`]): one [`RenewManyRow`]
+/// per lease.
+mod sql {
+    use diesel::sql_types::{Array, BigInt, Text};
 
-    pub(crate) type RenewRow = Record<(Text, Text, Nullable<Text>, Nullable<BigInt>)>;
-    /// (lease, outcome, reason, current epoch)
-    pub(crate) type RenewOutcome = (String, String, Option<String>, Option<i64>);
+    /// A row of the table `pgfence.renew_many` returns (lease, outcome, reason, epoch).
+    #[derive(Debug, diesel::sql_types::SqlType, diesel::query_builder::QueryId)]
+    // `pub`: the types diesel generates for each function name it in their public interface.
+    #[allow(unreachable_pub)]
+    pub struct RenewManyResult;
 
     diesel::define_sql_function! {
         #[sql_name = "pgfence.renew_many"]
         fn renew_many(leases: Array<Text>, epochs: Array<BigInt>, secrets: Array<Text>, holder: Text,
-                      ttl_ms: BigInt) -> RenewRow;
+                      ttl_ms: BigInt) -> RenewManyResult;
+    }
+}
+
+/// A row of `pgfence.renew_many`, read by column name.
+#[derive(diesel::QueryableByName)]
+struct RenewManyRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    lease: String,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    outcome: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    reason: Option<String>,
+}
+
+/// What `pgfence.renew_many` answered for one tenure, decoded in this one place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Renewal {
+    /// `renewed`.
+    Renewed,
+    /// `lost`, with the reason.
+    Lost(LossReason),
+    /// `denied`: the role has no grant on the lease's cluster, or the secret is not the tenure's.
+    Denied(DenyReason),
+}
+
+impl RenewManyRow {
+    /// The lease and what renew_many answered for it; an outcome or reason it never gives is an error.
+    fn decode(self) -> Result<(String, Renewal)> {
+        const FUNCTION: &str = "renew_many";
+        let renewal = match self.outcome.as_deref() {
+            Some("renewed") => Renewal::Renewed,
+            Some("lost") => Renewal::Lost(loss_reason(FUNCTION, self.reason.as_deref())?),
+            Some("denied") => Renewal::Denied(deny_reason(FUNCTION, self.reason.as_deref())?),
+            Some(other) => return Err(unexpected(FUNCTION, &format!("outcome {other}"))),
+            None => return Err(unexpected(FUNCTION, "outcome missing")),
+        };
+        Ok((self.lease, renewal))
     }
 }
 
@@ -248,10 +292,11 @@ enum Lent<'a> {
 
 /// How one renewal attempt ended.
 enum Attempt {
-    /// The database answered: one row per member, in the order sent, and when the statement was sent.
+    /// The database answered: one row per member (its lease and what renew_many said), in the order sent, and
+    /// when the statement was sent.
     Answered {
         sent: Instant,
-        rows: Vec<sql::RenewOutcome>,
+        rows: Vec<(String, Renewal)>,
     },
     /// Connecting or the statement failed.
     Failed(Error),
@@ -322,7 +367,7 @@ impl RenewalConnection {
             .iter()
             .map(|m| m.lease.fence().secret().expose_secret().to_owned())
             .collect();
-        let query = diesel::select(sql::renew_many(
+        let query = RowsOf(sql::renew_many(
             names,
             epochs,
             secrets,
@@ -335,7 +380,7 @@ impl RenewalConnection {
         };
         let cancel = conn.cancel_token();
         let sent = Instant::now();
-        let result = tokio::time::timeout_at(until, query.load::<sql::RenewOutcome>(conn)).await;
+        let result = tokio::time::timeout_at(until, query.load::<RenewManyRow>(conn)).await;
         let result = match (result, lent) {
             (Ok(result), Lent::Pooled(mut conn)) => {
                 conn.disarm();
@@ -369,9 +414,12 @@ impl RenewalConnection {
                 };
             }
         };
-        match result {
+        let decoded = result
+            .map_err(Error::from)
+            .and_then(|rows| rows.into_iter().map(RenewManyRow::decode).collect());
+        match decoded {
             Ok(rows) => Attempt::Answered { sent, rows },
-            Err(e) => Attempt::Failed(e.into()),
+            Err(e) => Attempt::Failed(e),
         }
     }
 }
@@ -442,9 +490,9 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
                 metrics::histogram!(METRIC_RENEW_SECONDS).record(sent.elapsed().as_secs_f64());
                 // One row per member, in the order sent (two tenures of one lease may be in the group: the
                 // names alone would not tell them apart).
-                for (member, (lease, outcome, reason, _)) in members.iter().zip(&rows) {
+                for (member, (lease, renewal)) in members.iter().zip(&rows) {
                     debug_assert_eq!(member.lease.qualified_name(), lease);
-                    match renewal_verdict(outcome, reason.as_deref()) {
+                    match renewal_verdict(*renewal) {
                         None => member.renewed(sent),
                         Some(cause) => {
                             member.lose(cause);
@@ -482,13 +530,17 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
 }
 
 /// What one row of `pgfence.renew_many` means for its tenure: `None` when it was renewed, otherwise a definitive
-/// loss. Every refusal is definitive, whatever its reason — superseded, expired, released, or `failover` (the
-/// tenure was granted before the server's last promotion): asking again gets the same answer, and only a new
-/// acquisition (a new epoch) can help, which the runtime's campaign loop does on its own.
-fn renewal_verdict(outcome: &str, reason: Option<&str>) -> Option<LossCause> {
-    (outcome != "renewed").then(|| LossCause::Definitive {
-        reason: LossReason::parse(reason.unwrap_or("expired")),
-    })
+/// loss. Every refusal is definitive, whatever its reason — superseded, expired, released, `failover` (the
+/// tenure was granted before the server's last promotion), or denied: asking again gets the same answer, and only
+/// a new acquisition (a new epoch) can help, which the runtime's campaign loop does on its own.
+fn renewal_verdict(renewal: Renewal) -> Option<LossCause> {
+    match renewal {
+        Renewal::Renewed => None,
+        Renewal::Lost(reason) => Some(LossCause::Definitive { reason }),
+        Renewal::Denied(_) => Some(LossCause::Definitive {
+            reason: LossReason::Denied,
+        }),
+    }
 }
 
 /// Records the last renewal outcome on every member and declares the loss of those whose local deadline passed.
@@ -591,9 +643,9 @@ mod tests {
     /// tenure at once. Every other refusal is definitive too; only `renewed` keeps the tenure.
     #[test]
     fn every_refused_renewal_is_a_definitive_loss_with_its_reason() {
-        assert_eq!(renewal_verdict("renewed", None), None);
+        assert_eq!(renewal_verdict(Renewal::Renewed), None);
         assert_eq!(
-            renewal_verdict("lost", Some("failover")),
+            renewal_verdict(Renewal::Lost(LossReason::Failover)),
             Some(LossCause::Definitive {
                 reason: LossReason::Failover
             })
@@ -606,15 +658,52 @@ mod tests {
             LossReason::HolderMismatch,
         ] {
             assert_eq!(
-                renewal_verdict("lost", Some(reason.as_str())),
+                renewal_verdict(Renewal::Lost(reason)),
                 Some(LossCause::Definitive { reason })
             );
         }
+        for reason in [DenyReason::NoGrant, DenyReason::BadSecret] {
+            assert_eq!(
+                renewal_verdict(Renewal::Denied(reason)),
+                Some(LossCause::Definitive {
+                    reason: LossReason::Denied
+                })
+            );
+        }
+    }
+
+    /// A row of renew_many decodes by its outcome and reason, and one it never gives — an unknown outcome, or a
+    /// loss without its reason — is an error, not a loss with a made-up reason nor a renewal.
+    #[test]
+    fn renew_many_rows_decode_exactly() {
+        let row = |outcome: Option<&str>, reason: Option<&str>| RenewManyRow {
+            lease: "c/l".to_owned(),
+            outcome: outcome.map(str::to_owned),
+            reason: reason.map(str::to_owned),
+        };
         assert_eq!(
-            renewal_verdict("lost", None),
-            Some(LossCause::Definitive {
-                reason: LossReason::Expired
-            })
+            row(Some("renewed"), None).decode().unwrap(),
+            ("c/l".to_owned(), Renewal::Renewed)
         );
+        assert_eq!(
+            row(Some("lost"), Some("superseded")).decode().unwrap().1,
+            Renewal::Lost(LossReason::Superseded)
+        );
+        assert_eq!(
+            row(Some("denied"), Some("no_grant")).decode().unwrap().1,
+            Renewal::Denied(DenyReason::NoGrant)
+        );
+        for (outcome, reason) in [
+            (Some("extended"), None),
+            (None, None),
+            (Some("lost"), None),
+            (Some("lost"), Some("eclipsed")),
+            (Some("denied"), Some("superseded")),
+        ] {
+            assert!(
+                row(outcome, reason).decode().is_err(),
+                "{outcome:?} {reason:?}"
+            );
+        }
     }
 }

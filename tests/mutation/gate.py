@@ -5,8 +5,9 @@ Each mutation below weakens one thing the protocol or the runtime relies on — 
 migrations/*/up.sql or of a Rust source — and names the suites that must catch it. The gate applies each
 mutation, runs those suites in order until one fails, and fails itself unless every mutation is caught.
 
-* SQL mutations are generated from the migration as it is now (the function is cut out of up.sql, edited, and
-  applied as CREATE OR REPLACE through PGFENCE_MUTANT_SQL on every migrated test database): no copy to drift. An
+* SQL mutations are generated from the migrations as they are now (the function's definition is cut out of the
+  migrations — the last one, in the order they apply, when a later migration replaces it — edited, and applied
+  as CREATE OR REPLACE through PGFENCE_MUTANT_SQL on every migrated test database): no copy to drift. An
   edit that no longer applies (the text it names is gone or ambiguous) fails the gate, so the mutations follow
   the code or are updated with it.
 * Rust mutations are applied to a copy of the source tree under target/mutants/tree (one copy reused, so only
@@ -33,7 +34,8 @@ import time
 from dataclasses import dataclass, field
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-MIGRATION = glob.glob(os.path.join(ROOT, "migrations", "*", "up.sql"))
+# In the order diesel applies them (the directory names start with the version).
+MIGRATIONS = sorted(glob.glob(os.path.join(ROOT, "migrations", "*", "up.sql")))
 WORK = os.path.join(ROOT, "target", "mutants")
 REPORT = os.path.join(ROOT, "docs", "mutation-gate.md")
 
@@ -59,7 +61,7 @@ class Mutation:
 
 # The suites that are modules of the shared test binary tests/suite.rs (see Cargo.toml's [[test]] targets).
 SUITE_MODULES = {"guard", "lease", "store", "privileges", "trust", "sqlstate", "hostile", "multihost", "embedded",
-                 "tls", "takeover", "standby"}
+                 "tls", "takeover", "standby", "migrations"}
 
 
 def cargo_test(test: str, *filters: str) -> tuple[str, list[str]]:
@@ -72,7 +74,7 @@ def cargo_test(test: str, *filters: str) -> tuple[str, list[str]]:
 
 ISOLATION = ("tests/isolation/run.sh", ["bash", "tests/isolation/run.sh"])
 
-# Texts of up.sql that several mutations edit.
+# Texts of the migrations that several mutations edit.
 GUARD_LOCK_STEP = """    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
         PERFORM pgfence._wait_guard_lock(p_lease, l.lock_key);
     END IF;
@@ -235,6 +237,14 @@ MUTATIONS: list[Mutation] = [
         [cargo_test("guard", "a_row_fence_above_the_presented_epoch_refuses_the_write")],
     ),
     Mutation(
+        "task-writes-unguarded",
+        "the opening every task write shares checks the arguments but not the fence",
+        [Edit("sql:_open_task_write",
+              "    RETURN pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);",
+              "    RETURN NULL;")],
+        [cargo_test("guard", "stale_write_after_takeover_is_rejected_and_audited"), cargo_test("race")],
+    ),
+    Mutation(
         "renew-ignores-expiry",
         "a renewal extends a tenure whose ttl already ran out by the database clock",
         [Edit("sql:renew", "why := pgfence._loss_reason(l, p_holder, p_epoch, ts, pgfence._timeline());",
@@ -322,12 +332,15 @@ class Stale(Exception):
     """A mutation whose edit no longer applies to the current source."""
 
 
-def sql_function(source: str, name: str) -> str:
-    """The full CREATE FUNCTION statement of pgfence.<name> in up.sql, as CREATE OR REPLACE."""
-    m = re.search(rf"^CREATE FUNCTION pgfence\.{re.escape(name)}\(.*?^\$\$;$", source, re.S | re.M)
-    if not m:
-        raise Stale(f"function pgfence.{name} not found in the migration")
-    return m.group(0).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+def sql_function(name: str) -> str:
+    """The definition of pgfence.<name> in effect once every migration ran — its last CREATE [OR REPLACE] FUNCTION
+    in the order the migrations apply — as CREATE OR REPLACE."""
+    found = [m.group(0) for path in MIGRATIONS
+             for m in re.finditer(rf"^CREATE (?:OR REPLACE )?FUNCTION pgfence\.{re.escape(name)}\(.*?^\$\$;$",
+                                  open(path).read(), re.S | re.M)]
+    if not found:
+        raise Stale(f"function pgfence.{name} not found in the migrations")
+    return re.sub(r"^CREATE (?:OR REPLACE )?FUNCTION", "CREATE OR REPLACE FUNCTION", found[-1], count=1)
 
 
 def apply(text: str, edit: Edit, where: str) -> str:
@@ -339,13 +352,12 @@ def apply(text: str, edit: Edit, where: str) -> str:
 
 def sql_mutant(mutation: Mutation) -> str | None:
     """The SQL of a mutation's SQL edits (CREATE OR REPLACE of each edited function), or None if it has none."""
-    source = open(MIGRATION[0]).read()
     functions: dict[str, str] = {}
     for edit in mutation.edits:
         if not edit.target.startswith("sql:"):
             continue
         name = edit.target[4:]
-        functions[name] = apply(functions.get(name) or sql_function(source, name), edit, f"pgfence.{name}")
+        functions[name] = apply(functions.get(name) or sql_function(name), edit, f"pgfence.{name}")
     if not functions:
         return None
     header = f"-- mutation {mutation.name}: {mutation.weakens} (generated by tests/mutation/gate.py)\n"
@@ -454,8 +466,8 @@ def write_report(rows: list[tuple[Mutation, dict]]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(MIGRATION) != 1:
-        print(f"gate: expected one migration, found {MIGRATION}", file=sys.stderr)
+    if not MIGRATIONS:
+        print("gate: no migrations/*/up.sql found", file=sys.stderr)
         return 2
     if argv[:1] == ["--list"]:
         for m in MUTATIONS:

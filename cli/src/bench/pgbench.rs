@@ -230,7 +230,7 @@ fn fenced_script(batch: u32, secret: &str) -> String {
         "\\set lo :client_id * {batch}\n\
          \\set hi :lo + {batch}\n\
          BEGIN;\n\
-         SELECT pgfence.fence(:lease, :epoch, '{secret}', :op, NULL, NULL);\n\
+         SELECT * FROM pgfence.fence(:lease, :epoch, '{secret}', :op, NULL, NULL);\n\
          UPDATE pgfence_bench.rows SET v = v + 1 WHERE id >= :lo AND id < :hi;\n\
          COMMIT;\n"
     )
@@ -240,6 +240,6 @@ fn fenced_script(batch: u32, secret: &str) -> String {
 fn append_script(secret: &str) -> String {
     format!(
         "\\set key :client_id\n\
-         SELECT pgfence.append_event(:lease, :epoch, '{secret}', :key, :kind, :payload);\n"
+         SELECT * FROM pgfence.append_event(:lease, :epoch, '{secret}', :key, :kind, :payload);\n"
     )
 }

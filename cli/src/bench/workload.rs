@@ -12,11 +12,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use diesel::pg::sql_types::{Jsonb, Record};
-use diesel::sql_types::{BigInt, Bool, Nullable, Text};
+use diesel::pg::sql_types::Jsonb;
+use diesel::sql_types::{BigInt, Text};
 use pgfence::{Fence, Lease, Store, TaskState};
 use serde_json::json;
-use tokio_postgres::types::{FromSql, Json, Type};
+use tokio_postgres::types::Json;
 use tokio_postgres::Statement;
 
 use super::{db_error, Failure};
@@ -135,7 +135,9 @@ impl Workload {
             Workload::Fenced => {
                 "Store::fenced: BEGIN and the guard pipelined; the same UPDATE; COMMIT (3 round trips)"
             }
-            Workload::RawFenced => "tokio-postgres, prepared: BEGIN; SELECT pgfence.fence(..); UPDATE; COMMIT",
+            Workload::RawFenced => {
+                "tokio-postgres, prepared: BEGIN; SELECT * FROM pgfence.fence(..); UPDATE; COMMIT"
+            }
             Workload::RawPipelined => {
                 "as raw-fenced with BEGIN and the guard pipelined in one round trip (a proposed library path)"
             }
@@ -154,8 +156,8 @@ impl Workload {
             Workload::AppendUnguarded => "the same task UPDATE and event INSERT in one prepared call, without the guard",
             Workload::ClaimTransition => "Store::claim_task and Store::transition_task (back to pending), alternating",
             Workload::AppendOwnLease => "Store::append_event, every writer on a lease of its own",
-            Workload::RawAppend => "tokio-postgres, prepared: SELECT pgfence.append_event(..)",
-            Workload::PgbenchAppend => "pgbench -M prepared: SELECT pgfence.append_event(..)",
+            Workload::RawAppend => "tokio-postgres, prepared: SELECT * FROM pgfence.append_event(..)",
+            Workload::PgbenchAppend => "pgbench -M prepared: SELECT * FROM pgfence.append_event(..)",
             Workload::Acquire => "Store::acquire of a random lease (a new epoch each time)",
             Workload::Renew => "Store::renew of the writer's lease",
         }
@@ -312,11 +314,13 @@ $$;",
     )
 }
 
-/// The guarded SQL of the raw and pgbench paths (pgbench substitutes `:name` variables with parameters).
+/// The guarded SQL of the raw and pgbench paths (pgbench substitutes `:name` variables with parameters): the
+/// statements the library sends, a pgfence function's row read by column name.
 pub(super) mod sql {
     pub(in super::super) const BEGIN: &str = "BEGIN";
     pub(in super::super) const COMMIT: &str = "COMMIT";
-    pub(in super::super) const FENCE: &str = "SELECT pgfence.fence($1, $2, $3, $4, NULL, NULL)";
+    pub(in super::super) const FENCE: &str =
+        "SELECT * FROM pgfence.fence($1, $2, $3, $4, NULL, NULL)";
     pub(in super::super) const UPDATE: &str =
         "UPDATE pgfence_bench.rows SET v = v + 1 WHERE id >= $1 AND id < $2";
     /// [`UPDATE`] gated on the guard's verdict, for `Store::guarded_write`; the raw path sends what the library
@@ -330,52 +334,23 @@ pub(super) mod sql {
                      WHERE id >= $1 AND id < $2 AND (SELECT outcome FROM g) = 'ok' RETURNING 1) \
          SELECT (SELECT outcome FROM g) AS outcome, (SELECT count(*) FROM u) AS written";
     pub(in super::super) const APPEND_UNGUARDED: &str =
-        "SELECT pgfence_bench.append_event_unguarded($1, $2, $3, $4, $5)";
-    pub(in super::super) const APPEND: &str = "SELECT pgfence.append_event($1, $2, $6, $3, $4, $5)";
+        "SELECT * FROM pgfence_bench.append_event_unguarded($1, $2, $3, $4, $5)";
+    pub(in super::super) const APPEND: &str =
+        "SELECT * FROM pgfence.append_event($1, $2, $6, $3, $4, $5)";
 }
 
-type WriteResult = Record<(
-    Text,
-    Nullable<Text>,
-    Nullable<BigInt>,
-    Nullable<Text>,
-    Nullable<BigInt>,
-    Nullable<Text>,
-    Nullable<Text>,
-    Nullable<Text>,
-    Nullable<Jsonb>,
-    Nullable<BigInt>,
-    Nullable<BigInt>,
-    Nullable<Bool>,
-    Nullable<BigInt>,
-)>;
-
-type WriteRow = (
-    String,
-    Option<String>,
-    Option<i64>,
-    Option<String>,
-    Option<i64>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<serde_json::Value>,
-    Option<i64>,
-    Option<i64>,
-    Option<bool>,
-    Option<i64>,
-);
-
-diesel::define_sql_function! {
-    #[sql_name = "pgfence_bench.append_event_unguarded"]
-    fn append_event_unguarded(lease: Text, epoch: BigInt, key: Text, kind: Text, payload: Jsonb) -> WriteResult;
+/// The outcome of a write function's row, by column name.
+#[derive(diesel::QueryableByName)]
+struct Verdict {
+    #[diesel(sql_type = Text)]
+    outcome: String,
 }
 
 /// The statements [`RawClient::probe`] runs: a label and how `pg_stat_statements` shows the statement's start.
 pub(super) const PROBES: [(&str, &str); 6] = [
     (
-        "guard alone: SELECT pgfence.fence(..)",
-        "SELECT pgfence.fence(",
+        "guard alone: SELECT * FROM pgfence.fence(..)",
+        "SELECT * FROM pgfence.fence(",
     ),
     ("UPDATE of 1 row, unguarded", "UPDATE pgfence_bench.rows"),
     (
@@ -387,41 +362,14 @@ pub(super) const PROBES: [(&str, &str); 6] = [
         "WITH g AS (SELECT pgfence_bench.fence_advisory(",
     ),
     (
-        "SELECT pgfence.append_event(..)",
-        "SELECT pgfence.append_event(",
+        "SELECT * FROM pgfence.append_event(..)",
+        "SELECT * FROM pgfence.append_event(",
     ),
     (
         "append-unguarded: the same writes without the guard",
-        "SELECT pgfence_bench.append_event_unguarded(",
+        "SELECT * FROM pgfence_bench.append_event_unguarded(",
     ),
 ];
-
-/// The first field (`outcome`) of a composite value in binary form, whatever its type: enough to check a guard's
-/// verdict on the raw path without declaring the composite to the driver.
-struct Outcome(String);
-
-impl<'a> FromSql<'a> for Outcome {
-    fn from_sql(
-        _: &Type,
-        raw: &'a [u8],
-    ) -> Result<Outcome, Box<dyn std::error::Error + Sync + Send>> {
-        // record_send: field count, then per field its type oid, its length (-1: NULL) and its bytes.
-        let int = |at: usize| -> Option<i32> {
-            Some(i32::from_be_bytes(raw.get(at..at + 4)?.try_into().ok()?))
-        };
-        let fields = int(0).ok_or("short record")?;
-        let len = int(8).ok_or("short record")?;
-        if fields < 1 || len < 0 {
-            return Err("no outcome in the record".into());
-        }
-        let text = raw.get(12..12 + len as usize).ok_or("short record")?;
-        Ok(Outcome(std::str::from_utf8(text)?.to_owned()))
-    }
-
-    fn accepts(_: &Type) -> bool {
-        true
-    }
-}
 
 /// One tokio-postgres connection with every statement of the raw workloads prepared once.
 pub(super) struct RawClient {
@@ -646,8 +594,10 @@ impl Writer {
                         .await
                         .map_err(|e| db_error("guard", e))?
                 };
-                let outcome: Outcome = verdict.try_get(0).map_err(|e| db_error("guard", e))?;
-                if outcome.0 == "ok" {
+                let outcome: String = verdict
+                    .try_get("outcome")
+                    .map_err(|e| db_error("guard", e))?;
+                if outcome == "ok" {
                     c.execute(&raw.update, &[&lo, &hi])
                         .await
                         .map_err(|e| db_error("UPDATE", e))?;
@@ -655,7 +605,7 @@ impl Writer {
                 c.execute(&raw.commit, &[])
                     .await
                     .map_err(|e| db_error("COMMIT", e))?;
-                self.stale(&outcome.0)?;
+                self.stale(&outcome)?;
             }
             Workload::RawGuardedUpdate => {
                 let raw = self.raw();
@@ -709,17 +659,18 @@ impl Writer {
             }
             Workload::AppendUnguarded => {
                 let mut conn = self.store.conn().await?;
-                let row: WriteRow = diesel::select(append_event_unguarded(
-                    lease,
-                    epoch,
-                    append_key(self.index),
-                    OPERATION.to_owned(),
-                    json!({}),
-                ))
+                let row: Verdict = pgfence::Cached::new(
+                    diesel::sql_query(sql::APPEND_UNGUARDED)
+                        .bind::<Text, _>(lease)
+                        .bind::<BigInt, _>(epoch)
+                        .bind::<Text, _>(append_key(self.index))
+                        .bind::<Text, _>(OPERATION)
+                        .bind::<Jsonb, _>(json!({})),
+                )
                 .get_result(&mut *conn)
                 .await
                 .map_err(pgfence::Error::from)?;
-                self.stale(&row.0)?;
+                self.stale(&row.outcome)?;
             }
             Workload::ClaimTransition => {
                 let key = claim_key(self.index);
@@ -756,8 +707,10 @@ impl Writer {
                     )
                     .await
                     .map_err(|e| db_error("append_event", e))?;
-                let outcome: Outcome = row.try_get(0).map_err(|e| db_error("append_event", e))?;
-                self.stale(&outcome.0)?;
+                let outcome: String = row
+                    .try_get("outcome")
+                    .map_err(|e| db_error("append_event", e))?;
+                self.stale(&outcome)?;
             }
             Workload::Acquire => {
                 let n = fastrand::u32(1..=self.lease_rows.max(1));

@@ -1,0 +1,615 @@
+-- pgfence migration 1 of 5, the schema: the pgfence schema, its tables, indexes and result types; the text and
+-- argument checks that table constraints and functions share; the lock-wait and message helpers; the trust rule
+-- (which clusters a session's role may use) and the audit's one writer (_reject); the installation's identity.
+-- Called from Rust by src/store.rs (Store::migrate applies every migration in order; pgfence.identity());
+-- src/validate.rs mirrors the text checks. The other concerns build on it: 000002_lease_protocol,
+-- 000003_guard, 000004_tasks, 000005_roles.
+--
+-- pgfence stores leases, tenures, tasks, task events and the audit of refused writes.
+--
+-- Every object lives in the schema `pgfence`. Epochs are never reset or deleted: a lease row, once created,
+-- stays forever (a trigger refuses DELETE, TRUNCATE and any lowering of an epoch), and every acquisition issues
+-- `epoch + 1` (more after a failover: see pgfence.acquire).
+--
+-- Clocks: every expiry decision uses `clock_timestamp()` (the database's clock at the moment of the
+-- statement), never `now()` (the transaction start) and never a client's clock.
+--
+-- Locking protocol (why the guard is linearizable against takeovers, and why a takeover is never starved):
+--   * every lease has a *guard lock*: the transaction-level advisory lock (1885824613, lock_key) in the
+--     two-integer key space (1885824613 = 0x70676665, "pgfe"; lock_key is unique per lease and never reused).
+--     Applications must not use advisory locks with that first key;
+--   * every guarded write takes the guard lock SHARED, then reads the lease row in a new statement — a new
+--     snapshot under READ COMMITTED — and compares epochs; the lock is kept until its transaction ends;
+--   * every change of who may write (acquire, release, force_release, and any UPDATE of a lease row's epoch,
+--     holder, state or timeline, also a direct one by a role with table privileges: a trigger) takes the guard
+--     lock EXCLUSIVE, after the lease row lock.
+--   So a takeover waits for guarded writes already past their check, and a guarded write that arrives while a
+--   takeover waits or runs waits for it, then reads the row in a snapshot taken after the takeover committed.
+--   PostgreSQL's lock manager queues fairly: a shared request never overtakes a waiting exclusive one, so a busy
+--   leader's new writes cannot hold a takeover off (row locks such as FOR KEY SHARE give no such guarantee).
+--   Advisory locks create no MultiXacts, unlike shared row locks taken by concurrent writers.
+--   Renewal only moves `expires_at`: it takes the row lock but never the guard lock, so renewals and guarded
+--   writes never wait for each other.
+-- Bounded waits: a takeover waits at most `instance.takeover_grace_ms` (default 2 s) for guarded transactions
+-- of the ending tenure, then terminates the backends still holding the guard lock (the schema owner needs
+-- pg_signal_backend or superuser for that; without it the takeover fails with PF003 naming them). Every other
+-- lock wait of a pgfence function is bounded by the grace + 5 s and fails with PF003 naming who blocks.
+--
+-- Failover: every tenure records the WAL timeline it was granted on. After a promotion (a new timeline) every
+-- tenure granted before it is refused ('failover') for writes and renewals, and acquisitions may take it over.
+--
+-- Trust: see "Trust boundary" below. In short, the schema owner (and superusers) are trusted; every other role
+-- uses a cluster only through a grant in pgfence.grants, checked against the session's login role by every entry
+-- function before anything else; and a write, renewal or release presents the tenure's secret, of which the
+-- database keeps only a SHA-256 that no role but the owner can read.
+--
+-- SQLSTATEs of pgfence's own errors: PF001 raw write refused (enforcement), PF002 append-only table, PF003 lock
+-- wait timed out (the message names the blocking backends), PF004 guarded write outside READ COMMITTED, PF005
+-- lease row change refused (delete, truncate, epoch lowered), PF006 a one-statement guarded write that is not
+-- gated on its guard, 22023 invalid argument. Refusals that must be
+-- audited (no grant on the cluster, a wrong tenure secret, a stale epoch) are results, not errors — an error
+-- would roll its own audit row back: outcome 'denied' (reason 'no_grant' or 'bad_secret') or 'stale'.
+
+DO $$
+BEGIN
+    -- Text checks use Unicode normalization (IS NFC NORMALIZED), which needs a UTF8 database.
+    IF pg_catalog.current_setting('server_encoding') <> 'UTF8' THEN
+        RAISE EXCEPTION 'pgfence needs a UTF8 database; this one is %', pg_catalog.current_setting('server_encoding')
+            USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
+
+CREATE SCHEMA IF NOT EXISTS pgfence;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- What pgfence stores: the one definition, shared by the table constraints and the functions' argument checks,
+-- and mirrored exactly by the Rust API (src/validate.rs, check_text). A text is 1 to max characters, has no
+-- control character (Unicode category Cc: U+0001-U+001F, U+007F-U+009F; PostgreSQL text cannot hold U+0000) and
+-- is in Unicode Normalization Form C (refused otherwise, never normalized silently: two spellings of one name
+-- would be two leases).
+
+-- These three are plain IMMUTABLE SQL expressions so that PostgreSQL inlines them into the statement that calls
+-- them (a SET clause, a sublink or a call of a STABLE function such as format() would prevent that, and a
+-- non-inlined SQL function is planned again in every transaction that calls it). Every operator and function in them is qualified with pg_catalog: CHECK constraints
+-- evaluate them with the writing role's search_path, which must not be able to shadow one.
+
+-- Why p_value is not a storable text of at most p_max characters (NULL when it is).
+CREATE FUNCTION pgfence._text_problem(p_value text, p_max integer) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN p_value IS NULL OR pg_catalog.length(p_value) OPERATOR(pg_catalog.=) 0 THEN 'must not be empty'
+        WHEN pg_catalog.length(p_value) OPERATOR(pg_catalog.>) p_max
+            THEN 'must be at most ' OPERATOR(pg_catalog.||) p_max::text OPERATOR(pg_catalog.||) ' characters, got '
+                 OPERATOR(pg_catalog.||) pg_catalog.length(p_value)::text
+        WHEN p_value OPERATOR(pg_catalog.~) '[\u0001-\u001f\u007f-\u009f]'
+            THEN 'must not contain control characters (NUL, newline, …)'
+        WHEN NOT p_value IS NFC NORMALIZED THEN 'must be in Unicode Normalization Form C (NFC)'
+    END
+$$;
+
+-- Why p_cluster is not a cluster name (1 to 63 characters, no '/'), NULL when it is.
+CREATE FUNCTION pgfence._cluster_problem(p_cluster text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(pgfence._text_problem(p_cluster, 63),
+                               CASE WHEN pg_catalog.strpos(p_cluster, '/') OPERATOR(pg_catalog.>) 0
+                                    THEN 'must not contain ''/''' END)
+$$;
+
+-- Why p_lease is not a cluster-qualified lease name ('<cluster>/<name>', the name 1 to 200 characters and split
+-- at the first '/'), NULL when it is.
+CREATE FUNCTION pgfence._lease_problem(p_lease text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN p_lease IS NULL OR pg_catalog.strpos(p_lease, '/') OPERATOR(pg_catalog.=) 0
+            THEN 'must be cluster-qualified: ''<cluster>/<name>'''
+        ELSE coalesce(
+            'cluster ' OPERATOR(pg_catalog.||) pgfence._cluster_problem(pg_catalog.split_part(p_lease, '/', 1)),
+            'lease name ' OPERATOR(pg_catalog.||)
+                pgfence._text_problem(pg_catalog.substr(p_lease, pg_catalog.strpos(p_lease, '/') OPERATOR(pg_catalog.+) 1), 200))
+    END
+$$;
+
+-- The cluster of a qualified lease name.
+CREATE FUNCTION pgfence._cluster_of(p_lease text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT split_part(p_lease, '/', 1)
+$$;
+
+-- One row: the identity of this pgfence installation, created once at migrate time, and its settings.
+CREATE TABLE pgfence.instance (
+    singleton   boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    instance_id uuid NOT NULL DEFAULT gen_random_uuid(),
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- How long a takeover waits for guarded transactions of the ending tenure before it terminates them.
+    takeover_grace_ms bigint NOT NULL DEFAULT 2000 CHECK (takeover_grace_ms BETWEEN 0 AND 600000)
+);
+INSERT INTO pgfence.instance DEFAULT VALUES;
+
+-- One row per cluster-qualified lease name ('<cluster>/<name>').
+CREATE TABLE pgfence.leases (
+    name        text PRIMARY KEY CHECK (pgfence._lease_problem(name) IS NULL),
+    -- The second key of the lease's guard lock (see the locking protocol above).
+    lock_key    integer GENERATED ALWAYS AS IDENTITY UNIQUE,
+    holder      text CHECK (holder IS NULL OR pgfence._text_problem(holder, 256) IS NULL),
+    epoch       bigint NOT NULL DEFAULT 0 CHECK (epoch >= 0),
+    state       text NOT NULL DEFAULT 'released' CHECK (state IN ('held', 'released')),
+    ttl_ms      bigint,
+    expires_at  timestamptz NOT NULL DEFAULT '-infinity',
+    acquired_at timestamptz,
+    renewed_at  timestamptz,
+    -- The WAL timeline the current tenure was granted on: a tenure from an earlier timeline is over.
+    timeline    bigint,
+    -- The login role that acquired the current tenure: only it may start a new tenure of the same holder name
+    -- while this one is live (a restart); any other role waits for the tenure to end.
+    holder_role name,
+    -- how many times the holder identity changed (client-go's leaderTransitions)
+    transitions bigint NOT NULL DEFAULT 0,
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+-- One row per issued epoch: who held it and how the tenure ended.
+CREATE TABLE pgfence.tenures (
+    lease       text NOT NULL REFERENCES pgfence.leases (name),
+    epoch       bigint NOT NULL CHECK (epoch >= 1),
+    holder      text NOT NULL CHECK (pgfence._text_problem(holder, 256) IS NULL),
+    acquired_at timestamptz NOT NULL,
+    ended_at    timestamptz,
+    end_reason  text CHECK (end_reason IN ('released', 'expired', 'forced', 'reacquired', 'failover')),
+    timeline    bigint,
+    -- The transaction that granted the tenure. The row is updated when the tenure ends, so its xmin names the
+    -- ending transaction; this column keeps the acquisition's (its commit time: pg_xact_commit_timestamp).
+    acquired_xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    PRIMARY KEY (lease, epoch)
+);
+
+CREATE TABLE pgfence.tasks (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    lease      text NOT NULL REFERENCES pgfence.leases (name),
+    key        text NOT NULL CHECK (pgfence._text_problem(key, 256) IS NULL),
+    state      text NOT NULL CHECK (state IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled')),
+    assignee   text CHECK (assignee IS NULL OR pgfence._text_problem(assignee, 256) IS NULL),
+    payload    jsonb NOT NULL DEFAULT '{}',
+    -- the highest epoch that ever wrote this row: a write presenting a lower epoch is stale
+    fence      bigint NOT NULL CHECK (fence >= 1),
+    version    bigint NOT NULL DEFAULT 1,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    UNIQUE (lease, key)
+);
+
+-- Append-only: a trigger (000004_tasks) refuses UPDATE and DELETE.
+CREATE TABLE pgfence.task_events (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    task_id    bigint NOT NULL REFERENCES pgfence.tasks (id),
+    lease      text NOT NULL,
+    epoch      bigint NOT NULL CHECK (epoch >= 1),
+    kind       text NOT NULL CHECK (pgfence._text_problem(kind, 64) IS NULL),
+    payload    jsonb NOT NULL DEFAULT '{}',
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX task_events_task_idx ON pgfence.task_events (task_id, id);
+CREATE INDEX task_events_epoch_idx ON pgfence.task_events (lease, epoch, id);
+
+-- The audit of refusals: writes, renewals and releases refused because they presented a stale epoch or a wrong
+-- tenure secret, and calls refused because the role has no grant on the cluster. Every row names the refused
+-- login role (`role`, the session_user) and aggregates repeats, so a caller retrying in a tight loop grows a
+-- counter, not the table, and one role's refusals never touch another role's rows:
+--   * scope 'tenure' (a tenure explains the refusal: superseded, expired, released, failover, holder_mismatch,
+--     row_fence, bad_secret): one row per (role, lease, presented epoch, operation). The first refusal's reason
+--     and epochs are kept; count, last_rejected_at and last_target_key move.
+--   * scope 'role' (no tenure to explain it: no_grant, unknown_lease, future_epoch): one row per (role, reason),
+--     whatever the lease, epoch or operation, so a flood of distinct bogus names costs one row per role and
+--     reason in all. `lease`, `presented_epoch`, `operation` and `target_*` are the first refusal's; `last_lease`
+--     and `last_target_key` the latest's.
+-- Every text is bounded by the same limits as the API (so are the arguments it comes from).
+CREATE TABLE pgfence.rejections (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    role             name NOT NULL DEFAULT session_user,
+    scope            text NOT NULL CHECK (scope IN ('tenure', 'role')),
+    lease            text NOT NULL CHECK (pgfence._lease_problem(lease) IS NULL),
+    presented_epoch  bigint NOT NULL,
+    current_epoch    bigint,
+    current_holder   text CHECK (current_holder IS NULL OR pgfence._text_problem(current_holder, 256) IS NULL),
+    reason           text NOT NULL CHECK (pgfence._text_problem(reason, 64) IS NULL),
+    operation        text NOT NULL CHECK (pgfence._text_problem(operation, 64) IS NULL),
+    target_table     text CHECK (target_table IS NULL OR pgfence._text_problem(target_table, 64) IS NULL),
+    target_key       text CHECK (target_key IS NULL OR pgfence._text_problem(target_key, 256) IS NULL),
+    rejected_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    last_rejected_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    count            bigint NOT NULL DEFAULT 1,
+    last_lease       text CHECK (last_lease IS NULL OR pgfence._lease_problem(last_lease) IS NULL),
+    last_target_key  text CHECK (last_target_key IS NULL OR pgfence._text_problem(last_target_key, 256) IS NULL),
+    -- PostgreSQL keeps application_name to printable ASCII and 63 bytes.
+    application_name text DEFAULT current_setting('application_name', true),
+    client_addr      inet DEFAULT inet_client_addr(),
+    backend_pid      integer NOT NULL DEFAULT pg_backend_pid()
+);
+CREATE INDEX rejections_lease_idx ON pgfence.rejections (lease, id);
+CREATE UNIQUE INDEX rejections_tenure_idx ON pgfence.rejections (role, lease, presented_epoch, operation)
+    WHERE scope = 'tenure';
+CREATE UNIQUE INDEX rejections_role_idx ON pgfence.rejections (role, reason) WHERE scope = 'role';
+CREATE INDEX rejections_age_idx ON pgfence.rejections (last_rejected_at);
+
+-- Who may use which cluster. A row grants `role` (and every role that is a member of it) the application rights
+-- on `cluster`, or on every cluster when `cluster` is NULL; `operator` adds force-release on it (and, on every
+-- cluster, the instance settings and audit retention). Written only by pgfence.grant_application,
+-- grant_operator and revoke (the owner's).
+CREATE TABLE pgfence.grants (
+    role       regrole NOT NULL,
+    cluster    text CHECK (cluster IS NULL OR pgfence._cluster_problem(cluster) IS NULL),
+    operator   boolean NOT NULL DEFAULT false,
+    granted_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE UNIQUE INDEX grants_role_cluster_idx ON pgfence.grants (role, coalesce(cluster, ''));
+CREATE INDEX grants_cluster_idx ON pgfence.grants (cluster);
+
+-- The secret of each lease's current tenure, as SHA-256 of its text: acquire returns the secret once, and every
+-- write, renewal and release of the tenure presents it. Nobody but the owner can read this table.
+CREATE TABLE pgfence.tenure_secrets (
+    lease text PRIMARY KEY,
+    epoch bigint NOT NULL,
+    hash  bytea NOT NULL CHECK (length(hash) = 32)
+);
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Result rows. Functions return one composite value so that a client calls them with one statement that every
+-- driver prepares once and reuses, `SELECT * FROM pgfence.f(...)`, and reads the fields by name.
+
+-- outcome: 'acquired' | 'renewed' | 'held' | 'lost' | 'released' | 'not_held' | 'denied'
+-- reason (for 'lost'/'not_held'): 'superseded' | 'expired' | 'released' | 'unknown_lease' | 'future_epoch'
+--                                 | 'holder_mismatch' | 'failover'; (for 'denied'): 'no_grant' | 'bad_secret'
+-- secret: only with 'acquired': the tenure's secret, returned this once (64 hexadecimal characters).
+CREATE TYPE pgfence.lease_result AS (
+    outcome       text,
+    reason        text,
+    epoch         bigint,
+    holder        text,
+    expires_in_ms bigint,
+    secret        text
+);
+
+-- outcome: 'ok' | 'stale' | 'not_found' | 'conflict' | 'denied'
+-- reason  (for 'stale'): as in lease_result, or 'row_fence'; (for 'conflict'): the task's actual state;
+--         (for 'denied'): 'no_grant' | 'bad_secret'
+CREATE TYPE pgfence.write_result AS (
+    outcome        text,
+    reason         text,
+    current_epoch  bigint,
+    current_holder text,
+    task_id        bigint,
+    task_key       text,
+    task_state     text,
+    assignee       text,
+    payload        jsonb,
+    fence          bigint,
+    version        bigint,
+    created        boolean,
+    event_id       bigint
+);
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Input checks shared by every function: a bad argument raises 22023 (invalid_parameter_value) and writes
+-- nothing.
+--
+-- Each check is an SQL expression that names the first problem (the error message after 'pgfence: '), NULL
+-- when there is none; an entry function joins its arguments' checks with coalesce() into one expression and
+-- raises once. Plain SQL without a SET clause, sublink or call of a function more volatile than they are
+-- declared (_payload_problem is STABLE, as pg_column_size is), so that PostgreSQL inlines them: in a
+-- plpgsql assignment the whole check is then one precomputed expression, evaluated without an executor run
+-- (a PERFORM, or a call of a plpgsql function, costs one each). Called only from functions that pin their
+-- search_path, where the names in them resolve.
+--
+-- The write path (fence and the task functions) first runs a cheaper test, _plain_lease_args/_plain_arg, and
+-- the full checks only when it fails: plpgsql prepares each expression it evaluates anew in every
+-- transaction, and the full checks of four arguments are a large expression (measured: 14 µs of a fence
+-- call, against 4 µs for the cheap test). The cheap test is sufficient, not necessary: it passes printable
+-- ASCII only (no control character, and always in NFC) within the length bounds, so whatever it passes, the
+-- full checks pass too; any other argument (non-ASCII text, a NULL, a bad value) gets the full checks.
+
+-- Whether p_value passes _arg_problem(p_what, p_value, p_max, p_optional) for certain: 1 to p_max printable
+-- ASCII characters, or NULL and p_optional. NULL when p_value is NULL and not optional. (The lengths are
+-- counted in bytes, which is exact for ASCII; the regular expressions have no bounded repetition, whose
+-- matching costs microseconds.)
+CREATE FUNCTION pgfence._plain_arg(p_value text, p_max integer, p_optional boolean DEFAULT false) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT (p_optional AND p_value IS NULL) OR (p_value ~ '^[ -~]+$' AND octet_length(p_value) <= p_max)
+$$;
+
+-- Whether (p_lease, p_epoch) pass _lease_args_problem for certain: a cluster of 1 to 63 printable ASCII
+-- characters other than '/', a '/', a name of 1 to 200 printable ASCII characters, and an epoch of at least 1.
+CREATE FUNCTION pgfence._plain_lease_args(p_lease text, p_epoch bigint) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_lease ~ '^[ -.0-~]+/[ -~]+$' AND strpos(p_lease, '/') <= 64
+           AND octet_length(p_lease) - strpos(p_lease, '/') <= 200 AND p_epoch >= 1
+$$;
+
+-- Why p_value is not a valid p_what argument of at most p_max characters; NULL when it is, and when it is NULL
+-- and p_optional.
+CREATE FUNCTION pgfence._arg_problem(p_what text, p_value text, p_max integer, p_optional boolean DEFAULT false)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_value IS NOT NULL OR NOT p_optional
+                THEN 'invalid ' || p_what || ': ' || pgfence._text_problem(p_value, p_max) END
+$$;
+
+-- Why (p_lease, p_epoch) is not a fence's lease and epoch; NULL when it is.
+CREATE FUNCTION pgfence._lease_args_problem(p_lease text, p_epoch bigint) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce('invalid lease: ' || pgfence._lease_problem(p_lease),
+                    CASE WHEN p_epoch IS NULL OR p_epoch < 1
+                         THEN 'epoch must be >= 1, got ' || coalesce(p_epoch::text, '<NULL>') END)
+$$;
+
+-- Why a task payload is refused; NULL when it is not. A backstop for SQL callers. The Rust API refuses more
+-- than 1 MiB of serialized JSON before sending, which stays below this even for payloads that grow several
+-- times when stored as jsonb (arrays of small numbers).
+CREATE FUNCTION pgfence._payload_problem(p_payload jsonb) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN pg_column_size(p_payload) > 16777216 THEN 'payload larger than 16 MiB stored' END
+$$;
+
+-- The same checks as statements, for the functions off the write path (acquire, renew, release, …).
+CREATE FUNCTION pgfence._check_text(p_what text, p_value text, p_max integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    problem text := pgfence._arg_problem(p_what, p_value, p_max);
+BEGIN
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
+
+CREATE FUNCTION pgfence._check_lease_args(p_lease text, p_epoch bigint) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    problem text := pgfence._lease_args_problem(p_lease, p_epoch);
+BEGIN
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
+
+CREATE FUNCTION pgfence._check_ttl(p_ttl_ms bigint) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_ttl_ms IS NULL OR p_ttl_ms < 100 OR p_ttl_ms > 86400000 THEN
+        RAISE EXCEPTION 'pgfence: ttl must be between 100 ms and 24 h, got % ms', p_ttl_ms USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Lock waits and the messages that name who blocks, shared by every concern.
+
+-- The WAL timeline the server writes on now (the first 8 hex digits of the current WAL file name). Unlike
+-- pg_control_checkpoint(), it changes at the moment of a promotion, not at the next checkpoint.
+CREATE FUNCTION pgfence._timeline() RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+    SELECT ('x' || substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
+$$;
+
+-- The bound of every lock wait of a pgfence function other than the takeover's grace: a takeover holds the lease
+-- row for at most the grace plus the time to end blockers, so anything queued behind it gets that much and more.
+CREATE FUNCTION pgfence._lock_wait_ms() RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT i.takeover_grace_ms + 5000 FROM pgfence.instance i
+$$;
+
+-- A stored or client-supplied text made safe to put in a message: control characters replaced, length bounded,
+-- quoted.
+CREATE FUNCTION pgfence._printable(p_text text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_text IS NULL THEN 'null'
+                ELSE quote_literal(regexp_replace(left(p_text, 64), '[[:cntrl:]]', '?', 'g')) END
+$$;
+
+-- Describes backends for an error message: pid, application_name, state and role (never a query text).
+CREATE FUNCTION pgfence._describe_backends(p_pids integer[]) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(string_agg(format('pid %s (application_name %s, state %s, role %s)', a.pid,
+                                      pgfence._printable(a.application_name), coalesce(a.state, 'unknown'),
+                                      pgfence._printable(a.usename::text)), ', ' ORDER BY a.pid),
+                    'no backend any more (the blocker has just ended)')
+      FROM pg_catalog.pg_stat_activity a
+     WHERE a.pid = ANY (p_pids)
+$$;
+
+-- The backends other than this one that hold (p_granted) or wait for (NOT p_granted) a lease's guard lock.
+CREATE FUNCTION pgfence._guard_lockers(p_lock_key integer, p_granted boolean) RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(DISTINCT k.pid), '{}')
+      FROM pg_catalog.pg_locks k
+     WHERE k.locktype = 'advisory' AND k.classid = 1885824613::oid AND k.objid = p_lock_key::oid
+       AND k.objsubid = 2 AND k.granted = p_granted AND k.pid <> pg_catalog.pg_backend_pid()
+       AND k.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
+$$;
+
+-- The backends other than this one holding a lock on a pgfence table (what a DDL statement of pgfence waits for).
+CREATE FUNCTION pgfence._table_lockers() RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(DISTINCT k.pid), '{}')
+      FROM pg_catalog.pg_locks k
+      JOIN pg_catalog.pg_class c ON c.oid = k.relation
+      JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     WHERE k.locktype = 'relation' AND k.granted AND n.nspname = 'pgfence'
+       AND k.pid <> pg_catalog.pg_backend_pid()
+$$;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Trust boundary.
+--   * The schema owner (the role that migrated) and superusers are trusted with everything.
+--   * Every other role acts only through grants in pgfence.grants, per cluster. The principal is the session's
+--     login role (session_user), together with every role it is a member of: a session can SET ROLE to any of
+--     those and RESET ROLE back at will, so SET ROLE is no boundary within a session, and SECURITY DEFINER
+--     functions cannot see the caller's current_user anyway. Tenants that must not act for each other need
+--     separate login roles (a pooler that logs in once and SET ROLEs per tenant gives each tenant the union).
+--   * Reads go through row-level security: a granted role sees the rows of its clusters only (leases, tenures,
+--     tasks, task events, tenure-scope rejections) plus its own refusals. The functions below run as the owner,
+--     which row-level security does not filter.
+
+-- Whether the session's login role may use cluster p_cluster (p_operator: with operator rights); NULL
+-- p_cluster: every cluster. Superusers and members of the owner of the pgfence schema are trusted with every
+-- cluster. The one definition of the rule, as one row: a set-returning SQL function, so that a statement naming
+-- it in its FROM clause gets it inlined as a subquery (planned with that statement, and once for all when the
+-- statement is a plpgsql one: the guard's pre-check); a scalar SQL function with a subquery is never inlined.
+CREATE FUNCTION pgfence._grant_of(p_cluster text, p_operator boolean DEFAULT false) RETURNS TABLE (granted boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM pgfence.grants g
+                    WHERE (g.cluster = p_cluster OR g.cluster IS NULL) AND (g.operator OR NOT p_operator)
+                      AND pg_catalog.pg_has_role(session_user, g.role::oid, 'MEMBER'))
+           OR pg_catalog.pg_has_role(session_user, (SELECT n.nspowner FROM pg_catalog.pg_namespace n
+                                                     WHERE n.nspname = 'pgfence'), 'MEMBER')
+$$;
+
+-- _grant_of as a boolean, for expressions. plpgsql, not SQL: its statement is planned once per session (an SQL
+-- function with a subquery is not inlined, and would be planned again for every statement that calls it).
+CREATE FUNCTION pgfence._may_use(p_cluster text, p_operator boolean DEFAULT false) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT u.granted FROM pgfence._grant_of(p_cluster, p_operator) u);
+END;
+$$;
+
+-- For row-level security: whether the session reads every cluster, and which clusters it reads otherwise.
+-- SECURITY DEFINER (pgfence.grants is the owner's); each is called once per query, as an InitPlan.
+CREATE FUNCTION pgfence._reads_all() RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pgfence._may_use(NULL)
+$$;
+CREATE FUNCTION pgfence._readable_clusters() RETURNS text[]
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(array_agg(DISTINCT g.cluster) FILTER (WHERE g.cluster IS NOT NULL), '{}')
+      FROM pgfence.grants g
+     WHERE pg_catalog.pg_has_role(session_user, g.role::oid, 'MEMBER')
+$$;
+
+-- Refuses a call of an instance-wide operator function (a setting or a retention that spans clusters) unless
+-- the session's role has operator rights on every cluster (42501).
+CREATE FUNCTION pgfence._require_instance_operator(p_function text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT pgfence._may_use(NULL, p_operator => true) THEN
+        RAISE EXCEPTION 'pgfence: % needs operator rights on every cluster; role % has none', p_function,
+            pgfence._printable(session_user::text)
+            USING ERRCODE = '42501',
+                  HINT = 'The schema owner grants them: pgfence grant --operator --all-clusters --role <role>.';
+    END IF;
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- The audit: every refusal of every entry function is recorded through _reject (its table: pgfence.rejections,
+-- above).
+
+-- Records one refusal in pgfence.rejections, aggregated per the refused role (see the table), and returns the
+-- write_result: 'denied' for no_grant and bad_secret, 'stale' otherwise. The row commits with the statement
+-- that called it.
+CREATE FUNCTION pgfence._reject(p_lease text, p_epoch bigint, p_current_epoch bigint, p_current_holder text,
+                                p_reason text, p_operation text, p_table text, p_key text,
+                                p_may_wait boolean DEFAULT false)
+RETURNS pgfence.write_result
+LANGUAGE plpgsql SET lock_timeout = '10min' AS $$
+DECLARE
+    previous timestamptz;
+    wait_ms  bigint := pgfence._lock_wait_ms();
+    by_role  boolean := p_reason IN ('no_grant', 'unknown_lease', 'future_epoch');
+    op       text := p_operation;
+BEGIN
+    -- Operation labels are the caller's to choose: past 16 distinct ones for one (role, lease, epoch), further
+    -- labels are aggregated under 'other', so one tenure costs at most 17 rows per role.
+    IF NOT by_role
+       AND NOT EXISTS (SELECT 1 FROM pgfence.rejections r
+                        WHERE r.scope = 'tenure' AND r.role = session_user AND r.lease = p_lease
+                          AND r.presented_epoch = p_epoch AND r.operation = p_operation)
+       AND (SELECT count(*) FROM pgfence.rejections r
+             WHERE r.scope = 'tenure' AND r.role = session_user AND r.lease = p_lease
+               AND r.presented_epoch = p_epoch) >= 16 THEN
+        op := 'other';
+    END IF;
+    IF by_role THEN
+        SELECT r.last_rejected_at INTO previous FROM pgfence.rejections r
+         WHERE r.scope = 'role' AND r.role = session_user AND r.reason = p_reason;
+    ELSE
+        SELECT r.last_rejected_at INTO previous FROM pgfence.rejections r
+         WHERE r.scope = 'tenure' AND r.role = session_user AND r.lease = p_lease AND r.presented_epoch = p_epoch
+           AND r.operation = op;
+    END IF;
+    -- Bounded: a refused transaction left open keeps its aggregated row locked. The first refusal's reason and
+    -- epochs are kept (after a failover, 'failover' stays the evidence even once the tenure is also
+    -- superseded); the count, the last time and the last lease and key move.
+    PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+    BEGIN
+        IF by_role THEN
+            INSERT INTO pgfence.rejections (scope, lease, presented_epoch, reason, operation, target_table,
+                                            target_key, last_lease, last_target_key)
+            VALUES ('role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key)
+            ON CONFLICT (role, reason) WHERE scope = 'role' DO UPDATE
+               SET count = pgfence.rejections.count + 1,
+                   last_rejected_at = clock_timestamp(),
+                   last_lease = EXCLUDED.lease,
+                   last_target_key = EXCLUDED.target_key;
+        ELSE
+            INSERT INTO pgfence.rejections (scope, lease, presented_epoch, current_epoch, current_holder, reason,
+                                            operation, target_table, target_key, last_lease, last_target_key)
+            VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,
+                    p_key, p_lease, p_key)
+            ON CONFLICT (role, lease, presented_epoch, operation) WHERE scope = 'tenure' DO UPDATE
+               SET count = pgfence.rejections.count + 1,
+                   last_rejected_at = clock_timestamp(),
+                   last_target_key = EXCLUDED.target_key;
+        END IF;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'pgfence: refusal of % on lease % waited % ms for its audit row; blocked by %',
+            pgfence._printable(p_operation), pgfence._printable(p_lease), wait_ms,
+            pgfence._describe_backends((SELECT coalesce(array_agg(DISTINCT k.pid), '{}') FROM pg_catalog.pg_locks k
+                                         WHERE k.locktype = 'relation' AND k.granted
+                                           AND k.relation = 'pgfence.rejections'::regclass
+                                           AND k.mode = 'RowExclusiveLock'
+                                           AND k.pid <> pg_catalog.pg_backend_pid()))
+            USING ERRCODE = 'PF003',
+                  HINT = 'A transaction of the same role refused for the same reason (or lease, epoch and operation) stays open.';
+    END;
+    -- Backpressure on a caller retrying in a tight loop: a repeat within a second of the previous refusal
+    -- aggregated in the same row answers 10 ms later. Holding the aggregated row meanwhile queues the role's
+    -- other connections behind it, so a hammering caller gets about 100 refusals a second per row in all and
+    -- leaves the CPU to the current leader. The first refusal is never delayed. Only callers that hold no guard
+    -- lock may wait (p_may_wait): a wait under the shared guard lock would hold off a takeover.
+    IF p_may_wait AND previous IS NOT NULL AND previous > clock_timestamp() - interval '1 second' THEN
+        PERFORM pg_sleep(0.01);
+    END IF;
+    RETURN ROW(CASE WHEN p_reason IN ('no_grant', 'bad_secret') THEN 'denied' ELSE 'stale' END, p_reason,
+               CASE WHEN p_reason = 'no_grant' THEN NULL ELSE p_current_epoch END,
+               CASE WHEN p_reason = 'no_grant' THEN NULL ELSE p_current_holder END,
+               NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::pgfence.write_result;
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Identity: which server and which pgfence installation this is. SECURITY DEFINER so that roles without
+-- access to pg_control_system() can still read the system identifier.
+CREATE FUNCTION pgfence.identity(
+    OUT system_identifier text, OUT database text, OUT instance_id text, OUT in_recovery boolean,
+    OUT timeline bigint, OUT server_version text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    database := current_database();
+    in_recovery := pg_is_in_recovery();
+    server_version := current_setting('server_version');
+    SELECT i.instance_id::text INTO instance_id FROM pgfence.instance i;
+    BEGIN
+        SELECT c.system_identifier::text INTO system_identifier FROM pg_control_system() c;
+        -- On a primary, the timeline WAL is written on now; a standby cannot ask that, so the last checkpoint's.
+        IF in_recovery THEN
+            SELECT c.timeline_id INTO timeline FROM pg_control_checkpoint() c;
+        ELSE
+            timeline := pgfence._timeline();
+        END IF;
+    EXCEPTION WHEN insufficient_privilege THEN
+        system_identifier := NULL;
+        timeline := NULL;
+    END;
+END;
+$$;

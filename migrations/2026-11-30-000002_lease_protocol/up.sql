@@ -1,0 +1,534 @@
+-- pgfence migration 2 of 5, the lease protocol: acquire, renew, renew_many, release and force_release; the row
+-- and guard locks a change of who may write takes; why a tenure is not current (_loss_reason) and whether a
+-- secret is its tenure's; the trigger that makes every change of a lease row take the guard lock; the takeover
+-- grace setting; the tenure history view; the release notification (NOTIFY pgfence_lease_free).
+-- Called from Rust by src/lease.rs (acquire, renew, release, force_release; Store::tenures reads
+-- pgfence.tenure_history) and src/leader/pg.rs (renew_many; it LISTENs to pgfence_lease_free).
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Locks of a change of who may write: the lease row, then the guard lock EXCLUSIVE.
+
+-- The backends holding a lease row's lock: the transaction in the row's xmax when it is a plain one, else every
+-- other backend in a transaction that holds a row-level lock mode on pgfence.leases (a MultiXact locker set).
+CREATE FUNCTION pgfence._row_lockers(p_lease text) RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    WITH exact AS (
+        SELECT k.pid FROM pg_catalog.pg_locks k
+         WHERE k.locktype = 'transactionid' AND k.granted AND k.pid <> pg_catalog.pg_backend_pid()
+           AND k.transactionid = (SELECT l.xmax FROM pgfence.leases l WHERE l.name = p_lease)
+    ), candidates AS (
+        SELECT k.pid FROM pg_catalog.pg_locks k
+         WHERE k.locktype = 'relation' AND k.relation = 'pgfence.leases'::regclass AND k.granted
+           AND k.mode IN ('RowShareLock', 'RowExclusiveLock') AND k.pid <> pg_catalog.pg_backend_pid()
+    )
+    SELECT coalesce((SELECT array_agg(DISTINCT pid) FROM exact),
+                    (SELECT array_agg(DISTINCT pid) FROM candidates), '{}')
+$$;
+
+-- Locks a lease row (FOR NO KEY UPDATE: it does not conflict with the FOR KEY SHARE of foreign-key checks) for
+-- a change, waiting at most _lock_wait_ms(); p_create first inserts the row if it is missing (a concurrent insert
+-- of the same name is waited for, bounded too). Returns the locked row (all NULL when there is no such lease).
+CREATE FUNCTION pgfence._lock_lease_row(p_lease text, p_create boolean DEFAULT false) RETURNS pgfence.leases
+LANGUAGE plpgsql SET lock_timeout = '10min' AS $$
+DECLARE
+    l pgfence.leases;
+    wait_ms bigint := pgfence._lock_wait_ms();
+BEGIN
+    -- Local to this function (its SET clause restores the caller's value on exit).
+    PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+    IF p_create THEN
+        INSERT INTO pgfence.leases (name) VALUES (p_lease) ON CONFLICT (name) DO NOTHING;
+    END IF;
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR NO KEY UPDATE;
+    RETURN l;
+EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION 'pgfence: waited % ms for the row lock of lease %; blocked by %', wait_ms,
+        pgfence._printable(p_lease), pgfence._describe_backends(pgfence._row_lockers(p_lease))
+        USING ERRCODE = 'PF003',
+              HINT = 'A transaction holding the lease row stays open: end it (pg_terminate_backend) or let it finish.';
+END;
+$$;
+
+-- Takes a lease's guard lock EXCLUSIVE for a change of who may write: waits for guarded transactions already
+-- past their check, at most the takeover grace; then terminates the backends still holding it (their tenure is
+-- ending: a transaction still open that long after must not commit after its successor's) and waits for them to
+-- go. Fails with PF003 naming the blockers if it cannot end them (the schema owner lacks pg_signal_backend) or
+-- they keep it. The caller holds the lease row lock, so no second takeover of the lease runs meanwhile.
+CREATE FUNCTION pgfence._take_guard_lock(p_lease text, p_lock_key integer) RETURNS void
+LANGUAGE plpgsql SET lock_timeout = '10min' AS $$
+DECLARE
+    grace_ms bigint;
+    victims  integer[];
+    ended    text;
+BEGIN
+    IF pg_catalog.pg_try_advisory_xact_lock(1885824613, p_lock_key) THEN
+        RETURN;
+    END IF;
+    SELECT i.takeover_grace_ms INTO grace_ms FROM pgfence.instance i;
+    BEGIN
+        -- lock_timeout 0 would mean "wait forever".
+        PERFORM set_config('lock_timeout', greatest(grace_ms, 1) || 'ms', true);
+        PERFORM pg_catalog.pg_advisory_xact_lock(1885824613, p_lock_key);
+        RETURN;
+    EXCEPTION WHEN lock_not_available THEN
+        NULL;
+    END;
+    -- Signal the holders without waiting for them to exit (timeout 0) and queue again at once: a guard arriving
+    -- meanwhile queues behind us instead of slipping in while we wait for the exits. One that took the lock in
+    -- the instant between our two requests is ended in the next round.
+    FOR round IN 1..3 LOOP
+        victims := pgfence._guard_lockers(p_lock_key, true);
+        ended := pgfence._describe_backends(victims);
+        BEGIN
+            PERFORM pg_catalog.pg_terminate_backend(v, 0) FROM unnest(victims) AS v;
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE EXCEPTION 'pgfence: takeover of lease % waited the % ms grace for guarded transactions of the ending tenure and may not end them: %',
+                pgfence._printable(p_lease), grace_ms, ended
+                USING ERRCODE = 'PF003',
+                      HINT = 'Grant pg_signal_backend to the owner of the pgfence schema, or end those backends.';
+        END;
+        RAISE WARNING 'pgfence: takeover of lease % ended guarded transactions still open % ms into the grace: %',
+            pgfence._printable(p_lease), grace_ms, ended;
+        BEGIN
+            -- A terminated backend exits and releases its locks within milliseconds.
+            PERFORM set_config('lock_timeout', '1000ms', true);
+            PERFORM pg_catalog.pg_advisory_xact_lock(1885824613, p_lock_key);
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END LOOP;
+    RAISE EXCEPTION 'pgfence: takeover of lease % still blocked after ending the holders of its guard lock; held by %',
+        pgfence._printable(p_lease), pgfence._describe_backends(pgfence._guard_lockers(p_lock_key, true))
+        USING ERRCODE = 'PF003';
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Lease protocol. Every entry function reads the lease row without a lock first: an answer that a plain read
+-- already decides for good ('held' by another live tenure, 'not_held') takes no lock, so a caller that leaves
+-- its transaction open afterwards blocks nobody.
+
+-- Why a lease is not (or no longer) held by (holder, epoch), judged on a locked or freshly read row, at time ts
+-- (the database clock), on WAL timeline p_timeline.
+CREATE FUNCTION pgfence._loss_reason(l pgfence.leases, p_holder text, p_epoch bigint, ts timestamptz,
+                                     p_timeline bigint)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN l.name IS NULL THEN 'unknown_lease'
+        WHEN p_epoch < l.epoch THEN 'superseded'
+        WHEN p_epoch > l.epoch THEN 'future_epoch'
+        WHEN p_holder IS NOT NULL AND l.holder IS DISTINCT FROM p_holder THEN 'holder_mismatch'
+        WHEN l.state = 'released' THEN 'released'
+        -- Granted before the last promotion: its ending may have been lost with the old primary's tail.
+        WHEN l.timeline < p_timeline THEN 'failover'
+        WHEN l.expires_at <= ts THEN 'expired'
+        ELSE NULL
+    END
+$$;
+
+-- Whether a live tenure of another holder blocks an acquisition by p_holder.
+-- Another holder is another holder name, or the same name used by another login role: knowing a holder's name
+-- (readable by every role of the cluster) must not let a role end its tenure.
+CREATE FUNCTION pgfence._held_by_other(l pgfence.leases, p_holder text, ts timestamptz, p_timeline bigint)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT l.state = 'held' AND l.expires_at > ts
+           AND (l.holder IS DISTINCT FROM p_holder OR l.holder_role IS DISTINCT FROM session_user)
+           AND l.timeline >= p_timeline
+$$;
+
+-- Whether p_secret is the secret whose SHA-256 is p_hash. Secrets longer than 128 characters are not even
+-- hashed. (Comparing hashes leaks nothing an attacker can steer: it cannot choose the hash of its guess.)
+-- STABLE, as convert_to is: an IMMUTABLE declaration would keep PostgreSQL from inlining it.
+CREATE FUNCTION pgfence._secret_matches(p_hash bytea, p_secret text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(p_secret IS NOT NULL AND length(p_secret) <= 128
+                    AND p_hash = pg_catalog.sha256(pg_catalog.convert_to(p_secret, 'UTF8')), false)
+$$;
+
+-- Whether p_secret is the secret of tenure (p_lease, p_epoch): 'ok', 'bad', or NULL when that tenure is not the
+-- lease's latest (its secret is gone: it has been superseded). A tenure's secret never changes, so 'ok' and
+-- 'bad' are final.
+CREATE FUNCTION pgfence._secret_check(p_lease text, p_epoch bigint, p_secret text) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN s.epoch <> p_epoch THEN NULL
+                WHEN pgfence._secret_matches(s.hash, p_secret) THEN 'ok'
+                ELSE 'bad' END
+      FROM pgfence.tenure_secrets s
+     WHERE s.lease = p_lease
+$$;
+
+-- Refuses a call of a role without a grant on the lease's cluster (p_operator: operator rights needed): records
+-- it and returns the lease_result 'denied' / 'no_grant'; NULL when the role may go on.
+CREATE FUNCTION pgfence._deny_lease_call(p_lease text, p_epoch bigint, p_operation text,
+                                         p_operator boolean DEFAULT false)
+RETURNS pgfence.lease_result
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF pgfence._may_use(pgfence._cluster_of(p_lease), p_operator) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pgfence._reject(p_lease, coalesce(p_epoch, 0), NULL, NULL, 'no_grant', p_operation, NULL, NULL,
+                            p_may_wait => true);
+    RETURN ROW('denied', 'no_grant', NULL, NULL, NULL, NULL)::pgfence.lease_result;
+END;
+$$;
+
+-- Acquire by compare-and-set: succeeds when the lease is new, released, expired (by the database clock) or
+-- held by a tenure granted before the last promotion, and issues epoch + 1. The same holder acquiring again
+-- while it holds also gets a new epoch: an acquisition always starts a new tenure and fences every earlier one
+-- (a restarted process reusing its holder name must not inherit the writes in flight of its previous
+-- incarnation). To extend a tenure, renew it. An acquisition returns the new tenure's secret, once: every
+-- write, renewal and release of the tenure presents it (the database keeps only its SHA-256).
+CREATE FUNCTION pgfence.acquire(p_lease text, p_holder text, p_ttl_ms bigint)
+RETURNS pgfence.lease_result
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l   pgfence.leases;
+    ts  timestamptz;
+    tl  bigint;
+    new_epoch bigint;
+    secret text;
+    denied pgfence.lease_result;
+BEGIN
+    PERFORM pgfence._check_lease_args(p_lease, 1);
+    PERFORM pgfence._check_text('holder', p_holder, 256);
+    PERFORM pgfence._check_ttl(p_ttl_ms);
+    denied := pgfence._deny_lease_call(p_lease, 0, 'acquire');
+    IF denied.outcome IS NOT NULL THEN
+        RETURN denied;
+    END IF;
+    tl := pgfence._timeline();
+
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+    IF FOUND AND pgfence._held_by_other(l, p_holder, clock_timestamp(), tl) THEN
+        -- Decided without a lock: a live tenure of another holder stays live until it ends.
+        RETURN ROW('held', NULL, l.epoch, l.holder,
+                   ceil(extract(epoch FROM (l.expires_at - clock_timestamp())) * 1000)::bigint,
+                   NULL)::pgfence.lease_result;
+    END IF;
+
+    -- The row lock first (a rival taker or a renewal in flight), then the guard lock (guarded writes in flight).
+    l := pgfence._lock_lease_row(p_lease, p_create => true);
+    -- Read the clock after the lock wait: expiry is judged at the moment we own the row.
+    ts := clock_timestamp();
+    IF pgfence._held_by_other(l, p_holder, ts, tl) THEN
+        RETURN ROW('held', NULL, l.epoch, l.holder,
+                   ceil(extract(epoch FROM (l.expires_at - ts)) * 1000)::bigint, NULL)::pgfence.lease_result;
+    END IF;
+    PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
+    ts := clock_timestamp();
+
+    IF l.epoch > 0 THEN
+        UPDATE pgfence.tenures
+           SET ended_at = CASE WHEN l.state = 'held' AND l.expires_at <= ts THEN l.expires_at ELSE ts END,
+               end_reason = CASE WHEN l.state = 'held' AND l.timeline < tl THEN 'failover'
+                                 WHEN l.state = 'held' AND l.expires_at <= ts THEN 'expired'
+                                 ELSE 'reacquired' END
+         WHERE lease = p_lease AND epoch = l.epoch AND ended_at IS NULL;
+    END IF;
+
+    -- Failover safety: after a promotion the server writes WAL on a new timeline, and an asynchronous standby
+    -- may have lost the last epochs its old primary issued. Every epoch issued on timeline t is at least
+    -- (t - 1) * 2^32 + 1, which exceeds every epoch issued on earlier timelines (fewer than 2^32 acquisitions per
+    -- lease and timeline), so epochs keep increasing across failovers even when the counter went backwards.
+    new_epoch := GREATEST(l.epoch + 1, (tl - 1) * 4294967296 + 1);
+    UPDATE pgfence.leases
+       SET holder = p_holder, holder_role = session_user, epoch = new_epoch, state = 'held', ttl_ms = p_ttl_ms,
+           timeline = tl,
+           expires_at = ts + p_ttl_ms * interval '1 millisecond', acquired_at = ts, renewed_at = ts,
+           transitions = transitions + CASE WHEN holder IS DISTINCT FROM p_holder THEN 1 ELSE 0 END
+     WHERE name = p_lease;
+    INSERT INTO pgfence.tenures (lease, epoch, holder, acquired_at, timeline)
+    VALUES (p_lease, new_epoch, p_holder, ts, tl);
+    -- 256 bits from the server's strong random source (two version-4 UUIDs: 244 random bits), as hexadecimal.
+    secret := encode(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()), 'hex');
+    INSERT INTO pgfence.tenure_secrets (lease, epoch, hash)
+    VALUES (p_lease, new_epoch, sha256(convert_to(secret, 'UTF8')))
+    ON CONFLICT (lease) DO UPDATE SET epoch = EXCLUDED.epoch, hash = EXCLUDED.hash;
+    RETURN ROW('acquired', NULL, new_epoch, p_holder, p_ttl_ms, secret)::pgfence.lease_result;
+END;
+$$;
+
+-- Renew: extends the expiry only while holder and epoch match, the lease has not expired and the tenure was
+-- granted on the current timeline, and p_secret is the tenure's. It takes the row lock (bounded: it waits only
+-- for a takeover or another renewal in flight) but never the guard lock, so it never waits for guarded writes.
+-- A wrong secret is refused ('denied', 'bad_secret') and audited.
+CREATE FUNCTION pgfence.renew(p_lease text, p_holder text, p_epoch bigint, p_secret text, p_ttl_ms bigint)
+RETURNS pgfence.lease_result
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l  pgfence.leases;
+    ts timestamptz;
+    why text;
+    denied pgfence.lease_result;
+BEGIN
+    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
+    PERFORM pgfence._check_text('holder', p_holder, 256);
+    PERFORM pgfence._check_ttl(p_ttl_ms);
+    denied := pgfence._deny_lease_call(p_lease, p_epoch, 'renew');
+    IF denied.outcome IS NOT NULL THEN
+        RETURN denied;
+    END IF;
+
+    l := pgfence._lock_lease_row(p_lease);
+    ts := clock_timestamp();
+    why := pgfence._loss_reason(l, p_holder, p_epoch, ts, pgfence._timeline());
+    IF why IS NOT NULL THEN
+        RETURN ROW('lost', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
+    END IF;
+    IF pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok' THEN
+        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'renew', NULL, NULL);
+        RETURN ROW('denied', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
+    END IF;
+    UPDATE pgfence.leases
+       SET expires_at = ts + p_ttl_ms * interval '1 millisecond', renewed_at = ts, ttl_ms = p_ttl_ms
+     WHERE name = p_lease;
+    RETURN ROW('renewed', NULL, p_epoch, p_holder, p_ttl_ms, NULL)::pgfence.lease_result;
+END;
+$$;
+
+-- Renews many tenures of one holder in one statement: a process holding N leases (a sharded controller)
+-- renews them all with one statement per tick. One row per input lease, in input order: 'renewed', 'lost'
+-- (with the reason) or 'denied' ('no_grant' for a cluster the role has no grant on, 'bad_secret'). Every input
+-- is checked as renew checks it (22023, nothing renewed), and a tenure listed twice gets the same answer twice.
+CREATE FUNCTION pgfence.renew_many(p_leases text[], p_epochs bigint[], p_secrets text[], p_holder text,
+                                   p_ttl_ms bigint)
+RETURNS TABLE (lease text, outcome text, reason text, epoch bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '10min' AS $$
+DECLARE
+    ts timestamptz;
+    tl bigint;
+    wait_ms bigint := pgfence._lock_wait_ms();
+    refused text[];
+BEGIN
+    PERFORM pgfence._check_text('holder', p_holder, 256);
+    PERFORM pgfence._check_ttl(p_ttl_ms);
+    IF p_leases IS NULL OR p_epochs IS NULL OR p_secrets IS NULL OR cardinality(p_leases) <> cardinality(p_epochs)
+       OR cardinality(p_leases) <> cardinality(p_secrets) THEN
+        RAISE EXCEPTION 'pgfence: renew_many needs as many epochs and secrets as leases' USING ERRCODE = '22023';
+    END IF;
+    PERFORM pgfence._check_lease_args(i.lease, i.epoch) FROM unnest(p_leases, p_epochs) AS i(lease, epoch);
+
+    -- Clusters the role has no grant on: their leases are refused, audited (one aggregated row per role).
+    refused := ARRAY(SELECT DISTINCT c FROM unnest(p_leases) AS n, pgfence._cluster_of(n) AS c
+                      WHERE NOT pgfence._may_use(c));
+    PERFORM pgfence._reject(i.lease, i.epoch, NULL, NULL, 'no_grant', 'renew', NULL, NULL)
+       FROM unnest(p_leases, p_epochs) AS i(lease, epoch)
+      WHERE pgfence._cluster_of(i.lease) = ANY (refused);
+
+    -- Lock the rows in name order (two holders renewing overlapping sets cannot deadlock), bounded.
+    BEGIN
+        PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+        PERFORM 1 FROM pgfence.leases l
+          WHERE l.name = ANY (p_leases) AND NOT pgfence._cluster_of(l.name) = ANY (refused)
+          ORDER BY l.name FOR NO KEY UPDATE OF l;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'pgfence: renew_many waited % ms for lease row locks; blocked by %', wait_ms,
+            pgfence._describe_backends((SELECT coalesce(array_agg(DISTINCT p), '{}')
+                                          FROM unnest(p_leases) AS n, unnest(pgfence._row_lockers(n)) AS p))
+            USING ERRCODE = 'PF003';
+    END;
+    ts := clock_timestamp();
+    tl := pgfence._timeline();
+
+    -- Live tenures presented with a wrong secret: refused and audited like a renew.
+    PERFORM pgfence._reject(i.lease, i.epoch, l.epoch, l.holder, 'bad_secret', 'renew', NULL, NULL)
+       FROM unnest(p_leases, p_epochs, p_secrets) AS i(lease, epoch, secret)
+       JOIN pgfence.leases l ON l.name = i.lease
+      WHERE NOT pgfence._cluster_of(i.lease) = ANY (refused)
+        AND pgfence._loss_reason(l, p_holder, i.epoch, ts, tl) IS NULL
+        AND pgfence._secret_check(i.lease, i.epoch, i.secret) IS DISTINCT FROM 'ok';
+
+    RETURN QUERY
+    WITH input AS (
+        SELECT i.lease, i.epoch, i.secret, i.ord, pgfence._cluster_of(i.lease) = ANY (refused) AS refused
+          FROM unnest(p_leases, p_epochs, p_secrets) WITH ORDINALITY AS i(lease, epoch, secret, ord)
+    ), judged AS (
+        SELECT i.lease, i.epoch, i.ord, l.epoch AS current_epoch,
+               CASE WHEN i.refused THEN 'no_grant'
+                    ELSE coalesce(pgfence._loss_reason(l, p_holder, i.epoch, ts, tl),
+                                  CASE WHEN pgfence._secret_check(i.lease, i.epoch, i.secret) IS DISTINCT FROM 'ok'
+                                       THEN 'bad_secret' END) END AS why
+          FROM input i
+          LEFT JOIN pgfence.leases l ON l.name = i.lease
+    ), renewed AS (
+        UPDATE pgfence.leases l
+           SET expires_at = ts + p_ttl_ms * interval '1 millisecond', renewed_at = ts, ttl_ms = p_ttl_ms
+         WHERE l.name IN (SELECT j.lease FROM judged j WHERE j.why IS NULL)
+        RETURNING l.name
+    )
+    -- `judged` reads the rows as they were before this statement's UPDATE (locked by us: nobody else changed
+    -- them), so one tenure listed twice is answered the same twice, and one holder may present two tenures of
+    -- one lease (an old one it has not noticed is superseded, and the new one). The UPDATE runs whatever the
+    -- outer query reads of it (a data-modifying CTE always runs to completion).
+    SELECT j.lease,
+           CASE WHEN j.why IS NULL THEN 'renewed' WHEN j.why IN ('no_grant', 'bad_secret') THEN 'denied'
+                ELSE 'lost' END,
+           j.why,
+           CASE WHEN j.why = 'no_grant' THEN NULL ELSE j.current_epoch END
+      FROM judged j
+     ORDER BY j.ord;
+END;
+$$;
+
+-- Release: ends the tenure (holder, epoch) at once so a successor can acquire immediately. Idempotent, and it
+-- never touches a successor's tenure: releasing an epoch that is no longer current is a no-op ('not_held').
+-- It waits for the tenure's guarded writes in flight (at most the takeover grace, then ends them). Only the
+-- tenure's secret ends it: a wrong one is refused ('denied', 'bad_secret') and audited.
+CREATE FUNCTION pgfence.release(p_lease text, p_holder text, p_epoch bigint, p_secret text)
+RETURNS pgfence.lease_result
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l  pgfence.leases;
+    ts timestamptz;
+    tl bigint;
+    why text;
+    denied pgfence.lease_result;
+BEGIN
+    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
+    PERFORM pgfence._check_text('holder', p_holder, 256);
+    denied := pgfence._deny_lease_call(p_lease, p_epoch, 'release');
+    IF denied.outcome IS NOT NULL THEN
+        RETURN denied;
+    END IF;
+    tl := pgfence._timeline();
+
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+    why := pgfence._loss_reason(l, p_holder, p_epoch, clock_timestamp(), tl);
+    IF why IS NOT NULL AND why NOT IN ('expired', 'failover') THEN
+        RETURN ROW('not_held', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
+    END IF;
+    -- Decided for good ('bad' is final), before any lock.
+    IF pgfence._secret_check(p_lease, p_epoch, p_secret) = 'bad' THEN
+        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'release', NULL, NULL,
+                                p_may_wait => true);
+        RETURN ROW('denied', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
+    END IF;
+    l := pgfence._lock_lease_row(p_lease);
+    why := pgfence._loss_reason(l, p_holder, p_epoch, clock_timestamp(), tl);
+    IF why IS NOT NULL AND why NOT IN ('expired', 'failover') THEN
+        RETURN ROW('not_held', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
+    END IF;
+    IF pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok' THEN
+        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'release', NULL, NULL);
+        RETURN ROW('denied', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
+    END IF;
+    PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
+    ts := clock_timestamp();
+
+    UPDATE pgfence.leases SET state = 'released', expires_at = LEAST(expires_at, ts) WHERE name = p_lease;
+    UPDATE pgfence.tenures
+       SET ended_at = LEAST(l.expires_at, ts),
+           end_reason = CASE WHEN why = 'failover' THEN 'failover'
+                             WHEN l.expires_at <= ts THEN 'expired' ELSE 'released' END
+     WHERE lease = p_lease AND epoch = p_epoch AND ended_at IS NULL;
+    -- Wake waiting candidates (delivered at commit) so a successor acquires in milliseconds, not a poll later.
+    -- The payload is the lease's lock key, not its name: any role may LISTEN, and only roles that can read the
+    -- lease row (a grant on its cluster) can tell which lease it is.
+    PERFORM pg_notify('pgfence_lease_free', l.lock_key::text);
+    RETURN ROW('released', why, p_epoch, p_holder, 0, NULL)::pgfence.lease_result;
+END;
+$$;
+
+-- Operator override: ends whatever tenure is current so its epoch can no longer write. The epoch is kept (the
+-- next acquisition issues epoch + 1). Waits for the tenure's guarded writes in flight (at most the takeover
+-- grace, then ends them). Needs operator rights on the lease's cluster ('denied' / 'no_grant' otherwise).
+CREATE FUNCTION pgfence.force_release(p_lease text)
+RETURNS pgfence.lease_result
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l  pgfence.leases;
+    ts timestamptz;
+    why text;
+    denied pgfence.lease_result;
+BEGIN
+    PERFORM pgfence._check_lease_args(p_lease, 1);
+    denied := pgfence._deny_lease_call(p_lease, 0, 'force_release', p_operator => true);
+    IF denied.outcome IS NOT NULL THEN
+        RETURN denied;
+    END IF;
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+    IF NOT FOUND THEN
+        RETURN ROW('not_held', 'unknown_lease', NULL, NULL, NULL, NULL)::pgfence.lease_result;
+    ELSIF l.state = 'released' THEN
+        RETURN ROW('not_held', 'released', l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
+    END IF;
+    l := pgfence._lock_lease_row(p_lease);
+    IF l.state = 'released' THEN
+        RETURN ROW('not_held', 'released', l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
+    END IF;
+    PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
+    ts := clock_timestamp();
+    why := CASE WHEN l.timeline < pgfence._timeline() THEN 'failover'
+                WHEN l.expires_at <= ts THEN 'expired' ELSE 'forced' END;
+    UPDATE pgfence.leases SET state = 'released', expires_at = LEAST(expires_at, ts) WHERE name = p_lease;
+    UPDATE pgfence.tenures
+       SET ended_at = LEAST(l.expires_at, ts), end_reason = why
+     WHERE lease = p_lease AND epoch = l.epoch AND ended_at IS NULL;
+    PERFORM pg_notify('pgfence_lease_free', l.lock_key::text);
+    RETURN ROW('released', why, l.epoch, l.holder, 0, NULL)::pgfence.lease_result;
+END;
+$$;
+
+-- Every change of who may write a lease (epoch, holder, state, timeline) takes its guard lock EXCLUSIVE, also
+-- when a role with table privileges UPDATEs the row directly: it waits for guarded transactions in flight and
+-- holds off new ones until it commits; like theirs, its wait is bounded by the grace, after which it ends the
+-- guard holders. The functions above take the lock themselves first; for them this is a re-grant. Epochs never go down and lease rows are never
+-- deleted (invariant 1: a deleted row would restart at epoch 0).
+CREATE FUNCTION pgfence._lease_change() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
+        RAISE EXCEPTION 'pgfence: lease rows are never deleted (their epochs must keep increasing)'
+            USING ERRCODE = 'PF005';
+    END IF;
+    IF NEW.epoch < OLD.epoch OR NEW.name <> OLD.name OR NEW.lock_key <> OLD.lock_key THEN
+        RAISE EXCEPTION 'pgfence: refused change of lease %: epochs never go down, names and lock keys never change',
+            pgfence._printable(OLD.name) USING ERRCODE = 'PF005';
+    END IF;
+    -- Bounded like a takeover: the grace, then the guard holders are ended (a no-op re-grant for the functions,
+    -- which took the lock already).
+    PERFORM pgfence._take_guard_lock(OLD.name, OLD.lock_key);
+    RETURN NEW;
+END;
+$$;
+CREATE TRIGGER lease_change BEFORE UPDATE ON pgfence.leases FOR EACH ROW
+    WHEN (OLD.epoch IS DISTINCT FROM NEW.epoch OR OLD.holder IS DISTINCT FROM NEW.holder
+          OR OLD.state IS DISTINCT FROM NEW.state OR OLD.timeline IS DISTINCT FROM NEW.timeline
+          OR OLD.name IS DISTINCT FROM NEW.name OR OLD.lock_key IS DISTINCT FROM NEW.lock_key)
+    EXECUTE FUNCTION pgfence._lease_change();
+CREATE TRIGGER lease_delete BEFORE DELETE ON pgfence.leases FOR EACH ROW EXECUTE FUNCTION pgfence._lease_change();
+CREATE TRIGGER lease_truncate BEFORE TRUNCATE ON pgfence.leases
+    FOR EACH STATEMENT EXECUTE FUNCTION pgfence._lease_change();
+
+-- The takeover grace (an operator setting): how long a takeover waits for guarded transactions of the ending
+-- tenure before it terminates them. Returns the new value in milliseconds.
+CREATE FUNCTION pgfence.set_takeover_grace(p_grace interval) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ms bigint;
+BEGIN
+    PERFORM pgfence._require_instance_operator('set_takeover_grace');
+    IF p_grace IS NULL OR p_grace < interval '0' OR p_grace > interval '10 minutes' THEN
+        RAISE EXCEPTION 'pgfence: takeover grace must be between 0 and 10 minutes' USING ERRCODE = '22023';
+    END IF;
+    ms := ceil(extract(epoch FROM p_grace) * 1000)::bigint;
+    UPDATE pgfence.instance SET takeover_grace_ms = ms;
+    RETURN ms;
+END;
+$$;
+
+-- Tenures with the time of their last accepted task write (every guarded task write appends an event). A view
+-- runs with its owner's rights, which row-level security does not filter: the WHERE clause applies the same rule,
+-- and security_barrier makes it run before any condition of the caller's (which could otherwise see, through an
+-- error or a function with side effects, rows the rule hides).
+CREATE VIEW pgfence.tenure_history WITH (security_barrier) AS
+SELECT t.lease, t.epoch, t.holder, t.acquired_at, t.ended_at, t.end_reason,
+       -- The newest event of the epoch, found by a backward scan of task_events_epoch_idx.
+       (SELECT e.created_at FROM pgfence.task_events e
+         WHERE e.lease = t.lease AND e.epoch = t.epoch ORDER BY e.id DESC LIMIT 1) AS last_write_at
+  FROM pgfence.tenures t
+ WHERE (SELECT pgfence._reads_all()) OR split_part(t.lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]);

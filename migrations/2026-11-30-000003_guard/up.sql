@@ -1,0 +1,396 @@
+-- pgfence migration 3 of 5, the guard: _guard and its slow path (_wait_guard_lock), pgfence.fence for a
+-- caller's own transaction, the safety net of the one-statement guarded write (ungated_write), the raw-SQL
+-- enforcement (its triggers and switch) and the audit's retention (prune_rejections).
+-- Called from Rust by src/fence.rs (Store::fenced and Store::guarded_write send pgfence.fence; set_enforcement,
+-- enforcement, prune_rejections; Store::rejections reads pgfence.rejections); src/tasks.rs's functions
+-- (000004_tasks) call _guard. set_enforcement calls pgfence._harden (000005_roles) when it runs.
+
+-- ---------------------------------------------------------------------------------------------------------
+-- The guard.
+
+-- The slow path of a guard: the shared guard lock is not free at once (a takeover holds it or waits for it).
+-- Waits at most _lock_wait_ms(), then fails naming who blocks.
+CREATE FUNCTION pgfence._wait_guard_lock(p_lease text, p_lock_key integer) RETURNS void
+LANGUAGE plpgsql SET lock_timeout = '10min' AS $$
+DECLARE
+    wait_ms bigint := pgfence._lock_wait_ms();
+BEGIN
+    PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(1885824613, p_lock_key);
+EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION 'pgfence: guarded write on lease % waited % ms for its guard lock; held by %; queued before it: %',
+        pgfence._printable(p_lease), wait_ms,
+        pgfence._describe_backends(pgfence._guard_lockers(p_lock_key, true)),
+        pgfence._describe_backends(pgfence._guard_lockers(p_lock_key, false))
+        USING ERRCODE = 'PF003',
+              HINT = 'A takeover of this lease is in flight or its transaction stays open.';
+END;
+$$;
+
+-- The name of the transaction-local setting in which pgfence.fence leaves the presented secret for the raw-SQL
+-- enforcement triggers (per lease: one transaction may be fenced by several leases).
+CREATE FUNCTION pgfence._fence_setting(p_lock_key integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'pgfence.tenure_secret_' || p_lock_key::text
+$$;
+
+-- Checks that the session's role may use p_lease's cluster, that p_epoch is the current, held, unexpired epoch
+-- of p_lease, granted on the current timeline, and that p_secret is its tenure's secret; and keeps the lease's
+-- guard lock SHARED until the end of the calling transaction, so no takeover can commit before the caller's
+-- write. Returns NULL when all holds; otherwise records the refusal and returns the 'denied' or 'stale' result.
+-- Needs READ COMMITTED (PF004 otherwise): under REPEATABLE READ or SERIALIZABLE the transaction's snapshot may
+-- predate a takeover that committed before the lock was granted.
+CREATE FUNCTION pgfence._guard(p_lease text, p_epoch bigint, p_secret text, p_operation text, p_table text,
+                               p_key text)
+RETURNS pgfence.write_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    l   pgfence.leases;
+    why text;
+    pre record;
+    secret_ok boolean;
+    kept text;
+BEGIN
+    -- What makes a presented epoch stale is permanent: epochs only grow, a released tenure stays released, an
+    -- expired one can never be renewed and timelines only grow. (One conservative exception: a renewal that
+    -- judged the tenure live just before its expiry and commits just after it extends a tenure that a guard
+    -- reading in between refuses as 'expired'. Nobody could acquire meanwhile — the renewal holds the row — so
+    -- this refuses a write that would have been safe, never the reverse.) So if even an unlocked read shows the epoch
+    -- stale, it is stale for good: refusing it without the guard lock keeps a hammering stale holder off the
+    -- lock that the current leader's writes share and that a takeover waits for. (Under READ COMMITTED the read
+    -- is fresh, so 'future_epoch' too is decided: that epoch has not been issued.)
+    -- First, before any read: under REPEATABLE READ or SERIALIZABLE even a refusal could misreport (an old
+    -- snapshot's current epoch) or fail with a bare 40001 on the aggregated audit row.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'pgfence: guarded writes need READ COMMITTED isolation; this transaction is %',
+            upper(current_setting('transaction_isolation'))
+            USING ERRCODE = 'PF004',
+                  HINT = 'Run the guarded write in a READ COMMITTED transaction (BEGIN ISOLATION LEVEL READ COMMITTED).';
+    END IF;
+    -- The pre-check, in one statement (each statement of a function costs an executor run): the role's grant on
+    -- the cluster (the rule inlined here, not a call of _may_use: that would be a second executor run), the
+    -- lease, the hash of its current tenure's secret and the WAL timeline.
+    SELECT u.granted, pgfence._timeline() AS tl, x AS lease, s.epoch AS secret_epoch, s.hash AS secret_hash
+      INTO pre
+      FROM pgfence._grant_of(pgfence._cluster_of(p_lease)) AS u
+      LEFT JOIN pgfence.leases x ON x.name = p_lease
+      LEFT JOIN pgfence.tenure_secrets s ON s.lease = p_lease;
+    IF NOT pre.granted THEN
+        RETURN pgfence._reject(p_lease, p_epoch, NULL, NULL, 'no_grant', p_operation, p_table, p_key,
+                               p_may_wait => true);
+    END IF;
+    l := pre.lease;
+    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), pre.tl);
+    IF why IS NULL AND pre.secret_epoch = p_epoch THEN
+        -- A forged fence is refused before it takes the guard lock, like a stale one (a tenure's secret never
+        -- changes, so the answer is final either way).
+        secret_ok := pgfence._secret_matches(pre.secret_hash, p_secret);
+        IF NOT secret_ok THEN
+            why := 'bad_secret';
+        END IF;
+    END IF;
+    IF why IS NOT NULL THEN
+        RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key,
+                               p_may_wait => true);
+    END IF;
+    -- Fair: a try-lock fails while a takeover waits for the exclusive lock, like a queued request would wait.
+    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
+        PERFORM pgfence._wait_guard_lock(p_lease, l.lock_key);
+    END IF;
+    -- A new statement, so a new snapshot under READ COMMITTED: every takeover that held the exclusive lock before
+    -- we were granted the shared one has committed (a transaction's locks are released after its commit is
+    -- visible) and shows here.
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), pre.tl);
+    -- The secret is undecided here only when the tenure was superseded between the pre-check's reads, which the
+    -- read above reports; checked again all the same.
+    IF why IS NULL AND secret_ok IS NOT TRUE
+       AND pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok' THEN
+        why := 'bad_secret';
+    END IF;
+    IF why IS NULL THEN
+        -- For the rest of the transaction, raw writes of this tenure pass the raw-SQL enforcement. An assignment,
+        -- not PERFORM: a plpgsql expression without an executor run.
+        kept := pg_catalog.set_config(pgfence._fence_setting(l.lock_key), p_secret, true);
+        RETURN NULL;
+    END IF;
+    RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key);
+END;
+$$;
+
+-- The guard for a caller's own transaction (the generic fenced transaction):
+--   BEGIN; SELECT outcome FROM pgfence.fence('prod/scheduler', 7, '<secret>', 'rebalance');  -- 'ok', else no
+--   ... your writes, only if 'ok' ...; COMMIT;
+-- On 'stale' or 'denied' the refusal row is already written: COMMIT (not ROLLBACK) to keep it. On 'ok' the
+-- secret is also kept for the rest of the transaction (a transaction-local setting of this session), so raw
+-- writes to pgfence.tasks and pgfence.task_events pass the raw-SQL enforcement.
+CREATE FUNCTION pgfence.fence(p_lease text, p_epoch bigint, p_secret text,
+                              p_operation text DEFAULT 'fenced_transaction', p_table text DEFAULT NULL,
+                              p_key text DEFAULT NULL)
+RETURNS pgfence.write_result
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    problem text;
+    r pgfence.write_result;
+BEGIN
+    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND pgfence._plain_arg(p_operation, 64)
+        AND pgfence._plain_arg(p_table, 64, p_optional => true)
+        AND pgfence._plain_arg(p_key, 256, p_optional => true)) IS NOT TRUE THEN
+        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
+                            pgfence._arg_problem('operation', p_operation, 64),
+                            pgfence._arg_problem('target table', p_table, 64, p_optional => true),
+                            pgfence._arg_problem('target key', p_key, 256, p_optional => true));
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        END IF;
+    END IF;
+    r := pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);
+    IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
+        RETURN r;
+    END IF;
+    RETURN ROW('ok', NULL, p_epoch, NULL, NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::pgfence.write_result;
+END;
+$$;
+
+-- The safety net of the one-statement guarded write (Store::guarded_write; see pgfence.fence above): the caller's
+-- statement changed rows although its guard refused, so its SQL does not test pgfence_guard.passed. Raising
+-- rolls the whole statement back, the refusal's audit row with it: a refused write never commits, and the caller
+-- learns that its statement is not gated (SQLSTATE PF006).
+CREATE FUNCTION pgfence.ungated_write(p_outcome text, p_written bigint) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'pgfence: a guarded write changed % rows although its guard answered %: the statement does not test pgfence_guard.passed',
+        p_written, pgfence._printable(p_outcome)
+        USING ERRCODE = 'PF006',
+              HINT = 'Add AND (SELECT passed FROM pgfence_guard) to its WHERE clause (INSERT: INSERT ... SELECT ... WHERE it).';
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Raw-SQL enforcement (off by default; `SELECT pgfence.set_enforcement(true)`): every INSERT or UPDATE of
+-- pgfence.tasks must carry the lease's current epoch in `fence`, every INSERT into pgfence.task_events in
+-- `epoch` (and name its task's lease), in a transaction that presented that tenure's secret to pgfence.fence
+-- (or another guarded function) first; DELETE/TRUNCATE of tasks and moving a task to another lease are
+-- refused; and every other pgfence table (leases, tenures, tenure_secrets, rejections, grants, instance) may
+-- be written only by the schema owner — that is, through the pgfence functions — whatever table privileges a
+-- role was given. The pgfence functions satisfy this by construction. Two modes for the task tables:
+--   'error': the statement fails with SQLSTATE PF001 (its transaction aborts, so nothing can be recorded);
+--   'audit': the offending row is skipped, the refusal is recorded in pgfence.rejections (operation
+--            'raw_insert' / 'raw_update' / 'raw_delete') and a WARNING tells the client.
+-- TRUNCATE is always refused with an error (a statement-level trigger cannot skip rows).
+
+CREATE FUNCTION pgfence._enforce_epoch() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    presented bigint;
+    target    text;
+    key       text;
+    l   pgfence.leases;
+    why text;
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        RAISE EXCEPTION 'pgfence: enforcement refuses TRUNCATE on pgfence.%', TG_TABLE_NAME USING ERRCODE = 'PF001';
+    END IF;
+    -- Separate statements per table: plpgsql plans each one against NEW's row type when it first runs.
+    IF TG_TABLE_NAME = 'tasks' AND TG_OP = 'DELETE' THEN
+        target := OLD.lease; presented := OLD.fence; key := OLD.key; why := 'delete_refused';
+    ELSIF TG_TABLE_NAME = 'tasks' THEN
+        target := NEW.lease; presented := NEW.fence; key := NEW.key;
+        IF TG_OP = 'UPDATE' AND NEW.lease IS DISTINCT FROM OLD.lease THEN
+            why := 'lease_change';
+        ELSIF TG_OP = 'UPDATE' AND NEW.fence < OLD.fence THEN
+            why := 'row_fence';
+        END IF;
+    ELSE
+        target := NEW.lease; presented := NEW.epoch; key := NEW.task_id::text;
+        -- An event belongs to its task's lease: the epoch is checked against that lease, not one the
+        -- statement names.
+        IF NOT EXISTS (SELECT 1 FROM pgfence.tasks t WHERE t.id = NEW.task_id AND t.lease = NEW.lease) THEN
+            why := 'lease_mismatch';
+        END IF;
+    END IF;
+    -- Before anything is read: a role with table privileges may write only the clusters it has a grant on
+    -- (this trigger runs before row-level security's check of the new row), and an epoch below 1 was never issued.
+    IF NOT pgfence._may_use(pgfence._cluster_of(target)) THEN
+        why := 'no_grant';
+    ELSIF presented IS NULL OR presented < 1 THEN
+        why := 'future_epoch';
+    END IF;
+    IF why IN ('no_grant', 'future_epoch') THEN
+        IF TG_NARGS > 0 AND TG_ARGV[0] = 'audit' THEN
+            PERFORM pgfence._reject(target, coalesce(presented, 0), NULL, NULL, why, 'raw_' || lower(TG_OP),
+                                    TG_TABLE_NAME, key);
+            RAISE WARNING 'pgfence: refused raw % on pgfence.% (%); recorded in pgfence.rejections',
+                TG_OP, TG_TABLE_NAME, why;
+            RETURN NULL;
+        END IF;
+        RAISE EXCEPTION 'pgfence: enforcement refuses this % on pgfence.% (%)', TG_OP, TG_TABLE_NAME, why
+            USING ERRCODE = 'PF001';
+    END IF;
+    -- A transaction that did not present the tenure's secret is refused before it takes the guard lock.
+    IF why IS NULL AND pgfence._secret_check(target, presented,
+                                             current_setting(pgfence._fence_setting(
+                                                 (SELECT x.lock_key FROM pgfence.leases x WHERE x.name = target)),
+                                                 true)) = 'bad' THEN
+        why := 'bad_secret';
+    END IF;
+    -- The guard's protocol: the lease's guard lock shared, then the row read in a new snapshot.
+    SELECT * INTO l FROM pgfence.leases WHERE name = target;
+    IF FOUND AND why IS DISTINCT FROM 'bad_secret' THEN
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'pgfence: writes to pgfence.% need READ COMMITTED isolation; this transaction is %',
+                TG_TABLE_NAME, upper(current_setting('transaction_isolation')) USING ERRCODE = 'PF004';
+        END IF;
+        IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
+            PERFORM pgfence._wait_guard_lock(target, l.lock_key);
+        END IF;
+        SELECT * INTO l FROM pgfence.leases WHERE name = target;
+    END IF;
+    IF why IS NULL THEN
+        why := pgfence._loss_reason(l, NULL, presented, clock_timestamp(), pgfence._timeline());
+    END IF;
+    -- Knowing the epoch is not enough: the transaction must have presented the tenure's secret to the guard.
+    IF why IS NULL AND pgfence._secret_check(target, presented,
+                                             current_setting(pgfence._fence_setting(l.lock_key), true))
+                       IS DISTINCT FROM 'ok' THEN
+        why := 'bad_secret';
+    END IF;
+    IF why IS NULL THEN
+        RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    END IF;
+    IF TG_NARGS > 0 AND TG_ARGV[0] = 'audit' THEN
+        PERFORM pgfence._reject(target, presented, l.epoch, l.holder, why,
+                                'raw_' || lower(TG_OP), TG_TABLE_NAME, key);
+        RAISE WARNING 'pgfence: refused raw % on pgfence.% (%, presented epoch %, current %); recorded in pgfence.rejections',
+            TG_OP, TG_TABLE_NAME, why, presented, l.epoch;
+        RETURN NULL;
+    END IF;
+    IF why IN ('delete_refused', 'lease_change', 'lease_mismatch', 'bad_secret') THEN
+        RAISE EXCEPTION 'pgfence: enforcement refuses this % on pgfence.% (%)', TG_OP, TG_TABLE_NAME, why
+            USING ERRCODE = 'PF001';
+    END IF;
+    RAISE EXCEPTION 'pgfence: stale write to %: presented epoch %, current epoch % (%)',
+        target, presented, l.epoch, why USING ERRCODE = 'PF001';
+END;
+$$;
+
+CREATE TRIGGER enforce_epoch BEFORE INSERT OR UPDATE OR DELETE ON pgfence.tasks
+    FOR EACH ROW EXECUTE FUNCTION pgfence._enforce_epoch('error');
+CREATE TRIGGER enforce_audit BEFORE INSERT OR UPDATE OR DELETE ON pgfence.tasks
+    FOR EACH ROW EXECUTE FUNCTION pgfence._enforce_epoch('audit');
+CREATE TRIGGER enforce_truncate BEFORE TRUNCATE ON pgfence.tasks
+    FOR EACH STATEMENT EXECUTE FUNCTION pgfence._enforce_epoch();
+CREATE TRIGGER enforce_epoch BEFORE INSERT ON pgfence.task_events
+    FOR EACH ROW EXECUTE FUNCTION pgfence._enforce_epoch('error');
+CREATE TRIGGER enforce_audit BEFORE INSERT ON pgfence.task_events
+    FOR EACH ROW EXECUTE FUNCTION pgfence._enforce_epoch('audit');
+ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_epoch;
+ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_audit;
+ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_truncate;
+ALTER TABLE pgfence.task_events DISABLE TRIGGER enforce_epoch;
+ALTER TABLE pgfence.task_events DISABLE TRIGGER enforce_audit;
+
+-- The other tables: only the schema owner writes them (SECURITY INVOKER on purpose: current_user is the role
+-- whose statement writes, which is the owner inside every pgfence function).
+CREATE FUNCTION pgfence._owner_writes_only() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NOT pg_has_role(current_user, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgfence'), 'MEMBER')
+    THEN
+        RAISE EXCEPTION 'pgfence: enforcement refuses % on pgfence.% by role %: only the pgfence functions write it',
+            TG_OP, TG_TABLE_NAME, quote_literal(regexp_replace(current_user, '[[:cntrl:]]', '?', 'g'))
+            USING ERRCODE = 'PF001';
+    END IF;
+    RETURN CASE WHEN TG_LEVEL = 'STATEMENT' THEN NULL WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+END;
+$$;
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'rejections', 'grants', 'instance'] LOOP
+        EXECUTE format('CREATE TRIGGER enforce_owner BEFORE INSERT OR UPDATE OR DELETE ON pgfence.%I '
+                       'FOR EACH ROW EXECUTE FUNCTION pgfence._owner_writes_only()', t);
+        EXECUTE format('CREATE TRIGGER enforce_owner_truncate BEFORE TRUNCATE ON pgfence.%I '
+                       'FOR EACH STATEMENT EXECUTE FUNCTION pgfence._owner_writes_only()', t);
+        EXECUTE format('ALTER TABLE pgfence.%I DISABLE TRIGGER enforce_owner', t);
+        -- TRUNCATE bypasses row-level security: refused to other roles whether enforcement is on or not.
+    END LOOP;
+END;
+$$;
+
+-- Its table locks (ALTER TABLE … TRIGGER, LOCK TABLE) wait at most _lock_wait_ms(), then fail with PF003
+-- naming the backends that hold locks on pgfence tables.
+CREATE FUNCTION pgfence.set_enforcement(p_on boolean, p_mode text DEFAULT 'error') RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '10min' AS $$
+DECLARE
+    t text;
+    wait_ms bigint := pgfence._lock_wait_ms();
+BEGIN
+    PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+    PERFORM pgfence._require_instance_operator('set_enforcement');
+    IF p_mode IS NULL OR p_mode NOT IN ('error', 'audit') THEN
+        RAISE EXCEPTION 'pgfence: enforcement mode must be ''error'' or ''audit'', got %', pgfence._printable(p_mode)
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM pgfence._harden();
+    -- Lock both task tables up front, in the order readers join them (tasks, then task_events).
+    LOCK TABLE pgfence.tasks, pgfence.task_events IN SHARE ROW EXCLUSIVE MODE;
+    FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'rejections', 'grants', 'instance'] LOOP
+        EXECUTE format('ALTER TABLE pgfence.%I %s TRIGGER enforce_owner', t,
+                       CASE WHEN p_on THEN 'ENABLE' ELSE 'DISABLE' END);
+    END LOOP;
+    ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_epoch;
+    ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_audit;
+    ALTER TABLE pgfence.tasks DISABLE TRIGGER enforce_truncate;
+    ALTER TABLE pgfence.task_events DISABLE TRIGGER enforce_epoch;
+    ALTER TABLE pgfence.task_events DISABLE TRIGGER enforce_audit;
+    IF p_on AND p_mode = 'error' THEN
+        ALTER TABLE pgfence.tasks ENABLE TRIGGER enforce_epoch;
+        ALTER TABLE pgfence.task_events ENABLE TRIGGER enforce_epoch;
+    ELSIF p_on THEN
+        ALTER TABLE pgfence.tasks ENABLE TRIGGER enforce_audit;
+        ALTER TABLE pgfence.task_events ENABLE TRIGGER enforce_audit;
+    END IF;
+    IF p_on THEN
+        ALTER TABLE pgfence.tasks ENABLE TRIGGER enforce_truncate;
+    END IF;
+    RETURN p_on;
+EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION 'pgfence: set_enforcement waited % ms for a table lock; blocked by %', wait_ms,
+        pgfence._describe_backends(pgfence._table_lockers())
+        USING ERRCODE = 'PF003', HINT = 'A long transaction on pgfence tables holds them: let it finish and retry.';
+END;
+$$;
+
+CREATE FUNCTION pgfence.enforcement() RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce((SELECT CASE t.tgname WHEN 'enforce_epoch' THEN 'error' ELSE 'audit' END
+                       FROM pg_catalog.pg_trigger t
+                      WHERE t.tgrelid = 'pgfence.tasks'::regclass AND t.tgname IN ('enforce_epoch', 'enforce_audit')
+                        AND t.tgenabled <> 'D'
+                      LIMIT 1), 'off')
+$$;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Audit retention: deletes at most p_batch aggregated rejections last seen before now - p_older_than, and
+-- returns how many it deleted. Callers loop until it returns 0; each call is a short transaction.
+CREATE FUNCTION pgfence.prune_rejections(p_older_than interval, p_batch integer DEFAULT 10000)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n integer;
+BEGIN
+    PERFORM pgfence._require_instance_operator('prune_rejections');
+    IF p_older_than IS NULL OR p_older_than < interval '0' OR p_batch IS NULL OR p_batch < 1 OR p_batch > 1000000 THEN
+        RAISE EXCEPTION 'pgfence: prune needs a non-negative age and a batch of 1 to 1000000 rows'
+            USING ERRCODE = '22023';
+    END IF;
+    DELETE FROM pgfence.rejections
+     WHERE id IN (SELECT id FROM pgfence.rejections
+                   WHERE last_rejected_at < clock_timestamp() - p_older_than
+                   ORDER BY last_rejected_at LIMIT p_batch);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END;
+$$;

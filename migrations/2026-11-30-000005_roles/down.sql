@@ -1,0 +1,34 @@
+-- Undoes 000005_roles: drops its functions and policies and turns row-level security off. Every role granted
+-- through pgfence.grants first loses the privileges pgfence._grant gave it: without row-level security, SELECT
+-- would show it every cluster. Its rows in pgfence.grants stay, so it is back once granted again. What was
+-- revoked from PUBLIC stays revoked: granting pgfence's SECURITY DEFINER functions to every role is no state
+-- worth returning to.
+DO $$
+DECLARE
+    r regrole;
+BEGIN
+    FOR r IN SELECT DISTINCT g.role FROM pgfence.grants g LOOP
+        EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA pgfence FROM %s', r);
+        EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgfence FROM %s', r);
+        EXECUTE format('REVOKE ALL ON SCHEMA pgfence FROM %s', r);
+    END LOOP;
+END;
+$$;
+DROP FUNCTION pgfence.revoke(text, text);
+DROP FUNCTION pgfence.grant_operator(text, text);
+DROP FUNCTION pgfence.grant_application(text, text);
+DROP FUNCTION pgfence._grant(text, text, boolean);
+DROP FUNCTION pgfence._harden();
+DROP POLICY own_grants ON pgfence.grants;
+DROP POLICY granted_clusters ON pgfence.rejections;
+DROP POLICY granted_clusters ON pgfence.task_events;
+DROP POLICY granted_clusters ON pgfence.tasks;
+DROP POLICY granted_clusters ON pgfence.tenures;
+DROP POLICY granted_clusters ON pgfence.leases;
+ALTER TABLE pgfence.tenure_secrets DISABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.grants DISABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.rejections DISABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.task_events DISABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.tasks DISABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.tenures DISABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.leases DISABLE ROW LEVEL SECURITY;

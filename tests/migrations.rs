@@ -1,0 +1,257 @@
+//! The migrations one at a time, as an upgrade applies them: each applies on a database holding the data the
+//! ones before it could write, its down.sql undoes it, and the end state is the schema of a database migrated at
+//! once, on which the data written along the way is still guarded. The harness of the upgrade tests that
+//! docs/schema-changes.md asks for from the first release on (there is no release yet: this applies the tree's
+//! own migrations in order).
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{role, url_as, TestDb};
+use diesel::migration::MigrationSource;
+use diesel::pg::Pg;
+use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use diesel_migrations::MigrationHarness;
+use pgfence::{Error, LossReason, Store, StoreConfig, TaskState};
+use serde_json::json;
+
+const TTL: Duration = Duration::from_secs(60);
+
+/// Every pgfence object as text, one line each, sorted: functions (with a hash of their definition and their
+/// privileges), relations, columns, constraints, indexes, triggers (and whether they are enabled), policies, views
+/// and composite types. Two databases with the same snapshot have the same schema.
+const SNAPSHOT: &str = "
+SELECT coalesce(string_agg(x, E'\\n' ORDER BY x), '') FROM (
+    SELECT 'function ' || p.oid::regprocedure || ' ' || md5(pg_get_functiondef(p.oid)) || ' '
+           || coalesce(p.proacl::text, 'default')
+      FROM pg_proc p WHERE p.pronamespace = 'pgfence'::regnamespace
+    UNION ALL
+    SELECT 'relation ' || c.relname || ' ' || c.relkind::text || ' rls ' || c.relrowsecurity || ' '
+           || coalesce(c.relacl::text, 'default') || ' ' || coalesce(c.reloptions::text, '')
+      FROM pg_class c WHERE c.relnamespace = 'pgfence'::regnamespace
+    UNION ALL
+    SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+           || ' ' || a.attnotnull || ' ' || a.attidentity::text || ' ' || a.attgenerated::text || ' '
+           || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+      FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+      LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+     WHERE c.relnamespace = 'pgfence'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
+    UNION ALL
+    SELECT 'constraint ' || conrelid::regclass || ' ' || conname || ' ' || pg_get_constraintdef(oid)
+      FROM pg_constraint WHERE connamespace = 'pgfence'::regnamespace
+    UNION ALL
+    SELECT 'index ' || pg_get_indexdef(i.indexrelid)
+      FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid WHERE c.relnamespace = 'pgfence'::regnamespace
+    UNION ALL
+    SELECT 'trigger ' || t.tgrelid::regclass || ' ' || t.tgname || ' ' || t.tgenabled::text || ' '
+           || pg_get_triggerdef(t.oid)
+      FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+     WHERE c.relnamespace = 'pgfence'::regnamespace AND NOT t.tgisinternal
+    UNION ALL
+    SELECT 'policy ' || tablename || ' ' || policyname || ' ' || cmd || ' ' || coalesce(qual, '') || ' '
+           || coalesce(with_check, '')
+      FROM pg_policies WHERE schemaname = 'pgfence'
+    UNION ALL
+    SELECT 'view ' || viewname || ' ' || definition FROM pg_views WHERE schemaname = 'pgfence'
+    UNION ALL
+    SELECT 'schema ' || coalesce(nspacl::text, 'default') FROM pg_namespace WHERE nspname = 'pgfence'
+) objects(x)";
+
+async fn snapshot(db: &TestDb) -> String {
+    db.client()
+        .await
+        .query_one(SNAPSHOT, &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A migration harness on `db`, set up as `Store::migrate` sets up its connection: the pgfence schema first, on
+/// the search path, so that diesel keeps its record of applied migrations there.
+struct Harness(Option<AsyncConnectionWrapper<AsyncPgConnection>>);
+
+impl Harness {
+    async fn open(db: &TestDb) -> Harness {
+        let mut conn = AsyncPgConnection::establish(&db.url).await.unwrap();
+        conn.batch_execute("CREATE SCHEMA IF NOT EXISTS pgfence; SET search_path = pgfence")
+            .await
+            .unwrap();
+        Harness(Some(AsyncConnectionWrapper::from(conn)))
+    }
+
+    /// Runs `step` on the harness's connection, on a blocking thread: diesel's harness is synchronous and blocks
+    /// on the runtime.
+    async fn run<T: Send + 'static>(
+        &mut self,
+        step: impl FnOnce(&mut AsyncConnectionWrapper<AsyncPgConnection>) -> T + Send + 'static,
+    ) -> T {
+        let mut conn = self.0.take().expect("harness connection");
+        let (conn, out) = tokio::task::spawn_blocking(move || {
+            let out = step(&mut conn);
+            (conn, out)
+        })
+        .await
+        .unwrap();
+        self.0 = Some(conn);
+        out
+    }
+
+    async fn next(&mut self) -> String {
+        self.run(|conn| {
+            conn.run_next_migration(pgfence::MIGRATIONS)
+                .unwrap()
+                .to_string()
+        })
+        .await
+    }
+
+    async fn revert(&mut self) -> String {
+        self.run(|conn| {
+            conn.revert_last_migration(pgfence::MIGRATIONS)
+                .unwrap()
+                .to_string()
+        })
+        .await
+    }
+}
+
+/// The migrations apply one at a time, each on the data the ones before it let the library write: a lease after
+/// the lease protocol, a stale fence refused and audited after the guard, a task after the tasks. Each one's
+/// down.sql undoes exactly it (the roles' leaves PUBLIC revoked: see its down.sql) and it applies again. At the
+/// end the schema is that of a database migrated at once, and the data written along the way is still guarded:
+/// the live tenure renews and writes, its superseded predecessor is refused and audited, a new acquisition
+/// issues a larger epoch, and a role granted the cluster uses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_apply_one_at_a_time_on_data_and_end_as_a_fresh_schema() {
+    let reference = TestDb::empty().await;
+    reference.store("up").await.migrate().await.unwrap();
+    let fresh = snapshot(&reference).await;
+
+    let db = TestDb::empty().await;
+    let versions: Vec<String> = MigrationSource::<Pg>::migrations(&pgfence::MIGRATIONS)
+        .unwrap()
+        .iter()
+        .map(|m| m.name().version().to_string())
+        .collect();
+    assert_eq!(versions.len(), 5, "{versions:?}");
+    let mut harness = Harness::open(&db).await;
+    let mut before = snapshot(&db).await;
+    let mut store: Option<Store> = None;
+    let (mut superseded, mut current) = (None, None);
+    for (step, version) in versions.iter().enumerate() {
+        assert_eq!(&harness.next().await, version);
+        let after = snapshot(&db).await;
+        // The first migration's down.sql drops the schema, diesel's own record of applied migrations with it.
+        if step > 0 {
+            assert_eq!(&harness.revert().await, version);
+            if step < versions.len() - 1 {
+                assert_eq!(
+                    snapshot(&db).await,
+                    before,
+                    "{version}/down.sql undoes {version}/up.sql"
+                );
+            }
+            assert_eq!(&harness.next().await, version);
+            assert_eq!(
+                snapshot(&db).await,
+                after,
+                "{version} applies again after its down.sql"
+            );
+        }
+        before = after;
+        let store = match &store {
+            Some(store) => store.clone(),
+            None => store.insert(db.store("up").await).clone(),
+        };
+        match step {
+            // The lease protocol: two tenures of one lease.
+            1 => {
+                superseded = Some(store.acquire("a", "pod-1", TTL).await.unwrap());
+                current = Some(store.acquire("a", "pod-1", TTL).await.unwrap());
+            }
+            // The guard: the superseded tenure is refused and audited.
+            2 => {
+                let fence = superseded.as_ref().unwrap().fence();
+                let refused = store
+                    .fenced(&fence, "upgrade", |_| {
+                        Box::pin(async { Ok::<_, Error>(()) })
+                    })
+                    .await
+                    .unwrap_err();
+                assert!(matches!(refused, Error::Stale { .. }), "{refused:?}");
+            }
+            // Tasks: one, written by the current tenure.
+            3 => {
+                let fence = current.as_ref().unwrap().fence();
+                let write = store
+                    .create_task(&fence, "job", &json!({"n": 1}))
+                    .await
+                    .unwrap();
+                assert!(write.created);
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        db.store("up").await.migrate().await.unwrap().is_empty(),
+        "nothing left to apply"
+    );
+    assert_eq!(
+        snapshot(&db).await,
+        fresh,
+        "one at a time ends where all at once does"
+    );
+
+    let store = store.unwrap();
+    let (superseded, mut current) = (superseded.unwrap(), current.unwrap());
+    store.renew(&mut current).await.unwrap();
+    let moved = store
+        .transition_task(
+            &current.fence(),
+            "job",
+            TaskState::Pending,
+            TaskState::Running,
+            &json!({}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(moved.task.state, TaskState::Running);
+    match store
+        .append_event(&superseded.fence(), "job", "late", &json!({}))
+        .await
+    {
+        Err(Error::Stale {
+            reason: LossReason::Superseded,
+            current: Some(epoch),
+            ..
+        }) => assert_eq!(epoch, current.epoch()),
+        other => panic!("expected a stale refusal, got {other:?}"),
+    }
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.rejections WHERE reason = 'superseded'")
+            .await,
+        2,
+        "the refusals before and after the last migrations, each in its row"
+    );
+    store.release(&current).await.unwrap();
+    let next = store.acquire("a", "pod-2", TTL).await.unwrap();
+    assert!(next.epoch() > current.epoch());
+
+    let app = role(&db, "app").await;
+    store.grant_application(&app, Some("up")).await.unwrap();
+    let as_app = Store::connect(StoreConfig::new(url_as(&db, &app), "up"))
+        .await
+        .unwrap();
+    let mine = as_app.acquire("b", "app-1", TTL).await.unwrap();
+    as_app
+        .create_task(&mine.fence(), "job", &json!({}))
+        .await
+        .unwrap();
+    assert_eq!(
+        as_app.leases().await.unwrap().len(),
+        2,
+        "the granted role reads its cluster's leases, the one from before the roles migration included"
+    );
+}

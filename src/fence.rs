@@ -14,7 +14,6 @@
 //! SQL: `pgfence.fence`, `pgfence._guard`, `pgfence._wait_guard_lock`, `pgfence._reject` in `migrations/*/up.sql`.
 
 use std::future::Future;
-use std::pin::Pin;
 
 use chrono::{DateTime, Utc};
 use diesel::pg::sql_types::{Jsonb, Record};
@@ -113,9 +112,6 @@ fn check_operation(operation: &str) -> Result<()> {
 
 /// Counter of writes the database refused as stale (label `lease`).
 pub const METRIC_STALE_WRITES: &str = "pgfence_stale_writes_total";
-
-/// The future a [`Store::fenced`] callback returns: it borrows the transaction's connection.
-pub type FencedFuture<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
 
 /// The name of the guard's verdict in a one-statement guarded write ([`Store::guarded_write`]): a one-row CTE
 /// with the column `passed` (boolean), true only when the fence is current and its guard lock held.
@@ -542,24 +538,22 @@ impl Store {
     /// use diesel::sql_types::{Integer, Text};
     /// use diesel_async::RunQueryDsl;
     /// let moved = store
-    ///     .fenced(&lease.fence(), "rebalance", |conn| {
-    ///         Box::pin(async move {
-    ///             let n = pgfence::Cached::new(
-    ///                 diesel::sql_query("UPDATE shards SET owner = $1 WHERE id = $2")
-    ///                     .bind::<Text, _>("node-2")
-    ///                     .bind::<Integer, _>(7),
-    ///             )
-    ///             .execute(conn)
-    ///             .await?;
-    ///             Ok::<_, pgfence::Error>(n)
-    ///         })
+    ///     .fenced(&lease.fence(), "rebalance", async |conn| {
+    ///         let n = pgfence::Cached::new(
+    ///             diesel::sql_query("UPDATE shards SET owner = $1 WHERE id = $2")
+    ///                 .bind::<Text, _>("node-2")
+    ///                 .bind::<Integer, _>(7),
+    ///         )
+    ///         .execute(conn)
+    ///         .await?;
+    ///         Ok::<_, pgfence::Error>(n)
     ///     })
     ///     .await?;
     /// # Ok(()) }
     /// ```
     pub async fn fenced<T, E, F>(&self, fence: &Fence, operation: &str, work: F) -> Result<T, E>
     where
-        F: for<'c> FnOnce(&'c mut AsyncPgConnection) -> FencedFuture<'c, T, E> + Send,
+        F: for<'c> AsyncFnOnce(&'c mut AsyncPgConnection) -> Result<T, E> + Send,
         E: From<Error> + From<diesel::result::Error> + Send,
         T: Send,
     {
@@ -600,7 +594,7 @@ impl Store {
             conn.disarm();
             return Err(E::from(refusal));
         }
-        let outcome = match work(&mut conn).await {
+        let outcome = match work(&mut *conn).await {
             Ok(value) => Tm::commit_transaction(&mut *conn)
                 .await
                 .map(|()| value)

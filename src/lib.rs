@@ -36,8 +36,8 @@ mod validate;
 
 pub use error::{is_retryable_sqlstate, DenyReason, Error, Result};
 pub use fence::{
-    fence_passed, guarded_write_sql, Cached, Enforcement, Fence, FencedFuture, Rejection,
-    RejectionFilter, FENCE_PASSED, MAX_OPERATION_LEN, METRIC_STALE_WRITES,
+    fence_passed, guarded_write_sql, Cached, Enforcement, Fence, Rejection, RejectionFilter,
+    FENCE_PASSED, MAX_OPERATION_LEN, METRIC_STALE_WRITES,
 };
 pub use lease::{
     ForceReleased, Lease, LeaseState, LeaseStatus, Released, Tenure, TenureSecret, SECRET_LEN,

@@ -202,27 +202,25 @@ impl HeldWrite {
                 async move {
                     let epoch = fence.epoch().get();
                     store
-                        .fenced(&fence, "held_write", move |conn| {
-                            Box::pin(async move {
-                                use diesel::sql_types::{BigInt, Integer, Text};
-                                use diesel_async::RunQueryDsl;
-                                #[derive(diesel::QueryableByName)]
-                                struct Pid {
-                                    #[diesel(sql_type = Integer)]
-                                    pid: i32,
-                                }
-                                let row: Pid = diesel::sql_query(
-                                    "INSERT INTO held_writes (tag, epoch) VALUES ($1, $2) \
-                                     RETURNING pg_backend_pid() AS pid",
-                                )
-                                .bind::<Text, _>(tag)
-                                .bind::<BigInt, _>(epoch)
-                                .get_result(conn)
-                                .await?;
-                                let _ = ready_tx.send(row.pid);
-                                let _ = go_rx.await;
-                                Ok::<_, Error>(())
-                            })
+                        .fenced(&fence, "held_write", async move |conn| {
+                            use diesel::sql_types::{BigInt, Integer, Text};
+                            use diesel_async::RunQueryDsl;
+                            #[derive(diesel::QueryableByName)]
+                            struct Pid {
+                                #[diesel(sql_type = Integer)]
+                                pid: i32,
+                            }
+                            let row: Pid = diesel::sql_query(
+                                "INSERT INTO held_writes (tag, epoch) VALUES ($1, $2) \
+                                 RETURNING pg_backend_pid() AS pid",
+                            )
+                            .bind::<Text, _>(tag)
+                            .bind::<BigInt, _>(epoch)
+                            .get_result(conn)
+                            .await?;
+                            let _ = ready_tx.send(row.pid);
+                            let _ = go_rx.await;
+                            Ok::<_, Error>(())
                         })
                         .await
                 }

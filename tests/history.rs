@@ -177,22 +177,20 @@ async fn fenced_write(
 ) -> pgfence::Result<i64> {
     let (epoch, key) = (fence.epoch().get(), key.to_owned());
     store
-        .fenced(fence, "ledger", move |conn| {
-            Box::pin(async move {
-                use diesel_async::RunQueryDsl;
-                let row: LedgerId = diesel::sql_query(
-                    "INSERT INTO public.history_ledger (epoch, contender, key) VALUES ($1, $2, $3) RETURNING id",
-                )
-                .bind::<BigInt, _>(epoch)
-                .bind::<Integer, _>(contender as i32)
-                .bind::<Text, _>(key)
-                .get_result(conn)
-                .await?;
-                if !hold.is_zero() {
-                    tokio::time::sleep(hold).await;
-                }
-                Ok::<_, Error>(row.id)
-            })
+        .fenced(fence, "ledger", async move |conn| {
+            use diesel_async::RunQueryDsl;
+            let row: LedgerId = diesel::sql_query(
+                "INSERT INTO public.history_ledger (epoch, contender, key) VALUES ($1, $2, $3) RETURNING id",
+            )
+            .bind::<BigInt, _>(epoch)
+            .bind::<Integer, _>(contender as i32)
+            .bind::<Text, _>(key)
+            .get_result(conn)
+            .await?;
+            if !hold.is_zero() {
+                tokio::time::sleep(hold).await;
+            }
+            Ok::<_, Error>(row.id)
         })
         .await
 }

@@ -372,18 +372,16 @@ fn logs() -> String {
 async fn move_shard(store: &Store, fence: &pgfence::Fence, owner: &str) -> Result<usize, Error> {
     let owner = owner.to_owned();
     store
-        .fenced(fence, "move_shard", move |conn| {
-            Box::pin(async move {
-                use diesel::sql_types::Text;
-                use diesel_async::RunQueryDsl;
-                let n = diesel::sql_query(
-                    "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
-                )
-                .bind::<Text, _>(owner)
-                .execute(conn)
-                .await?;
-                Ok::<_, Error>(n)
-            })
+        .fenced(fence, "move_shard", async move |conn| {
+            use diesel::sql_types::Text;
+            use diesel_async::RunQueryDsl;
+            let n = diesel::sql_query(
+                "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
+            )
+            .bind::<Text, _>(owner)
+            .execute(conn)
+            .await?;
+            Ok::<_, Error>(n)
         })
         .await
 }

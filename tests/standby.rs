@@ -299,19 +299,17 @@ async fn move_shard(
 ) -> Result<u64, Error> {
     let (owner, ran) = (owner.to_owned(), ran.clone());
     store
-        .fenced(fence, "move_shard", move |conn| {
-            Box::pin(async move {
-                use diesel::sql_types::Text;
-                use diesel_async::RunQueryDsl;
-                ran.store(true, Ordering::SeqCst);
-                let n = diesel::sql_query(
-                    "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
-                )
-                .bind::<Text, _>(owner)
-                .execute(conn)
-                .await?;
-                Ok::<_, Error>(n as u64)
-            })
+        .fenced(fence, "move_shard", async move |conn| {
+            use diesel::sql_types::Text;
+            use diesel_async::RunQueryDsl;
+            ran.store(true, Ordering::SeqCst);
+            let n = diesel::sql_query(
+                "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
+            )
+            .bind::<Text, _>(owner)
+            .execute(conn)
+            .await?;
+            Ok::<_, Error>(n as u64)
         })
         .await
 }

@@ -424,6 +424,7 @@ impl WriteOutcome {
 /// presented epoch, operation) for scope `tenure`, per reason for scope `role` (see the table's comment in the
 /// migration).
 #[derive(Debug, Clone, Serialize, Deserialize, QueryableByName)]
+#[non_exhaustive]
 pub struct Rejection {
     /// Row id (increasing in insertion order).
     #[diesel(sql_type = BigInt)]
@@ -488,6 +489,7 @@ pub struct Rejection {
 /// Raw-SQL enforcement on pgfence's task tables (see [`Store::set_enforcement`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Enforcement {
     /// Raw SQL is not checked (the default); privileges still apply.
     Off,
@@ -497,8 +499,16 @@ pub enum Enforcement {
     Audit,
 }
 
-/// Which rejections [`Store::rejections`] returns; newest first.
+/// Which rejections [`Store::rejections`] returns; newest first. Start from the default (every lease of the
+/// store's cluster, at most 100 rows) and set what you need:
+///
+/// ```
+/// let mut filter = pgfence::RejectionFilter::default();
+/// filter.lease = Some("scheduler".into());
+/// filter.limit = Some(20);
+/// ```
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct RejectionFilter {
     /// Only this lease (name without cluster); `None` for every lease of the store's cluster.
     pub lease: Option<String>,

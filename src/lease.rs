@@ -98,6 +98,7 @@ impl Lease {
 /// What [`Store::release`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "outcome", content = "reason")]
+#[non_exhaustive]
 pub enum Released {
     /// The tenure ended now; a successor can acquire immediately.
     Released,
@@ -108,6 +109,7 @@ pub enum Released {
 /// What [`Store::force_release`] did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "outcome")]
+#[non_exhaustive]
 pub enum ForceReleased {
     /// The current tenure was ended: its epoch can no longer write.
     Ended {
@@ -125,6 +127,7 @@ pub enum ForceReleased {
 /// The state of a lease as the database sees it now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum LeaseState {
     /// Held and unexpired.
     Held,
@@ -134,8 +137,26 @@ pub enum LeaseState {
     Released,
 }
 
+impl LeaseState {
+    /// The state's name, as serialized: `held`, `expired` or `released`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseState::Held => "held",
+            LeaseState::Expired => "expired",
+            LeaseState::Released => "released",
+        }
+    }
+}
+
+impl fmt::Display for LeaseState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One lease row, read with durations computed by the database.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LeaseStatus {
     /// The cluster-qualified name.
     pub name: String,
@@ -159,6 +180,7 @@ pub struct LeaseStatus {
 
 /// One issued epoch and how its tenure ended.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Tenure {
     /// The cluster-qualified name.
     pub lease: String,

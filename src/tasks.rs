@@ -27,6 +27,7 @@ pub const MAX_KIND_LEN: usize = 64;
 
 /// A task as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Task {
     /// Database id.
     pub id: i64,
@@ -48,6 +49,7 @@ pub struct Task {
 
 /// The result of a guarded task write.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TaskWrite {
     /// The task after the write.
     pub task: Task,
@@ -59,6 +61,7 @@ pub struct TaskWrite {
 
 /// One row of `pgfence.task_events`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, QueryableByName)]
+#[non_exhaustive]
 pub struct TaskEvent {
     /// Event id, increasing in commit-insertion order.
     #[diesel(sql_type = BigInt)]

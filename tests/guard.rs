@@ -287,13 +287,9 @@ async fn stale_write_after_takeover_is_rejected_and_audited() {
         0
     );
 
-    let audit = store
-        .rejections(&RejectionFilter {
-            lease: Some("sched".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let mut filter = RejectionFilter::default();
+    filter.lease = Some("sched".into());
+    let audit = store.rejections(&filter).await.unwrap();
     assert_eq!(audit.len(), results.len());
     let mut ops: Vec<&str> = audit.iter().map(|r| r.operation.as_str()).collect();
     ops.sort();

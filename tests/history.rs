@@ -218,7 +218,7 @@ async fn contender(
     .unwrap();
     let elector = PgElector::new(store.clone());
     let mut options = LeaseOptions::new(Duration::from_millis(600));
-    options.renew_every = Some(Duration::from_millis(120));
+    options.renew_every = Duration::from_millis(120);
     let mut n = 0u64;
     // Fenced transactions this contender held open across a takeover; the first is forced (below) if chance has
     // not brought one by 1.5 + id seconds into the run, so that every run holds some open.
@@ -474,10 +474,9 @@ async fn randomized_history_has_no_violations() {
         .unwrap_or(20);
     eprintln!("history checker: seed {seed}, {secs} s (replay with PGFENCE_HISTORY_SEED={seed})");
     let server = tokio::task::spawn_blocking(|| {
-        EmbeddedServer::start_with(EmbeddedOptions {
-            extra_settings: vec![("track_commit_timestamp".into(), "on".into())],
-            ..Default::default()
-        })
+        let mut options = EmbeddedOptions::default();
+        options.extra_settings = vec![("track_commit_timestamp".into(), "on".into())];
+        EmbeddedServer::start_with(options)
     })
     .await
     .unwrap()

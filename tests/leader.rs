@@ -217,7 +217,7 @@ async fn refused_attempt(
 
 fn options() -> LeadershipOptions {
     let mut options = LeadershipOptions::new(Duration::from_secs(3));
-    options.lease.renew_every = Some(Duration::from_millis(100));
+    options.lease.renew_every = Duration::from_millis(100);
     options.poll_every = Duration::from_millis(200);
     options.grace = Duration::from_secs(2);
     options
@@ -404,6 +404,7 @@ async fn loss_cancels_the_callback<B: Backend>(backend: B, name: &str) {
         LossCause::Definitive { .. } => [1, 0, 0],
         LossCause::DeadlineExceeded { .. } => [0, 1, 0],
         LossCause::Injected => [0, 0, 1],
+        other => panic!("unexpected cause {other:?}"),
     };
     metrics_settle(&elector, name, (Some(0.0), 2, counted)).await;
 }
@@ -558,7 +559,7 @@ async fn keepalive_holds_the_lease_beyond_its_ttl() {
     let pg = Pg::new().await;
     let ttl = Duration::from_millis(600);
     let mut options = LeaseOptions::new(ttl);
-    options.renew_every = Some(Duration::from_millis(100));
+    options.renew_every = Duration::from_millis(100);
     let lease = pg.elector.acquire("kept", "pod-a", &options).await.unwrap();
     let qualified = lease.qualified_name().to_owned();
     let client = pg.db.client().await;
@@ -600,8 +601,8 @@ async fn the_holder_stops_trusting_a_margin_before_the_database_could_grant_a_su
     let pg = Pg::new().await;
     let (ttl, margin) = (Duration::from_millis(2000), Duration::from_millis(500));
     let mut options = LeaseOptions::new(ttl);
-    options.renew_every = Some(Duration::from_millis(300));
-    options.safety_margin = Some(margin);
+    options.renew_every = Duration::from_millis(300);
+    options.safety_margin = margin;
     let lease = pg.elector.acquire("inv5", "pod-a", &options).await.unwrap();
     let qualified = lease.qualified_name().to_owned();
     let probe = pg.db.client().await;
@@ -688,8 +689,8 @@ async fn unreachable_database_makes_the_holder_give_up_at_its_local_deadline() {
     store.migrate().await.unwrap();
     let elector = PgElector::new(store);
     let mut options = LeaseOptions::new(Duration::from_millis(1500));
-    options.renew_every = Some(Duration::from_millis(200));
-    options.safety_margin = Some(Duration::from_millis(200));
+    options.renew_every = Duration::from_millis(200);
+    options.safety_margin = Duration::from_millis(200);
     let lease = elector.acquire("fragile", "pod-a", &options).await.unwrap();
     let acquired = lease.trust_until();
     let lease_ref = &lease;
@@ -714,7 +715,7 @@ async fn unreachable_database_makes_the_holder_give_up_at_its_local_deadline() {
         trusted_until - declared_at
     );
     assert!(
-        trusted_until <= stopped_at + options.ttl - options.margin(),
+        trusted_until <= stopped_at + options.ttl - options.safety_margin,
         "a renewal counted as good after the server was gone"
     );
     assert!(!lease.is_held());
@@ -746,7 +747,7 @@ async fn dropping_a_lease_releases_it_in_the_background() {
 async fn release_after_loss_never_touches_the_successor() {
     let pg = Pg::new().await;
     let mut options = LeaseOptions::new(Duration::from_secs(5));
-    options.renew_every = Some(Duration::from_millis(100));
+    options.renew_every = Duration::from_millis(100);
     let a = pg
         .elector
         .acquire("handed", "pod-a", &options)
@@ -1096,7 +1097,7 @@ async fn many_leases_renew_with_one_statement_per_tick() {
         let store = db.store(&cluster).await;
         let elector = PgElector::new(store.clone());
         let mut options = LeaseOptions::new(Duration::from_secs(20));
-        options.renew_every = Some(period);
+        options.renew_every = period;
         let mut leases = Vec::with_capacity(n);
         for shard in 0..n {
             leases.push(
@@ -1177,7 +1178,7 @@ async fn many_leases_renew_with_one_statement_per_tick() {
 async fn a_superseded_tenure_in_the_same_renewal_group_is_declared_lost() {
     let pg = Pg::new().await;
     let mut options = LeaseOptions::new(Duration::from_secs(5));
-    options.renew_every = Some(Duration::from_millis(100));
+    options.renew_every = Duration::from_millis(100);
     let old = pg
         .elector
         .acquire("twice", "pod-a", &options)
@@ -1360,8 +1361,8 @@ async fn the_context_stops_believing_at_the_local_deadline_when_renewals_stop() 
     let margin = Duration::from_millis(300);
     let mut options = options();
     options.lease = LeaseOptions::new(Duration::from_millis(1500));
-    options.lease.renew_every = Some(Duration::from_millis(200));
-    options.lease.safety_margin = Some(margin);
+    options.lease.renew_every = Duration::from_millis(200);
+    options.lease.safety_margin = margin;
     let (started_tx, started_rx) = oneshot::channel::<()>();
     let (report_tx, report_rx) = oneshot::channel();
     let shutdown = CancellationToken::new();
@@ -1439,8 +1440,8 @@ async fn a_starved_runtime_never_believes_past_the_local_deadline() {
     let pg = Pg::new().await;
     let mut options = options();
     options.lease = LeaseOptions::new(Duration::from_millis(1000));
-    options.lease.renew_every = Some(Duration::from_millis(200));
-    options.lease.safety_margin = Some(Duration::from_millis(200));
+    options.lease.renew_every = Duration::from_millis(200);
+    options.lease.safety_margin = Duration::from_millis(200);
     let shutdown = CancellationToken::new();
     let (run, ctx, _seen) = lead_and_observe(&pg.elector, "starved", options, &shutdown);
     let ctx = ctx.await.unwrap();
@@ -1476,10 +1477,11 @@ async fn a_failover_loss_is_reported_and_the_supervisor_campaigns_again() {
     let elector = MemoryElector::new();
     let (started_tx, mut started) = mpsc::unbounded_channel::<LeaderContext>();
     let supervisor = Supervisor::new(elector.clone(), "pod-a")
-        .backoff(Backoff {
-            initial: Duration::from_millis(10),
-            max: Duration::from_millis(100),
-            multiplier: 2.0,
+        .backoff({
+            let mut backoff = Backoff::default();
+            backoff.initial = Duration::from_millis(10);
+            backoff.max = Duration::from_millis(100);
+            backoff
         })
         .controller("scheduler", options(), move |ctx| {
             let started = started_tx.clone();
@@ -1557,17 +1559,22 @@ async fn work_left_running_after_the_callback_returned_is_told_of_the_release() 
 // ------------------------------------------------------------------------------------------------------------
 // Re-campaign backoff and metrics.
 
+/// A backoff with these settings.
+fn backoff_with(initial: Duration, max: Duration, multiplier: f64) -> Backoff {
+    let mut backoff = Backoff::default();
+    backoff.initial = initial;
+    backoff.max = max;
+    backoff.multiplier = multiplier;
+    backoff
+}
+
 /// `Backoff::delay` draws equal jitter: uniformly between half and all of the capped exponential
 /// (initial × multiplier^failures, at most `max`) — never below half, so a controller that fails at once never
 /// retries at once, and reaching both ends of that range over many draws. Degenerate settings neither spin nor
 /// shrink.
 #[test]
 fn backoff_draws_equal_jitter_between_half_and_all_of_the_capped_exponential() {
-    let backoff = Backoff {
-        initial: Duration::from_millis(100),
-        max: Duration::from_secs(1),
-        multiplier: 2.0,
-    };
+    let backoff = backoff_with(Duration::from_millis(100), Duration::from_secs(1), 2.0);
     let one_ns = Duration::from_nanos(1); // float rounding of the draw
     for failures in 0..8u32 {
         let cap = (Duration::from_millis(100) * 2u32.pow(failures)).min(Duration::from_secs(1));
@@ -1587,11 +1594,7 @@ fn backoff_draws_equal_jitter_between_half_and_all_of_the_capped_exponential() {
     }
     // A zero initial delay still waits (at least 1 ms before jitter), a multiplier below 1 never shrinks the
     // delay, and a cap below the initial delay is the initial delay.
-    let zero = Backoff {
-        initial: Duration::ZERO,
-        max: Duration::ZERO,
-        multiplier: 0.0,
-    };
+    let zero = backoff_with(Duration::ZERO, Duration::ZERO, 0.0);
     for failures in [0, 1, 30] {
         let delay = zero.delay(failures);
         assert!(
@@ -1600,11 +1603,7 @@ fn backoff_draws_equal_jitter_between_half_and_all_of_the_capped_exponential() {
             "{delay:?}"
         );
     }
-    let shrinking = Backoff {
-        initial: Duration::from_millis(100),
-        max: Duration::from_millis(10),
-        multiplier: 0.5,
-    };
+    let shrinking = backoff_with(Duration::from_millis(100), Duration::from_millis(10), 0.5);
     for failures in [0, 1, 10] {
         let delay = shrinking.delay(failures);
         assert!(
@@ -1629,7 +1628,7 @@ async fn metrics_count_transitions_losses_by_cause_and_stale_writes() {
     let lease_label = elector.qualify("metered");
     let stale = || metrics_probe::counter(METRIC_STALE_WRITES, &[("lease", &lease_label)]);
     let mut options = LeaseOptions::new(Duration::from_secs(5));
-    options.renew_every = Some(Duration::from_millis(100));
+    options.renew_every = Duration::from_millis(100);
 
     let first = elector.acquire("metered", "pod-a", &options).await.unwrap();
     assert_eq!(metered(elector, "metered"), (Some(1.0), 1, [0, 0, 0]));

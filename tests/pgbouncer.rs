@@ -464,13 +464,9 @@ async fn every_operation_is_correct(store: &Store, db: &TestDb) {
         .unwrap()
         .get(0);
     assert_eq!(owner, "pod-a");
-    let audit = store
-        .rejections(&RejectionFilter {
-            lease: Some("sched".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let mut filter = RejectionFilter::default();
+    filter.lease = Some("sched".into());
+    let audit = store.rejections(&filter).await.unwrap();
     let mut audited: Vec<(&str, i64)> = audit
         .iter()
         .map(|r| (r.operation.as_str(), r.presented_epoch))

@@ -887,11 +887,10 @@ async fn a_takeover_is_prompt_while_stale_writers_hammer() {
         refused[&stale.epoch().get()] >= TAKEOVERS as u64,
         "the stale writers hammered throughout: {refused:?}"
     );
+    let mut filter = RejectionFilter::default();
+    filter.limit = Some(1000);
     let audit: HashMap<i64, u64> = operator
-        .rejections(&RejectionFilter {
-            limit: Some(1000),
-            ..Default::default()
-        })
+        .rejections(&filter)
         .await
         .unwrap()
         .iter()

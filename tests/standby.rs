@@ -505,13 +505,9 @@ async fn a_failover_is_a_fencing_boundary() {
     );
 
     // Every refusal is audited, aggregated per (lease, presented epoch, operation), with reason 'failover'.
-    let rejections = promoted
-        .rejections(&RejectionFilter {
-            lease: Some("l".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let mut filter = RejectionFilter::default();
+    filter.lease = Some("l".into());
+    let rejections = promoted.rejections(&filter).await.unwrap();
     let mut audited: Vec<(String, i64)> = rejections
         .iter()
         .map(|r| {

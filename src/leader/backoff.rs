@@ -4,6 +4,7 @@ use std::time::Duration;
 
 /// Exponential backoff with jitter and a cap, for re-campaigning after a loss or an error.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Backoff {
     /// First delay (default 100 ms).
     pub initial: Duration,

@@ -20,6 +20,7 @@ use crate::types::{Epoch, LossReason};
 /// Why a held lease stopped being held.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "cause")]
+#[non_exhaustive]
 pub enum LossCause {
     /// The database says the tenure is over (superseded, expired, released by an operator, …).
     Definitive {
@@ -64,6 +65,7 @@ impl fmt::Display for LossCause {
 
 /// Where a held lease stands, as seen by this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Standing {
     /// Held: writes with its fence are expected to be accepted.
     Held,
@@ -280,7 +282,7 @@ impl HeldLease {
     }
 
     /// By the monotonic clock, the instant until which this process trusts the lease (send time of the last
-    /// successful renewal + ttl − safety margin).
+    /// successful renewal + ttl − `safety_margin`).
     pub fn trust_until(&self) -> Instant {
         self.shared.trust_until()
     }
@@ -378,6 +380,7 @@ impl Wakeups {
 
 /// Health of an elector's backing store, in separate dimensions.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Health {
     /// A query reached the database.
     pub database_reachable: bool,

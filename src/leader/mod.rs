@@ -5,7 +5,7 @@
 //! # Timing
 //!
 //! A [`HeldLease`] renews every `renew_every` (default ttl/3). It stops trusting itself by its **own monotonic
-//! clock** at (send time of the last successful renewal + ttl − safety margin): the database computed the
+//! clock** at (send time of the last successful renewal + ttl − `safety_margin`): the database computed the
 //! expiry from its clock when it *ran* that renewal, which was later than the send, so the holder gives up
 //! before the database can grant a successor — even when the database is unreachable. Transient renewal errors
 //! are retried every `retry_every` until that deadline; a definitive loss (another epoch or holder on the row) is
@@ -27,7 +27,7 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `options` | [`LeaseOptions`]: ttl, renewal period, retry period, safety margin, validated at construction |
+//! | `options` | [`LeaseOptions`]: `ttl`, `renew_every`, `safety_margin`, `retry_every`, checked before every acquisition |
 //! | `held` | [`HeldLease`] and its loss signal ([`LossCause`], [`Standing`]), release [`Wakeups`], [`Health`] |
 //! | `pg` | [`PgElector`]: acquisition, batched renewal on a connection of its own, LISTEN/NOTIFY wakeups |
 //! | `memory` | `MemoryElector` (feature `testing`): the in-memory double for users' controller tests |

@@ -528,13 +528,13 @@ impl Elector for PgElector {
         options.validate()?;
         let lease = self.inner.store.acquire(name, holder, options.ttl).await?;
         let deadline = lease.local_deadline();
-        let shared = Shared::new(lease, options.margin(), deadline);
+        let shared = Shared::new(lease, options.safety_margin, deadline);
         self.join_group(
             GroupKey {
                 holder: holder.to_owned(),
                 ttl: options.ttl,
-                renew_every: options.renew_period(),
-                retry_every: options.retry_period(),
+                renew_every: options.renew_every,
+                retry_every: options.retry_every,
             },
             shared.clone(),
         );

@@ -61,9 +61,10 @@ impl fmt::Display for TenureEnd {
 }
 
 impl LeaderContext {
-    /// The fence of this tenure.
-    pub fn fence(&self) -> &Fence {
-        &self.fence
+    /// The fence every guarded write of this tenure presents (it carries the tenure's secret): an owned copy, as
+    /// [`Lease::fence`](crate::Lease::fence) and [`HeldLease::fence`](super::HeldLease::fence) return.
+    pub fn fence(&self) -> Fence {
+        self.fence.clone()
     }
 
     /// The epoch of this tenure.
@@ -113,7 +114,7 @@ impl LeaderContext {
     }
 
     /// By the monotonic clock, the instant until which this process trusts the tenure (send time of the last
-    /// successful renewal + ttl − safety margin); see [`HeldLease::trust_until`](super::HeldLease::trust_until). Useful to bound a write's
+    /// successful renewal + ttl − `safety_margin`); see [`HeldLease::trust_until`](super::HeldLease::trust_until). Useful to bound a write's
     /// timeout.
     pub fn trust_until(&self) -> Instant {
         self.tenure.trust_until()
@@ -153,8 +154,8 @@ impl LeaderContext {
 
     /// Cancelled when leadership ends (loss or shutdown): stop working then. [`end_cause`](Self::end_cause)
     /// says why.
-    pub fn cancellation_token(&self) -> &CancellationToken {
-        &self.token
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.token.clone()
     }
 
     /// Completes when leadership ends (loss or shutdown); [`end_cause`](Self::end_cause) is `Some` from then on.
@@ -165,6 +166,7 @@ impl LeaderContext {
 
 /// Timing of a leadership run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeadershipOptions {
     /// The lease timing.
     pub lease: LeaseOptions,
@@ -188,6 +190,7 @@ impl LeadershipOptions {
 
 /// Why a [`run_with_leadership`] ended.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Ended<E> {
     /// The callback returned `Ok`; the lease was released.
     Returned,
@@ -235,7 +238,7 @@ fn jittered(base: Duration) -> Duration {
 ///     &shutdown, move |ctx| async move {
 ///         // `is_held` reads the monotonic clock: false at the local deadline even if the loss signal is late.
 ///         while ctx.is_held() && !ctx.cancellation_token().is_cancelled() {
-///             store.create_task(ctx.fence(), "tick", &serde_json::json!({})).await?;
+///             store.create_task(&ctx.fence(), "tick", &serde_json::json!({})).await?;
 ///             tokio::select! {
 ///                 _ = ctx.cancelled() => {}
 ///                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}

@@ -54,6 +54,7 @@ impl<E: Elector> fmt::Debug for Supervisor<E> {
 
 /// Readiness in separate dimensions: the store, and per controller whether this process leads it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Readiness {
     /// The backing store's health.
     pub store: Health,
@@ -188,7 +189,7 @@ async fn campaign<E: Elector>(
                     .insert(name.clone(), true);
                 // Not leading from the moment the tenure ends (loss or shutdown), not only once the callback
                 // has returned.
-                let token = ctx.cancellation_token().clone();
+                let token = ctx.cancellation_token();
                 tokio::spawn(async move {
                     token.cancelled().await;
                     leading_flag

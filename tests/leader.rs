@@ -20,7 +20,8 @@ use common::{RowLock, TestDb};
 use pgfence::leader::{
     run_with_leadership, Backoff, Elector, Ended, Health, HeldLease, LeaderContext,
     LeadershipOptions, LeaseOptions, LossCause, MemoryElector, PgElector, Standing, Supervisor,
-    TenureEnd, Wakeups, METRIC_LEADER, METRIC_LOSSES, METRIC_RENEW_SECONDS, METRIC_TRANSITIONS,
+    TenureEnd, Wakeups, METRIC_CALLBACKS_NOT_STOPPED, METRIC_LEADER, METRIC_LOSSES,
+    METRIC_RENEW_DURATION, METRIC_TRANSITIONS,
 };
 use pgfence::{Epoch, Error, LossReason, Released, METRIC_STALE_WRITES};
 use tokio::sync::{mpsc, oneshot};
@@ -1107,7 +1108,7 @@ async fn many_leases_renew_with_one_statement_per_tick() {
                     .unwrap(),
             );
         }
-        let before = metrics_probe::histogram(METRIC_RENEW_SECONDS, &[]).len();
+        let before = metrics_probe::histogram(METRIC_RENEW_DURATION, &[]).len();
         // The window opens at the first renewal statement the database runs after this mark: that statement may
         // have been sent before the last acquisition returned (so it may renew fewer than N), every later one
         // was sent after it was answered — after all N leases were held.
@@ -1148,7 +1149,7 @@ async fn many_leases_renew_with_one_statement_per_tick() {
         let statements = per_statement.len();
         let ticks = (window.as_nanos() / period.as_nanos()) as usize;
         let mut latencies: Vec<f64> =
-            metrics_probe::histogram(METRIC_RENEW_SECONDS, &[])[before..].to_vec();
+            metrics_probe::histogram(METRIC_RENEW_DURATION, &[])[before..].to_vec();
         latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
         eprintln!(
             "{n} leases: {statements} renewal statements in {window:?} ({ticks} whole ticks), median statement {:.2} ms",
@@ -1668,4 +1669,79 @@ async fn metrics_count_transitions_losses_by_cause_and_stale_writes() {
     assert_eq!(metered(elector, "metered"), (Some(1.0), 5, [1, 0, 0]));
     drop(third);
     assert_eq!(metered(elector, "metered"), (Some(0.0), 6, [1, 0, 0]));
+}
+
+/// `describe_metrics` gives every metric pgfence records its kind, unit and help text, and the names follow
+/// Prometheus conventions: a `pgfence_` prefix, `_total` on counters, the base unit on the duration histogram.
+#[test]
+fn describe_metrics_gives_every_metric_its_kind_unit_and_help_text() {
+    use metrics::Unit;
+    metrics_probe::install();
+    pgfence::describe_metrics();
+    for (name, kind, unit) in [
+        (METRIC_LEADER, "gauge", Unit::Count),
+        (METRIC_TRANSITIONS, "counter", Unit::Count),
+        (METRIC_LOSSES, "counter", Unit::Count),
+        (METRIC_RENEW_DURATION, "histogram", Unit::Seconds),
+        (METRIC_CALLBACKS_NOT_STOPPED, "counter", Unit::Count),
+        (METRIC_STALE_WRITES, "counter", Unit::Count),
+    ] {
+        let (described, described_unit, help) =
+            metrics_probe::description(name).unwrap_or_else(|| panic!("{name} was not described"));
+        assert_eq!((described, described_unit), (kind, Some(unit)), "{name}");
+        assert!(!help.is_empty(), "{name} has no help text");
+        assert!(name.starts_with("pgfence_"), "{name}");
+        match kind {
+            "counter" => assert!(name.ends_with("_total"), "{name}"),
+            "histogram" => assert!(name.ends_with("_duration_seconds"), "{name}"),
+            _ => {}
+        }
+    }
+}
+
+/// A `run_with_leadership` future dropped while leading (the losing branch of a `select!`) stops its callback
+/// too — aborted at its next await, even one that ignores its token — and releases the lease: the context says
+/// `Released`, and the lease is free for the next candidate.
+#[tokio::test]
+async fn dropping_a_run_while_leading_aborts_the_callback_and_releases_the_lease() {
+    /// Reports when the callback's future is dropped (which an abort does).
+    struct OnDrop(Option<oneshot::Sender<()>>);
+    impl Drop for OnDrop {
+        fn drop(&mut self) {
+            if let Some(tx) = self.0.take() {
+                let _ = tx.send(());
+            }
+        }
+    }
+    let elector = MemoryElector::new();
+    let mut wakeups = elector.wakeups();
+    let (started_tx, started) = oneshot::channel::<LeaderContext>();
+    let (dropped_tx, dropped) = oneshot::channel();
+    let (options, parent) = (options(), CancellationToken::new());
+    let run = run_with_leadership(
+        &elector,
+        "dropped",
+        "pod-a",
+        &options,
+        &parent,
+        move |ctx| async move {
+            let _on_drop = OnDrop(Some(dropped_tx));
+            started_tx.send(ctx).unwrap();
+            std::future::pending::<()>().await;
+            Ok::<_, Error>(())
+        },
+    );
+    let ctx = tokio::select! {
+        ended = run => panic!("the run ended on its own: {ended:?}"),
+        ctx = started => ctx.unwrap(),
+    };
+    dropped.await.expect("the callback's future was dropped");
+    assert!(ctx.cancellation_token().is_cancelled());
+    assert!(!ctx.is_held());
+    assert_eq!(ctx.end_cause(), Some(TenureEnd::Released));
+    // Released in the background: the elector announces it.
+    wakeups
+        .wait(&elector.qualify("dropped"), Duration::from_secs(10))
+        .await;
+    assert_eq!(elector.holder("dropped"), None);
 }

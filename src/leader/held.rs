@@ -261,7 +261,8 @@ impl HeldLease {
         self.shared.standing.borrow().clone()
     }
 
-    /// Completes when the lease is no longer held, with the cause (or `None` when it was released).
+    /// Completes when the lease is no longer held, with the cause (or `None` when it was released). It only
+    /// waits: dropping the future is safe.
     pub fn lost(&self) -> impl Future<Output = Option<LossCause>> + Send + 'static {
         let mut rx = self.shared.standing.subscribe();
         async move {
@@ -288,6 +289,17 @@ impl HeldLease {
     }
 
     /// Releases now and waits for the database. After a loss this is a no-op.
+    ///
+    /// # Errors
+    ///
+    /// What [`Store::release`](crate::Store::release) returns (the elector retries a transient failure once):
+    /// the tenure is released locally either way, and one the database did not end expires after its ttl.
+    ///
+    /// # Cancel safety
+    ///
+    /// The lease is released locally at once (its token cancelled, [`is_held`](Self::is_held) false); a dropped
+    /// future may or may not have ended the tenure in the database, which otherwise expires after its ttl. See
+    /// [cancel safety](crate#cancel-safety).
     pub async fn release(mut self) -> Result<Released> {
         self.done = true;
         if !self.shared.mark_released() {
@@ -355,6 +367,8 @@ pub struct Wakeups {
 impl Wakeups {
     /// Waits until `qualified` is announced free or `max_wait` passes, whichever is first. Also returns early
     /// when the elector's release listener reconnected (a release may have gone unheard while it was away).
+    ///
+    /// Cancel safe: dropping the future loses no announcement a later `wait` on the same `Wakeups` could see.
     pub async fn wait(&mut self, qualified: &str, max_wait: Duration) {
         let deadline = tokio::time::Instant::now() + max_wait;
         let Some(rx) = self.rx.as_mut() else {

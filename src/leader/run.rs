@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::held::{LossCause, Shared, Standing};
 use super::options::LeaseOptions;
@@ -159,6 +160,7 @@ impl LeaderContext {
     }
 
     /// Completes when leadership ends (loss or shutdown); [`end_cause`](Self::end_cause) is `Some` from then on.
+    /// It only waits: dropping the future is safe.
     pub async fn cancelled(&self) {
         self.token.cancelled().await
     }
@@ -224,7 +226,25 @@ fn jittered(base: Duration) -> Duration {
 /// (an error event and the `pgfence_callbacks_not_stopped_total` metric) — never silently left running.
 ///
 /// While another holder leads, the candidate waits for the database-computed remaining time (at most
-/// `poll_every`) or a release notification, whichever comes first.
+/// `poll_every`) or a release notification, whichever comes first. Transient acquisition errors are retried
+/// every `poll_every`.
+///
+/// # Errors
+///
+/// - [`Error::InvalidInput`] when `poll_every` or `grace` is zero, or the lease options, `name` or `holder` are
+///   invalid.
+/// - A definitive acquisition error ([`Error::Denied`], [`Error::SchemaMissing`], [`Error::NotPrimary`],
+///   [`Error::WrongDatabase`], [`Error::Tls`], …; see [`Elector::acquire`]): the campaign stops.
+/// - The error of the release after the callback returned or the parent was cancelled.
+///
+/// The callback's own error is not one of them: it ends the run with `Ok(`[`Ended::Failed`]`)`.
+///
+/// # Cancel safety
+///
+/// Dropped while campaigning, as [`Store::acquire`](crate::Store::acquire): an attempt in flight may have been
+/// granted with nobody holding it (a successor waits up to one ttl). Dropped while leading: the lease is
+/// released in the background, which cancels the context's token, and the callback's task is aborted at its
+/// next await point. See [cancel safety](crate#cancel-safety).
 ///
 /// ```no_run
 /// # async fn example(store: pgfence::Store) -> pgfence::Result<()> {
@@ -253,6 +273,7 @@ fn jittered(base: Duration) -> Duration {
 /// println!("{ended:?}");
 /// # Ok(()) }
 /// ```
+#[tracing::instrument(level = "info", skip_all, fields(lease = %elector.qualify(name), holder = holder, epoch))]
 pub async fn run_with_leadership<E, F, Fut, Err>(
     elector: &E,
     name: &str,
@@ -274,9 +295,15 @@ where
         ));
     }
     let qualified = elector.qualify(name);
+    let mut attempt = 0u64;
     let lease = loop {
+        attempt += 1;
         let mut wakeups = elector.wakeups();
-        let wait = match elector.acquire(name, holder, &options.lease).await {
+        let acquired = elector
+            .acquire(name, holder, &options.lease)
+            .instrument(tracing::debug_span!("campaign", attempt))
+            .await;
+        let wait = match acquired {
             Ok(lease) => break lease,
             Err(Error::Held { expires_in, .. }) => expires_in.min(options.poll_every),
             Err(e) if e.is_transient() => {
@@ -290,6 +317,7 @@ where
             _ = wakeups.wait(&qualified, jittered(wait)) => {}
         }
     };
+    tracing::Span::current().record("epoch", lease.epoch().get());
     tracing::info!(lease = %qualified, epoch = %lease.epoch(), holder, "leading");
 
     let token = lease.cancellation_token().child_token();
@@ -300,7 +328,11 @@ where
         tenure: lease.shared.clone(),
         shutdown: shutdown.clone(),
     };
-    let mut task = tokio::spawn(callback(context));
+    // The callback's events carry the tenure: its task runs in a span of its own, a child of this one.
+    let mut task = tokio::spawn(callback(context).instrument(tracing::info_span!("leader")));
+    // A run dropped midway (a `select!`, an aborted task) stops its callback too: never left running unseen.
+    // (Dropped before `lease`, whose drop then releases the tenure and cancels the context's token.)
+    let _abort_on_drop = AbortOnDrop(task.abort_handle());
     let lost = lease.lost();
     tokio::pin!(lost);
 
@@ -361,6 +393,16 @@ where
             lease.release().await?;
             Ok(Ended::Cancelled { callback_stopped })
         }
+    }
+}
+
+/// Aborts the callback's task when dropped. Every return of [`run_with_leadership`] has the task finished
+/// already, so this matters only when its future is dropped midway.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

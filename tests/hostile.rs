@@ -785,6 +785,9 @@ fn no_password_or_tenure_secret_appears_in_logs_spans_errors_json_or_the_audit()
     let capture = tracing::Dispatch::new(
         tracing_subscriber::fmt()
             .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            // Every span once, when it closes, with every field it recorded.
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
             .with_writer(move || sink.clone())
             .finish(),
     );

@@ -91,7 +91,7 @@ mod events {
 
     impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
         fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-            if event.metadata().target() != "pgfence" {
+            if !event.metadata().target().starts_with("pgfence") {
                 return;
             }
             let mut fields = Fields::default();

@@ -360,7 +360,7 @@ impl Store {
     /// Not cancel safe: a dropped acquisition may have been granted with nobody holding its `Lease`. Other
     /// holders then get [`Error::Held`] until its ttl runs out — a successor waits up to one ttl. See
     /// [cancel safety](crate#cancel-safety).
-    #[tracing::instrument(level = "info", skip_all, fields(lease = %self.qualify(name), holder = holder, epoch))]
+    #[tracing::instrument(level = "info", skip_all, fields(lease = %self.qualify(name), holder = holder))]
     pub async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease> {
         validate_name(name)?;
         validate_holder("holder", holder)?;
@@ -388,7 +388,6 @@ impl Store {
                         TenureSecret::parse(s)
                             .map_err(|_| unexpected("acquire", "malformed tenure secret"))
                     })?;
-                tracing::Span::current().record("epoch", epoch.get());
                 tracing::info!(lease = %qualified, %epoch, holder, "lease acquired");
                 Ok(Lease {
                     name: name.to_owned(),
@@ -512,7 +511,7 @@ impl Store {
     ///
     /// A dropped force-release may or may not have ended the tenure; calling it again is safe (it then answers
     /// [`ForceReleased::NotHeld`]). See [cancel safety](crate#cancel-safety).
-    #[tracing::instrument(level = "info", skip_all, fields(lease = %self.qualify(name), epoch))]
+    #[tracing::instrument(level = "info", skip_all, fields(lease = %self.qualify(name)))]
     pub async fn force_release(&self, name: &str) -> Result<ForceReleased> {
         validate_name(name)?;
         let qualified = self.qualify(name);
@@ -521,7 +520,6 @@ impl Store {
             .await?;
         match (outcome.as_str(), Epoch::from_db(epoch)) {
             ("released", Some(epoch)) => {
-                tracing::Span::current().record("epoch", epoch.get());
                 tracing::warn!(lease = %qualified, %epoch, holder = ?holder, "lease force-released");
                 Ok(ForceReleased::Ended {
                     epoch,

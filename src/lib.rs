@@ -63,11 +63,12 @@
 //! [`describe_metrics`] for units and help texts); tracing events and spans use the module path as their target
 //! (`pgfence::lease`, `pgfence::leader::pg`, …). Every lease operation, guarded write and task write runs in a
 //! span named after it (`acquire`, `renew`, `release`, `force_release`, `fenced`, `guarded_write`,
-//! `create_task`, …) with the lease's name and epoch as fields; the leadership runtime adds
-//! `run_with_leadership`, `campaign` (one acquisition attempt), `leader` (the callback), `controller` and
-//! `renewal` (one batched renewal) spans. No span or event records a tenure secret, a fence or a connection
-//! string. With no subscriber installed a span costs a few branches on an atomic load, and its fields are never
-//! computed.
+//! `create_task`, …) with the lease's name and the epoch it presents as fields (`acquire` with the lease and
+//! holder, `force_release` with the lease: their events carry the epoch they issued or ended); the leadership
+//! runtime adds `run_with_leadership`, `campaign` (one acquisition attempt), `leader` (the callback),
+//! `controller` and `renewal` (one batched renewal) spans. No span or event records a tenure secret, a fence or
+//! a connection string. With no subscriber installed a span costs a few branches on an atomic load, and its
+//! fields are never computed.
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]

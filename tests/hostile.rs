@@ -891,7 +891,7 @@ async fn the_password_never_appears(captured: Captured) {
         "the capture works, on the test's thread and on a worker: {logs}"
     );
     for span in [
-        "acquire{lease=c/l holder=\"pod\" epoch=1}",
+        "acquire{lease=c/l holder=\"pod\"}",
         "create_task{lease=\"c/l\" epoch=1 key=\"k\"}",
         "renew{lease=c/l epoch=1}",
         "fenced{lease=\"c/l\" epoch=1 operation=\"noop\"}",

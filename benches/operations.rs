@@ -166,16 +166,14 @@ fn operations(c: &mut Criterion) {
     group.bench_function("fenced_transaction", |b| {
         b.to_async(&s.runtime).iter(|| async {
             s.store
-                .fenced(&s.fence, "criterion", |conn| {
-                    Box::pin(async move {
-                        use diesel_async::RunQueryDsl;
-                        pgfence::Cached::new(diesel::sql_query(
-                            "UPDATE pgfence_criterion_rows SET v = v + 1 WHERE id = 1",
-                        ))
-                        .execute(conn)
-                        .await?;
-                        Ok::<_, Error>(())
-                    })
+                .fenced(&s.fence, "criterion", async |conn| {
+                    use diesel_async::RunQueryDsl;
+                    pgfence::Cached::new(diesel::sql_query(
+                        "UPDATE pgfence_criterion_rows SET v = v + 1 WHERE id = 1",
+                    ))
+                    .execute(conn)
+                    .await?;
+                    Ok::<_, Error>(())
                 })
                 .await
                 .expect("fenced")

@@ -42,12 +42,12 @@ async fn schedule(store: Store, ctx: LeaderContext, who: &'static str) -> Result
         // Every write presents this tenure's fence; the database refuses it once another epoch exists.
         let key = format!("job-{}-{n}", ctx.epoch());
         store
-            .create_task(ctx.fence(), &key, &json!({"by": who}))
+            .create_task(&ctx.fence(), &key, &json!({"by": who}))
             .await?;
-        store.claim_task(ctx.fence(), &key, who).await?;
+        store.claim_task(&ctx.fence(), &key, who).await?;
         let done = store
             .transition_task(
-                ctx.fence(),
+                &ctx.fence(),
                 &key,
                 TaskState::Claimed,
                 TaskState::Succeeded,

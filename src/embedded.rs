@@ -127,13 +127,12 @@ const SCRUBBED_ENV: [&str; 6] = [
 /// ```
 /// use pgfence::embedded::EmbeddedOptions;
 ///
-/// let options = EmbeddedOptions {
-///     extra_settings: vec![("work_mem".into(), "16MB".into())],
-///     ..EmbeddedOptions::default()
-/// };
+/// let mut options = EmbeddedOptions::default();
+/// options.extra_settings = vec![("work_mem".into(), "16MB".into())];
 /// assert!(!options.fsync);
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct EmbeddedOptions {
     /// Whether the server calls `fsync`. Off by default: a throwaway server
     /// does not need to survive an OS crash, and it is much faster without.

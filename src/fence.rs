@@ -17,7 +17,6 @@
 //! `pgfence.grant_operator` and `pgfence.revoke` in `migrations/2026-11-30-000005_roles/up.sql`.
 
 use std::future::Future;
-use std::pin::Pin;
 
 use chrono::{DateTime, Utc};
 use diesel::pg::sql_types::Jsonb;
@@ -67,6 +66,10 @@ impl TryFrom<FenceParts> for Fence {
 impl Fence {
     /// A fence from a cluster-qualified lease name (`<cluster>/<name>`), an epoch and its tenure's secret.
     /// Usually you get one from [`Lease::fence`](crate::Lease::fence) instead.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] when `lease` is not a valid cluster-qualified lease name.
     pub fn new(lease: impl Into<String>, epoch: Epoch, secret: TenureSecret) -> Result<Fence> {
         let lease = lease.into();
         validate_qualified(&lease)?;
@@ -115,11 +118,9 @@ fn check_operation(operation: &str) -> Result<()> {
     Ok(())
 }
 
-/// Counter of writes the database refused as stale (label `lease`).
+/// Counter `pgfence_stale_writes_total{lease}`: writes of this process the database refused as stale (and
+/// audited). Described by [`describe_metrics`](crate::describe_metrics).
 pub const METRIC_STALE_WRITES: &str = "pgfence_stale_writes_total";
-
-/// The future a [`Store::fenced`] callback returns: it borrows the transaction's connection.
-pub type FencedFuture<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
 
 /// The name of the guard's verdict in a one-statement guarded write ([`Store::guarded_write`]): a one-row CTE
 /// with the column `passed` (boolean), true only when the fence is current and its guard lock held.
@@ -470,6 +471,7 @@ impl WriteOutcome {
 /// presented epoch, operation) for scope `tenure`, per reason for scope `role` (see the table's comment in the
 /// migration).
 #[derive(Debug, Clone, Serialize, Deserialize, QueryableByName)]
+#[non_exhaustive]
 pub struct Rejection {
     /// Row id (increasing in insertion order).
     #[diesel(sql_type = BigInt)]
@@ -534,6 +536,7 @@ pub struct Rejection {
 /// Raw-SQL enforcement on pgfence's task tables (see [`Store::set_enforcement`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Enforcement {
     /// Raw SQL is not checked (the default); privileges still apply.
     Off,
@@ -543,8 +546,16 @@ pub enum Enforcement {
     Audit,
 }
 
-/// Which rejections [`Store::rejections`] returns; newest first.
+/// Which rejections [`Store::rejections`] returns; newest first. Start from the default (every lease of the
+/// store's cluster, at most 100 rows) and set what you need:
+///
+/// ```
+/// let mut filter = pgfence::RejectionFilter::default();
+/// filter.lease = Some("scheduler".into());
+/// filter.limit = Some(20);
+/// ```
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct RejectionFilter {
     /// Only this lease (name without cluster); `None` for every lease of the store's cluster.
     pub lease: Option<String>,
@@ -557,7 +568,11 @@ pub struct RejectionFilter {
 }
 
 impl Store {
-    /// Runs `work` in a transaction guarded by `fence`. BEGIN and the guard travel in one round trip; the guard
+    /// Runs `work` in a transaction guarded by `fence`. `work` is an async closure, `async |conn| { … }` (or
+    /// `async move`), as diesel-async's `AsyncConnection::transaction` takes: it gets the transaction's
+    /// connection, and its error type `E` converts from pgfence's and diesel's errors ([`Error`] itself does).
+    ///
+    /// BEGIN and the guard travel in one round trip; the guard
     /// takes the lease's guard lock shared and checks the fence. If the fence is refused, the transaction commits
     /// only the audit row and the result is [`Error::Stale`] or [`Error::Denied`] (converted into `E`) without
     /// running `work`. Otherwise `work` runs on the same connection and the transaction commits when it returns
@@ -574,7 +589,6 @@ impl Store {
     /// The transaction runs at READ COMMITTED whatever the session default: the guard reads the lease in a
     /// snapshot taken after it was granted its lock, which REPEATABLE READ would not allow (the SQL guard
     /// refuses to decide there, with SQLSTATE `PF004`).
-    /// Dropping the returned future rolls the transaction back on the server.
     ///
     /// diesel prepares an UPDATE built with its DSL, and any `sql_query`, again on every call (a round trip of
     /// its own); wrap the statements of `work` in [`Cached`] to prepare them once per connection.
@@ -584,24 +598,41 @@ impl Store {
     /// use diesel::sql_types::{Integer, Text};
     /// use diesel_async::RunQueryDsl;
     /// let moved = store
-    ///     .fenced(&lease.fence(), "rebalance", |conn| {
-    ///         Box::pin(async move {
-    ///             let n = pgfence::Cached::new(
-    ///                 diesel::sql_query("UPDATE shards SET owner = $1 WHERE id = $2")
-    ///                     .bind::<Text, _>("node-2")
-    ///                     .bind::<Integer, _>(7),
-    ///             )
-    ///             .execute(conn)
-    ///             .await?;
-    ///             Ok::<_, pgfence::Error>(n)
-    ///         })
+    ///     .fenced(&lease.fence(), "rebalance", async |conn| {
+    ///         let n = pgfence::Cached::new(
+    ///             diesel::sql_query("UPDATE shards SET owner = $1 WHERE id = $2")
+    ///                 .bind::<Text, _>("node-2")
+    ///                 .bind::<Integer, _>(7),
+    ///         )
+    ///         .execute(conn)
+    ///         .await?;
+    ///         Ok::<_, pgfence::Error>(n)
     ///     })
     ///     .await?;
     /// # Ok(()) }
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// Converted into `E`:
+    /// - [`Error::Stale`] when the fence is not the lease's current, held, unexpired tenure, [`Error::Denied`]
+    ///   when the session's role has no grant on the cluster or the fence's secret is not its tenure's: `work`
+    ///   did not run, and the refusal is audited.
+    /// - [`Error::InvalidInput`] for a malformed `operation`; nothing was sent.
+    /// - The [errors of every database call](crate#errors), from BEGIN, the guard or COMMIT (a failed COMMIT
+    ///   means nothing `work` wrote was kept).
+    ///
+    /// And `work`'s own error, after the transaction was rolled back.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future rolls the transaction back on the server (its connection is discarded, and the
+    /// statement in flight cancelled), unless COMMIT was already sent: then it may have committed. See
+    /// [cancel safety](crate#cancel-safety).
+    #[tracing::instrument(level = "debug", skip_all, fields(lease = fence.lease(), epoch = fence.epoch().get(), operation = operation))]
     pub async fn fenced<T, E, F>(&self, fence: &Fence, operation: &str, work: F) -> Result<T, E>
     where
-        F: for<'c> FnOnce(&'c mut AsyncPgConnection) -> FencedFuture<'c, T, E> + Send,
+        F: for<'c> AsyncFnOnce(&'c mut AsyncPgConnection) -> Result<T, E> + Send,
         E: From<Error> + From<diesel::result::Error> + Send,
         T: Send,
     {
@@ -650,7 +681,7 @@ impl Store {
                 return Err(E::from(error));
             }
         }
-        let outcome = match work(&mut conn).await {
+        let outcome = match work(&mut *conn).await {
             Ok(value) => Tm::commit_transaction(&mut *conn)
                 .await
                 .map(|()| value)
@@ -732,6 +763,23 @@ impl Store {
     ///     .await?;
     /// # Ok(()) }
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Stale`] when the fence is not the lease's current, held, unexpired tenure, [`Error::Denied`]
+    ///   when the session's role has no grant on the cluster or the fence's secret is not its tenure's: nothing
+    ///   was written but the audit row.
+    /// - [`Error::InvalidInput`] for a malformed `operation`, or a statement that does not test the guard's
+    ///   verdict; nothing was sent.
+    /// - [`Error::Database`] with SQLSTATE `PF006` when the statement changed rows without being gated by the
+    ///   verdict under a refused fence (rolled back whole), or with your statement's own error.
+    /// - The [errors of every database call](crate#errors).
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped write is cancelled on the server, but it may have committed already. See
+    /// [cancel safety](crate#cancel-safety).
+    #[tracing::instrument(level = "debug", skip_all, fields(lease = fence.lease(), epoch = fence.epoch().get(), operation = operation))]
     pub async fn guarded_write<Q>(&self, fence: &Fence, operation: &str, write: Q) -> Result<u64>
     where
         Q: QueryFragment<Pg> + Clone + Send + 'static,
@@ -764,7 +812,13 @@ impl Store {
         }
     }
 
-    /// Rejections of this store's cluster, newest first.
+    /// Rejections of this store's cluster (or as `filter` says), newest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed lease name or a limit under 1, and the
+    /// [errors of every database call](crate#errors). Dropping the future is safe: it only reads
+    /// ([cancel safety](crate#cancel-safety)).
     pub async fn rejections(&self, filter: &RejectionFilter) -> Result<Vec<Rejection>> {
         use diesel_async::RunQueryDsl;
         let pattern = match &filter.lease {
@@ -805,6 +859,16 @@ impl Store {
     /// ([`Enforcement::Error`]) or by skipping the row, recording it in `pgfence.rejections` and warning the
     /// client ([`Enforcement::Audit`]). pgfence's own writes satisfy it by construction. Needs the owner or an
     /// operator role.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] with SQLSTATE `42501` without the owner or an every-cluster operator grant, and the
+    /// [errors of every database call](crate#errors).
+    ///
+    /// # Cancel safety
+    ///
+    /// A statement already sent takes effect even if the future is dropped; setting it again is harmless. See
+    /// [cancel safety](crate#cancel-safety).
     pub async fn set_enforcement(&self, enforcement: Enforcement) -> Result<()> {
         use diesel_async::RunQueryDsl;
         let (on, mode) = match enforcement {
@@ -823,6 +887,11 @@ impl Store {
     }
 
     /// The raw-SQL enforcement in effect.
+    ///
+    /// # Errors
+    ///
+    /// The [errors of every database call](crate#errors). Dropping the future is safe: it only reads
+    /// ([cancel safety](crate#cancel-safety)).
     pub async fn enforcement(&self) -> Result<Enforcement> {
         use diesel_async::RunQueryDsl;
         let mut conn = self.conn().await?;
@@ -840,6 +909,17 @@ impl Store {
     /// Deletes audit rows last seen more than `older_than` ago (database clock), in batches of at most `batch`
     /// rows, each its own short transaction, so retention never holds long locks. Returns how many it deleted.
     /// Needs the owner or an operator role.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] when `batch` is not 1 to 1,000,000; [`Error::Database`] with SQLSTATE `42501`
+    /// without the owner or an every-cluster operator grant; the [errors of every database call](crate#errors).
+    /// Batches deleted before an error stay deleted.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped prune keeps the batches it deleted (and a batch already sent may still complete); pruning
+    /// again is safe. See [cancel safety](crate#cancel-safety).
     pub async fn prune_rejections(
         &self,
         older_than: std::time::Duration,
@@ -876,18 +956,48 @@ impl Store {
     /// direct INSERT, UPDATE or DELETE. Run as the owner (the role that migrated). Refused
     /// ([`Error::InvalidInput`] or SQLSTATE `22023`): PUBLIC, pseudo-roles (`current_user`, …), predefined
     /// `pg_*` roles, superusers, BYPASSRLS roles and the owner itself.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a refused or malformed `role` or `cluster` (nothing was sent);
+    /// [`Error::Database`] with SQLSTATE `22023` when the database refuses the role, `42501` when the session is
+    /// not the owner; the [errors of every database call](crate#errors).
+    ///
+    /// # Cancel safety
+    ///
+    /// A statement already sent takes effect even if the future is dropped; granting again is harmless. See
+    /// [cancel safety](crate#cancel-safety).
     pub async fn grant_application(&self, role: &str, cluster: Option<&str>) -> Result<()> {
         self.grant("grant_application", role, cluster).await
     }
 
     /// Grants `role` the application rights plus force-release on `cluster`; with `None` (every cluster) also
     /// the instance settings (enforcement, takeover grace) and audit retention.
+    ///
+    /// # Errors
+    ///
+    /// As [`grant_application`](Self::grant_application).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`grant_application`](Self::grant_application).
     pub async fn grant_operator(&self, role: &str, cluster: Option<&str>) -> Result<()> {
         self.grant("grant_operator", role, cluster).await
     }
 
     /// Removes `role`'s grant of `cluster` (`None`: its every-cluster grant); once it has none left, also its
     /// privileges on pgfence's objects. Returns whether a grant was removed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a refused or malformed `role` or `cluster` (nothing was sent);
+    /// [`Error::Database`] with SQLSTATE `42501` when the session is not the owner; the
+    /// [errors of every database call](crate#errors).
+    ///
+    /// # Cancel safety
+    ///
+    /// A statement already sent takes effect even if the future is dropped; revoking again is harmless (it then
+    /// returns `false`). See [cancel safety](crate#cancel-safety).
     pub async fn revoke(&self, role: &str, cluster: Option<&str>) -> Result<bool> {
         use diesel_async::RunQueryDsl;
         check_role(role)?;

@@ -98,6 +98,7 @@ impl Lease {
 /// What [`Store::release`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "outcome", content = "reason")]
+#[non_exhaustive]
 pub enum Released {
     /// The tenure ended now; a successor can acquire immediately.
     Released,
@@ -108,6 +109,7 @@ pub enum Released {
 /// What [`Store::force_release`] did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "outcome")]
+#[non_exhaustive]
 pub enum ForceReleased {
     /// The current tenure was ended: its epoch can no longer write.
     Ended {
@@ -125,6 +127,7 @@ pub enum ForceReleased {
 /// The state of a lease as the database sees it now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum LeaseState {
     /// Held and unexpired.
     Held,
@@ -134,8 +137,26 @@ pub enum LeaseState {
     Released,
 }
 
+impl LeaseState {
+    /// The state's name, as serialized: `held`, `expired` or `released`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseState::Held => "held",
+            LeaseState::Expired => "expired",
+            LeaseState::Released => "released",
+        }
+    }
+}
+
+impl fmt::Display for LeaseState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One lease row, read with durations computed by the database.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LeaseStatus {
     /// The cluster-qualified name.
     pub name: String,
@@ -159,6 +180,7 @@ pub struct LeaseStatus {
 
 /// One issued epoch and how its tenure ended.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Tenure {
     /// The cluster-qualified name.
     pub lease: String,
@@ -422,6 +444,21 @@ impl Store {
     /// }
     /// # Ok(()) }
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Held`] when another holder's tenure is live, with its holder, epoch and the time it has left.
+    /// - [`Error::InvalidInput`] for a malformed `name` or `holder`, or a `ttl` outside
+    ///   [`MIN_TTL`](crate::MIN_TTL)..=[`MAX_TTL`](crate::MAX_TTL); nothing was sent.
+    /// - [`Error::Denied`] when the session's role has no grant on the store's cluster (audited).
+    /// - The [errors of every database call](crate#errors).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: a dropped acquisition may have been granted with nobody holding its `Lease`. Other
+    /// holders then get [`Error::Held`] until its ttl runs out — a successor waits up to one ttl. See
+    /// [cancel safety](crate#cancel-safety).
+    #[tracing::instrument(level = "info", skip_all, fields(lease = %self.qualify(name), holder = holder))]
     pub async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease> {
         validate_name(name)?;
         validate_holder("holder", holder)?;
@@ -467,6 +504,20 @@ impl Store {
     /// Extends the tenure by its ttl, only while holder and epoch still match and the lease has not expired by
     /// the database clock; otherwise [`Error::Lost`] with the reason. On success the lease's
     /// [`local_deadline`](Lease::local_deadline) moves to (send time of this renewal + ttl).
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Lost`] when the tenure is no longer current, with the [`LossReason`] and the current epoch.
+    /// - [`Error::Denied`] when the session's role lost its grant on the cluster, or the lease's secret is not
+    ///   its tenure's (audited).
+    /// - The [errors of every database call](crate#errors); a transient one leaves the local deadline where
+    ///   it was: renew again before it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe for the caller: a dropped renewal may or may not have extended the tenure in the database,
+    /// but the lease's local deadline did not move (the safe side). See [cancel safety](crate#cancel-safety).
+    #[tracing::instrument(level = "debug", skip_all, fields(lease = %lease.qualified, epoch = lease.epoch.get()))]
     pub async fn renew(&self, lease: &mut Lease) -> Result<()> {
         let ttl_ms = ttl_ms(lease.ttl)?;
         let (sent, row): (Instant, LeaseResultRow) = self
@@ -501,6 +552,19 @@ impl Store {
     /// Ends this tenure now so that a successor can acquire immediately. Idempotent, and it never touches a
     /// successor's tenure: releasing an epoch that is no longer current changes nothing and returns
     /// [`Released::NotHeld`]. After it returns, no write presenting this epoch can commit.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Denied`] when the session's role has no grant on the cluster, or the lease's secret is not its
+    ///   tenure's (audited).
+    /// - The [errors of every database call](crate#errors): the tenure may or may not have ended; release again
+    ///   (it is idempotent) or let it expire after its ttl.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped release may or may not have ended the tenure; releasing again is safe. See
+    /// [cancel safety](crate#cancel-safety).
+    #[tracing::instrument(level = "info", skip_all, fields(lease = %lease.qualified, epoch = lease.epoch.get()))]
     pub async fn release(&self, lease: &Lease) -> Result<Released> {
         let (_, row): (Instant, LeaseResultRow) = self
             .call_one(RowsOf(sql::release(
@@ -523,6 +587,18 @@ impl Store {
 
     /// Operator override: ends whatever tenure of `name` is current, so its epoch can no longer write. The
     /// epoch is kept: the next acquisition issues a larger one.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::InvalidInput`] for a malformed `name`; nothing was sent.
+    /// - [`Error::Denied`] when the session's role has no operator grant on the cluster (audited).
+    /// - The [errors of every database call](crate#errors).
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped force-release may or may not have ended the tenure; calling it again is safe (it then answers
+    /// [`ForceReleased::NotHeld`]). See [cancel safety](crate#cancel-safety).
+    #[tracing::instrument(level = "info", skip_all, fields(lease = %self.qualify(name)))]
     pub async fn force_release(&self, name: &str) -> Result<ForceReleased> {
         validate_name(name)?;
         let qualified = self.qualify(name);
@@ -548,6 +624,11 @@ impl Store {
     }
 
     /// The lease `name` of this store's cluster, if it was ever acquired.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed `name`, and the [errors of every database call](crate#errors).
+    /// Dropping the future is safe: it only reads ([cancel safety](crate#cancel-safety)).
     pub async fn lease_status(&self, name: &str) -> Result<Option<LeaseStatus>> {
         use diesel::OptionalExtension;
         use diesel_async::RunQueryDsl;
@@ -563,6 +644,11 @@ impl Store {
     }
 
     /// Every lease of this store's cluster, by name.
+    ///
+    /// # Errors
+    ///
+    /// The [errors of every database call](crate#errors). Dropping the future is safe: it only reads
+    /// ([cancel safety](crate#cancel-safety)).
     pub async fn leases(&self) -> Result<Vec<LeaseStatus>> {
         use diesel_async::RunQueryDsl;
         let mut conn = self.conn().await?;
@@ -575,7 +661,13 @@ impl Store {
         rows.into_iter().map(LeaseStatus::try_from).collect()
     }
 
-    /// Every lease of every cluster in this database, by name: the operator's view.
+    /// Every lease of every cluster in this database, by name: the operator's view (row-level security shows a
+    /// role only the clusters it has a grant on).
+    ///
+    /// # Errors
+    ///
+    /// The [errors of every database call](crate#errors). Dropping the future is safe: it only reads
+    /// ([cancel safety](crate#cancel-safety)).
     pub async fn all_leases(&self) -> Result<Vec<LeaseStatus>> {
         use diesel_async::RunQueryDsl;
         let mut conn = self.conn().await?;
@@ -586,6 +678,11 @@ impl Store {
     }
 
     /// Every tenure of `name`, oldest first, with the time of its last accepted task write.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed `name`, and the [errors of every database call](crate#errors).
+    /// Dropping the future is safe: it only reads ([cancel safety](crate#cancel-safety)).
     pub async fn tenures(&self, name: &str) -> Result<Vec<Tenure>> {
         use diesel_async::RunQueryDsl;
         validate_name(name)?;
@@ -639,7 +736,11 @@ pub struct TenureSecret(String);
 pub const SECRET_LEN: usize = 64;
 
 impl TenureSecret {
-    /// A secret from its text: the 64 hexadecimal characters `pgfence.acquire` returned. The text is never
+    /// A secret from its text: the 64 hexadecimal characters `pgfence.acquire` returned.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] when the text is not [`SECRET_LEN`] hexadecimal characters; the text is never
     /// repeated in the error.
     pub fn parse(text: impl Into<String>) -> Result<TenureSecret> {
         let text = text.into();

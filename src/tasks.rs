@@ -27,6 +27,7 @@ pub const MAX_KIND_LEN: usize = 64;
 
 /// A task as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Task {
     /// Database id.
     pub id: i64,
@@ -38,7 +39,8 @@ pub struct Task {
     pub state: TaskState,
     /// Who claimed it.
     pub assignee: Option<String>,
-    /// The payload given at creation.
+    /// The payload given at creation (a serde_json 1 value, re-exported as
+    /// [`pgfence::reexports::serde_json`](crate::reexports::serde_json)).
     pub payload: serde_json::Value,
     /// The highest epoch that wrote the row; writes presenting a lower epoch are refused.
     pub fence: Epoch,
@@ -48,6 +50,7 @@ pub struct Task {
 
 /// The result of a guarded task write.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TaskWrite {
     /// The task after the write.
     pub task: Task,
@@ -59,6 +62,7 @@ pub struct TaskWrite {
 
 /// One row of `pgfence.task_events`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, QueryableByName)]
+#[non_exhaustive]
 pub struct TaskEvent {
     /// Event id, increasing in commit-insertion order.
     #[diesel(sql_type = BigInt)]
@@ -72,7 +76,8 @@ pub struct TaskEvent {
     /// `created`, `claimed`, a state name, or the caller's kind for appended events.
     #[diesel(sql_type = Text)]
     pub kind: String,
-    /// The event's payload.
+    /// The event's payload (a serde_json 1 value, re-exported as
+    /// [`pgfence::reexports::serde_json`](crate::reexports::serde_json)).
     #[diesel(sql_type = Jsonb)]
     pub payload: serde_json::Value,
     /// When it was written (database clock, UTC).
@@ -199,6 +204,10 @@ impl Store {
     /// Idempotent by key: a retry (for instance after a connection died before the reply) returns the same
     /// task with `created == false` and appends no second event.
     ///
+    /// `payload` is a serde_json 1 [`Value`](serde_json::Value) (re-exported as
+    /// [`pgfence::reexports::serde_json`](crate::reexports::serde_json)), at most [`MAX_PAYLOAD_BYTES`]
+    /// serialized and [`MAX_PAYLOAD_DEPTH`] deep, without NUL characters.
+    ///
     /// ```no_run
     /// # async fn example(store: pgfence::Store, lease: pgfence::Lease) -> pgfence::Result<()> {
     /// let write = store
@@ -207,6 +216,18 @@ impl Store {
     /// assert_eq!(write.task.state, pgfence::TaskState::Pending);
     /// # Ok(()) }
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Stale`] or [`Error::Denied`] when the fence is refused (audited; nothing else written).
+    /// - [`Error::InvalidInput`] for a malformed `key` or a refused payload; nothing was sent.
+    /// - The [errors of every database call](crate#errors).
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped call may have created the task; calling again is safe (idempotent by key). See
+    /// [cancel safety](crate#cancel-safety).
+    #[tracing::instrument(level = "debug", skip_all, fields(lease = fence.lease(), epoch = fence.epoch().get(), key = key))]
     pub async fn create_task(
         &self,
         fence: &Fence,
@@ -229,7 +250,21 @@ impl Store {
     }
 
     /// Claims a pending task for `assignee`: the pending check, the row fence and the `claimed` event in one
-    /// atomic step. A task that is not pending is [`Error::Conflict`] (a business outcome, not audited).
+    /// atomic step.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Conflict`] when the task is not pending (a business outcome, not audited).
+    /// - [`Error::TaskNotFound`] when the lease has no task `key`.
+    /// - [`Error::Stale`] or [`Error::Denied`] when the fence is refused (audited; nothing else written).
+    /// - [`Error::InvalidInput`] for a malformed `key` or `assignee`; nothing was sent.
+    /// - The [errors of every database call](crate#errors).
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped claim may have committed: retried, it then answers [`Error::Conflict`] (read the task to see
+    /// who holds it). See [cancel safety](crate#cancel-safety).
+    #[tracing::instrument(level = "debug", skip_all, fields(lease = fence.lease(), epoch = fence.epoch().get(), key = key))]
     pub async fn claim_task(&self, fence: &Fence, key: &str, assignee: &str) -> Result<TaskWrite> {
         validate_key(key)?;
         validate_holder("assignee", assignee)?;
@@ -246,8 +281,25 @@ impl Store {
             .await
     }
 
-    /// Moves a task from `from` to `to` and appends an event of kind `to` carrying `payload`. A task not in
-    /// `from` is [`Error::Conflict`].
+    /// Moves a task from `from` to `to` and appends an event of kind `to` carrying `payload`.
+    ///
+    /// `payload` is a serde_json 1 [`Value`](serde_json::Value) (re-exported as
+    /// [`pgfence::reexports::serde_json`](crate::reexports::serde_json)), at most [`MAX_PAYLOAD_BYTES`]
+    /// serialized and [`MAX_PAYLOAD_DEPTH`] deep, without NUL characters.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Conflict`] when the task is not in `from`.
+    /// - [`Error::TaskNotFound`] when the lease has no task `key`.
+    /// - [`Error::Stale`] or [`Error::Denied`] when the fence is refused (audited; nothing else written).
+    /// - [`Error::InvalidInput`] for a malformed `key` or a refused payload; nothing was sent.
+    /// - The [errors of every database call](crate#errors).
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped transition may have committed: retried, it then answers [`Error::Conflict`] (the task is in
+    /// `to` already). See [cancel safety](crate#cancel-safety).
+    #[tracing::instrument(level = "debug", skip_all, fields(lease = fence.lease(), epoch = fence.epoch().get(), key = key))]
     pub async fn transition_task(
         &self,
         fence: &Fence,
@@ -274,6 +326,24 @@ impl Store {
     }
 
     /// Appends an event of `kind` to a task (and raises the task's row fence to this epoch).
+    ///
+    /// `payload` is a serde_json 1 [`Value`](serde_json::Value) (re-exported as
+    /// [`pgfence::reexports::serde_json`](crate::reexports::serde_json)), at most [`MAX_PAYLOAD_BYTES`]
+    /// serialized and [`MAX_PAYLOAD_DEPTH`] deep, without NUL characters.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::TaskNotFound`] when the lease has no task `key`.
+    /// - [`Error::Stale`] or [`Error::Denied`] when the fence is refused (audited; nothing else written).
+    /// - [`Error::InvalidInput`] for a malformed `key` or `kind` (at most [`MAX_KIND_LEN`] characters) or a
+    ///   refused payload; nothing was sent.
+    /// - The [errors of every database call](crate#errors).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not idempotent: a dropped call may have appended its event, and calling again appends a second one
+    /// (read [`task_events`](Self::task_events) first). See [cancel safety](crate#cancel-safety).
+    #[tracing::instrument(level = "debug", skip_all, fields(lease = fence.lease(), epoch = fence.epoch().get(), key = key))]
     pub async fn append_event(
         &self,
         fence: &Fence,
@@ -299,6 +369,12 @@ impl Store {
     }
 
     /// Reads a task of lease `name` (this store's cluster) by key.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed `name` or `key`, and the
+    /// [errors of every database call](crate#errors). Dropping the future is safe: it only reads
+    /// ([cancel safety](crate#cancel-safety)).
     pub async fn task(&self, name: &str, key: &str) -> Result<Option<Task>> {
         use diesel::OptionalExtension;
         use diesel_async::RunQueryDsl;
@@ -318,6 +394,12 @@ impl Store {
     }
 
     /// Every event of a task, oldest first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed `name` or `key`, and the
+    /// [errors of every database call](crate#errors). Dropping the future is safe: it only reads
+    /// ([cancel safety](crate#cancel-safety)).
     pub async fn task_events(&self, name: &str, key: &str) -> Result<Vec<TaskEvent>> {
         use diesel_async::RunQueryDsl;
         validate_name(name)?;

@@ -217,15 +217,13 @@ fn options_are_applied_and_kept_across_restarts() {
     assert_eq!(show(&default.url(), "listen_addresses"), "127.0.0.1");
     drop(default);
 
-    let server = EmbeddedServer::start_with(EmbeddedOptions {
-        fsync: true,
-        extra_settings: vec![
-            ("work_mem".to_owned(), "7MB".to_owned()),
-            ("application_name".to_owned(), "it's embedded".to_owned()),
-        ],
-        ..EmbeddedOptions::default()
-    })
-    .expect("start with options");
+    let mut options = EmbeddedOptions::default();
+    options.fsync = true;
+    options.extra_settings = vec![
+        ("work_mem".to_owned(), "7MB".to_owned()),
+        ("application_name".to_owned(), "it's embedded".to_owned()),
+    ];
+    let server = EmbeddedServer::start_with(options).expect("start with options");
     let url = server.url();
     assert_eq!(show(&url, "fsync"), "on");
     assert_eq!(show(&url, "work_mem"), "7MB");

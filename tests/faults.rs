@@ -64,7 +64,7 @@ async fn migrated_store(url: &str, app: &str) -> Store {
 
 fn options(ttl_ms: u64) -> LeaseOptions {
     let mut options = LeaseOptions::new(Duration::from_millis(ttl_ms));
-    options.renew_every = Some(Duration::from_millis(ttl_ms / 5));
+    options.renew_every = Duration::from_millis(ttl_ms / 5);
     options
 }
 
@@ -202,27 +202,25 @@ impl HeldWrite {
                 async move {
                     let epoch = fence.epoch().get();
                     store
-                        .fenced(&fence, "held_write", move |conn| {
-                            Box::pin(async move {
-                                use diesel::sql_types::{BigInt, Integer, Text};
-                                use diesel_async::RunQueryDsl;
-                                #[derive(diesel::QueryableByName)]
-                                struct Pid {
-                                    #[diesel(sql_type = Integer)]
-                                    pid: i32,
-                                }
-                                let row: Pid = diesel::sql_query(
-                                    "INSERT INTO held_writes (tag, epoch) VALUES ($1, $2) \
-                                     RETURNING pg_backend_pid() AS pid",
-                                )
-                                .bind::<Text, _>(tag)
-                                .bind::<BigInt, _>(epoch)
-                                .get_result(conn)
-                                .await?;
-                                let _ = ready_tx.send(row.pid);
-                                let _ = go_rx.await;
-                                Ok::<_, Error>(())
-                            })
+                        .fenced(&fence, "held_write", async move |conn| {
+                            use diesel::sql_types::{BigInt, Integer, Text};
+                            use diesel_async::RunQueryDsl;
+                            #[derive(diesel::QueryableByName)]
+                            struct Pid {
+                                #[diesel(sql_type = Integer)]
+                                pid: i32,
+                            }
+                            let row: Pid = diesel::sql_query(
+                                "INSERT INTO held_writes (tag, epoch) VALUES ($1, $2) \
+                                 RETURNING pg_backend_pid() AS pid",
+                            )
+                            .bind::<Text, _>(tag)
+                            .bind::<BigInt, _>(epoch)
+                            .get_result(conn)
+                            .await?;
+                            let _ = ready_tx.send(row.pid);
+                            let _ = go_rx.await;
+                            Ok::<_, Error>(())
                         })
                         .await
                 }
@@ -1168,8 +1166,8 @@ async fn a_leader_loses_at_a_failover_and_leads_again_without_operator_action() 
     // The ttl outlasts the outage (crash, promotion, redirect), so the loss must come from the database's
     // answer, not from the local deadline.
     let mut options = LeadershipOptions::new(Duration::from_secs(10));
-    options.lease.renew_every = Some(Duration::from_millis(200));
-    options.lease.retry_every = Some(Duration::from_millis(100));
+    options.lease.renew_every = Duration::from_millis(200);
+    options.lease.retry_every = Duration::from_millis(100);
 
     let (leading_tx, mut leading_rx) = tokio::sync::mpsc::unbounded_channel::<(Epoch, Instant)>();
     let (late_tx, mut late_rx) =
@@ -1197,7 +1195,9 @@ async fn a_leader_loses_at_a_failover_and_leads_again_without_operator_action() 
                     &parent,
                     move |ctx| async move {
                         let started = format!("started-{}", ctx.epoch());
-                        store.create_task(ctx.fence(), &started, &json!({})).await?;
+                        store
+                            .create_task(&ctx.fence(), &started, &json!({}))
+                            .await?;
                         let _ = leading_tx.send((ctx.epoch(), Instant::now()));
                         ctx.cancelled().await;
                         if !stopping.is_cancelled() {
@@ -1208,7 +1208,7 @@ async fn a_leader_loses_at_a_failover_and_leads_again_without_operator_action() 
                             let late = loop {
                                 attempts += 1;
                                 match store
-                                    .create_task(ctx.fence(), "after-the-loss", &json!({}))
+                                    .create_task(&ctx.fence(), "after-the-loss", &json!({}))
                                     .await
                                 {
                                     Err(e) if e.is_transient() && attempts < 20 => {
@@ -1317,11 +1317,10 @@ async fn a_leader_loses_at_a_failover_and_leads_again_without_operator_action() 
             (FIRST_EPOCH_OF_TIMELINE_2, None)
         ]
     );
+    let mut filter = RejectionFilter::default();
+    filter.lease = Some("ctl".into());
     let audited: Vec<(i64, String, String)> = promoted
-        .rejections(&RejectionFilter {
-            lease: Some("ctl".into()),
-            ..Default::default()
-        })
+        .rejections(&filter)
         .await
         .unwrap()
         .into_iter()

@@ -26,18 +26,16 @@ async fn app_table(db: &TestDb) {
 async fn move_shard(store: &Store, fence: &Fence, owner: &str) -> Result<usize, Error> {
     let owner = owner.to_owned();
     store
-        .fenced(fence, "move_shard", move |conn| {
-            Box::pin(async move {
-                use diesel::sql_types::Text;
-                use diesel_async::RunQueryDsl;
-                let n = diesel::sql_query(
-                    "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
-                )
-                .bind::<Text, _>(owner)
-                .execute(conn)
-                .await?;
-                Ok::<_, Error>(n)
-            })
+        .fenced(fence, "move_shard", async move |conn| {
+            use diesel::sql_types::Text;
+            use diesel_async::RunQueryDsl;
+            let n = diesel::sql_query(
+                "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
+            )
+            .bind::<Text, _>(owner)
+            .execute(conn)
+            .await?;
+            Ok::<_, Error>(n)
         })
         .await
 }
@@ -289,13 +287,9 @@ async fn stale_write_after_takeover_is_rejected_and_audited() {
         0
     );
 
-    let audit = store
-        .rejections(&RejectionFilter {
-            lease: Some("sched".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let mut filter = RejectionFilter::default();
+    filter.lease = Some("sched".into());
+    let audit = store.rejections(&filter).await.unwrap();
     assert_eq!(audit.len(), results.len());
     let mut ops: Vec<&str> = audit.iter().map(|r| r.operation.as_str()).collect();
     ops.sort();
@@ -439,15 +433,13 @@ async fn fenced_transaction_commits_rolls_back_and_refuses() {
     );
 
     let failed: Result<(), Error> = store
-        .fenced(&lease.fence(), "move_shard", |conn| {
-            Box::pin(async move {
-                use diesel_async::RunQueryDsl;
-                diesel::sql_query("UPDATE shards SET owner = 'node-2'")
-                    .execute(conn)
-                    .await?;
-                diesel::sql_query("SELECT 1/0").execute(conn).await?;
-                Ok(())
-            })
+        .fenced(&lease.fence(), "move_shard", async |conn| {
+            use diesel_async::RunQueryDsl;
+            diesel::sql_query("UPDATE shards SET owner = 'node-2'")
+                .execute(conn)
+                .await?;
+            diesel::sql_query("SELECT 1/0").execute(conn).await?;
+            Ok(())
         })
         .await;
     assert!(matches!(failed, Err(Error::Database { .. })), "{failed:?}");
@@ -536,16 +528,14 @@ async fn a_takeover_waits_for_a_fenced_transaction_in_flight_but_a_renewal_does_
     let (store2, fence) = (store.clone(), lease.fence());
     let fenced = tokio::spawn(async move {
         store2
-            .fenced(&fence, "slow_move", move |conn| {
-                Box::pin(async move {
-                    use diesel_async::RunQueryDsl;
-                    diesel::sql_query("INSERT INTO shards VALUES (1, 'pod-a')")
-                        .execute(conn)
-                        .await?;
-                    checked_tx.send(()).unwrap();
-                    finish_rx.await.unwrap();
-                    Ok::<_, Error>(())
-                })
+            .fenced(&fence, "slow_move", async move |conn| {
+                use diesel_async::RunQueryDsl;
+                diesel::sql_query("INSERT INTO shards VALUES (1, 'pod-a')")
+                    .execute(conn)
+                    .await?;
+                checked_tx.send(()).unwrap();
+                finish_rx.await.unwrap();
+                Ok::<_, Error>(())
             })
             .await
     });
@@ -851,16 +841,14 @@ async fn a_cancelled_fenced_transaction_leaves_no_lock_behind() {
     let (store2, fence) = (store.clone(), lease.fence());
     let fenced = tokio::spawn(async move {
         store2
-            .fenced(&fence, "never_finishes", move |conn| {
-                Box::pin(async move {
-                    use diesel_async::RunQueryDsl;
-                    diesel::sql_query("INSERT INTO shards VALUES (1, 'pod-a')")
-                        .execute(conn)
-                        .await?;
-                    inside_tx.send(()).unwrap();
-                    std::future::pending::<()>().await;
-                    Ok::<_, Error>(())
-                })
+            .fenced(&fence, "never_finishes", async move |conn| {
+                use diesel_async::RunQueryDsl;
+                diesel::sql_query("INSERT INTO shards VALUES (1, 'pod-a')")
+                    .execute(conn)
+                    .await?;
+                inside_tx.send(()).unwrap();
+                std::future::pending::<()>().await;
+                Ok::<_, Error>(())
             })
             .await
     });
@@ -1125,16 +1113,12 @@ async fn fenced_operation_labels_are_checked_before_anything_is_sent() {
         let (store, fence) = (store.clone(), fence.clone());
         async move {
             store
-                .fenced(&fence, &operation, |conn| {
-                    Box::pin(async move {
-                        use diesel_async::RunQueryDsl;
-                        diesel::sql_query(
-                            "INSERT INTO shards VALUES (1, 'x') ON CONFLICT DO NOTHING",
-                        )
+                .fenced(&fence, &operation, async |conn| {
+                    use diesel_async::RunQueryDsl;
+                    diesel::sql_query("INSERT INTO shards VALUES (1, 'x') ON CONFLICT DO NOTHING")
                         .execute(conn)
                         .await?;
-                        Ok::<_, Error>(())
-                    })
+                    Ok::<_, Error>(())
                 })
                 .await
         }
@@ -1436,28 +1420,26 @@ async fn guarded_statements_are_prepared_once_and_fenced_guards_run_inside_their
             1
         );
         let held = store
-            .fenced(&fence, "move", move |conn| {
-                Box::pin(async move {
-                    use diesel::sql_types::{BigInt, Text};
-                    use diesel_async::RunQueryDsl;
-                    #[derive(diesel::QueryableByName)]
-                    struct Held {
-                        #[diesel(sql_type = BigInt)]
-                        n: i64,
-                    }
-                    pgfence::Cached::new(
-                        diesel::sql_query("UPDATE shards SET owner = $1 WHERE id = 1").bind::<Text, _>(owner),
-                    )
-                    .execute(conn)
-                    .await?;
-                    let held: Held = diesel::sql_query(
-                        "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885824613 \
-                           AND mode = 'ShareLock' AND granted AND pid = pg_backend_pid()",
-                    )
-                    .get_result(conn)
-                    .await?;
-                    Ok::<_, Error>(held.n)
-                })
+            .fenced(&fence, "move", async move |conn| {
+                use diesel::sql_types::{BigInt, Text};
+                use diesel_async::RunQueryDsl;
+                #[derive(diesel::QueryableByName)]
+                struct Held {
+                    #[diesel(sql_type = BigInt)]
+                    n: i64,
+                }
+                pgfence::Cached::new(
+                    diesel::sql_query("UPDATE shards SET owner = $1 WHERE id = 1").bind::<Text, _>(owner),
+                )
+                .execute(conn)
+                .await?;
+                let held: Held = diesel::sql_query(
+                    "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885824613 \
+                       AND mode = 'ShareLock' AND granted AND pid = pg_backend_pid()",
+                )
+                .get_result(conn)
+                .await?;
+                Ok::<_, Error>(held.n)
             })
             .await
             .unwrap();

@@ -371,7 +371,7 @@ fn supervisor(
         move |ctx| {
             let (store, acked) = (store.clone(), acked.clone());
             async move {
-                let fence = ctx.fence().clone();
+                let fence = ctx.fence();
                 loop {
                     if !ctx.is_held() {
                         return Ok(());

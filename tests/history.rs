@@ -177,22 +177,20 @@ async fn fenced_write(
 ) -> pgfence::Result<i64> {
     let (epoch, key) = (fence.epoch().get(), key.to_owned());
     store
-        .fenced(fence, "ledger", move |conn| {
-            Box::pin(async move {
-                use diesel_async::RunQueryDsl;
-                let row: LedgerId = diesel::sql_query(
-                    "INSERT INTO public.history_ledger (epoch, contender, key) VALUES ($1, $2, $3) RETURNING id",
-                )
-                .bind::<BigInt, _>(epoch)
-                .bind::<Integer, _>(contender as i32)
-                .bind::<Text, _>(key)
-                .get_result(conn)
-                .await?;
-                if !hold.is_zero() {
-                    tokio::time::sleep(hold).await;
-                }
-                Ok::<_, Error>(row.id)
-            })
+        .fenced(fence, "ledger", async move |conn| {
+            use diesel_async::RunQueryDsl;
+            let row: LedgerId = diesel::sql_query(
+                "INSERT INTO public.history_ledger (epoch, contender, key) VALUES ($1, $2, $3) RETURNING id",
+            )
+            .bind::<BigInt, _>(epoch)
+            .bind::<Integer, _>(contender as i32)
+            .bind::<Text, _>(key)
+            .get_result(conn)
+            .await?;
+            if !hold.is_zero() {
+                tokio::time::sleep(hold).await;
+            }
+            Ok::<_, Error>(row.id)
         })
         .await
 }
@@ -220,7 +218,7 @@ async fn contender(
     .unwrap();
     let elector = PgElector::new(store.clone());
     let mut options = LeaseOptions::new(Duration::from_millis(600));
-    options.renew_every = Some(Duration::from_millis(120));
+    options.renew_every = Duration::from_millis(120);
     let mut n = 0u64;
     // Fenced transactions this contender held open across a takeover; the first is forced (below) if chance has
     // not brought one by 1.5 + id seconds into the run, so that every run holds some open.
@@ -476,10 +474,9 @@ async fn randomized_history_has_no_violations() {
         .unwrap_or(20);
     eprintln!("history checker: seed {seed}, {secs} s (replay with PGFENCE_HISTORY_SEED={seed})");
     let server = tokio::task::spawn_blocking(|| {
-        EmbeddedServer::start_with(EmbeddedOptions {
-            extra_settings: vec![("track_commit_timestamp".into(), "on".into())],
-            ..Default::default()
-        })
+        let mut options = EmbeddedOptions::default();
+        options.extra_settings = vec![("track_commit_timestamp".into(), "on".into())];
+        EmbeddedServer::start_with(options)
     })
     .await
     .unwrap()

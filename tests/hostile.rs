@@ -774,16 +774,20 @@ impl std::io::Write for Captured {
 }
 
 /// Secrets: with a password in the connection string (the embedded server's own; on a server that asks for
-/// none, a sentinel it ignores), nothing pgfence emits contains it — not the trace-level logs (of every thread of the runtime, the
-/// workers included), not an error's Display or Debug, not the configuration's Debug, not JSON output, not the
-/// audit rows.
+/// none, a sentinel it ignores), nothing pgfence emits contains it — not the trace-level logs and the fields of
+/// their spans (of every thread of the runtime, the workers included), not an error's Display or Debug, not the
+/// configuration's Debug, not JSON output, not the audit rows. Nor does any of it contain a tenure secret,
+/// though every operation's span names its lease and epoch.
 #[test]
-fn the_password_never_appears_in_logs_errors_json_or_the_audit() {
+fn no_password_or_tenure_secret_appears_in_logs_spans_errors_json_or_the_audit() {
     let captured = Captured::default();
     let sink = captured.clone();
     let capture = tracing::Dispatch::new(
         tracing_subscriber::fmt()
             .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            // Every span once, when it closes, with every field it recorded.
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
             .with_writer(move || sink.clone())
             .finish(),
     );
@@ -812,16 +816,27 @@ async fn the_password_never_appears(captured: Captured) {
     // creation could have cached "never").
     tracing::callsite::rebuild_interest_cache();
     texts.push(format!("{store:?}"));
-    let old = store.acquire("l", "pod", TTL).await.unwrap();
+    let mut old = store.acquire("l", "pod", TTL).await.unwrap();
+    let mut secrets = vec![old.fence().secret().expose_secret().to_owned()];
     store
         .create_task(&old.fence(), "k", &json!({}))
         .await
         .unwrap();
-    // On a worker thread: its logs are captured too.
-    let on_a_worker = store.clone();
-    tokio::spawn(async move { on_a_worker.acquire("l", "pod", TTL).await.unwrap() })
+    store.renew(&mut old).await.unwrap();
+    store
+        .fenced(&old.fence(), "noop", async |conn| {
+            use diesel_async::RunQueryDsl;
+            diesel::sql_query("SELECT 1").execute(conn).await?;
+            Ok::<_, Error>(())
+        })
         .await
         .unwrap();
+    // On a worker thread: its logs are captured too.
+    let on_a_worker = store.clone();
+    let new = tokio::spawn(async move { on_a_worker.acquire("l", "pod", TTL).await.unwrap() })
+        .await
+        .unwrap();
+    secrets.push(new.fence().secret().expose_secret().to_owned());
     let stale = store
         .create_task(&old.fence(), "k2", &json!({}))
         .await
@@ -875,12 +890,27 @@ async fn the_password_never_appears(captured: Captured) {
         2,
         "the capture works, on the test's thread and on a worker: {logs}"
     );
+    for span in [
+        "acquire{lease=c/l holder=\"pod\"}",
+        "create_task{lease=\"c/l\" epoch=1 key=\"k\"}",
+        "renew{lease=c/l epoch=1}",
+        "fenced{lease=\"c/l\" epoch=1 operation=\"noop\"}",
+        "create_task{lease=\"c/l\" epoch=1 key=\"k2\"}",
+    ] {
+        assert!(logs.contains(span), "no span {span} in {logs}");
+    }
     texts.push(logs);
     for text in texts {
         assert!(
             !text.contains(SENTINEL) && !text.contains(&password),
             "the password leaked: {text}"
         );
+        for secret in &secrets {
+            assert!(
+                !text.contains(secret.as_str()),
+                "a tenure secret leaked: {text}"
+            );
+        }
     }
 }
 

@@ -20,7 +20,8 @@ use common::{RowLock, TestDb};
 use pgfence::leader::{
     run_with_leadership, Backoff, Elector, Ended, Health, HeldLease, LeaderContext,
     LeadershipOptions, LeaseOptions, LossCause, MemoryElector, PgElector, Standing, Supervisor,
-    TenureEnd, Wakeups, METRIC_LEADER, METRIC_LOSSES, METRIC_RENEW_SECONDS, METRIC_TRANSITIONS,
+    TenureEnd, Wakeups, METRIC_CALLBACKS_NOT_STOPPED, METRIC_LEADER, METRIC_LOSSES,
+    METRIC_RENEW_DURATION, METRIC_TRANSITIONS,
 };
 use pgfence::{Epoch, Error, LossReason, Released, METRIC_STALE_WRITES};
 use tokio::sync::{mpsc, oneshot};
@@ -217,7 +218,7 @@ async fn refused_attempt(
 
 fn options() -> LeadershipOptions {
     let mut options = LeadershipOptions::new(Duration::from_secs(3));
-    options.lease.renew_every = Some(Duration::from_millis(100));
+    options.lease.renew_every = Duration::from_millis(100);
     options.poll_every = Duration::from_millis(200);
     options.grace = Duration::from_secs(2);
     options
@@ -404,6 +405,7 @@ async fn loss_cancels_the_callback<B: Backend>(backend: B, name: &str) {
         LossCause::Definitive { .. } => [1, 0, 0],
         LossCause::DeadlineExceeded { .. } => [0, 1, 0],
         LossCause::Injected => [0, 0, 1],
+        other => panic!("unexpected cause {other:?}"),
     };
     metrics_settle(&elector, name, (Some(0.0), 2, counted)).await;
 }
@@ -558,7 +560,7 @@ async fn keepalive_holds_the_lease_beyond_its_ttl() {
     let pg = Pg::new().await;
     let ttl = Duration::from_millis(600);
     let mut options = LeaseOptions::new(ttl);
-    options.renew_every = Some(Duration::from_millis(100));
+    options.renew_every = Duration::from_millis(100);
     let lease = pg.elector.acquire("kept", "pod-a", &options).await.unwrap();
     let qualified = lease.qualified_name().to_owned();
     let client = pg.db.client().await;
@@ -600,8 +602,8 @@ async fn the_holder_stops_trusting_a_margin_before_the_database_could_grant_a_su
     let pg = Pg::new().await;
     let (ttl, margin) = (Duration::from_millis(2000), Duration::from_millis(500));
     let mut options = LeaseOptions::new(ttl);
-    options.renew_every = Some(Duration::from_millis(300));
-    options.safety_margin = Some(margin);
+    options.renew_every = Duration::from_millis(300);
+    options.safety_margin = margin;
     let lease = pg.elector.acquire("inv5", "pod-a", &options).await.unwrap();
     let qualified = lease.qualified_name().to_owned();
     let probe = pg.db.client().await;
@@ -688,8 +690,8 @@ async fn unreachable_database_makes_the_holder_give_up_at_its_local_deadline() {
     store.migrate().await.unwrap();
     let elector = PgElector::new(store);
     let mut options = LeaseOptions::new(Duration::from_millis(1500));
-    options.renew_every = Some(Duration::from_millis(200));
-    options.safety_margin = Some(Duration::from_millis(200));
+    options.renew_every = Duration::from_millis(200);
+    options.safety_margin = Duration::from_millis(200);
     let lease = elector.acquire("fragile", "pod-a", &options).await.unwrap();
     let acquired = lease.trust_until();
     let lease_ref = &lease;
@@ -714,7 +716,7 @@ async fn unreachable_database_makes_the_holder_give_up_at_its_local_deadline() {
         trusted_until - declared_at
     );
     assert!(
-        trusted_until <= stopped_at + options.ttl - options.margin(),
+        trusted_until <= stopped_at + options.ttl - options.safety_margin,
         "a renewal counted as good after the server was gone"
     );
     assert!(!lease.is_held());
@@ -746,7 +748,7 @@ async fn dropping_a_lease_releases_it_in_the_background() {
 async fn release_after_loss_never_touches_the_successor() {
     let pg = Pg::new().await;
     let mut options = LeaseOptions::new(Duration::from_secs(5));
-    options.renew_every = Some(Duration::from_millis(100));
+    options.renew_every = Duration::from_millis(100);
     let a = pg
         .elector
         .acquire("handed", "pod-a", &options)
@@ -1096,7 +1098,7 @@ async fn many_leases_renew_with_one_statement_per_tick() {
         let store = db.store(&cluster).await;
         let elector = PgElector::new(store.clone());
         let mut options = LeaseOptions::new(Duration::from_secs(20));
-        options.renew_every = Some(period);
+        options.renew_every = period;
         let mut leases = Vec::with_capacity(n);
         for shard in 0..n {
             leases.push(
@@ -1106,7 +1108,7 @@ async fn many_leases_renew_with_one_statement_per_tick() {
                     .unwrap(),
             );
         }
-        let before = metrics_probe::histogram(METRIC_RENEW_SECONDS, &[]).len();
+        let before = metrics_probe::histogram(METRIC_RENEW_DURATION, &[]).len();
         // The window opens at the first renewal statement the database runs after this mark: that statement may
         // have been sent before the last acquisition returned (so it may renew fewer than N), every later one
         // was sent after it was answered — after all N leases were held.
@@ -1147,7 +1149,7 @@ async fn many_leases_renew_with_one_statement_per_tick() {
         let statements = per_statement.len();
         let ticks = (window.as_nanos() / period.as_nanos()) as usize;
         let mut latencies: Vec<f64> =
-            metrics_probe::histogram(METRIC_RENEW_SECONDS, &[])[before..].to_vec();
+            metrics_probe::histogram(METRIC_RENEW_DURATION, &[])[before..].to_vec();
         latencies.sort_by(|a, b| a.partial_cmp(b).unwrap());
         eprintln!(
             "{n} leases: {statements} renewal statements in {window:?} ({ticks} whole ticks), median statement {:.2} ms",
@@ -1177,7 +1179,7 @@ async fn many_leases_renew_with_one_statement_per_tick() {
 async fn a_superseded_tenure_in_the_same_renewal_group_is_declared_lost() {
     let pg = Pg::new().await;
     let mut options = LeaseOptions::new(Duration::from_secs(5));
-    options.renew_every = Some(Duration::from_millis(100));
+    options.renew_every = Duration::from_millis(100);
     let old = pg
         .elector
         .acquire("twice", "pod-a", &options)
@@ -1360,8 +1362,8 @@ async fn the_context_stops_believing_at_the_local_deadline_when_renewals_stop() 
     let margin = Duration::from_millis(300);
     let mut options = options();
     options.lease = LeaseOptions::new(Duration::from_millis(1500));
-    options.lease.renew_every = Some(Duration::from_millis(200));
-    options.lease.safety_margin = Some(margin);
+    options.lease.renew_every = Duration::from_millis(200);
+    options.lease.safety_margin = margin;
     let (started_tx, started_rx) = oneshot::channel::<()>();
     let (report_tx, report_rx) = oneshot::channel();
     let shutdown = CancellationToken::new();
@@ -1439,8 +1441,8 @@ async fn a_starved_runtime_never_believes_past_the_local_deadline() {
     let pg = Pg::new().await;
     let mut options = options();
     options.lease = LeaseOptions::new(Duration::from_millis(1000));
-    options.lease.renew_every = Some(Duration::from_millis(200));
-    options.lease.safety_margin = Some(Duration::from_millis(200));
+    options.lease.renew_every = Duration::from_millis(200);
+    options.lease.safety_margin = Duration::from_millis(200);
     let shutdown = CancellationToken::new();
     let (run, ctx, _seen) = lead_and_observe(&pg.elector, "starved", options, &shutdown);
     let ctx = ctx.await.unwrap();
@@ -1476,10 +1478,11 @@ async fn a_failover_loss_is_reported_and_the_supervisor_campaigns_again() {
     let elector = MemoryElector::new();
     let (started_tx, mut started) = mpsc::unbounded_channel::<LeaderContext>();
     let supervisor = Supervisor::new(elector.clone(), "pod-a")
-        .backoff(Backoff {
-            initial: Duration::from_millis(10),
-            max: Duration::from_millis(100),
-            multiplier: 2.0,
+        .backoff({
+            let mut backoff = Backoff::default();
+            backoff.initial = Duration::from_millis(10);
+            backoff.max = Duration::from_millis(100);
+            backoff
         })
         .controller("scheduler", options(), move |ctx| {
             let started = started_tx.clone();
@@ -1557,17 +1560,22 @@ async fn work_left_running_after_the_callback_returned_is_told_of_the_release() 
 // ------------------------------------------------------------------------------------------------------------
 // Re-campaign backoff and metrics.
 
+/// A backoff with these settings.
+fn backoff_with(initial: Duration, max: Duration, multiplier: f64) -> Backoff {
+    let mut backoff = Backoff::default();
+    backoff.initial = initial;
+    backoff.max = max;
+    backoff.multiplier = multiplier;
+    backoff
+}
+
 /// `Backoff::delay` draws equal jitter: uniformly between half and all of the capped exponential
 /// (initial × multiplier^failures, at most `max`) — never below half, so a controller that fails at once never
 /// retries at once, and reaching both ends of that range over many draws. Degenerate settings neither spin nor
 /// shrink.
 #[test]
 fn backoff_draws_equal_jitter_between_half_and_all_of_the_capped_exponential() {
-    let backoff = Backoff {
-        initial: Duration::from_millis(100),
-        max: Duration::from_secs(1),
-        multiplier: 2.0,
-    };
+    let backoff = backoff_with(Duration::from_millis(100), Duration::from_secs(1), 2.0);
     let one_ns = Duration::from_nanos(1); // float rounding of the draw
     for failures in 0..8u32 {
         let cap = (Duration::from_millis(100) * 2u32.pow(failures)).min(Duration::from_secs(1));
@@ -1587,11 +1595,7 @@ fn backoff_draws_equal_jitter_between_half_and_all_of_the_capped_exponential() {
     }
     // A zero initial delay still waits (at least 1 ms before jitter), a multiplier below 1 never shrinks the
     // delay, and a cap below the initial delay is the initial delay.
-    let zero = Backoff {
-        initial: Duration::ZERO,
-        max: Duration::ZERO,
-        multiplier: 0.0,
-    };
+    let zero = backoff_with(Duration::ZERO, Duration::ZERO, 0.0);
     for failures in [0, 1, 30] {
         let delay = zero.delay(failures);
         assert!(
@@ -1600,11 +1604,7 @@ fn backoff_draws_equal_jitter_between_half_and_all_of_the_capped_exponential() {
             "{delay:?}"
         );
     }
-    let shrinking = Backoff {
-        initial: Duration::from_millis(100),
-        max: Duration::from_millis(10),
-        multiplier: 0.5,
-    };
+    let shrinking = backoff_with(Duration::from_millis(100), Duration::from_millis(10), 0.5);
     for failures in [0, 1, 10] {
         let delay = shrinking.delay(failures);
         assert!(
@@ -1629,7 +1629,7 @@ async fn metrics_count_transitions_losses_by_cause_and_stale_writes() {
     let lease_label = elector.qualify("metered");
     let stale = || metrics_probe::counter(METRIC_STALE_WRITES, &[("lease", &lease_label)]);
     let mut options = LeaseOptions::new(Duration::from_secs(5));
-    options.renew_every = Some(Duration::from_millis(100));
+    options.renew_every = Duration::from_millis(100);
 
     let first = elector.acquire("metered", "pod-a", &options).await.unwrap();
     assert_eq!(metered(elector, "metered"), (Some(1.0), 1, [0, 0, 0]));
@@ -1669,4 +1669,79 @@ async fn metrics_count_transitions_losses_by_cause_and_stale_writes() {
     assert_eq!(metered(elector, "metered"), (Some(1.0), 5, [1, 0, 0]));
     drop(third);
     assert_eq!(metered(elector, "metered"), (Some(0.0), 6, [1, 0, 0]));
+}
+
+/// `describe_metrics` gives every metric pgfence records its kind, unit and help text, and the names follow
+/// Prometheus conventions: a `pgfence_` prefix, `_total` on counters, the base unit on the duration histogram.
+#[test]
+fn describe_metrics_gives_every_metric_its_kind_unit_and_help_text() {
+    use metrics::Unit;
+    metrics_probe::install();
+    pgfence::describe_metrics();
+    for (name, kind, unit) in [
+        (METRIC_LEADER, "gauge", Unit::Count),
+        (METRIC_TRANSITIONS, "counter", Unit::Count),
+        (METRIC_LOSSES, "counter", Unit::Count),
+        (METRIC_RENEW_DURATION, "histogram", Unit::Seconds),
+        (METRIC_CALLBACKS_NOT_STOPPED, "counter", Unit::Count),
+        (METRIC_STALE_WRITES, "counter", Unit::Count),
+    ] {
+        let (described, described_unit, help) =
+            metrics_probe::description(name).unwrap_or_else(|| panic!("{name} was not described"));
+        assert_eq!((described, described_unit), (kind, Some(unit)), "{name}");
+        assert!(!help.is_empty(), "{name} has no help text");
+        assert!(name.starts_with("pgfence_"), "{name}");
+        match kind {
+            "counter" => assert!(name.ends_with("_total"), "{name}"),
+            "histogram" => assert!(name.ends_with("_duration_seconds"), "{name}"),
+            _ => {}
+        }
+    }
+}
+
+/// A `run_with_leadership` future dropped while leading (the losing branch of a `select!`) stops its callback
+/// too — aborted at its next await, even one that ignores its token — and releases the lease: the context says
+/// `Released`, and the lease is free for the next candidate.
+#[tokio::test]
+async fn dropping_a_run_while_leading_aborts_the_callback_and_releases_the_lease() {
+    /// Reports when the callback's future is dropped (which an abort does).
+    struct OnDrop(Option<oneshot::Sender<()>>);
+    impl Drop for OnDrop {
+        fn drop(&mut self) {
+            if let Some(tx) = self.0.take() {
+                let _ = tx.send(());
+            }
+        }
+    }
+    let elector = MemoryElector::new();
+    let mut wakeups = elector.wakeups();
+    let (started_tx, started) = oneshot::channel::<LeaderContext>();
+    let (dropped_tx, dropped) = oneshot::channel();
+    let (options, parent) = (options(), CancellationToken::new());
+    let run = run_with_leadership(
+        &elector,
+        "dropped",
+        "pod-a",
+        &options,
+        &parent,
+        move |ctx| async move {
+            let _on_drop = OnDrop(Some(dropped_tx));
+            started_tx.send(ctx).unwrap();
+            std::future::pending::<()>().await;
+            Ok::<_, Error>(())
+        },
+    );
+    let ctx = tokio::select! {
+        ended = run => panic!("the run ended on its own: {ended:?}"),
+        ctx = started => ctx.unwrap(),
+    };
+    dropped.await.expect("the callback's future was dropped");
+    assert!(ctx.cancellation_token().is_cancelled());
+    assert!(!ctx.is_held());
+    assert_eq!(ctx.end_cause(), Some(TenureEnd::Released));
+    // Released in the background: the elector announces it.
+    wakeups
+        .wait(&elector.qualify("dropped"), Duration::from_secs(10))
+        .await;
+    assert_eq!(elector.holder("dropped"), None);
 }

@@ -175,9 +175,7 @@ async fn migrations_apply_one_at_a_time_on_data_and_end_as_a_fresh_schema() {
             2 => {
                 let fence = superseded.as_ref().unwrap().fence();
                 let refused = store
-                    .fenced(&fence, "upgrade", |_| {
-                        Box::pin(async { Ok::<_, Error>(()) })
-                    })
+                    .fenced(&fence, "upgrade", async |_| Ok::<_, Error>(()))
                     .await
                     .unwrap_err();
                 assert!(matches!(refused, Error::Stale { .. }), "{refused:?}");

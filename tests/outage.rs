@@ -353,9 +353,9 @@ async fn leadership_survives_brief_outages_inside_the_ttl() {
     assert_eq!(status.epoch, Some(epoch));
     assert_eq!(status.holder.as_deref(), Some(HOLDER));
     assert_eq!(status.state, pgfence::LeaseState::Held);
-    let payload = json!({});
+    let (payload, fence) = (json!({}), ctx.fence());
     let write = retrying("a guarded write after the outages", || {
-        store.create_task(ctx.fence(), "after-the-outages", &payload)
+        store.create_task(&fence, "after-the-outages", &payload)
     })
     .await;
     assert_eq!(write.task.fence, epoch);

@@ -372,18 +372,16 @@ fn logs() -> String {
 async fn move_shard(store: &Store, fence: &pgfence::Fence, owner: &str) -> Result<usize, Error> {
     let owner = owner.to_owned();
     store
-        .fenced(fence, "move_shard", move |conn| {
-            Box::pin(async move {
-                use diesel::sql_types::Text;
-                use diesel_async::RunQueryDsl;
-                let n = diesel::sql_query(
-                    "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
-                )
-                .bind::<Text, _>(owner)
-                .execute(conn)
-                .await?;
-                Ok::<_, Error>(n)
-            })
+        .fenced(fence, "move_shard", async move |conn| {
+            use diesel::sql_types::Text;
+            use diesel_async::RunQueryDsl;
+            let n = diesel::sql_query(
+                "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
+            )
+            .bind::<Text, _>(owner)
+            .execute(conn)
+            .await?;
+            Ok::<_, Error>(n)
         })
         .await
 }
@@ -466,13 +464,9 @@ async fn every_operation_is_correct(store: &Store, db: &TestDb) {
         .unwrap()
         .get(0);
     assert_eq!(owner, "pod-a");
-    let audit = store
-        .rejections(&RejectionFilter {
-            lease: Some("sched".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let mut filter = RejectionFilter::default();
+    filter.lease = Some("sched".into());
+    let audit = store.rejections(&filter).await.unwrap();
     let mut audited: Vec<(&str, i64)> = audit
         .iter()
         .map(|r| (r.operation.as_str(), r.presented_epoch))

@@ -54,13 +54,11 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
         .unwrap();
     store.claim_task(&lease.fence(), "job", "w").await.unwrap();
     let moved: Result<usize, Error> = store
-        .fenced(&lease.fence(), "move", |conn| {
-            Box::pin(async move {
-                use diesel_async::RunQueryDsl;
-                Ok(diesel::sql_query("INSERT INTO shards VALUES (1, 'pod-a')")
-                    .execute(conn)
-                    .await?)
-            })
+        .fenced(&lease.fence(), "move", async |conn| {
+            use diesel_async::RunQueryDsl;
+            Ok(diesel::sql_query("INSERT INTO shards VALUES (1, 'pod-a')")
+                .execute(conn)
+                .await?)
         })
         .await;
     assert_eq!(moved.unwrap(), 1);
@@ -889,11 +887,10 @@ async fn a_takeover_is_prompt_while_stale_writers_hammer() {
         refused[&stale.epoch().get()] >= TAKEOVERS as u64,
         "the stale writers hammered throughout: {refused:?}"
     );
+    let mut filter = RejectionFilter::default();
+    filter.limit = Some(1000);
     let audit: HashMap<i64, u64> = operator
-        .rejections(&RejectionFilter {
-            limit: Some(1000),
-            ..Default::default()
-        })
+        .rejections(&filter)
         .await
         .unwrap()
         .iter()

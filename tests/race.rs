@@ -187,23 +187,21 @@ async fn write(
         _ => {
             let epoch = fence.epoch().get();
             let r = store(Kind::Fenced)
-                .fenced(fence, "app_write", move |conn| {
-                    Box::pin(async move {
-                        use diesel::sql_types::BigInt;
-                        use diesel_async::RunQueryDsl;
-                        #[derive(diesel::QueryableByName)]
-                        struct Id {
-                            #[diesel(sql_type = BigInt)]
-                            id: i64,
-                        }
-                        let row: Id = diesel::sql_query(
-                            "INSERT INTO app_writes (epoch, via) VALUES ($1, 'fenced') RETURNING id",
-                        )
-                        .bind::<BigInt, _>(epoch)
-                        .get_result(conn)
-                        .await?;
-                        Ok::<_, Error>(Row::App(row.id))
-                    })
+                .fenced(fence, "app_write", async move |conn| {
+                    use diesel::sql_types::BigInt;
+                    use diesel_async::RunQueryDsl;
+                    #[derive(diesel::QueryableByName)]
+                    struct Id {
+                        #[diesel(sql_type = BigInt)]
+                        id: i64,
+                    }
+                    let row: Id = diesel::sql_query(
+                        "INSERT INTO app_writes (epoch, via) VALUES ($1, 'fenced') RETURNING id",
+                    )
+                    .bind::<BigInt, _>(epoch)
+                    .get_result(conn)
+                    .await?;
+                    Ok::<_, Error>(Row::App(row.id))
                 })
                 .await;
             (Kind::Fenced, r)

@@ -299,19 +299,17 @@ async fn move_shard(
 ) -> Result<u64, Error> {
     let (owner, ran) = (owner.to_owned(), ran.clone());
     store
-        .fenced(fence, "move_shard", move |conn| {
-            Box::pin(async move {
-                use diesel::sql_types::Text;
-                use diesel_async::RunQueryDsl;
-                ran.store(true, Ordering::SeqCst);
-                let n = diesel::sql_query(
-                    "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
-                )
-                .bind::<Text, _>(owner)
-                .execute(conn)
-                .await?;
-                Ok::<_, Error>(n as u64)
-            })
+        .fenced(fence, "move_shard", async move |conn| {
+            use diesel::sql_types::Text;
+            use diesel_async::RunQueryDsl;
+            ran.store(true, Ordering::SeqCst);
+            let n = diesel::sql_query(
+                "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
+            )
+            .bind::<Text, _>(owner)
+            .execute(conn)
+            .await?;
+            Ok::<_, Error>(n as u64)
         })
         .await
 }
@@ -507,13 +505,9 @@ async fn a_failover_is_a_fencing_boundary() {
     );
 
     // Every refusal is audited, aggregated per (lease, presented epoch, operation), with reason 'failover'.
-    let rejections = promoted
-        .rejections(&RejectionFilter {
-            lease: Some("l".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let mut filter = RejectionFilter::default();
+    filter.lease = Some("l".into());
+    let rejections = promoted.rejections(&filter).await.unwrap();
     let mut audited: Vec<(String, i64)> = rejections
         .iter()
         .map(|r| {

@@ -534,19 +534,17 @@ async fn measured_db(guard: Guard) -> TestDb {
 async fn busy_write(store: &Store, fence: &Fence, hold_ms: i32) -> Result<(), Error> {
     let epoch = fence.epoch().get();
     store
-        .fenced(fence, "busy", move |conn| {
-            Box::pin(async move {
-                use diesel::sql_types::{BigInt, Integer};
-                use diesel_async::RunQueryDsl;
-                diesel::sql_query(
-                    "INSERT INTO app_writes (epoch) SELECT $1 FROM pg_sleep($2 / 1000.0)",
-                )
-                .bind::<BigInt, _>(epoch)
-                .bind::<Integer, _>(hold_ms)
-                .execute(conn)
-                .await?;
-                Ok::<_, Error>(())
-            })
+        .fenced(fence, "busy", async move |conn| {
+            use diesel::sql_types::{BigInt, Integer};
+            use diesel_async::RunQueryDsl;
+            diesel::sql_query(
+                "INSERT INTO app_writes (epoch) SELECT $1 FROM pg_sleep($2 / 1000.0)",
+            )
+            .bind::<BigInt, _>(epoch)
+            .bind::<Integer, _>(hold_ms)
+            .execute(conn)
+            .await?;
+            Ok::<_, Error>(())
         })
         .await
 }

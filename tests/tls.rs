@@ -105,24 +105,23 @@ fn servers() -> &'static Servers {
             client_key: write("client.key", &client_key),
             _dir: dir,
         };
-        let tls = EmbeddedServer::start_with(EmbeddedOptions {
-            extra_settings: [
-                ("ssl", "on"),
-                ("ssl_cert_file", "server.crt"),
-                ("ssl_key_file", "server.key"),
-                ("ssl_ca_file", "ca.crt"),
-            ]
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
-            data_files: vec![
-                ("server.crt".to_owned(), server_cert.into_bytes()),
-                ("server.key".to_owned(), server_key.into_bytes()),
-                ("ca.crt".to_owned(), ca_pem.into_bytes()),
-            ],
-            ..EmbeddedOptions::default()
-        })
-        .expect("start a PostgreSQL server with ssl = on");
+        let mut options = EmbeddedOptions::default();
+        options.extra_settings = [
+            ("ssl", "on"),
+            ("ssl_cert_file", "server.crt"),
+            ("ssl_key_file", "server.key"),
+            ("ssl_ca_file", "ca.crt"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        options.data_files = vec![
+            ("server.crt".to_owned(), server_cert.into_bytes()),
+            ("server.key".to_owned(), server_key.into_bytes()),
+            ("ca.crt".to_owned(), ca_pem.into_bytes()),
+        ];
+        let tls =
+            EmbeddedServer::start_with(options).expect("start a PostgreSQL server with ssl = on");
         let plain = EmbeddedServer::start().expect("start a PostgreSQL server without TLS");
         Servers { tls, plain, pki }
     })

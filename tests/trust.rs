@@ -117,9 +117,7 @@ async fn a_role_cannot_touch_or_read_another_clusters_leases() {
     );
     denied(
         intruder
-            .fenced(&fence, "evil", |_conn| {
-                Box::pin(async { Ok::<_, Error>(()) })
-            })
+            .fenced(&fence, "evil", async |_conn| Ok::<_, Error>(()))
             .await,
         DenyReason::NoGrant,
         "fenced",
@@ -260,9 +258,7 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
     );
     denied(
         store
-            .fenced(&forged, "evil", |_conn| {
-                Box::pin(async { Ok::<_, Error>(()) })
-            })
+            .fenced(&forged, "evil", async |_conn| Ok::<_, Error>(()))
             .await,
         DenyReason::BadSecret,
         "fenced",

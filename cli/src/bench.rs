@@ -324,11 +324,9 @@ impl Server {
                 "pg_stat_statements".to_owned(),
             ));
         }
-        let options = EmbeddedOptions {
-            fsync,
-            extra_settings: settings,
-            ..EmbeddedOptions::default()
-        };
+        let mut options = EmbeddedOptions::default();
+        options.fsync = fsync;
+        options.extra_settings = settings;
         let server = tokio::task::spawn_blocking(move || EmbeddedServer::start_with(options))
             .await
             .map_err(|e| Failure::new(1, e.to_string()))??;
@@ -999,7 +997,7 @@ async fn measure_renewal(
     .await?;
     let elector = PgElector::new(store);
     let mut options = LeaseOptions::new(Duration::from_secs(30));
-    options.renew_every = Some(RENEW_EVERY);
+    options.renew_every = RENEW_EVERY;
     let mut held = Vec::new();
     for i in 0..leases {
         held.push(

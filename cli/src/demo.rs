@@ -165,7 +165,7 @@ pub(super) async fn run(global: &Global, json: bool) -> CliResult {
         PgElector::new(b_store.clone()),
     );
     let mut options = LeaseOptions::new(TTL);
-    options.renew_every = Some(Duration::from_millis(400));
+    options.renew_every = Duration::from_millis(400);
 
     let a_lease = a.acquire(LEASE, "controller-a", &options).await?;
     story.say(
@@ -321,12 +321,9 @@ async fn build_report(
     stale_write_accepted: bool,
 ) -> Result<Report, Failure> {
     let tenures = admin.tenures(LEASE).await?;
-    let rejections = admin
-        .rejections(&RejectionFilter {
-            lease: Some(LEASE.to_owned()),
-            ..Default::default()
-        })
-        .await?;
+    let mut filter = RejectionFilter::default();
+    filter.lease = Some(LEASE.to_owned());
+    let rejections = admin.rejections(&filter).await?;
 
     // Each tenure ended before the next began: never two holders at once, one holder per epoch.
     let overlapping = scalar(

@@ -517,14 +517,12 @@ async fn run(cli: Cli) -> CliResult {
             if let Some(name) = &name {
                 require_lease(&store, name).await?;
             }
-            let rows = store
-                .rejections(&RejectionFilter {
-                    all_clusters: name.is_none(),
-                    lease: name,
-                    since,
-                    limit: Some(limit),
-                })
-                .await?;
+            let mut filter = RejectionFilter::default();
+            filter.all_clusters = name.is_none();
+            filter.lease = name;
+            filter.since = since;
+            filter.limit = Some(limit);
+            let rows = store.rejections(&filter).await?;
             if json {
                 return print_json(&rows);
             }

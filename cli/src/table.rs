@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pgfence::{DatabaseIdentity, LeaseState, LeaseStatus, Rejection, Tenure};
+use pgfence::{DatabaseIdentity, LeaseStatus, Rejection, Tenure};
 
 /// The most characters of escaped text a table cell or a value in a text line shows; longer values are cut
 /// there and marked (see [`escape`]). Long enough for a full lease name (400 characters) with a few escapes
@@ -144,12 +144,7 @@ pub(super) fn leases(leases: &[LeaseStatus]) -> String {
                 l.name.clone(),
                 l.holder.clone().unwrap_or_else(|| "-".into()),
                 l.epoch.map_or_else(|| "-".into(), |e| e.to_string()),
-                match l.state {
-                    LeaseState::Held => "held",
-                    LeaseState::Expired => "expired",
-                    LeaseState::Released => "released",
-                }
-                .to_owned(),
+                l.state.to_string(),
                 duration(l.expires_in),
                 l.transitions.to_string(),
                 time(l.last_write_at),

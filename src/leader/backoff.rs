@@ -2,8 +2,28 @@
 
 use std::time::Duration;
 
-/// Exponential backoff with jitter and a cap, for re-campaigning after a loss or an error.
+/// Exponential backoff with *equal jitter* and a cap, for re-campaigning after a loss or an error: the delay
+/// before attempt `n + 1` is drawn uniformly between half and all of `initial × multiplier^n` (at most `max`).
+///
+/// Equal jitter rather than full jitter (uniform between zero and the exponential): full jitter spreads retries
+/// a little wider but can draw a delay near zero, so a controller that fails at once could retry at once and
+/// spin on the database; equal jitter never waits less than half the exponential. (Candidates waiting for a
+/// holder to go away are spread differently: [`run_with_leadership`](super::run_with_leadership) adds up to
+/// 10 % to each poll.)
+///
+/// Start from the default (100 ms, doubling, at most 10 s) and change what you need:
+///
+/// ```
+/// use std::time::Duration;
+/// use pgfence::leader::Backoff;
+///
+/// let mut backoff = Backoff::default();
+/// backoff.max = Duration::from_secs(30);
+/// let delay = backoff.delay(3); // 400 to 800 ms
+/// assert!(delay >= Duration::from_millis(400) && delay <= Duration::from_millis(800));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Backoff {
     /// First delay (default 100 ms).
     pub initial: Duration,

@@ -20,6 +20,7 @@ use crate::types::{Epoch, LossReason};
 /// Why a held lease stopped being held.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "cause")]
+#[non_exhaustive]
 pub enum LossCause {
     /// The database says the tenure is over (superseded, expired, released by an operator, …).
     Definitive {
@@ -64,6 +65,7 @@ impl fmt::Display for LossCause {
 
 /// Where a held lease stands, as seen by this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Standing {
     /// Held: writes with its fence are expected to be accepted.
     Held,
@@ -259,7 +261,8 @@ impl HeldLease {
         self.shared.standing.borrow().clone()
     }
 
-    /// Completes when the lease is no longer held, with the cause (or `None` when it was released).
+    /// Completes when the lease is no longer held, with the cause (or `None` when it was released). It only
+    /// waits: dropping the future is safe.
     pub fn lost(&self) -> impl Future<Output = Option<LossCause>> + Send + 'static {
         let mut rx = self.shared.standing.subscribe();
         async move {
@@ -280,12 +283,23 @@ impl HeldLease {
     }
 
     /// By the monotonic clock, the instant until which this process trusts the lease (send time of the last
-    /// successful renewal + ttl − safety margin).
+    /// successful renewal + ttl − `safety_margin`).
     pub fn trust_until(&self) -> Instant {
         self.shared.trust_until()
     }
 
     /// Releases now and waits for the database. After a loss this is a no-op.
+    ///
+    /// # Errors
+    ///
+    /// What [`Store::release`](crate::Store::release) returns (the elector retries a transient failure once):
+    /// the tenure is released locally either way, and one the database did not end expires after its ttl.
+    ///
+    /// # Cancel safety
+    ///
+    /// The lease is released locally at once (its token cancelled, [`is_held`](Self::is_held) false); a dropped
+    /// future may or may not have ended the tenure in the database, which otherwise expires after its ttl. See
+    /// [cancel safety](crate#cancel-safety).
     pub async fn release(mut self) -> Result<Released> {
         self.done = true;
         if !self.shared.mark_released() {
@@ -353,6 +367,8 @@ pub struct Wakeups {
 impl Wakeups {
     /// Waits until `qualified` is announced free or `max_wait` passes, whichever is first. Also returns early
     /// when the elector's release listener reconnected (a release may have gone unheard while it was away).
+    ///
+    /// Cancel safe: dropping the future loses no announcement a later `wait` on the same `Wakeups` could see.
     pub async fn wait(&mut self, qualified: &str, max_wait: Duration) {
         let deadline = tokio::time::Instant::now() + max_wait;
         let Some(rx) = self.rx.as_mut() else {
@@ -378,6 +394,7 @@ impl Wakeups {
 
 /// Health of an elector's backing store, in separate dimensions.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Health {
     /// A query reached the database.
     pub database_reachable: bool,

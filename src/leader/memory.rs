@@ -87,7 +87,11 @@ impl MemoryElector {
     }
 
     /// Makes `name` held by `holder` as if another process had acquired it (without a [`HeldLease`] here), so
-    /// that a test can exercise "someone else leads". Fails with [`Error::Held`] when it is held already.
+    /// that a test can exercise "someone else leads".
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Held`] when the lease is held already.
     pub fn occupy(&self, name: &str, holder: &str) -> Result<Epoch> {
         let qualified = self.qualify(name);
         let mut leases = self.inner.leases.lock().unwrap_or_else(|p| p.into_inner());

@@ -5,7 +5,7 @@
 //! # Timing
 //!
 //! A [`HeldLease`] renews every `renew_every` (default ttl/3). It stops trusting itself by its **own monotonic
-//! clock** at (send time of the last successful renewal + ttl − safety margin): the database computed the
+//! clock** at (send time of the last successful renewal + ttl − `safety_margin`): the database computed the
 //! expiry from its clock when it *ran* that renewal, which was later than the send, so the holder gives up
 //! before the database can grant a successor — even when the database is unreachable. Transient renewal errors
 //! are retried every `retry_every` until that deadline; a definitive loss (another epoch or holder on the row) is
@@ -27,7 +27,7 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `options` | [`LeaseOptions`]: ttl, renewal period, retry period, safety margin, validated at construction |
+//! | `options` | [`LeaseOptions`]: `ttl`, `renew_every`, `safety_margin`, `retry_every`, checked before every acquisition |
 //! | `held` | [`HeldLease`] and its loss signal ([`LossCause`], [`Standing`]), release [`Wakeups`], [`Health`] |
 //! | `pg` | [`PgElector`]: acquisition, batched renewal on a connection of its own, LISTEN/NOTIFY wakeups |
 //! | `memory` | `MemoryElector` (feature `testing`): the in-memory double for users' controller tests |
@@ -57,15 +57,20 @@ pub use pg::PgElector;
 pub use run::{run_with_leadership, Ended, LeaderContext, LeadershipOptions, TenureEnd};
 pub use supervisor::{BoxError, Readiness, Supervisor, SupervisorStatus};
 
-/// Gauge, 1 while this process leads the lease (label `lease`), else 0.
+/// Gauge `pgfence_leader{lease}`: 1 while this process holds a tenure of the lease, 0 once it ended. Described
+/// by [`describe_metrics`](crate::describe_metrics).
 pub const METRIC_LEADER: &str = "pgfence_leader";
-/// Counter of leadership gains and losses of this process (label `lease`).
+/// Counter `pgfence_leader_transitions_total{lease}`: tenures of the lease this process began or ended (each
+/// tenure counts twice: once when acquired, once when lost or released).
 pub const METRIC_TRANSITIONS: &str = "pgfence_leader_transitions_total";
-/// Counter of losses by cause (labels `lease`, `cause`).
+/// Counter `pgfence_lease_losses_total{lease,cause}`: tenures this process lost, by `cause`: `definitive` (the
+/// database ended it), `deadline` (no renewal before the local deadline) or `injected` (a test double).
 pub const METRIC_LOSSES: &str = "pgfence_lease_losses_total";
-/// Histogram of renewal round-trip seconds (one observation per renewal statement, however many leases).
-pub const METRIC_RENEW_SECONDS: &str = "pgfence_renew_seconds";
-/// Counter of callbacks that did not return within the grace period after cancellation (label `lease`).
+/// Histogram `pgfence_renew_duration_seconds`: the round trip of one renewal statement of a [`PgElector`], in
+/// seconds (one observation per statement, however many leases it renewed).
+pub const METRIC_RENEW_DURATION: &str = "pgfence_renew_duration_seconds";
+/// Counter `pgfence_callbacks_not_stopped_total{lease}`: leader callbacks that did not return within the grace
+/// period after their tenure ended, and were aborted.
 pub const METRIC_CALLBACKS_NOT_STOPPED: &str = "pgfence_callbacks_not_stopped_total";
 
 /// Something that grants leases: PostgreSQL ([`PgElector`]) or the in-memory double (`MemoryElector`, feature
@@ -79,7 +84,19 @@ pub trait Elector: Clone + Send + Sync + 'static {
     /// The name leases are stored under (`<cluster>/<name>` or `memory/<name>`).
     fn qualify(&self, name: &str) -> String;
 
-    /// One acquisition attempt; `Error::Held` when another holder's tenure is live.
+    /// One acquisition attempt: on success the lease is held and renewed in the background until it is lost,
+    /// released or dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Held`](crate::Error::Held) when another holder's tenure is live; [`Error::InvalidInput`](crate::Error::InvalidInput)
+    /// for invalid `options`, `name` or `holder`; for [`PgElector`], everything
+    /// [`Store::acquire`](crate::Store::acquire) returns.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Store::acquire`](crate::Store::acquire): a dropped attempt may have been granted with nobody holding
+    /// it, and a successor then waits up to one ttl.
     fn acquire(
         &self,
         name: &str,
@@ -91,6 +108,6 @@ pub trait Elector: Clone + Send + Sync + 'static {
     /// the attempt and the wait is not missed.
     fn wakeups(&self) -> Wakeups;
 
-    /// Health of the backing store.
+    /// Health of the backing store. It only reads: dropping the future is safe.
     fn health(&self) -> impl Future<Output = Health> + Send;
 }

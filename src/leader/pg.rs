@@ -14,7 +14,7 @@ use tokio::sync::{broadcast, Notify};
 use super::held::{Health, HeldLease, LossCause, Releaser, Shared, Wake, Wakeups};
 use super::options::LeaseOptions;
 use super::supervisor::BoxFuture;
-use super::{Elector, METRIC_RENEW_SECONDS};
+use super::{Elector, METRIC_RENEW_DURATION};
 use crate::error::{DenyReason, Error, Result};
 use crate::lease::{Lease, Released};
 use crate::reply::{deny_reason, loss_reason, unexpected, RowsOf};
@@ -481,13 +481,18 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
         if members.is_empty() {
             continue;
         }
-        let attempt = connection
-            .renew(&inner.store, &key, &members, trust_until)
-            .await;
+        // One span per attempt: its events, and the losses it declares, carry the holder and the batch's size.
+        let span = tracing::debug_span!("renewal", holder = %key.holder, leases = members.len());
+        let attempt = tracing::Instrument::instrument(
+            connection.renew(&inner.store, &key, &members, trust_until),
+            span.clone(),
+        )
+        .await;
         drop(inner);
+        let _in_span = span.enter();
         match attempt {
             Attempt::Answered { sent, rows } => {
-                metrics::histogram!(METRIC_RENEW_SECONDS).record(sent.elapsed().as_secs_f64());
+                metrics::histogram!(METRIC_RENEW_DURATION).record(sent.elapsed().as_secs_f64());
                 // One row per member, in the order sent (two tenures of one lease may be in the group: the
                 // names alone would not tell them apart).
                 for (member, (lease, renewal)) in members.iter().zip(&rows) {
@@ -580,13 +585,13 @@ impl Elector for PgElector {
         options.validate()?;
         let lease = self.inner.store.acquire(name, holder, options.ttl).await?;
         let deadline = lease.local_deadline();
-        let shared = Shared::new(lease, options.margin(), deadline);
+        let shared = Shared::new(lease, options.safety_margin, deadline);
         self.join_group(
             GroupKey {
                 holder: holder.to_owned(),
                 ttl: options.ttl,
-                renew_every: options.renew_period(),
-                retry_every: options.retry_period(),
+                renew_every: options.renew_every,
+                retry_every: options.retry_every,
             },
             shared.clone(),
         );

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::held::{LossCause, Shared, Standing};
 use super::options::LeaseOptions;
@@ -61,9 +62,10 @@ impl fmt::Display for TenureEnd {
 }
 
 impl LeaderContext {
-    /// The fence of this tenure.
-    pub fn fence(&self) -> &Fence {
-        &self.fence
+    /// The fence every guarded write of this tenure presents (it carries the tenure's secret): an owned copy, as
+    /// [`Lease::fence`](crate::Lease::fence) and [`HeldLease::fence`](super::HeldLease::fence) return.
+    pub fn fence(&self) -> Fence {
+        self.fence.clone()
     }
 
     /// The epoch of this tenure.
@@ -113,7 +115,7 @@ impl LeaderContext {
     }
 
     /// By the monotonic clock, the instant until which this process trusts the tenure (send time of the last
-    /// successful renewal + ttl − safety margin); see [`HeldLease::trust_until`](super::HeldLease::trust_until). Useful to bound a write's
+    /// successful renewal + ttl − `safety_margin`); see [`HeldLease::trust_until`](super::HeldLease::trust_until). Useful to bound a write's
     /// timeout.
     pub fn trust_until(&self) -> Instant {
         self.tenure.trust_until()
@@ -153,11 +155,12 @@ impl LeaderContext {
 
     /// Cancelled when leadership ends (loss or shutdown): stop working then. [`end_cause`](Self::end_cause)
     /// says why.
-    pub fn cancellation_token(&self) -> &CancellationToken {
-        &self.token
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.token.clone()
     }
 
     /// Completes when leadership ends (loss or shutdown); [`end_cause`](Self::end_cause) is `Some` from then on.
+    /// It only waits: dropping the future is safe.
     pub async fn cancelled(&self) {
         self.token.cancelled().await
     }
@@ -165,6 +168,7 @@ impl LeaderContext {
 
 /// Timing of a leadership run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeadershipOptions {
     /// The lease timing.
     pub lease: LeaseOptions,
@@ -188,6 +192,7 @@ impl LeadershipOptions {
 
 /// Why a [`run_with_leadership`] ended.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Ended<E> {
     /// The callback returned `Ok`; the lease was released.
     Returned,
@@ -221,7 +226,25 @@ fn jittered(base: Duration) -> Duration {
 /// (an error event and the `pgfence_callbacks_not_stopped_total` metric) — never silently left running.
 ///
 /// While another holder leads, the candidate waits for the database-computed remaining time (at most
-/// `poll_every`) or a release notification, whichever comes first.
+/// `poll_every`) or a release notification, whichever comes first. Transient acquisition errors are retried
+/// every `poll_every`.
+///
+/// # Errors
+///
+/// - [`Error::InvalidInput`] when `poll_every` or `grace` is zero, or the lease options, `name` or `holder` are
+///   invalid.
+/// - A definitive acquisition error ([`Error::Denied`], [`Error::SchemaMissing`], [`Error::NotPrimary`],
+///   [`Error::WrongDatabase`], [`Error::Tls`], …; see [`Elector::acquire`]): the campaign stops.
+/// - The error of the release after the callback returned or the parent was cancelled.
+///
+/// The callback's own error is not one of them: it ends the run with `Ok(`[`Ended::Failed`]`)`.
+///
+/// # Cancel safety
+///
+/// Dropped while campaigning, as [`Store::acquire`](crate::Store::acquire): an attempt in flight may have been
+/// granted with nobody holding it (a successor waits up to one ttl). Dropped while leading: the lease is
+/// released in the background, which cancels the context's token, and the callback's task is aborted at its
+/// next await point. See [cancel safety](crate#cancel-safety).
 ///
 /// ```no_run
 /// # async fn example(store: pgfence::Store) -> pgfence::Result<()> {
@@ -235,7 +258,7 @@ fn jittered(base: Duration) -> Duration {
 ///     &shutdown, move |ctx| async move {
 ///         // `is_held` reads the monotonic clock: false at the local deadline even if the loss signal is late.
 ///         while ctx.is_held() && !ctx.cancellation_token().is_cancelled() {
-///             store.create_task(ctx.fence(), "tick", &serde_json::json!({})).await?;
+///             store.create_task(&ctx.fence(), "tick", &serde_json::json!({})).await?;
 ///             tokio::select! {
 ///                 _ = ctx.cancelled() => {}
 ///                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -250,6 +273,7 @@ fn jittered(base: Duration) -> Duration {
 /// println!("{ended:?}");
 /// # Ok(()) }
 /// ```
+#[tracing::instrument(level = "info", skip_all, fields(lease = %elector.qualify(name), holder = holder, epoch))]
 pub async fn run_with_leadership<E, F, Fut, Err>(
     elector: &E,
     name: &str,
@@ -271,9 +295,15 @@ where
         ));
     }
     let qualified = elector.qualify(name);
+    let mut attempt = 0u64;
     let lease = loop {
+        attempt += 1;
         let mut wakeups = elector.wakeups();
-        let wait = match elector.acquire(name, holder, &options.lease).await {
+        let acquired = elector
+            .acquire(name, holder, &options.lease)
+            .instrument(tracing::debug_span!("campaign", attempt))
+            .await;
+        let wait = match acquired {
             Ok(lease) => break lease,
             Err(Error::Held { expires_in, .. }) => expires_in.min(options.poll_every),
             Err(e) if e.is_transient() => {
@@ -287,6 +317,7 @@ where
             _ = wakeups.wait(&qualified, jittered(wait)) => {}
         }
     };
+    tracing::Span::current().record("epoch", lease.epoch().get());
     tracing::info!(lease = %qualified, epoch = %lease.epoch(), holder, "leading");
 
     let token = lease.cancellation_token().child_token();
@@ -297,7 +328,11 @@ where
         tenure: lease.shared.clone(),
         shutdown: shutdown.clone(),
     };
-    let mut task = tokio::spawn(callback(context));
+    // The callback's events carry the tenure: its task runs in a span of its own, a child of this one.
+    let mut task = tokio::spawn(callback(context).instrument(tracing::info_span!("leader")));
+    // A run dropped midway (a `select!`, an aborted task) stops its callback too: never left running unseen.
+    // (Dropped before `lease`, whose drop then releases the tenure and cancels the context's token.)
+    let _abort_on_drop = AbortOnDrop(task.abort_handle());
     let lost = lease.lost();
     tokio::pin!(lost);
 
@@ -358,6 +393,16 @@ where
             lease.release().await?;
             Ok(Ended::Cancelled { callback_stopped })
         }
+    }
+}
+
+/// Aborts the callback's task when dropped. Every return of [`run_with_leadership`] has the task finished
+/// already, so this matters only when its future is dropped midway.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

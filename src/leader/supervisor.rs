@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::backoff::Backoff;
 use super::held::Health;
@@ -30,7 +31,7 @@ struct Controller {
 
 /// Runs several controllers in one process, each with its own lease and campaign loop: the leadership of each
 /// name is independent (this process may lead `scheduler` while another leads `rollout`). After a loss or a
-/// failure a controller re-campaigns after an exponential backoff with jitter; shutdown stops every loop and
+/// failure a controller re-campaigns after an exponential [`Backoff`] with equal jitter; shutdown stops every loop and
 /// releases what is held.
 pub struct Supervisor<E: Elector> {
     elector: E,
@@ -54,6 +55,7 @@ impl<E: Elector> fmt::Debug for Supervisor<E> {
 
 /// Readiness in separate dimensions: the store, and per controller whether this process leads it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Readiness {
     /// The backing store's health.
     pub store: Health,
@@ -77,7 +79,7 @@ impl<E: Elector> SupervisorStatus<E> {
             .clone()
     }
 
-    /// Store health plus leadership per controller.
+    /// Store health plus leadership per controller. It only reads: dropping the future is safe.
     pub async fn readiness(&self) -> Readiness {
         Readiness {
             store: self.elector.health().await,
@@ -137,7 +139,14 @@ impl<E: Elector> Supervisor<E> {
         }
     }
 
-    /// Runs every controller's campaign loop until `shutdown` is cancelled.
+    /// Runs every controller's campaign loop until `shutdown` is cancelled, then returns once every controller
+    /// stopped and released its lease. Each controller's loop runs in a span `controller` with its name.
+    ///
+    /// # Cancel safety
+    ///
+    /// Prefer cancelling `shutdown`: it gives every callback its grace period. Dropping the future instead aborts
+    /// every campaign: each lease held is released in the background and each callback is aborted at its next
+    /// await point, as when [`run_with_leadership`] is dropped.
     pub async fn run(self, shutdown: CancellationToken) {
         let mut loops = tokio::task::JoinSet::new();
         for controller in self.controllers {
@@ -148,9 +157,10 @@ impl<E: Elector> Supervisor<E> {
                 self.leading.clone(),
                 shutdown.clone(),
             );
-            loops.spawn(async move {
-                campaign(elector, holder, backoff, leading, shutdown, controller).await;
-            });
+            let span = tracing::info_span!("controller", controller = %controller.name);
+            loops.spawn(
+                campaign(elector, holder, backoff, leading, shutdown, controller).instrument(span),
+            );
         }
         while loops.join_next().await.is_some() {}
     }
@@ -188,7 +198,7 @@ async fn campaign<E: Elector>(
                     .insert(name.clone(), true);
                 // Not leading from the moment the tenure ends (loss or shutdown), not only once the callback
                 // has returned.
-                let token = ctx.cancellation_token().clone();
+                let token = ctx.cancellation_token();
                 tokio::spawn(async move {
                     token.cancelled().await;
                     leading_flag

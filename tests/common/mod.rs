@@ -353,8 +353,9 @@ pub async fn wait_until_blocked_on_lock(db: &TestDb, backends: i64) {
 /// A metrics recorder for tests whose reads do not reset values (tests of one binary run in parallel and
 /// share it). Installed once per test binary.
 pub mod metrics_probe {
+    use std::collections::HashMap;
     use std::sync::atomic::Ordering;
-    use std::sync::{Arc, OnceLock};
+    use std::sync::{Arc, Mutex, OnceLock};
 
     use metrics::{
         Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
@@ -363,10 +364,31 @@ pub mod metrics_probe {
 
     struct Probe(Arc<Registry<Key, AtomicStorage>>);
 
+    /// What a metric was described as: its kind (`counter`, `gauge`, `histogram`), unit and help text.
+    pub type Description = (&'static str, Option<Unit>, String);
+
+    fn descriptions() -> &'static Mutex<HashMap<String, Description>> {
+        static DESCRIPTIONS: OnceLock<Mutex<HashMap<String, Description>>> = OnceLock::new();
+        DESCRIPTIONS.get_or_init(Default::default)
+    }
+
+    fn describe(kind: &'static str, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        descriptions()
+            .lock()
+            .unwrap()
+            .insert(name.as_str().to_owned(), (kind, unit, help.to_string()));
+    }
+
     impl Recorder for Probe {
-        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_counter(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+            describe("counter", name, unit, help)
+        }
+        fn describe_gauge(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+            describe("gauge", name, unit, help)
+        }
+        fn describe_histogram(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+            describe("histogram", name, unit, help)
+        }
         fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
             self.0
                 .get_or_create_counter(key, |c| Counter::from_arc(c.clone()))
@@ -419,6 +441,11 @@ pub mod metrics_probe {
             .get(&key(name, labels))
             .map(|c| c.load(Ordering::SeqCst))
             .unwrap_or(0)
+    }
+
+    /// How the metric `name` was described, if it was.
+    pub fn description(name: &str) -> Option<Description> {
+        descriptions().lock().unwrap().get(name).cloned()
     }
 
     /// Every observation of a histogram so far.

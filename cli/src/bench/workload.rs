@@ -565,11 +565,9 @@ impl Writer {
             }
             Workload::Fenced => {
                 self.store
-                    .fenced(&self.fence, OPERATION, move |conn| {
-                        Box::pin(async move {
-                            update().execute(conn).await?;
-                            Ok::<_, pgfence::Error>(())
-                        })
+                    .fenced(&self.fence, OPERATION, async move |conn| {
+                        update().execute(conn).await?;
+                        Ok::<_, pgfence::Error>(())
                     })
                     .await?;
             }

@@ -101,6 +101,7 @@ pub struct ExpectedIdentity {
 
 /// The identity of the database a store talks to, as reported by the server.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct DatabaseIdentity {
     /// The server's system identifier; `None` when the role may not read `pg_control_system()` and the
     /// schema's SECURITY DEFINER helper is not installed yet.
@@ -119,6 +120,11 @@ pub struct DatabaseIdentity {
 
 impl DatabaseIdentity {
     /// Compares this identity with what was expected; the first difference is a [`Error::WrongDatabase`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongDatabase`] naming the first field that differs (database, system identifier, instance id, in that order),
+    /// with both values. A field the expectation leaves `None` is not compared.
     pub fn verify(&self, expected: &ExpectedIdentity) -> Result<()> {
         fn check(
             what: &'static str,
@@ -380,6 +386,19 @@ impl Store {
     /// [`Error::WrongDatabase`]. A database without the pgfence schema is accepted (so that
     /// [`migrate`](Self::migrate) can run); lease operations on it fail with [`Error::SchemaMissing`].
     ///
+    /// # Errors
+    ///
+    /// - [`Error::InvalidInput`] for a malformed cluster name or a zero connect or checkout timeout;
+    ///   [`Error::InvalidUrl`] for a connection string that does not parse. Nothing was sent.
+    /// - [`Error::Connect`] when no host answered within the connect timeout (each host's cause is named),
+    ///   [`Error::Tls`] when the server's certificate or TLS settings were refused.
+    /// - [`Error::NotPrimary`], [`Error::WrongDatabase`] as above; [`Error::Database`] when the identity query
+    ///   itself failed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future closes the connections opened so far; nothing persists.
+    ///
     /// ```no_run
     /// # async fn example() -> pgfence::Result<()> {
     /// use pgfence::{Store, StoreConfig};
@@ -510,6 +529,20 @@ impl Store {
     /// application's. Cancel requests for abandoned statements cannot know the application's TLS settings: they
     /// use TLS when the connection did, without verifying the server's certificate (the request carries only
     /// that backend's cancel key); a server that refuses them just lets the statement finish.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::InvalidInput`] for a malformed cluster name; nothing was sent.
+    /// - [`Error::Connect`], [`Error::PoolTimeout`] when the pool could not hand out a connection to read the
+    ///   identity; [`Error::NotPrimary`] for a standby; [`Error::WrongDatabase`] for an identity other than
+    ///   `expected`.
+    /// - [`Error::Database`] when the identity query failed. The SQLSTATE of errors on the application's own
+    ///   connections is the one the driver reports (pgfence reads codes off the wire only on connections it
+    ///   opens).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves nothing behind: the identity read only reads.
     pub async fn from_pool(
         pool: Pool,
         cluster: impl Into<String>,
@@ -557,6 +590,15 @@ impl Store {
     }
 
     /// Checks a connection out of the pool; a timeout reports the last connection error the pool saw.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::PoolTimeout`] after the checkout timeout, naming the last connection error the pool saw;
+    /// [`Error::Connect`] when the pool's attempt to open a connection failed. Both are transient.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future gives up the wait; no connection is lost.
     pub async fn conn(&self) -> Result<PooledConnection<'_>> {
         self.inner.pool.get().await.map_err(|e| match e {
             bb8::RunError::User(err) => Error::Connect {
@@ -642,6 +684,11 @@ impl Store {
     }
 
     /// Reads the database's identity now (a fresh query, not a cached value).
+    ///
+    /// # Errors
+    ///
+    /// The [errors of every database call](crate#errors). The read needs no grant: any role that can connect
+    /// reads its database's identity (the system identifier is `None` when it may not read it).
     pub async fn identity(&self) -> Result<DatabaseIdentity> {
         let mut conn = self.checked().await?;
         let identity = read_identity(&mut conn).await;
@@ -651,6 +698,11 @@ impl Store {
 
     /// Re-reads the identity and checks it against the configured expectation and that the server is a
     /// primary.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotPrimary`] when the server is in recovery; [`Error::WrongDatabase`] as in
+    /// [`DatabaseIdentity::verify`]; the [errors of every database call](crate#errors).
     pub async fn verify_identity(&self) -> Result<DatabaseIdentity> {
         let identity = self.identity().await?;
         if identity.in_recovery {
@@ -664,6 +716,14 @@ impl Store {
 
     /// Applies the embedded migrations that are not applied yet and returns their versions. Migrating twice is
     /// a no-op; two processes migrating at once take turns (a session advisory lock on a dedicated connection).
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Migration`] when a migration failed (its transaction rolled back; the ones before it stay
+    ///   applied), with the database's error as its source — a missing privilege keeps its SQLSTATE `42501` —
+    ///   or when the store sits behind a transaction-mode pooler without [`StoreConfig::direct_url`].
+    /// - [`Error::Connect`], [`Error::Tls`], [`Error::NotPrimary`], [`Error::WrongDatabase`] for the dedicated
+    ///   connection the migrations run on.
     pub async fn migrate(&self) -> Result<Vec<String>> {
         if !self.can_open_dedicated() {
             return Err(Error::Migration {

@@ -642,15 +642,24 @@ impl Connector {
     /// Parses a connection string (a `postgres://` URL or `key=value` pairs) and resolves its TLS parameters,
     /// falling back to `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT` and `PGSSLKEY` for those it does not give.
     ///
-    /// Fails with [`Error::InvalidUrl`] for a malformed string or an inconsistent TLS setup (an unknown
-    /// `sslmode`, `verify-full` without root certificates), and with [`Error::Tls`] when a certificate or key
-    /// file cannot be read — or when TLS is demanded of a build without the `tls` feature.
+    /// # Errors
+    ///
+    /// - [`Error::InvalidUrl`] for a malformed string or an inconsistent TLS setup (an unknown `sslmode`,
+    ///   `verify-full` without root certificates).
+    /// - [`Error::Tls`] when a certificate or key file cannot be read — or when TLS is demanded of a build
+    ///   without the `tls` feature.
     pub fn new(url: &str) -> Result<Connector> {
         Self::build(url, &process_env, false)
     }
 
     /// As [`new`](Self::new), with an application's own rustls configuration instead of the certificate
     /// parameters (see [`StoreConfig::tls`](crate::StoreConfig::tls)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] for a malformed string, an unknown `sslmode`, or `sslrootcert`, `sslcert` or
+    /// `sslkey` in the string (they belong in the configuration, which replaces them; the `PGSSL*` file
+    /// variables of the environment are ignored).
     #[cfg(feature = "tls")]
     pub fn with_tls(url: &str, tls: Arc<rustls::ClientConfig>) -> Result<Connector> {
         let mut connector = Self::build(url, &process_env, true)?;
@@ -770,9 +779,16 @@ impl Connector {
     /// Opens a connection. `prefer` falls back to plaintext when the server offers no TLS or the handshake fails
     /// (logged at debug level).
     ///
-    /// Errors: [`Error::Tls`] when the handshake fails (the server's certificate failed verification: "unknown
-    /// issuer", "certificate not valid for name …") or the server does not support the TLS the mode demands;
-    /// [`Error::Connect`] for everything else (refused, authentication, timeout).
+    /// # Errors
+    ///
+    /// - [`Error::Tls`] when the handshake fails (the server's certificate failed verification: "unknown
+    ///   issuer", "certificate not valid for name …") or the server does not support the TLS the mode demands.
+    /// - [`Error::NotPrimary`] when `target_session_attrs=read-write` found only standbys.
+    /// - [`Error::Connect`] for everything else (refused, authentication, timeout), naming each host's cause.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future closes the socket it was opening; nothing persists.
     pub async fn connect(&self) -> Result<(tokio_postgres::Client, Connection)> {
         #[cfg(feature = "tls")]
         {
@@ -944,6 +960,13 @@ impl Connector {
     }
 
     /// Sends a cancel request for `token`'s running statement, secured like this connector's connections.
+    ///
+    /// The server does not answer a cancel request: success means it was delivered, not that a statement was
+    /// running or stopped.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Connect`] when the server could not be reached, [`Error::Tls`] when the handshake failed.
     pub async fn cancel(&self, token: &tokio_postgres::CancelToken) -> Result<()> {
         let fail = |cause: String| Error::Connect {
             target: self.target.clone(),

@@ -8,6 +8,10 @@ use crate::types::{Epoch, TaskState, MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_L
 
 impl Epoch {
     /// An epoch from its number; epochs start at 1.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a number below 1.
     pub fn new(value: i64) -> Result<Epoch> {
         if value < 1 {
             return Err(Error::invalid(

@@ -15,7 +15,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// An argument was refused before anything was sent to the database; nothing was written.
+    /// An argument was refused; nothing was written. Usually before anything was sent; the database applies the
+    /// same checks and refuses what reaches it (SQLSTATE `22023`, from SQL callers, or text whose Unicode is
+    /// newer than the Rust-side check can judge alike), reported as this variant too.
     #[error("invalid {field}: {reason}")]
     InvalidInput {
         /// Which argument (`lease name`, `holder`, `ttl`, `epoch`, …).
@@ -301,12 +303,45 @@ impl From<diesel::result::Error> for Error {
         {
             return Error::SchemaMissing;
         }
+        // pgfence's own check of an argument (SQLSTATE 22023, raised before anything is written): the same refusal
+        // as the Rust-side check, which leaves some text to it (Unicode newer than the database's tables).
+        if sqlstate.as_deref() == Some(INVALID_ARGUMENT) {
+            if let Some(refused) = argument_refused(&message) {
+                return refused;
+            }
+        }
         Error::Database {
             sqlstate,
             message,
             source: Some(Box::new(err)),
         }
     }
+}
+
+/// pgfence's SQLSTATE for an argument its functions refuse (`invalid_parameter_value`).
+const INVALID_ARGUMENT: &str = "22023";
+
+/// The [`Error::InvalidInput`] for the database's check of an argument, `pgfence: invalid <field>: <reason>`
+/// (the argument names of the SQL functions are the Rust API's field names); `None` for its other refusals
+/// (a grant to a superuser, …), which stay [`Error::Database`].
+fn argument_refused(message: &str) -> Option<Error> {
+    const FIELDS: [&str; 10] = [
+        "lease",
+        "holder",
+        "cluster",
+        "role",
+        "operation",
+        "target table",
+        "target key",
+        "task key",
+        "assignee",
+        "event kind",
+    ];
+    let rest = message.strip_prefix("pgfence: invalid ")?;
+    FIELDS.iter().find_map(|&field| {
+        let reason = rest.strip_prefix(field)?.strip_prefix(": ")?;
+        Some(Error::invalid(field, reason))
+    })
 }
 
 /// Whether a message names the pgfence schema or one of its objects: the identifier `pgfence` standing alone

@@ -190,6 +190,14 @@ MUTATIONS: list[Mutation] = [
         [cargo_test("trust", "sql_and_rust_validation_agree")],
     ),
     Mutation(
+        "validation-ignores-unicode-age",
+        "the Rust text check judges NFC by its own Unicode tables throughout, refusing names that an older "
+        "database stores",
+        [Edit("src/validate.rs", "!value.split(is_unsettled).all(unicode_normalization::is_nfc)",
+              "!unicode_normalization::is_nfc(value)")],
+        [cargo_test("trust", "sql_and_rust_validation_agree")],
+    ),
+    Mutation(
         "argument-shortcut-too-wide",
         "the cheap argument test of the write path passes arguments the full checks refuse (too long, epoch 0)",
         [Edit("sql:_plain_arg", "(p_value ~ '^[ -~]+$' AND octet_length(p_value) <= p_max)", "true"),

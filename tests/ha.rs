@@ -179,6 +179,39 @@ impl Formation {
         let monitor_client =
             connect_retrying(&formation.monitor_url(), Duration::from_secs(30)).await;
         drop(monitor_client);
+        // The monitor's settings need its superuser (the OS user pg_autoctl runs as), not autoctl_node.
+        let monitor_client = connect_retrying(
+            &formation
+                .monitor_url()
+                .replace("autoctl_node@", "postgres@"),
+            Duration::from_secs(5),
+        )
+        .await;
+        // Failure detection in seconds rather than pg_auto_failover's defaults (a node unhealthy after 20 s of
+        // failed checks, then 30 s for the old primary to demote itself before the standby is promoted), which
+        // made a hard kill take 50 s to fail over. The order production relies on is kept: a primary's keeper
+        // that loses the monitor and its standby demotes itself after its network_partition_timeout (20 s, not
+        // lowered), so primary_demote_timeout must exceed it — in this rehearsal the killed primary's keeper is
+        // killed with it, and the planned failover is coordinated, so neither waits on that timeout.
+        for (setting, ms) in [
+            ("health_check_period", 1000),
+            ("health_check_timeout", 1000),
+            ("health_check_retry_delay", 500),
+            ("health_check_max_retries", 1),
+            ("node_considered_unhealthy_timeout", 3000),
+            ("primary_demote_timeout", 5000),
+        ] {
+            // ALTER SYSTEM cannot run in the implicit transaction of a multi-statement query.
+            monitor_client
+                .batch_execute(&format!("ALTER SYSTEM SET pgautofailover.{setting} = {ms}"))
+                .await
+                .expect("pg_auto_failover's monitor settings");
+        }
+        monitor_client
+            .batch_execute("SELECT pg_reload_conf()")
+            .await
+            .unwrap();
+        drop(monitor_client);
         for (i, port) in formation.node_ports.iter().enumerate() {
             let name = format!("node{}", i + 1);
             let pgdata = formation.pgdata(&name);

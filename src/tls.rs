@@ -792,19 +792,8 @@ impl Connector {
     pub async fn connect(&self) -> Result<(tokio_postgres::Client, Connection)> {
         #[cfg(feature = "tls")]
         {
-            let tls = self.make_tls()?;
-            match self.attempt(&self.config, tls.clone()).await {
-                Err(Attempt::Handshake(cause)) if self.tls.mode == SslMode::Prefer => {
-                    tracing::debug!(database = %self.target, %cause,
-                        "TLS handshake failed; sslmode=prefer continues in plaintext");
-                    let mut plain = self.config.clone();
-                    plain.ssl_mode(tokio_postgres::config::SslMode::Disable);
-                    self.attempt(&plain, tls)
-                        .await
-                        .map_err(|e| self.attempt_error(e))
-                }
-                other => other.map_err(|e| self.attempt_error(e)),
-            }
+            self.with_prefer_fallback(|config, tls| async move { self.attempt(&config, tls).await })
+                .await
         }
         #[cfg(not(feature = "tls"))]
         {
@@ -848,19 +837,10 @@ impl Connector {
     async fn connect_host(&self) -> Result<(tokio_postgres::Client, PoolConnection)> {
         #[cfg(feature = "tls")]
         {
-            let tls = self.make_tls()?;
-            match self.attempt_pooled(&self.config, tls.clone()).await {
-                Err(Attempt::Handshake(cause)) if self.tls.mode == SslMode::Prefer => {
-                    tracing::debug!(database = %self.target, %cause,
-                        "TLS handshake failed; sslmode=prefer continues in plaintext");
-                    let mut plain = self.config.clone();
-                    plain.ssl_mode(tokio_postgres::config::SslMode::Disable);
-                    self.attempt_pooled(&plain, tls)
-                        .await
-                        .map_err(|e| self.attempt_error(e))
-                }
-                other => other.map_err(|e| self.attempt_error(e)),
-            }
+            self.with_prefer_fallback(|config, tls| async move {
+                self.attempt_pooled(&config, tls).await
+            })
+            .await
         }
         #[cfg(not(feature = "tls"))]
         {
@@ -1030,6 +1010,30 @@ enum Attempt {
 
 #[cfg(feature = "tls")]
 impl Connector {
+    /// Runs `attempt` with this connector's settings and TLS; under `sslmode=prefer`, a failed handshake is
+    /// followed by one plaintext attempt (as libpq does), logged at debug level.
+    #[cfg(feature = "tls")]
+    async fn with_prefer_fallback<T, F>(
+        &self,
+        attempt: impl Fn(tokio_postgres::Config, rustls_connect::MakeTls) -> F,
+    ) -> Result<T>
+    where
+        // A plain closure returning a future, not an async closure: the futures stay Send for tokio::spawn.
+        F: std::future::Future<Output = std::result::Result<T, Attempt>>,
+    {
+        let tls = self.make_tls()?;
+        match attempt(self.config.clone(), tls.clone()).await {
+            Err(Attempt::Handshake(cause)) if self.tls.mode == SslMode::Prefer => {
+                tracing::debug!(database = %self.target, %cause,
+                    "TLS handshake failed; sslmode=prefer continues in plaintext");
+                let mut plain = self.config.clone();
+                plain.ssl_mode(tokio_postgres::config::SslMode::Disable);
+                attempt(plain, tls).await.map_err(|e| self.attempt_error(e))
+            }
+            other => other.map_err(|e| self.attempt_error(e)),
+        }
+    }
+
     fn make_tls(&self) -> Result<rustls_connect::MakeTls> {
         Ok(rustls_connect::MakeTls::new(match &self.custom {
             Some(custom) => custom.clone(),

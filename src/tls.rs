@@ -1134,29 +1134,43 @@ impl Connector {
         let progress = tls.progress();
         match config.connect(tls).await {
             Ok(connected) => {
-                if self.tls.mode == SslMode::Prefer && !progress.started() {
-                    tracing::debug!(database = %self.target,
-                        "the server offers no TLS; sslmode=prefer continues in plaintext");
-                }
+                self.note_plaintext(&progress);
                 Ok(connected)
             }
-            // An error the server sent (authentication, too many connections) came after any handshake.
-            Err(e) if e.as_db_error().is_some() => {
-                Err(Attempt::Other(crate::error::error_chain(&e)))
-            }
-            Err(e) if progress.started() && !progress.finished() => {
-                Err(Attempt::Handshake(handshake_cause(&e, &self.tls.roots)))
-            }
+            Err(e) => Err(self.failed_attempt(config, &progress, &e)),
+        }
+    }
+
+    /// Logs that `sslmode=prefer` went on in plaintext because the server offers no TLS.
+    fn note_plaintext(&self, progress: &rustls_connect::Progress) {
+        if self.tls.mode == SslMode::Prefer && !progress.started() {
+            tracing::debug!(database = %self.target,
+                "the server offers no TLS; sslmode=prefer continues in plaintext");
+        }
+    }
+
+    /// What a failed connection attempt means: a failed TLS handshake, a server without TLS where it is
+    /// required, or another failure.
+    fn failed_attempt(
+        &self,
+        config: &tokio_postgres::Config,
+        progress: &rustls_connect::Progress,
+        e: &tokio_postgres::Error,
+    ) -> Attempt {
+        // An error the server sent (authentication, too many connections) came after any handshake.
+        if e.as_db_error().is_some() {
+            Attempt::Other(crate::error::error_chain(e))
+        } else if progress.started() && !progress.finished() {
+            Attempt::Handshake(handshake_cause(e, &self.tls.roots))
+        } else if !progress.started()
+            && config.get_ssl_mode() == tokio_postgres::config::SslMode::Require
+            && !has_io_error(e)
+        {
             // Refused TLS answers "N" to the request: tokio-postgres reports it without an I/O error, unlike a
             // refused or timed-out socket.
-            Err(e)
-                if !progress.started()
-                    && config.get_ssl_mode() == tokio_postgres::config::SslMode::Require
-                    && !has_io_error(&e) =>
-            {
-                Err(Attempt::NoServerTls)
-            }
-            Err(e) => Err(Attempt::Other(crate::error::error_chain(&e))),
+            Attempt::NoServerTls
+        } else {
+            Attempt::Other(crate::error::error_chain(e))
         }
     }
 
@@ -1195,31 +1209,12 @@ impl Connector {
                 .await
             {
                 Ok(connected) => {
-                    if self.tls.mode == SslMode::Prefer && !progress.started() {
-                        tracing::debug!(database = %self.target,
-                            "the server offers no TLS; sslmode=prefer continues in plaintext");
-                    }
+                    self.note_plaintext(&progress);
                     self.check_session(connected)
                         .await
                         .map_err(Attempt::Session)
                 }
-                // An error the server sent (authentication, too many connections) came after any handshake.
-                Err(e) if e.as_db_error().is_some() => {
-                    Err(Attempt::Other(crate::error::error_chain(&e)))
-                }
-                Err(e) if progress.started() && !progress.finished() => {
-                    Err(Attempt::Handshake(handshake_cause(&e, &self.tls.roots)))
-                }
-                // Refused TLS answers "N" to the request: tokio-postgres reports it without an I/O error, unlike a
-                // refused or timed-out socket.
-                Err(e)
-                    if !progress.started()
-                        && config.get_ssl_mode() == tokio_postgres::config::SslMode::Require
-                        && !has_io_error(&e) =>
-                {
-                    Err(Attempt::NoServerTls)
-                }
-                Err(e) => Err(Attempt::Other(crate::error::error_chain(&e))),
+                Err(e) => Err(self.failed_attempt(config, &progress, &e)),
             };
         }
         Err(Attempt::Other(

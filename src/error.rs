@@ -325,7 +325,7 @@ const INVALID_ARGUMENT: &str = "22023";
 /// (the argument names of the SQL functions are the Rust API's field names); `None` for its other refusals
 /// (a grant to a superuser, …), which stay [`Error::Database`].
 fn argument_refused(message: &str) -> Option<Error> {
-    const FIELDS: [&str; 10] = [
+    const FIELDS: [&str; 15] = [
         "lease",
         "holder",
         "cluster",
@@ -336,6 +336,11 @@ fn argument_refused(message: &str) -> Option<Error> {
         "task key",
         "assignee",
         "event kind",
+        "endpoint",
+        "belief event",
+        "belief time",
+        "belief cause",
+        "belief detail",
     ];
     let rest = message.strip_prefix("pgfence: invalid ")?;
     FIELDS.iter().find_map(|&field| {

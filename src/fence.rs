@@ -546,6 +546,11 @@ pub enum Enforcement {
     Audit,
 }
 
+/// The columns of `pgfence.rejections` a [`Rejection`] reads.
+pub(crate) const REJECTION_COLUMNS: &str = "id, role::text AS role, scope, lease, last_lease, presented_epoch, \
+    current_epoch, current_holder, reason, operation, target_table, target_key, rejected_at, last_rejected_at, \
+    count, last_target_key, application_name, host(client_addr) AS client_addr, backend_pid";
+
 /// Which rejections [`Store::rejections`] returns; newest first. Start from the default (every lease of the
 /// store's cluster, at most 100 rows) and set what you need:
 ///
@@ -834,15 +839,12 @@ impl Store {
             return Err(Error::invalid("limit", "must be at least 1"));
         }
         let mut conn = self.conn().await?;
-        let rows = diesel::sql_query(
-            "SELECT id, role::text AS role, scope, lease, last_lease, presented_epoch, current_epoch, \
-                    current_holder, reason, operation, target_table, target_key, rejected_at, last_rejected_at, \
-                    count, last_target_key, application_name, host(client_addr) AS client_addr, backend_pid \
-               FROM pgfence.rejections \
+        let rows = diesel::sql_query(format!(
+            "SELECT {REJECTION_COLUMNS} FROM pgfence.rejections \
               WHERE (CASE WHEN $4 THEN lease = $1 ELSE starts_with(lease, $1) END) \
                 AND ($2::timestamptz IS NULL OR last_rejected_at >= $2) \
-              ORDER BY last_rejected_at DESC, id DESC LIMIT $3",
-        )
+              ORDER BY last_rejected_at DESC, id DESC LIMIT $3"
+        ))
         .bind::<Text, _>(pattern)
         .bind::<Nullable<Timestamptz>, _>(filter.since)
         .bind::<BigInt, _>(limit)

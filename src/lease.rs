@@ -32,6 +32,7 @@ pub struct Lease {
     pub(crate) secret: TenureSecret,
     ttl: Duration,
     local_deadline: Instant,
+    believed_from: DateTime<Utc>,
 }
 
 impl Lease {
@@ -52,6 +53,7 @@ impl Lease {
             secret,
             ttl,
             local_deadline,
+            believed_from: Utc::now(),
         }
     }
 
@@ -86,6 +88,13 @@ impl Lease {
     /// with a safety margin). No wall clock is involved.
     pub fn local_deadline(&self) -> Instant {
         self.local_deadline
+    }
+
+    /// When this process received the acquisition's reply, by its own wall clock (UTC): the start of its belief
+    /// that it leads, as [`Store::report_belief_start`] reports it. Only for the record of an investigation —
+    /// no decision of pgfence compares it with another clock.
+    pub fn believed_from(&self) -> DateTime<Utc> {
+        self.believed_from
     }
 
     /// Time left until [`local_deadline`](Self::local_deadline) (zero once passed).
@@ -175,27 +184,6 @@ pub struct LeaseStatus {
     /// When it was last renewed.
     pub renewed_at: Option<DateTime<Utc>>,
     /// The last accepted task write (any epoch).
-    pub last_write_at: Option<DateTime<Utc>>,
-}
-
-/// One issued epoch and how its tenure ended.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct Tenure {
-    /// The cluster-qualified name.
-    pub lease: String,
-    /// The epoch of this tenure.
-    pub epoch: Epoch,
-    /// Who held it.
-    pub holder: String,
-    /// When it began (database clock, UTC).
-    pub acquired_at: DateTime<Utc>,
-    /// When it ended; `None` while current.
-    pub ended_at: Option<DateTime<Utc>>,
-    /// `released`, `expired`, `forced`, `reacquired` or `failover` (granted before a promotion, ended after it);
-    /// `None` while current.
-    pub end_reason: Option<String>,
-    /// The last task write accepted under this epoch.
     pub last_write_at: Option<DateTime<Utc>>,
 }
 
@@ -404,24 +392,6 @@ const STATUS_SQL: &str = "SELECT name, holder, epoch, \
           ORDER BY e.epoch DESC, e.id DESC LIMIT 1) AS last_write_at \
    FROM pgfence.leases";
 
-#[derive(QueryableByName)]
-struct TenureRow {
-    #[diesel(sql_type = Text)]
-    lease: String,
-    #[diesel(sql_type = BigInt)]
-    epoch: i64,
-    #[diesel(sql_type = Text)]
-    holder: String,
-    #[diesel(sql_type = Timestamptz)]
-    acquired_at: DateTime<Utc>,
-    #[diesel(sql_type = Nullable<Timestamptz>)]
-    ended_at: Option<DateTime<Utc>>,
-    #[diesel(sql_type = Nullable<Text>)]
-    end_reason: Option<String>,
-    #[diesel(sql_type = Nullable<Timestamptz>)]
-    last_write_at: Option<DateTime<Utc>>,
-}
-
 impl Store {
     /// Acquires `name` for `holder` by compare-and-set: succeeds when the lease is new, released or expired by
     /// the database clock, and issues the previous epoch + 1 (more after a failover: epochs issued on a new WAL
@@ -473,6 +443,7 @@ impl Store {
                 ttl_ms,
             )))
             .await?;
+        let believed_from = Utc::now();
         match row.decode("acquire")? {
             LeaseReply::Acquired { epoch, secret } => {
                 tracing::info!(lease = %qualified, %epoch, holder, "lease acquired");
@@ -484,6 +455,7 @@ impl Store {
                     secret,
                     ttl,
                     local_deadline: sent + ttl,
+                    believed_from,
                 })
             }
             LeaseReply::Denied(reason) => Err(denied(qualified, "acquire", reason)),
@@ -675,38 +647,6 @@ impl Store {
             .load(&mut *conn)
             .await?;
         rows.into_iter().map(LeaseStatus::try_from).collect()
-    }
-
-    /// Every tenure of `name`, oldest first, with the time of its last accepted task write.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] for a malformed `name`, and the [errors of every database call](crate#errors).
-    /// Dropping the future is safe: it only reads ([cancel safety](crate#cancel-safety)).
-    pub async fn tenures(&self, name: &str) -> Result<Vec<Tenure>> {
-        use diesel_async::RunQueryDsl;
-        validate_name(name)?;
-        let mut conn = self.conn().await?;
-        let rows: Vec<TenureRow> = diesel::sql_query(
-            "SELECT lease, epoch, holder, acquired_at, ended_at, end_reason, last_write_at \
-               FROM pgfence.tenure_history WHERE lease = $1 ORDER BY epoch",
-        )
-        .bind::<Text, _>(self.qualify(name))
-        .load(&mut *conn)
-        .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(Tenure {
-                    epoch: Epoch::new(r.epoch)?,
-                    lease: r.lease,
-                    holder: r.holder,
-                    acquired_at: r.acquired_at,
-                    ended_at: r.ended_at,
-                    end_reason: r.end_reason,
-                    last_write_at: r.last_write_at,
-                })
-            })
-            .collect()
     }
 }
 

@@ -12,9 +12,10 @@
 //! | `reply` | how a pgfence SQL function's answer is read: `SELECT * FROM pgfence.f(…)` by column name, the shared reasons, the error for an answer it does not know | — |
 //! | `tls`, `pooler` | [`Connector`] (connection strings, TLS, several hosts), [`PoolerMode`] | — |
 //! | `store` | [`Store`]: the pool, database identity, migrations | applies every migration; `pgfence.identity` (`000001_schema`) |
-//! | `lease` | [`Lease`], acquire / renew / release / force-release, status and history reads | `000002_lease_protocol`: `pgfence.acquire`, `renew`, `release`, `force_release`, `tenure_history` |
+//! | `lease` | [`Lease`], acquire / renew / release / force-release, status reads | `000002_lease_protocol`: `pgfence.acquire`, `renew`, `release`, `force_release`, `tenure_history` |
 //! | `fence` | [`Fence`], the guard, [`Store::fenced`], [`Store::guarded_write`], the audit, enforcement, grants | `000003_guard`: `pgfence.fence`, `_guard`, `ungated_write`, enforcement, `prune_rejections`; `000005_roles`: `pgfence.grant_*`, `revoke` |
 //! | `tasks` | the guarded task and event writes | `000004_tasks`: `pgfence.create_task`, `claim_task`, `transition_task`, `append_event` |
+//! | `history` | the record of every tenure from both sides ([`Tenure`]), the holder's belief reports, the overlap review ([`Store::review`]) | `000002_lease_protocol`: `pgfence.report_belief`, `tenure_history`; the write marks of `000003_guard` |
 //! | [`leader`] | the leadership runtime, one file per concern | `000002_lease_protocol`: `pgfence.renew_many` |
 //! | `embedded` | a throwaway PostgreSQL server (feature `testing`, Unix) | — |
 //!
@@ -45,7 +46,7 @@
 //!
 //! | call | if its future is dropped midway |
 //! |---|---|
-//! | reads: [`Store::lease_status`], [`leases`](Store::leases), [`all_leases`](Store::all_leases), [`tenures`](Store::tenures), [`task`](Store::task), [`task_events`](Store::task_events), [`rejections`](Store::rejections), [`enforcement`](Store::enforcement), [`identity`](Store::identity), [`verify_identity`](Store::verify_identity) | nothing was written: drop and call again freely |
+//! | reads: [`Store::lease_status`], [`leases`](Store::leases), [`all_leases`](Store::all_leases), [`tenures`](Store::tenures), [`review`](Store::review), [`task`](Store::task), [`task_events`](Store::task_events), [`rejections`](Store::rejections), [`enforcement`](Store::enforcement), [`identity`](Store::identity), [`verify_identity`](Store::verify_identity) | nothing was written: drop and call again freely |
 //! | [`Store::acquire`] (and an elector's acquisition, [`run_with_leadership`](leader::run_with_leadership) while campaigning) | **the tenure may have been granted with nobody holding its [`Lease`]**: other holders get [`Error::Held`] until its ttl runs out, so a successor waits up to one ttl (the same holder acquiring again gets a new epoch at once). Bound the ttl accordingly, and do not time out an acquisition more tightly than you must |
 //! | [`Store::renew`] | the tenure may or may not have been extended; the lease's local deadline did not move (the safe side): renew again |
 //! | [`Store::release`], [`HeldLease::release`](leader::HeldLease::release) | the tenure may or may not have ended; if not, it expires after its ttl. Releasing is idempotent: release again (a `HeldLease` is released locally at once either way) |
@@ -53,6 +54,7 @@
 //! | [`Store::fenced`] | the transaction rolls back, unless its COMMIT was already sent: then it may have committed. `work` is dropped at its current await |
 //! | [`Store::guarded_write`], [`create_task`](Store::create_task), [`claim_task`](Store::claim_task), [`transition_task`](Store::transition_task), [`append_event`](Store::append_event) | the write may have committed (with its event). `create_task` is idempotent by key; after a commit, `claim_task` and `transition_task` answer [`Error::Conflict`] when retried (read the task); `append_event` appends a second event |
 //! | [`set_enforcement`](Store::set_enforcement), [`prune_rejections`](Store::prune_rejections), [`grant_application`](Store::grant_application), [`grant_operator`](Store::grant_operator), [`revoke`](Store::revoke) | not cancelled: a statement already sent runs to completion on the server. Each is idempotent (pruning deletes whole batches only): call again |
+//! | [`Store::report_belief_start`], [`Store::report_belief_end`] | the report may or may not have been recorded; reporting again is harmless (the first report of each kind stands) |
 //! | [`Store::connect`], [`Store::from_pool`] | nothing persists: the connections opened so far are closed |
 //! | [`Store::migrate`] | once the migrations started (on a blocking thread) they run to completion, each in its own transaction; a concurrent `migrate` waits for them |
 //! | [`run_with_leadership`](leader::run_with_leadership) while leading, [`Supervisor::run`](leader::Supervisor::run) | the lease is released in the background, which cancels the callback's context token, and the callback is aborted at its next await point |
@@ -79,6 +81,7 @@
 pub mod embedded;
 mod error;
 mod fence;
+mod history;
 pub mod leader;
 mod lease;
 mod pooler;
@@ -95,8 +98,12 @@ pub use fence::{
     fence_passed, guarded_write_sql, Cached, Enforcement, Fence, Rejection, RejectionFilter,
     FENCE_PASSED, MAX_OPERATION_LEN, METRIC_STALE_WRITES,
 };
+pub use history::{
+    Belief, BeliefEnd, Interval, OffsetBounds, Overlap, ServerView, Successor, Tenure,
+    TenureReview, CLOCK_DRIFT_PPM, WRITE_MARK_RESOLUTION,
+};
 pub use lease::{
-    ForceReleased, Lease, LeaseState, LeaseStatus, Released, Tenure, TenureSecret, SECRET_LEN,
+    ForceReleased, Lease, LeaseState, LeaseStatus, Released, TenureSecret, SECRET_LEN,
 };
 pub use pooler::PoolerMode;
 pub use store::{
@@ -135,6 +142,7 @@ pub mod reexports {
 /// | `pgfence_renew_duration_seconds` ([`METRIC_RENEW_DURATION`](leader::METRIC_RENEW_DURATION)) | histogram | seconds | — | round trip of one batched renewal statement |
 /// | `pgfence_callbacks_not_stopped_total` ([`METRIC_CALLBACKS_NOT_STOPPED`](leader::METRIC_CALLBACKS_NOT_STOPPED)) | counter | count | `lease` | leader callbacks aborted after the grace period |
 /// | `pgfence_stale_writes_total` ([`METRIC_STALE_WRITES`]) | counter | count | `lease` | writes refused as stale (and audited) |
+/// | `pgfence_belief_reports_failed_total` ([`METRIC_BELIEF_REPORTS_FAILED`](leader::METRIC_BELIEF_REPORTS_FAILED)) | counter | count | `lease` | belief reports that failed or timed out |
 ///
 /// ```
 /// // After installing the application's exporter (metrics-exporter-prometheus, …):
@@ -172,5 +180,11 @@ pub fn describe_metrics() {
         METRIC_STALE_WRITES,
         Unit::Count,
         "Writes of this process the database refused as stale (each also a row in pgfence.rejections)"
+    );
+    describe_counter!(
+        leader::METRIC_BELIEF_REPORTS_FAILED,
+        Unit::Count,
+        "Reports of when this process started or stopped believing it led a tenure that failed or timed out \
+         (the overlap review shows such a belief as unknown)"
     );
 }

@@ -353,6 +353,8 @@ struct Inner {
     pool: Pool,
     cluster: String,
     target: String,
+    /// The endpoint the configuration names, without credentials (see [`Store::endpoint`]).
+    endpoint: Option<String>,
     checkout_timeout: Duration,
     last_error: LastError,
     expected: ExpectedIdentity,
@@ -423,6 +425,7 @@ impl Store {
             pg.connect_timeout(config.connect_timeout);
         }
         let target = connector.target().to_owned();
+        let endpoint = crate::tls::endpoint(connector.config());
         let settings = ConnectSettings {
             connector: Arc::new(connector),
             target: target.clone(),
@@ -511,6 +514,7 @@ impl Store {
                 pool,
                 cluster: config.cluster,
                 target,
+                endpoint: Some(endpoint),
                 checkout_timeout: config.checkout_timeout,
                 last_error,
                 expected: config.expected,
@@ -556,6 +560,7 @@ impl Store {
                 pool,
                 cluster,
                 target: "<application pool>".to_owned(),
+                endpoint: None,
                 checkout_timeout: Duration::from_secs(30),
                 last_error,
                 expected,
@@ -577,6 +582,13 @@ impl Store {
     /// The cluster that qualifies every lease name of this store.
     pub fn cluster(&self) -> &str {
         &self.inner.cluster
+    }
+
+    /// The endpoint this store was configured with, as a holder reports it with its beliefs: every host and
+    /// port, then the database (`db1:5432,db2:5432/control`), without user, password or other parameters.
+    /// `None` for a store built [`from_pool`](Self::from_pool), whose connections pgfence does not know.
+    pub fn endpoint(&self) -> Option<&str> {
+        self.inner.endpoint.as_deref()
     }
 
     /// The database as `user@host:port/database` (no credentials).

@@ -1355,6 +1355,33 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// The endpoint a configuration names, as a holder reports it with its beliefs: every host with its port, then
+/// the database (`db1:5432,db2:5432/control`), without user, password or any other parameter.
+pub(crate) fn endpoint(config: &tokio_postgres::Config) -> String {
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let host = match h {
+                tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            };
+            // One port for all hosts, or one per host (tokio-postgres's rule).
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            format!("{host}:{port}")
+        })
+        .collect();
+    let hosts = if hosts.is_empty() {
+        "localhost:5432".to_owned()
+    } else {
+        hosts.join(",")
+    };
+    let db = config.get_dbname().or(config.get_user()).unwrap_or("?");
+    format!("{hosts}/{db}")
+}
+
 pub(crate) fn describe(config: &tokio_postgres::Config) -> String {
     let host = config
         .get_hosts()

@@ -160,7 +160,56 @@ CREATE TABLE pgfence.tenures (
     -- The transaction that granted the tenure. The row is updated when the tenure ends, so its xmin names the
     -- ending transaction; this column keeps the acquisition's (its commit time: pg_xact_commit_timestamp).
     acquired_xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    -- The acquiring connection as the server saw it (pgfence._server_view): the server's system identifier and
+    -- pgfence instance, the address and port it was reached at and the client's (a pooler's, when one is in
+    -- between; NULL over a Unix socket), and the session's application_name (client-chosen: escape it to print).
+    system_identifier text,
+    instance_id       uuid,
+    server_addr       text,
+    client_addr       text,
+    application_name  text,
     PRIMARY KEY (lease, epoch)
+);
+
+-- What each holder believed, as it reports it (pgfence.report_belief): when it started believing it led the
+-- tenure (the acquisition reply) and when it stopped (a loss noticed, its local deadline, a release, a refused
+-- write, a shutdown), by ITS OWN wall clock (UTC), and the endpoint it used as it saw it (host:port/dbname,
+-- without credentials). Each report also carries the holder's clock when it was sent and gets the database
+-- clock when it arrived, which bound the two clocks' offset without trusting either (docs/investigation.md).
+-- Reports are best effort and after the fact: one that never arrives (a killed process) leaves its columns
+-- NULL — an unknown, never an invented end. The row is created with the tenure; only the owner reads it (its
+-- report_hash lets a holder report after a successor replaced its tenure's secret); roles read
+-- pgfence.tenure_history.
+CREATE TABLE pgfence.beliefs (
+    lease             text NOT NULL,
+    epoch             bigint NOT NULL,
+    -- SHA-256 of the tenure's secret, as in tenure_secrets, kept after the tenure ends.
+    report_hash       bytea NOT NULL CHECK (length(report_hash) = 32),
+    endpoint          text CHECK (endpoint IS NULL OR pgfence._text_problem(endpoint, 512) IS NULL),
+    believed_from     timestamptz,
+    start_sent_at     timestamptz,
+    start_received_at timestamptz,
+    believed_until    timestamptz,
+    end_cause         text CHECK (end_cause IN ('released', 'lost', 'deadline', 'write_refused', 'shutdown')),
+    end_detail        text CHECK (end_detail IS NULL OR pgfence._text_problem(end_detail, 64) IS NULL),
+    end_sent_at       timestamptz,
+    end_received_at   timestamptz,
+    PRIMARY KEY (lease, epoch),
+    FOREIGN KEY (lease, epoch) REFERENCES pgfence.tenures (lease, epoch)
+);
+
+-- The last accepted guarded write of each tenure, per database session (backend): the guard marks the first
+-- write it accepts in each second (database clock), and a session setting (pgfence.write_mark) remembers the
+-- last mark, so the session's other writes of that second pay one comparison. So the last write a tenure
+-- had accepted is at most one second after its latest mark. The mark is written in the writer's transaction:
+-- a write rolled back leaves no mark (and its session setting is rolled back with it). Writes of an epoch can
+-- only commit before a successor's acquisition (the guard lock), so these rows are final once it committed.
+CREATE TABLE pgfence.write_marks (
+    lease   text NOT NULL,
+    epoch   bigint NOT NULL,
+    backend integer NOT NULL,
+    last_at timestamptz NOT NULL,
+    PRIMARY KEY (lease, epoch, backend)
 );
 
 CREATE TABLE pgfence.tasks (

@@ -1,5 +1,6 @@
 -- Undoes 000002_lease_protocol: drops its view, triggers and functions, in reverse order. The rows stay: lease
 -- rows keep their epochs, so a later acquisition still issues a larger one.
+DROP FUNCTION pgfence.report_belief(text, bigint, text, text, timestamptz, timestamptz, text, text, text);
 DROP VIEW pgfence.tenure_history;
 DROP FUNCTION pgfence.set_takeover_grace(interval);
 DROP TRIGGER lease_truncate ON pgfence.leases;
@@ -11,6 +12,7 @@ DROP FUNCTION pgfence.release(text, text, bigint, text);
 DROP FUNCTION pgfence.renew_many(text[], bigint[], text[], text, bigint);
 DROP FUNCTION pgfence.renew(text, text, bigint, text, bigint);
 DROP FUNCTION pgfence.acquire(text, text, bigint);
+DROP FUNCTION pgfence._server_view();
 DROP FUNCTION pgfence._deny_lease_call(text, bigint, text, boolean);
 DROP FUNCTION pgfence._secret_check(text, bigint, text);
 DROP FUNCTION pgfence._secret_matches(bytea, text);

@@ -176,6 +176,25 @@ BEGIN
 END;
 $$;
 
+-- The calling connection as the server sees it, recorded with every tenure: the system identifier (NULL when
+-- the owner may not read pg_control_system()), the pgfence instance, the server's and the client's address and
+-- port (NULL over a Unix socket) and the session's application_name.
+CREATE FUNCTION pgfence._server_view(OUT system_identifier text, OUT instance_id uuid, OUT server_addr text,
+                                     OUT client_addr text, OUT application_name text)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    SELECT i.instance_id INTO instance_id FROM pgfence.instance i;
+    server_addr := host(inet_server_addr()) || ':' || inet_server_port();
+    client_addr := host(inet_client_addr()) || ':' || inet_client_port();
+    application_name := current_setting('application_name', true);
+    BEGIN
+        SELECT c.system_identifier::text INTO system_identifier FROM pg_control_system() c;
+    EXCEPTION WHEN insufficient_privilege THEN
+        system_identifier := NULL;
+    END;
+END;
+$$;
+
 -- Acquire by compare-and-set: succeeds when the lease is new, released, expired (by the database clock) or
 -- held by a tenure granted before the last promotion, and issues epoch + 1. The same holder acquiring again
 -- while it holds also gets a new epoch: an acquisition always starts a new tenure and fences every earlier one
@@ -191,6 +210,7 @@ DECLARE
     tl  bigint;
     new_epoch bigint;
     secret text;
+    secret_hash bytea;
     denied pgfence.lease_result;
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, 1);
@@ -241,13 +261,18 @@ BEGIN
            expires_at = ts + p_ttl_ms * interval '1 millisecond', acquired_at = ts, renewed_at = ts,
            transitions = transitions + CASE WHEN holder IS DISTINCT FROM p_holder THEN 1 ELSE 0 END
      WHERE name = p_lease;
-    INSERT INTO pgfence.tenures (lease, epoch, holder, acquired_at, timeline)
-    VALUES (p_lease, new_epoch, p_holder, ts, tl);
+    INSERT INTO pgfence.tenures (lease, epoch, holder, acquired_at, timeline, system_identifier, instance_id,
+                                 server_addr, client_addr, application_name)
+    SELECT p_lease, new_epoch, p_holder, ts, tl, v.system_identifier, v.instance_id, v.server_addr,
+           v.client_addr, v.application_name
+      FROM pgfence._server_view() v;
     -- 256 bits from the server's strong random source (two version-4 UUIDs: 244 random bits), as hexadecimal.
     secret := encode(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()), 'hex');
+    secret_hash := sha256(convert_to(secret, 'UTF8'));
     INSERT INTO pgfence.tenure_secrets (lease, epoch, hash)
-    VALUES (p_lease, new_epoch, sha256(convert_to(secret, 'UTF8')))
+    VALUES (p_lease, new_epoch, secret_hash)
     ON CONFLICT (lease) DO UPDATE SET epoch = EXCLUDED.epoch, hash = EXCLUDED.hash;
+    INSERT INTO pgfence.beliefs (lease, epoch, report_hash) VALUES (p_lease, new_epoch, secret_hash);
     RETURN ROW('acquired', NULL, new_epoch, p_holder, p_ttl_ms, secret)::pgfence.lease_result;
 END;
 $$;
@@ -525,10 +550,103 @@ $$;
 -- runs with its owner's rights, which row-level security does not filter: the WHERE clause applies the same rule,
 -- and security_barrier makes it run before any condition of the caller's (which could otherwise see, through an
 -- error or a function with side effects, rows the rule hides).
+-- Every tenure with the database's side (acquired_at, ended_at: database clock), the holder's belief as it
+-- reported it (believed_from, believed_until: the holder's clock; NULL when no report arrived), the endpoint as
+-- each side saw it, and the last accepted write: the newest of the epoch's task events (exact) and of its
+-- write marks (at most one second before the last guarded write the epoch had accepted; last_mark_at).
 CREATE VIEW pgfence.tenure_history WITH (security_barrier) AS
 SELECT t.lease, t.epoch, t.holder, t.acquired_at, t.ended_at, t.end_reason,
-       -- The newest event of the epoch, found by a backward scan of task_events_epoch_idx.
-       (SELECT e.created_at FROM pgfence.task_events e
-         WHERE e.lease = t.lease AND e.epoch = t.epoch ORDER BY e.id DESC LIMIT 1) AS last_write_at
+       greatest(ev.last_event_at, mk.last_mark_at) AS last_write_at,
+       t.timeline, t.system_identifier, t.instance_id, t.server_addr, t.client_addr, t.application_name,
+       b.endpoint, b.believed_from, b.start_sent_at, b.start_received_at,
+       b.believed_until, b.end_cause, b.end_detail, b.end_sent_at, b.end_received_at,
+       ev.last_event_at, mk.last_mark_at
   FROM pgfence.tenures t
+  LEFT JOIN pgfence.beliefs b ON b.lease = t.lease AND b.epoch = t.epoch
+  -- The newest event of the epoch, found by a backward scan of task_events_epoch_idx.
+  LEFT JOIN LATERAL (SELECT e.created_at AS last_event_at FROM pgfence.task_events e
+                      WHERE e.lease = t.lease AND e.epoch = t.epoch ORDER BY e.id DESC LIMIT 1) ev ON true
+  LEFT JOIN LATERAL (SELECT max(m.last_at) AS last_mark_at FROM pgfence.write_marks m
+                      WHERE m.lease = t.lease AND m.epoch = t.epoch) mk ON true
  WHERE (SELECT pgfence._reads_all()) OR split_part(t.lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]);
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Beliefs: a holder reports, after the fact and best effort, when it started believing it led a tenure
+-- (p_event 'start': p_at is when it received the acquisition's reply, p_endpoint the server it used as it saw
+-- it) and when it stopped ('end': p_at, p_cause — 'released', 'lost' (the database said so), 'deadline' (its
+-- local deadline passed), 'write_refused' or 'shutdown' — and p_detail, e.g. the loss reason). Both times are
+-- the holder's wall clock (UTC), as is p_sent_at, when the report was sent; the database adds its own clock
+-- at arrival. The tenure's secret authenticates the report, also after the tenure ended (pgfence.beliefs
+-- keeps its hash). The first report of each kind stands: a retry changes nothing.
+-- Returns 'recorded', 'kept' (an earlier report of this kind stands), or a refusal, audited like a write's:
+-- 'denied' with reason 'no_grant' or 'bad_secret' (an unknown tenure presents no valid secret either).
+CREATE FUNCTION pgfence.report_belief(p_lease text, p_epoch bigint, p_secret text, p_event text,
+                                      p_at timestamptz, p_sent_at timestamptz, p_endpoint text DEFAULT NULL,
+                                      p_cause text DEFAULT NULL, p_detail text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '10min' AS $$
+DECLARE
+    b pgfence.beliefs;
+    arrived timestamptz := clock_timestamp();
+    wait_ms bigint := pgfence._lock_wait_ms();
+BEGIN
+    -- Bounded: another report of the same tenure in an open transaction is waited for at most this long.
+    PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+    PERFORM pgfence._check_lease_args(p_lease, p_epoch);
+    IF p_event IS NULL OR p_event NOT IN ('start', 'end') THEN
+        RAISE EXCEPTION 'pgfence: invalid belief event: must be ''start'' or ''end'', got %',
+            pgfence._printable(p_event) USING ERRCODE = '22023';
+    END IF;
+    IF p_at IS NULL OR NOT isfinite(p_at) OR p_sent_at IS NULL OR NOT isfinite(p_sent_at) THEN
+        RAISE EXCEPTION 'pgfence: invalid belief time: the time and the send time must be finite'
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_endpoint IS NOT NULL THEN
+        PERFORM pgfence._check_text('endpoint', p_endpoint, 512);
+    END IF;
+    IF p_event = 'start' AND (p_cause IS NOT NULL OR p_detail IS NOT NULL) THEN
+        RAISE EXCEPTION 'pgfence: invalid belief cause: a start has none' USING ERRCODE = '22023';
+    END IF;
+    IF p_event = 'end' AND (p_cause IS NULL
+                            OR p_cause NOT IN ('released', 'lost', 'deadline', 'write_refused', 'shutdown')) THEN
+        RAISE EXCEPTION 'pgfence: invalid belief cause: must be released, lost, deadline, write_refused or shutdown, got %',
+            pgfence._printable(p_cause) USING ERRCODE = '22023';
+    END IF;
+    IF p_detail IS NOT NULL THEN
+        PERFORM pgfence._check_text('belief detail', p_detail, 64);
+    END IF;
+    IF NOT pgfence._may_use(pgfence._cluster_of(p_lease)) THEN
+        PERFORM pgfence._reject(p_lease, p_epoch, NULL, NULL, 'no_grant', 'report_belief', NULL, NULL,
+                                p_may_wait => true);
+        RETURN 'denied:no_grant';
+    END IF;
+    SELECT * INTO b FROM pgfence.beliefs WHERE lease = p_lease AND epoch = p_epoch FOR NO KEY UPDATE;
+    IF NOT FOUND OR NOT pgfence._secret_matches(b.report_hash, p_secret) THEN
+        PERFORM pgfence._reject(p_lease, p_epoch, NULL, NULL, 'bad_secret', 'report_belief', NULL, NULL,
+                                p_may_wait => true);
+        RETURN 'denied:bad_secret';
+    END IF;
+    IF p_event = 'start' THEN
+        IF b.start_received_at IS NOT NULL THEN
+            RETURN 'kept';
+        END IF;
+        UPDATE pgfence.beliefs
+           SET believed_from = p_at, start_sent_at = p_sent_at, start_received_at = arrived,
+               endpoint = p_endpoint
+         WHERE lease = p_lease AND epoch = p_epoch;
+    ELSE
+        IF b.end_received_at IS NOT NULL THEN
+            RETURN 'kept';
+        END IF;
+        UPDATE pgfence.beliefs
+           SET believed_until = p_at, end_cause = p_cause, end_detail = p_detail, end_sent_at = p_sent_at,
+               end_received_at = arrived
+         WHERE lease = p_lease AND epoch = p_epoch;
+    END IF;
+    RETURN 'recorded';
+EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION 'pgfence: a belief report of lease % waited % ms for its row; blocked by %',
+        pgfence._printable(p_lease), wait_ms, pgfence._describe_backends(pgfence._table_lockers())
+        USING ERRCODE = 'PF003', HINT = 'Another report of this tenure is in an open transaction.';
+END;
+$$;

@@ -50,6 +50,7 @@ DECLARE
     pre record;
     secret_ok boolean;
     kept text;
+    mark text;
 BEGIN
     -- What makes a presented epoch stale is permanent: epochs only grow, a released tenure stays released, an
     -- expired one can never be renewed and timelines only grow. (One conservative exception: a renewal that
@@ -112,6 +113,15 @@ BEGIN
         -- For the rest of the transaction, raw writes of this tenure pass the raw-SQL enforcement. An assignment,
         -- not PERFORM: a plpgsql expression without an executor run.
         kept := pg_catalog.set_config(pgfence._fence_setting(l.lock_key), p_secret, true);
+        -- The write mark (pgfence.write_marks): the session's first accepted write of this tenure in each
+        -- second is recorded, in this transaction; the others compare one session setting.
+        mark := p_epoch::text || ':' || pg_catalog.date_part('epoch', clock_timestamp())::bigint::text || ':' || p_lease;
+        IF mark IS DISTINCT FROM pg_catalog.current_setting('pgfence.write_mark', true) THEN
+            INSERT INTO pgfence.write_marks AS m (lease, epoch, backend, last_at)
+            VALUES (p_lease, p_epoch, pg_catalog.pg_backend_pid(), clock_timestamp())
+            ON CONFLICT (lease, epoch, backend) DO UPDATE SET last_at = greatest(m.last_at, EXCLUDED.last_at);
+            kept := pg_catalog.set_config('pgfence.write_mark', mark, false);
+        END IF;
         RETURN NULL;
     END IF;
     RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key);
@@ -171,9 +181,9 @@ $$;
 -- pgfence.tasks must carry the lease's current epoch in `fence`, every INSERT into pgfence.task_events in
 -- `epoch` (and name its task's lease), in a transaction that presented that tenure's secret to pgfence.fence
 -- (or another guarded function) first; DELETE/TRUNCATE of tasks and moving a task to another lease are
--- refused; and every other pgfence table (leases, tenures, tenure_secrets, rejections, grants, instance) may
--- be written only by the schema owner — that is, through the pgfence functions — whatever table privileges a
--- role was given. The pgfence functions satisfy this by construction. Two modes for the task tables:
+-- refused; and every other pgfence table (leases, tenures, tenure_secrets, beliefs, write_marks, rejections,
+-- grants, instance) may be written only by the schema owner — that is, through the pgfence functions — whatever
+-- table privileges a role was given. The pgfence functions satisfy this by construction. Two modes for the task tables:
 --   'error': the statement fails with SQLSTATE PF001 (its transaction aborts, so nothing can be recorded);
 --   'audit': the offending row is skipped, the refusal is recorded in pgfence.rejections (operation
 --            'raw_insert' / 'raw_update' / 'raw_delete') and a WARNING tells the client.
@@ -308,7 +318,7 @@ DO $$
 DECLARE
     t text;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'rejections', 'grants', 'instance'] LOOP
+    FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'beliefs', 'write_marks', 'rejections', 'grants', 'instance'] LOOP
         EXECUTE format('CREATE TRIGGER enforce_owner BEFORE INSERT OR UPDATE OR DELETE ON pgfence.%I '
                        'FOR EACH ROW EXECUTE FUNCTION pgfence._owner_writes_only()', t);
         EXECUTE format('CREATE TRIGGER enforce_owner_truncate BEFORE TRUNCATE ON pgfence.%I '
@@ -336,7 +346,7 @@ BEGIN
     PERFORM pgfence._harden();
     -- Lock both task tables up front, in the order readers join them (tasks, then task_events).
     LOCK TABLE pgfence.tasks, pgfence.task_events IN SHARE ROW EXCLUSIVE MODE;
-    FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'rejections', 'grants', 'instance'] LOOP
+    FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'beliefs', 'write_marks', 'rejections', 'grants', 'instance'] LOOP
         EXECUTE format('ALTER TABLE pgfence.%I %s TRIGGER enforce_owner', t,
                        CASE WHEN p_on THEN 'ENABLE' ELSE 'DISABLE' END);
     END LOOP;

@@ -25,6 +25,8 @@ DROP POLICY granted_clusters ON pgfence.task_events;
 DROP POLICY granted_clusters ON pgfence.tasks;
 DROP POLICY granted_clusters ON pgfence.tenures;
 DROP POLICY granted_clusters ON pgfence.leases;
+ALTER TABLE pgfence.write_marks DISABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.beliefs DISABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.tenure_secrets DISABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.grants DISABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.rejections DISABLE ROW LEVEL SECURITY;

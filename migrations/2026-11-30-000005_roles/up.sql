@@ -14,6 +14,8 @@ ALTER TABLE pgfence.task_events ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.rejections ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.grants ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.tenure_secrets ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.beliefs ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.write_marks ENABLE ROW LEVEL SECURITY;
 CREATE POLICY granted_clusters ON pgfence.leases FOR SELECT
     USING ((SELECT pgfence._reads_all()) OR split_part(name, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]));
 CREATE POLICY granted_clusters ON pgfence.tenures FOR SELECT
@@ -36,7 +38,8 @@ CREATE POLICY granted_clusters ON pgfence.rejections FOR SELECT
 -- A role sees the grants it holds (directly or through membership).
 CREATE POLICY own_grants ON pgfence.grants FOR SELECT
     USING (pg_catalog.pg_has_role(session_user, role::oid, 'MEMBER'));
--- No policy on tenure_secrets: no role but the owner reads it (and nobody is granted SELECT on it anyway).
+-- No policy on tenure_secrets, beliefs and write_marks: no role but the owner reads them (and nobody is granted
+-- SELECT on them anyway); roles read beliefs and marks through pgfence.tenure_history, filtered by cluster.
 
 -- ---------------------------------------------------------------------------------------------------------
 -- Privileges. Everything belongs to the role that ran the migration (the owner). Nothing is granted to
@@ -145,6 +148,7 @@ BEGIN
                    'pgfence.claim_task(text, bigint, text, text, text), '
                    'pgfence.transition_task(text, bigint, text, text, text, text, jsonb), '
                    'pgfence.append_event(text, bigint, text, text, text, jsonb), pgfence.enforcement(), '
+                   'pgfence.report_belief(text, bigint, text, text, timestamptz, timestamptz, text, text, text), '
                    'pgfence.ungated_write(text, bigint), '
                    'pgfence.identity(), pgfence._reads_all(), pgfence._readable_clusters(), '
                    -- Row-level security policies and CHECK constraints run as the querying role.

@@ -11,9 +11,10 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::supervisor::BoxFuture;
-use super::{METRIC_LEADER, METRIC_LOSSES, METRIC_TRANSITIONS};
+use super::{METRIC_BELIEF_REPORTS_FAILED, METRIC_LEADER, METRIC_LOSSES, METRIC_TRANSITIONS};
 use crate::error::Result;
 use crate::fence::Fence;
+use crate::history::BeliefEnd;
 use crate::lease::{Lease, Released};
 use crate::types::{Epoch, LossReason};
 
@@ -85,6 +86,63 @@ pub(super) struct Shared {
     pub(super) last_error: Mutex<Option<String>>,
     pub(super) standing: watch::Sender<Standing>,
     pub(super) token: CancellationToken,
+    /// Where the end of this process's belief is reported (a `PgElector` with `report_beliefs`); taken when
+    /// it is reported, or by `abandon` (a frozen or killed process reports nothing).
+    pub(super) reporter: Mutex<Option<BeliefReporter>>,
+}
+
+/// How long a belief report may take before it is given up (and counted as failed).
+const REPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reports a tenure's belief to the store it was acquired from, in the background.
+#[derive(Debug, Clone)]
+pub(super) struct BeliefReporter {
+    pub(super) store: crate::store::Store,
+    pub(super) runtime: tokio::runtime::Handle,
+}
+
+impl BeliefReporter {
+    /// Reports the start of the belief in `lease` (its acquisition reply's arrival).
+    pub(super) fn started(&self, lease: &Lease) {
+        let (store, lease) = (self.store.clone(), lease.clone());
+        self.runtime.spawn(async move {
+            let report = store.report_belief_start(&lease);
+            report_outcome(
+                &lease,
+                "start",
+                tokio::time::timeout(REPORT_TIMEOUT, report).await,
+            );
+        });
+    }
+
+    /// Reports the end of the belief in `lease` at `at` (this process's wall clock).
+    fn ended(self, lease: &Lease, at: chrono::DateTime<chrono::Utc>, end: BeliefEnd) {
+        let lease = lease.clone();
+        self.runtime.spawn(async move {
+            let report = self.store.report_belief_end(&lease, at, end);
+            report_outcome(
+                &lease,
+                "end",
+                tokio::time::timeout(REPORT_TIMEOUT, report).await,
+            );
+        });
+    }
+}
+
+fn report_outcome(
+    lease: &Lease,
+    event: &'static str,
+    outcome: std::result::Result<Result<()>, tokio::time::error::Elapsed>,
+) {
+    let error = match outcome {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!("no answer within {REPORT_TIMEOUT:?}"),
+    };
+    tracing::warn!(lease = %lease.qualified_name(), epoch = %lease.epoch(), event, %error,
+        "belief report failed; the review shows this belief as unknown");
+    metrics::counter!(METRIC_BELIEF_REPORTS_FAILED, "lease" => lease.qualified_name().to_owned())
+        .increment(1);
 }
 
 impl fmt::Debug for Shared {
@@ -98,7 +156,16 @@ impl fmt::Debug for Shared {
 }
 
 impl Shared {
-    pub(super) fn new(lease: Lease, margin: Duration, deadline: Instant) -> Arc<Shared> {
+    /// A held tenure; `reporter` reports the start of its belief now and its end when it ends.
+    pub(super) fn new(
+        lease: Lease,
+        margin: Duration,
+        deadline: Instant,
+        reporter: Option<BeliefReporter>,
+    ) -> Arc<Shared> {
+        if let Some(reporter) = &reporter {
+            reporter.started(&lease);
+        }
         let shared = Arc::new(Shared {
             lease,
             margin,
@@ -106,6 +173,7 @@ impl Shared {
             last_error: Mutex::new(None),
             standing: watch::Sender::new(Standing::Held),
             token: CancellationToken::new(),
+            reporter: Mutex::new(reporter),
         });
         let name = shared.lease.qualified_name().to_owned();
         metrics::gauge!(METRIC_LEADER, "lease" => name.clone()).set(1.0);
@@ -167,12 +235,31 @@ impl Shared {
             }
         });
         if changed {
+            // This process stops believing now: its wall clock is the report's.
+            let at = chrono::Utc::now();
             let name = self.lease.qualified_name().to_owned();
             metrics::gauge!(METRIC_LEADER, "lease" => name.clone()).set(0.0);
             metrics::counter!(METRIC_TRANSITIONS, "lease" => name).increment(1);
             self.token.cancel();
+            let reporter = self
+                .reporter
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let Some(reporter) = reporter {
+                reporter.ended(&self.lease, at, belief_end(&to));
+            }
         }
         changed
+    }
+
+    /// Ends the tenure without reporting the end of the belief, as a frozen or killed process would.
+    pub(super) fn end_unreported(&self, cause: LossCause) {
+        self.reporter
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        self.lose(cause);
     }
 
     /// Held → Lost; later calls change nothing (a loss is never undone).
@@ -191,6 +278,16 @@ impl Shared {
     /// Held → Released; returns whether it was held.
     pub(super) fn mark_released(&self) -> bool {
         self.end(Standing::Released)
+    }
+}
+
+/// What a change of standing means for the belief it ends.
+fn belief_end(to: &Standing) -> BeliefEnd {
+    match to {
+        Standing::Held | Standing::Released => BeliefEnd::Released,
+        Standing::Lost(LossCause::Definitive { reason }) => BeliefEnd::Lost(*reason),
+        Standing::Lost(LossCause::DeadlineExceeded { .. }) => BeliefEnd::Deadline,
+        Standing::Lost(LossCause::Injected) => BeliefEnd::Lost(LossReason::Superseded),
     }
 }
 
@@ -317,7 +414,7 @@ impl HeldLease {
     #[doc(hidden)]
     pub fn abandon(mut self) {
         self.done = true;
-        self.shared.lose(LossCause::DeadlineExceeded {
+        self.shared.end_unreported(LossCause::DeadlineExceeded {
             last_error: Some("abandoned".into()),
         });
     }

@@ -204,7 +204,7 @@ impl Elector for MemoryElector {
                 Instant::now(),
             );
             // Memory leases do not expire by time: only release and `lose` end them.
-            let shared = Shared::new(lease, Duration::ZERO, far_future());
+            let shared = Shared::new(lease, Duration::ZERO, far_future(), None);
             entry.current = Some(Arc::downgrade(&shared));
             shared
         };

@@ -72,6 +72,9 @@ pub const METRIC_RENEW_DURATION: &str = "pgfence_renew_duration_seconds";
 /// Counter `pgfence_callbacks_not_stopped_total{lease}`: leader callbacks that did not return within the grace
 /// period after their tenure ended, and were aborted.
 pub const METRIC_CALLBACKS_NOT_STOPPED: &str = "pgfence_callbacks_not_stopped_total";
+/// Counter `pgfence_belief_reports_failed_total{lease}`: belief reports of a [`PgElector`]
+/// ([`LeaseOptions::report_beliefs`]) that failed or timed out; the review then shows that belief as unknown.
+pub const METRIC_BELIEF_REPORTS_FAILED: &str = "pgfence_belief_reports_failed_total";
 
 /// Something that grants leases: PostgreSQL ([`PgElector`]) or the in-memory double (`MemoryElector`, feature
 /// `testing`).

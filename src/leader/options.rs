@@ -35,6 +35,12 @@ pub struct LeaseOptions {
     pub safety_margin: Duration,
     /// Delay between retries after a transient renewal error; default max(ttl / 10, 10 ms), at least 10 ms.
     pub retry_every: Duration,
+    /// Whether a [`PgElector`](super::PgElector) reports when this process started and stopped believing it
+    /// held each tenure ([`Store::report_belief_start`](crate::Store::report_belief_start), …`_end`), for the
+    /// overlap review of `pgfence history`. In the background, off the leader's path: a report that fails is
+    /// logged and counted ([`METRIC_BELIEF_REPORTS_FAILED`](super::METRIC_BELIEF_REPORTS_FAILED)), never
+    /// retried into the next tenure. Default true.
+    pub report_beliefs: bool,
 }
 
 impl LeaseOptions {
@@ -45,6 +51,7 @@ impl LeaseOptions {
             renew_every: ttl / 3,
             safety_margin: (ttl / 10).max(Duration::from_millis(50)),
             retry_every: (ttl / 10).max(MIN_RETRY_EVERY),
+            report_beliefs: true,
         }
     }
 

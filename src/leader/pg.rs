@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use diesel_async::AsyncPgConnection;
 use tokio::sync::{broadcast, Notify};
 
-use super::held::{Health, HeldLease, LossCause, Releaser, Shared, Wake, Wakeups};
+use super::held::{BeliefReporter, Health, HeldLease, LossCause, Releaser, Shared, Wake, Wakeups};
 use super::options::LeaseOptions;
 use super::supervisor::BoxFuture;
 use super::{Elector, METRIC_RENEW_DURATION};
@@ -585,7 +585,11 @@ impl Elector for PgElector {
         options.validate()?;
         let lease = self.inner.store.acquire(name, holder, options.ttl).await?;
         let deadline = lease.local_deadline();
-        let shared = Shared::new(lease, options.safety_margin, deadline);
+        let reporter = options.report_beliefs.then(|| BeliefReporter {
+            store: self.inner.store.clone(),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        let shared = Shared::new(lease, options.safety_margin, deadline, reporter);
         self.join_group(
             GroupKey {
                 holder: holder.to_owned(),

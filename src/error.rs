@@ -396,3 +396,47 @@ pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each argument the SQL functions check is named by its refusal (`pgfence: invalid <field>: …`) and becomes
+    /// InvalidInput for that field; a refusal of something else stays a database error.
+    #[test]
+    fn argument_refusals_name_their_field() {
+        for (message, field) in [
+            ("pgfence: invalid lease: must be cluster-qualified", "lease"),
+            (
+                "pgfence: invalid endpoint: contains a control character",
+                "endpoint",
+            ),
+            (
+                "pgfence: invalid belief event: must be 'start' or 'end', got 'x'",
+                "belief event",
+            ),
+            (
+                "pgfence: invalid belief time: the time and the send time must be finite",
+                "belief time",
+            ),
+            (
+                "pgfence: invalid belief cause: a start has none",
+                "belief cause",
+            ),
+            (
+                "pgfence: invalid belief detail: longer than 64 bytes",
+                "belief detail",
+            ),
+        ] {
+            match argument_refused(message) {
+                Some(Error::InvalidInput { field: f, reason }) => {
+                    assert_eq!(f, field, "{message}");
+                    assert!(message.ends_with(&reason), "{message}");
+                }
+                other => panic!("{message}: {other:?}"),
+            }
+        }
+        assert!(argument_refused("pgfence: invalid belief: no").is_none());
+        assert!(argument_refused("pgfence: refusing to grant to x").is_none());
+    }
+}

@@ -443,7 +443,8 @@ impl Store {
                 ttl_ms,
             )))
             .await?;
-        let believed_from = Utc::now();
+        // Microseconds, as the database keeps it.
+        let believed_from = chrono::SubsecRound::trunc_subsecs(Utc::now(), 6);
         match row.decode("acquire")? {
             LeaseReply::Acquired { epoch, secret } => {
                 tracing::info!(lease = %qualified, %epoch, holder, "lease acquired");

@@ -425,7 +425,10 @@ impl Store {
             pg.connect_timeout(config.connect_timeout);
         }
         let target = connector.target().to_owned();
-        let endpoint = crate::tls::endpoint(connector.config());
+        // Reported with every belief: a name the database would refuse (a control character in a socket path,
+        // more than 512 bytes of hosts) is not reported at all.
+        let endpoint = Some(crate::tls::endpoint(connector.config()))
+            .filter(|e| crate::validate::check_text("endpoint", e, 512).is_ok());
         let settings = ConnectSettings {
             connector: Arc::new(connector),
             target: target.clone(),
@@ -514,7 +517,7 @@ impl Store {
                 pool,
                 cluster: config.cluster,
                 target,
-                endpoint: Some(endpoint),
+                endpoint,
                 checkout_timeout: config.checkout_timeout,
                 last_error,
                 expected: config.expected,
@@ -586,7 +589,8 @@ impl Store {
 
     /// The endpoint this store was configured with, as a holder reports it with its beliefs: every host and
     /// port, then the database (`db1:5432,db2:5432/control`), without user, password or other parameters.
-    /// `None` for a store built [`from_pool`](Self::from_pool), whose connections pgfence does not know.
+    /// `None` for a store built [`from_pool`](Self::from_pool), whose connections pgfence does not know, and when
+    /// the configured endpoint is no printable text of at most 512 bytes.
     pub fn endpoint(&self) -> Option<&str> {
         self.inner.endpoint.as_deref()
     }

@@ -18,6 +18,8 @@ mod lease;
 mod migrations;
 #[path = "multihost.rs"]
 mod multihost;
+#[path = "overlap.rs"]
+mod overlap;
 #[path = "privileges.rs"]
 mod privileges;
 #[path = "sqlstate.rs"]

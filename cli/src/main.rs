@@ -7,6 +7,9 @@
 
 mod bench;
 mod demo;
+#[cfg(test)]
+mod fixtures;
+mod svg;
 mod table;
 
 use std::io::Write;
@@ -104,14 +107,21 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// The tenures of one lease: epoch, holder, UTC interval, end reason, last accepted write.
+    /// The overlap review of one lease: per tenure, oldest first, the database's interval (database clock)
+    /// beside the holder's reported belief (holder clock; "unknown" where no report arrived), the endpoint as
+    /// each side saw it, the clock offset bounds, the last accepted write, and whether the holder believed it
+    /// led after its successor's acquisition committed (certain, possible, none, unknown). Overlaps are flagged
+    /// with the writes the database accepted (0, or FENCE BROKEN) and refused in the window. All times UTC.
     History {
         /// The lease (`CLUSTER/NAME`, or `NAME` in --cluster).
         #[arg(long)]
         lease: String,
-        /// Print JSON instead of a table.
+        /// Print the review as JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Also write a timeline picture of the tenures to this SVG file.
+        #[arg(long, value_name = "FILE")]
+        svg: Option<std::path::PathBuf>,
     },
     /// The database identity: system identifier, database, pgfence instance id, primary or standby.
     Identity {
@@ -528,15 +538,25 @@ async fn run(cli: Cli) -> CliResult {
             }
             emit(&table::rejections(&rows))
         }
-        Command::History { lease, json } => {
+        Command::History {
+            lease,
+            json,
+            svg: picture,
+        } => {
             let (cluster, name) = split_lease(&lease, &global.cluster);
             let store = global.store(&cluster).await?;
             require_lease(&store, &name).await?;
-            let tenures = store.tenures(&name).await?;
-            if json {
-                return print_json(&tenures);
+            let reviews = store.review(&name).await?;
+            let qualified = format!("{cluster}/{name}");
+            if let Some(path) = &picture {
+                std::fs::write(path, svg::timeline(&qualified, &reviews)).map_err(|e| {
+                    Failure::new(1, format!("cannot write {}: {e}", path.display()))
+                })?;
             }
-            emit(&table::tenures(&tenures))
+            if json {
+                return print_json(&reviews);
+            }
+            emit(&table::review(&qualified, &reviews))
         }
         Command::Identity { json } => {
             let store = global.store(&global.cluster).await?;

@@ -14,7 +14,7 @@ pub(crate) const HOSTILE_HOLDER: &str =
 /// A hostile `application_name`: clears the screen, closes the SVG text element it is printed in.
 pub(crate) const HOSTILE_APPLICATION: &str = "\u{1b}[2J\u{1b}[31m</text><script>x()</script>\r";
 
-/// Four tenures of `demo/scheduler`:
+/// Four tenures of `demo/scheduler`, with the review's numbers as `Store::review` computes them:
 /// - epoch 1 (controller-a) believed it led after epoch 2's acquisition: CERTAIN, proved by a refused write;
 /// - epoch 2 (the hostile holder) never reported its end: UNKNOWN, its last write known from a write mark only;
 /// - epoch 3 (controller-c) may have believed it led after epoch 4's acquisition: POSSIBLE, and a write of it
@@ -91,13 +91,17 @@ pub(crate) fn review() -> Vec<TenureReview> {
     third["last_write_at"] = json!("2026-11-30T04:41:58.100Z");
     third["last_event_at"] = json!("2026-11-30T04:41:57.000Z");
     third["last_mark_at"] = json!("2026-11-30T04:41:58.100Z");
-    third["server"]["client_addr"] = json!(null);
+    // Read by a schema owner that may not read the system identifier.
+    third["server"]["system_identifier"] = json!(null);
+    // Its clock runs about 0.3 s ahead of the database's, and its start report took 0.2 s to arrive.
     third["belief"] = json!({
-        "from": "2026-11-30T04:41:55.101Z",
-        "start_sent_at": "2026-11-30T04:41:55.102Z",
+        "from": "2026-11-30T04:41:55.401Z",
+        "start_sent_at": "2026-11-30T04:41:55.402Z",
         "start_received_at": "2026-11-30T04:41:55.302Z",
         "until": "2026-11-30T04:41:58.300Z",
         "end_cause": "deadline",
+        "end_sent_at": "2026-11-30T04:41:58.301Z",
+        "end_received_at": "2026-11-30T04:41:58.500Z",
     });
 
     let mut fourth = tenure(4, "controller-a", "2026-11-30T04:41:58.050Z", None, None);
@@ -112,7 +116,7 @@ pub(crate) fn review() -> Vec<TenureReview> {
             "tenure": first,
             "successor": {"epoch": 2, "holder": HOSTILE_HOLDER, "acquired_at": "2026-11-30T04:41:51.249Z"},
             "clock_offset": {"min_us": 5000, "max_us": 10000},
-            "believed_until_db": {"earliest": "2026-11-30T04:41:52.104Z", "latest": "2026-11-30T04:41:52.110Z"},
+            "believed_until_db": {"earliest": "2026-11-30T04:41:52.104338Z", "latest": "2026-11-30T04:41:52.110Z"},
             "overlap": {"overlap": "certain", "refused_write_at": "2026-11-30T04:41:52.490Z"},
             "accepted_after_successor": null,
             "refusals_after_successor": [{
@@ -146,8 +150,8 @@ pub(crate) fn review() -> Vec<TenureReview> {
         {
             "tenure": third,
             "successor": {"epoch": 4, "holder": "controller-a", "acquired_at": "2026-11-30T04:41:58.050Z"},
-            "clock_offset": {"min_us": -400000, "max_us": 200000},
-            "believed_until_db": {"earliest": "2026-11-30T04:41:57.900Z", "latest": "2026-11-30T04:41:58.500Z"},
+            "clock_offset": {"min_us": -301000, "max_us": -100000},
+            "believed_until_db": {"earliest": "2026-11-30T04:41:57.998420Z", "latest": "2026-11-30T04:41:58.200Z"},
             "overlap": {"overlap": "possible"},
             "accepted_after_successor": "2026-11-30T04:41:58.100Z",
             "refusals_after_successor": [],

@@ -107,11 +107,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// The overlap review of one lease: per tenure, oldest first, the database's interval (database clock)
-    /// beside the holder's reported belief (holder clock; "unknown" where no report arrived), the endpoint as
-    /// each side saw it, the clock offset bounds, the last accepted write, and whether the holder believed it
-    /// led after its successor's acquisition committed (certain, possible, none, unknown). Overlaps are flagged
-    /// with the writes the database accepted (0, or FENCE BROKEN) and refused in the window. All times UTC.
+    /// The overlap review of one lease: each tenure by the database and by its holder, and whether the holder
+    /// believed it led after its successor's acquisition.
+    ///
+    /// Per tenure, oldest first: the database's interval (database clock) beside the holder's reported belief
+    /// (holder clock; "unknown" where no report arrived: a killed holder never reports its end), the endpoint
+    /// as each side saw it, where the belief's end lies on the database's clock, the clock offset bounds, the
+    /// last accepted write and the verdict: CERTAIN, POSSIBLE, none or UNKNOWN. Overlaps are flagged (`!!`)
+    /// with the writes the database accepted in the window (0, or FENCE BROKEN) and the refusals it audited.
+    /// All times UTC. See docs/cli.md.
     History {
         /// The lease (`CLUSTER/NAME`, or `NAME` in --cluster).
         #[arg(long)]

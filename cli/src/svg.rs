@@ -227,7 +227,17 @@ fn lane(svg: &mut String, scale: &Scale, top: f64, review: &TenureReview) {
     let t = &review.tenure;
     let database_y = top + 10.0;
     let belief_y = top + 32.0;
-    let _ = writeln!(svg, r#"<g class="tenure" data-epoch="{}">"#, t.epoch);
+    let _ = writeln!(
+        svg,
+        r#"<g class="tenure" data-epoch="{}"><title>epoch {}: holder {}, application_name {}</title>"#,
+        t.epoch,
+        t.epoch,
+        text(&t.holder, table::VALUE_CHARS),
+        t.server
+            .application_name
+            .as_deref()
+            .map_or_else(|| "-".to_owned(), |name| text(name, table::VALUE_CHARS))
+    );
 
     // The overlap window first, under everything else: from the successor's acquisition to the latest
     // moment the review places the belief, a refusal or an accepted write.
@@ -359,12 +369,13 @@ fn lane(svg: &mut String, scale: &Scale, top: f64, review: &TenureReview) {
 fn belief(svg: &mut String, scale: &Scale, y: f64, review: &TenureReview) {
     let placement = Placement::of(review);
     let belief = &review.tenure.belief;
+    // Below the bar, clear of the dashed line.
     let note = |svg: &mut String, x: f64, what: &str| {
         let _ = writeln!(
             svg,
             r#"<text class="small" x="{:.1}" y="{:.1}">{what}</text>"#,
             x + 4.0,
-            y + 8.0
+            y + 18.0
         );
     };
     match (placement.start, placement.end) {
@@ -661,8 +672,15 @@ mod tests {
     #[test]
     fn timeline_shades_overlaps_and_draws_an_unknown_end_open() {
         let svg = timeline("demo/scheduler", &fixtures::review());
-        assert_eq!(svg.matches(r#"<rect class="overlap-certain""#).count(), 1);
-        assert_eq!(svg.matches(r#"<rect class="overlap-possible""#).count(), 1);
+        // Each class is drawn once more in the legend.
+        assert_eq!(
+            svg.matches(r#"<rect class="overlap-certain""#).count(),
+            1 + 1
+        );
+        assert_eq!(
+            svg.matches(r#"<rect class="overlap-possible""#).count(),
+            1 + 1
+        );
         assert!(svg.contains(">CERTAIN overlap</text>"));
         assert!(svg.contains(">POSSIBLE overlap</text>"));
         // Epoch 2 never reported its end: a dashed line to the edge, and the words.
@@ -670,11 +688,14 @@ mod tests {
         assert!(svg.contains(">unknown end (no report)</text>"));
         assert!(svg.contains(">unknown (no end report)</text>"));
         // Epoch 3's write after its successor's acquisition.
-        assert!(svg.contains(r#"<circle class="broken""#));
+        assert_eq!(svg.matches(r#"<circle class="broken""#).count(), 1 + 1);
         assert!(svg.contains(">FENCE BROKEN</text>"));
         // Epoch 1's refusal: the first and the last one.
         assert_eq!(svg.matches(r#"<line class="refusal""#).count(), 1 + 1);
         assert_eq!(svg.matches(r#"<line class="refusal-first""#).count(), 1);
+        // The last writes of epochs 2 and 3 are known from write marks (later than any task event): a
+        // whisker one second long each; epoch 1's from a task event, exact.
+        assert_eq!(svg.matches(r#"<line class="write-mark""#).count(), 2);
     }
 
     #[test]
@@ -687,11 +708,17 @@ mod tests {
         assert!(!svg.contains("<script"), "{svg}");
         assert!(!svg.contains('\u{1b}') && !svg.contains('\u{ffff}') && !svg.contains('\u{202e}'));
         assert!(svg.contains("pgfence history: demo/\\u{1b}[2J&lt;script&gt;&amp;</title>"));
-        // The holder's label: cut to its first characters, escaped.
+        // The holder's label: cut to its first characters, escaped; the lane's tooltip has it whole, and the
+        // application name.
         assert!(
-            svg.contains(">evil\\u{1b}]0;pwned\\u{7}&lt;script&gt;al…(+"),
+            svg.contains(">evil\\u{1b}]0;pwned\\u{7}&lt;…(+27 chars)</text>"),
             "{svg}"
         );
+        assert!(svg.contains(
+            "<title>epoch 2: holder evil\\u{1b}]0;pwned\\u{7}&lt;script&gt;alert(1)&lt;/script&gt;\\u{202e}\
+             &amp;\\u{ffff}, application_name \\u{1b}[2J\\u{1b}[31m&lt;/text&gt;&lt;script&gt;x()\
+             &lt;/script&gt;\\u{d}</title>"
+        ), "{svg}");
         assert!(svg.contains("&lt;script&gt;op&lt;/script&gt;"));
     }
 

@@ -275,7 +275,6 @@ fn tenure_block(out: &mut String, review: &TenureReview) {
     let b = &t.belief;
     let _ = writeln!(out, "epoch {}  holder {}", t.epoch, value(&t.holder));
     let column = |text: &str| escape(text, COLUMN_CHARS);
-    let unknown = |what: &str| format!("unknown {what} (no report)");
     let rows = [
         (
             "",
@@ -285,13 +284,17 @@ fn tenure_block(out: &mut String, review: &TenureReview) {
         (
             "from",
             time(Some(t.acquired_at)),
-            b.from.map_or_else(|| unknown("start"), |at| time(Some(at))),
+            b.from.map_or_else(
+                || "unknown start (no report)".to_owned(),
+                |at| time(Some(at)),
+            ),
         ),
         (
             "until",
             t.ended_at
                 .map_or_else(|| "current".to_owned(), |at| time(Some(at))),
-            b.until.map_or_else(|| unknown("end"), |at| time(Some(at))),
+            b.until
+                .map_or_else(|| "unknown end (no report)".to_owned(), |at| time(Some(at))),
         ),
         (
             "end",
@@ -301,7 +304,7 @@ fn tenure_block(out: &mut String, review: &TenureReview) {
             match (&b.end_cause, &b.end_detail) {
                 (Some(cause), Some(detail)) => format!("{} ({})", value(cause), value(detail)),
                 (Some(cause), None) => value(cause),
-                _ => unknown("end"),
+                _ => "unknown (no report)".to_owned(),
             },
         ),
         (
@@ -310,9 +313,11 @@ fn tenure_block(out: &mut String, review: &TenureReview) {
                 .server_addr
                 .as_deref()
                 .map_or_else(|| "- (Unix socket)".to_owned(), column),
-            b.endpoint
-                .as_deref()
-                .map_or_else(|| unknown("endpoint"), value),
+            match (&b.endpoint, b.start_received_at) {
+                (Some(endpoint), _) => value(endpoint),
+                (None, Some(_)) => "- (not in the report)".to_owned(),
+                (None, None) => "unknown (no report)".to_owned(),
+            },
         ),
     ];
     let width = rows
@@ -500,7 +505,14 @@ fn flags(review: &TenureReview) -> Vec<String> {
             time(Some(at)),
             next.epoch
         )),
-        None if overlapping.is_some() => flags.push("accepted writes in the window: 0".to_owned()),
+        None if overlapping.is_some() => flags.push(match window_mark(review, next.acquired_at) {
+            None => "accepted writes in the window: 0".to_owned(),
+            Some(mark) => format!(
+                "accepted writes in the window: 0 recorded (the last write mark, {}, is less than 1 s before \
+                 the acquisition: a later write of its session in that second leaves no mark)",
+                time(Some(mark))
+            ),
+        }),
         None => {}
     }
     for r in &review.refusals_after_successor {
@@ -524,6 +536,17 @@ fn flags(review: &TenureReview) -> Vec<String> {
         ));
     }
     flags
+}
+
+/// The tenure's last write mark when it lies less than [`pgfence::WRITE_MARK_RESOLUTION`] before the
+/// successor's acquisition: a session marks only its first accepted write in each second, so a write of that
+/// session after the acquisition but within the mark's second would leave no trace the review can see.
+fn window_mark(review: &TenureReview, acquired_at: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    let resolution = chrono::Duration::from_std(pgfence::WRITE_MARK_RESOLUTION).ok()?;
+    review
+        .tenure
+        .last_mark_at
+        .filter(|mark| *mark < acquired_at && *mark + resolution > acquired_at)
 }
 
 /// One line per lease: tenures, overlap verdicts, writes accepted after a successor's acquisition.
@@ -680,6 +703,18 @@ mod tests {
             "between 2026-11-30 04:41:52.104Z and 2026-11-30 04:41:52.110Z (database clock)"
         ));
         assert!(first.contains("2026-11-30 04:41:48.813Z (task event, exact; latest write mark"));
+    }
+
+    #[test]
+    fn review_says_when_a_write_mark_cannot_rule_out_a_write_in_the_window() {
+        let mut reviews = crate::fixtures::review();
+        // Epoch 1's session marked a write 0.3 s before epoch 2's acquisition committed.
+        reviews[0].tenure.last_mark_at = Some("2026-11-30T04:41:50.949Z".parse().unwrap());
+        let text = review("demo/scheduler", &reviews);
+        assert!(block(&text, 1).contains(
+            "\n  !! accepted writes in the window: 0 recorded (the last write mark, 2026-11-30 04:41:50.949Z, is \
+             less than 1 s before the acquisition: a later write of its session in that second leaves no mark)\n"
+        ), "{text}");
     }
 
     #[test]

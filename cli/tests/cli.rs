@@ -7,7 +7,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::TestDb;
-use pgfence::{DatabaseIdentity, LeaseState, LeaseStatus, Rejection, Tenure};
+use pgfence::{
+    DatabaseIdentity, LeaseState, LeaseStatus, Overlap, Rejection, Tenure, TenureReview,
+};
 use serde_json::json;
 
 const SENTINEL: &str = "Cli-s3cret-Sentinel";
@@ -210,15 +212,81 @@ async fn read_commands_print_tables_and_json() {
     )
     .await;
     assert_eq!(history.code, 0, "{}", history.stderr);
-    let tenures: Vec<Tenure> = serde_json::from_str(&history.stdout).unwrap();
-    assert_eq!(tenures.len(), 2);
-    assert_eq!(tenures[0].end_reason.as_deref(), Some("forced"));
-    assert!(tenures[0].last_write_at.is_some());
-    let table = pgfence(&["history", "--lease", "prod/scheduler"], Some(&url)).await;
+    let reviews: Vec<TenureReview> = serde_json::from_str(&history.stdout).unwrap();
+    assert_eq!(reviews.len(), 2);
+    let first = &reviews[0];
+    assert_eq!(first.tenure.end_reason.as_deref(), Some("forced"));
+    assert!(first.tenure.last_write_at.is_some());
+    // pod-a reported nothing, but its claim refused after pod-b's acquisition proves it still believed.
     assert!(
-        table.stdout.contains("forced") && table.stdout.contains("pod-b"),
+        matches!(
+            first.overlap,
+            Overlap::Certain {
+                refused_write_at: Some(_)
+            }
+        ),
+        "{:?}",
+        first.overlap
+    );
+    assert_eq!(first.accepted_after_successor, None);
+    assert_eq!(first.refusals_after_successor.len(), 1);
+    assert_eq!(first.refusals_after_successor[0].operation, "claim_task");
+    assert_eq!(reviews[1].overlap, Overlap::NoSuccessor);
+    let text = pgfence(&["history", "--lease", "prod/scheduler"], Some(&url)).await;
+    for expected in [
+        "epoch 1  holder pod-a",
+        "epoch 2  holder pod-b",
+        "forced",
+        "unknown start (no report)",
+        "unknown end (no report)",
+        "  overlap       CERTAIN: the database refused a write of epoch 1",
+        "  !! the holder believed it led after epoch 2's acquisition committed at ",
+        "  !! accepted writes in the window: 0",
+        " claim_task",
+        "prod/scheduler: 2 tenures; overlaps: 1 certain, 0 possible, 0 unknown; accepted writes after a \
+         successor's acquisition: 0",
+    ] {
+        assert!(
+            text.stdout.contains(expected),
+            "missing {expected:?} in\n{}",
+            text.stdout
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let picture = dir.path().join("history.svg");
+    let svg = pgfence(
+        &[
+            "history",
+            "--lease",
+            "prod/scheduler",
+            "--svg",
+            picture.to_str().unwrap(),
+        ],
+        Some(&url),
+    )
+    .await;
+    assert_eq!(svg.code, 0, "{}", svg.stderr);
+    assert_eq!(svg.stdout, text.stdout);
+    let picture = std::fs::read_to_string(&picture).unwrap();
+    assert!(picture.starts_with("<?xml") && picture.ends_with("</svg>\n"));
+    assert!(picture.contains("<title>pgfence history: prod/scheduler</title>"));
+    assert_eq!(picture.matches(r#"<g class="tenure""#).count(), 2);
+    let unwritable = pgfence(
+        &[
+            "history",
+            "--lease",
+            "prod/scheduler",
+            "--svg",
+            dir.path().join("missing/history.svg").to_str().unwrap(),
+        ],
+        Some(&url),
+    )
+    .await;
+    assert_eq!(unwritable.code, 1, "{}", unwritable.stderr);
+    assert!(
+        unwritable.stderr.contains("cannot write"),
         "{}",
-        table.stdout
+        unwritable.stderr
     );
 
     let identity = pgfence(&["identity", "--json"], Some(&url)).await;

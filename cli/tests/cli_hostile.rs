@@ -7,7 +7,8 @@
 //! - the exit code is one of the documented ones (`pgfence --help`), never 101 (a panic);
 //! - stdout and stderr are UTF-8 and contain no byte 0x00–0x08, 0x0B–0x1F or 0x7F, no C1 control
 //!   (U+0080–U+009F) and no bidirectional control (U+061C, U+200E, U+200F, U+202A–U+202E, U+2066–U+2069);
-//! - `--json` output parses, and gives back exactly the stored value where one was stored.
+//! - `--json` output parses, and gives back exactly the stored value where one was stored;
+//! - the timeline picture of `history --svg` holds no control character and no markup but its own elements.
 //!
 //! The hostile value is written by the superuser straight into every text column of every pgfence table, one
 //! statement per column. A constraint or trigger that refuses it (today: name and key length and shape, the end
@@ -23,7 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::TestDb;
-use pgfence::{LeaseStatus, Rejection, Tenure};
+use pgfence::{LeaseStatus, Rejection, TenureReview};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -124,6 +125,37 @@ fn assert_safe(run: &Run, hostile: &str) {
                 text[from..].chars().take(80).collect::<String>()
             );
         }
+    }
+}
+
+/// The elements `pgfence history --svg` writes: any other `<` in the file would be markup from the database.
+const SVG_ELEMENTS: [&str; 10] = [
+    "svg", "title", "style", "defs", "pattern", "rect", "line", "text", "g", "circle",
+];
+
+/// Asserts that a timeline picture holds no control character (XML 1.0 allows none but tab, newline and CR;
+/// the picture uses newlines only), none of the other characters XML forbids, and no tag but its own.
+fn assert_svg_safe(svg: &str, hostile: &str) {
+    let context = || hostile.chars().take(200).collect::<String>();
+    if let Some(c) = svg.chars().find(|c| {
+        *c != '\n' && (forbidden(*c) || c.is_control() || matches!(c, '\u{fffe}' | '\u{ffff}'))
+    }) {
+        panic!("the SVG holds {c:?} with stored {:?}", context());
+    }
+    let body = svg
+        .strip_prefix(r#"<?xml version="1.0" encoding="UTF-8"?>"#)
+        .expect("the XML declaration first");
+    for (at, _) in body.match_indices('<') {
+        let tag = &body[at + 1..];
+        let name = tag.strip_prefix('/').unwrap_or(tag);
+        assert!(
+            SVG_ELEMENTS.iter().any(|element| name
+                .strip_prefix(element)
+                .is_some_and(|after| after.starts_with([' ', '>', '/']))),
+            "markup from the database in the SVG: {:?} (stored {:?})",
+            tag.chars().take(60).collect::<String>(),
+            context()
+        );
     }
 }
 
@@ -281,10 +313,28 @@ async fn check(hostile: String) {
             .iter()
             .all(|r| r.target_key.as_deref() == Some(&*hostile)));
     }
-    let tenures: Vec<Tenure> = parse(json(&["history", "--lease", LEASE, "--json"]), &hostile);
-    assert_eq!(tenures.len(), 2);
+    let reviews: Vec<TenureReview> =
+        parse(json(&["history", "--lease", LEASE, "--json"]), &hostile);
+    assert_eq!(reviews.len(), 2);
     if took("tenures", "holder") {
-        assert!(tenures.iter().all(|t| t.holder == hostile));
+        assert!(reviews.iter().all(|r| r.tenure.holder == hostile));
+    }
+
+    // The timeline picture holds no control and no markup from the database.
+    let dir = tempfile::tempdir().unwrap();
+    let mut leases = vec![LEASE];
+    leases.extend(hostile_lease.as_deref());
+    for (i, lease) in leases.into_iter().enumerate() {
+        let path = dir.path().join(format!("history-{i}.svg"));
+        let run = pgfence(
+            &["history", "--lease", lease, "--svg", path.to_str().unwrap()],
+            url,
+        )
+        .await;
+        assert_safe(&run, &hostile);
+        if run.code == 0 {
+            assert_svg_safe(&std::fs::read_to_string(&path).unwrap(), &hostile);
+        }
     }
     let _: serde_json::Value = parse(json(&["identity", "--json"]), &hostile);
 
@@ -360,6 +410,8 @@ fn hand_picked_hostile_values_never_reach_the_terminal_nor_panic() {
         "\u{202e}txt.exe".to_owned(),
         "e\u{301}\u{302} ¥ Ѩ".to_owned(),
         "\\u{1b}[2J".to_owned(),
+        // Markup, for the timeline picture (`history --svg`).
+        "</text><script>alert(1)</script>&amp;".to_owned(),
         String::new(),
         // Past a format width's u16: the table used to panic on these.
         "x".repeat(70_000),

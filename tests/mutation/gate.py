@@ -61,7 +61,7 @@ class Mutation:
 
 # The suites that are modules of the shared test binary tests/suite.rs (see Cargo.toml's [[test]] targets).
 SUITE_MODULES = {"guard", "lease", "store", "privileges", "trust", "sqlstate", "hostile", "multihost", "embedded",
-                 "tls", "takeover", "standby", "migrations"}
+                 "tls", "takeover", "standby", "migrations", "overlap"}
 
 
 def cargo_test(test: str, *filters: str) -> tuple[str, list[str]]:
@@ -70,6 +70,11 @@ def cargo_test(test: str, *filters: str) -> tuple[str, list[str]]:
         test = "suite"
     label = f"cargo test --test {test}" + (f" {' '.join(filters)}" if filters else "")
     return label, ["cargo", "test", "--test", test, *filters]
+
+
+def cargo_unit_test(filter: str) -> tuple[str, list[str]]:
+    """The library's own unit tests matching `filter`."""
+    return f"cargo test --lib {filter}", ["cargo", "test", "--lib", filter]
 
 
 ISOLATION = ("tests/isolation/run.sh", ["bash", "tests/isolation/run.sh"])
@@ -332,6 +337,42 @@ MUTATIONS: list[Mutation] = [
                     .or_else(|| kind_sqlstate(kind).map(str::to_owned)),""",
               """                kind_sqlstate(kind).map(str::to_owned),""")],
         [cargo_test("sqlstate")],
+    ),
+    Mutation(
+        "guard-without-write-marks",
+        "the guard accepts writes without marking them, so a tenure's last accepted write is lost to the review",
+        [Edit("sql:_guard",
+              """            INSERT INTO pgfence.write_marks AS m (lease, epoch, backend, last_at)
+            VALUES (p_lease, p_epoch, pg_catalog.pg_backend_pid(), clock_timestamp())
+            ON CONFLICT (lease, epoch, backend) DO UPDATE SET last_at = greatest(m.last_at, EXCLUDED.last_at);
+""", "")],
+        [cargo_test("overlap", "every_guarded_write_kind_records_its_last_accepted_write")],
+    ),
+    Mutation(
+        "belief-report-without-secret",
+        "a belief report is recorded without checking the tenure's secret, so anyone granted may rewrite what a "
+        "holder believed",
+        [Edit("sql:report_belief",
+              "IF NOT FOUND OR NOT pgfence._secret_matches(b.report_hash, p_secret) THEN",
+              "IF NOT FOUND THEN")],
+        [cargo_test("overlap", "belief_reports_are_authenticated_and_the_first_of_each_kind_stands")],
+    ),
+    Mutation(
+        "review-certain-at-the-latest-placement",
+        "the review calls an overlap certain when only the latest placement of the belief's end is after the "
+        "successor's acquisition (the clock bounds ignored)",
+        [Edit("src/history.rs", "if end.earliest.is_some_and(|e| e > next.acquired_at)",
+              "if end.latest > next.acquired_at")],
+        [cargo_unit_test("history::"),
+         cargo_test("overlap", "a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_refusals")],
+    ),
+    Mutation(
+        "review-ignores-refusals",
+        "the review does not count the audit's refusals after the successor's acquisition as proof of an overlap",
+        [Edit("src/history.rs", "r.presented_epoch == tenure.epoch.get() && r.last_rejected_at >= next.acquired_at",
+              "r.presented_epoch == tenure.epoch.get() && r.last_rejected_at < next.acquired_at")],
+        [cargo_test("overlap", "a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_refusals"),
+         cargo_unit_test("history::")],
     ),
 ]
 

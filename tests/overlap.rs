@@ -611,3 +611,46 @@ async fn wait_for_end(store: &Store, name: &str, epoch: pgfence::Epoch) -> pgfen
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// The record is read through `pgfence.tenure_history` only, per cluster: a role granted another cluster sees
+/// none of this cluster's tenures, and no role but the owner reads the belief and mark tables (whose rows hold
+/// a hash of each tenure's secret) directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beliefs_and_marks_are_read_per_cluster_through_the_history_only() {
+    let db = TestDb::new().await;
+    let owner = db.store("c1").await;
+    let lease = owner
+        .acquire("private", "pod-a", Duration::from_secs(30))
+        .await
+        .unwrap();
+    owner.report_belief_start(&lease).await.unwrap();
+    let (mine, other) = (
+        common::role(&db, "mine").await,
+        common::role(&db, "other").await,
+    );
+    owner.grant_application(&mine, Some("c1")).await.unwrap();
+    owner.grant_application(&other, Some("c2")).await.unwrap();
+    for (role, visible) in [(&mine, 1i64), (&other, 0)] {
+        let client = common::client_as(&db, role).await;
+        let seen: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pgfence.tenure_history WHERE lease = 'c1/private' \
+                   AND believed_from IS NOT NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(seen, visible, "{role}");
+        for table in ["pgfence.beliefs", "pgfence.write_marks"] {
+            let err = client
+                .query(&format!("SELECT * FROM {table}"), &[])
+                .await
+                .unwrap_err();
+            assert_eq!(
+                err.code(),
+                Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE)
+            );
+        }
+    }
+}

@@ -164,6 +164,7 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
         "release",
         "renew",
         "renew_many",
+        "report_belief",
         "transition_task",
         "ungated_write",
     ];

@@ -201,9 +201,10 @@ CREATE TABLE pgfence.beliefs (
 -- The last accepted guarded write of each tenure, per database session (backend): the guard marks the first
 -- write it accepts in each second (database clock), and a session setting (pgfence.write_mark) remembers the
 -- last mark, so the session's other writes of that second pay one comparison. So the last write a tenure
--- had accepted is at most one second after its latest mark. The mark is written in the writer's transaction:
--- a write rolled back leaves no mark (and its session setting is rolled back with it). Writes of an epoch can
--- only commit before a successor's acquisition (the guard lock), so these rows are final once it committed.
+-- had accepted is at most one second (and the guard's run time) after its latest mark. The mark is written
+-- in the writer's transaction: a write rolled back leaves no mark (and its session setting is rolled back
+-- with it). Writes of an epoch can only commit before a successor's acquisition (the guard lock), so these
+-- rows are final once it committed.
 CREATE TABLE pgfence.write_marks (
     lease   text NOT NULL,
     epoch   bigint NOT NULL,

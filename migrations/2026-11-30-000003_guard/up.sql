@@ -50,7 +50,7 @@ DECLARE
     pre record;
     secret_ok boolean;
     kept text;
-    mark text;
+    waited boolean;  -- NULL unless the guard lock was waited for
 BEGIN
     -- What makes a presented epoch stale is permanent: epochs only grow, a released tenure stays released, an
     -- expired one can never be renewed and timelines only grow. (One conservative exception: a renewal that
@@ -71,7 +71,11 @@ BEGIN
     -- The pre-check, in one statement (each statement of a function costs an executor run): the role's grant on
     -- the cluster (the rule inlined here, not a call of _may_use: that would be a second executor run), the
     -- lease, the hash of its current tenure's secret and the WAL timeline.
-    SELECT u.granted, pgfence._timeline() AS tl, x AS lease, s.epoch AS secret_epoch, s.hash AS secret_hash
+    -- Also the write mark (pgfence.write_marks) this write would leave, and the session's last.
+    SELECT u.granted, pgfence._timeline() AS tl, x AS lease, s.epoch AS secret_epoch, s.hash AS secret_hash,
+           p_epoch::text || ':' || pg_catalog.date_part('epoch', clock_timestamp())::bigint::text || ':' || p_lease
+               AS mark_now,
+           pg_catalog.current_setting('pgfence.write_mark', true) AS mark_seen
       INTO pre
       FROM pgfence._grant_of(pgfence._cluster_of(p_lease)) AS u
       LEFT JOIN pgfence.leases x ON x.name = p_lease
@@ -97,6 +101,7 @@ BEGIN
     -- Fair: a try-lock fails while a takeover waits for the exclusive lock, like a queued request would wait.
     IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
         PERFORM pgfence._wait_guard_lock(p_lease, l.lock_key);
+        waited := true;
     END IF;
     -- A new statement, so a new snapshot under READ COMMITTED: every takeover that held the exclusive lock before
     -- we were granted the shared one has committed (a transaction's locks are released after its commit is
@@ -114,13 +119,13 @@ BEGIN
         -- not PERFORM: a plpgsql expression without an executor run.
         kept := pg_catalog.set_config(pgfence._fence_setting(l.lock_key), p_secret, true);
         -- The write mark (pgfence.write_marks): the session's first accepted write of this tenure in each
-        -- second is recorded, in this transaction; the others compare one session setting.
-        mark := p_epoch::text || ':' || pg_catalog.date_part('epoch', clock_timestamp())::bigint::text || ':' || p_lease;
-        IF mark IS DISTINCT FROM pg_catalog.current_setting('pgfence.write_mark', true) THEN
+        -- second (by the pre-check's clock; a write that waited for the lock is marked too) is recorded, in this
+        -- transaction; the others compare the pre-check's two columns.
+        IF pre.mark_now IS DISTINCT FROM pre.mark_seen OR waited THEN
             INSERT INTO pgfence.write_marks AS m (lease, epoch, backend, last_at)
             VALUES (p_lease, p_epoch, pg_catalog.pg_backend_pid(), clock_timestamp())
             ON CONFLICT (lease, epoch, backend) DO UPDATE SET last_at = greatest(m.last_at, EXCLUDED.last_at);
-            kept := pg_catalog.set_config('pgfence.write_mark', mark, false);
+            kept := pg_catalog.set_config('pgfence.write_mark', pre.mark_now, false);
         END IF;
         RETURN NULL;
     END IF;

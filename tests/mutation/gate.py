@@ -82,6 +82,7 @@ ISOLATION = ("tests/isolation/run.sh", ["bash", "tests/isolation/run.sh"])
 # Texts of the migrations that several mutations edit.
 GUARD_LOCK_STEP = """    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
         PERFORM pgfence._wait_guard_lock(p_lease, l.lock_key);
+        waited := true;
     END IF;
 """
 TAKE_LOCK_FAST_PATH = """    IF pg_catalog.pg_try_advisory_xact_lock(1885824613, p_lock_key) THEN

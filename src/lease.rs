@@ -735,6 +735,52 @@ mod tests {
         }
     }
 
+    /// A tenure secret is exactly `SECRET_LEN` hexadecimal characters (either condition alone is not enough);
+    /// `Debug` shows nothing of it; serde writes its text and reads it back through the same check, as a fence
+    /// handed to a worker is.
+    #[test]
+    fn tenure_secrets_parse_strictly_redact_and_round_trip() {
+        let text = "a1".repeat(SECRET_LEN / 2);
+        let secret = TenureSecret::parse(text.clone()).unwrap();
+        assert_eq!(secret.expose_secret(), text);
+        for bad in [
+            "a1".repeat(SECRET_LEN / 2 - 1),
+            "a1".repeat(SECRET_LEN / 2 + 1),
+            "g1".repeat(SECRET_LEN / 2),
+            String::new(),
+        ] {
+            let error = TenureSecret::parse(bad.clone()).unwrap_err();
+            assert!(
+                matches!(&error, Error::InvalidInput { field, .. } if *field == "tenure secret"),
+                "{error}"
+            );
+            assert!(TenureSecret::try_from(bad).is_err());
+        }
+        assert_eq!(format!("{secret:?}"), "TenureSecret(<redacted>)");
+        let json = serde_json::to_string(&secret).unwrap();
+        assert_eq!(json, format!("\"{text}\""));
+        assert_eq!(serde_json::from_str::<TenureSecret>(&json).unwrap(), secret);
+        assert!(serde_json::from_str::<TenureSecret>("\"g1\"").is_err());
+        assert_eq!(String::from(secret), text);
+    }
+
+    /// A state's name is the one serde writes, `Display` prints and the CLI shows.
+    #[test]
+    fn lease_states_are_named_as_serialized() {
+        for (state, name) in [
+            (LeaseState::Held, "held"),
+            (LeaseState::Expired, "expired"),
+            (LeaseState::Released, "released"),
+        ] {
+            assert_eq!(state.as_str(), name);
+            assert_eq!(state.to_string(), name);
+            assert_eq!(
+                serde_json::to_value(state).unwrap(),
+                serde_json::json!(name)
+            );
+        }
+    }
+
     /// A lease_result decodes by its outcome and reason into one reply; an outcome the functions never give, a
     /// loss or refusal without its reason, and an acquisition without its secret are errors, never defaults.
     #[test]
@@ -769,6 +815,27 @@ mod tests {
             acquired.decode("acquire").unwrap(),
             LeaseReply::Acquired { .. }
         ));
+        // A reply keeps its SQL name: the one an unexpected reply's error names.
+        for (outcome, reason) in [
+            ("held", None),
+            ("renewed", None),
+            ("released", None),
+            ("lost", Some("expired")),
+            ("not_held", Some("unknown_lease")),
+            ("denied", Some("no_grant")),
+        ] {
+            let reply = row(Some(outcome), reason, Some(2)).decode("renew").unwrap();
+            assert_eq!(reply.outcome(), outcome);
+            assert!(
+                unexpected_reply("renew", &reply)
+                    .to_string()
+                    .contains(&format!("outcome {outcome}")),
+                "{outcome}"
+            );
+        }
+        let mut acquired = row(Some("acquired"), None, Some(1));
+        acquired.secret = Some("cd".repeat(SECRET_LEN / 2));
+        assert_eq!(acquired.decode("acquire").unwrap().outcome(), "acquired");
         for (outcome, reason, epoch) in [
             (Some("granted"), None, Some(1)),
             (None, None, None),

@@ -1149,6 +1149,27 @@ async fn fenced_operation_labels_are_checked_before_anything_is_sent() {
         0,
         "nothing audited"
     );
+    // Before anything is sent: with a store's only connection taken, a bad label is refused at once. (The
+    // database checks the label too, with the same error; that check would wait here for a connection.)
+    let narrow = Store::connect(db.config("c").pool_size(1)).await.unwrap();
+    let taken = narrow.pool().get().await.unwrap();
+    let refused = tokio::time::timeout(
+        Duration::from_secs(5),
+        narrow.fenced(&fence, "", async |_| Ok::<_, Error>(())),
+    )
+    .await
+    .expect("refused without waiting for a connection");
+    assert!(
+        matches!(
+            refused,
+            Err(Error::InvalidInput {
+                field: "operation",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    drop(taken);
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ async fn acquire_issues_epoch_one_then_refuses_other_holders() {
     let lease = store.acquire("scheduler", "pod-a", TTL).await.unwrap();
     assert_eq!(lease.epoch(), Epoch::new(1).unwrap());
     assert_eq!(lease.qualified_name(), "c1/scheduler");
+    assert_eq!((lease.name(), lease.holder()), ("scheduler", "pod-a"));
     assert!(lease.remaining() <= TTL && lease.remaining() > TTL - Duration::from_secs(5));
 
     match store.acquire("scheduler", "pod-b", TTL).await {
@@ -81,6 +82,26 @@ async fn acquire_issues_epoch_one_then_refuses_other_holders() {
     assert_eq!(status.state, LeaseState::Held);
     assert_eq!(status.holder.as_deref(), Some("pod-a"));
     assert_eq!(status.transitions, 1);
+    let left = status.expires_in.expect("a held lease's time left");
+    assert!(
+        left <= TTL && left > TTL - Duration::from_secs(5),
+        "{left:?}"
+    );
+    // The operator's view lists the same lease.
+    let all = store.all_leases().await.unwrap();
+    assert_eq!(
+        all.iter()
+            .map(|s| (s.name.as_str(), s.state))
+            .collect::<Vec<_>>(),
+        [("c1/scheduler", LeaseState::Held)]
+    );
+    // A lease nobody holds has no time left, not a stale one.
+    store.release(&lease).await.unwrap();
+    let status = store.lease_status("scheduler").await.unwrap().unwrap();
+    assert_eq!(
+        (status.state, status.expires_in),
+        (LeaseState::Released, None)
+    );
 }
 
 /// Release frees the lease at once for a successor (epoch + 1); releasing again, or releasing the old epoch

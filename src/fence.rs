@@ -1125,4 +1125,85 @@ mod tests {
         assert!(WriteOutcome::Denied(DenyReason::BadSecret).is_refusal());
         assert!(!WriteOutcome::NotFound.is_refusal());
     }
+
+    /// Each verdict keeps its SQL name, and a verdict that is no refusal becomes an error naming it; the two
+    /// refusals become `Stale` and `Denied` for the fence's lease and the caller's operation.
+    #[test]
+    fn write_outcomes_name_themselves_and_become_their_errors() {
+        let fence = Fence::from_parts(
+            "c/l".to_owned(),
+            Epoch(3),
+            TenureSecret::parse("a1".repeat(crate::SECRET_LEN / 2)).unwrap(),
+        );
+        let verdicts = [
+            (WriteOutcome::Ok, "ok", None, None),
+            (
+                WriteOutcome::Stale {
+                    reason: LossReason::Superseded,
+                    current: Some(Epoch(4)),
+                },
+                "stale",
+                Some("superseded"),
+                Some(4),
+            ),
+            (
+                WriteOutcome::Denied(DenyReason::NoGrant),
+                "denied",
+                Some("no_grant"),
+                None,
+            ),
+            (WriteOutcome::NotFound, "not_found", None, None),
+            (
+                WriteOutcome::Conflict {
+                    actual: TaskState::Succeeded,
+                },
+                "conflict",
+                Some("succeeded"),
+                None,
+            ),
+        ];
+        for (verdict, name, reason, current) in verdicts {
+            assert_eq!(verdict.as_str(), name);
+            assert_eq!(
+                WriteOutcome::decode("fence", Some(name), reason, current).unwrap(),
+                verdict
+            );
+            let refusal = verdict.is_refusal();
+            assert_eq!(refusal, matches!(name, "stale" | "denied"), "{name}");
+            match verdict.into_error(&fence, "move", "fence") {
+                Error::Stale {
+                    lease,
+                    presented,
+                    current,
+                    reason,
+                    operation,
+                } => {
+                    assert_eq!(name, "stale");
+                    assert_eq!(
+                        (lease.as_str(), presented, operation.as_str()),
+                        ("c/l", Epoch(3), "move")
+                    );
+                    assert_eq!((current, reason), (Some(Epoch(4)), LossReason::Superseded));
+                }
+                Error::Denied {
+                    lease,
+                    operation,
+                    reason,
+                } => {
+                    assert_eq!(name, "denied");
+                    assert_eq!(
+                        (lease.as_str(), operation.as_str(), reason),
+                        ("c/l", "move", DenyReason::NoGrant)
+                    );
+                }
+                other => {
+                    assert!(!refusal, "{name}: {other}");
+                    assert!(
+                        other.to_string().contains(&format!("outcome {name}")),
+                        "{name}: {other}"
+                    );
+                }
+            }
+        }
+    }
 }

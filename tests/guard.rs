@@ -1203,6 +1203,81 @@ fn move_shard_sql(
     .bind::<Integer, _>(id)
 }
 
+/// Invariants 3 and 4 for a driver pgfence does not wrap: `guarded_write_sql` prepared with tokio-postgres and
+/// run with the statement's binds, then the fence's (lease, epoch, secret, operation), writes under the current
+/// fence and answers `ok` with the current epoch and the row count; after a takeover the old fence's run writes
+/// nothing, answers `stale` / `superseded` with the current epoch and holder, and is audited.
+#[tokio::test]
+async fn guarded_write_sql_guards_another_drivers_statement() {
+    async fn run(
+        client: &tokio_postgres::Client,
+        statement: &tokio_postgres::Statement,
+        fence: &Fence,
+        owner: &str,
+    ) -> (String, Option<String>, Option<i64>, Option<String>, i64) {
+        let row = client
+            .query_one(
+                statement,
+                &[
+                    &owner,
+                    &1i32,
+                    &fence.lease(),
+                    &fence.epoch().get(),
+                    &fence.secret().expose_secret(),
+                    &"move",
+                ],
+            )
+            .await
+            .unwrap();
+        (
+            row.get("outcome"),
+            row.get("reason"),
+            row.get("current_epoch"),
+            row.get("current_holder"),
+            row.get("n"),
+        )
+    }
+    let db = shards_db("INSERT INTO shards VALUES (1, 'node-1')").await;
+    let store = db.store("prod").await;
+    let old = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
+    let client = db.client().await;
+    let statement = client
+        .prepare(&pgfence::guarded_write_sql(
+            "UPDATE shards SET owner = $1 WHERE id = $2 AND (SELECT passed FROM pgfence_guard)",
+            2,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        run(&client, &statement, &old, "node-2").await,
+        ("ok".to_owned(), None, Some(1), None, 1)
+    );
+    store.force_release("sched").await.unwrap();
+    store.acquire("sched", "pod-b", TTL).await.unwrap();
+    assert_eq!(
+        run(&client, &statement, &old, "stale").await,
+        (
+            "stale".to_owned(),
+            Some("superseded".to_owned()),
+            Some(2),
+            Some("pod-b".to_owned()),
+            0
+        )
+    );
+    let owner: String = client
+        .query_one("SELECT owner FROM shards WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owner, "node-2", "the stale run wrote nothing");
+    assert_eq!(
+        db.scalar("SELECT sum(count)::bigint FROM pgfence.rejections WHERE presented_epoch = 1 AND operation = 'move'")
+            .await,
+        1,
+        "the stale run is audited"
+    );
+}
+
 /// Invariants 3 and 4 through the one-statement path: the current fence writes and gets the row count; after a
 /// takeover the old fence's statement writes nothing and is refused as stale and audited, in SQL text and in
 /// diesel's query builder (UPDATE, and INSERT … SELECT gated in its WHERE).

@@ -318,6 +318,47 @@ async fn stale_write_after_takeover_is_rejected_and_audited() {
     assert_eq!(claim.target_key.as_deref(), Some("job-1"));
 }
 
+/// Invariant 4, read back as the operator filters it: the audit of a store's cluster by default, of one lease
+/// of it (a name that merely starts with it is another lease), or of every cluster in the database (the lease
+/// filter then ignored); newest first, cut by `limit` (at least 1) and `since`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejections_are_listed_per_cluster_per_lease_or_for_every_cluster() {
+    let db = TestDb::new().await;
+    let (a, b) = (db.store("a").await, db.store("b").await);
+    for (store, lease) in [(&a, "sched"), (&a, "sched2"), (&b, "sched")] {
+        let first = store.acquire(lease, "pod", TTL).await.unwrap().fence();
+        store.force_release(lease).await.unwrap();
+        let refused = store.create_task(&first, "k", &json!({})).await;
+        assert!(matches!(refused, Err(Error::Stale { .. })), "{refused:?}");
+    }
+    let list =
+        async |store: &Store, lease: Option<&str>, all_clusters: bool, limit: Option<i64>| {
+            let mut filter = RejectionFilter::default();
+            filter.lease = lease.map(str::to_owned);
+            filter.all_clusters = all_clusters;
+            filter.limit = limit;
+            let rows = store.rejections(&filter).await.unwrap();
+            rows.into_iter().map(|r| r.lease).collect::<Vec<_>>()
+        };
+    assert_eq!(list(&a, None, false, None).await, ["a/sched2", "a/sched"]);
+    assert_eq!(list(&a, Some("sched"), false, None).await, ["a/sched"]);
+    assert_eq!(list(&b, None, false, None).await, ["b/sched"]);
+    let every = ["b/sched", "a/sched2", "a/sched"];
+    assert_eq!(list(&a, None, true, None).await, every);
+    assert_eq!(list(&a, Some("sched"), true, None).await, every);
+    assert_eq!(list(&a, None, true, Some(1)).await, ["b/sched"]);
+    let mut filter = RejectionFilter::default();
+    filter.limit = Some(0);
+    match a.rejections(&filter).await {
+        Err(Error::InvalidInput { field, .. }) => assert_eq!(field, "limit"),
+        other => panic!("expected InvalidInput for limit 0, got {other:?}"),
+    }
+    let mut filter = RejectionFilter::default();
+    filter.all_clusters = true;
+    filter.since = Some(chrono::Utc::now() + chrono::Duration::hours(1));
+    assert!(a.rejections(&filter).await.unwrap().is_empty());
+}
+
 /// Writes after release, after force-release, after expiry and with a never-issued epoch are refused with the
 /// matching reason, and each is audited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

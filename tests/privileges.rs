@@ -495,10 +495,31 @@ async fn prune_removes_old_audit_rows_in_batches() {
         db.scalar("SELECT count(*) FROM pgfence.rejections").await,
         2
     );
-    assert!(matches!(
-        store.prune_rejections(Duration::ZERO, 0).await,
-        Err(Error::InvalidInput { .. })
-    ));
+    // Batches of 1 to 1,000,000 rows: exactly the edges are accepted (nothing is old enough now), one past
+    // either is refused and deletes nothing.
+    for batch in [1, 1_000_000] {
+        assert_eq!(
+            store
+                .prune_rejections(Duration::from_secs(86_400), batch)
+                .await
+                .unwrap(),
+            0,
+            "batch {batch}"
+        );
+    }
+    for batch in [0, 1_000_001] {
+        assert!(
+            matches!(
+                store.prune_rejections(Duration::ZERO, batch).await,
+                Err(Error::InvalidInput { field: "batch", .. })
+            ),
+            "batch {batch}"
+        );
+    }
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.rejections").await,
+        2
+    );
 
     let cli = tokio::process::Command::new(common::pgfence_bin())
         .args(["audit", "prune", "--older-than", "0s", "--batch", "1"])

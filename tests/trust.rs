@@ -545,6 +545,48 @@ async fn audit_rows_are_per_role_and_bounded() {
     assert_eq!(sqlstate(&err), "22023");
 }
 
+/// Invariant 8 over a grant's life: `revoke` removes one cluster's grant and says so (a second revoke says it
+/// removed nothing); the role is then refused on that cluster (no grant, audited) and keeps the other; once its
+/// last grant is gone it loses its privileges on pgfence's objects altogether (42501). A refused role or a
+/// malformed cluster is `InvalidInput` and revokes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_removes_one_grant_and_says_whether_it_did() {
+    let db = TestDb::new().await;
+    let app = role(&db, "app").await;
+    let owner = db.store("a").await;
+    owner.grant_application(&app, Some("a")).await.unwrap();
+    owner.grant_application(&app, Some("b")).await.unwrap();
+    let (a, b) = (
+        store_as(&db, &app, "a").await,
+        store_as(&db, &app, "b").await,
+    );
+    a.acquire("sched", "pod", TTL).await.unwrap();
+    for bad in [
+        owner.revoke("public", Some("a")).await,
+        owner.revoke(&app, Some("a/b")).await,
+        owner.revoke(&app, Some("")).await,
+    ] {
+        assert!(matches!(bad, Err(Error::InvalidInput { .. })), "{bad:?}");
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.grants").await, 2);
+    assert!(owner.revoke(&app, Some("a")).await.unwrap());
+    assert!(!owner.revoke(&app, Some("a")).await.unwrap());
+    assert!(
+        !owner.revoke(&app, None).await.unwrap(),
+        "no every-cluster grant"
+    );
+    denied(
+        a.acquire("sched", "pod", TTL).await,
+        DenyReason::NoGrant,
+        "acquire after its grant was revoked",
+    );
+    b.acquire("sched", "pod", TTL).await.unwrap();
+    assert!(owner.revoke(&app, Some("b")).await.unwrap());
+    let err = b.acquire("other", "pod", TTL).await.unwrap_err();
+    assert_eq!(err.sqlstate(), Some("42501"), "{err}");
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.grants").await, 0);
+}
+
 /// `grant` refuses PUBLIC, pseudo-roles, predefined pg_* roles, superusers, BYPASSRLS roles and the owner —
 /// through the CLI (exit 2 or 1 with a clear message), the library (`InvalidInput`) and SQL (22023) — and
 /// grants nothing.

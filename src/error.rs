@@ -295,11 +295,13 @@ impl From<diesel::result::Error> for Error {
         };
         // A missing pgfence object means the schema was never migrated (or only partly): an undefined schema,
         // table, function or type, named in the pgfence schema (a name is the same in every language; a user's
-        // `pgfence_app.x` is not pgfence's).
+        // `pgfence_app.x` is not pgfence's). pgfence's own messages (`pgfence: role … does not exist`, 42704
+        // from grant and revoke) are about the caller's argument, not the schema.
         if matches!(
             sqlstate.as_deref(),
             Some("3F000" | "42P01" | "42883" | "42704")
         ) && names_pgfence(&message)
+            && !message.starts_with("pgfence: ")
         {
             return Error::SchemaMissing;
         }

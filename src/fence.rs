@@ -962,8 +962,8 @@ impl Store {
     /// # Errors
     ///
     /// [`Error::InvalidInput`] for a refused or malformed `role` or `cluster` (nothing was sent);
-    /// [`Error::Database`] with SQLSTATE `22023` when the database refuses the role, `42501` when the session is
-    /// not the owner; the [errors of every database call](crate#errors).
+    /// [`Error::Database`] with SQLSTATE `22023` when the database refuses the role, `42704` when no such role
+    /// exists, `42501` when the session is not the owner; the [errors of every database call](crate#errors).
     ///
     /// # Cancel safety
     ///
@@ -993,8 +993,8 @@ impl Store {
     /// # Errors
     ///
     /// [`Error::InvalidInput`] for a refused or malformed `role` or `cluster` (nothing was sent);
-    /// [`Error::Database`] with SQLSTATE `42501` when the session is not the owner; the
-    /// [errors of every database call](crate#errors).
+    /// [`Error::Database`] with SQLSTATE `42704` when no such role exists, `42501` when the session is not the
+    /// owner; the [errors of every database call](crate#errors).
     ///
     /// # Cancel safety
     ///

@@ -568,6 +568,14 @@ async fn revoke_removes_one_grant_and_says_whether_it_did() {
     ] {
         assert!(matches!(bad, Err(Error::InvalidInput { .. })), "{bad:?}");
     }
+    // A role name has at most 63 characters (PostgreSQL's limit): 63 reaches the database, which knows no
+    // such role; 64 is refused before anything is sent.
+    let unknown = owner.revoke(&"r".repeat(63), None).await.unwrap_err();
+    assert_eq!(unknown.sqlstate(), Some("42704"), "{unknown}");
+    assert!(matches!(
+        owner.revoke(&"r".repeat(64), None).await,
+        Err(Error::InvalidInput { field: "role", .. })
+    ));
     assert_eq!(db.scalar("SELECT count(*) FROM pgfence.grants").await, 2);
     assert!(owner.revoke(&app, Some("a")).await.unwrap());
     assert!(!owner.revoke(&app, Some("a")).await.unwrap());

@@ -502,3 +502,47 @@ pub struct Health {
     /// The error behind a `false`, if any.
     pub error: Option<String>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A loss cause reads as what happened (the text of the loss signal and of the runtime's log), is labelled
+    /// for the losses metric, and serializes tagged by its cause.
+    #[test]
+    fn loss_causes_say_what_happened() {
+        let cases = [
+            (
+                LossCause::Definitive {
+                    reason: LossReason::Superseded,
+                },
+                "superseded",
+                "definitive",
+            ),
+            (
+                LossCause::DeadlineExceeded { last_error: None },
+                "no renewal before the local deadline",
+                "deadline",
+            ),
+            (
+                LossCause::DeadlineExceeded {
+                    last_error: Some("connection refused".to_owned()),
+                },
+                "no renewal before the local deadline (last error: connection refused)",
+                "deadline",
+            ),
+            (LossCause::Injected, "loss injected", "injected"),
+        ];
+        for (cause, text, label) in cases {
+            assert_eq!(cause.to_string(), text);
+            assert_eq!(cause.label(), label);
+        }
+        assert_eq!(
+            serde_json::to_value(LossCause::Definitive {
+                reason: LossReason::Expired
+            })
+            .unwrap(),
+            serde_json::json!({"cause": "definitive", "reason": "expired"})
+        );
+    }
+}

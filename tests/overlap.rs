@@ -654,3 +654,49 @@ async fn beliefs_and_marks_are_read_per_cluster_through_the_history_only() {
         }
     }
 }
+
+/// A belief report that fails is logged and counted in `pgfence_belief_reports_failed_total` (the review then
+/// shows that belief as unknown), and the tenure is untouched by it: with `pgfence.report_belief` renamed away
+/// on this throwaway database, the start and the end report both fail while the lease is acquired and released
+/// as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_belief_report_is_counted_and_the_tenure_goes_on() {
+    common::metrics_probe::install();
+    let db = TestDb::new().await;
+    db.client()
+        .await
+        .batch_execute("ALTER FUNCTION pgfence.report_belief RENAME TO report_belief_gone")
+        .await
+        .unwrap();
+    let store = db.store("c1").await;
+    let elector = PgElector::new(store.clone());
+    let options = LeaseOptions::new(Duration::from_secs(2));
+    let held = elector.acquire("unheard", "pod-a", &options).await.unwrap();
+    let epoch = held.epoch();
+    held.release().await.unwrap();
+    let failed = || {
+        common::metrics_probe::counter(
+            pgfence::leader::METRIC_BELIEF_REPORTS_FAILED,
+            &[("lease", "c1/unheard")],
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while failed() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "{} of the 2 failed reports counted",
+            failed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t = store
+        .tenures("unheard")
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|t| t.epoch == epoch)
+        .unwrap();
+    assert_eq!((t.belief.from, t.belief.until), (None, None));
+    assert_eq!(t.end_reason.as_deref(), Some("released"), "{t:?}");
+    elector.acquire("unheard", "pod-b", &options).await.unwrap();
+}

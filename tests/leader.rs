@@ -1745,3 +1745,28 @@ async fn dropping_a_run_while_leading_aborts_the_callback_and_releases_the_lease
         .await;
     assert_eq!(elector.holder("dropped"), None);
 }
+
+/// A held lease's `Debug` names its lease, epoch and standing, and never its tenure secret: a held lease can be
+/// logged without handing out the capability its fence carries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lease_shows_its_tenure_but_not_its_secret() {
+    let pg = Pg::new().await;
+    let held = pg
+        .elector
+        .acquire("shown", "pod-a", &LeaseOptions::new(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let shown = format!("{held:?}");
+    for part in [
+        pg.elector.qualify("shown"),
+        format!("epoch: {:?}", held.epoch()),
+        format!("standing: {:?}", held.standing()),
+    ] {
+        assert!(shown.contains(&part), "{part} not in {shown}");
+    }
+    assert!(
+        !shown.contains(held.fence().secret().expose_secret()),
+        "{shown}"
+    );
+    held.release().await.unwrap();
+}

@@ -581,26 +581,25 @@ async fn the_leadership_runtime_reports_each_belief_s_start_and_end() {
     let marker_epoch = marker.epoch();
     drop(marker);
     wait_for_end(&store, "runtime", marker_epoch).await;
-    let t = store
-        .tenures("runtime")
+    let t = tenure(&store, "runtime", epoch).await;
+    assert_eq!((t.belief.from, t.belief.until), (None, None));
+}
+
+/// Tenure `epoch` of `name` as the record shows it now.
+async fn tenure(store: &Store, name: &str, epoch: pgfence::Epoch) -> pgfence::Tenure {
+    store
+        .tenures(name)
         .await
         .unwrap()
         .into_iter()
         .find(|t| t.epoch == epoch)
-        .unwrap();
-    assert_eq!((t.belief.from, t.belief.until), (None, None));
+        .unwrap()
 }
 
 async fn wait_for_end(store: &Store, name: &str, epoch: pgfence::Epoch) -> pgfence::Tenure {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let t = store
-            .tenures(name)
-            .await
-            .unwrap()
-            .into_iter()
-            .find(|t| t.epoch == epoch)
-            .unwrap();
+        let t = tenure(store, name, epoch).await;
         if t.belief.end_received_at.is_some() {
             return t;
         }
@@ -689,13 +688,7 @@ async fn a_failed_belief_report_is_counted_and_the_tenure_goes_on() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let t = store
-        .tenures("unheard")
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|t| t.epoch == epoch)
-        .unwrap();
+    let t = tenure(&store, "unheard", epoch).await;
     assert_eq!((t.belief.from, t.belief.until), (None, None));
     assert_eq!(t.end_reason.as_deref(), Some("released"), "{t:?}");
     elector.acquire("unheard", "pod-b", &options).await.unwrap();

@@ -27,6 +27,24 @@ use pgfence::{Epoch, Error, LossReason, Released, METRIC_STALE_WRITES};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+/// The bound on every wait in this file for a signal from the runtime: a loss, a callback's start or end, a
+/// message. A runtime that never signals fails its test here, naming what it waited for, instead of hanging the
+/// test binary (the cargo-mutants sweep runs this binary once per mutant). Far above any wait the tests expect:
+/// the longest is a takeover after a ttl of a few seconds.
+const WAIT: Duration = Duration::from_secs(15);
+
+/// [`WAIT`]'s bound on a future, panicking with what was awaited when it runs out.
+trait Within: std::future::Future + Sized {
+    async fn within(self, limit: Duration, what: &str) -> Self::Output {
+        match tokio::time::timeout(limit, self).await {
+            Ok(output) => output,
+            Err(_) => panic!("{what}: nothing within {limit:?}"),
+        }
+    }
+}
+
+impl<F: std::future::Future> Within for F {}
+
 /// What a seed scenario needs from a backend besides the elector: inject a loss, and make a lease held by
 /// "someone else".
 trait Backend {
@@ -201,6 +219,7 @@ async fn refused_attempt(
     loop {
         let attempt = attempts
             .recv()
+            .within(WAIT, "the next attempt")
             .await
             .expect("the candidate stopped campaigning");
         if attempt.holder != holder || attempt.begun < since {
@@ -316,7 +335,10 @@ async fn one_owner_per_name<B: Backend>(backend: B, name: &str) {
                 move |ctx| async move {
                     let others = running.fetch_add(1, Ordering::SeqCst);
                     events.send((who, "start", ctx.epoch(), others)).unwrap();
-                    stop_rx.await.unwrap();
+                    stop_rx
+                        .within(WAIT, "the test's stop signal")
+                        .await
+                        .unwrap();
                     running.fetch_sub(1, Ordering::SeqCst);
                     events.send((who, "stop", ctx.epoch(), 0)).unwrap();
                     Ok::<_, Error>(())
@@ -325,7 +347,11 @@ async fn one_owner_per_name<B: Backend>(backend: B, name: &str) {
             .await
         }));
     }
-    let (first, what, first_epoch, others) = rx.recv().await.unwrap();
+    let (first, what, first_epoch, others) = rx
+        .recv()
+        .within(WAIT, "the next message on rx")
+        .await
+        .unwrap();
     let first_started = Instant::now();
     assert_eq!((what, others), ("start", 0));
     let second = if first == "pod-a" { "pod-b" } else { "pod-a" };
@@ -337,8 +363,18 @@ async fn one_owner_per_name<B: Backend>(backend: B, name: &str) {
     }
     assert_eq!(metered(&elector, name), (Some(1.0), 1, [0, 0, 0]));
     stops.remove(first).unwrap().send(()).unwrap();
-    assert_eq!(rx.recv().await.unwrap(), (first, "stop", first_epoch, 0));
-    let (who, what, second_epoch, others) = rx.recv().await.unwrap();
+    assert_eq!(
+        rx.recv()
+            .within(WAIT, "the next message on rx")
+            .await
+            .unwrap(),
+        (first, "stop", first_epoch, 0)
+    );
+    let (who, what, second_epoch, others) = rx
+        .recv()
+        .within(WAIT, "the next message on rx")
+        .await
+        .unwrap();
     assert_eq!((who, what), (second, "start"));
     assert_eq!(others, 0, "two callbacks ran at once");
     assert!(
@@ -347,7 +383,13 @@ async fn one_owner_per_name<B: Backend>(backend: B, name: &str) {
     );
     stops.remove(second).unwrap().send(()).unwrap();
     for run in runs {
-        assert!(matches!(run.await.unwrap().unwrap(), Ended::Returned));
+        assert!(matches!(
+            run.within(WAIT, "the end of the run")
+                .await
+                .unwrap()
+                .unwrap(),
+            Ended::Returned
+        ));
     }
     // Every attempt of the second candidate before the first stopped was refused: none acquired.
     while let Ok(attempt) = attempts.try_recv() {
@@ -386,12 +428,23 @@ async fn loss_cancels_the_callback<B: Backend>(backend: B, name: &str) {
             .await
         })
     };
-    started_rx.await.unwrap();
+    started_rx
+        .within(WAIT, "the callback's start")
+        .await
+        .unwrap();
     assert_eq!(metered(&elector, name), (Some(1.0), 1, [0, 0, 0]));
     backend.inject_loss(name).await;
-    cancelled_rx.await.unwrap();
+    cancelled_rx
+        .within(WAIT, "the callback's cancellation")
+        .await
+        .unwrap();
     let expected = backend.injected_cause();
-    match run.await.unwrap().unwrap() {
+    match run
+        .within(WAIT, "the end of the run")
+        .await
+        .unwrap()
+        .unwrap()
+    {
         Ended::Lost {
             cause,
             callback_stopped,
@@ -428,6 +481,7 @@ async fn a_failed_or_panicking_callback_is_reported_and_released<B: Backend>(
         &shutdown,
         |ctx| async move { Err::<(), String>(format!("reconcile failed at epoch {}", ctx.epoch())) },
     )
+    .within(WAIT, "the end of run_with_leadership")
     .await
     .unwrap();
     match ended {
@@ -454,6 +508,7 @@ async fn a_failed_or_panicking_callback_is_reported_and_released<B: Backend>(
             Ok::<(), String>(())
         },
     )
+    .within(WAIT, "the end of run_with_leadership")
     .await
     .unwrap();
     match ended {
@@ -624,7 +679,11 @@ async fn the_holder_stops_trusting_a_margin_before_the_database_could_grant_a_su
     let b = b.await.unwrap(); // the renewal has committed: B holds the row now
     let expires_not_before = common::database_expiry(&probe, &qualified).await.not_before;
 
-    let cause = lease.lost().await.expect("a loss, not a release");
+    let cause = lease
+        .lost()
+        .within(WAIT, "the loss of lease")
+        .await
+        .expect("a loss, not a release");
     let declared_at = Instant::now();
     // Sent after the loss was declared: the database still holds the lease for pod-a.
     assert!(
@@ -701,7 +760,11 @@ async fn unreachable_database_makes_the_holder_give_up_at_its_local_deadline() {
     .await;
     tokio::task::block_in_place(|| server.stop()).unwrap();
     let stopped_at = Instant::now();
-    let cause = lease.lost().await.expect("a loss, not a release");
+    let cause = lease
+        .lost()
+        .within(WAIT, "the loss of lease")
+        .await
+        .expect("a loss, not a release");
     let declared_at = Instant::now();
     let trusted_until = lease.trust_until();
     match &cause {
@@ -760,7 +823,7 @@ async fn release_after_loss_never_touches_the_successor() {
         .acquire("handed", "pod-b", &options)
         .await
         .unwrap();
-    let cause = a.lost().await.unwrap();
+    let cause = a.lost().within(WAIT, "the loss of a").await.unwrap();
     assert!(matches!(cause, LossCause::Definitive { .. }), "{cause:?}");
     assert_eq!(
         a.release().await.unwrap(),
@@ -847,7 +910,13 @@ async fn handover_after_release(
         .expect("the candidate was not woken by the release notification")
         .unwrap();
     assert!(started < timer);
-    assert!(matches!(run.await.unwrap().unwrap(), Ended::Returned));
+    assert!(matches!(
+        run.within(WAIT, "the end of the run")
+            .await
+            .unwrap()
+            .unwrap(),
+        Ended::Returned
+    ));
     started - released_at
 }
 
@@ -936,10 +1005,14 @@ async fn crashed_holder_is_succeeded_within_ttl_plus_one_poll() {
             Ok::<_, Error>(())
         },
     )
+    .within(WAIT, "the end of run_with_leadership")
     .await
     .unwrap();
     assert!(matches!(ended, Ended::Returned), "{ended:?}");
-    let started = started_rx.await.unwrap();
+    let started = started_rx
+        .within(WAIT, "the callback's start")
+        .await
+        .unwrap();
     let took = started - crashed_at;
     eprintln!("crash handover: {took:?} (ttl 1 s, poll 250 ms)");
     assert!(
@@ -981,9 +1054,17 @@ async fn a_callback_that_ignores_cancellation_is_reported() {
             .await
         })
     };
-    started_rx.await.unwrap();
+    started_rx
+        .within(WAIT, "the callback's start")
+        .await
+        .unwrap();
     elector.lose("stubborn");
-    match run.await.unwrap().unwrap() {
+    match run
+        .within(WAIT, "the end of the run")
+        .await
+        .unwrap()
+        .unwrap()
+    {
         Ended::Lost {
             callback_stopped, ..
         } => assert!(!callback_stopped),
@@ -1030,13 +1111,21 @@ async fn supervisor_runs_independent_controllers_and_recampaigns() {
     let p1_status = p1.status();
     let p1_shutdown = CancellationToken::new();
     let p1_task = tokio::spawn(p1.run(p1_shutdown.clone()));
-    let first = events.recv().await.unwrap();
+    let first = events
+        .recv()
+        .within(WAIT, "the next message on events")
+        .await
+        .unwrap();
     assert_eq!(first.0, "p1");
     let p2 = make("p2", &["scheduler", "rollout"]);
     let p2_status = p2.status();
     let p2_shutdown = CancellationToken::new();
     let p2_task = tokio::spawn(p2.run(p2_shutdown.clone()));
-    let second = events.recv().await.unwrap();
+    let second = events
+        .recv()
+        .within(WAIT, "the next message on events")
+        .await
+        .unwrap();
     assert_eq!(second.0, "p2");
     assert!(second.1.ends_with("/rollout"));
     assert_eq!(p1_status.leading().get("scheduler"), Some(&true));
@@ -1047,14 +1136,18 @@ async fn supervisor_runs_independent_controllers_and_recampaigns() {
 
     // p1 loses `scheduler`; p2 is campaigning for it too, so one of them takes it with a larger epoch.
     pg.inject_loss("scheduler").await;
-    let third = events.recv().await.unwrap();
+    let third = events
+        .recv()
+        .within(WAIT, "the next message on events")
+        .await
+        .unwrap();
     assert!(third.1.ends_with("/scheduler"));
     assert!(third.2 > first.2);
 
     p1_shutdown.cancel();
     p2_shutdown.cancel();
-    p1_task.await.unwrap();
-    p2_task.await.unwrap();
+    p1_task.within(WAIT, "the end of p1").await.unwrap();
+    p2_task.within(WAIT, "the end of p2").await.unwrap();
     for lease in pg.elector.store().leases().await.unwrap() {
         assert_ne!(
             lease.state,
@@ -1283,8 +1376,13 @@ async fn the_context_reports_the_loss_cause<B: Backend>(backend: B, name: &str) 
     assert!(ctx.is_held());
     assert_eq!(ctx.end_cause(), None);
     backend.inject_loss(name).await;
-    let seen = seen.await.unwrap();
-    let cause = match run.await.unwrap().unwrap() {
+    let seen = seen.within(WAIT, "what the callback saw").await.unwrap();
+    let cause = match run
+        .within(WAIT, "the end of the run")
+        .await
+        .unwrap()
+        .unwrap()
+    {
         Ended::Lost {
             cause,
             callback_stopped,
@@ -1311,13 +1409,18 @@ async fn the_context_reports_shutdown_after_an_orderly_stop<B: Backend>(backend:
     let ctx = ctx.await.unwrap();
     assert_eq!(backend.holder(name).await.as_deref(), Some("pod-a"));
     shutdown.cancel();
-    let seen = seen.await.unwrap();
+    let seen = seen.within(WAIT, "what the callback saw").await.unwrap();
     assert!(
         seen.is_held,
         "still held until the callback returns: {seen:?}"
     );
     assert_eq!(seen.end_cause, Some(TenureEnd::Shutdown));
-    match run.await.unwrap().unwrap() {
+    match run
+        .within(WAIT, "the end of the run")
+        .await
+        .unwrap()
+        .unwrap()
+    {
         Ended::Cancelled { callback_stopped } => assert!(callback_stopped),
         other => panic!("expected Cancelled, got {other:?}"),
     }
@@ -1403,7 +1506,10 @@ async fn the_context_stops_believing_at_the_local_deadline_when_renewals_stop() 
         )
         .await
     });
-    started_rx.await.unwrap();
+    started_rx
+        .within(WAIT, "the callback's start")
+        .await
+        .unwrap();
     proxy.set(HOLD_ALL);
     let (believed_past_deadline, stopped_at, trust_until, end_cause) =
         tokio::time::timeout(Duration::from_secs(10), report_rx)
@@ -1425,7 +1531,12 @@ async fn the_context_stops_believing_at_the_local_deadline_when_renewals_stop() 
     let Some(TenureEnd::Lost(cause @ LossCause::DeadlineExceeded { .. })) = end_cause else {
         panic!("expected a deadline loss, got {end_cause:?}");
     };
-    match run.await.unwrap().unwrap() {
+    match run
+        .within(WAIT, "the end of the run")
+        .await
+        .unwrap()
+        .unwrap()
+    {
         Ended::Lost {
             cause: reported, ..
         } => assert_eq!(reported, cause),
@@ -1461,7 +1572,12 @@ async fn a_starved_runtime_never_believes_past_the_local_deadline() {
         ),
         "{end_cause:?}"
     );
-    match run.await.unwrap().unwrap() {
+    match run
+        .within(WAIT, "the end of the run")
+        .await
+        .unwrap()
+        .unwrap()
+    {
         Ended::Lost { cause, .. } => assert_eq!(Some(TenureEnd::Lost(cause)), end_cause),
         other => panic!("expected Lost, got {other:?}"),
     }
@@ -1496,7 +1612,11 @@ async fn a_failover_loss_is_reported_and_the_supervisor_campaigns_again() {
     let shutdown = CancellationToken::new();
     let supervisor = tokio::spawn(supervisor.run(shutdown.clone()));
 
-    let first = started.recv().await.unwrap();
+    let first = started
+        .recv()
+        .within(WAIT, "the next message on started")
+        .await
+        .unwrap();
     assert!(elector.lose_because("scheduler", LossReason::Failover));
     let failover = Some(TenureEnd::Lost(LossCause::Definitive {
         reason: LossReason::Failover,
@@ -1504,7 +1624,11 @@ async fn a_failover_loss_is_reported_and_the_supervisor_campaigns_again() {
     assert!(!first.is_held());
     assert_eq!(first.end_cause(), failover);
 
-    let second = started.recv().await.unwrap();
+    let second = started
+        .recv()
+        .within(WAIT, "the next message on started")
+        .await
+        .unwrap();
     assert!(second.epoch() > first.epoch());
     assert!(second.is_held());
     assert_eq!(second.end_cause(), None);
@@ -1549,10 +1673,11 @@ async fn work_left_running_after_the_callback_returned_is_told_of_the_release() 
             Ok::<_, Error>(())
         },
     )
+    .within(WAIT, "the end of run_with_leadership")
     .await
     .unwrap();
     assert!(matches!(ended, Ended::Returned), "{ended:?}");
-    let seen = seen_rx.await.unwrap();
+    let seen = seen_rx.within(WAIT, "what the callback saw").await.unwrap();
     assert!(!seen.is_held);
     assert_eq!(seen.end_cause, Some(TenureEnd::Released));
 }
@@ -1644,7 +1769,7 @@ async fn metrics_count_transitions_losses_by_cause_and_stale_writes() {
     assert_eq!(metered(elector, "metered"), (Some(1.0), 3, [0, 0, 0]));
     store.force_release("metered").await.unwrap();
     assert_eq!(
-        second.lost().await,
+        second.lost().within(WAIT, "the loss of second").await,
         Some(LossCause::Definitive {
             reason: LossReason::Released
         })

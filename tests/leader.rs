@@ -23,7 +23,7 @@ use pgfence::leader::{
     TenureEnd, Wakeups, METRIC_CALLBACKS_NOT_STOPPED, METRIC_LEADER, METRIC_LOSSES,
     METRIC_RENEW_DURATION, METRIC_TRANSITIONS,
 };
-use pgfence::{Epoch, Error, LossReason, Released, METRIC_STALE_WRITES};
+use pgfence::{Epoch, Error, LossReason, Overlap, Released, METRIC_STALE_WRITES};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -1858,9 +1858,12 @@ async fn dropping_a_run_while_leading_aborts_the_callback_and_releases_the_lease
     );
     let ctx = tokio::select! {
         ended = run => panic!("the run ended on its own: {ended:?}"),
-        ctx = started => ctx.unwrap(),
+        ctx = started.within(WAIT, "the callback's start") => ctx.unwrap(),
     };
-    dropped.await.expect("the callback's future was dropped");
+    dropped
+        .within(WAIT, "the drop of the callback's future")
+        .await
+        .expect("the callback's future was dropped");
     assert!(ctx.cancellation_token().is_cancelled());
     assert!(!ctx.is_held());
     assert_eq!(ctx.end_cause(), Some(TenureEnd::Released));
@@ -1869,6 +1872,57 @@ async fn dropping_a_run_while_leading_aborts_the_callback_and_releases_the_lease
         .wait(&elector.qualify("dropped"), Duration::from_secs(10))
         .await;
     assert_eq!(elector.holder("dropped"), None);
+}
+
+/// `abandon`, the crash the failure tests stage: the holder stops renewing and reports no end of its belief, as a
+/// killed process would. The database lets the lease expire after its ttl, a successor acquires it, and the
+/// review of the abandoned tenure has a successor but no end report: `Unknown`, never a reported end that would
+/// make the overlap look ruled out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_lease_expires_without_an_end_report() {
+    let pg = Pg::new().await;
+    let options = LeaseOptions::new(Duration::from_secs(1));
+    let sent = Instant::now();
+    let lease = pg
+        .elector
+        .acquire("abandoned", "pod-a", &options)
+        .await
+        .unwrap();
+    let epoch = lease.epoch();
+    lease.abandon();
+    let store = pg.elector.store();
+    let deadline = Instant::now() + WAIT;
+    let successor = loop {
+        match store
+            .acquire("abandoned", "pod-b", Duration::from_secs(60))
+            .await
+        {
+            Ok(successor) => break successor,
+            Err(Error::Held { .. }) => {}
+            Err(e) => panic!("the successor's acquisition failed: {e}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the abandoned lease is still held after {WAIT:?}: it is being renewed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        sent.elapsed() >= options.ttl,
+        "acquired before the abandoned tenure's ttl"
+    );
+    assert_eq!(successor.epoch().get(), epoch.get() + 1);
+    let reviews = store.review("abandoned").await.unwrap();
+    let old = reviews
+        .iter()
+        .find(|r| r.tenure.epoch == epoch)
+        .expect("the abandoned tenure is reviewed");
+    assert_eq!(
+        old.successor.as_ref().map(|s| s.epoch),
+        Some(successor.epoch())
+    );
+    assert_eq!(old.tenure.belief.until, None, "no end of belief reported");
+    assert_eq!(old.overlap, Overlap::Unknown);
 }
 
 /// A held lease's `Debug` names its lease, epoch and standing, and never its tenure secret: a held lease can be

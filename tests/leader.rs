@@ -1925,8 +1925,9 @@ async fn an_abandoned_lease_expires_without_an_end_report() {
     assert_eq!(old.overlap, Overlap::Unknown);
 }
 
-/// A held lease's `Debug` names its lease, epoch and standing, and never its tenure secret: a held lease can be
-/// logged without handing out the capability its fence carries.
+/// A held lease answers with its own names (the bare one it was asked for, and the cluster-qualified one) and a
+/// fence of its epoch; its `Debug` names its lease, epoch and standing, and never its tenure secret: a held lease
+/// can be logged without handing out the capability its fence carries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_lease_shows_its_tenure_but_not_its_secret() {
     let pg = Pg::new().await;
@@ -1935,6 +1936,14 @@ async fn a_held_lease_shows_its_tenure_but_not_its_secret() {
         .acquire("shown", "pod-a", &LeaseOptions::new(Duration::from_secs(5)))
         .await
         .unwrap();
+    assert_eq!(held.name(), "shown");
+    assert_eq!(held.qualified_name(), pg.elector.qualify("shown"));
+    assert_ne!(
+        held.name(),
+        held.qualified_name(),
+        "the test's cluster qualifies"
+    );
+    assert_eq!(held.fence().epoch(), held.epoch());
     let shown = format!("{held:?}");
     for part in [
         pg.elector.qualify("shown"),

@@ -1925,6 +1925,36 @@ async fn an_abandoned_lease_expires_without_an_end_report() {
     assert_eq!(old.overlap, Overlap::Unknown);
 }
 
+/// A release wakes the waiters of that lease only: a waiter for another lease sleeps on to its own deadline, so
+/// a release does not send every candidate of the cluster campaigning. Its own lease's release, heard earlier,
+/// wakes it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_waiters_of_that_lease_only() {
+    let elector = MemoryElector::new();
+    let mut wakeups = elector.wakeups();
+    let options = LeaseOptions::new(Duration::from_secs(5));
+    let other = elector.acquire("other", "pod-a", &options).await.unwrap();
+    other.release().await.unwrap();
+    let max_wait = Duration::from_millis(300);
+    let begun = Instant::now();
+    wakeups.wait(&elector.qualify("mine"), max_wait).await;
+    let waited = begun.elapsed();
+    assert!(
+        waited >= max_wait,
+        "woken by another lease's release after {waited:?}"
+    );
+
+    let mine = elector.acquire("mine", "pod-a", &options).await.unwrap();
+    mine.release().await.unwrap();
+    let begun = Instant::now();
+    wakeups.wait(&elector.qualify("mine"), WAIT).await;
+    let waited = begun.elapsed();
+    assert!(
+        waited < Duration::from_secs(1),
+        "its own release woke it only after {waited:?}"
+    );
+}
+
 /// A held lease answers with its own names (the bare one it was asked for, and the cluster-qualified one) and a
 /// fence of its epoch; its `Debug` names its lease, epoch and standing, and never its tenure secret: a held lease
 /// can be logged without handing out the capability its fence carries.

@@ -1925,6 +1925,137 @@ async fn an_abandoned_lease_expires_without_an_end_report() {
     assert_eq!(old.overlap, Overlap::Unknown);
 }
 
+/// The in-memory double keeps PostgreSQL's fencing of releases (invariant 2, one holder per epoch): a release
+/// sent for an ended tenure — here the background release of a dropped lease, overtaken by the same holder's next
+/// acquisition — never frees its successor. And a memory lease does not expire by time: its local deadline is
+/// decades away.
+// current_thread: the dropped lease's background release runs exactly when this test yields.
+#[tokio::test]
+async fn memory_a_late_release_never_frees_the_successor() {
+    let elector = MemoryElector::new();
+    let options = LeaseOptions::new(Duration::from_secs(5));
+    let old = elector.acquire("late", "pod-a", &options).await.unwrap();
+    let decades = Duration::from_secs(50 * 365 * 24 * 3600);
+    assert!(old.trust_until() > Instant::now() + decades);
+    drop(old); // its release is spawned, not run yet
+    let new = elector.acquire("late", "pod-a", &options).await.unwrap();
+    tokio::task::yield_now().await; // the old tenure's release runs now
+    assert_eq!(
+        elector.holder("late"),
+        Some(("pod-a".to_owned(), new.epoch())),
+        "the old tenure's release freed its successor"
+    );
+    assert!(matches!(
+        elector.acquire("late", "pod-b", &options).await,
+        Err(Error::Held { .. })
+    ));
+    assert_eq!(new.release().await.unwrap(), Released::Released);
+    assert_eq!(elector.holder("late"), None);
+}
+
+/// Bad timing gets a typed error naming the setting, from either elector, and acquires nothing. Each rule of
+/// `LeaseOptions::validate` is taken at its edge: the last accepted value and the first refused one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_options_are_checked_at_their_edges_before_anything_is_acquired() {
+    let pg = Pg::new().await;
+    let memory = MemoryElector::new();
+    let ms = Duration::from_millis;
+    let base = LeaseOptions::new(Duration::from_secs(3));
+    let with = |change: &dyn Fn(&mut LeaseOptions)| {
+        let mut options = base;
+        change(&mut options);
+        options
+    };
+    let cases: Vec<(&str, LeaseOptions, Option<&str>)> = vec![
+        ("ttl at MIN_TTL", LeaseOptions::new(pgfence::MIN_TTL), None),
+        (
+            "ttl under MIN_TTL",
+            LeaseOptions::new(pgfence::MIN_TTL - ms(1)),
+            Some("ttl"),
+        ),
+        ("ttl at MAX_TTL", LeaseOptions::new(pgfence::MAX_TTL), None),
+        (
+            "ttl over MAX_TTL",
+            LeaseOptions::new(pgfence::MAX_TTL + ms(1)),
+            Some("ttl"),
+        ),
+        (
+            "margin just under ttl",
+            with(&|o| {
+                o.safety_margin = o.ttl - ms(1);
+                o.renew_every = Duration::from_micros(999);
+            }),
+            None,
+        ),
+        (
+            "margin equal to ttl",
+            with(&|o| o.safety_margin = o.ttl),
+            Some("safety_margin"),
+        ),
+        (
+            "renew_every zero",
+            with(&|o| o.renew_every = Duration::ZERO),
+            Some("renew_every"),
+        ),
+        (
+            "renew_every just under ttl - margin",
+            with(&|o| o.renew_every = o.ttl - o.safety_margin - ms(1)),
+            None,
+        ),
+        (
+            "renew_every at ttl - margin",
+            with(&|o| o.renew_every = o.ttl - o.safety_margin),
+            Some("renew_every"),
+        ),
+        (
+            "retry_every at 10 ms",
+            with(&|o| o.retry_every = ms(10)),
+            None,
+        ),
+        (
+            "retry_every under 10 ms",
+            with(&|o| o.retry_every = Duration::from_micros(9_999)),
+            Some("retry_every"),
+        ),
+    ];
+    for (case, options, refused) in cases {
+        match refused {
+            None => {
+                options.validate().unwrap_or_else(|e| panic!("{case}: {e}"));
+                let held = memory.acquire("timed", "pod-a", &options).await.unwrap();
+                held.release().await.unwrap();
+            }
+            Some(setting) => {
+                let by_pg = pg.elector.acquire("timed", "pod-a", &options).await;
+                let by_memory = memory.acquire("timed", "pod-a", &options).await;
+                for (elector, result) in
+                    [("pg", by_pg.map(|_| ())), ("memory", by_memory.map(|_| ()))]
+                {
+                    match result {
+                        Err(Error::InvalidInput { field, .. }) => {
+                            assert_eq!(field, setting, "{case} ({elector})")
+                        }
+                        other => {
+                            panic!("{case} ({elector}): expected {setting} refused, got {other:?}")
+                        }
+                    }
+                }
+                assert!(options.validate().is_err(), "{case}");
+            }
+        }
+    }
+    assert!(
+        pg.elector
+            .store()
+            .lease_status("timed")
+            .await
+            .unwrap()
+            .is_none(),
+        "a refused acquisition wrote a lease row"
+    );
+    assert_eq!(memory.holder("timed"), None);
+}
+
 /// A release wakes the waiters of that lease only: a waiter for another lease sleeps on to its own deadline, so
 /// a release does not send every candidate of the cluster campaigning. Its own lease's release, heard earlier,
 /// wakes it at once.

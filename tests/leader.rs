@@ -966,6 +966,176 @@ async fn the_release_listener_reconnects_after_its_connection_is_killed() {
     eprintln!("handover after the listener reconnected: {took:?} (poll interval 5 s)");
 }
 
+/// The release listener retries an unreachable database with its backoff (100 ms doubling to 1 s), not in a
+/// tight loop: a server that is down, or a proxy that refuses, sees a handful of attempts, not thousands. It
+/// does retry, and LISTENs again once the database is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_release_listener_backs_off_while_the_database_is_unreachable() {
+    let db = TestDb::new().await;
+    let admin = db.client().await;
+    let proxy = Proxy::start(&db.url).await;
+    let store = pgfence::Store::connect(
+        pgfence::StoreConfig::new(proxy.url(&db.name), "c")
+            .connect_timeout(Duration::from_millis(300))
+            .checkout_timeout(Duration::from_millis(300)),
+    )
+    .await
+    .unwrap();
+    let elector = PgElector::new(store);
+    let _subscribed = elector.wakeups();
+    let first = listener_backend(&admin, None).await;
+    let closed = {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        socket.local_addr().unwrap().port()
+    };
+    let before = proxy.accepted();
+    proxy.redirect(closed); // every new connection is refused
+    let terminated: bool = admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&first])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(terminated);
+    let cut_at = Instant::now();
+    tokio::time::sleep(Duration::from_millis(2500)).await; // the window observed, not a guess at an event
+    let attempts = proxy.accepted() - before;
+    let window = cut_at.elapsed();
+    eprintln!("release listener: {attempts} connection attempts in {window:?} while unreachable");
+    // Attempts 0.1, 0.3, 0.7, 1.5 and 2.5 s after the cut (100 ms doubling, at most 1 s apart): 4 or 5 in the
+    // window. Room for a slow machine stretching it, none for a loop.
+    assert!(
+        (3..=10).contains(&attempts),
+        "{attempts} connection attempts in {window:?} while the database was unreachable"
+    );
+    proxy.redirect(db_port(&db.url));
+    let second = listener_backend(&admin, Some(first)).await;
+    assert_ne!(first, second);
+}
+
+/// The port of a connection URL's server.
+fn db_port(url: &str) -> u16 {
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    config.get_ports()[0]
+}
+
+/// Dropping the last handle of an elector stops its release listener and closes the listener's connection:
+/// an elector created per request, or per test, leaves no session behind on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_elector_closes_its_release_listener() {
+    let pg = Pg::new().await;
+    let admin = pg.db.client().await;
+    let elector = PgElector::new(pg.elector.store().clone());
+    let wakeups = elector.wakeups();
+    let listener = listener_backend(&admin, None).await;
+    drop(wakeups);
+    drop(elector);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let alive: bool = admin
+            .query_one(
+                "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)",
+                &[&listener],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if !alive {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the listener's session {listener} outlived its elector by {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The keepalive renews over a connection of its own that it keeps: while the application holds every
+/// connection of its pool for longer than the ttl, the lease stays held and believed, and a single backend runs
+/// every renewal (no reconnect per tick).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keepalive_renews_over_its_own_kept_connection_while_the_pool_is_busy() {
+    let db = TestDb::new().await;
+    let admin = db.client().await;
+    let store = pgfence::Store::connect(db.config("c").pool_size(1))
+        .await
+        .unwrap();
+    let elector = PgElector::new(store.clone());
+    let mut options = LeaseOptions::new(Duration::from_millis(600));
+    options.renew_every = Duration::from_millis(100);
+    let lease = elector.acquire("kept", "pod-a", &options).await.unwrap();
+    let busy = store.conn().await.unwrap(); // the pool's only connection, held by the application
+    let qualified = lease.qualified_name().to_owned();
+    let mut renewers = std::collections::BTreeSet::new();
+    let until = Instant::now() + Duration::from_millis(1500); // 2.5 ttl, 15 renewal periods
+    while Instant::now() < until {
+        for row in admin
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+                   AND query LIKE '%renew_many%' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+        {
+            renewers.insert(row.get::<_, i32>(0));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        lease.is_held(),
+        "lost while the pool was busy: {:?}",
+        lease.standing()
+    );
+    let expiry = common::database_expiry(&admin, &qualified).await;
+    assert!(
+        expiry.not_after > Instant::now(),
+        "the database let it expire"
+    );
+    assert_eq!(renewers.len(), 1, "renewals ran on backends {renewers:?}");
+    drop(busy);
+    lease.release().await.unwrap();
+}
+
+/// Renewals keep their period from the start: the first comes one period after the acquisition was sent, not at
+/// once (a renewal per acquisition would double the statements of a campaign), and moves the database's expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_renewal_comes_one_period_after_the_acquisition() {
+    let pg = Pg::new().await;
+    let admin = pg.db.client().await;
+    let mut options = LeaseOptions::new(Duration::from_secs(6));
+    options.renew_every = Duration::from_secs(1);
+    let sent = Instant::now();
+    let lease = pg
+        .elector
+        .acquire("paced", "pod-a", &options)
+        .await
+        .unwrap();
+    let read = || async {
+        admin
+            .query_one(
+                "SELECT expires_at::text FROM pgfence.leases WHERE name = $1",
+                &[&lease.qualified_name()],
+            )
+            .await
+            .unwrap()
+            .get::<_, String>(0)
+    };
+    let acquired = read().await;
+    let deadline = Instant::now() + WAIT;
+    while read().await == acquired {
+        assert!(Instant::now() < deadline, "no renewal within {WAIT:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let first = sent.elapsed();
+    assert!(
+        first >= options.renew_every,
+        "the first renewal came {first:?} after the acquisition's send, before its period {:?}",
+        options.renew_every
+    );
+    lease.release().await.unwrap();
+}
+
 /// Handover after a crash (no release): the holder's process stops being heard (nothing it sends reaches the
 /// database from the crash on), and the successor's callback starts within ttl + one poll interval of the crash
 /// — the bound the README states — and never before the database's expiry (at least the acquisition's send

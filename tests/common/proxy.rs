@@ -1,7 +1,7 @@
 //! A TCP proxy on loopback that can hold traffic in either direction: a partition that delays everything (or
 //! only the replies) and then heals without losing a byte, and a redirect to another server.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +25,7 @@ pub struct Proxy {
     changed: Arc<tokio::sync::Notify>,
     upstream: Arc<std::sync::Mutex<u16>>,
     kill: Arc<AtomicBool>,
+    accepted: Arc<AtomicUsize>,
 }
 
 impl Proxy {
@@ -52,11 +53,13 @@ impl Proxy {
             changed: Arc::new(tokio::sync::Notify::new()),
             upstream: Arc::new(std::sync::Mutex::new(upstream)),
             kill: Arc::new(AtomicBool::new(false)),
+            accepted: Arc::new(AtomicUsize::new(0)),
         };
         let p = proxy.clone();
         tokio::spawn(async move {
             loop {
                 let (client, _) = listener.accept().await.unwrap();
+                p.accepted.fetch_add(1, Ordering::SeqCst);
                 let port = *p.upstream.lock().unwrap();
                 let Ok(server) = TcpStream::connect(("127.0.0.1", port)).await else {
                     continue;
@@ -80,6 +83,12 @@ impl Proxy {
     pub fn set(&self, mode: u8) {
         self.mode.store(mode, Ordering::SeqCst);
         self.changed.notify_waiters();
+    }
+
+    /// How many client connections the proxy has accepted, including those it dropped because the upstream
+    /// refused.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
     }
 
     /// Points new connections at another server and cuts the current ones.

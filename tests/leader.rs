@@ -1097,62 +1097,62 @@ async fn the_keepalive_renews_over_its_own_kept_connection_while_the_pool_is_bus
     lease.release().await.unwrap();
 }
 
-/// A renewal the database refuses (a statement error that is not transient) waits `retry_every` before the
-/// next attempt, even when that is past the local deadline: the holder does not hammer the database until its
-/// deadline, nor send a last attempt at it, and it declares the loss at the deadline with the refusal as its
-/// cause. `renew_many` is replaced by a function that counts its calls and refuses with 42501.
+/// A renewal statement that fails — refused (42501, not transient) or transiently (40001) — waits `retry_every`
+/// before the next attempt, even when that is past the local deadline: the holder neither hammers the database
+/// until its deadline nor sends a last attempt at it, and it declares the loss at the deadline with the
+/// failure as its cause. `renew_many` is replaced by a function that counts its calls and raises the error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_renewal_waits_its_retry_period_and_the_loss_names_the_refusal() {
+async fn a_failed_renewal_waits_its_retry_period_and_the_loss_names_the_failure() {
     let pg = Pg::new().await;
     let admin = pg.db.client().await;
     let mut options = LeaseOptions::new(Duration::from_secs(2));
     options.renew_every = Duration::from_millis(300);
     options.safety_margin = Duration::from_millis(200);
     options.retry_every = Duration::from_secs(5);
-    let lease = pg
-        .elector
-        .acquire("refused", "pod-a", &options)
-        .await
-        .unwrap();
-    admin
-        .batch_execute(
-            "CREATE SEQUENCE public.renew_calls;
-             CREATE OR REPLACE FUNCTION pgfence.renew_many(p_leases text[], p_epochs bigint[], p_secrets text[],
-                                                           p_holder text, p_ttl_ms bigint)
-             RETURNS TABLE (lease text, outcome text, reason text, epoch bigint)
-             LANGUAGE plpgsql AS $$
-             BEGIN
-                 PERFORM pg_catalog.nextval('public.renew_calls');
-                 RAISE EXCEPTION 'renewals refused by the test' USING ERRCODE = '42501';
-             END $$;",
-        )
-        .await
-        .unwrap();
-    let cause = lease
-        .lost()
-        .within(WAIT, "the loss of lease")
-        .await
-        .expect("a loss, not a release");
-    let declared_at = Instant::now();
-    match &cause {
-        LossCause::DeadlineExceeded {
-            last_error: Some(error),
-        } if error.contains("renewals refused by the test") => {}
-        other => panic!("expected a deadline loss naming the refusal, got {other:?}"),
+    for (name, sqlstate) in [("refused", "42501"), ("transient", "40001")] {
+        let lease = pg.elector.acquire(name, "pod-a", &options).await.unwrap();
+        admin
+            .batch_execute(&format!(
+                "CREATE SEQUENCE public.renew_calls_{name};
+                 CREATE OR REPLACE FUNCTION pgfence.renew_many(p_leases text[], p_epochs bigint[],
+                     p_secrets text[], p_holder text, p_ttl_ms bigint)
+                 RETURNS TABLE (lease text, outcome text, reason text, epoch bigint)
+                 LANGUAGE plpgsql AS $$
+                 BEGIN
+                     PERFORM pg_catalog.nextval('public.renew_calls_{name}');
+                     RAISE EXCEPTION 'renewal failed by the test' USING ERRCODE = '{sqlstate}';
+                 END $$;"
+            ))
+            .await
+            .unwrap();
+        let cause = lease
+            .lost()
+            .within(WAIT, "the loss of lease")
+            .await
+            .expect("a loss, not a release");
+        let declared_at = Instant::now();
+        match &cause {
+            LossCause::DeadlineExceeded {
+                last_error: Some(error),
+            } if error.contains("renewal failed by the test") => {}
+            other => panic!("{name}: expected a deadline loss naming the failure, got {other:?}"),
+        }
+        assert!(declared_at >= lease.trust_until(), "{name}");
+        let calls: i64 = admin
+            .query_one(
+                &format!(
+                    "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM public.renew_calls_{name}"
+                ),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            calls, 1,
+            "{name}: renewal attempts between the failure and the loss (retry_every 5 s, deadline 1.8 s)"
+        );
     }
-    assert!(declared_at >= lease.trust_until());
-    let calls: i64 = admin
-        .query_one(
-            "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM public.renew_calls",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(
-        calls, 1,
-        "renewal attempts between the refusal and the loss (retry_every 5 s, deadline 1.8 s)"
-    );
 }
 
 /// Renewals keep their period from the start: the first comes one period after the acquisition was sent, not at

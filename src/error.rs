@@ -384,6 +384,21 @@ fn kind_sqlstate(kind: &diesel::result::DatabaseErrorKind) -> Option<&'static st
     }
 }
 
+/// Whether a statement's error means its session is over: the server terminated it or is shutting down (57P0x),
+/// ended it for idling in a transaction (25P03), or the connection broke (08xxx). Such a connection must not go
+/// back to the pool: the driver may not have noticed the closed socket yet, and the next statement — a retry,
+/// typically — would be handed the same dead session.
+pub(crate) fn ends_the_session(err: &diesel::result::Error) -> bool {
+    let diesel::result::Error::DatabaseError(kind, info) = err else {
+        return false;
+    };
+    let sqlstate = crate::wire::sqlstate_of(info.message(), info.details(), info.hint())
+        .or_else(|| kind_sqlstate(kind).map(str::to_owned));
+    sqlstate
+        .as_deref()
+        .is_some_and(|code| code.starts_with("08") || code.starts_with("57P") || code == "25P03")
+}
+
 /// A driver error with its sources ("error connecting to server: Connection refused (os error 111)").
 pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();

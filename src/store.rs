@@ -39,6 +39,22 @@ impl Checked<'_> {
     pub(crate) fn disarm(&mut self) {
         self.armed = false;
     }
+
+    /// Disarms once the statement's result is in; when its error ended the session
+    /// ([`ends_the_session`](crate::error::ends_the_session)), also marks the connection broken so that bb8
+    /// discards it on check-in instead of handing the dead session to the next statement.
+    pub(crate) fn settle<T>(&mut self, result: &std::result::Result<T, diesel::result::Error>) {
+        self.armed = false;
+        if let Err(e) = result {
+            if crate::error::ends_the_session(e) {
+                use diesel_async::TransactionManager;
+                diesel_async::AnsiTransactionManager::transaction_manager_status_mut(
+                    &mut *self.conn,
+                )
+                .set_in_error();
+            }
+        }
+    }
 }
 
 impl std::ops::Deref for Checked<'_> {
@@ -662,7 +678,7 @@ impl Store {
         let mut conn = self.checked().await?;
         let sent = std::time::Instant::now();
         let rows: std::result::Result<Vec<U>, diesel::result::Error> = query.load(&mut *conn).await;
-        conn.disarm();
+        conn.settle(&rows);
         Ok((sent, only_row(rows?)?))
     }
 
@@ -695,7 +711,7 @@ impl Store {
             }
             other => other,
         };
-        conn.disarm();
+        conn.settle(&rows);
         only_row(rows?)
     }
 

@@ -1155,6 +1155,54 @@ async fn a_failed_renewal_waits_its_retry_period_and_the_loss_names_the_failure(
     }
 }
 
+/// A release whose connection dies under it (the server terminates the session: 57P01, transient) is retried
+/// once on a fresh connection: the tenure ends in the database at once, and a successor need not wait for its
+/// ttl. The release is held on the lease row's lock while its session is terminated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_session_is_terminated_is_retried_on_a_fresh_connection() {
+    let pg = Pg::new().await;
+    let admin = pg.db.client().await;
+    let lease = pg
+        .elector
+        .acquire(
+            "retried",
+            "pod-a",
+            &LeaseOptions::new(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    let qualified = lease.qualified_name().to_owned();
+    let row = RowLock::take(&pg.db, &qualified).await;
+    let mut release = tokio::spawn(lease.release());
+    common::wait_until_blocked_on_lock(&pg.db, 1).await;
+    let terminated: i64 = admin
+        .query_one(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+              WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(terminated, 1, "the release was not waiting on the row");
+    // The retry queues on the same row; one sent on the dead session would fail at once instead.
+    tokio::select! {
+        _ = common::wait_until_blocked_on_lock(&pg.db, 1) => {}
+        ended = &mut release => panic!("the release ended without a retry on a live session: {ended:?}"),
+    }
+    row.release().await;
+    let released = release.within(WAIT, "the release").await.unwrap();
+    assert_eq!(released.unwrap(), Released::Released);
+    let status = pg
+        .elector
+        .store()
+        .lease_status("retried")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(status.state, pgfence::LeaseState::Held, "{status:?}");
+}
+
 /// Renewals keep their period from the start: the first comes one period after the acquisition was sent, not at
 /// once (a renewal per acquisition would double the statements of a campaign), and moves the database's expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

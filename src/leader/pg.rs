@@ -383,11 +383,12 @@ impl RenewalConnection {
         let result = tokio::time::timeout_at(until, query.load::<RenewManyRow>(conn)).await;
         let result = match (result, lent) {
             (Ok(result), Lent::Pooled(mut conn)) => {
-                conn.disarm();
+                conn.settle(&result);
                 result
             }
             (Ok(result), Lent::Dedicated(mut conn)) => {
-                if result.is_ok() || !conn.is_broken() {
+                let ended = result.as_ref().is_err_and(crate::error::ends_the_session);
+                if !ended && (result.is_ok() || !conn.is_broken()) {
                     self.conn = Some(conn);
                 }
                 result

@@ -2332,6 +2332,125 @@ async fn lease_options_are_checked_at_their_edges_before_anything_is_acquired() 
     assert_eq!(memory.holder("timed"), None);
 }
 
+/// A refused candidate asks again every `poll_every` (the holder's time left being longer): never sooner, at most
+/// 10 % later — the jitter that keeps candidates woken together from stampeding, and the waits do differ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_candidate_asks_again_every_poll_interval_with_up_to_ten_percent_jitter() {
+    let elector = MemoryElector::new();
+    elector.occupy("polled", "someone-else").unwrap();
+    let (watched, mut attempts) = Watched::new(elector.clone());
+    let mut options = options();
+    options.lease = LeaseOptions::new(Duration::from_secs(60));
+    options.poll_every = Duration::from_millis(300);
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            run_with_leadership(
+                &watched,
+                "polled",
+                "pod-a",
+                &options,
+                &shutdown,
+                |_| async { Ok::<_, Error>(()) },
+            )
+            .await
+        }
+    });
+    let mut begun = Vec::new();
+    for _ in 0..6 {
+        let attempt = attempts
+            .recv()
+            .within(WAIT, "the next attempt")
+            .await
+            .unwrap();
+        assert!(
+            matches!(attempt.outcome, Outcome::Held { .. }),
+            "{attempt:?}"
+        );
+        begun.push(attempt.begun);
+    }
+    shutdown.cancel();
+    assert!(matches!(
+        run.within(WAIT, "the end of the run")
+            .await
+            .unwrap()
+            .unwrap(),
+        Ended::Cancelled { .. }
+    ));
+    let gaps: Vec<Duration> = begun.windows(2).map(|w| w[1] - w[0]).collect();
+    let (least, most) = (options.poll_every, options.poll_every.mul_f64(1.1));
+    // Timers fire late, never early; 60 ms of room for a loaded machine.
+    for gap in &gaps {
+        assert!(
+            *gap >= least && *gap <= most + Duration::from_millis(60),
+            "waits {gaps:?}, expected {least:?} to {most:?}"
+        );
+    }
+    let spread = gaps
+        .iter()
+        .max()
+        .unwrap()
+        .saturating_sub(*gaps.iter().min().unwrap());
+    assert!(
+        spread >= Duration::from_millis(2),
+        "no jitter: waits {gaps:?}"
+    );
+}
+
+/// Leadership options with a zero poll interval or a zero grace are refused with a typed error before anything
+/// is acquired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_options_without_a_poll_interval_or_grace_are_refused() {
+    let elector = MemoryElector::new();
+    let shutdown = CancellationToken::new();
+    for (case, change) in [
+        (
+            "poll_every",
+            &(|o: &mut LeadershipOptions| o.poll_every = Duration::ZERO) as &dyn Fn(&mut _),
+        ),
+        ("grace", &|o: &mut LeadershipOptions| {
+            o.grace = Duration::ZERO
+        }),
+    ] {
+        let mut options = options();
+        change(&mut options);
+        let result =
+            run_with_leadership(&elector, "unset", "pod-a", &options, &shutdown, |_| async {
+                Ok::<_, Error>(())
+            })
+            .await;
+        assert!(
+            matches!(result, Err(Error::InvalidInput { .. })),
+            "{case}: {result:?}"
+        );
+        assert_eq!(elector.holder("unset"), None, "{case}");
+    }
+}
+
+/// How a tenure's end reads in logs and in what a callback reports.
+#[test]
+fn tenure_ends_say_what_happened() {
+    let lost = TenureEnd::Lost(LossCause::Definitive {
+        reason: LossReason::Superseded,
+    });
+    assert_eq!(
+        lost.to_string(),
+        format!(
+            "lost: {}",
+            LossCause::Definitive {
+                reason: LossReason::Superseded
+            }
+        )
+    );
+    assert!(lost.to_string().len() > "lost: ".len());
+    assert_eq!(TenureEnd::Shutdown.to_string(), "shut down");
+    assert_eq!(
+        TenureEnd::Released.to_string(),
+        "released after the callback returned"
+    );
+}
+
 /// A release wakes the waiters of that lease only: a waiter for another lease sleeps on to its own deadline, so
 /// a release does not send every candidate of the cluster campaigning. Its own lease's release, heard earlier,
 /// wakes it at once.

@@ -2398,6 +2398,86 @@ async fn a_refused_candidate_asks_again_every_poll_interval_with_up_to_ten_perce
     );
 }
 
+/// A campaign rides out an unreachable database: a transient acquisition error (the connection refused) is
+/// retried every `poll_every`, and leadership starts once the database is back. An error that asking again
+/// cannot fix (a malformed lease name) ends the run at once with that error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_retries_transient_errors_and_returns_the_others() {
+    let db = TestDb::new().await;
+    let admin = db.client().await;
+    let proxy = Proxy::start(&db.url).await;
+    let store = pgfence::Store::connect(
+        pgfence::StoreConfig::new(proxy.url(&db.name), "c")
+            .connect_timeout(Duration::from_millis(300))
+            .checkout_timeout(Duration::from_millis(300)),
+    )
+    .await
+    .unwrap();
+    let (elector, mut attempts) = Watched::new(PgElector::new(store));
+    let closed = {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        socket.local_addr().unwrap().port()
+    };
+    proxy.redirect(closed);
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+              WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                AND backend_type = 'client backend'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut options = options();
+    options.poll_every = Duration::from_millis(100);
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn({
+        let elector = elector.clone();
+        async move {
+            run_with_leadership(
+                &elector,
+                "unreachable",
+                "pod-a",
+                &options,
+                &shutdown,
+                |_ctx| async move { Ok::<_, Error>(()) },
+            )
+            .await
+        }
+    });
+    for _ in 0..2 {
+        let attempt = attempts
+            .recv()
+            .within(WAIT, "the next attempt")
+            .await
+            .unwrap();
+        assert!(matches!(attempt.outcome, Outcome::Failed(_)), "{attempt:?}");
+    }
+    proxy.redirect(db_port(&db.url));
+    assert!(matches!(
+        run.within(WAIT, "the end of the run")
+            .await
+            .unwrap()
+            .unwrap(),
+        Ended::Returned
+    ));
+
+    let refused = run_with_leadership(
+        &elector,
+        "",
+        "pod-a",
+        &options,
+        &CancellationToken::new(),
+        |_| async { Ok::<_, Error>(()) },
+    )
+    .within(WAIT, "the end of run_with_leadership")
+    .await;
+    assert!(
+        matches!(refused, Err(Error::InvalidInput { .. })),
+        "{refused:?}"
+    );
+}
+
 /// Leadership options with a zero poll interval or a zero grace are refused with a typed error before anything
 /// is acquired.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

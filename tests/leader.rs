@@ -1203,6 +1203,55 @@ async fn a_release_whose_session_is_terminated_is_retried_on_a_fresh_connection(
     assert_ne!(status.state, pgfence::LeaseState::Held, "{status:?}");
 }
 
+/// After an attempt cut off at one member's deadline, the group waits `retry_every` before renewing the members
+/// that are still held: A's renewal hangs on A's row until A's deadline; B joined the group meanwhile (same holder
+/// and timing); B's next renewal is sent a retry period after A's deadline, not at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_cut_off_attempt_the_group_waits_its_retry_period() {
+    let pg = Pg::new().await;
+    let mut options = LeaseOptions::new(Duration::from_secs(2));
+    options.renew_every = Duration::from_millis(300);
+    options.safety_margin = Duration::from_millis(200);
+    options.retry_every = Duration::from_millis(200);
+    let a = pg
+        .elector
+        .acquire("cut-a", "pod-a", &options)
+        .await
+        .unwrap();
+    let row = RowLock::take(&pg.db, a.qualified_name()).await;
+    common::wait_until_blocked_on_lock(&pg.db, 1).await; // A's renewal is in flight, waiting on the row
+    let b = pg
+        .elector
+        .acquire("cut-b", "pod-a", &options)
+        .await
+        .unwrap();
+    let b_acquired_trust = b.trust_until();
+    a.lost()
+        .within(WAIT, "the loss of a")
+        .await
+        .expect("a loss");
+    let a_deadline = a.trust_until();
+    let deadline = Instant::now() + WAIT;
+    while b.trust_until() == b_acquired_trust {
+        assert!(
+            Instant::now() < deadline,
+            "B was not renewed within {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(b.is_held());
+    // A renewal sent at `sent` sets the deadline to sent + ttl - margin.
+    let sent = b.trust_until() - (options.ttl - options.safety_margin);
+    assert!(
+        sent >= a_deadline + options.retry_every,
+        "B's renewal was sent {:?} after A's deadline, within the retry period {:?}",
+        sent.saturating_duration_since(a_deadline),
+        options.retry_every
+    );
+    row.release().await;
+    b.release().await.unwrap();
+}
+
 /// Renewals keep their period from the start: the first comes one period after the acquisition was sent, not at
 /// once (a renewal per acquisition would double the statements of a campaign), and moves the database's expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

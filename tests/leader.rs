@@ -2557,6 +2557,19 @@ async fn leadership_options_without_a_poll_interval_or_grace_are_refused() {
     }
 }
 
+/// A supervisor's `Debug` names its holder and its controllers, in the order they were added.
+#[test]
+fn a_supervisor_shows_its_holder_and_controllers() {
+    let supervisor = Supervisor::new(MemoryElector::new(), "pod-a")
+        .controller("scheduler", options(), |_ctx| async { Ok(()) })
+        .controller("rollout", options(), |_ctx| async { Ok(()) });
+    let shown = format!("{supervisor:?}");
+    assert!(
+        shown.contains(r#"holder: "pod-a""#) && shown.contains(r#"["scheduler", "rollout"]"#),
+        "{shown}"
+    );
+}
+
 /// How a tenure's end reads in logs and in what a callback reports.
 #[test]
 fn tenure_ends_say_what_happened() {

@@ -2065,6 +2065,76 @@ fn backoff_draws_equal_jitter_between_half_and_all_of_the_capped_exponential() {
     }
 }
 
+/// A controller that keeps failing — returning an error, panicking, or never getting its campaign going (a lease
+/// name the store refuses) — is re-run after the supervisor's backoff, which grows with each failure in a row:
+/// the fourth wait is at least half of initial × 2⁴ (320 ms here), where a backoff stuck at its first step would
+/// wait at most `initial` (40 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_controllers_are_rerun_after_a_growing_backoff() {
+    let backoff = backoff_with(Duration::from_millis(40), Duration::from_secs(2), 2.0);
+    let (tx, mut starts) = mpsc::unbounded_channel::<(&'static str, Instant)>();
+    let failing = Supervisor::new(MemoryElector::new(), "pod-a")
+        .backoff(backoff)
+        .controller("failing", options(), {
+            let tx = tx.clone();
+            move |_ctx| {
+                let tx = tx.clone();
+                async move {
+                    tx.send(("failing", Instant::now())).unwrap();
+                    Err("always".into())
+                }
+            }
+        });
+    let panicking = Supervisor::new(MemoryElector::new(), "pod-a")
+        .backoff(backoff)
+        .controller("panicking", options(), move |_ctx| {
+            let tx = tx.clone();
+            async move {
+                tx.send(("panicking", Instant::now())).unwrap();
+                panic!("always");
+            }
+        });
+    let (watched, mut attempts) = Watched::new(MemoryElector::new());
+    let refused = Supervisor::new(watched, "pod-a")
+        .backoff(backoff)
+        .controller("", options(), |_ctx| async { Ok(()) });
+    let shutdown = CancellationToken::new();
+    let runs = [
+        tokio::spawn(failing.run(shutdown.clone())),
+        tokio::spawn(panicking.run(shutdown.clone())),
+        tokio::spawn(refused.run(shutdown.clone())),
+    ];
+    let mut series: std::collections::BTreeMap<&str, Vec<Instant>> = Default::default();
+    async {
+        while series.values().filter(|s| s.len() >= 5).count() < 2 {
+            let (kind, at) = starts.recv().await.unwrap();
+            series.entry(kind).or_default().push(at);
+        }
+    }
+    .within(WAIT, "five starts of each failing controller")
+    .await;
+    for _ in 0..5 {
+        let attempt = attempts
+            .recv()
+            .within(WAIT, "the next attempt")
+            .await
+            .unwrap();
+        assert!(matches!(attempt.outcome, Outcome::Failed(_)), "{attempt:?}");
+        series.entry("refused").or_default().push(attempt.begun);
+    }
+    shutdown.cancel();
+    for run in runs {
+        run.within(WAIT, "the end of the run").await.unwrap();
+    }
+    for (kind, times) in series {
+        let gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).take(4).collect();
+        assert!(
+            gaps[3] >= Duration::from_millis(320),
+            "{kind}: waits {gaps:?} did not grow"
+        );
+    }
+}
+
 /// The metrics an operator alerts on, counted exactly for one lease: the leader gauge, transitions (+1 when a
 /// tenure begins, +1 when it ends, whatever the end), losses by cause (a release is not a loss; an operator's
 /// force-release is a definitive one), and stale writes (a write presenting the lost tenure's fence, refused by

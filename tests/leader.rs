@@ -1252,6 +1252,47 @@ async fn after_a_cut_off_attempt_the_group_waits_its_retry_period() {
     b.release().await.unwrap();
 }
 
+/// The runtime's release is retried once only when the failure is transient: a release the database refuses
+/// (42501) is sent once — a second would only be refused again, and counted again by the audit of a denial —
+/// while one failing with 40001 is sent twice. `pgfence.release` is replaced by a function that counts its calls
+/// and raises the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_release_is_sent_once_and_a_transient_failure_twice() {
+    let pg = Pg::new().await;
+    let admin = pg.db.client().await;
+    for (name, sqlstate, sent) in [("refused", "42501", 1), ("transient", "40001", 2)] {
+        let lease = pg
+            .elector
+            .acquire(name, "pod-a", &LeaseOptions::new(Duration::from_secs(60)))
+            .await
+            .unwrap();
+        admin
+            .batch_execute(&format!(
+                "CREATE SEQUENCE public.release_calls_{name};
+                 CREATE OR REPLACE FUNCTION pgfence.release(p_lease text, p_holder text, p_epoch bigint,
+                     p_secret text)
+                 RETURNS pgfence.lease_result LANGUAGE plpgsql AS $$
+                 BEGIN
+                     PERFORM pg_catalog.nextval('public.release_calls_{name}');
+                     RAISE EXCEPTION 'release failed by the test' USING ERRCODE = '{sqlstate}';
+                 END $$;"
+            ))
+            .await
+            .unwrap();
+        let error = lease.release().await.unwrap_err();
+        assert_eq!(error.sqlstate(), Some(sqlstate), "{name}: {error}");
+        let calls: i64 = admin
+            .query_one(
+                &format!("SELECT last_value FROM public.release_calls_{name}"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(calls, sent, "{name}: release statements sent");
+    }
+}
+
 /// Renewals keep their period from the start: the first comes one period after the acquisition was sent, not at
 /// once (a renewal per acquisition would double the statements of a campaign), and moves the database's expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

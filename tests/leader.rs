@@ -2,8 +2,10 @@
 //! too: one owner per name (two candidates contending), loss cancels the callback, a failed or panicking
 //! callback is reported and released, a failed acquisition leaves the gauge false, stable lease keys; then
 //! keepalive, the local deadline measured against the database's own expiry, release semantics, handover times,
-//! the release listener's reconnection, batched renewal, the re-campaign backoff and the metrics; and what the
-//! callback's `LeaderContext` tells it: whether the tenure is still believed held, and why it ended.
+//! the release listener's reconnection and backoff, batched renewal over a kept connection of its own, the
+//! timing of polls, renewals and retries after each kind of failure, the re-campaign backoff and the metrics;
+//! what the callback's `LeaderContext` tells it: whether the tenure is still believed held, and why it ended;
+//! and the option checks. Every wait on a runtime signal is bounded ([`WAIT`]).
 //!
 //! Invariants checked: 2 (one holder per epoch), 5 (a holder stops trusting its lease by its own monotonic
 //! clock, a safety margin before the database could grant a successor — measured from the database side).
@@ -2738,7 +2740,7 @@ async fn a_release_wakes_the_waiters_of_that_lease_only() {
 /// fence of its epoch; its `Debug` names its lease, epoch and standing, and never its tenure secret: a held lease
 /// can be logged without handing out the capability its fence carries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_lease_shows_its_tenure_but_not_its_secret() {
+async fn a_held_lease_answers_with_its_names_and_shows_no_secret() {
     let pg = Pg::new().await;
     let held = pg
         .elector

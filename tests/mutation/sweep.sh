@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cargo-mutants sweep: every mutant cargo-mutants generates in one module of the library, run against the
 # tests that exercise that module. It complements the mutation gate (tests/mutation/gate.py), whose hand-written
-# mutations weaken the protocol and run in CI: the sweep is generated, takes from 6 (tasks) to 51 (fence) minutes
+# mutations weaken the protocol and run in CI: the sweep is generated, takes from 6 (tasks) to 80 (leader) minutes
 # per module on 2 cores, and is run by hand when a module changes. docs/mutants.md holds the last results and the review of
 # every surviving mutant (killed by a test since, or why it is equivalent).
 #

@@ -976,22 +976,12 @@ async fn the_release_listener_backs_off_while_the_database_is_unreachable() {
     let db = TestDb::new().await;
     let admin = db.client().await;
     let proxy = Proxy::start(&db.url).await;
-    let store = pgfence::Store::connect(
-        pgfence::StoreConfig::new(proxy.url(&db.name), "c")
-            .connect_timeout(Duration::from_millis(300))
-            .checkout_timeout(Duration::from_millis(300)),
-    )
-    .await
-    .unwrap();
+    let store = store_through(&proxy, &db).await;
     let elector = PgElector::new(store);
     let _subscribed = elector.wakeups();
     let first = listener_backend(&admin, None).await;
-    let closed = {
-        let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        socket.local_addr().unwrap().port()
-    };
     let before = proxy.accepted();
-    proxy.redirect(closed); // every new connection is refused
+    proxy.redirect(closed_port()); // every new connection is refused
     let terminated: bool = admin
         .query_one("SELECT pg_terminate_backend($1)", &[&first])
         .await
@@ -1012,6 +1002,72 @@ async fn the_release_listener_backs_off_while_the_database_is_unreachable() {
     proxy.redirect(db_port(&db.url));
     let second = listener_backend(&admin, Some(first)).await;
     assert_ne!(first, second);
+}
+
+/// Campaigns for `name` as "pod-a" in a task of its own, with a callback that returns at once.
+fn spawn_campaign<E: Elector + Send + Sync + 'static>(
+    elector: E,
+    name: &'static str,
+    options: LeadershipOptions,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<pgfence::Result<Ended<Error>>> {
+    tokio::spawn(async move {
+        run_with_leadership(&elector, name, "pod-a", &options, &shutdown, |_| async {
+            Ok::<_, Error>(())
+        })
+        .await
+    })
+}
+
+/// Replaces the SQL function `signature` (returning `returns`) by one that counts its calls in the sequence
+/// `public.<counter>` and raises `sqlstate`; [`calls`] reads the count.
+async fn fail_counting(
+    admin: &tokio_postgres::Client,
+    signature: &str,
+    returns: &str,
+    counter: &str,
+    sqlstate: &str,
+) {
+    admin
+        .batch_execute(&format!(
+            "CREATE SEQUENCE public.{counter};
+             CREATE OR REPLACE FUNCTION {signature} RETURNS {returns} LANGUAGE plpgsql AS $$
+             BEGIN
+                 PERFORM pg_catalog.nextval('public.{counter}');
+                 RAISE EXCEPTION 'failed by the test' USING ERRCODE = '{sqlstate}';
+             END $$;"
+        ))
+        .await
+        .unwrap();
+}
+
+/// How many calls the sequence `public.<counter>` of [`fail_counting`] has counted.
+async fn calls(admin: &tokio_postgres::Client, counter: &str) -> i64 {
+    admin
+        .query_one(
+            &format!("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM public.{counter}"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// A store that reaches `db` through `proxy` and gives up on a connection or a pool checkout after 300 ms.
+async fn store_through(proxy: &Proxy, db: &TestDb) -> pgfence::Store {
+    pgfence::Store::connect(
+        pgfence::StoreConfig::new(proxy.url(&db.name), "c")
+            .connect_timeout(Duration::from_millis(300))
+            .checkout_timeout(Duration::from_millis(300)),
+    )
+    .await
+    .unwrap()
+}
+
+/// A loopback port nothing listens on: a proxy redirected there refuses every new connection.
+fn closed_port() -> u16 {
+    let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    socket.local_addr().unwrap().port()
 }
 
 /// The port of a connection URL's server.
@@ -1113,20 +1169,15 @@ async fn a_failed_renewal_waits_its_retry_period_and_the_loss_names_the_failure(
     options.retry_every = Duration::from_secs(5);
     for (name, sqlstate) in [("refused", "42501"), ("transient", "40001")] {
         let lease = pg.elector.acquire(name, "pod-a", &options).await.unwrap();
-        admin
-            .batch_execute(&format!(
-                "CREATE SEQUENCE public.renew_calls_{name};
-                 CREATE OR REPLACE FUNCTION pgfence.renew_many(p_leases text[], p_epochs bigint[],
-                     p_secrets text[], p_holder text, p_ttl_ms bigint)
-                 RETURNS TABLE (lease text, outcome text, reason text, epoch bigint)
-                 LANGUAGE plpgsql AS $$
-                 BEGIN
-                     PERFORM pg_catalog.nextval('public.renew_calls_{name}');
-                     RAISE EXCEPTION 'renewal failed by the test' USING ERRCODE = '{sqlstate}';
-                 END $$;"
-            ))
-            .await
-            .unwrap();
+        fail_counting(
+            &admin,
+            "pgfence.renew_many(p_leases text[], p_epochs bigint[], p_secrets text[], p_holder text, \
+             p_ttl_ms bigint)",
+            "TABLE (lease text, outcome text, reason text, epoch bigint)",
+            &format!("renew_calls_{name}"),
+            sqlstate,
+        )
+        .await;
         let cause = lease
             .lost()
             .within(WAIT, "the loss of lease")
@@ -1136,20 +1187,11 @@ async fn a_failed_renewal_waits_its_retry_period_and_the_loss_names_the_failure(
         match &cause {
             LossCause::DeadlineExceeded {
                 last_error: Some(error),
-            } if error.contains("renewal failed by the test") => {}
+            } if error.contains("failed by the test") => {}
             other => panic!("{name}: expected a deadline loss naming the failure, got {other:?}"),
         }
         assert!(declared_at >= lease.trust_until(), "{name}");
-        let calls: i64 = admin
-            .query_one(
-                &format!(
-                    "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM public.renew_calls_{name}"
-                ),
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
+        let calls = calls(&admin, &format!("renew_calls_{name}")).await;
         assert_eq!(
             calls, 1,
             "{name}: renewal attempts between the failure and the loss (retry_every 5 s, deadline 1.8 s)"
@@ -1268,29 +1310,17 @@ async fn a_refused_release_is_sent_once_and_a_transient_failure_twice() {
             .acquire(name, "pod-a", &LeaseOptions::new(Duration::from_secs(60)))
             .await
             .unwrap();
-        admin
-            .batch_execute(&format!(
-                "CREATE SEQUENCE public.release_calls_{name};
-                 CREATE OR REPLACE FUNCTION pgfence.release(p_lease text, p_holder text, p_epoch bigint,
-                     p_secret text)
-                 RETURNS pgfence.lease_result LANGUAGE plpgsql AS $$
-                 BEGIN
-                     PERFORM pg_catalog.nextval('public.release_calls_{name}');
-                     RAISE EXCEPTION 'release failed by the test' USING ERRCODE = '{sqlstate}';
-                 END $$;"
-            ))
-            .await
-            .unwrap();
+        fail_counting(
+            &admin,
+            "pgfence.release(p_lease text, p_holder text, p_epoch bigint, p_secret text)",
+            "pgfence.lease_result",
+            &format!("release_calls_{name}"),
+            sqlstate,
+        )
+        .await;
         let error = lease.release().await.unwrap_err();
         assert_eq!(error.sqlstate(), Some(sqlstate), "{name}: {error}");
-        let calls: i64 = admin
-            .query_one(
-                &format!("SELECT last_value FROM public.release_calls_{name}"),
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
+        let calls = calls(&admin, &format!("release_calls_{name}")).await;
         assert_eq!(calls, sent, "{name}: release statements sent");
     }
 }
@@ -1342,15 +1372,7 @@ async fn the_first_renewal_comes_one_period_after_the_acquisition() {
 async fn crashed_holder_is_succeeded_within_ttl_plus_one_poll() {
     let db = TestDb::new().await;
     let proxy = Proxy::start(&db.url).await;
-    let crashing = PgElector::new(
-        pgfence::Store::connect(
-            pgfence::StoreConfig::new(proxy.url(&db.name), "c")
-                .connect_timeout(Duration::from_millis(300))
-                .checkout_timeout(Duration::from_millis(300)),
-        )
-        .await
-        .unwrap(),
-    );
+    let crashing = PgElector::new(store_through(&proxy, &db).await);
     let successor = PgElector::new(db.store("c").await);
     let mut options = LeadershipOptions::new(Duration::from_millis(1000));
     options.poll_every = Duration::from_millis(250);
@@ -1822,13 +1844,7 @@ async fn memory_the_context_reports_shutdown_after_an_orderly_stop() {
 async fn the_context_stops_believing_at_the_local_deadline_when_renewals_stop() {
     let db = TestDb::new().await;
     let proxy = Proxy::start(&db.url).await;
-    let store = pgfence::Store::connect(
-        pgfence::StoreConfig::new(proxy.url(&db.name), "c")
-            .connect_timeout(Duration::from_millis(300))
-            .checkout_timeout(Duration::from_millis(300)),
-    )
-    .await
-    .unwrap();
+    let store = store_through(&proxy, &db).await;
     let elector = PgElector::new(store);
     let margin = Duration::from_millis(300);
     let mut options = options();
@@ -2505,20 +2521,7 @@ async fn a_refused_candidate_asks_again_every_poll_interval_with_up_to_ten_perce
     options.lease = LeaseOptions::new(Duration::from_secs(60));
     options.poll_every = Duration::from_millis(300);
     let shutdown = CancellationToken::new();
-    let run = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            run_with_leadership(
-                &watched,
-                "polled",
-                "pod-a",
-                &options,
-                &shutdown,
-                |_| async { Ok::<_, Error>(()) },
-            )
-            .await
-        }
-    });
+    let run = spawn_campaign(watched, "polled", options, shutdown.clone());
     let mut begun = Vec::new();
     for _ in 0..6 {
         let attempt = attempts
@@ -2568,19 +2571,9 @@ async fn a_campaign_retries_transient_errors_and_returns_the_others() {
     let db = TestDb::new().await;
     let admin = db.client().await;
     let proxy = Proxy::start(&db.url).await;
-    let store = pgfence::Store::connect(
-        pgfence::StoreConfig::new(proxy.url(&db.name), "c")
-            .connect_timeout(Duration::from_millis(300))
-            .checkout_timeout(Duration::from_millis(300)),
-    )
-    .await
-    .unwrap();
+    let store = store_through(&proxy, &db).await;
     let (elector, mut attempts) = Watched::new(PgElector::new(store));
-    let closed = {
-        let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        socket.local_addr().unwrap().port()
-    };
-    proxy.redirect(closed);
+    proxy.redirect(closed_port());
     admin
         .execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
@@ -2593,20 +2586,7 @@ async fn a_campaign_retries_transient_errors_and_returns_the_others() {
     let mut options = options();
     options.poll_every = Duration::from_millis(100);
     let shutdown = CancellationToken::new();
-    let run = tokio::spawn({
-        let elector = elector.clone();
-        async move {
-            run_with_leadership(
-                &elector,
-                "unreachable",
-                "pod-a",
-                &options,
-                &shutdown,
-                |_ctx| async move { Ok::<_, Error>(()) },
-            )
-            .await
-        }
-    });
+    let run = spawn_campaign(elector.clone(), "unreachable", options, shutdown);
     for _ in 0..2 {
         let attempt = attempts
             .recv()

@@ -211,6 +211,15 @@ impl<E: Elector> Elector for Watched<E> {
     }
 }
 
+/// The next acquisition attempt a [`Watched`] elector reports.
+async fn next_attempt(attempts: &mut mpsc::UnboundedReceiver<Attempt>) -> Attempt {
+    attempts
+        .recv()
+        .within(WAIT, "the next attempt")
+        .await
+        .expect("the candidate stopped campaigning")
+}
+
 /// Waits for the next attempt of `holder` that began at or after `since` and was refused because someone else
 /// holds the lease.
 async fn refused_attempt(
@@ -2173,11 +2182,7 @@ async fn failing_controllers_are_rerun_after_a_growing_backoff() {
     .within(WAIT, "five starts of each failing controller")
     .await;
     for _ in 0..5 {
-        let attempt = attempts
-            .recv()
-            .within(WAIT, "the next attempt")
-            .await
-            .unwrap();
+        let attempt = next_attempt(&mut attempts).await;
         assert!(matches!(attempt.outcome, Outcome::Failed(_)), "{attempt:?}");
         series.entry("refused").or_default().push(attempt.begun);
     }
@@ -2524,11 +2529,7 @@ async fn a_refused_candidate_asks_again_every_poll_interval_with_up_to_ten_perce
     let run = spawn_campaign(watched, "polled", options, shutdown.clone());
     let mut begun = Vec::new();
     for _ in 0..6 {
-        let attempt = attempts
-            .recv()
-            .within(WAIT, "the next attempt")
-            .await
-            .unwrap();
+        let attempt = next_attempt(&mut attempts).await;
         assert!(
             matches!(attempt.outcome, Outcome::Held { .. }),
             "{attempt:?}"
@@ -2588,11 +2589,7 @@ async fn a_campaign_retries_transient_errors_and_returns_the_others() {
     let shutdown = CancellationToken::new();
     let run = spawn_campaign(elector.clone(), "unreachable", options, shutdown);
     for _ in 0..2 {
-        let attempt = attempts
-            .recv()
-            .within(WAIT, "the next attempt")
-            .await
-            .unwrap();
+        let attempt = next_attempt(&mut attempts).await;
         assert!(matches!(attempt.outcome, Outcome::Failed(_)), "{attempt:?}");
     }
     proxy.redirect(db_port(&db.url));

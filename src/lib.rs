@@ -33,7 +33,10 @@
 //!   lost connection (`08006`), a serialization failure or deadlock, a lock wait that timed out (`55P03`, or
 //!   pgfence's `PF003`, which names the blockers), a missing privilege (`42501`).
 //!
-//! [`Error::is_transient`] tells which of them are worth retrying unchanged.
+//! [`Error::is_transient`] tells which of them are worth retrying unchanged. A retry gets a live session: when a
+//! statement's error says its session is over (the server terminated it or is shutting down, `57P0x`; it idled
+//! in a transaction too long, `25P03`; the connection broke, `08xxx`), its connection is discarded, not returned
+//! to the pool, even when the driver has not yet seen the closed socket.
 //!
 //! # Cancel safety
 //!

@@ -286,11 +286,7 @@ impl From<diesel::result::Error> for Error {
     fn from(err: diesel::result::Error) -> Self {
         use diesel::result::Error as D;
         let (sqlstate, message) = match &err {
-            D::DatabaseError(kind, info) => (
-                crate::wire::sqlstate_of(info.message(), info.details(), info.hint())
-                    .or_else(|| kind_sqlstate(kind).map(str::to_owned)),
-                info.message().to_owned(),
-            ),
+            D::DatabaseError(_, info) => (diesel_sqlstate(&err), info.message().to_owned()),
             other => (None, other.to_string()),
         };
         // A missing pgfence object means the schema was never migrated (or only partly): an undefined schema,
@@ -389,14 +385,17 @@ fn kind_sqlstate(kind: &diesel::result::DatabaseErrorKind) -> Option<&'static st
 /// back to the pool: the driver may not have noticed the closed socket yet, and the next statement — a retry,
 /// typically — would be handed the same dead session.
 pub(crate) fn ends_the_session(err: &diesel::result::Error) -> bool {
-    let diesel::result::Error::DatabaseError(kind, info) = err else {
-        return false;
-    };
-    let sqlstate = crate::wire::sqlstate_of(info.message(), info.details(), info.hint())
-        .or_else(|| kind_sqlstate(kind).map(str::to_owned));
-    sqlstate
-        .as_deref()
+    diesel_sqlstate(err)
         .is_some_and(|code| code.starts_with("08") || code.starts_with("57P") || code == "25P03")
+}
+
+/// The SQLSTATE of a database error: read off the wire (any server language), else from diesel's coarse kind.
+fn diesel_sqlstate(err: &diesel::result::Error) -> Option<String> {
+    let diesel::result::Error::DatabaseError(kind, info) = err else {
+        return None;
+    };
+    crate::wire::sqlstate_of(info.message(), info.details(), info.hint())
+        .or_else(|| kind_sqlstate(kind).map(str::to_owned))
 }
 
 /// A driver error with its sources ("error connecting to server: Connection refused (os error 111)").

@@ -45,15 +45,16 @@ impl Checked<'_> {
     /// discards it on check-in instead of handing the dead session to the next statement.
     pub(crate) fn settle<T>(&mut self, result: &std::result::Result<T, diesel::result::Error>) {
         self.armed = false;
-        if let Err(e) = result {
-            if crate::error::ends_the_session(e) {
-                use diesel_async::TransactionManager;
-                diesel_async::AnsiTransactionManager::transaction_manager_status_mut(
-                    &mut *self.conn,
-                )
-                .set_in_error();
-            }
+        if result.as_ref().is_err_and(crate::error::ends_the_session) {
+            self.discard_on_check_in();
         }
+    }
+
+    /// An error state makes bb8 discard the connection on check-in (diesel-async reports it broken).
+    fn discard_on_check_in(&mut self) {
+        use diesel_async::TransactionManager;
+        diesel_async::AnsiTransactionManager::transaction_manager_status_mut(&mut *self.conn)
+            .set_in_error();
     }
 }
 
@@ -75,11 +76,8 @@ impl Drop for Checked<'_> {
         if !self.armed {
             return;
         }
-        use diesel_async::TransactionManager;
         let token = self.conn.cancel_token();
-        // An error state makes bb8 discard the connection on check-in (diesel-async reports it broken).
-        diesel_async::AnsiTransactionManager::transaction_manager_status_mut(&mut *self.conn)
-            .set_in_error();
+        self.discard_on_check_in();
         let connector = self.connector.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {

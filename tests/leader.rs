@@ -211,6 +211,16 @@ impl<E: Elector> Elector for Watched<E> {
     }
 }
 
+/// How a run spawned in a task ended: within [`WAIT`], without a panic or an error.
+async fn ended<Err: Send + 'static>(
+    run: tokio::task::JoinHandle<pgfence::Result<Ended<Err>>>,
+) -> Ended<Err> {
+    run.within(WAIT, "the end of the run")
+        .await
+        .expect("the run panicked")
+        .expect("the run failed")
+}
+
 /// The next acquisition attempt a [`Watched`] elector reports.
 async fn next_attempt(attempts: &mut mpsc::UnboundedReceiver<Attempt>) -> Attempt {
     attempts
@@ -394,13 +404,7 @@ async fn one_owner_per_name<B: Backend>(backend: B, name: &str) {
     );
     stops.remove(second).unwrap().send(()).unwrap();
     for run in runs {
-        assert!(matches!(
-            run.within(WAIT, "the end of the run")
-                .await
-                .unwrap()
-                .unwrap(),
-            Ended::Returned
-        ));
+        assert!(matches!(ended(run).await, Ended::Returned));
     }
     // Every attempt of the second candidate before the first stopped was refused: none acquired.
     while let Ok(attempt) = attempts.try_recv() {
@@ -450,12 +454,7 @@ async fn loss_cancels_the_callback<B: Backend>(backend: B, name: &str) {
         .await
         .unwrap();
     let expected = backend.injected_cause();
-    match run
-        .within(WAIT, "the end of the run")
-        .await
-        .unwrap()
-        .unwrap()
-    {
+    match ended(run).await {
         Ended::Lost {
             cause,
             callback_stopped,
@@ -921,13 +920,7 @@ async fn handover_after_release(
         .expect("the candidate was not woken by the release notification")
         .unwrap();
     assert!(started < timer);
-    assert!(matches!(
-        run.within(WAIT, "the end of the run")
-            .await
-            .unwrap()
-            .unwrap(),
-        Ended::Returned
-    ));
+    assert!(matches!(ended(run).await, Ended::Returned));
     started - released_at
 }
 
@@ -1458,12 +1451,7 @@ async fn a_callback_that_ignores_cancellation_is_reported() {
         .await
         .unwrap();
     elector.lose("stubborn");
-    match run
-        .within(WAIT, "the end of the run")
-        .await
-        .unwrap()
-        .unwrap()
-    {
+    match ended(run).await {
         Ended::Lost {
             callback_stopped, ..
         } => assert!(!callback_stopped),
@@ -1776,12 +1764,7 @@ async fn the_context_reports_the_loss_cause<B: Backend>(backend: B, name: &str) 
     assert_eq!(ctx.end_cause(), None);
     backend.inject_loss(name).await;
     let seen = seen.within(WAIT, "what the callback saw").await.unwrap();
-    let cause = match run
-        .within(WAIT, "the end of the run")
-        .await
-        .unwrap()
-        .unwrap()
-    {
+    let cause = match ended(run).await {
         Ended::Lost {
             cause,
             callback_stopped,
@@ -1814,12 +1797,7 @@ async fn the_context_reports_shutdown_after_an_orderly_stop<B: Backend>(backend:
         "still held until the callback returns: {seen:?}"
     );
     assert_eq!(seen.end_cause, Some(TenureEnd::Shutdown));
-    match run
-        .within(WAIT, "the end of the run")
-        .await
-        .unwrap()
-        .unwrap()
-    {
+    match ended(run).await {
         Ended::Cancelled { callback_stopped } => assert!(callback_stopped),
         other => panic!("expected Cancelled, got {other:?}"),
     }
@@ -1924,12 +1902,7 @@ async fn the_context_stops_believing_at_the_local_deadline_when_renewals_stop() 
     let Some(TenureEnd::Lost(cause @ LossCause::DeadlineExceeded { .. })) = end_cause else {
         panic!("expected a deadline loss, got {end_cause:?}");
     };
-    match run
-        .within(WAIT, "the end of the run")
-        .await
-        .unwrap()
-        .unwrap()
-    {
+    match ended(run).await {
         Ended::Lost {
             cause: reported, ..
         } => assert_eq!(reported, cause),
@@ -1965,12 +1938,7 @@ async fn a_starved_runtime_never_believes_past_the_local_deadline() {
         ),
         "{end_cause:?}"
     );
-    match run
-        .within(WAIT, "the end of the run")
-        .await
-        .unwrap()
-        .unwrap()
-    {
+    match ended(run).await {
         Ended::Lost { cause, .. } => assert_eq!(Some(TenureEnd::Lost(cause)), end_cause),
         other => panic!("expected Lost, got {other:?}"),
     }
@@ -2537,13 +2505,7 @@ async fn a_refused_candidate_asks_again_every_poll_interval_with_up_to_ten_perce
         begun.push(attempt.begun);
     }
     shutdown.cancel();
-    assert!(matches!(
-        run.within(WAIT, "the end of the run")
-            .await
-            .unwrap()
-            .unwrap(),
-        Ended::Cancelled { .. }
-    ));
+    assert!(matches!(ended(run).await, Ended::Cancelled { .. }));
     let gaps: Vec<Duration> = begun.windows(2).map(|w| w[1] - w[0]).collect();
     let (least, most) = (options.poll_every, options.poll_every.mul_f64(1.1));
     // Timers fire late, never early; 60 ms of room for a loaded machine.
@@ -2593,13 +2555,7 @@ async fn a_campaign_retries_transient_errors_and_returns_the_others() {
         assert!(matches!(attempt.outcome, Outcome::Failed(_)), "{attempt:?}");
     }
     proxy.redirect(db_port(&db.url));
-    assert!(matches!(
-        run.within(WAIT, "the end of the run")
-            .await
-            .unwrap()
-            .unwrap(),
-        Ended::Returned
-    ));
+    assert!(matches!(ended(run).await, Ended::Returned));
 
     let refused = run_with_leadership(
         &elector,

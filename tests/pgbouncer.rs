@@ -582,7 +582,8 @@ fn losing_prepared_statements(binary: &Path) -> Option<u32> {
 /// Through a transaction-mode PgBouncer that keeps no prepared statement (1.18, or `max_prepared_statements =
 /// 0`), with several server connections, diesel-async fails — with its statement cache and without it:
 /// statements it prepares in one round trip and runs in the next land on another server session ("prepared
-/// statement \"s…\" does not exist"), and so do those of its own connection setup. Only statements inside an
+/// statement \"s…\" does not exist", or, where another client's statement of the same name lives there, an
+/// "unexpected message from server"), and so do those of its own connection setup. Only statements inside an
 /// explicit transaction with the cache off survive, which pgfence's autocommit statements (acquire, renew,
 /// reads, the elector's renewal) are not. Prints the failure counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -635,8 +636,13 @@ async fn transaction_mode_without_kept_statements_fails_with_or_without_the_stat
                     match result {
                         Ok(n) => assert_eq!(n, c * STATEMENTS + i),
                         Err(e) => {
+                            // The same cause seen two ways: the statement is missing on the server session
+                            // it landed on, or a same-named statement of another client answers there with
+                            // rows the driver did not ask for.
+                            let text = e.to_string();
                             assert!(
-                                e.to_string().contains("prepared statement"),
+                                text.contains("prepared statement")
+                                    || text.contains("unexpected message from server"),
                                 "unexpected failure: {e}"
                             );
                             failures += 1;

@@ -10,6 +10,8 @@ mod common;
 mod embedded;
 #[path = "guard.rs"]
 mod guard;
+#[path = "hardening.rs"]
+mod hardening;
 #[path = "hostile.rs"]
 mod hostile;
 #[path = "lease.rs"]

@@ -273,10 +273,17 @@ CREATE TABLE pgfence.rejections (
     -- PostgreSQL keeps application_name to printable ASCII and 63 bytes.
     application_name text DEFAULT current_setting('application_name', true),
     client_addr      inet DEFAULT inet_client_addr(),
-    backend_pid      integer NOT NULL DEFAULT pg_backend_pid()
+    backend_pid      integer NOT NULL DEFAULT pg_backend_pid(),
+    -- Tenure scope: which of the 17 places of its (role, lease, presented epoch) the row takes (0 to 15 for the
+    -- first 16 operation labels, 16 for 'other'). A unique index on it bounds the rows of one tenure and role
+    -- however many connections insert new labels at once (a count read before the insert could not).
+    slot             smallint CHECK (slot BETWEEN 0 AND 16),
+    CHECK ((scope = 'tenure') = (slot IS NOT NULL))
 );
 CREATE INDEX rejections_lease_idx ON pgfence.rejections (lease, id);
 CREATE UNIQUE INDEX rejections_tenure_idx ON pgfence.rejections (role, lease, presented_epoch, operation)
+    WHERE scope = 'tenure';
+CREATE UNIQUE INDEX rejections_slot_idx ON pgfence.rejections (role, lease, presented_epoch, slot)
     WHERE scope = 'tenure';
 CREATE UNIQUE INDEX rejections_role_idx ON pgfence.rejections (role, reason) WHERE scope = 'role';
 CREATE INDEX rejections_age_idx ON pgfence.rejections (last_rejected_at);
@@ -554,62 +561,85 @@ $$;
 -- The audit: every refusal of every entry function is recorded through _reject (its table: pgfence.rejections,
 -- above).
 
--- Records one refusal in pgfence.rejections, aggregated per the refused role (see the table), and returns the
--- write_result: 'denied' for no_grant and bad_secret, 'stale' otherwise. The row commits with the statement
--- that called it.
+-- Records p_count refusals (one, unless a caller aggregates its own: renew_many) in pgfence.rejections,
+-- aggregated per the refused role (see the table), and returns the write_result: 'denied' for no_grant and
+-- bad_secret, 'stale' otherwise. The row commits with the statement that called it.
+-- What one role can make the audit grow by, whatever it presents (docs/security.md, "An audit nobody can bend"):
+--   * scope 'role': one row per reason;
+--   * scope 'tenure': only for a refusal that one of the lease's 16 newest tenures explains — an epoch that was
+--     never issued (one below the current epoch in a failover's jump, say) or an older one is aggregated per
+--     role (p_by_role forces that too: a caller that knows no tenure explains its refusal) — and at most 17
+--     rows per such tenure (16 operation labels and 'other', bounded by the slot index), so at most 16 × 17
+--     rows per lease.
 CREATE FUNCTION pgfence._reject(p_lease text, p_epoch bigint, p_current_epoch bigint, p_current_holder text,
                                 p_reason text, p_operation text, p_table text, p_key text,
-                                p_may_wait boolean DEFAULT false)
+                                p_may_wait boolean DEFAULT false, p_count bigint DEFAULT 1,
+                                p_by_role boolean DEFAULT false)
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SET lock_timeout = '10min' AS $$
 DECLARE
     previous timestamptz;
     wait_ms  bigint := pgfence._lock_wait_ms();
-    by_role  boolean := p_reason IN ('no_grant', 'unknown_lease', 'future_epoch');
+    by_role  boolean := p_by_role OR p_reason IN ('no_grant', 'unknown_lease', 'future_epoch');
     op       text := p_operation;
+    free     smallint;
 BEGIN
-    -- Operation labels are the caller's to choose: past 16 distinct ones for one (role, lease, epoch), further
-    -- labels are aggregated under 'other', so one tenure costs at most 17 rows per role.
     IF NOT by_role
-       AND NOT EXISTS (SELECT 1 FROM pgfence.rejections r
-                        WHERE r.scope = 'tenure' AND r.role = session_user AND r.lease = p_lease
-                          AND r.presented_epoch = p_epoch AND r.operation = p_operation)
-       AND (SELECT count(*) FROM pgfence.rejections r
-             WHERE r.scope = 'tenure' AND r.role = session_user AND r.lease = p_lease
-               AND r.presented_epoch = p_epoch) >= 16 THEN
-        op := 'other';
+       AND NOT EXISTS (SELECT 1 FROM pgfence.tenures t WHERE t.lease = p_lease AND t.epoch = p_epoch
+                          AND (SELECT count(*) FROM (SELECT 1 FROM pgfence.tenures n
+                                                      WHERE n.lease = p_lease AND n.epoch > p_epoch
+                                                      LIMIT 16) newer) < 16) THEN
+        by_role := true;
     END IF;
-    IF by_role THEN
-        SELECT r.last_rejected_at INTO previous FROM pgfence.rejections r
-         WHERE r.scope = 'role' AND r.role = session_user AND r.reason = p_reason;
-    ELSE
-        SELECT r.last_rejected_at INTO previous FROM pgfence.rejections r
-         WHERE r.scope = 'tenure' AND r.role = session_user AND r.lease = p_lease AND r.presented_epoch = p_epoch
-           AND r.operation = op;
-    END IF;
-    -- Bounded: a refused transaction left open keeps its aggregated row locked. The first refusal's reason and
-    -- epochs are kept (after a failover, 'failover' stays the evidence even once the tenure is also
-    -- superseded); the count, the last time and the last lease and key move.
+    -- Bounded: a refused transaction left open keeps its aggregated row locked (only the same role's refusals
+    -- of the same kind wait for it). The first refusal's reason and epochs are kept (after a failover,
+    -- 'failover' stays the evidence even once the tenure is also superseded); the count, the last time and the
+    -- last lease and key move.
     PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
     BEGIN
         IF by_role THEN
+            SELECT r.last_rejected_at INTO previous FROM pgfence.rejections r
+             WHERE r.scope = 'role' AND r.role = session_user AND r.reason = p_reason;
             INSERT INTO pgfence.rejections (scope, lease, presented_epoch, reason, operation, target_table,
-                                            target_key, last_lease, last_target_key)
-            VALUES ('role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key)
+                                            target_key, last_lease, last_target_key, count)
+            VALUES ('role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key, p_count)
             ON CONFLICT (role, reason) WHERE scope = 'role' DO UPDATE
-               SET count = pgfence.rejections.count + 1,
+               SET count = pgfence.rejections.count + EXCLUDED.count,
                    last_rejected_at = clock_timestamp(),
                    last_lease = EXCLUDED.lease,
                    last_target_key = EXCLUDED.target_key;
         ELSE
-            INSERT INTO pgfence.rejections (scope, lease, presented_epoch, current_epoch, current_holder, reason,
-                                            operation, target_table, target_key, last_lease, last_target_key)
-            VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,
-                    p_key, p_lease, p_key)
-            ON CONFLICT (role, lease, presented_epoch, operation) WHERE scope = 'tenure' DO UPDATE
-               SET count = pgfence.rejections.count + 1,
-                   last_rejected_at = clock_timestamp(),
-                   last_target_key = EXCLUDED.target_key;
+            -- Operation labels are the caller's to choose: the first 16 distinct ones of a (role, lease, epoch)
+            -- get a row each, further ones are counted under 'other'.
+            FOR attempt IN 1..40 LOOP
+                UPDATE pgfence.rejections r
+                   SET count = r.count + p_count, last_rejected_at = clock_timestamp(), last_target_key = p_key
+                  FROM (SELECT o.id, o.last_rejected_at FROM pgfence.rejections o
+                         WHERE o.scope = 'tenure' AND o.role = session_user AND o.lease = p_lease
+                           AND o.presented_epoch = p_epoch AND o.operation = op) o
+                 WHERE r.id = o.id
+                RETURNING o.last_rejected_at INTO previous;
+                EXIT WHEN FOUND;
+                SELECT min(s) INTO free FROM generate_series(0, 15) AS s
+                 WHERE NOT EXISTS (SELECT 1 FROM pgfence.rejections o
+                                    WHERE o.scope = 'tenure' AND o.role = session_user AND o.lease = p_lease
+                                      AND o.presented_epoch = p_epoch AND o.slot = s);
+                IF free IS NULL AND op IS DISTINCT FROM 'other' THEN
+                    op := 'other';
+                    CONTINUE;
+                END IF;
+                BEGIN
+                    INSERT INTO pgfence.rejections (scope, lease, presented_epoch, current_epoch, current_holder,
+                                                    reason, operation, target_table, target_key, last_lease,
+                                                    last_target_key, count, slot)
+                    VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,
+                            p_key, p_lease, p_key, p_count, coalesce(free, 16));
+                    EXIT;
+                EXCEPTION WHEN unique_violation THEN
+                    -- A concurrent refusal of this role took the label or the place: look again.
+                    NULL;
+                END;
+            END LOOP;
         END IF;
     EXCEPTION WHEN lock_not_available THEN
         RAISE EXCEPTION 'pgfence: refusal of % on lease % waited % ms for its audit row; blocked by %',
@@ -625,8 +655,8 @@ BEGIN
     -- Backpressure on a caller retrying in a tight loop: a repeat within a second of the previous refusal
     -- aggregated in the same row answers 10 ms later. Holding the aggregated row meanwhile queues the role's
     -- other connections behind it, so a hammering caller gets about 100 refusals a second per row in all and
-    -- leaves the CPU to the current leader. The first refusal is never delayed. Only callers that hold no guard
-    -- lock may wait (p_may_wait): a wait under the shared guard lock would hold off a takeover.
+    -- leaves the CPU to the current leader. The first refusal is never delayed. Only callers that hold no lock
+    -- another role needs may wait (p_may_wait): a wait under the shared guard lock would hold off a takeover.
     IF p_may_wait AND previous IS NOT NULL AND previous > clock_timestamp() - interval '1 second' THEN
         PERFORM pg_sleep(0.01);
     END IF;

@@ -287,6 +287,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l  pgfence.leases;
     ts timestamptz;
+    tl bigint;
     why text;
     denied pgfence.lease_result;
 BEGIN
@@ -297,16 +298,36 @@ BEGIN
     IF denied.outcome IS NOT NULL THEN
         RETURN denied;
     END IF;
+    tl := pgfence._timeline();
+
+    -- Decided before any lock, on an unlocked read: a lost tenure stays lost (its epoch was superseded, it was
+    -- released, granted before a promotion, or expired: nothing extends an expired tenure) and a secret is
+    -- 'bad' for good. Only a caller presenting the live tenure's secret may then wait for the row lock, so a
+    -- role without it never holds the row a holder's renewal or a takeover needs (issue: a forged renew left
+    -- open in a transaction used to hold the row until PF003).
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+    why := coalesce(pgfence._loss_reason(l, p_holder, p_epoch, clock_timestamp(), tl),
+                    CASE pgfence._secret_check(p_lease, p_epoch, p_secret)
+                         WHEN 'ok' THEN NULL WHEN 'bad' THEN 'bad_secret' ELSE 'superseded' END);
+    IF why = 'bad_secret' THEN
+        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'renew', NULL, NULL,
+                                p_may_wait => true);
+        RETURN ROW('denied', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
+    ELSIF why IS NOT NULL THEN
+        -- (superseded between the two reads: the row read again says by which epoch)
+        IF why = 'superseded' AND p_epoch = l.epoch THEN
+            SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+        END IF;
+        RETURN ROW('lost', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
+    END IF;
 
     l := pgfence._lock_lease_row(p_lease);
     ts := clock_timestamp();
-    why := pgfence._loss_reason(l, p_holder, p_epoch, ts, pgfence._timeline());
+    -- Judged again on the locked row: a takeover may have committed while we waited. The secret was 'ok' for
+    -- this epoch, and a tenure's secret never changes.
+    why := pgfence._loss_reason(l, p_holder, p_epoch, ts, tl);
     IF why IS NOT NULL THEN
         RETURN ROW('lost', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
-    END IF;
-    IF pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok' THEN
-        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'renew', NULL, NULL);
-        RETURN ROW('denied', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
     END IF;
     UPDATE pgfence.leases
        SET expires_at = ts + p_ttl_ms * interval '1 millisecond', renewed_at = ts, ttl_ms = p_ttl_ms
@@ -319,6 +340,9 @@ $$;
 -- renews them all with one statement per tick. One row per input lease, in input order: 'renewed', 'lost'
 -- (with the reason) or 'denied' ('no_grant' for a cluster the role has no grant on, 'bad_secret'). Every input
 -- is checked as renew checks it (22023, nothing renewed), and a tenure listed twice gets the same answer twice.
+-- As renew, it decides on an unlocked read first and locks only the rows of live tenures presented with their
+-- secret: a forged entry never holds a row. Refusals are audited once per (lease, epoch, reason) with their
+-- count, so a call is linear in its length however many entries repeat.
 CREATE FUNCTION pgfence.renew_many(p_leases text[], p_epochs bigint[], p_secrets text[], p_holder text,
                                    p_ttl_ms bigint)
 RETURNS TABLE (lease text, outcome text, reason text, epoch bigint)
@@ -328,6 +352,10 @@ DECLARE
     tl bigint;
     wait_ms bigint := pgfence._lock_wait_ms();
     refused text[];
+    whys text[];
+    live text[];
+    r record;
+    first boolean := true;
 BEGIN
     PERFORM pgfence._check_text('holder', p_holder, 256);
     PERFORM pgfence._check_ttl(p_ttl_ms);
@@ -336,48 +364,61 @@ BEGIN
         RAISE EXCEPTION 'pgfence: renew_many needs as many epochs and secrets as leases' USING ERRCODE = '22023';
     END IF;
     PERFORM pgfence._check_lease_args(i.lease, i.epoch) FROM unnest(p_leases, p_epochs) AS i(lease, epoch);
-
-    -- Clusters the role has no grant on: their leases are refused, audited (one aggregated row per role).
-    refused := ARRAY(SELECT DISTINCT c FROM unnest(p_leases) AS n, pgfence._cluster_of(n) AS c
-                      WHERE NOT pgfence._may_use(c));
-    PERFORM pgfence._reject(i.lease, i.epoch, NULL, NULL, 'no_grant', 'renew', NULL, NULL)
-       FROM unnest(p_leases, p_epochs) AS i(lease, epoch)
-      WHERE pgfence._cluster_of(i.lease) = ANY (refused);
-
-    -- Lock the rows in name order (two holders renewing overlapping sets cannot deadlock), bounded.
-    BEGIN
-        PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
-        PERFORM 1 FROM pgfence.leases l
-          WHERE l.name = ANY (p_leases) AND NOT pgfence._cluster_of(l.name) = ANY (refused)
-          ORDER BY l.name FOR NO KEY UPDATE OF l;
-    EXCEPTION WHEN lock_not_available THEN
-        RAISE EXCEPTION 'pgfence: renew_many waited % ms for lease row locks; blocked by %', wait_ms,
-            pgfence._describe_backends((SELECT coalesce(array_agg(DISTINCT p), '{}')
-                                          FROM unnest(p_leases) AS n, unnest(pgfence._row_lockers(n)) AS p))
-            USING ERRCODE = 'PF003';
-    END;
-    ts := clock_timestamp();
     tl := pgfence._timeline();
 
-    -- Live tenures presented with a wrong secret: refused and audited like a renew.
-    PERFORM pgfence._reject(i.lease, i.epoch, l.epoch, l.holder, 'bad_secret', 'renew', NULL, NULL)
-       FROM unnest(p_leases, p_epochs, p_secrets) AS i(lease, epoch, secret)
-       JOIN pgfence.leases l ON l.name = i.lease
-      WHERE NOT pgfence._cluster_of(i.lease) = ANY (refused)
-        AND pgfence._loss_reason(l, p_holder, i.epoch, ts, tl) IS NULL
-        AND pgfence._secret_check(i.lease, i.epoch, i.secret) IS DISTINCT FROM 'ok';
+    -- Clusters the role has no grant on: their leases are refused.
+    refused := ARRAY(SELECT DISTINCT c FROM unnest(p_leases) AS n, pgfence._cluster_of(n) AS c
+                      WHERE NOT pgfence._may_use(c));
+
+    -- The unlocked judgment of every entry (see renew): what it refuses is refused for good; the rest are live
+    -- tenures presented with their secret, the only rows this call locks.
+    whys := ARRAY(
+        SELECT CASE WHEN pgfence._cluster_of(i.lease) = ANY (refused) THEN 'no_grant'
+                    ELSE coalesce(pgfence._loss_reason(l, p_holder, i.epoch, clock_timestamp(), tl),
+                                  CASE pgfence._secret_check(i.lease, i.epoch, i.secret)
+                                       WHEN 'ok' THEN NULL WHEN 'bad' THEN 'bad_secret' ELSE 'superseded' END) END
+          FROM unnest(p_leases, p_epochs, p_secrets) WITH ORDINALITY AS i(lease, epoch, secret, ord)
+          LEFT JOIN pgfence.leases l ON l.name = i.lease
+         ORDER BY i.ord);
+
+    -- The audit: one call per distinct refusal with its count, not one per entry (the aggregated row would be
+    -- updated N times in one statement, each update slower than the last). Only the first may answer later
+    -- (backpressure, as on every refused path: no lock is held yet), so a call waits at most once.
+    FOR r IN SELECT i.lease, i.epoch, i.why, count(*) AS n
+               FROM unnest(p_leases, p_epochs, whys) AS i(lease, epoch, why)
+              WHERE i.why IN ('no_grant', 'bad_secret')
+              GROUP BY i.lease, i.epoch, i.why ORDER BY i.lease, i.epoch, i.why
+    LOOP
+        PERFORM pgfence._reject(r.lease, r.epoch, CASE WHEN r.why = 'bad_secret' THEN l.epoch END,
+                                CASE WHEN r.why = 'bad_secret' THEN l.holder END, r.why, 'renew', NULL, NULL,
+                                p_may_wait => first, p_count => r.n)
+           FROM (SELECT NULL) AS one LEFT JOIN pgfence.leases l ON l.name = r.lease;
+        first := false;
+    END LOOP;
+
+    -- Lock the live rows in name order (two holders renewing overlapping sets cannot deadlock), bounded.
+    live := ARRAY(SELECT DISTINCT i.lease FROM unnest(p_leases, whys) AS i(lease, why) WHERE i.why IS NULL);
+    IF cardinality(live) > 0 THEN
+        BEGIN
+            PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+            PERFORM 1 FROM pgfence.leases l WHERE l.name = ANY (live) ORDER BY l.name FOR NO KEY UPDATE OF l;
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE EXCEPTION 'pgfence: renew_many waited % ms for lease row locks; blocked by %', wait_ms,
+                pgfence._describe_backends((SELECT coalesce(array_agg(DISTINCT p), '{}')
+                                              FROM unnest(live) AS n, unnest(pgfence._row_lockers(n)) AS p))
+                USING ERRCODE = 'PF003';
+        END;
+    END IF;
+    ts := clock_timestamp();
 
     RETURN QUERY
-    WITH input AS (
-        SELECT i.lease, i.epoch, i.secret, i.ord, pgfence._cluster_of(i.lease) = ANY (refused) AS refused
-          FROM unnest(p_leases, p_epochs, p_secrets) WITH ORDINALITY AS i(lease, epoch, secret, ord)
-    ), judged AS (
-        SELECT i.lease, i.epoch, i.ord, l.epoch AS current_epoch,
-               CASE WHEN i.refused THEN 'no_grant'
-                    ELSE coalesce(pgfence._loss_reason(l, p_holder, i.epoch, ts, tl),
-                                  CASE WHEN pgfence._secret_check(i.lease, i.epoch, i.secret) IS DISTINCT FROM 'ok'
-                                       THEN 'bad_secret' END) END AS why
-          FROM input i
+    WITH judged AS (
+        -- Live entries judged again on the locked rows (a takeover may have committed while we waited; their
+        -- secrets were 'ok' for these epochs, and a tenure's secret never changes); the others keep their
+        -- unlocked judgment.
+        SELECT i.lease, i.ord, l.epoch AS current_epoch,
+               coalesce(i.why, pgfence._loss_reason(l, p_holder, i.epoch, ts, tl)) AS why
+          FROM unnest(p_leases, p_epochs, whys) WITH ORDINALITY AS i(lease, epoch, why, ord)
           LEFT JOIN pgfence.leases l ON l.name = i.lease
     ), renewed AS (
         UPDATE pgfence.leases l
@@ -620,12 +661,21 @@ BEGIN
                                 p_may_wait => true);
         RETURN 'denied:no_grant';
     END IF;
-    SELECT * INTO b FROM pgfence.beliefs WHERE lease = p_lease AND epoch = p_epoch FOR NO KEY UPDATE;
-    IF NOT FOUND OR NOT pgfence._secret_matches(b.report_hash, p_secret) THEN
+    -- Decided before any lock, on an unlocked read (the hash never changes): a role without the tenure's
+    -- secret never holds the belief row. A tenure that does not exist explains nothing: its refusal is
+    -- aggregated per role (a flood of bogus names or epochs costs one row), like an unknown lease's.
+    SELECT * INTO b FROM pgfence.beliefs WHERE lease = p_lease AND epoch = p_epoch;
+    IF NOT FOUND THEN
+        PERFORM pgfence._reject(p_lease, p_epoch, NULL, NULL, 'bad_secret', 'report_belief', NULL, NULL,
+                                p_may_wait => true, p_by_role => true);
+        RETURN 'denied:bad_secret';
+    END IF;
+    IF NOT pgfence._secret_matches(b.report_hash, p_secret) THEN
         PERFORM pgfence._reject(p_lease, p_epoch, NULL, NULL, 'bad_secret', 'report_belief', NULL, NULL,
                                 p_may_wait => true);
         RETURN 'denied:bad_secret';
     END IF;
+    SELECT * INTO b FROM pgfence.beliefs WHERE lease = p_lease AND epoch = p_epoch FOR NO KEY UPDATE;
     IF p_event = 'start' THEN
         IF b.start_received_at IS NOT NULL THEN
             RETURN 'kept';

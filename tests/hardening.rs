@@ -186,3 +186,217 @@ async fn a_forged_call_left_open_delays_neither_the_holder_nor_a_takeover() {
         "nothing of the tenure was in flight, yet the takeover took {took:?}"
     );
 }
+
+/// A holder's store of cluster `ta` and a lease name of it acquired `times` times in a row (epochs 1..=times):
+/// every epoch below the last is a real, superseded tenure.
+async fn superseded_tenures(store: &Store, name: &str, times: usize) -> Lease {
+    let mut last = None;
+    for _ in 0..times {
+        last = Some(store.acquire(name, "a-ctrl", TTL).await.unwrap());
+    }
+    last.unwrap()
+}
+
+/// Audit rows of one role: (scope, lease, presented epoch, reason, operation, count).
+async fn audit_of(db: &TestDb, role: &str) -> Vec<(String, String, i64, String, String, i64)> {
+    db.client()
+        .await
+        .query(
+            "SELECT scope, lease, presented_epoch, reason, operation, count FROM pgfence.rejections \
+              WHERE role = $1::text::name ORDER BY scope, lease, presented_epoch, operation",
+            &[&role],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+        .collect()
+}
+
+/// The audit's label cap holds under concurrency: four connections of one role, released together by a barrier,
+/// refuse 20 distinct operation labels on the same superseded tenure, for 12 tenures: each tenure gets exactly
+/// 17 rows (16 labels and `other`), and the counts add up to every refusal sent. Fails on a cap checked by a
+/// count read before the insert (four connections then reach 19-20 rows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_label_cap_holds_under_concurrent_refusals() {
+    let (db, store, _lease, attacker, _) = holder_and_attacker().await;
+    const TENURES: usize = 12;
+    for t in 0..TENURES {
+        superseded_tenures(&store, &format!("cap-{t}"), 2).await;
+    }
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(4));
+    let mut writers = Vec::new();
+    for w in 0..4 {
+        let (db, attacker, barrier) = (db.clone(), attacker.clone(), barrier.clone());
+        writers.push(tokio::spawn(async move {
+            let client = client_as(&db, &attacker).await;
+            let fence = client
+                .prepare("SELECT outcome FROM pgfence.fence($1, 1, NULL, $2)")
+                .await
+                .unwrap();
+            for t in 0..TENURES {
+                barrier.wait().await;
+                for label in 0..5 {
+                    let outcome: String = client
+                        .query_one(&fence, &[&format!("ta/cap-{t}"), &format!("label-{w}-{label}")])
+                        .await
+                        .unwrap()
+                        .get(0);
+                    assert_eq!(outcome, "stale");
+                }
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let rows = audit_of(&db, &attacker).await;
+    for t in 0..TENURES {
+        let lease = format!("ta/cap-{t}");
+        let of: Vec<_> = rows.iter().filter(|r| r.1 == lease).collect();
+        assert_eq!(of.len(), 17, "{lease}: {of:?}");
+        assert!(of.iter().all(|r| r.0 == "tenure" && r.2 == 1), "{of:?}");
+        assert_eq!(of.iter().map(|r| r.5).sum::<i64>(), 20, "{lease}: every refusal counted");
+        assert_eq!(of.iter().filter(|r| r.4 == "other").count(), 1, "{of:?}");
+    }
+}
+
+/// The audit is bounded per role whatever it is flooded with: four connections of one role send 100,000
+/// refusals each — forged secrets and leases of a cluster it has no grant on through `renew_many` (2,000 a
+/// call), and distinct presented epochs (real old tenures, epochs never issued in a failover-sized jump,
+/// future ones), operation labels, bogus lease names and bogus belief reports through `fence`, `renew` and
+/// `report_belief` — and the audit ends with at most 16 × 17 tenure rows per lease and one role row per
+/// reason, whose counts add up to every refusal sent. `renew_many` stays linear in its length. Fails on a
+/// tenure row per presented epoch (the old rule), and on renew_many's one audit call per entry (its 2,000
+/// entries took seconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_is_bounded_per_role_whatever_the_flood() {
+    let (db, store, lease, attacker, _) = holder_and_attacker().await;
+    // A lease with 20 real tenures, and one whose epoch jumped as a failover's does (epochs 2..2^32 never
+    // issued).
+    let old = superseded_tenures(&store, "many", 20).await;
+    let jumped = store.acquire("jump", "a-ctrl", TTL).await.unwrap();
+    db.client()
+        .await
+        .batch_execute("UPDATE pgfence.leases SET epoch = 4294967296 WHERE name = 'ta/jump'")
+        .await
+        .unwrap();
+    let jumped_now = store.acquire("jump", "a-ctrl", TTL).await.unwrap();
+    assert!(jumped_now.epoch().get() > 4294967296, "{jumped:?}");
+    let forged = "f".repeat(64);
+    const PER_CONNECTION: i64 = 100_000;
+    const BATCH: usize = 2_000;
+
+    let started = std::time::Instant::now();
+    let mut writers = Vec::new();
+    for w in 0..4i64 {
+        let (db, attacker, forged) = (db.clone(), attacker.clone(), forged.clone());
+        let (x_epoch, many_epoch, jump_epoch) =
+            (lease.epoch().get(), old.epoch().get(), jumped_now.epoch().get());
+        writers.push(tokio::spawn(async move {
+            let client = client_as(&db, &attacker).await;
+            let mut sent = 0i64;
+            // Single refusals: 3 s of distinct epochs, labels and names through every refused path.
+            let until = std::time::Instant::now() + Duration::from_secs(3);
+            let mut i = 0i64;
+            while std::time::Instant::now() < until {
+                i += 1;
+                let (lease, epoch) = match i % 4 {
+                    0 => ("ta/many", 1 + i % (many_epoch - 1)),
+                    1 => ("ta/jump", 2 + (w * 1_000_000 + i) % (jump_epoch - 3)),
+                    2 => ("ta/many", many_epoch + 1 + i),
+                    _ => ("ta/x", x_epoch),
+                };
+                let sql = match i % 3 {
+                    0 => "SELECT outcome FROM pgfence.fence($1, $2, $3, 'flood-' || ($4::bigint % 40))",
+                    1 => "SELECT outcome FROM pgfence.renew($1, 'a-ctrl', $2, $3, 60000) WHERE $4::bigint IS NOT NULL",
+                    _ => "SELECT pgfence.report_belief($1 || ($4::bigint)::text, $2, $3, 'start', now(), now())",
+                };
+                client.query_one(sql, &[&lease, &epoch, &forged, &i]).await.unwrap();
+                sent += 1;
+            }
+            // The bulk through renew_many: forged secrets of the live tenure, and leases of another cluster.
+            let calls = (PER_CONNECTION - sent).max(0) as usize / BATCH;
+            for c in 0..calls {
+                let leases: Vec<String> = (0..BATCH)
+                    .map(|k| {
+                        if k % 2 == 0 {
+                            "ta/x".to_owned()
+                        } else {
+                            format!("other/{w}-{c}-{k}")
+                        }
+                    })
+                    .collect();
+                let epochs: Vec<i64> = (0..BATCH).map(|_| x_epoch).collect();
+                let secrets: Vec<&str> = (0..BATCH).map(|_| forged.as_str()).collect();
+                let rows = client
+                    .query(
+                        "SELECT outcome FROM pgfence.renew_many($1, $2, $3, 'a-ctrl', 60000)",
+                        &[&leases, &epochs, &secrets],
+                    )
+                    .await
+                    .unwrap();
+                assert!(rows.iter().all(|r| r.get::<_, String>(0) == "denied"));
+                sent += BATCH as i64;
+            }
+            sent
+        }));
+    }
+    let mut sent = 0;
+    for w in writers {
+        sent += w.await.unwrap();
+    }
+    let took = started.elapsed();
+    let rows = audit_of(&db, &attacker).await;
+    let counted: i64 = rows.iter().map(|r| r.5).sum();
+    // report_belief's bogus names and fence/renew of another cluster are the only refusals that count once;
+    // renew of a superseded or future epoch is answered 'lost' (not a refused write): not audited.
+    let tenure_rows_per_lease = |lease: &str| {
+        rows.iter()
+            .filter(|r| r.0 == "tenure" && r.1 == lease)
+            .count()
+    };
+    for lease in ["ta/x", "ta/many", "ta/jump"] {
+        assert!(
+            tenure_rows_per_lease(lease) <= 16 * 17,
+            "{lease}: {} tenure rows",
+            tenure_rows_per_lease(lease)
+        );
+    }
+    let role_rows: Vec<_> = rows.iter().filter(|r| r.0 == "role").collect();
+    let mut reasons: Vec<&str> = role_rows.iter().map(|r| r.3.as_str()).collect();
+    reasons.dedup();
+    assert_eq!(reasons.len(), role_rows.len(), "one role row per reason: {role_rows:?}");
+    assert!(rows.len() <= 3 * 16 * 17 + 8, "{} rows", rows.len());
+    assert!(counted <= sent && counted >= 4 * (PER_CONNECTION - 20_000), "counted {counted} of {sent}");
+    eprintln!(
+        "flood: {sent} refusals from 4 connections in {took:?}; {} audit rows ({} role-scope), counts {counted}",
+        rows.len(),
+        role_rows.len()
+    );
+
+    // renew_many is linear in its length: 2,000 forged entries cost about ten times 200.
+    let client = client_as(&db, &attacker).await;
+    let time_of = async |n: usize| {
+        let leases: Vec<&str> = (0..n).map(|_| "ta/x").collect();
+        let epochs: Vec<i64> = (0..n).map(|_| lease.epoch().get()).collect();
+        let secrets: Vec<&str> = (0..n).map(|_| forged.as_str()).collect();
+        // Past the backpressure's second: each call is timed without its 10 ms answer delay mattering.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let started = std::time::Instant::now();
+        client
+            .query(
+                "SELECT outcome FROM pgfence.renew_many($1, $2, $3, 'a-ctrl', 60000)",
+                &[&leases, &epochs, &secrets],
+            )
+            .await
+            .unwrap();
+        started.elapsed()
+    };
+    let small = time_of(200).await;
+    let large = time_of(2_000).await;
+    assert!(
+        large < Duration::from_secs(1) && large < small * 40,
+        "renew_many of 200 forged entries took {small:?}, of 2,000 {large:?}"
+    );
+}

@@ -384,10 +384,16 @@ BEGIN
     -- The audit: one call per distinct refusal with its count, not one per entry (the aggregated row would be
     -- updated N times in one statement, each update slower than the last). Only the first may answer later
     -- (backpressure, as on every refused path: no lock is held yet), so a call waits at most once.
-    FOR r IN SELECT i.lease, i.epoch, i.why, count(*) AS n
+    -- (A role-scope refusal, no_grant, is one row whatever the lease: one call for all of them.)
+    FOR r IN SELECT min(i.lease) AS lease, min(i.epoch) AS epoch, i.why, count(*) AS n
                FROM unnest(p_leases, p_epochs, whys) AS i(lease, epoch, why)
-              WHERE i.why IN ('no_grant', 'bad_secret')
-              GROUP BY i.lease, i.epoch, i.why ORDER BY i.lease, i.epoch, i.why
+              WHERE i.why = 'no_grant'
+              GROUP BY i.why
+             UNION ALL
+             (SELECT i.lease, i.epoch, i.why, count(*) AS n
+               FROM unnest(p_leases, p_epochs, whys) AS i(lease, epoch, why)
+              WHERE i.why = 'bad_secret'
+              GROUP BY i.lease, i.epoch, i.why ORDER BY i.lease, i.epoch)
     LOOP
         PERFORM pgfence._reject(r.lease, r.epoch, CASE WHEN r.why = 'bad_secret' THEN l.epoch END,
                                 CASE WHEN r.why = 'bad_secret' THEN l.holder END, r.why, 'renew', NULL, NULL,

@@ -600,12 +600,13 @@ async fn wait_for_end(store: &Store, name: &str, epoch: pgfence::Epoch) -> pgfen
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let t = tenure(store, name, epoch).await;
-        if t.belief.end_received_at.is_some() {
+        // Both reports: the runtime sends them independently, so the end may land before the start.
+        if t.belief.end_received_at.is_some() && t.belief.start_received_at.is_some() {
             return t;
         }
         assert!(
             Instant::now() < deadline,
-            "the end of epoch {epoch} was never reported"
+            "the start and end of epoch {epoch} were never both reported"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -400,3 +400,220 @@ async fn the_audit_is_bounded_per_role_whatever_the_flood() {
         "renew_many of 200 forged entries took {small:?}, of 2,000 {large:?}"
     );
 }
+
+/// A database migrated by a non-superuser owner (the documented layout): (db, owner role, the owner's store).
+async fn owned_installation() -> (TestDb, String, Store) {
+    let db = TestDb::empty().await;
+    let owner = role(&db, "owner").await;
+    db.client()
+        .await
+        .batch_execute(&format!("GRANT CREATE ON DATABASE {} TO {owner}", db.name))
+        .await
+        .unwrap();
+    let store = store_as(&db, &owner, "c1").await;
+    store.migrate().await.unwrap();
+    (db, owner, store)
+}
+
+/// Runs `sql` on a connection of its own and returns the WARNINGs and NOTICEs the server sent.
+async fn notices_of(url: &str, sql: &str) -> Vec<String> {
+    use futures_util::StreamExt;
+    let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        let mut notices = Vec::new();
+        while let Some(Ok(message)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notice(notice) = message {
+                notices.push(notice.message().to_owned());
+            }
+        }
+        notices
+    });
+    client.batch_execute(sql).await.unwrap();
+    drop(client);
+    driver.await.unwrap()
+}
+
+/// What a role given `GRANT ALL` on pgfence's tables (and the schema) does in the window before the next
+/// `_harden`: it creates a trigger on two pgfence tables whose function, run as the owner inside pgfence's
+/// functions, grants it every cluster as an operator, zeroes the other roles' audit counts and copies the
+/// transaction's tenure secrets into a table of its own; and as itself it changes the takeover grace, the
+/// instance id and the migration record, and (with the grant option) passes privileges on to a third role.
+async fn careless_grant_window(with_grant_option: bool) -> (TestDb, String, Store, String, String) {
+    let (db, owner, owner_store) = owned_installation().await;
+    let (app1, app2, app3) = (role(&db, "app1").await, role(&db, "app2").await, role(&db, "app3").await);
+    owner_store.grant_application(&app1, Some("c1")).await.unwrap();
+    owner_store.grant_application(&app2, Some("c2")).await.unwrap();
+    let option = if with_grant_option { " WITH GRANT OPTION" } else { "" };
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "GRANT ALL ON ALL TABLES IN SCHEMA pgfence TO {app2}{option}; \
+             GRANT ALL ON ALL SEQUENCES IN SCHEMA pgfence TO {app2}{option}; \
+             GRANT ALL ON SCHEMA pgfence TO {app2}{option}; \
+             CREATE SCHEMA evil AUTHORIZATION {app2}"
+        ))
+        .await
+        .unwrap();
+    let raw = client_as(&db, &app2).await;
+    raw.batch_execute(&format!(
+        "CREATE TABLE evil.loot (what text); GRANT INSERT ON evil.loot TO PUBLIC; GRANT USAGE ON SCHEMA evil TO PUBLIC;
+         CREATE FUNCTION evil.steal() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             BEGIN
+                 INSERT INTO pgfence.grants (role, cluster, operator, granted_by)
+                 VALUES ('{app2}'::regrole, NULL, true, '{owner}');
+             EXCEPTION WHEN OTHERS THEN INSERT INTO evil.loot VALUES ('refused: ' || SQLERRM);
+             END;
+             BEGIN
+                 UPDATE pgfence.rejections SET count = 0 WHERE role <> '{app2}';
+             EXCEPTION WHEN OTHERS THEN INSERT INTO evil.loot VALUES ('refused: ' || SQLERRM);
+             END;
+             INSERT INTO evil.loot SELECT 'secret ' || s FROM pgfence.leases l,
+                 LATERAL current_setting('pgfence.tenure_secret_' || l.lock_key, true) AS s WHERE s <> '';
+             RETURN NULL;
+         END $$;
+         CREATE TRIGGER zz_steal AFTER INSERT ON pgfence.tasks FOR EACH ROW EXECUTE FUNCTION evil.steal();
+         CREATE TRIGGER zz_steal AFTER INSERT ON pgfence.rejections FOR EACH ROW EXECUTE FUNCTION evil.steal();"
+    ))
+    .await
+    .unwrap();
+    for sql in [
+        "UPDATE pgfence.instance SET takeover_grace_ms = 600000".to_owned(),
+        "UPDATE pgfence.instance SET instance_id = gen_random_uuid()".to_owned(),
+        "DELETE FROM pgfence.__diesel_schema_migrations".to_owned(),
+        format!("INSERT INTO pgfence.grants (role, cluster, operator) VALUES ('{app2}'::regrole, NULL, true)"),
+    ] {
+        // Refused (row-level security or the trusted-writes trigger), or it changes nothing.
+        if let Ok(n) = raw.execute(sql.as_str(), &[]).await {
+            assert_eq!(n, 0, "{sql}");
+        }
+    }
+    if with_grant_option {
+        raw.batch_execute(&format!(
+            "GRANT SELECT ON pgfence.tenure_secrets, pgfence.grants TO {app3}; GRANT USAGE ON SCHEMA pgfence TO {app3}"
+        ))
+        .await
+        .unwrap();
+    }
+    // app1 works meanwhile: a task (the trigger on tasks fires) and a stale write (the one on rejections).
+    let store = store_as(&db, &app1, "c1").await;
+    let old = store.acquire("x", "pod-a", TTL).await.unwrap();
+    let lease = store.acquire("x", "pod-a", TTL).await.unwrap();
+    store.create_task(&lease.fence(), "job", &serde_json::json!({})).await.unwrap();
+    store.create_task(&old.fence(), "late", &serde_json::json!({})).await.unwrap_err();
+    (db, owner, owner_store, app2, app3)
+}
+
+/// `_harden` repairs what a careless GRANT ALL let a role do (invariant 8): in the window, its owner-run trigger
+/// could neither grant it anything nor bend another role's audit, and as itself it could not change the instance
+/// settings or the migration record; after the next grant (which runs `_harden`) no foreign trigger, privilege,
+/// grant option or privilege passed on is left, the role cannot end another cluster's tenure, a new tenure's
+/// secret is no longer exposed, and the WARNINGs say what was removed. Fails on a `_harden` that only drops
+/// triggers and revokes TRIGGER/TRUNCATE/REFERENCES (the DML privileges and what was passed on stayed).
+async fn harden_repairs_the_careless_grant(with_grant_option: bool) {
+    let (db, owner, owner_store, app2, app3) = careless_grant_window(with_grant_option).await;
+    let admin = db.client().await;
+    let one = |sql: &'static str| {
+        let admin = &admin;
+        async move { admin.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
+    };
+    assert_eq!(one("SELECT count(*) FROM pgfence.grants WHERE cluster IS NULL").await, 0);
+    assert_eq!(one("SELECT count(*) FROM pgfence.rejections WHERE count = 0").await, 0);
+    assert_eq!(one("SELECT takeover_grace_ms FROM pgfence.instance").await, 2000);
+    assert!(one("SELECT count(*) FROM pgfence.__diesel_schema_migrations").await >= 5);
+    let instance: String = admin
+        .query_one("SELECT instance_id::text FROM pgfence.instance", &[])
+        .await
+        .unwrap()
+        .get(0);
+
+    let warnings = notices_of(&url_as(&db, &owner), "SELECT pgfence._harden()").await;
+    let said = warnings.join("\n");
+    assert!(said.contains("dropped trigger 'zz_steal'") && said.contains("revoked"), "{said}");
+    assert_eq!(
+        one("SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid \
+              WHERE c.relnamespace = 'pgfence'::regnamespace AND t.tgname = 'zz_steal'")
+            .await,
+        0
+    );
+    for (who, expected_select) in [(app2.as_str(), true), (app3.as_str(), false)] {
+        let privileges: Vec<String> = admin
+            .query(
+                "SELECT c.relname || ':' || p FROM pg_class c, unnest(ARRAY['INSERT', 'UPDATE', 'DELETE', \
+                  'TRUNCATE', 'REFERENCES', 'TRIGGER', 'SELECT WITH GRANT OPTION']) p \
+                  WHERE c.relnamespace = 'pgfence'::regnamespace AND c.relkind IN ('r', 'v', 'S') \
+                    AND has_table_privilege($1::text, c.oid, p)",
+                &[&who],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert!(privileges.is_empty(), "{who} kept {privileges:?}");
+        let reads: bool = admin
+            .query_one("SELECT has_table_privilege($1::text, 'pgfence.leases', 'SELECT')", &[&who])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(reads, expected_select, "{who}: SELECT on leases");
+        let secrets: bool = admin
+            .query_one("SELECT has_table_privilege($1::text, 'pgfence.tenure_secrets', 'SELECT')", &[&who])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(!secrets, "{who} reads tenure secrets");
+    }
+    let create: bool = admin
+        .query_one("SELECT has_schema_privilege($1::text, 'pgfence', 'CREATE')", &[&app2])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!create, "CREATE on the schema");
+    let same: String = admin
+        .query_one("SELECT instance_id::text FROM pgfence.instance", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(same, instance);
+
+    // app2 cannot end cluster c1's tenure, and a new tenure's secret goes nowhere.
+    let intruder = store_as(&db, &app2, "c1").await;
+    assert!(intruder.force_release("x").await.is_err());
+    let loot = one("SELECT count(*) FROM evil.loot").await;
+    let store = store_as(&db, &owner_store_role(&db, "app1"), "c1").await;
+    let fresh = store.acquire("x", "pod-a", TTL).await.unwrap();
+    store.create_task(&fresh.fence(), "after", &serde_json::json!({})).await.unwrap();
+    assert_eq!(one("SELECT count(*) FROM evil.loot").await, loot, "nothing captured after _harden");
+
+    // A function the owner adds later is not executable by granted roles.
+    client_as(&db, &owner)
+        .await
+        .batch_execute("CREATE FUNCTION pgfence.added_later() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+        .await
+        .unwrap();
+    let runs: bool = admin
+        .query_one("SELECT has_function_privilege($1::text, 'pgfence.added_later()', 'EXECUTE')", &[&app2])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!runs, "a function added later is executable by a granted role");
+}
+
+/// The login role `role(&db, suffix)` made.
+fn owner_store_role(db: &TestDb, suffix: &str) -> String {
+    format!("{}_{suffix}", db.name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn harden_repairs_a_careless_grant_all() {
+    harden_repairs_the_careless_grant(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn harden_repairs_a_careless_grant_all_with_grant_option() {
+    harden_repairs_the_careless_grant(true).await;
+}

@@ -296,7 +296,11 @@ CREATE TABLE pgfence.grants (
     role       regrole NOT NULL,
     cluster    text CHECK (cluster IS NULL OR pgfence._cluster_problem(cluster) IS NULL),
     operator   boolean NOT NULL DEFAULT false,
-    granted_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    granted_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- The login role of the session that wrote the row, set by a trigger whatever the statement says
+    -- (000005_roles): a row written in a session whose login role is not trusted is refused, and removed by
+    -- _harden should one ever get in.
+    granted_by name NOT NULL DEFAULT session_user
 );
 CREATE UNIQUE INDEX grants_role_cluster_idx ON pgfence.grants (role, coalesce(cluster, ''));
 CREATE INDEX grants_cluster_idx ON pgfence.grants (cluster);

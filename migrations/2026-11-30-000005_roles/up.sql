@@ -40,6 +40,125 @@ CREATE POLICY own_grants ON pgfence.grants FOR SELECT
     USING (pg_catalog.pg_has_role(session_user, role::oid, 'MEMBER'));
 -- No policy on tenure_secrets, beliefs and write_marks: no role but the owner reads them (and nobody is granted
 -- SELECT on them anyway); roles read beliefs and marks through pgfence.tenure_history, filtered by cluster.
+-- The instance row (identity and settings) is read by every granted role and written by nobody but the owner
+-- (set_takeover_grace), whatever table privileges a role was given; the migration record only by the owner.
+ALTER TABLE pgfence.instance ENABLE ROW LEVEL SECURITY;
+CREATE POLICY readable ON pgfence.instance FOR SELECT USING (true);
+ALTER TABLE pgfence.__diesel_schema_migrations ENABLE ROW LEVEL SECURITY;
+
+-- ---------------------------------------------------------------------------------------------------------
+-- Trusted sessions. Row-level security stops a role that a careless GRANT gave table privileges from writing
+-- as itself; it does not stop code that runs as the owner: a trigger such a role created on a pgfence table in
+-- the window before the next _harden fires inside the pgfence functions, with the owner's rights. What that code
+-- cannot change is the session's login role (session_user: changing it needs a superuser session). So the
+-- tables that decide who may do what (grants, the instance settings, the migration record) and the audit accept
+-- changes only from sessions whose login role is trusted, or, for the audit, the refused role's own rows.
+
+-- Whether p_role is trusted with everything: a superuser, or a member of the pgfence schema's owner. False for a
+-- role that does not exist (any more).
+CREATE FUNCTION pgfence._trusted(p_role name) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = p_role) THEN false
+                ELSE (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = p_role)
+                     OR pg_catalog.pg_has_role(p_role, (SELECT n.nspowner FROM pg_catalog.pg_namespace n
+                                                         WHERE n.nspname = 'pgfence'), 'MEMBER') END
+$$;
+
+-- Whether a grant row is one pgfence made: its role still exists and the session that wrote it was trusted.
+CREATE FUNCTION pgfence._grant_is_valid(g pgfence.grants) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = g.role::oid) AND pgfence._trusted(g.granted_by)
+$$;
+
+-- Refuses (42501) a change of grants, the instance row or the migration record from a session whose login role is
+-- not trusted, with two exceptions: an every-cluster operator's set_takeover_grace (the grace, nothing else of
+-- the instance row), and removing grant rows pgfence did not make (_harden). Stamps every grant row with the
+-- session's login role, whatever the statement said.
+CREATE FUNCTION pgfence._trusted_writes_only() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'grants' AND TG_OP IN ('INSERT', 'UPDATE') THEN
+        NEW.granted_by := session_user;
+    END IF;
+    IF pgfence._trusted(session_user) THEN
+        RETURN CASE WHEN TG_LEVEL = 'STATEMENT' THEN NULL WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    END IF;
+    -- (Nested: a record's fields are resolved when the expression naming them is first run.)
+    IF TG_TABLE_NAME = 'instance' AND TG_OP = 'UPDATE' THEN
+        IF (NEW.singleton, NEW.instance_id, NEW.created_at)
+               IS NOT DISTINCT FROM (OLD.singleton, OLD.instance_id, OLD.created_at)
+           AND pgfence._may_use(NULL, p_operator => true) THEN
+            RETURN NEW;
+        END IF;
+    ELSIF TG_TABLE_NAME = 'grants' AND TG_OP = 'DELETE' THEN
+        IF NOT pgfence._grant_is_valid(OLD) THEN
+            RETURN OLD;
+        END IF;
+    END IF;
+    RAISE EXCEPTION 'pgfence: % on pgfence.% refused: only sessions of the schema owner change it (this session logged in as %)',
+        TG_OP, TG_TABLE_NAME, pgfence._printable(session_user::text)
+        USING ERRCODE = '42501',
+              HINT = 'Grants change through pgfence grant / revoke, run as the owner; the takeover grace through set_takeover_grace.';
+END;
+$$;
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['grants', 'instance', '__diesel_schema_migrations'] LOOP
+        EXECUTE format('CREATE TRIGGER trusted_writes BEFORE INSERT OR UPDATE OR DELETE ON pgfence.%I '
+                       'FOR EACH ROW EXECUTE FUNCTION pgfence._trusted_writes_only()', t);
+        EXECUTE format('CREATE TRIGGER trusted_writes_truncate BEFORE TRUNCATE ON pgfence.%I '
+                       'FOR EACH STATEMENT EXECUTE FUNCTION pgfence._trusted_writes_only()', t);
+    END LOOP;
+END;
+$$;
+
+-- The audit only grows: a session adds refusals of its own login role (_reject: a new row, or a larger count and
+-- a later time on one of its rows), and only a trusted session or an every-cluster operator removes rows
+-- (prune_rejections). A trigger run as the owner inside a refused role's own call cannot lower that role's
+-- counts or rewrite what its rows say either. Statement-level, over the rows the statement changed (a prune of a
+-- million rows pays one check, not a million).
+CREATE FUNCTION pgfence._own_rejections_only() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    bent boolean;
+BEGIN
+    IF pgfence._trusted(session_user) THEN
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        bent := EXISTS (SELECT 1 FROM changed_new c WHERE c.role <> session_user OR c.count < 1);
+    ELSIF TG_OP = 'UPDATE' THEN
+        bent := EXISTS (SELECT 1 FROM changed_old o JOIN changed_new c ON c.id = o.id
+                         WHERE o.role <> session_user OR c.count < o.count
+                            OR c.last_rejected_at < o.last_rejected_at
+                            OR (c.role, c.scope, c.lease, c.presented_epoch, c.current_epoch, c.current_holder,
+                                c.reason, c.operation, c.target_table, c.target_key, c.rejected_at, c.slot)
+                               IS DISTINCT FROM
+                               (o.role, o.scope, o.lease, o.presented_epoch, o.current_epoch, o.current_holder,
+                                o.reason, o.operation, o.target_table, o.target_key, o.rejected_at, o.slot))
+                OR (SELECT count(*) FROM changed_new) <> (SELECT count(*) FROM changed_old);
+    ELSE
+        bent := NOT pgfence._may_use(NULL, p_operator => true);
+    END IF;
+    IF bent THEN
+        RAISE EXCEPTION 'pgfence: % of audit rows refused: the audit only grows by the refused role''s own refusals (this session logged in as %)',
+            TG_OP, pgfence._printable(session_user::text)
+            USING ERRCODE = '42501';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+CREATE TRIGGER own_rejections_insert AFTER INSERT ON pgfence.rejections REFERENCING NEW TABLE AS changed_new
+    FOR EACH STATEMENT EXECUTE FUNCTION pgfence._own_rejections_only();
+CREATE TRIGGER own_rejections_update AFTER UPDATE ON pgfence.rejections
+    REFERENCING OLD TABLE AS changed_old NEW TABLE AS changed_new
+    FOR EACH STATEMENT EXECUTE FUNCTION pgfence._own_rejections_only();
+CREATE TRIGGER own_rejections_delete AFTER DELETE ON pgfence.rejections REFERENCING OLD TABLE AS changed_old
+    FOR EACH STATEMENT EXECUTE FUNCTION pgfence._own_rejections_only();
+CREATE TRIGGER trusted_writes_truncate BEFORE TRUNCATE ON pgfence.rejections
+    FOR EACH STATEMENT EXECUTE FUNCTION pgfence._trusted_writes_only();
 
 -- ---------------------------------------------------------------------------------------------------------
 -- Privileges. Everything belongs to the role that ran the migration (the owner). Nothing is granted to
@@ -55,30 +174,138 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA pgfence FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgfence FROM PUBLIC;
 REVOKE ALL ON SCHEMA pgfence FROM PUBLIC;
 
--- Table privileges that amount to the owner's rights, and what they may have left behind. A trigger on a pgfence
--- table fires inside the pgfence functions, as the owner: whoever may create one (TRIGGER) can run anything as
--- the owner. TRUNCATE bypasses row-level security and REFERENCES can block writes. So these privileges are
--- revoked from every role but the owner, and triggers pgfence did not create are dropped (with a WARNING naming
--- them). Run by every grant, revoke and enforcement change, and at the end of the migration.
+-- The privileges pgfence grants, the one list: a granted role gets every row with operator = false; a role with
+-- an operator grant also the rows with operator = true. _grant grants them and _harden revokes every privilege on
+-- pgfence's objects that is not on it (for a role with grants) or not the owner's.
+-- (object: a schema, a relation or a function, as the text GRANT takes after ON.)
+CREATE FUNCTION pgfence._granted_privileges()
+RETURNS TABLE (kind text, object oid, privilege text, operator boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT 'SCHEMA', n.oid, 'USAGE', false FROM pg_catalog.pg_namespace n WHERE n.nspname = 'pgfence'
+    UNION ALL
+    SELECT 'TABLE', t.o, 'SELECT', false
+      FROM unnest(ARRAY['pgfence.instance', 'pgfence.leases', 'pgfence.tenures', 'pgfence.tasks',
+                        'pgfence.task_events', 'pgfence.rejections', 'pgfence.grants',
+                        'pgfence.tenure_history']::regclass[]) AS t(o)
+    UNION ALL
+    SELECT 'FUNCTION', f.o, 'EXECUTE', false
+      FROM unnest(ARRAY['pgfence.acquire(text, text, bigint)', 'pgfence.renew(text, text, bigint, text, bigint)',
+                        'pgfence.renew_many(text[], bigint[], text[], text, bigint)',
+                        'pgfence.release(text, text, bigint, text)',
+                        'pgfence.fence(text, bigint, text, text, text, text)',
+                        'pgfence.create_task(text, bigint, text, text, jsonb)',
+                        'pgfence.claim_task(text, bigint, text, text, text)',
+                        'pgfence.transition_task(text, bigint, text, text, text, text, jsonb)',
+                        'pgfence.append_event(text, bigint, text, text, text, jsonb)', 'pgfence.enforcement()',
+                        'pgfence.report_belief(text, bigint, text, text, timestamptz, timestamptz, text, text, text)',
+                        'pgfence.ungated_write(text, bigint)', 'pgfence.identity()', 'pgfence._reads_all()',
+                        'pgfence._readable_clusters()',
+                        -- Row-level security policies and CHECK constraints run as the querying role.
+                        'pgfence._text_problem(text, integer)', 'pgfence._cluster_problem(text)',
+                        'pgfence._lease_problem(text)']::regprocedure[]) AS f(o)
+    UNION ALL
+    SELECT 'FUNCTION', f.o, 'EXECUTE', true
+      FROM unnest(ARRAY['pgfence.force_release(text)', 'pgfence.set_enforcement(boolean, text)',
+                        'pgfence.prune_rejections(interval, integer)',
+                        'pgfence.set_takeover_grace(interval)']::regprocedure[]) AS f(o)
+$$;
+
+-- The text GRANT and REVOKE take after ON for a pgfence object.
+CREATE FUNCTION pgfence._privilege_target(p_kind text, p_object oid) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE p_kind WHEN 'SCHEMA' THEN 'SCHEMA pgfence'
+                       WHEN 'FUNCTION' THEN 'FUNCTION ' || p_object::regprocedure::text
+                       ELSE p_kind || ' ' || p_object::regclass::text END
+$$;
+
+-- Repairs the privileges and rows of pgfence's objects to what pgfence made, and says what it removed (a
+-- WARNING each). Run by every grant, revoke and enforcement change, and at the end of the migration. It removes:
+--   * grant rows pgfence did not make (written in a session whose login role is not trusted, which the
+--     trusted_writes trigger refuses, or of a role that was dropped: its oid could one day be reused);
+--   * every privilege on the schema, its tables, views, sequences and functions that is not the owner's and not
+--     on _granted_privileges' list for a role with a grant — a careless GRANT ALL, DML, TRIGGER, TRUNCATE,
+--     REFERENCES, EXECUTE on a function not meant for roles, CREATE on the schema, PUBLIC's — with CASCADE, so
+--     whatever a role passed on WITH GRANT OPTION goes too, and every grant option (pgfence grants none);
+--   * triggers on pgfence tables that pgfence did not create (a trigger runs as the owner inside every pgfence
+--     function that writes its table), and it enables pgfence's own protective triggers again if someone
+--     disabled them;
+-- and it keeps the owner's default privileges from making a function created later executable by PUBLIC (so by
+-- every granted role, which has USAGE on the schema).
+-- What it cannot undo, and what it therefore cannot prevent in the window between a careless GRANT and its next
+-- run: what code of another role did while it ran as the owner through such a trigger (docs/security.md).
 -- Its DROP TRIGGER waits at most _lock_wait_ms() for the table (PF003 naming who holds it).
 CREATE FUNCTION pgfence._harden() RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '10min' AS $$
 DECLARE
     r record;
     wait_ms bigint := pgfence._lock_wait_ms();
+    owner_oid oid := (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgfence');
 BEGIN
     PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
-    FOR r IN SELECT c.relname, a.privilege_type,
-                    CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(g.rolname) END AS grantee
-               FROM pg_class c
-               JOIN pg_namespace n ON n.oid = c.relnamespace
-               CROSS JOIN LATERAL aclexplode(c.relacl) a
-               LEFT JOIN pg_roles g ON g.oid = a.grantee
-              WHERE n.nspname = 'pgfence' AND c.relkind IN ('r', 'v', 'p') AND a.grantee <> c.relowner
-                AND a.privilege_type IN ('TRIGGER', 'TRUNCATE', 'REFERENCES')
+    FOR r IN DELETE FROM pgfence.grants g WHERE NOT pgfence._grant_is_valid(g)
+             RETURNING g.role::oid AS role_oid, g.cluster, g.operator, g.granted_by
     LOOP
-        EXECUTE format('REVOKE %s ON pgfence.%I FROM %s', r.privilege_type, r.relname, r.grantee);
+        IF EXISTS (SELECT 1 FROM pg_roles pr WHERE pr.oid = r.role_oid) THEN
+            RAISE WARNING 'pgfence: removed a grant pgfence did not make: % on %, written in a session of %',
+                pgfence._printable(r.role_oid::regrole::text),
+                CASE WHEN r.cluster IS NULL THEN 'every cluster' ELSE 'cluster ' || pgfence._printable(r.cluster) END
+                    || CASE WHEN r.operator THEN ' (operator)' ELSE '' END,
+                pgfence._printable(r.granted_by::text);
+        END IF;
     END LOOP;
+
+    -- Grant options first (revoking one with CASCADE takes what was passed on with it), then the rest; a
+    -- privilege passed on by a role other than the owner is gone once that role's grant option is.
+    FOR pass IN 1..2 LOOP
+        FOR r IN WITH acl AS (
+                     SELECT 'SCHEMA' AS kind, n.oid AS object, a.grantor, a.grantee, a.privilege_type,
+                            a.is_grantable
+                       FROM pg_namespace n CROSS JOIN LATERAL aclexplode(n.nspacl) a
+                      WHERE n.nspname = 'pgfence'
+                     UNION ALL
+                     SELECT CASE WHEN c.relkind = 'S' THEN 'SEQUENCE' ELSE 'TABLE' END, c.oid, a.grantor,
+                            a.grantee, a.privilege_type, a.is_grantable
+                       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                      CROSS JOIN LATERAL aclexplode(c.relacl) a
+                      WHERE n.nspname = 'pgfence' AND c.relkind IN ('r', 'v', 'p', 'S', 'm', 'f')
+                     UNION ALL
+                     SELECT 'FUNCTION', p.oid, a.grantor, a.grantee, a.privilege_type, a.is_grantable
+                       FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                      CROSS JOIN LATERAL aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+                      WHERE n.nspname = 'pgfence'
+                 ), expected AS (
+                     SELECT e.kind, e.object, e.privilege, g.role::oid AS grantee
+                       FROM pgfence._granted_privileges() e
+                       JOIN (SELECT g.role, bool_or(g.operator) AS operator FROM pgfence.grants g
+                              GROUP BY g.role) g ON g.operator OR NOT e.operator
+                 )
+                 SELECT DISTINCT a.grantor = owner_oid AS by_owner, a.kind, a.object, a.privilege_type, a.grantee,
+                        a.is_grantable AND EXISTS (SELECT 1 FROM expected e
+                                                    WHERE e.object = a.object AND e.privilege = a.privilege_type
+                                                      AND e.grantee = a.grantee) AS option_only
+                   FROM acl a
+                  WHERE a.grantee <> owner_oid
+                    AND (a.is_grantable OR NOT EXISTS (SELECT 1 FROM expected e
+                                                        WHERE e.object = a.object
+                                                          AND e.privilege = a.privilege_type
+                                                          AND e.grantee = a.grantee))
+                    AND (pass = 2 OR a.is_grantable)
+                  -- What the owner granted first: revoking a grant option with CASCADE takes what was passed on.
+                  ORDER BY 1 DESC
+        LOOP
+            EXECUTE format('REVOKE %s%s ON %s FROM %s CASCADE',
+                           CASE WHEN r.option_only THEN 'GRANT OPTION FOR ' ELSE '' END, r.privilege_type,
+                           pgfence._privilege_target(r.kind, r.object),
+                           CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.grantee::regrole::text) END);
+            IF r.grantee <> 0 OR r.kind <> 'FUNCTION' OR r.privilege_type <> 'EXECUTE' THEN
+                RAISE WARNING 'pgfence: revoked % on % from %: pgfence did not grant it',
+                    CASE WHEN r.option_only THEN 'the grant option of ' ELSE '' END || r.privilege_type,
+                    pgfence._privilege_target(r.kind, r.object),
+                    CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE pgfence._printable(r.grantee::regrole::text) END;
+            END IF;
+        END LOOP;
+    END LOOP;
+
     FOR r IN SELECT c.relname, t.tgname
                FROM pg_trigger t
                JOIN pg_class c ON c.oid = t.tgrelid
@@ -86,14 +313,40 @@ BEGIN
               WHERE n.nspname = 'pgfence' AND NOT t.tgisinternal
                 AND t.tgname NOT IN ('lease_change', 'lease_delete', 'lease_truncate', 'enforce_epoch',
                                      'enforce_audit', 'enforce_truncate', 'append_only', 'append_only_truncate',
-                                     'enforce_owner', 'enforce_owner_truncate')
+                                     'enforce_owner', 'enforce_owner_truncate', 'trusted_writes',
+                                     'trusted_writes_truncate', 'own_rejections_insert', 'own_rejections_update',
+                                     'own_rejections_delete')
     LOOP
         EXECUTE format('DROP TRIGGER %I ON pgfence.%I', r.tgname, r.relname);
-        RAISE WARNING 'pgfence: dropped trigger % on pgfence.%: a trigger on a pgfence table runs as its owner',
+        RAISE WARNING 'pgfence: dropped trigger % on pgfence.%: a trigger on a pgfence table runs as its owner; every tenure secret presented while it existed may be known to its author (acquire again)',
             pgfence._printable(r.tgname), r.relname;
     END LOOP;
-    -- Grants of roles that were dropped (their oid could one day be reused).
-    DELETE FROM pgfence.grants g WHERE NOT EXISTS (SELECT 1 FROM pg_roles pr WHERE pr.oid = g.role::oid);
+    -- pgfence's protective triggers are always on (the enforcement triggers are switched by set_enforcement).
+    FOR r IN SELECT c.relname, t.tgname
+               FROM pg_trigger t
+               JOIN pg_class c ON c.oid = t.tgrelid
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = 'pgfence' AND NOT t.tgisinternal AND t.tgenabled <> 'O'
+                AND t.tgname IN ('lease_change', 'lease_delete', 'lease_truncate', 'append_only',
+                                 'append_only_truncate', 'enforce_owner_truncate', 'trusted_writes',
+                                 'trusted_writes_truncate', 'own_rejections_insert', 'own_rejections_update',
+                                 'own_rejections_delete')
+    LOOP
+        EXECUTE format('ALTER TABLE pgfence.%I ENABLE TRIGGER %I', r.relname, r.tgname);
+        RAISE WARNING 'pgfence: enabled trigger % on pgfence.% again: someone with the owner''s rights disabled it',
+            pgfence._printable(r.tgname), r.relname;
+    END LOOP;
+
+    -- Functions the owner creates later (a new migration) are executable by nobody but the owner until a grant
+    -- says otherwise. A per-schema default cannot take away PUBLIC's EXECUTE (PostgreSQL adds per-schema
+    -- defaults to the global ones), so this is the owner's global default: a reason to keep a dedicated owner.
+    IF NOT EXISTS (SELECT 1 FROM pg_default_acl d
+                    WHERE d.defaclrole = owner_oid AND d.defaclnamespace = 0 AND d.defaclobjtype = 'f'
+                      AND NOT EXISTS (SELECT 1 FROM aclexplode(d.defaclacl) a WHERE a.grantee = 0)) THEN
+        IF current_user = owner_oid::regrole::name THEN
+            ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
+        END IF;
+    END IF;
 EXCEPTION WHEN lock_not_available THEN
     RAISE EXCEPTION 'pgfence: dropping a foreign trigger waited % ms for its table; blocked by %', wait_ms,
         pgfence._describe_backends(pgfence._table_lockers())
@@ -108,6 +361,7 @@ CREATE FUNCTION pgfence._grant(p_role text, p_cluster text, p_operator boolean) 
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r pg_roles;
+    g record;
     problem text := CASE WHEN p_cluster IS NOT NULL THEN pgfence._cluster_problem(p_cluster) END;
 BEGIN
     IF problem IS NOT NULL THEN
@@ -137,28 +391,9 @@ BEGIN
     PERFORM pgfence._harden();
     INSERT INTO pgfence.grants (role, cluster, operator) VALUES (r.oid::regrole, p_cluster, p_operator)
     ON CONFLICT (role, coalesce(cluster, '')) DO UPDATE SET operator = pgfence.grants.operator OR EXCLUDED.operator;
-    EXECUTE format('GRANT USAGE ON SCHEMA pgfence TO %I', p_role);
-    EXECUTE format('GRANT SELECT ON pgfence.instance, pgfence.leases, pgfence.tenures, pgfence.tasks, '
-                   'pgfence.task_events, pgfence.rejections, pgfence.grants, pgfence.tenure_history TO %I', p_role);
-    EXECUTE format('GRANT EXECUTE ON FUNCTION pgfence.acquire(text, text, bigint), '
-                   'pgfence.renew(text, text, bigint, text, bigint), '
-                   'pgfence.renew_many(text[], bigint[], text[], text, bigint), '
-                   'pgfence.release(text, text, bigint, text), pgfence.fence(text, bigint, text, text, text, text), '
-                   'pgfence.create_task(text, bigint, text, text, jsonb), '
-                   'pgfence.claim_task(text, bigint, text, text, text), '
-                   'pgfence.transition_task(text, bigint, text, text, text, text, jsonb), '
-                   'pgfence.append_event(text, bigint, text, text, text, jsonb), pgfence.enforcement(), '
-                   'pgfence.report_belief(text, bigint, text, text, timestamptz, timestamptz, text, text, text), '
-                   'pgfence.ungated_write(text, bigint), '
-                   'pgfence.identity(), pgfence._reads_all(), pgfence._readable_clusters(), '
-                   -- Row-level security policies and CHECK constraints run as the querying role.
-                   'pgfence._text_problem(text, integer), pgfence._cluster_problem(text), '
-                   'pgfence._lease_problem(text) TO %I', p_role);
-    IF p_operator THEN
-        EXECUTE format('GRANT EXECUTE ON FUNCTION pgfence.force_release(text), '
-                       'pgfence.set_enforcement(boolean, text), pgfence.prune_rejections(interval, integer), '
-                       'pgfence.set_takeover_grace(interval) TO %I', p_role);
-    END IF;
+    FOR g IN SELECT * FROM pgfence._granted_privileges() e WHERE NOT e.operator OR p_operator LOOP
+        EXECUTE format('GRANT %s ON %s TO %I', g.privilege, pgfence._privilege_target(g.kind, g.object), p_role);
+    END LOOP;
 END;
 $$;
 

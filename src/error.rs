@@ -320,8 +320,9 @@ impl From<diesel::result::Error> for Error {
 const INVALID_ARGUMENT: &str = "22023";
 
 /// The [`Error::InvalidInput`] for the database's check of an argument, `pgfence: invalid <field>: <reason>`
-/// (the argument names of the SQL functions are the Rust API's field names); `None` for its other refusals
-/// (a grant to a superuser, …), which stay [`Error::Database`].
+/// (the argument names of the SQL functions are the Rust API's field names; a role that grants and revokes
+/// refuse, such as a superuser or the owner, is `invalid role`); `None` for its other refusals, which stay
+/// [`Error::Database`].
 fn argument_refused(message: &str) -> Option<Error> {
     const FIELDS: [&str; 15] = [
         "lease",
@@ -453,6 +454,10 @@ mod tests {
             }
         }
         assert!(argument_refused("pgfence: invalid belief: no").is_none());
+        assert!(matches!(
+            argument_refused("pgfence: invalid role: 'x' is a superuser or BYPASSRLS role: no grant bounds what it reads or does"),
+            Some(Error::InvalidInput { field: "role", .. })
+        ));
         assert!(argument_refused("pgfence: refusing to grant to x").is_none());
     }
 }

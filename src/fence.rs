@@ -955,15 +955,16 @@ impl Store {
     /// Grants `role` the application rights on `cluster` (`None`: every cluster): acquire, renew, release and
     /// guarded writes of that cluster's leases, and reading its rows (row-level security hides the others).
     /// The database gives it EXECUTE on the lease and guarded-write functions and SELECT on the tables — no
-    /// direct INSERT, UPDATE or DELETE. Run as the owner (the role that migrated). Refused
-    /// ([`Error::InvalidInput`] or SQLSTATE `22023`): PUBLIC, pseudo-roles (`current_user`, …), predefined
-    /// `pg_*` roles, superusers, BYPASSRLS roles and the owner itself.
+    /// direct INSERT, UPDATE or DELETE. Run as the owner (the role that migrated). Refused, granting nothing
+    /// ([`Error::InvalidInput`], SQLSTATE `22023` from SQL): PUBLIC, pseudo-roles (`current_user`, …),
+    /// predefined `pg_*` roles, superusers, BYPASSRLS roles, and the owner and its members.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for a refused or malformed `role` or `cluster` (nothing was sent);
-    /// [`Error::Database`] with SQLSTATE `22023` when the database refuses the role, `42704` when no such role
-    /// exists, `42501` when the session is not the owner; the [errors of every database call](crate#errors).
+    /// [`Error::InvalidInput`] for a refused or malformed `role` or `cluster`: PUBLIC, pseudo-roles, `pg_*` roles
+    /// and malformed text before anything is sent, superusers, BYPASSRLS roles and the owner (or its members) by
+    /// the database; [`Error::Database`] with SQLSTATE `42704` when no such role exists, `42501` when the session
+    /// is not the owner; the [errors of every database call](crate#errors).
     ///
     /// # Cancel safety
     ///
@@ -988,13 +989,13 @@ impl Store {
     }
 
     /// Removes `role`'s grant of `cluster` (`None`: its every-cluster grant); once it has none left, also its
-    /// privileges on pgfence's objects. Returns whether a grant was removed.
+    /// privileges on pgfence's objects. Returns whether a grant was removed. Refuses the roles
+    /// [`grant_application`](Self::grant_application) refuses, revoking nothing: in particular the owner, whose
+    /// own privileges a revoke would take (every pgfence call would then fail `42501`).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for a refused or malformed `role` or `cluster` (nothing was sent);
-    /// [`Error::Database`] with SQLSTATE `42704` when no such role exists, `42501` when the session is not the
-    /// owner; the [errors of every database call](crate#errors).
+    /// As [`grant_application`](Self::grant_application).
     ///
     /// # Cancel safety
     ///

@@ -595,9 +595,9 @@ async fn revoke_removes_one_grant_and_says_whether_it_did() {
     assert_eq!(db.scalar("SELECT count(*) FROM pgfence.grants").await, 0);
 }
 
-/// `grant` refuses PUBLIC, pseudo-roles, predefined pg_* roles, superusers, BYPASSRLS roles and the owner —
-/// through the CLI (exit 2 or 1 with a clear message), the library (`InvalidInput`) and SQL (22023) — and
-/// grants nothing.
+/// `grant` and `revoke` refuse PUBLIC, pseudo-roles, predefined pg_* roles, superusers, BYPASSRLS roles and the
+/// owner — through the CLI (exit 2 with a clear message), the library (`InvalidInput` naming the role) and SQL
+/// (22023) — and change no grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grant_refuses_public_pseudo_predefined_and_superuser_roles() {
     let db = TestDb::new().await;
@@ -637,9 +637,30 @@ async fn grant_refuses_public_pseudo_predefined_and_superuser_roles() {
         assert_eq!(sqlstate(&sql), "22023", "{name}");
     }
     let store = db.store("c").await;
-    for name in [su.as_str(), bypass.as_str(), "postgres"] {
-        let err = store.grant_application(name, Some("c")).await.unwrap_err();
-        assert_eq!(err.sqlstate(), Some("22023"), "{name}: {err}");
+    let owner: String = client
+        .query_one("SELECT session_user::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    for name in [su.as_str(), bypass.as_str(), owner.as_str()] {
+        for err in [
+            store.grant_application(name, Some("c")).await.unwrap_err(),
+            store.grant_operator(name, None).await.unwrap_err(),
+            store.revoke(name, Some("c")).await.unwrap_err(),
+            store.revoke(name, None).await.unwrap_err(),
+        ] {
+            assert!(
+                matches!(err, Error::InvalidInput { field: "role", .. }),
+                "{name}: {err:?}"
+            );
+        }
+        for sql in [
+            "SELECT pgfence.grant_application($1, NULL)",
+            "SELECT pgfence.revoke($1, NULL)",
+        ] {
+            let err = client.query_one(sql, &[&name]).await.unwrap_err();
+            assert_eq!(sqlstate(&err), "22023", "{sql} {name}: {err}");
+        }
     }
     assert_eq!(db.scalar("SELECT count(*) FROM pgfence.grants").await, 0);
 }

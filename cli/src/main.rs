@@ -33,7 +33,8 @@ pub(crate) struct Cli {
 }
 
 const EXIT_CODES: &str = "Exit codes: 0 ok; 1 unexpected error; 2 usage or bad input (incl. a malformed URL, a \
-missing --yes); 3 database unreachable or refusing the connection; 4 standby or wrong database identity; 5 pgfence \
+missing --yes, a role that grant and revoke refuse or that does not exist); \
+3 database unreachable or refusing the connection; 4 standby or wrong database identity; 5 pgfence \
 schema missing (run `pgfence migrate`); 6 unknown lease; 7 a lock wait ended at its bound (the message names \
 who blocks); 8 denied (no grant on the cluster, not an operator, a wrong tenure secret); 9 TLS refused the \
 connection (the server's certificate failed verification, or the server offers no TLS that sslmode demands); \
@@ -138,7 +139,7 @@ enum Command {
     /// Grant a role the application rights on clusters (acquire, renew, release, guarded writes, reading their
     /// rows; no direct table writes), or with --operator also force-release there (and, with --all-clusters,
     /// enforcement, takeover grace and audit retention). Run as the role that migrated. PUBLIC, pseudo-roles,
-    /// pg_* roles, superusers and BYPASSRLS roles are refused.
+    /// pg_* roles, superusers, BYPASSRLS roles and the owner (or its members) are refused (exit 2).
     Grant {
         /// The role to grant to (it must exist: CREATE ROLE is the DBA's job).
         #[arg(long)]
@@ -158,6 +159,7 @@ enum Command {
         operator: bool,
     },
     /// Remove a role's grant of clusters (once it has none left, also its privileges on pgfence's objects).
+    /// Refuses the roles grant refuses (exit 2), the owner among them: its own privileges are not revoked.
     Revoke {
         /// The role.
         #[arg(long)]
@@ -265,6 +267,12 @@ impl From<Error> for Failure {
     fn from(err: Error) -> Failure {
         let code = match &err {
             Error::InvalidUrl { .. } | Error::InvalidInput { .. } => 2,
+            // The role named to grant or revoke does not exist: bad input.
+            Error::Database {
+                sqlstate: Some(code),
+                message,
+                ..
+            } if code == "42704" && message.starts_with("pgfence: role ") => 2,
             Error::Connect { .. } | Error::PoolTimeout { .. } => 3,
             Error::NotPrimary { .. } | Error::WrongDatabase { .. } => 4,
             Error::SchemaMissing => 5,

@@ -200,3 +200,69 @@ fn bad_options_are_usage_errors() {
         assert_eq!(run.code, 2, "{args:?}: {}{}", run.stdout, run.stderr);
     }
 }
+
+/// Secrets never in SQL text: a bench run of every path that presents a tenure secret (the library's fenced and
+/// append writes, the raw prepared statements, renewals, and pgbench's scripts) on a server that logs every
+/// statement (`log_statement = all`, `log_parameter_max_length = 0`: statement text only, no bind values)
+/// leaves no tenure secret (64 hex characters) in the server log, while the log shows the guarded statements
+/// themselves.
+#[test]
+fn no_tenure_secret_is_sent_as_statement_text() {
+    let mut options = pgfence::embedded::EmbeddedOptions::default();
+    options.extra_settings = [
+        ("log_statement", "all"),
+        ("log_parameter_max_length", "0"),
+        ("log_min_error_statement", "error"),
+    ]
+    .map(|(name, value)| (name.to_owned(), value.to_owned()))
+    .to_vec();
+    let server = pgfence::embedded::EmbeddedServer::start_with(options).unwrap();
+    let pgbench = pgbench_installed();
+    let mut workloads = String::from("fenced,raw-fenced,append,raw-append,acquire,renew");
+    if pgbench {
+        workloads.push_str(",pgbench-fenced,pgbench-append");
+    }
+    let run = pgfence(
+        &[
+            "bench",
+            "--yes",
+            "--workloads",
+            &workloads,
+            "--duration",
+            "50ms",
+            "--rounds",
+            "1",
+            "--concurrency",
+            "2",
+            "--batch",
+            "1",
+            "--lease-rows",
+            "1",
+            "--renewal-leases",
+            "2",
+        ],
+        Some(&server.url()),
+    );
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let log = std::fs::read_to_string(server.log_file()).unwrap();
+    let mut expected = vec!["pgfence.fence(", "pgfence.append_event(", "pgfence.renew"];
+    if pgbench {
+        // pgbench's scripts, sent as prepared statements: `execute P_<n>: …`.
+        expected.push("UPDATE pgfence_bench.rows SET v = v + 1 WHERE id >= $");
+    }
+    for statement in expected {
+        assert!(log.contains(statement), "{statement} is not in the log");
+    }
+    let hex_runs: Vec<&str> = log
+        .split(|c: char| !c.is_ascii_hexdigit())
+        .filter(|run| run.len() >= 64)
+        .collect();
+    assert!(
+        hex_runs.is_empty(),
+        "statement text carried a tenure secret: {:?}",
+        log.lines()
+            .filter(|line| hex_runs.iter().any(|run| line.contains(run)))
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+}

@@ -314,6 +314,112 @@ async fn migrate_installs_the_schema_once() {
     assert!(second.stdout.contains("up to date"), "{}", second.stdout);
 }
 
+/// Grants and revokes change only roles a grant bounds (invariant 8, and the owner's own rights): `grant` and
+/// `revoke` of the owner, a member of the owner, a superuser, a BYPASSRLS role, PUBLIC, `current_user`,
+/// `pg_monitor` and a role that does not exist each exit 2 (bad input, docs/cli.md) with a message naming the
+/// problem, and change nothing: the grants, every privilege on pgfence's objects, and the owner's and the granted
+/// role's acquisitions still work. The schema is owned by a role that is not a superuser, so a revoke of the
+/// owner's privileges would bite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grant_and_revoke_refuse_every_role_a_grant_cannot_bound() {
+    let db = TestDb::empty().await;
+    let owner = format!("{}_owner", db.name);
+    let (app, member, su, bypass) = (
+        format!("{}_app", db.name),
+        format!("{}_member", db.name),
+        format!("{}_su", db.name),
+        format!("{}_bypass", db.name),
+    );
+    let password = common::ROLE_PASSWORD;
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "CREATE ROLE {owner} LOGIN PASSWORD '{password}'; ALTER DATABASE {0} OWNER TO {owner}; \
+             CREATE ROLE {app} LOGIN PASSWORD '{password}'; GRANT CONNECT ON DATABASE {0} TO {app}; \
+             CREATE ROLE {member} IN ROLE {owner}; CREATE ROLE {su} SUPERUSER; CREATE ROLE {bypass} BYPASSRLS",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let as_owner = common::url_with_credentials(&db.url, &owner, password);
+    let migrated = pgfence(&["migrate"], Some(&as_owner)).await;
+    assert_eq!(migrated.code, 0, "{}", migrated.stderr);
+    let granted = pgfence(
+        &["grant", "--role", &app, "--on-cluster", "c"],
+        Some(&as_owner),
+    )
+    .await;
+    assert_eq!(granted.code, 0, "{}", granted.stderr);
+    let snapshot = || async {
+        let client = db.client().await;
+        let rows = client
+            .query(
+                "SELECT format('%s %s %s', role, coalesce(cluster, '*'), operator) FROM pgfence.grants \
+                 UNION ALL SELECT format('%s %s', c.relname, c.relacl) FROM pg_class c \
+                   JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'pgfence' \
+                 UNION ALL SELECT format('%s %s', p.oid::regprocedure, p.proacl) FROM pg_proc p \
+                   JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'pgfence' \
+                 UNION ALL SELECT format('schema %s', nspacl) FROM pg_namespace WHERE nspname = 'pgfence' \
+                 ORDER BY 1",
+                &[],
+            )
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+    };
+    let before = snapshot().await;
+    let missing = format!("{}_nobody", db.name);
+    for role in [
+        owner.as_str(),
+        member.as_str(),
+        su.as_str(),
+        bypass.as_str(),
+        "PUBLIC",
+        "current_user",
+        "pg_monitor",
+        missing.as_str(),
+    ] {
+        for (command, target) in [
+            ("grant", ["--all-clusters", ""]),
+            ("grant", ["--on-cluster", "c"]),
+            ("revoke", ["--all-clusters", ""]),
+            ("revoke", ["--on-cluster", "c"]),
+        ] {
+            let args: Vec<&str> = [command, "--role", role]
+                .into_iter()
+                .chain(target.into_iter().filter(|a| !a.is_empty()))
+                .collect();
+            let run = pgfence(&args, Some(&as_owner)).await;
+            assert_eq!(run.code, 2, "{args:?}: {}{}", run.stdout, run.stderr);
+            assert!(
+                run.stderr.contains("invalid role") || run.stderr.contains("does not exist"),
+                "{args:?}: {}",
+                run.stderr
+            );
+            assert_eq!(
+                snapshot().await,
+                before,
+                "{args:?} changed grants or privileges"
+            );
+        }
+    }
+    for role in [&owner, &app] {
+        let store = pgfence::Store::connect(pgfence::StoreConfig::new(
+            common::url_with_credentials(&db.url, role, password),
+            "c",
+        ))
+        .await
+        .unwrap();
+        let lease = store
+            .acquire("sched", role, Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("{role} acquires after the refusals: {e}"));
+        store.release(&lease).await.unwrap();
+    }
+}
+
 /// force-release needs --yes (exit 2), fences the holder, and an unknown lease is exit 6.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_release_needs_confirmation_and_fences_the_holder() {

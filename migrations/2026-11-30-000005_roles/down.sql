@@ -18,6 +18,7 @@ DROP FUNCTION pgfence.revoke(text, text);
 DROP FUNCTION pgfence.grant_operator(text, text);
 DROP FUNCTION pgfence.grant_application(text, text);
 DROP FUNCTION pgfence._grant(text, text, boolean);
+DROP FUNCTION pgfence._refuse_role(text);
 DROP FUNCTION pgfence._harden();
 DROP POLICY own_grants ON pgfence.grants;
 DROP POLICY granted_clusters ON pgfence.rejections;

@@ -354,9 +354,44 @@ EXCEPTION WHEN lock_not_available THEN
 END;
 $$;
 
--- Records a grant of p_cluster (NULL: every cluster) to p_role and gives it the object privileges. Refuses
--- (22023) PUBLIC, pseudo-roles and predefined pg_* roles (every role would get the rights), superusers and
--- BYPASSRLS roles (no grant can bound what they read or do), and the owner and its members (trusted already).
+-- The roles grants and revokes may change, one rule for both: raises 22023 (`pgfence: invalid role: …`) for a
+-- malformed name, PUBLIC, pseudo-roles and predefined pg_* roles (they stand for many roles), superusers and
+-- BYPASSRLS roles (no grant can bound what they read or do), and the owner and its members (trusted already: a
+-- revoke would take the owner's own privileges on its objects, and every pgfence call would then fail 42501);
+-- 42704 when no such role exists. Called by _grant and revoke before they change anything.
+CREATE FUNCTION pgfence._refuse_role(p_role text) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r pg_roles;
+    problem text := pgfence._text_problem(p_role, 63);
+BEGIN
+    IF problem IS NULL AND (lower(p_role) IN ('public', 'current_user', 'current_role', 'session_user', 'user', 'none')
+                            OR starts_with(p_role, 'pg_')) THEN
+        problem := 'PUBLIC, pseudo-roles and predefined pg_* roles stand for many roles: grant to a role of the application';
+    END IF;
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: invalid role: %', problem
+            USING ERRCODE = '22023', HINT = 'Grant to a role of the application, e.g. CREATE ROLE app LOGIN.';
+    END IF;
+    SELECT * INTO r FROM pg_roles WHERE rolname = p_role;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgfence: role % does not exist', pgfence._printable(p_role) USING ERRCODE = '42704';
+    END IF;
+    IF r.rolsuper OR r.rolbypassrls THEN
+        problem := format('%s is a superuser or BYPASSRLS role: no grant bounds what it reads or does',
+                          pgfence._printable(p_role));
+    ELSIF pg_has_role(r.oid, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgfence'), 'MEMBER') THEN
+        problem := format('%s owns the pgfence schema (or is a member of its owner): it is trusted already, and '
+                          'its privileges are not granted nor revoked', pgfence._printable(p_role));
+    END IF;
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: invalid role: %', problem USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
+
+-- Records a grant of p_cluster (NULL: every cluster) to p_role and gives it the object privileges. Refuses the
+-- roles _refuse_role refuses.
 CREATE FUNCTION pgfence._grant(p_role text, p_cluster text, p_operator boolean) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -367,27 +402,8 @@ BEGIN
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION 'pgfence: invalid cluster: %', problem USING ERRCODE = '22023';
     END IF;
-    IF pgfence._text_problem(p_role, 63) IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: invalid role: %', pgfence._text_problem(p_role, 63) USING ERRCODE = '22023';
-    END IF;
-    IF lower(p_role) IN ('public', 'current_user', 'current_role', 'session_user', 'user', 'none')
-       OR starts_with(p_role, 'pg_') THEN
-        RAISE EXCEPTION 'pgfence: refusing to grant to %: PUBLIC, pseudo-roles and predefined pg_* roles stand for many roles',
-            pgfence._printable(p_role)
-            USING ERRCODE = '22023', HINT = 'Grant to a role of the application, e.g. CREATE ROLE app LOGIN.';
-    END IF;
+    PERFORM pgfence._refuse_role(p_role);
     SELECT * INTO r FROM pg_roles WHERE rolname = p_role;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'pgfence: role % does not exist', pgfence._printable(p_role) USING ERRCODE = '42704';
-    END IF;
-    IF r.rolsuper OR r.rolbypassrls THEN
-        RAISE EXCEPTION 'pgfence: refusing to grant to %: a superuser or BYPASSRLS role is not bounded by grants',
-            pgfence._printable(p_role) USING ERRCODE = '22023';
-    END IF;
-    IF pg_has_role(r.oid, (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgfence'), 'MEMBER') THEN
-        RAISE EXCEPTION 'pgfence: refusing to grant to %: it owns the pgfence schema (or is a member of its owner) and is trusted already',
-            pgfence._printable(p_role) USING ERRCODE = '22023';
-    END IF;
     PERFORM pgfence._harden();
     INSERT INTO pgfence.grants (role, cluster, operator) VALUES (r.oid::regrole, p_cluster, p_operator)
     ON CONFLICT (role, coalesce(cluster, '')) DO UPDATE SET operator = pgfence.grants.operator OR EXCLUDED.operator;
@@ -412,16 +428,20 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- Removes p_role's grant of p_cluster (NULL: its every-cluster grant); once the role has no grant left, also
--- its object privileges. Returns how many grants it removed (0 or 1).
+-- its object privileges. Returns how many grants it removed (0 or 1). Refuses (changing nothing) a malformed
+-- cluster and the roles _refuse_role refuses, as _grant does.
 CREATE FUNCTION pgfence.revoke(p_role text, p_cluster text) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n integer;
-    oid_ oid := (SELECT r.oid FROM pg_roles r WHERE r.rolname = p_role);
+    oid_ oid;
+    problem text := CASE WHEN p_cluster IS NOT NULL THEN pgfence._cluster_problem(p_cluster) END;
 BEGIN
-    IF oid_ IS NULL THEN
-        RAISE EXCEPTION 'pgfence: role % does not exist', pgfence._printable(p_role) USING ERRCODE = '42704';
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: invalid cluster: %', problem USING ERRCODE = '22023';
     END IF;
+    PERFORM pgfence._refuse_role(p_role);
+    oid_ := (SELECT r.oid FROM pg_roles r WHERE r.rolname = p_role);
     PERFORM pgfence._harden();
     DELETE FROM pgfence.grants g WHERE g.role = oid_::regrole AND g.cluster IS NOT DISTINCT FROM p_cluster;
     GET DIAGNOSTICS n = ROW_COUNT;

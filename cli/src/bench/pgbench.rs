@@ -12,13 +12,15 @@ use super::workload::{Workload, OPERATION};
 use super::{new_histogram, Failure};
 
 /// A pgbench binary, the connection it uses (as libpq environment variables: no password on a command line)
-/// and the scripts, written once into a temporary directory.
+/// and the scripts, written once into a temporary directory. The tenure secret travels like the password: in
+/// the environment (`PGOPTIONS`, a setting of pgbench's own sessions), never in a script, an argument or SQL text.
 pub(super) struct Pgbench {
     exe: PathBuf,
     env: Vec<(&'static str, String)>,
     dir: tempfile::TempDir,
     lease: String,
     epoch: i64,
+    secret: String,
     pub(super) version: String,
 }
 
@@ -83,6 +85,10 @@ impl Pgbench {
         if let Some(db) = config.get_dbname() {
             env.push(("PGDATABASE", db.to_owned()));
         }
+        // Each pgbench session reads it once into the variable :secret (see secret_once), which pgbench then sends
+        // as a bind parameter (-M prepared). Environments are private to the user, as PGPASSWORD's is; command
+        // lines are not (ps), nor is statement text (pg_stat_activity, the server log).
+        env.push(("PGOPTIONS", format!("-c {SECRET_SETTING}={secret}")));
         let dir = tempfile::Builder::new()
             .prefix("pgfence-bench-")
             .tempdir()
@@ -92,15 +98,16 @@ impl Pgbench {
                 .map_err(|e| Failure::new(1, format!("writing the pgbench script {name}: {e}")))
         };
         for &batch in batches {
-            write(&format!("fenced-{batch}.sql"), fenced_script(batch, secret))?;
+            write(&format!("fenced-{batch}.sql"), fenced_script(batch))?;
         }
-        write("append.sql", append_script(secret))?;
+        write("append.sql", append_script())?;
         Ok(Pgbench {
             exe,
             env,
             dir,
             lease: lease.to_owned(),
             epoch,
+            secret: secret.to_owned(),
             version,
         })
     }
@@ -125,6 +132,8 @@ impl Pgbench {
         std::fs::create_dir_all(&logs)
             .map_err(|e| Failure::new(1, format!("creating {}: {e}", logs.display())))?;
         let mut cmd = Command::new(&self.exe);
+        // -M prepared: script variables (the secret among them) are bind parameters; -M simple would write them
+        // into the statement text.
         cmd.args(["-n", "-M", "prepared"])
             .arg(format!("-c{clients}"))
             .arg(format!("-j{clients}"))
@@ -141,6 +150,8 @@ impl Pgbench {
             .arg(format!("kind={OPERATION}"))
             .arg("-D")
             .arg("payload={}")
+            .arg("-D")
+            .arg("secret_read=0")
             // Every transaction's latency, like the HDR histograms of the other paths.
             .arg("-l")
             .arg(format!("--log-prefix={}", logs.join("lat").display()))
@@ -162,9 +173,12 @@ impl Pgbench {
         let output = cmd
             .output()
             .map_err(|e| Failure::new(1, format!("running {}: {e}", self.exe.display())))?;
-        let stdout = String::from_utf8_lossy(&output.stdout);
+        // pgbench prints no variable's value unless debugging (-d); redacted all the same before anything is shown.
+        let redact =
+            |bytes: &[u8]| String::from_utf8_lossy(bytes).replace(&self.secret, "<secret>");
+        let stdout = redact(&output.stdout);
         if !output.status.success() {
-            let stderr = String::from_utf8_lossy(&output.stderr);
+            let stderr = redact(&output.stderr);
             return Err(Failure::new(
                 1,
                 format!(
@@ -222,24 +236,42 @@ impl Pgbench {
     }
 }
 
-/// BEGIN; guard; UPDATE of the client's `batch` rows; COMMIT — the statements of `raw-fenced`. The tenure secret
-/// is written into the script (in the private temporary directory), not passed as an argument, where every
-/// user of the machine could read it (`ps`).
-fn fenced_script(batch: u32, secret: &str) -> String {
+/// The setting of pgbench's sessions that carries the tenure secret (given in `PGOPTIONS`).
+const SECRET_SETTING: &str = "pgfence_bench.secret";
+
+/// The first lines of every script: on a session's first transaction, the secret is read from its setting into
+/// the variable `:secret` (pgbench keeps a client's variables across its transactions). One extra statement per
+/// connection; every transaction then sends the secret as a bind parameter, like the raw path.
+fn secret_once() -> String {
     format!(
-        "\\set lo :client_id * {batch}\n\
+        "\\if :secret_read = 0\n\
+         SELECT current_setting('{SECRET_SETTING}') AS secret \\gset\n\
+         \\set secret_read 1\n\
+         \\endif\n"
+    )
+}
+
+/// BEGIN; guard; UPDATE of the client's `batch` rows; COMMIT — the statements of `raw-fenced`, the tenure
+/// secret as a bind parameter (`:secret`, see [`secret_once`]).
+fn fenced_script(batch: u32) -> String {
+    format!(
+        "{}\
+         \\set lo :client_id * {batch}\n\
          \\set hi :lo + {batch}\n\
          BEGIN;\n\
-         SELECT * FROM pgfence.fence(:lease, :epoch, '{secret}', :op, NULL, NULL);\n\
+         SELECT * FROM pgfence.fence(:lease, :epoch, :secret, :op, NULL, NULL);\n\
          UPDATE pgfence_bench.rows SET v = v + 1 WHERE id >= :lo AND id < :hi;\n\
-         COMMIT;\n"
+         COMMIT;\n",
+        secret_once()
     )
 }
 
 /// The statement of `append` and `raw-append`, on the client's own task (key = client id).
-fn append_script(secret: &str) -> String {
+fn append_script() -> String {
     format!(
-        "\\set key :client_id\n\
-         SELECT * FROM pgfence.append_event(:lease, :epoch, '{secret}', :key, :kind, :payload);\n"
+        "{}\
+         \\set key :client_id\n\
+         SELECT * FROM pgfence.append_event(:lease, :epoch, :secret, :key, :kind, :payload);\n",
+        secret_once()
     )
 }

@@ -434,6 +434,7 @@ CREATE FUNCTION pgfence.revoke(p_role text, p_cluster text) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n integer;
+    g record;
     oid_ oid;
     problem text := CASE WHEN p_cluster IS NOT NULL THEN pgfence._cluster_problem(p_cluster) END;
 BEGIN
@@ -450,9 +451,10 @@ BEGIN
         EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgfence FROM %I', p_role);
         EXECUTE format('REVOKE ALL ON SCHEMA pgfence FROM %I', p_role);
     ELSIF NOT EXISTS (SELECT 1 FROM pgfence.grants g WHERE g.role = oid_::regrole AND g.operator) THEN
-        EXECUTE format('REVOKE EXECUTE ON FUNCTION pgfence.force_release(text), '
-                       'pgfence.set_enforcement(boolean, text), pgfence.prune_rejections(interval, integer), '
-                       'pgfence.set_takeover_grace(interval) FROM %I', p_role);
+        FOR g IN SELECT * FROM pgfence._granted_privileges() e WHERE e.operator LOOP
+            EXECUTE format('REVOKE %s ON %s FROM %I', g.privilege, pgfence._privilege_target(g.kind, g.object),
+                           p_role);
+        END LOOP;
     END IF;
     RETURN n;
 END;

@@ -273,11 +273,21 @@ BEGIN
                        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
                       CROSS JOIN LATERAL aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
                       WHERE n.nspname = 'pgfence'
+                 ), granted AS (
+                     SELECT g.role::oid AS grantee, bool_or(g.operator) AS operator FROM pgfence.grants g
+                      GROUP BY g.role
                  ), expected AS (
-                     SELECT e.kind, e.object, e.privilege, g.role::oid AS grantee
-                       FROM pgfence._granted_privileges() e
-                       JOIN (SELECT g.role, bool_or(g.operator) AS operator FROM pgfence.grants g
-                              GROUP BY g.role) g ON g.operator OR NOT e.operator
+                     SELECT e.kind, e.object, e.privilege, g.grantee
+                       FROM pgfence._granted_privileges() e JOIN granted g ON g.operator OR NOT e.operator
+                     UNION ALL
+                     -- Raw SQL on the task tables, which a DBA may give a granted role on purpose: left while
+                     -- the raw-SQL enforcement judges every such write (bounded to the role's clusters by
+                     -- row-level security), revoked while it is off.
+                     SELECT 'TABLE', t.o, p.p, g.grantee
+                       FROM granted g,
+                            unnest(ARRAY['pgfence.tasks', 'pgfence.task_events']::regclass[]) AS t(o),
+                            unnest(ARRAY['INSERT', 'UPDATE', 'DELETE']) AS p(p)
+                      WHERE pgfence.enforcement() <> 'off'
                  )
                  SELECT DISTINCT a.grantor = owner_oid AS by_owner, a.kind, a.object, a.privilege_type, a.grantee,
                         a.is_grantable AND EXISTS (SELECT 1 FROM expected e
@@ -396,7 +406,7 @@ CREATE FUNCTION pgfence._grant(p_role text, p_cluster text, p_operator boolean) 
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r pg_roles;
-    g record;
+    privilege record;
     problem text := CASE WHEN p_cluster IS NOT NULL THEN pgfence._cluster_problem(p_cluster) END;
 BEGIN
     IF problem IS NOT NULL THEN
@@ -407,8 +417,9 @@ BEGIN
     PERFORM pgfence._harden();
     INSERT INTO pgfence.grants (role, cluster, operator) VALUES (r.oid::regrole, p_cluster, p_operator)
     ON CONFLICT (role, coalesce(cluster, '')) DO UPDATE SET operator = pgfence.grants.operator OR EXCLUDED.operator;
-    FOR g IN SELECT * FROM pgfence._granted_privileges() e WHERE NOT e.operator OR p_operator LOOP
-        EXECUTE format('GRANT %s ON %s TO %I', g.privilege, pgfence._privilege_target(g.kind, g.object), p_role);
+    FOR privilege IN SELECT * FROM pgfence._granted_privileges() e WHERE NOT e.operator OR p_operator LOOP
+        EXECUTE format('GRANT %s ON %s TO %I', privilege.privilege,
+                       pgfence._privilege_target(privilege.kind, privilege.object), p_role);
     END LOOP;
 END;
 $$;
@@ -434,7 +445,7 @@ CREATE FUNCTION pgfence.revoke(p_role text, p_cluster text) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n integer;
-    g record;
+    privilege record;
     oid_ oid;
     problem text := CASE WHEN p_cluster IS NOT NULL THEN pgfence._cluster_problem(p_cluster) END;
 BEGIN
@@ -451,9 +462,9 @@ BEGIN
         EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgfence FROM %I', p_role);
         EXECUTE format('REVOKE ALL ON SCHEMA pgfence FROM %I', p_role);
     ELSIF NOT EXISTS (SELECT 1 FROM pgfence.grants g WHERE g.role = oid_::regrole AND g.operator) THEN
-        FOR g IN SELECT * FROM pgfence._granted_privileges() e WHERE e.operator LOOP
-            EXECUTE format('REVOKE %s ON %s FROM %I', g.privilege, pgfence._privilege_target(g.kind, g.object),
-                           p_role);
+        FOR privilege IN SELECT * FROM pgfence._granted_privileges() e WHERE e.operator LOOP
+            EXECUTE format('REVOKE %s ON %s FROM %I', privilege.privilege,
+                           pgfence._privilege_target(privilege.kind, privilege.object), p_role);
         END LOOP;
     END IF;
     RETURN n;

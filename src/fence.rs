@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{DenyReason, Error, Result};
 use crate::lease::{Lease, TenureSecret};
 use crate::reply::{deny_reason, loss_reason, unexpected, RowsOf};
-use crate::store::Store;
+use crate::store::{LayoutSeverity, Store};
 use crate::types::{Epoch, LossReason, TaskState};
 use crate::validate::{validate_holder, validate_qualified};
 
@@ -1030,6 +1030,22 @@ impl Store {
         check_role(role)?;
         if let Some(cluster) = cluster {
             crate::validate::validate_cluster(cluster)?;
+        }
+        // The layout first: a grant is of no use while the owner may not take the guard lock (nothing is
+        // changed then), and the rest is worth a warning.
+        for problem in self.layout_problems().await? {
+            if problem.severity == LayoutSeverity::Error {
+                return Err(Error::Database {
+                    sqlstate: Some("42501".to_owned()),
+                    message: format!(
+                        "pgfence: refusing to grant: {}. To fix: {}",
+                        problem.problem, problem.fix
+                    ),
+                    source: None,
+                });
+            }
+            tracing::warn!(problem = %problem.problem, fix = %problem.fix,
+                "the database's role layout leaves a gap (docs/security.md)");
         }
         let mut conn = self.conn().await?;
         diesel::sql_query(format!("SELECT pgfence.{function}($1, $2)"))

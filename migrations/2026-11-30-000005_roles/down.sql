@@ -14,6 +14,7 @@ BEGIN
     END LOOP;
 END;
 $$;
+DROP FUNCTION pgfence._layout_problems();
 DROP FUNCTION pgfence.revoke(text, text);
 DROP FUNCTION pgfence.grant_operator(text, text);
 DROP FUNCTION pgfence.grant_application(text, text);

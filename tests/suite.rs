@@ -12,6 +12,8 @@ mod embedded;
 mod guard;
 #[path = "hostile.rs"]
 mod hostile;
+#[path = "layout.rs"]
+mod layout;
 #[path = "lease.rs"]
 mod lease;
 #[path = "migrations.rs"]

@@ -801,10 +801,22 @@ impl Store {
     }
 
     /// Applies the embedded migrations that are not applied yet and returns their versions. Migrating twice is
-    /// a no-op; two processes migrating at once take turns (a session advisory lock on a dedicated connection).
+    /// a no-op; two processes migrating at once take turns (a session advisory lock on a dedicated connection,
+    /// waited for at most [`StoreConfig::migration_lock_wait`]).
+    ///
+    /// Before anything is applied, on every run: the migrating role must be able to execute the advisory-lock
+    /// functions pgfence calls ([`ADVISORY_FUNCTIONS_NEEDED`]), and an existing schema `pgfence` must be its alone
+    /// — owned by exactly that role, with no schema privilege it did not grant and no CREATE for another role, and
+    /// no object in it owned by another role (whoever controls the schema could replace pgfence's functions).
+    /// After the migrations, the rest of [`layout_problems`](Self::layout_problems) is logged as warnings.
     ///
     /// # Errors
     ///
+    /// - [`Error::Migration`] whose [`sqlstate`](Error::sqlstate) is `42501` when one of those checks refused,
+    ///   naming the owner, grantee, object or functions and the SQL that fixes it; nothing was changed.
+    /// - [`Error::Database`] with SQLSTATE `PF003` (transient) when the migration lock was not free within
+    ///   [`StoreConfig::migration_lock_wait`], naming the sessions that hold it (pid, application_name, state,
+    ///   role).
     /// - [`Error::Migration`] when a migration failed (its transaction rolled back; the ones before it stay
     ///   applied), with the database's error as its source — a missing privilege keeps its SQLSTATE `42501` —
     ///   or when the store sits behind a transaction-mode pooler without [`StoreConfig::direct_url`].

@@ -258,6 +258,7 @@ async fn an_outsider_holding_the_migration_key_makes_migrate_fail_within_its_bou
         .expect("migrate must not wait without bound")
         .unwrap_err();
     let waited = started.elapsed();
+    eprintln!("migrate behind an outsider's migration lock failed after {waited:?}: {err}");
     assert!(
         waited >= Duration::from_secs(1) && waited < Duration::from_secs(4),
         "{waited:?}"
@@ -321,6 +322,7 @@ async fn an_outsider_holding_a_guard_key_is_named_within_the_bounds() {
     .expect("the guard's wait is bounded")
     .unwrap_err();
     let waited = started.elapsed();
+    eprintln!("a guarded write behind an outsider's guard key failed after {waited:?}: {err}");
     assert_eq!(err.sqlstate(), Some("PF003"), "{err}");
     assert!(
         err.to_string().contains(&format!("pid {pid}")) && err.to_string().contains(&outsider),
@@ -334,6 +336,7 @@ async fn an_outsider_holding_a_guard_key_is_named_within_the_bounds() {
         .expect("the takeover's wait is bounded")
         .unwrap_err();
     let waited = started.elapsed();
+    eprintln!("a takeover behind an outsider's guard key failed after {waited:?}: {err}");
     assert_eq!(err.sqlstate(), Some("PF003"), "{err}");
     assert!(err.to_string().contains(&outsider), "{err}");
     assert!(

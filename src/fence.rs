@@ -963,7 +963,10 @@ impl Store {
     ///
     /// [`Error::InvalidInput`] for a refused or malformed `role` or `cluster` (nothing was sent);
     /// [`Error::Database`] with SQLSTATE `22023` when the database refuses the role, `42704` when no such role
-    /// exists, `42501` when the session is not the owner; the [errors of every database call](crate#errors).
+    /// exists, `42501` when the session is not the owner or when the owner may not execute an advisory-lock
+    /// function pgfence calls (the message names them and the GRANT to run; nothing was granted); the
+    /// [errors of every database call](crate#errors). The rest of [`Store::layout_problems`] is logged as
+    /// warnings.
     ///
     /// # Cancel safety
     ///

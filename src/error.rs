@@ -256,10 +256,16 @@ impl Error {
         }
     }
 
-    /// The SQLSTATE of a database error, if any.
+    /// The SQLSTATE of a database error, if any; for a [`Error::Migration`] refused by the database's rules
+    /// (`42501`: the schema is not the migrating role's, or it may not execute what pgfence needs), the
+    /// SQLSTATE of that refusal.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
             Error::Database { sqlstate, .. } => sqlstate.as_deref(),
+            Error::Migration {
+                source: Some(source),
+                ..
+            } => source.downcast_ref::<Error>().and_then(Error::sqlstate),
             _ => None,
         }
     }

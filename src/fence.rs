@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{DenyReason, Error, Result};
 use crate::lease::{Lease, TenureSecret};
 use crate::reply::{deny_reason, loss_reason, unexpected, RowsOf};
-use crate::store::Store;
+use crate::store::{LayoutSeverity, Store};
 use crate::types::{Epoch, LossReason, TaskState};
 use crate::validate::{validate_holder, validate_qualified};
 
@@ -964,7 +964,9 @@ impl Store {
     /// [`Error::InvalidInput`] for a refused or malformed `role` or `cluster`: PUBLIC, pseudo-roles, `pg_*` roles
     /// and malformed text before anything is sent, superusers, BYPASSRLS roles and the owner (or its members) by
     /// the database; [`Error::Database`] with SQLSTATE `42704` when no such role exists, `42501` when the session
-    /// is not the owner; the [errors of every database call](crate#errors).
+    /// is not the owner or when the owner may not execute an advisory-lock function pgfence calls (the message
+    /// names them and the GRANT to run; nothing was granted); the [errors of every database call](crate#errors).
+    /// The rest of [`Store::layout_problems`] is logged as warnings.
     ///
     /// # Cancel safety
     ///
@@ -1031,6 +1033,22 @@ impl Store {
         check_role(role)?;
         if let Some(cluster) = cluster {
             crate::validate::validate_cluster(cluster)?;
+        }
+        // The layout first: a grant is of no use while the owner may not take the guard lock (nothing is
+        // changed then), and the rest is worth a warning.
+        for problem in self.layout_problems().await? {
+            if problem.severity == LayoutSeverity::Error {
+                return Err(Error::Database {
+                    sqlstate: Some("42501".to_owned()),
+                    message: format!(
+                        "pgfence: refusing to grant: {}. To fix: {}",
+                        problem.problem, problem.fix
+                    ),
+                    source: None,
+                });
+            }
+            tracing::warn!(problem = %problem.problem, fix = %problem.fix,
+                "the database's role layout leaves a gap (docs/security.md)");
         }
         let mut conn = self.conn().await?;
         diesel::sql_query(format!("SELECT pgfence.{function}($1, $2)"))

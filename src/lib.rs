@@ -110,7 +110,8 @@ pub use lease::{
 };
 pub use pooler::PoolerMode;
 pub use store::{
-    DatabaseIdentity, ExpectedIdentity, Pool, PooledConnection, Store, StoreConfig, MIGRATIONS,
+    DatabaseIdentity, ExpectedIdentity, LayoutProblem, LayoutSeverity, Pool, PooledConnection,
+    Store, StoreConfig, ADVISORY_FUNCTIONS_NEEDED, DEFAULT_MIGRATION_LOCK_WAIT, MIGRATIONS,
 };
 pub use tasks::{Task, TaskEvent, TaskWrite, MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH};
 pub use tls::{redact, Connection, Connector, SslMode, TlsStream};

@@ -8,7 +8,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{role, url_as, TestDb};
+use common::{client_as, role, url_as, TestDb};
 use diesel::migration::MigrationSource;
 use diesel::pg::Pg;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
@@ -252,4 +252,170 @@ async fn migrations_apply_one_at_a_time_on_data_and_end_as_a_fresh_schema() {
         2,
         "the granted role reads its cluster's leases, the one from before the roles migration included"
     );
+}
+
+/// How many objects the schema `pgfence` holds (relations, functions, types), 0 when it does not exist.
+async fn objects_in_schema(db: &TestDb) -> i64 {
+    db.scalar(
+        "SELECT (SELECT count(*) FROM pg_class WHERE relnamespace = n.oid) \
+              + (SELECT count(*) FROM pg_proc WHERE pronamespace = n.oid) \
+              + (SELECT count(*) FROM pg_type WHERE typnamespace = n.oid) \
+           FROM pg_namespace n WHERE n.nspname = 'pgfence' \
+         UNION ALL SELECT 0 ORDER BY 1 DESC LIMIT 1",
+    )
+    .await
+}
+
+/// A login role that may create schemas in `db` (a would-be owner, or a squatter).
+async fn creator(db: &TestDb, suffix: &str) -> String {
+    let name = role(db, suffix).await;
+    db.client()
+        .await
+        .batch_execute(&format!("GRANT CREATE ON DATABASE {} TO {name}", db.name))
+        .await
+        .unwrap();
+    name
+}
+
+/// The migrating role as a store.
+async fn store_as(db: &TestDb, who: &str) -> Store {
+    Store::connect(StoreConfig::new(url_as(db, who), "c"))
+        .await
+        .unwrap()
+}
+
+/// Asserts a migration refused for the schema's trust (42501 through `sqlstate()`), naming `culprit` and a fix.
+fn assert_refused_naming(err: &Error, culprit: &str, fix: &str) {
+    assert!(matches!(err, Error::Migration { .. }), "{err:?}");
+    assert_eq!(err.sqlstate(), Some("42501"), "{err}");
+    let text = err.to_string();
+    assert!(text.contains(culprit) && text.contains(fix), "{text}");
+}
+
+/// Schema squatting (the trust root must be the owner's alone): a role with CREATE on the database that makes
+/// the schema `pgfence` first and lets the owner use and create in it would own pgfence's functions. The owner's
+/// migrate is refused (42501) naming the squatter and how to fix it, and nothing is created in the schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_refuses_a_schema_another_role_made_first() {
+    let db = TestDb::empty().await;
+    let (owner, squatter) = (creator(&db, "owner").await, creator(&db, "squatter").await);
+    client_as(&db, &squatter)
+        .await
+        .batch_execute(&format!(
+            "CREATE SCHEMA pgfence; GRANT USAGE, CREATE ON SCHEMA pgfence TO {owner}"
+        ))
+        .await
+        .unwrap();
+    let err = store_as(&db, &owner).await.migrate().await.unwrap_err();
+    assert_refused_naming(&err, &squatter, "DROP SCHEMA pgfence");
+    println!("{err}");
+    assert_eq!(objects_in_schema(&db).await, 0, "nothing was created");
+    // The first migration's own check, for a harness that skipped Store::migrate's (here a superuser's).
+    let mut harness = Harness::open(&db).await;
+    let refused = harness
+        .run(|conn| {
+            conn.run_next_migration(pgfence::MIGRATIONS)
+                .map(|v| v.to_string())
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        refused.contains("refusing to install") && refused.contains(&squatter),
+        "{refused}"
+    );
+    drop(harness);
+
+    // Once the squatter's schema is gone (with the harness's record), the owner installs pgfence.
+    client_as(&db, &squatter)
+        .await
+        .batch_execute("DROP SCHEMA pgfence CASCADE")
+        .await
+        .unwrap();
+    assert!(!store_as(&db, &owner)
+        .await
+        .migrate()
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// The trust root stays the owner's on every later migrate: an object of another role in the otherwise fine
+/// schema (here diesel's record of applied migrations, made by a role the owner let create in it, before the
+/// first migration; and a function after the install) is refused, 42501, naming that role and the object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_refuses_another_roles_object_in_the_schema() {
+    let db = TestDb::empty().await;
+    let (owner, squatter) = (creator(&db, "owner").await, role(&db, "squatter").await);
+    let as_owner = client_as(&db, &owner).await;
+    as_owner
+        .batch_execute(&format!(
+            "CREATE SCHEMA pgfence; GRANT USAGE, CREATE ON SCHEMA pgfence TO {squatter}"
+        ))
+        .await
+        .unwrap();
+    client_as(&db, &squatter)
+        .await
+        .batch_execute(
+            "CREATE TABLE pgfence.__diesel_schema_migrations (version varchar(50) PRIMARY KEY, \
+             run_on timestamp NOT NULL DEFAULT now())",
+        )
+        .await
+        .unwrap();
+    let err = store_as(&db, &owner).await.migrate().await.unwrap_err();
+    assert_refused_naming(&err, &squatter, "__diesel_schema_migrations");
+    // The owner's own grant of CREATE to another role is refused too.
+    assert!(err.to_string().contains("grants CREATE"), "{err}");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pg_proc WHERE pronamespace = 'pgfence'::regnamespace")
+            .await,
+        0,
+        "no migration ran"
+    );
+
+    // Installed, then a foreign object appears (a superuser hands a function to another role).
+    as_owner
+        .batch_execute("DROP SCHEMA pgfence CASCADE")
+        .await
+        .unwrap();
+    let store = store_as(&db, &owner).await;
+    store.migrate().await.unwrap();
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "CREATE FUNCTION pgfence.planted() RETURNS int LANGUAGE sql AS 'SELECT 1'; \
+             ALTER FUNCTION pgfence.planted() OWNER TO {squatter}"
+        ))
+        .await
+        .unwrap();
+    let err = store.migrate().await.unwrap_err();
+    assert_refused_naming(&err, &squatter, "pgfence.planted()");
+}
+
+/// A schema privilege the owner did not grant, or CREATE on the schema for another role, is refused on a later
+/// migrate (42501 naming the grantee and the REVOKE to run); once revoked, migrate is a no-op again. The normal
+/// path: a fresh database, the owner migrates twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_refuses_a_foreign_create_grant_and_migrates_twice_otherwise() {
+    let db = TestDb::empty().await;
+    let (owner, other) = (creator(&db, "owner").await, role(&db, "other").await);
+    let store = store_as(&db, &owner).await;
+    assert!(!store.migrate().await.unwrap().is_empty());
+    assert!(
+        store.migrate().await.unwrap().is_empty(),
+        "twice is a no-op"
+    );
+
+    let as_owner = client_as(&db, &owner).await;
+    as_owner
+        .batch_execute(&format!("GRANT CREATE ON SCHEMA pgfence TO {other}"))
+        .await
+        .unwrap();
+    let err = store.migrate().await.unwrap_err();
+    assert_refused_naming(&err, &other, "REVOKE CREATE ON SCHEMA pgfence FROM");
+    as_owner
+        .batch_execute(&format!("REVOKE CREATE ON SCHEMA pgfence FROM {other}"))
+        .await
+        .unwrap();
+    assert!(store.migrate().await.unwrap().is_empty());
 }

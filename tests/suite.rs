@@ -14,6 +14,8 @@ mod guard;
 mod hardening;
 #[path = "hostile.rs"]
 mod hostile;
+#[path = "layout.rs"]
+mod layout;
 #[path = "lease.rs"]
 mod lease;
 #[path = "migrations.rs"]

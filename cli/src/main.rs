@@ -300,6 +300,19 @@ impl From<pgfence::embedded::EmbeddedError> for Failure {
 
 type CliResult = Result<(), Failure>;
 
+/// Prints to stderr what the database's advisory-lock and role layout lacks (docs/security.md), one escaped
+/// line each; what would stop pgfence is refused by `migrate` and `grant` themselves.
+async fn warn_layout(store: &Store) -> CliResult {
+    for problem in store.layout_problems().await? {
+        let line = format!("{}. To fix: {}", problem.problem, problem.fix);
+        eprintln!(
+            "pgfence: warning: {}",
+            table::escape(&line, table::MESSAGE_CHARS)
+        );
+    }
+    Ok(())
+}
+
 /// Splits `CLUSTER/NAME`; a bare `NAME` belongs to `default_cluster`.
 fn split_lease(lease: &str, default_cluster: &str) -> (String, String) {
     match lease.split_once('/') {
@@ -493,7 +506,7 @@ async fn run(cli: Cli) -> CliResult {
                         .map_or_else(|| "every cluster".to_owned(), |c| format!("cluster {}", c))
                 );
             }
-            Ok(())
+            warn_layout(&store).await
         }
         Command::Revoke {
             role,
@@ -581,6 +594,7 @@ async fn run(cli: Cli) -> CliResult {
         Command::Migrate => {
             let store = global.store(&global.cluster).await?;
             let applied = store.migrate().await?;
+            warn_layout(&store).await?;
             let target = table::value(store.target());
             emit(&if applied.is_empty() {
                 format!("pgfence schema is up to date on {target}\n")

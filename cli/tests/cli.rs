@@ -298,7 +298,8 @@ async fn read_commands_print_tables_and_json() {
     assert!(text.stdout.contains("primary") && text.stdout.contains(&parsed.instance_id.unwrap()));
 }
 
-/// migrate installs the schema once and is a no-op afterwards.
+/// migrate installs the schema once and is a no-op afterwards; on a database whose advisory-lock functions PUBLIC
+/// may still execute (the default layout) it warns on stderr of that residual risk and how to close it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_installs_the_schema_once() {
     let db = TestDb::empty().await;
@@ -309,6 +310,14 @@ async fn migrate_installs_the_schema_once() {
         first.stdout.contains("applied migrations"),
         "{}",
         first.stdout
+    );
+    assert!(
+        first
+            .stderr
+            .contains("pgfence: warning: PUBLIC may execute")
+            && first.stderr.contains("REVOKE EXECUTE ON FUNCTION"),
+        "{}",
+        first.stderr
     );
     let second = pgfence(&["migrate"], Some(&url)).await;
     assert!(second.stdout.contains("up to date"), "{}", second.stdout);

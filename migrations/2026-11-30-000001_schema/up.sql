@@ -60,7 +60,68 @@ BEGIN
 END;
 $$;
 
-CREATE SCHEMA IF NOT EXISTS pgfence;
+-- The schema: created here, or, when it exists already (Store::migrate creates it first, for diesel's record of
+-- applied migrations), checked to be the migrating role's alone: a schema another role made before pgfence was
+-- installed (or an object of another role in it, or a CREATE on it for another role) would let that role replace
+-- pgfence's functions, the trust root. Store::migrate runs the same check before it applies anything (the
+-- query in src/store.rs, SCHEMA_PROBLEMS); this is its backstop for a harness that did not.
+DO $$
+DECLARE
+    problems text;
+    me oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user);
+    s oid := (SELECT n.oid FROM pg_catalog.pg_namespace n WHERE n.nspname = 'pgfence');
+BEGIN
+    IF s IS NULL THEN
+        CREATE SCHEMA pgfence;
+        RETURN;
+    END IF;
+    SELECT pg_catalog.string_agg(p.problem, '; ') INTO problems FROM (
+        SELECT pg_catalog.format('the schema is owned by %s, not by %s (the role migrating)',
+                   pg_catalog.quote_literal(pg_catalog.pg_get_userbyid(n.nspowner)),
+                   pg_catalog.quote_literal(current_user::text)) AS problem
+          FROM pg_catalog.pg_namespace n WHERE n.oid = s AND n.nspowner <> me
+        UNION ALL
+        SELECT pg_catalog.format('the schema grants %s to %s (granted by %s)', a.privilege_type,
+                   CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                        ELSE pg_catalog.quote_literal(pg_catalog.pg_get_userbyid(a.grantee)) END,
+                   pg_catalog.quote_literal(pg_catalog.pg_get_userbyid(a.grantor)))
+          FROM pg_catalog.pg_namespace n CROSS JOIN LATERAL pg_catalog.aclexplode(n.nspacl) a
+         WHERE n.oid = s AND a.grantee <> me AND (a.grantor <> me OR a.privilege_type = 'CREATE')
+        UNION ALL
+        SELECT pg_catalog.format('%s is owned by %s', o.what,
+                   pg_catalog.quote_literal(pg_catalog.pg_get_userbyid(o.owner)))
+          FROM (SELECT 'relation pgfence.' || pg_catalog.quote_ident(c.relname), c.relowner
+                  FROM pg_catalog.pg_class c WHERE c.relnamespace = s
+                UNION ALL SELECT 'function ' || p.oid::pg_catalog.regprocedure::text, p.proowner
+                  FROM pg_catalog.pg_proc p WHERE p.pronamespace = s
+                UNION ALL SELECT 'type pgfence.' || pg_catalog.quote_ident(t.typname), t.typowner
+                  FROM pg_catalog.pg_type t WHERE t.typnamespace = s
+                UNION ALL SELECT 'operator pgfence.' || o.oprname, o.oprowner
+                  FROM pg_catalog.pg_operator o WHERE o.oprnamespace = s
+                UNION ALL SELECT 'collation pgfence.' || pg_catalog.quote_ident(c.collname), c.collowner
+                  FROM pg_catalog.pg_collation c WHERE c.collnamespace = s
+                UNION ALL SELECT 'conversion pgfence.' || pg_catalog.quote_ident(c.conname), c.conowner
+                  FROM pg_catalog.pg_conversion c WHERE c.connamespace = s
+                UNION ALL SELECT 'operator family pgfence.' || pg_catalog.quote_ident(f.opfname), f.opfowner
+                  FROM pg_catalog.pg_opfamily f WHERE f.opfnamespace = s
+                UNION ALL SELECT 'operator class pgfence.' || pg_catalog.quote_ident(c.opcname), c.opcowner
+                  FROM pg_catalog.pg_opclass c WHERE c.opcnamespace = s
+                UNION ALL SELECT 'text search configuration pgfence.' || pg_catalog.quote_ident(c.cfgname), c.cfgowner
+                  FROM pg_catalog.pg_ts_config c WHERE c.cfgnamespace = s
+                UNION ALL SELECT 'text search dictionary pgfence.' || pg_catalog.quote_ident(d.dictname), d.dictowner
+                  FROM pg_catalog.pg_ts_dict d WHERE d.dictnamespace = s
+                UNION ALL SELECT 'statistics object pgfence.' || pg_catalog.quote_ident(x.stxname), x.stxowner
+                  FROM pg_catalog.pg_statistic_ext x WHERE x.stxnamespace = s) o(what, owner)
+         WHERE o.owner <> me) p;
+    IF problems IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: refusing to install into a schema pgfence that another role controls: %',
+            pg_catalog.regexp_replace(problems, '[[:cntrl:]]', '?', 'g')
+            USING ERRCODE = '42501',
+                  HINT = 'DROP SCHEMA pgfence (as its owner or a superuser) when it holds nothing of yours, or remove '
+                         'what another role owns or was granted in it, then migrate again.';
+    END IF;
+END;
+$$;
 
 -- ---------------------------------------------------------------------------------------------------------
 -- What pgfence stores: the one definition, shared by the table constraints and the functions' argument checks,

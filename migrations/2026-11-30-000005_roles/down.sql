@@ -27,6 +27,7 @@ DROP TRIGGER own_rejections_delete ON pgfence.rejections;
 DROP FUNCTION pgfence._own_rejections_only();
 DROP FUNCTION pgfence._trusted_writes_only();
 DROP FUNCTION pgfence._grant_is_valid(pgfence.grants);
+DROP FUNCTION pgfence._layout_problems();
 DROP FUNCTION pgfence.revoke(text, text);
 DROP FUNCTION pgfence.grant_operator(text, text);
 DROP FUNCTION pgfence.grant_application(text, text);

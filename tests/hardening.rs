@@ -33,7 +33,10 @@ async fn holder_and_attacker() -> (TestDb, Store, Lease, String, String) {
     );
     let owner = db.store("ta").await;
     owner.grant_application(&holder, Some("ta")).await.unwrap();
-    owner.grant_application(&attacker, Some("ta")).await.unwrap();
+    owner
+        .grant_application(&attacker, Some("ta"))
+        .await
+        .unwrap();
     owner.grant_operator(&operator, Some("ta")).await.unwrap();
     let store = store_as(&db, &holder, "ta").await;
     let lease = store.acquire("x", "a-ctrl", TTL).await.unwrap();
@@ -162,7 +165,10 @@ async fn a_forged_call_left_open_delays_neither_the_holder_nor_a_takeover() {
     let mut open = Vec::new();
     for (i, (what, sql)) in forged_calls(lease.epoch().get()).into_iter().enumerate() {
         let attacker = role(&db, &format!("attacker{i}")).await;
-        owner.grant_application(&attacker, Some("ta")).await.unwrap();
+        owner
+            .grant_application(&attacker, Some("ta"))
+            .await
+            .unwrap();
         let client = client_as(&db, &attacker).await;
         client.batch_execute("BEGIN").await.unwrap();
         client
@@ -238,7 +244,10 @@ async fn the_label_cap_holds_under_concurrent_refusals() {
                 barrier.wait().await;
                 for label in 0..5 {
                     let outcome: String = client
-                        .query_one(&fence, &[&format!("ta/cap-{t}"), &format!("label-{w}-{label}")])
+                        .query_one(
+                            &fence,
+                            &[&format!("ta/cap-{t}"), &format!("label-{w}-{label}")],
+                        )
                         .await
                         .unwrap()
                         .get(0);
@@ -256,7 +265,11 @@ async fn the_label_cap_holds_under_concurrent_refusals() {
         let of: Vec<_> = rows.iter().filter(|r| r.1 == lease).collect();
         assert_eq!(of.len(), 17, "{lease}: {of:?}");
         assert!(of.iter().all(|r| r.0 == "tenure" && r.2 == 1), "{of:?}");
-        assert_eq!(of.iter().map(|r| r.5).sum::<i64>(), 20, "{lease}: every refusal counted");
+        assert_eq!(
+            of.iter().map(|r| r.5).sum::<i64>(),
+            20,
+            "{lease}: every refusal counted"
+        );
         assert_eq!(of.iter().filter(|r| r.4 == "other").count(), 1, "{of:?}");
     }
 }
@@ -291,8 +304,11 @@ async fn the_audit_is_bounded_per_role_whatever_the_flood() {
     let mut writers = Vec::new();
     for w in 0..4i64 {
         let (db, attacker, forged) = (db.clone(), attacker.clone(), forged.clone());
-        let (x_epoch, many_epoch, jump_epoch) =
-            (lease.epoch().get(), old.epoch().get(), jumped_now.epoch().get());
+        let (x_epoch, many_epoch, jump_epoch) = (
+            lease.epoch().get(),
+            old.epoch().get(),
+            jumped_now.epoch().get(),
+        );
         writers.push(tokio::spawn(async move {
             let client = client_as(&db, &attacker).await;
             let mut sent = 0i64;
@@ -366,9 +382,16 @@ async fn the_audit_is_bounded_per_role_whatever_the_flood() {
     let role_rows: Vec<_> = rows.iter().filter(|r| r.0 == "role").collect();
     let mut reasons: Vec<&str> = role_rows.iter().map(|r| r.3.as_str()).collect();
     reasons.dedup();
-    assert_eq!(reasons.len(), role_rows.len(), "one role row per reason: {role_rows:?}");
+    assert_eq!(
+        reasons.len(),
+        role_rows.len(),
+        "one role row per reason: {role_rows:?}"
+    );
     assert!(rows.len() <= 3 * 16 * 17 + 8, "{} rows", rows.len());
-    assert!(counted <= sent && counted >= 4 * (PER_CONNECTION - 20_000), "counted {counted} of {sent}");
+    assert!(
+        counted <= sent && counted >= 4 * (PER_CONNECTION - 20_000),
+        "counted {counted} of {sent}"
+    );
     eprintln!(
         "flood: {sent} refusals from 4 connections in {took:?}; {} audit rows ({} role-scope), counts {counted}",
         rows.len(),
@@ -441,12 +464,28 @@ async fn notices_of(url: &str, sql: &str) -> Vec<String> {
 /// functions, grants it every cluster as an operator, zeroes the other roles' audit counts and copies the
 /// transaction's tenure secrets into a table of its own; and as itself it changes the takeover grace, the
 /// instance id and the migration record, and (with the grant option) passes privileges on to a third role.
-async fn careless_grant_window(with_grant_option: bool) -> (TestDb, String, Store, String, String) {
+async fn careless_grant_window(
+    with_grant_option: bool,
+) -> (TestDb, String, String, String, String) {
     let (db, owner, owner_store) = owned_installation().await;
-    let (app1, app2, app3) = (role(&db, "app1").await, role(&db, "app2").await, role(&db, "app3").await);
-    owner_store.grant_application(&app1, Some("c1")).await.unwrap();
-    owner_store.grant_application(&app2, Some("c2")).await.unwrap();
-    let option = if with_grant_option { " WITH GRANT OPTION" } else { "" };
+    let (app1, app2, app3) = (
+        role(&db, "app1").await,
+        role(&db, "app2").await,
+        role(&db, "app3").await,
+    );
+    owner_store
+        .grant_application(&app1, Some("c1"))
+        .await
+        .unwrap();
+    owner_store
+        .grant_application(&app2, Some("c2"))
+        .await
+        .unwrap();
+    let option = if with_grant_option {
+        " WITH GRANT OPTION"
+    } else {
+        ""
+    };
     db.client()
         .await
         .batch_execute(&format!(
@@ -502,9 +541,15 @@ async fn careless_grant_window(with_grant_option: bool) -> (TestDb, String, Stor
     let store = store_as(&db, &app1, "c1").await;
     let old = store.acquire("x", "pod-a", TTL).await.unwrap();
     let lease = store.acquire("x", "pod-a", TTL).await.unwrap();
-    store.create_task(&lease.fence(), "job", &serde_json::json!({})).await.unwrap();
-    store.create_task(&old.fence(), "late", &serde_json::json!({})).await.unwrap_err();
-    (db, owner, owner_store, app2, app3)
+    store
+        .create_task(&lease.fence(), "job", &serde_json::json!({}))
+        .await
+        .unwrap();
+    store
+        .create_task(&old.fence(), "late", &serde_json::json!({}))
+        .await
+        .unwrap_err();
+    (db, owner, app1, app2, app3)
 }
 
 /// `_harden` repairs what a careless GRANT ALL let a role do (invariant 8): in the window, its owner-run trigger
@@ -514,15 +559,24 @@ async fn careless_grant_window(with_grant_option: bool) -> (TestDb, String, Stor
 /// secret is no longer exposed, and the WARNINGs say what was removed. Fails on a `_harden` that only drops
 /// triggers and revokes TRIGGER/TRUNCATE/REFERENCES (the DML privileges and what was passed on stayed).
 async fn harden_repairs_the_careless_grant(with_grant_option: bool) {
-    let (db, owner, owner_store, app2, app3) = careless_grant_window(with_grant_option).await;
+    let (db, owner, app1, app2, app3) = careless_grant_window(with_grant_option).await;
     let admin = db.client().await;
     let one = |sql: &'static str| {
         let admin = &admin;
         async move { admin.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
     };
-    assert_eq!(one("SELECT count(*) FROM pgfence.grants WHERE cluster IS NULL").await, 0);
-    assert_eq!(one("SELECT count(*) FROM pgfence.rejections WHERE count = 0").await, 0);
-    assert_eq!(one("SELECT takeover_grace_ms FROM pgfence.instance").await, 2000);
+    assert_eq!(
+        one("SELECT count(*) FROM pgfence.grants WHERE cluster IS NULL").await,
+        0
+    );
+    assert_eq!(
+        one("SELECT count(*) FROM pgfence.rejections WHERE count = 0").await,
+        0
+    );
+    assert_eq!(
+        one("SELECT takeover_grace_ms FROM pgfence.instance").await,
+        2000
+    );
     assert!(one("SELECT count(*) FROM pgfence.__diesel_schema_migrations").await >= 5);
     let instance: String = admin
         .query_one("SELECT instance_id::text FROM pgfence.instance", &[])
@@ -532,11 +586,16 @@ async fn harden_repairs_the_careless_grant(with_grant_option: bool) {
 
     let warnings = notices_of(&url_as(&db, &owner), "SELECT pgfence._harden()").await;
     let said = warnings.join("\n");
-    assert!(said.contains("dropped trigger 'zz_steal'") && said.contains("revoked"), "{said}");
+    assert!(
+        said.contains("dropped trigger 'zz_steal'") && said.contains("revoked"),
+        "{said}"
+    );
     assert_eq!(
-        one("SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid \
-              WHERE c.relnamespace = 'pgfence'::regnamespace AND t.tgname = 'zz_steal'")
-            .await,
+        one(
+            "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid \
+              WHERE c.relnamespace = 'pgfence'::regnamespace AND t.tgname = 'zz_steal'"
+        )
+        .await,
         0
     );
     for (who, expected_select) in [(app2.as_str(), true), (app3.as_str(), false)] {
@@ -555,20 +614,29 @@ async fn harden_repairs_the_careless_grant(with_grant_option: bool) {
             .collect();
         assert!(privileges.is_empty(), "{who} kept {privileges:?}");
         let reads: bool = admin
-            .query_one("SELECT has_table_privilege($1::text, 'pgfence.leases', 'SELECT')", &[&who])
+            .query_one(
+                "SELECT has_table_privilege($1::text, 'pgfence.leases', 'SELECT')",
+                &[&who],
+            )
             .await
             .unwrap()
             .get(0);
         assert_eq!(reads, expected_select, "{who}: SELECT on leases");
         let secrets: bool = admin
-            .query_one("SELECT has_table_privilege($1::text, 'pgfence.tenure_secrets', 'SELECT')", &[&who])
+            .query_one(
+                "SELECT has_table_privilege($1::text, 'pgfence.tenure_secrets', 'SELECT')",
+                &[&who],
+            )
             .await
             .unwrap()
             .get(0);
         assert!(!secrets, "{who} reads tenure secrets");
     }
     let create: bool = admin
-        .query_one("SELECT has_schema_privilege($1::text, 'pgfence', 'CREATE')", &[&app2])
+        .query_one(
+            "SELECT has_schema_privilege($1::text, 'pgfence', 'CREATE')",
+            &[&app2],
+        )
         .await
         .unwrap()
         .get(0);
@@ -584,28 +652,38 @@ async fn harden_repairs_the_careless_grant(with_grant_option: bool) {
     let intruder = store_as(&db, &app2, "c1").await;
     assert!(intruder.force_release("x").await.is_err());
     let loot = one("SELECT count(*) FROM evil.loot").await;
-    let store = store_as(&db, &owner_store_role(&db, "app1"), "c1").await;
+    let store = store_as(&db, &app1, "c1").await;
     let fresh = store.acquire("x", "pod-a", TTL).await.unwrap();
-    store.create_task(&fresh.fence(), "after", &serde_json::json!({})).await.unwrap();
-    assert_eq!(one("SELECT count(*) FROM evil.loot").await, loot, "nothing captured after _harden");
+    store
+        .create_task(&fresh.fence(), "after", &serde_json::json!({}))
+        .await
+        .unwrap();
+    assert_eq!(
+        one("SELECT count(*) FROM evil.loot").await,
+        loot,
+        "nothing captured after _harden"
+    );
 
     // A function the owner adds later is not executable by granted roles.
     client_as(&db, &owner)
         .await
-        .batch_execute("CREATE FUNCTION pgfence.added_later() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+        .batch_execute(
+            "CREATE FUNCTION pgfence.added_later() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+        )
         .await
         .unwrap();
     let runs: bool = admin
-        .query_one("SELECT has_function_privilege($1::text, 'pgfence.added_later()', 'EXECUTE')", &[&app2])
+        .query_one(
+            "SELECT has_function_privilege($1::text, 'pgfence.added_later()', 'EXECUTE')",
+            &[&app2],
+        )
         .await
         .unwrap()
         .get(0);
-    assert!(!runs, "a function added later is executable by a granted role");
-}
-
-/// The login role `role(&db, suffix)` made.
-fn owner_store_role(db: &TestDb, suffix: &str) -> String {
-    format!("{}_{suffix}", db.name)
+    assert!(
+        !runs,
+        "a function added later is executable by a granted role"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

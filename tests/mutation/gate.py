@@ -61,7 +61,7 @@ class Mutation:
 
 # The suites that are modules of the shared test binary tests/suite.rs (see Cargo.toml's [[test]] targets).
 SUITE_MODULES = {"guard", "lease", "store", "privileges", "trust", "sqlstate", "hostile", "multihost", "embedded",
-                 "tls", "takeover", "standby", "migrations", "overlap"}
+                 "tls", "takeover", "standby", "migrations", "overlap", "hardening", "layout"}
 
 
 def cargo_test(test: str, *filters: str) -> tuple[str, list[str]]:
@@ -154,12 +154,12 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "refusal-without-audit",
         "a refused write leaves no row in pgfence.rejections",
-        [Edit("sql:_reject", "VALUES ('role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key)",
-              "SELECT 'role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key WHERE false"),
+        [Edit("sql:_reject", "VALUES ('role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key, p_count)",
+              "SELECT 'role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key, p_count WHERE false"),
          Edit("sql:_reject", "VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,\n"
-              "                    p_key, p_lease, p_key)",
+              "                            p_key, p_lease, p_key, p_count, coalesce(free, 16));",
               "SELECT 'tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,\n"
-              "                    p_key, p_lease, p_key WHERE false")],
+              "                            p_key, p_lease, p_key, p_count, coalesce(free, 16) WHERE false;")],
         [cargo_test("guard"), cargo_test("race")],
     ),
     Mutation(
@@ -185,8 +185,10 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "bogus-refusals-per-lease",
         "refusals no tenure explains (unknown lease, no grant) get a row per lease: a flood of bogus names grows the table",
-        [Edit("sql:_reject", "by_role  boolean := p_reason IN ('no_grant', 'unknown_lease', 'future_epoch');",
-              "by_role  boolean := false;")],
+        [Edit("sql:_reject", "by_role  boolean := p_by_role OR p_reason IN ('no_grant', 'unknown_lease', 'future_epoch');",
+              "by_role  boolean := false;"),
+         Edit("sql:_reject", "    IF NOT by_role\n       AND NOT EXISTS (SELECT 1 FROM pgfence.tenures t",
+              "    IF false\n       AND NOT EXISTS (SELECT 1 FROM pgfence.tenures t")],
         [cargo_test("trust", "audit_rows_are_per_role_and_bounded")],
     ),
     Mutation(
@@ -261,8 +263,10 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "renew-ignores-expiry",
         "a renewal extends a tenure whose ttl already ran out by the database clock",
-        [Edit("sql:renew", "why := pgfence._loss_reason(l, p_holder, p_epoch, ts, pgfence._timeline());",
-              "why := pgfence._loss_reason(l, p_holder, p_epoch, '-infinity', pgfence._timeline());")],
+        [Edit("sql:renew", "why := coalesce(pgfence._loss_reason(l, p_holder, p_epoch, clock_timestamp(), tl),",
+              "why := coalesce(pgfence._loss_reason(l, p_holder, p_epoch, '-infinity', tl),"),
+         Edit("sql:renew", "why := pgfence._loss_reason(l, p_holder, p_epoch, ts, tl);",
+              "why := pgfence._loss_reason(l, p_holder, p_epoch, '-infinity', tl);")],
         [cargo_test("lease")],
     ),
     Mutation(
@@ -354,9 +358,57 @@ MUTATIONS: list[Mutation] = [
         "a belief report is recorded without checking the tenure's secret, so anyone granted may rewrite what a "
         "holder believed",
         [Edit("sql:report_belief",
-              "IF NOT FOUND OR NOT pgfence._secret_matches(b.report_hash, p_secret) THEN",
-              "IF NOT FOUND THEN")],
+              "IF NOT pgfence._secret_matches(b.report_hash, p_secret) THEN",
+              "IF false THEN")],
         [cargo_test("overlap", "belief_reports_are_authenticated_and_the_first_of_each_kind_stands")],
+    ),
+    Mutation(
+        "renew-locks-before-the-check",
+        "a renewal locks the lease row before it judges the presented tenure and secret, so a role without the "
+        "secret that leaves its forged renewal open holds the holder's renewals and takeovers off",
+        [Edit("sql:renew", "    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;\n    why := coalesce(",
+              "    l := pgfence._lock_lease_row(p_lease);\n    why := coalesce(")],
+        [cargo_test("hardening", "a_forged_call_left_open_delays_neither_the_holder_nor_a_takeover")],
+    ),
+    Mutation(
+        "renew-many-locks-before-the-check",
+        "a batched renewal locks every lease row it names before it judges the entries, so a forged entry left open "
+        "holds the holder's renewals off",
+        [Edit("sql:renew_many", "    -- Clusters the role has no grant on: their leases are refused.\n",
+              "    PERFORM 1 FROM pgfence.leases l WHERE l.name = ANY (p_leases) ORDER BY l.name FOR NO KEY UPDATE OF l;\n")],
+        [cargo_test("hardening", "a_forged_call_left_open_delays_neither_the_holder_nor_a_takeover")],
+    ),
+    Mutation(
+        "belief-report-locks-before-the-check",
+        "a belief report locks its belief row before it checks the secret, so a forged report left open holds the "
+        "holder's own reports off",
+        [Edit("sql:report_belief",
+              "    SELECT * INTO b FROM pgfence.beliefs WHERE lease = p_lease AND epoch = p_epoch;\n    IF NOT FOUND THEN",
+              "    SELECT * INTO b FROM pgfence.beliefs WHERE lease = p_lease AND epoch = p_epoch FOR NO KEY UPDATE;\n"
+              "    IF NOT FOUND THEN")],
+        [cargo_test("hardening", "a_forged_call_left_open_delays_neither_the_holder_nor_a_takeover")],
+    ),
+    Mutation(
+        "harden-without-repair",
+        "_harden only prevents: it revokes no privilege it did not grant and keeps grant rows it did not make",
+        [Edit("sql:_harden", "    FOR pass IN 1..2 LOOP", "    FOR pass IN 1..0 LOOP"),
+         Edit("sql:_harden", "    FOR r IN DELETE FROM pgfence.grants g WHERE NOT pgfence._grant_is_valid(g)",
+              "    FOR r IN DELETE FROM pgfence.grants g WHERE false")],
+        [cargo_test("hardening", "harden_repairs_a_careless_grant_all")],
+    ),
+    Mutation(
+        "audit-bent-by-owner-code",
+        "the audit accepts any change from any session, so a trigger run as the owner inside a refused role's call "
+        "zeroes its counts",
+        [Edit("sql:_own_rejections_only", "    IF bent THEN", "    IF false THEN")],
+        [cargo_test("hardening", "harden_repairs_a_careless_grant_all")],
+    ),
+    Mutation(
+        "grants-from-untrusted-sessions",
+        "grant rows are accepted from any session, so a trigger run as the owner grants its author every cluster",
+        [Edit("sql:_trusted_writes_only", "    IF pgfence._trusted(session_user) THEN",
+              "    IF true THEN")],
+        [cargo_test("hardening", "harden_repairs_a_careless_grant_all")],
     ),
     Mutation(
         "review-certain-at-the-latest-placement",

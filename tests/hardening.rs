@@ -704,3 +704,26 @@ async fn harden_repairs_a_careless_grant_all() {
 async fn harden_repairs_a_careless_grant_all_with_grant_option() {
     harden_repairs_the_careless_grant(true).await;
 }
+
+/// Backpressure on every refused path that holds no lock (the audit's bound in time): a forged `renew`,
+/// `renew_many`, `release` and `report_belief` repeated within a second is answered at least 10 ms later, so a
+/// role hammering any of them gets about 100 refusals a second per audit row. (A lower bound on a sleep: it cannot
+/// be met early.) Fails on a refused path that passes `p_may_wait => false` to the audit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_refused_path_answers_a_repeat_later() {
+    let (db, _store, lease, attacker, _) = holder_and_attacker().await;
+    let client = client_as(&db, &attacker).await;
+    for (what, sql) in forged_calls(lease.epoch().get())
+        .into_iter()
+        .filter(|(what, _)| ["renew", "renew_many", "release", "report_belief"].contains(what))
+    {
+        client.simple_query(&sql).await.unwrap();
+        let started = Instant::now();
+        client.simple_query(&sql).await.unwrap();
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(10),
+            "a repeated forged {what} was answered in {took:?}"
+        );
+    }
+}

@@ -656,8 +656,9 @@ BEGIN
                                                       LIMIT 16) newer) < 16) THEN
         by_role := true;
     END IF;
-    -- Bounded: a refused transaction left open keeps its aggregated row locked (only the same role's refusals
-    -- of the same kind wait for it). The first refusal's reason and epochs are kept (after a failover,
+    -- Bounded: a refused transaction left open keeps its aggregated rows locked, and a place in the audit it
+    -- took (slot) uncommitted (only the same role's refusals of the same tenure wait for them; two such
+    -- transactions refused several times each may deadlock, which PostgreSQL ends with 40P01). The first refusal's reason and epochs are kept (after a failover,
     -- 'failover' stays the evidence even once the tenure is also superseded); the count, the last time and the
     -- last lease and key move.
     PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
@@ -694,15 +695,24 @@ BEGIN
                     CONTINUE;
                 END IF;
                 BEGIN
-                    INSERT INTO pgfence.rejections (scope, lease, presented_epoch, current_epoch, current_holder,
-                                                    reason, operation, target_table, target_key, last_lease,
-                                                    last_target_key, count, slot)
+                    -- The same label inserted meanwhile by another connection of this role: counted on its row
+                    -- (under REPEATABLE READ a row committed after the snapshot is a serialization error, never a
+                    -- refusal lost).
+                    INSERT INTO pgfence.rejections AS r (scope, lease, presented_epoch, current_epoch,
+                                                         current_holder, reason, operation, target_table,
+                                                         target_key, last_lease, last_target_key, count, slot)
                     VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,
-                            p_key, p_lease, p_key, p_count, coalesce(free, 16));
+                            p_key, p_lease, p_key, p_count, coalesce(free, 16))
+                    ON CONFLICT (role, lease, presented_epoch, operation) WHERE scope = 'tenure' DO UPDATE
+                       SET count = r.count + EXCLUDED.count, last_rejected_at = clock_timestamp(),
+                           last_target_key = EXCLUDED.target_key;
                     EXIT;
                 EXCEPTION WHEN unique_violation THEN
-                    -- A concurrent refusal of this role took the label or the place: look again.
-                    NULL;
+                    -- Another connection of this role took the place: look again.
+                    IF attempt = 40 THEN
+                        RAISE EXCEPTION 'pgfence: refusal of % on lease % found no place in the audit after 40 attempts',
+                            pgfence._printable(p_operation), pgfence._printable(p_lease) USING ERRCODE = '40001';
+                    END IF;
                 END;
             END LOOP;
         END IF;

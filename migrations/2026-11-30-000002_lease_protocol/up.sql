@@ -289,6 +289,7 @@ DECLARE
     ts timestamptz;
     tl bigint;
     why text;
+    secret text;
     denied pgfence.lease_result;
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, p_epoch);
@@ -300,25 +301,24 @@ BEGIN
     END IF;
     tl := pgfence._timeline();
 
-    -- Decided before any lock, on an unlocked read: a lost tenure stays lost (its epoch was superseded, it was
-    -- released, granted before a promotion, or expired: nothing extends an expired tenure) and a secret is
-    -- 'bad' for good. Only a caller presenting the live tenure's secret may then wait for the row lock, so a
-    -- role without it never holds the row a holder's renewal or a takeover needs (issue: a forged renew left
-    -- open in a transaction used to hold the row until PF003).
+    -- Decided before any lock: only a caller presenting the tenure's secret may wait for the row lock, so a
+    -- role without it never holds the row a holder's renewal or a takeover needs (a forged renew left open in a
+    -- transaction used to hold it until PF003). A secret is 'bad' for good (its hash never changes); one whose
+    -- tenure is not the lease's latest any more is gone (NULL). Everything else is judged on the locked row, as
+    -- before: a renewal of the same tenure in flight may extend it past an expiry this unlocked read would see.
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
-    why := coalesce(pgfence._loss_reason(l, p_holder, p_epoch, clock_timestamp(), tl),
-                    CASE pgfence._secret_check(p_lease, p_epoch, p_secret)
-                         WHEN 'ok' THEN NULL WHEN 'bad' THEN 'bad_secret' ELSE 'superseded' END);
-    IF why = 'bad_secret' THEN
-        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'renew', NULL, NULL,
-                                p_may_wait => true);
-        RETURN ROW('denied', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
-    ELSIF why IS NOT NULL THEN
-        -- (superseded between the two reads: the row read again says by which epoch)
-        IF why = 'superseded' AND p_epoch = l.epoch THEN
-            SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+    secret := pgfence._secret_check(p_lease, p_epoch, p_secret);
+    IF secret IS DISTINCT FROM 'ok' THEN
+        -- Not the live tenure's secret: a loss stays the answer (epochs only grow, a released or expired tenure
+        -- stays over; NULL: superseded between the two reads); a live tenure presented with a wrong secret is
+        -- refused and audited.
+        why := pgfence._loss_reason(l, p_holder, p_epoch, clock_timestamp(), tl);
+        IF why IS NULL AND secret = 'bad' THEN
+            PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'renew', NULL, NULL,
+                                    p_may_wait => true);
+            RETURN ROW('denied', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
         END IF;
-        RETURN ROW('lost', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
+        RETURN ROW('lost', coalesce(why, 'superseded'), l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
     END IF;
 
     l := pgfence._lock_lease_row(p_lease);
@@ -370,15 +370,16 @@ BEGIN
     refused := ARRAY(SELECT DISTINCT c FROM unnest(p_leases) AS n, pgfence._cluster_of(n) AS c
                       WHERE NOT pgfence._may_use(c));
 
-    -- The unlocked judgment of every entry (see renew): what it refuses is refused for good; the rest are live
-    -- tenures presented with their secret, the only rows this call locks.
+    -- The unlocked judgment of every entry whose secret is not its tenure's (see renew): refused for good. The
+    -- rest presented their tenure's secret: the only rows this call locks, judged on the locked rows.
     whys := ARRAY(
         SELECT CASE WHEN pgfence._cluster_of(i.lease) = ANY (refused) THEN 'no_grant'
+                    WHEN s.secret = 'ok' THEN NULL
                     ELSE coalesce(pgfence._loss_reason(l, p_holder, i.epoch, clock_timestamp(), tl),
-                                  CASE pgfence._secret_check(i.lease, i.epoch, i.secret)
-                                       WHEN 'ok' THEN NULL WHEN 'bad' THEN 'bad_secret' ELSE 'superseded' END) END
+                                  CASE s.secret WHEN 'bad' THEN 'bad_secret' ELSE 'superseded' END) END
           FROM unnest(p_leases, p_epochs, p_secrets) WITH ORDINALITY AS i(lease, epoch, secret, ord)
           LEFT JOIN pgfence.leases l ON l.name = i.lease
+          CROSS JOIN LATERAL (SELECT pgfence._secret_check(i.lease, i.epoch, i.secret) AS secret) s
          ORDER BY i.ord);
 
     -- The audit: one call per distinct refusal with its count, not one per entry (the aggregated row would be

@@ -348,6 +348,9 @@ BEGIN
         RAISE EXCEPTION 'pgfence: enforcement mode must be ''error'' or ''audit'', got %', pgfence._printable(p_mode)
             USING ERRCODE = '22023';
     END IF;
+    -- Raw writes to the task tables are left to granted roles only while enforcement judges them: hardened for
+    -- the state being switched to (before the table locks, which hold guarded writes off).
+    PERFORM pgfence._harden(p_on);
     -- Lock both task tables up front, in the order readers join them (tasks, then task_events).
     LOCK TABLE pgfence.tasks, pgfence.task_events IN SHARE ROW EXCLUSIVE MODE;
     FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'beliefs', 'write_marks', 'rejections', 'grants', 'instance'] LOOP
@@ -369,9 +372,6 @@ BEGIN
     IF p_on THEN
         ALTER TABLE pgfence.tasks ENABLE TRIGGER enforce_truncate;
     END IF;
-    -- After the switch: raw writes to the task tables are left to granted roles only while enforcement judges
-    -- them (see _harden).
-    PERFORM pgfence._harden();
     RETURN p_on;
 EXCEPTION WHEN lock_not_available THEN
     RAISE EXCEPTION 'pgfence: set_enforcement waited % ms for a table lock; blocked by %', wait_ms,

@@ -33,7 +33,7 @@ DROP FUNCTION pgfence.grant_operator(text, text);
 DROP FUNCTION pgfence.grant_application(text, text);
 DROP FUNCTION pgfence._grant(text, text, boolean);
 DROP FUNCTION pgfence._refuse_role(text);
-DROP FUNCTION pgfence._harden();
+DROP FUNCTION pgfence._harden(boolean);
 DROP FUNCTION pgfence._privilege_target(text, oid);
 DROP FUNCTION pgfence._granted_privileges();
 DROP FUNCTION pgfence._trusted(name);

@@ -64,10 +64,12 @@ LANGUAGE sql STABLE AS $$
                                                          WHERE n.nspname = 'pgfence'), 'MEMBER') END
 $$;
 
--- Whether a grant row is one pgfence made: its role still exists and the session that wrote it was trusted.
+-- Whether a grant row still stands: its role exists (a dropped role's oid could one day be reused). Who wrote it
+-- is decided when it is written (the trusted_writes trigger); granted_by stays as evidence, and a grant made by an
+-- administrator who is later dropped or demoted stands.
 CREATE FUNCTION pgfence._grant_is_valid(g pgfence.grants) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = g.role::oid) AND pgfence._trusted(g.granted_by)
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = g.role::oid)
 $$;
 
 -- Refuses (42501) a change of grants, the instance row or the migration record from a session whose login role is
@@ -132,7 +134,6 @@ BEGIN
     ELSIF TG_OP = 'UPDATE' THEN
         bent := EXISTS (SELECT 1 FROM changed_old o JOIN changed_new c ON c.id = o.id
                          WHERE o.role <> session_user OR c.count < o.count
-                            OR c.last_rejected_at < o.last_rejected_at
                             OR (c.role, c.scope, c.lease, c.presented_epoch, c.current_epoch, c.current_holder,
                                 c.reason, c.operation, c.target_table, c.target_key, c.rejected_at, c.slot)
                                IS DISTINCT FROM
@@ -214,7 +215,7 @@ $$;
 CREATE FUNCTION pgfence._privilege_target(p_kind text, p_object oid) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE p_kind WHEN 'SCHEMA' THEN 'SCHEMA pgfence'
-                       WHEN 'FUNCTION' THEN 'FUNCTION ' || p_object::regprocedure::text
+                       WHEN 'FUNCTION' THEN 'ROUTINE ' || p_object::regprocedure::text
                        ELSE p_kind || ' ' || p_object::regclass::text END
 $$;
 
@@ -234,24 +235,30 @@ $$;
 -- What it cannot undo, and what it therefore cannot prevent in the window between a careless GRANT and its next
 -- run: what code of another role did while it ran as the owner through such a trigger (docs/security.md).
 -- Its DROP TRIGGER waits at most _lock_wait_ms() for the table (PF003 naming who holds it).
-CREATE FUNCTION pgfence._harden() RETURNS void
+-- p_raw_writes: whether the raw-SQL enforcement is (about to be) on; NULL: as it is now.
+CREATE FUNCTION pgfence._harden(p_raw_writes boolean DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '10min' AS $$
 DECLARE
     r record;
+    -- Whether granted roles may keep raw DML on the task tables: while the raw-SQL enforcement is on (p_raw_writes:
+    -- what set_enforcement is about to switch it to).
+    raw_writes boolean := coalesce(p_raw_writes, pgfence.enforcement() <> 'off');
     wait_ms bigint := pgfence._lock_wait_ms();
     owner_oid oid := (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgfence');
 BEGIN
     PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
-    FOR r IN DELETE FROM pgfence.grants g WHERE NOT pgfence._grant_is_valid(g)
-             RETURNING g.role::oid AS role_oid, g.cluster, g.operator, g.granted_by
+    DELETE FROM pgfence.grants g WHERE NOT pgfence._grant_is_valid(g);
+    -- A row written in a session that is not trusted (now) can only have got in while someone with the owner's
+    -- rights had the trusted_writes trigger disabled (or a trusted administrator was demoted since): said, for the
+    -- owner to judge; not removed (a grant pgfence made must never vanish because its granter changed).
+    FOR r IN SELECT g.role::oid AS role_oid, g.cluster, g.operator, g.granted_by FROM pgfence.grants g
+              WHERE NOT pgfence._trusted(g.granted_by)
     LOOP
-        IF EXISTS (SELECT 1 FROM pg_roles pr WHERE pr.oid = r.role_oid) THEN
-            RAISE WARNING 'pgfence: removed a grant pgfence did not make: % on %, written in a session of %',
-                pgfence._printable(r.role_oid::regrole::text),
-                CASE WHEN r.cluster IS NULL THEN 'every cluster' ELSE 'cluster ' || pgfence._printable(r.cluster) END
-                    || CASE WHEN r.operator THEN ' (operator)' ELSE '' END,
-                pgfence._printable(r.granted_by::text);
-        END IF;
+        RAISE WARNING 'pgfence: the grant of % on % was written in a session of %, which is not trusted: revoke it unless you made it',
+            pgfence._printable(pg_get_userbyid(r.role_oid)),
+            CASE WHEN r.cluster IS NULL THEN 'every cluster' ELSE 'cluster ' || pgfence._printable(r.cluster) END
+                || CASE WHEN r.operator THEN ' (operator)' ELSE '' END,
+            pgfence._printable(r.granted_by::text);
     END LOOP;
 
     -- Grant options first (revoking one with CASCADE takes what was passed on with it), then the rest; a
@@ -283,11 +290,12 @@ BEGIN
                      -- Raw SQL on the task tables, which a DBA may give a granted role on purpose: left while
                      -- the raw-SQL enforcement judges every such write (bounded to the role's clusters by
                      -- row-level security), revoked while it is off.
-                     SELECT 'TABLE', t.o, p.p, g.grantee
-                       FROM granted g,
+                     -- (A member of a granted role acts with its grants: it may hold them too.)
+                     SELECT 'TABLE', t.o, p.p, m.oid
+                       FROM granted g JOIN pg_roles m ON pg_has_role(m.oid, g.grantee, 'MEMBER'),
                             unnest(ARRAY['pgfence.tasks', 'pgfence.task_events']::regclass[]) AS t(o),
-                            unnest(ARRAY['INSERT', 'UPDATE', 'DELETE']) AS p(p)
-                      WHERE pgfence.enforcement() <> 'off'
+                            unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) AS p(p)
+                      WHERE raw_writes
                  )
                  SELECT DISTINCT a.grantor = owner_oid AS by_owner, a.kind, a.object, a.privilege_type, a.grantee,
                         a.is_grantable AND EXISTS (SELECT 1 FROM expected e
@@ -306,14 +314,29 @@ BEGIN
             EXECUTE format('REVOKE %s%s ON %s FROM %s CASCADE',
                            CASE WHEN r.option_only THEN 'GRANT OPTION FOR ' ELSE '' END, r.privilege_type,
                            pgfence._privilege_target(r.kind, r.object),
-                           CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.grantee::regrole::text) END);
+                           CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END);
             IF r.grantee <> 0 OR r.kind <> 'FUNCTION' OR r.privilege_type <> 'EXECUTE' THEN
                 RAISE WARNING 'pgfence: revoked % on % from %: pgfence did not grant it',
                     CASE WHEN r.option_only THEN 'the grant option of ' ELSE '' END || r.privilege_type,
                     pgfence._privilege_target(r.kind, r.object),
-                    CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE pgfence._printable(r.grantee::regrole::text) END;
+                    CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE pgfence._printable(pg_get_userbyid(r.grantee)) END;
             END IF;
         END LOOP;
+    END LOOP;
+
+    -- Column privileges: pgfence grants none.
+    FOR r IN SELECT DISTINCT c.oid AS object, a.attname, x.privilege_type, x.grantee
+               FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+              CROSS JOIN LATERAL aclexplode(a.attacl) x
+              WHERE n.nspname = 'pgfence' AND a.attacl IS NOT NULL AND x.grantee <> owner_oid
+    LOOP
+        EXECUTE format('REVOKE %s (%I) ON TABLE %s FROM %s CASCADE', r.privilege_type, r.attname,
+                       r.object::regclass, CASE WHEN r.grantee = 0 THEN 'PUBLIC'
+                                                ELSE quote_ident(pg_get_userbyid(r.grantee)) END);
+        RAISE WARNING 'pgfence: revoked % (%) on TABLE % from %: pgfence did not grant it', r.privilege_type,
+            r.attname, r.object::regclass,
+            CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE pgfence._printable(pg_get_userbyid(r.grantee)) END;
     END LOOP;
 
     FOR r IN SELECT c.relname, t.tgname
@@ -321,11 +344,17 @@ BEGIN
                JOIN pg_class c ON c.oid = t.tgrelid
                JOIN pg_namespace n ON n.oid = c.relnamespace
               WHERE n.nspname = 'pgfence' AND NOT t.tgisinternal
-                AND t.tgname NOT IN ('lease_change', 'lease_delete', 'lease_truncate', 'enforce_epoch',
-                                     'enforce_audit', 'enforce_truncate', 'append_only', 'append_only_truncate',
-                                     'enforce_owner', 'enforce_owner_truncate', 'trusted_writes',
-                                     'trusted_writes_truncate', 'own_rejections_insert', 'own_rejections_update',
-                                     'own_rejections_delete')
+                -- pgfence's own: one of its names, calling one of its functions (a name alone can be borrowed).
+                AND NOT (t.tgname IN ('lease_change', 'lease_delete', 'lease_truncate', 'enforce_epoch',
+                                      'enforce_audit', 'enforce_truncate', 'append_only', 'append_only_truncate',
+                                      'enforce_owner', 'enforce_owner_truncate', 'trusted_writes',
+                                      'trusted_writes_truncate', 'own_rejections_insert', 'own_rejections_update',
+                                      'own_rejections_delete')
+                         AND EXISTS (SELECT 1 FROM pg_proc f
+                                      WHERE f.oid = t.tgfoid AND f.pronamespace = n.oid AND f.proowner = owner_oid
+                                        AND f.proname IN ('_lease_change', '_enforce_epoch', '_append_only',
+                                                          '_owner_writes_only', '_trusted_writes_only',
+                                                          '_own_rejections_only')))
     LOOP
         EXECUTE format('DROP TRIGGER %I ON pgfence.%I', r.tgname, r.relname);
         RAISE WARNING 'pgfence: dropped trigger % on pgfence.%: a trigger on a pgfence table runs as its owner; every tenure secret presented while it existed may be known to its author (acquire again)',
@@ -353,7 +382,7 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_default_acl d
                     WHERE d.defaclrole = owner_oid AND d.defaclnamespace = 0 AND d.defaclobjtype = 'f'
                       AND NOT EXISTS (SELECT 1 FROM aclexplode(d.defaclacl) a WHERE a.grantee = 0)) THEN
-        IF current_user = owner_oid::regrole::name THEN
+        IF current_user = pg_get_userbyid(owner_oid) THEN
             ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
         END IF;
     END IF;
@@ -414,13 +443,14 @@ BEGIN
     END IF;
     PERFORM pgfence._refuse_role(p_role);
     SELECT * INTO r FROM pg_roles WHERE rolname = p_role;
-    PERFORM pgfence._harden();
     INSERT INTO pgfence.grants (role, cluster, operator) VALUES (r.oid::regrole, p_cluster, p_operator)
     ON CONFLICT (role, coalesce(cluster, '')) DO UPDATE SET operator = pgfence.grants.operator OR EXCLUDED.operator;
     FOR privilege IN SELECT * FROM pgfence._granted_privileges() e WHERE NOT e.operator OR p_operator LOOP
         EXECUTE format('GRANT %s ON %s TO %I', privilege.privilege,
                        pgfence._privilege_target(privilege.kind, privilege.object), p_role);
     END LOOP;
+    -- After the grant: what the role holds beyond it (and everything else pgfence did not make) goes.
+    PERFORM pgfence._harden();
 END;
 $$;
 
@@ -452,8 +482,13 @@ BEGIN
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION 'pgfence: invalid cluster: %', problem USING ERRCODE = '22023';
     END IF;
-    PERFORM pgfence._refuse_role(p_role);
     oid_ := (SELECT r.oid FROM pg_roles r WHERE r.rolname = p_role);
+    -- The roles grant refuses; but a role that holds a grant (it became a superuser, BYPASSRLS or a member of
+    -- the owner after it was granted) may lose it — never the owner itself, whose privileges are pgfence's.
+    IF oid_ IS NULL OR oid_ = (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgfence')
+       OR NOT EXISTS (SELECT 1 FROM pgfence.grants g WHERE g.role = oid_::regrole) THEN
+        PERFORM pgfence._refuse_role(p_role);
+    END IF;
     PERFORM pgfence._harden();
     DELETE FROM pgfence.grants g WHERE g.role = oid_::regrole AND g.cluster IS NOT DISTINCT FROM p_cluster;
     GET DIAGNOSTICS n = ROW_COUNT;

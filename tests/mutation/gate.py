@@ -157,9 +157,9 @@ MUTATIONS: list[Mutation] = [
         [Edit("sql:_reject", "VALUES ('role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key, p_count)",
               "SELECT 'role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key, p_count WHERE false"),
          Edit("sql:_reject", "VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,\n"
-              "                            p_key, p_lease, p_key, p_count, coalesce(free, 16));",
+              "                            p_key, p_lease, p_key, p_count, coalesce(free, 16))\n",
               "SELECT 'tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,\n"
-              "                            p_key, p_lease, p_key, p_count, coalesce(free, 16) WHERE false;")],
+              "                            p_key, p_lease, p_key, p_count, coalesce(free, 16) WHERE false\n")],
         [cargo_test("guard"), cargo_test("race")],
     ),
     Mutation(
@@ -390,10 +390,8 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "harden-without-repair",
-        "_harden only prevents: it revokes no privilege it did not grant and keeps grant rows it did not make",
-        [Edit("sql:_harden", "    FOR pass IN 1..2 LOOP", "    FOR pass IN 1..0 LOOP"),
-         Edit("sql:_harden", "    FOR r IN DELETE FROM pgfence.grants g WHERE NOT pgfence._grant_is_valid(g)",
-              "    FOR r IN DELETE FROM pgfence.grants g WHERE false")],
+        "_harden only prevents: it revokes no privilege it did not grant (DML, grant options, what was passed on)",
+        [Edit("sql:_harden", "    FOR pass IN 1..2 LOOP", "    FOR pass IN 1..0 LOOP")],
         [cargo_test("hardening", "harden_repairs_a_careless_grant_all")],
     ),
     Mutation(

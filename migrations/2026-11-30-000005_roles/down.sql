@@ -18,12 +18,19 @@ DROP TRIGGER trusted_writes ON pgfence.grants;
 DROP TRIGGER trusted_writes_truncate ON pgfence.grants;
 DROP TRIGGER trusted_writes ON pgfence.instance;
 DROP TRIGGER trusted_writes_truncate ON pgfence.instance;
-DROP TRIGGER trusted_writes ON pgfence.__diesel_schema_migrations;
-DROP TRIGGER trusted_writes_truncate ON pgfence.__diesel_schema_migrations;
 DROP TRIGGER trusted_writes_truncate ON pgfence.rejections;
 DROP TRIGGER own_rejections_insert ON pgfence.rejections;
 DROP TRIGGER own_rejections_update ON pgfence.rejections;
 DROP TRIGGER own_rejections_delete ON pgfence.rejections;
+DO $$
+BEGIN
+    IF pg_catalog.to_regclass('pgfence.__diesel_schema_migrations') IS NOT NULL THEN
+        DROP TRIGGER IF EXISTS trusted_writes ON pgfence.__diesel_schema_migrations;
+        DROP TRIGGER IF EXISTS trusted_writes_truncate ON pgfence.__diesel_schema_migrations;
+        ALTER TABLE pgfence.__diesel_schema_migrations DISABLE ROW LEVEL SECURITY;
+    END IF;
+END;
+$$;
 DROP FUNCTION pgfence._own_rejections_only();
 DROP FUNCTION pgfence._trusted_writes_only();
 DROP FUNCTION pgfence._grant_is_valid(pgfence.grants);
@@ -38,7 +45,6 @@ DROP FUNCTION pgfence._privilege_target(text, oid);
 DROP FUNCTION pgfence._granted_privileges();
 DROP FUNCTION pgfence._trusted(name);
 DROP POLICY readable ON pgfence.instance;
-ALTER TABLE pgfence.__diesel_schema_migrations DISABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.instance DISABLE ROW LEVEL SECURITY;
 DROP POLICY own_grants ON pgfence.grants;
 DROP POLICY granted_clusters ON pgfence.rejections;

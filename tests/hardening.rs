@@ -8,19 +8,13 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{client_as, role, url_as, TestDb};
-use pgfence::{Lease, Store, StoreConfig};
+use common::{client_as, owned_db, role, store_as, url_as, TestDb};
+use pgfence::{Lease, Store};
 
 const TTL: Duration = Duration::from_secs(60);
 
 /// How long a forged call left open may delay the holder at most.
 const HOLDER_DELAY: Duration = Duration::from_millis(50);
-
-async fn store_as(db: &TestDb, role: &str, cluster: &str) -> Store {
-    Store::connect(StoreConfig::new(url_as(db, role), cluster))
-        .await
-        .unwrap()
-}
 
 /// A database with a holder role and an attacker role (both granted cluster `ta`), an operator of `ta`, and a
 /// lease `ta/x` held by the holder role: (db, holder's store, the lease, attacker, operator).
@@ -435,13 +429,7 @@ async fn the_audit_is_bounded_per_role_whatever_the_flood() {
 
 /// A database migrated by a non-superuser owner (the documented layout): (db, owner role, the owner's store).
 async fn owned_installation() -> (TestDb, String, Store) {
-    let db = TestDb::empty().await;
-    let owner = role(&db, "owner").await;
-    db.client()
-        .await
-        .batch_execute(&format!("GRANT CREATE ON DATABASE {} TO {owner}", db.name))
-        .await
-        .unwrap();
+    let (db, owner) = owned_db().await;
     let store = store_as(&db, &owner, "c1").await;
     store.migrate().await.unwrap();
     (db, owner, store)

@@ -7,7 +7,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{client_as, role, url_as, TestDb};
+use common::{client_as, owned_db, role, store_as, url_as, TestDb};
 use pgfence::{Error, ForceReleased, LayoutSeverity, Store, StoreConfig};
 use serde_json::json;
 
@@ -39,22 +39,9 @@ fn grants_to(owner: &str) -> String {
     )
 }
 
-/// A fresh database and a non-superuser owner role that may create the schema.
-async fn owned_db() -> (TestDb, String) {
-    let db = TestDb::empty().await;
-    let owner = role(&db, "owner").await;
-    db.client()
-        .await
-        .batch_execute(&format!("GRANT CREATE ON DATABASE {} TO {owner}", db.name))
-        .await
-        .unwrap();
-    (db, owner)
-}
-
-async fn store_as(db: &TestDb, who: &str) -> Store {
-    Store::connect(StoreConfig::new(url_as(db, who), "c"))
-        .await
-        .unwrap()
+/// The owner (or another role) as a store of cluster `c`.
+async fn store_of(db: &TestDb, who: &str) -> Store {
+    store_as(db, who, "c").await
 }
 
 /// A raw session of `who` and its backend pid.
@@ -99,7 +86,7 @@ async fn the_hardened_layout_works_and_refuses_outsiders_the_guard_lock() {
         .batch_execute(&format!("{REVOKE_FROM_PUBLIC}; {}", grants_to(&owner)))
         .await
         .unwrap();
-    let store = store_as(&db, &owner).await;
+    let store = store_of(&db, &owner).await;
     store.migrate().await.unwrap();
     assert_eq!(store.layout_problems().await.unwrap(), vec![]);
     client_as(&db, &owner)
@@ -109,7 +96,7 @@ async fn the_hardened_layout_works_and_refuses_outsiders_the_guard_lock() {
         .unwrap();
     let app = role(&db, "app").await;
     store.grant_application(&app, Some("c")).await.unwrap();
-    let as_app = store_as(&db, &app).await;
+    let as_app = store_of(&db, &app).await;
     let lease = as_app.acquire("a", "pod-1", TTL).await.unwrap();
     as_app
         .create_task(&lease.fence(), "job", &json!({}))
@@ -194,7 +181,7 @@ async fn migrate_and_grant_refuse_an_owner_without_the_advisory_functions() {
     let (db, owner) = owned_db().await;
     let admin = db.client().await;
     admin.batch_execute(REVOKE_FROM_PUBLIC).await.unwrap();
-    let store = store_as(&db, &owner).await;
+    let store = store_of(&db, &owner).await;
     let err = store.migrate().await.unwrap_err();
     assert!(matches!(err, Error::Migration { .. }), "{err:?}");
     assert_eq!(err.sqlstate(), Some("42501"), "{err}");
@@ -283,7 +270,7 @@ async fn an_outsider_holding_the_migration_key_makes_migrate_fail_within_its_bou
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outsider_holding_a_guard_key_is_named_within_the_bounds() {
     let (db, owner) = owned_db().await;
-    let store = store_as(&db, &owner).await;
+    let store = store_of(&db, &owner).await;
     store.migrate().await.unwrap();
     let problems = store.layout_problems().await.unwrap();
     assert!(

@@ -8,7 +8,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client_as, role, url_as, TestDb};
+use common::{client_as, creator, role, store_as, url_as, TestDb};
 use diesel::migration::MigrationSource;
 use diesel::pg::Pg;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
@@ -266,22 +266,9 @@ async fn objects_in_schema(db: &TestDb) -> i64 {
     .await
 }
 
-/// A login role that may create schemas in `db` (a would-be owner, or a squatter).
-async fn creator(db: &TestDb, suffix: &str) -> String {
-    let name = role(db, suffix).await;
-    db.client()
-        .await
-        .batch_execute(&format!("GRANT CREATE ON DATABASE {} TO {name}", db.name))
-        .await
-        .unwrap();
-    name
-}
-
 /// The migrating role as a store.
-async fn store_as(db: &TestDb, who: &str) -> Store {
-    Store::connect(StoreConfig::new(url_as(db, who), "c"))
-        .await
-        .unwrap()
+async fn store_of(db: &TestDb, who: &str) -> Store {
+    store_as(db, who, "c").await
 }
 
 /// Asserts a migration refused for the schema's trust (42501 through `sqlstate()`), naming `culprit` and a fix.
@@ -306,7 +293,7 @@ async fn migrate_refuses_a_schema_another_role_made_first() {
         ))
         .await
         .unwrap();
-    let err = store_as(&db, &owner).await.migrate().await.unwrap_err();
+    let err = store_of(&db, &owner).await.migrate().await.unwrap_err();
     assert_refused_naming(&err, &squatter, "DROP SCHEMA pgfence");
     println!("{err}");
     assert_eq!(objects_in_schema(&db).await, 0, "nothing was created");
@@ -332,7 +319,7 @@ async fn migrate_refuses_a_schema_another_role_made_first() {
         .batch_execute("DROP SCHEMA pgfence CASCADE")
         .await
         .unwrap();
-    assert!(!store_as(&db, &owner)
+    assert!(!store_of(&db, &owner)
         .await
         .migrate()
         .await
@@ -362,7 +349,7 @@ async fn migrate_refuses_another_roles_object_in_the_schema() {
         )
         .await
         .unwrap();
-    let err = store_as(&db, &owner).await.migrate().await.unwrap_err();
+    let err = store_of(&db, &owner).await.migrate().await.unwrap_err();
     assert_refused_naming(&err, &squatter, "__diesel_schema_migrations");
     // The owner's own grant of CREATE to another role is refused too.
     assert!(err.to_string().contains("grants CREATE"), "{err}");
@@ -378,7 +365,7 @@ async fn migrate_refuses_another_roles_object_in_the_schema() {
         .batch_execute("DROP SCHEMA pgfence CASCADE")
         .await
         .unwrap();
-    let store = store_as(&db, &owner).await;
+    let store = store_of(&db, &owner).await;
     store.migrate().await.unwrap();
     db.client()
         .await
@@ -399,7 +386,7 @@ async fn migrate_refuses_another_roles_object_in_the_schema() {
 async fn migrate_refuses_a_foreign_create_grant_and_migrates_twice_otherwise() {
     let db = TestDb::empty().await;
     let (owner, other) = (creator(&db, "owner").await, role(&db, "other").await);
-    let store = store_as(&db, &owner).await;
+    let store = store_of(&db, &owner).await;
     assert!(!store.migrate().await.unwrap().is_empty());
     assert!(
         store.migrate().await.unwrap().is_empty(),

@@ -8,19 +8,12 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client_as, guarded_writes_per_second, median, role, url_as, TestDb};
+use common::{client_as, guarded_writes_per_second, median, role, store_as, url_as, TestDb};
 use pgfence::{DenyReason, Error, Store, StoreConfig};
 use proptest::prelude::*;
 use serde_json::json;
 
 const TTL: Duration = Duration::from_secs(60);
-
-/// A store of `cluster` logged in as `role`.
-async fn store_as(db: &TestDb, role: &str, cluster: &str) -> Store {
-    Store::connect(StoreConfig::new(url_as(db, role), cluster))
-        .await
-        .unwrap()
-}
 
 /// A fresh database with two application roles, both granted cluster `c`, and a store of `c` logged in as each.
 async fn two_applications() -> (TestDb, String, String, Store, Store) {

@@ -507,6 +507,31 @@ pub async fn client_as(db: &TestDb, role: &str) -> tokio_postgres::Client {
     client
 }
 
+/// A store of `cluster` logged in as `role` (made by [`role`]).
+pub async fn store_as(db: &TestDb, role: &str, cluster: &str) -> Store {
+    Store::connect(StoreConfig::new(url_as(db, role), cluster))
+        .await
+        .unwrap()
+}
+
+/// A login role `<database>_<suffix>` that may also create schemas in `db`: the documented owner (or a squatter).
+pub async fn creator(db: &TestDb, suffix: &str) -> String {
+    let name = role(db, suffix).await;
+    db.client()
+        .await
+        .batch_execute(&format!("GRANT CREATE ON DATABASE {} TO {name}", db.name))
+        .await
+        .unwrap();
+    name
+}
+
+/// A new, empty database and a non-superuser owner role that may create the schema (the documented layout).
+pub async fn owned_db() -> (TestDb, String) {
+    let db = TestDb::empty().await;
+    let owner = creator(&db, "owner").await;
+    (db, owner)
+}
+
 /// The median (the upper one of an even count); sorts `values`.
 #[allow(dead_code)]
 pub fn median(values: &mut [f64]) -> f64 {

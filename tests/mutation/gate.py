@@ -177,8 +177,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "audit-shared-between-roles",
         "tenure refusals of every role are aggregated into one row (one role's refusals change another's count)",
-        [Edit("sql:_reject", "INSERT INTO pgfence.rejections (scope, lease, presented_epoch, current_epoch",
-              "INSERT INTO pgfence.rejections (role, scope, lease, presented_epoch, current_epoch"),
+        [Edit("sql:_reject", "INSERT INTO pgfence.rejections AS r (scope, lease, presented_epoch, current_epoch,",
+              "INSERT INTO pgfence.rejections AS r (role, scope, lease, presented_epoch, current_epoch,"),
          Edit("sql:_reject", "VALUES ('tenure', p_lease", "VALUES ('shared', 'tenure', p_lease")],
         [cargo_test("trust", "audit_rows_are_per_role_and_bounded")],
     ),
@@ -263,9 +263,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "renew-ignores-expiry",
         "a renewal extends a tenure whose ttl already ran out by the database clock",
-        [Edit("sql:renew", "why := coalesce(pgfence._loss_reason(l, p_holder, p_epoch, clock_timestamp(), tl),",
-              "why := coalesce(pgfence._loss_reason(l, p_holder, p_epoch, '-infinity', tl),"),
-         Edit("sql:renew", "why := pgfence._loss_reason(l, p_holder, p_epoch, ts, tl);",
+        [Edit("sql:renew", "why := pgfence._loss_reason(l, p_holder, p_epoch, ts, tl);",
               "why := pgfence._loss_reason(l, p_holder, p_epoch, '-infinity', tl);")],
         [cargo_test("lease")],
     ),
@@ -366,8 +364,8 @@ MUTATIONS: list[Mutation] = [
         "renew-locks-before-the-check",
         "a renewal locks the lease row before it judges the presented tenure and secret, so a role without the "
         "secret that leaves its forged renewal open holds the holder's renewals and takeovers off",
-        [Edit("sql:renew", "    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;\n    why := coalesce(",
-              "    l := pgfence._lock_lease_row(p_lease);\n    why := coalesce(")],
+        [Edit("sql:renew", "    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;\n    secret := ",
+              "    l := pgfence._lock_lease_row(p_lease);\n    secret := ")],
         [cargo_test("hardening", "a_forged_call_left_open_delays_neither_the_holder_nor_a_takeover")],
     ),
     Mutation(

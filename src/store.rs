@@ -1352,8 +1352,9 @@ async fn take_migration_lock(conn: &mut AsyncPgConnection, wait: Duration) -> Re
 async fn run_migrations(mut conn: AsyncPgConnection, lock_wait: Duration) -> Result<Vec<String>> {
     use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
     // Nothing of the schema pgfence is used before it is known to be the migrating role's: the checks read the
-    // catalogs only.
-    conn.batch_execute("SET search_path = pg_catalog, pg_temp")
+    // catalogs only. No JIT on this session: the catalog checks and the migrations' own are planned with large
+    // row estimates and would be compiled for seconds to run for milliseconds.
+    conn.batch_execute("SET search_path = pg_catalog, pg_temp; SET jit = off")
         .await?;
     let missing: Vec<ProblemRow> = diesel::sql_query(missing_execute_query())
         .load(&mut conn)

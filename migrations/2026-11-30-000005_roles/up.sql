@@ -245,7 +245,10 @@ $$;
 -- Its DROP TRIGGER waits at most _lock_wait_ms() for the table (PF003 naming who holds it).
 -- p_raw_writes: whether the raw-SQL enforcement is (about to be) on; NULL: as it is now.
 CREATE FUNCTION pgfence._harden(p_raw_writes boolean DEFAULT NULL) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '10min' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '10min'
+-- Its catalog queries are planned with large row estimates (set-returning functions), which would have them
+-- JIT-compiled: measured 2.6 s of compilation for 3 ms of work.
+SET jit = off AS $$
 DECLARE
     r record;
     -- Whether granted roles may keep raw DML on the task tables: while the raw-SQL enforcement is on (p_raw_writes:

@@ -769,13 +769,14 @@ async fn leader_alone_and_hammered(
 }
 
 /// Backpressure does not cost the leader: with 8 stale connections hammering, the leader's guarded-write
-/// throughput (4 connections) stays at least 0.75× its throughput alone — the median of the per-pair ratios
+/// throughput (4 connections) stays at least 0.65× its throughput alone — the median of the per-pair ratios
 /// over 12 interleaved pairs of 200 ms rounds — and the stale writers are held to at most one refusal per
 /// 10 ms, every one of them in the audit with the exact count. In this debug build, on 2 cores shared with
-/// other work, the ratio measured 0.94–0.99 with the backpressure (5 runs; 0.81–0.96 before the measurement ran
-/// apart from this file's other tests) and 0.33–0.41 without it (`pgfence._reject` without its `pg_sleep`):
-/// 0.75 sits between them, not at 0.9, which a debug build on busy cores does not give stably. The release
-/// figure (0.90–1.07 here) is measured by `measure_leader_throughput_under_a_hammering_stale_writer`.
+/// other work, the ratio measured 0.94–0.99 with the backpressure when this test was written (5 runs) and
+/// 0.33–0.41 without it (`pgfence._reject` without its `pg_sleep`); on a later, busier machine 0.73–0.84 with it
+/// (the same on the code before the audit's bound was tightened, so the machine, not the change) and 0.41–0.45
+/// without: 0.65 sits between them, not at 0.9, which a debug build on busy cores does not give stably. The
+/// release figure (0.90–1.07 here) is measured by `measure_leader_throughput_under_a_hammering_stale_writer`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hammering_stale_writer_is_held_back_and_the_leader_keeps_its_throughput() {
     let _alone = MEASURING.write().await;
@@ -783,7 +784,7 @@ async fn a_hammering_stale_writer_is_held_back_and_the_leader_keeps_its_throughp
     let measured = leader_alone_and_hammered(&db, 4, 8, 12, Duration::from_millis(200)).await;
     eprintln!("{}", measured.report());
     assert!(
-        measured.ratio() >= 0.75,
+        measured.ratio() >= 0.65,
         "the leader kept only {:.2}× its throughput while stale writers hammered: {}",
         measured.ratio(),
         measured.report()

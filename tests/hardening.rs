@@ -432,6 +432,8 @@ async fn owned_installation() -> (TestDb, String, Store) {
     let (db, owner) = owned_db().await;
     let store = store_as(&db, &owner, "c1").await;
     store.migrate().await.unwrap();
+    // The mutation gate's weakened SQL, when one is set (TestDb::new applies it to the template's clones).
+    common::apply_mutant(&db.url).await;
     (db, owner, store)
 }
 

@@ -268,6 +268,62 @@ async fn the_label_cap_holds_under_concurrent_refusals() {
     }
 }
 
+/// Concurrent first refusals of one tenure never deadlock: six connections of one role, released together by a
+/// barrier, are refused on a tenure with no audit row yet, three of them under one operation label and three
+/// under labels of their own (so they race for the row of a label and for the places of new labels at once),
+/// for 150 tenures. Every call answers `stale`, none fails (40P01 or otherwise), and each tenure's counts add up
+/// to the six refusals. Fails on an insert whose place index is not one of its conflict arbiters: two inserts
+/// then wait for each other's transaction inside PostgreSQL's speculative insertion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_refusals_of_a_tenure_never_deadlock() {
+    let (db, store, _lease, attacker, _) = holder_and_attacker().await;
+    const TENURES: usize = 150;
+    const WRITERS: usize = 6;
+    for t in 0..TENURES {
+        superseded_tenures(&store, &format!("dl-{t}"), 2).await;
+    }
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(WRITERS));
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let (db, attacker, barrier) = (db.clone(), attacker.clone(), barrier.clone());
+        writers.push(tokio::spawn(async move {
+            let client = client_as(&db, &attacker).await;
+            let fence = client
+                .prepare("SELECT outcome FROM pgfence.fence($1, 1, NULL, $2)")
+                .await
+                .unwrap();
+            let label = if w % 2 == 0 {
+                "shared".to_owned()
+            } else {
+                format!("own-{w}")
+            };
+            for t in 0..TENURES {
+                barrier.wait().await;
+                let outcome: String = client
+                    .query_one(&fence, &[&format!("ta/dl-{t}"), &label])
+                    .await
+                    .unwrap_or_else(|e| panic!("tenure {t}, writer {w}: {e:?}"))
+                    .get(0);
+                assert_eq!(outcome, "stale");
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let rows = audit_of(&db, &attacker).await;
+    for t in 0..TENURES {
+        let lease = format!("ta/dl-{t}");
+        let of: Vec<_> = rows.iter().filter(|r| r.1 == lease).collect();
+        assert_eq!(of.len(), 4, "{lease}: one row per label: {of:?}");
+        assert_eq!(
+            of.iter().map(|r| r.5).sum::<i64>(),
+            WRITERS as i64,
+            "{lease}: {of:?}"
+        );
+    }
+}
+
 /// The audit is bounded per role whatever it is flooded with: four connections of one role send 100,000
 /// refusals each — forged secrets and leases of a cluster it has no grant on through `renew_many` (2,000 a
 /// call), and distinct presented epochs (real old tenures, epochs never issued in a failover-sized jump,

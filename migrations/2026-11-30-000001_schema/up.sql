@@ -658,7 +658,8 @@ BEGIN
     END IF;
     -- Bounded: a refused transaction left open keeps its aggregated rows locked, and a place in the audit it
     -- took (slot) uncommitted (only the same role's refusals of the same tenure wait for them; two such
-    -- transactions refused several times each may deadlock, which PostgreSQL ends with 40P01). The first refusal's reason and epochs are kept (after a failover,
+    -- transactions refused several times each, in different orders, may deadlock, which PostgreSQL ends with
+    -- 40P01; single refusals never do). The first refusal's reason and epochs are kept (after a failover,
     -- 'failover' stays the evidence even once the tenure is also superseded); the count, the last time and the
     -- last lease and key move.
     PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
@@ -694,26 +695,24 @@ BEGIN
                     op := 'other';
                     CONTINUE;
                 END IF;
-                BEGIN
-                    -- The same label inserted meanwhile by another connection of this role: counted on its row
-                    -- (under REPEATABLE READ a row committed after the snapshot is a serialization error, never a
-                    -- refusal lost).
-                    INSERT INTO pgfence.rejections AS r (scope, lease, presented_epoch, current_epoch,
-                                                         current_holder, reason, operation, target_table,
-                                                         target_key, last_lease, last_target_key, count, slot)
-                    VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,
-                            p_key, p_lease, p_key, p_count, coalesce(free, 16))
-                    ON CONFLICT (role, lease, presented_epoch, operation) WHERE scope = 'tenure' DO UPDATE
-                       SET count = r.count + EXCLUDED.count, last_rejected_at = clock_timestamp(),
-                           last_target_key = EXCLUDED.target_key;
-                    EXIT;
-                EXCEPTION WHEN unique_violation THEN
-                    -- Another connection of this role took the place: look again.
-                    IF attempt = 40 THEN
-                        RAISE EXCEPTION 'pgfence: refusal of % on lease % found no place in the audit after 40 attempts',
-                            pgfence._printable(p_operation), pgfence._printable(p_lease) USING ERRCODE = '40001';
-                    END IF;
-                END;
+                -- Every unique index is an arbiter (no conflict target): the label's row and the place are
+                -- both decided by PostgreSQL's speculative insertion, which never waits while holding its
+                -- insertion. (With the place index left out of the arbiters, two first refusals deadlocked: one
+                -- inserting waited for the other's transaction on the place index while that one, updating the
+                -- label's row, waited for the insertion.) Nothing inserted: another connection of this role
+                -- took the label or the place meanwhile, and its row is committed: look again. Under REPEATABLE
+                -- READ a row committed after the snapshot is a serialization error, never a refusal lost.
+                INSERT INTO pgfence.rejections (scope, lease, presented_epoch, current_epoch, current_holder,
+                                                reason, operation, target_table, target_key, last_lease,
+                                                last_target_key, count, slot)
+                VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,
+                        p_key, p_lease, p_key, p_count, coalesce(free, 16))
+                ON CONFLICT DO NOTHING;
+                EXIT WHEN FOUND;
+                IF attempt = 40 THEN
+                    RAISE EXCEPTION 'pgfence: refusal of % on lease % found no place in the audit after 40 attempts',
+                        pgfence._printable(p_operation), pgfence._printable(p_lease) USING ERRCODE = '40001';
+                END IF;
             END LOOP;
         END IF;
     EXCEPTION WHEN lock_not_available THEN

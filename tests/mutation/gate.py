@@ -157,9 +157,9 @@ MUTATIONS: list[Mutation] = [
         [Edit("sql:_reject", "VALUES ('role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key, p_count)",
               "SELECT 'role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key, p_count WHERE false"),
          Edit("sql:_reject", "VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,\n"
-              "                            p_key, p_lease, p_key, p_count, coalesce(free, 16))\n",
+              "                        p_key, p_lease, p_key, p_count, coalesce(free, 16))\n",
               "SELECT 'tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,\n"
-              "                            p_key, p_lease, p_key, p_count, coalesce(free, 16) WHERE false\n")],
+              "                        p_key, p_lease, p_key, p_count, coalesce(free, 16) WHERE false\n")],
         [cargo_test("guard"), cargo_test("race")],
     ),
     Mutation(
@@ -177,10 +177,18 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "audit-shared-between-roles",
         "tenure refusals of every role are aggregated into one row (one role's refusals change another's count)",
-        [Edit("sql:_reject", "INSERT INTO pgfence.rejections AS r (scope, lease, presented_epoch, current_epoch,",
-              "INSERT INTO pgfence.rejections AS r (role, scope, lease, presented_epoch, current_epoch,"),
+        [Edit("sql:_reject", "INSERT INTO pgfence.rejections (scope, lease, presented_epoch, current_epoch,",
+              "INSERT INTO pgfence.rejections (role, scope, lease, presented_epoch, current_epoch,"),
          Edit("sql:_reject", "VALUES ('tenure', p_lease", "VALUES ('shared', 'tenure', p_lease")],
         [cargo_test("trust", "audit_rows_are_per_role_and_bounded")],
+    ),
+    Mutation(
+        "audit-place-not-an-arbiter",
+        "a first refusal inserts its audit row with only the label's index as conflict arbiter (the place index is "
+        "checked by waiting): two first refusals of one tenure deadlock",
+        [Edit("sql:_reject", "                ON CONFLICT DO NOTHING;\n",
+              "                ON CONFLICT (role, lease, presented_epoch, operation) WHERE scope = 'tenure' DO NOTHING;\n")],
+        [cargo_test("hardening", "concurrent_first_refusals_of_a_tenure_never_deadlock")],
     ),
     Mutation(
         "bogus-refusals-per-lease",

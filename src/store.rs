@@ -105,15 +105,18 @@ const MIGRATION_LOCK_KEY: i64 = 0x7067_6665_6e63_6501;
 /// otherwise.
 pub const DEFAULT_MIGRATION_LOCK_WAIT: Duration = Duration::from_secs(30);
 
-/// The advisory-lock functions pgfence calls: the migration lock (here) and the guard lock (the lease protocol,
-/// the guard). The schema owner must be able to execute every one of them; `pgfence._layout_problems()`
-/// (000005_roles) checks the same list once the schema exists.
-pub const ADVISORY_FUNCTIONS_NEEDED: [&str; 5] = [
+/// The advisory-lock functions pgfence calls: the migration lock (here), the guard lock and the intent lock (the
+/// lease protocol, the guard; the guard probes the intent lock with the session-level pair). The schema owner must
+/// be able to execute every one of them; `pgfence._layout_problems()` (000005_roles) checks the same list once the
+/// schema exists.
+pub const ADVISORY_FUNCTIONS_NEEDED: [&str; 7] = [
     "pg_catalog.pg_advisory_lock(bigint)",
     "pg_catalog.pg_advisory_xact_lock(integer, integer)",
     "pg_catalog.pg_try_advisory_xact_lock(integer, integer)",
     "pg_catalog.pg_advisory_xact_lock_shared(integer, integer)",
     "pg_catalog.pg_try_advisory_xact_lock_shared(integer, integer)",
+    "pg_catalog.pg_try_advisory_lock_shared(integer, integer)",
+    "pg_catalog.pg_advisory_unlock_shared(integer, integer)",
 ];
 
 /// What the store expects the database to be. Every field left `None` is not checked.

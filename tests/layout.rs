@@ -34,7 +34,8 @@ fn grants_to(owner: &str) -> String {
     format!(
         "GRANT EXECUTE ON FUNCTION pg_advisory_lock(bigint), pg_advisory_xact_lock(integer, integer), \
          pg_try_advisory_xact_lock(integer, integer), pg_advisory_xact_lock_shared(integer, integer), \
-         pg_try_advisory_xact_lock_shared(integer, integer) TO {owner}; \
+         pg_try_advisory_xact_lock_shared(integer, integer), \
+         pg_try_advisory_lock_shared(integer, integer) TO {owner}; \
          GRANT pg_signal_backend TO {owner}"
     )
 }

@@ -187,6 +187,327 @@ async fn an_idle_guarded_transaction_delays_a_takeover_by_at_most_the_grace() {
     );
 }
 
+/// The three kinds of takeover of a live tenure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Takeover {
+    ForceRelease,
+    Release,
+    Reacquire,
+}
+
+impl Takeover {
+    const ALL: [Takeover; 3] = [
+        Takeover::ForceRelease,
+        Takeover::Release,
+        Takeover::Reacquire,
+    ];
+
+    /// Runs the takeover of `lease` (whose holder is `holder`); returns the holder's next tenure (the same
+    /// holder acquiring again after a release or force-release).
+    async fn run(self, store: &Store, lease: &pgfence::Lease) -> Result<pgfence::Lease, Error> {
+        match self {
+            Takeover::ForceRelease => {
+                store.force_release(lease.name()).await?;
+            }
+            Takeover::Release => {
+                store.release(lease).await?;
+            }
+            Takeover::Reacquire => return store.acquire(lease.name(), lease.holder(), TTL).await,
+        }
+        store.acquire(lease.name(), lease.holder(), TTL).await
+    }
+
+    /// The reason a write of the ended tenure is refused with.
+    fn reason(self) -> &'static str {
+        match self {
+            Takeover::Reacquire => "superseded",
+            _ => "released",
+        }
+    }
+}
+
+/// A write arriving while a takeover waits out its grace is refused once the takeover has committed, with the
+/// takeover's reason, and its session lives on: it is never answered ok and then ended. For each kind of takeover
+/// (an operator's force_release, the holder's release, the holder's new acquisition), behind a guarded transaction
+/// left open (so the takeover waits the whole grace and then ends it). Invariant 7 (a write arriving during a
+/// takeover, in whatever phase, is refused). Fails on the previous protocol (gate mutation grace-lets-writes-in):
+/// the late write was let in when the takeover's wait for the guard lock ran out, answered ok, and committed just
+/// before the takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_arriving_during_the_grace_is_refused_never_accepted_and_ended() {
+    const GRACE: Duration = Duration::from_millis(600);
+    let db = TestDb::new().await;
+    db.client()
+        .await
+        .query_one("SELECT pgfence.set_takeover_grace('600 ms')", &[])
+        .await
+        .unwrap();
+    let store = db.store("c").await;
+    for kind in Takeover::ALL {
+        let lease = store
+            .acquire(&format!("grace-{kind:?}"), "h1", TTL)
+            .await
+            .unwrap();
+        let fence = lease.fence();
+        let in_flight = session(&db, "in-flight").await;
+        in_flight.batch_execute("BEGIN").await.unwrap();
+        assert_eq!(fence_outcome(&in_flight, &fence).await.unwrap().0, "ok");
+        let late = session(&db, "late-writer").await;
+        let taker = {
+            let (store, lease) = (store.clone(), lease.clone());
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let next = kind.run(&store, &lease).await;
+                (next, started.elapsed())
+            })
+        };
+        // The takeover is queued for the guard lock, waiting out the grace for the transaction in flight.
+        wait_until_blocked_on_lock(&db, 1).await;
+        let answer = fence_outcome(&late, &fence).await;
+        let (next, took) = taker.await.unwrap();
+        let next = next.unwrap_or_else(|e| panic!("{kind:?}: the takeover failed: {e}"));
+        assert!(next.epoch() > lease.epoch());
+        let (outcome, reason) = answer.unwrap_or_else(|e| {
+            panic!(
+                "{kind:?}: the late write failed instead of being refused: {e} ({})",
+                sqlstate(&e)
+            )
+        });
+        assert_ne!(
+            outcome, "ok",
+            "{kind:?}: a write arriving during the grace was accepted"
+        );
+        assert_eq!(reason.as_deref(), Some(kind.reason()), "{kind:?}");
+        late.query_one("SELECT 1", &[])
+            .await
+            .unwrap_or_else(|e| panic!("{kind:?}: the late writer's session was ended: {e}"));
+        assert!(
+            took >= GRACE && took <= GRACE + Duration::from_secs(1),
+            "{kind:?}: the takeover took {took:?}, not within [grace, grace + 1 s]"
+        );
+        assert!(
+            in_flight.batch_execute("COMMIT").await.is_err(),
+            "{kind:?}: the transaction left open past the grace committed"
+        );
+    }
+}
+
+/// One storm writer's account.
+#[derive(Debug, Default)]
+struct StormTally {
+    accepted: u64,
+    refused: u64,
+    timed_out: u64,
+    /// Sessions ended under the writer, with whether its previous write had been answered ok.
+    ended: Vec<bool>,
+    other_errors: Vec<String>,
+}
+
+/// A takeover under a continuous storm of writes of the ending tenure lets none of them in and completes within
+/// grace + 1 s, every time: `PGFENCE_STORM_ROUNDS` (default 100) takeovers — force_release, the holder's release
+/// and its new acquisition in turn — each behind a guarded transaction left open (so each waits out the grace and
+/// ends it), while four writers send create_task of the current tenure back to back, each under a 20 ms
+/// statement_timeout, so that new writes keep arriving in every phase of a takeover (queued, grace, ending the
+/// holders, queued again). Checked, from outside: no write of an ended tenure was accepted after its takeover began
+/// (by the database clock: each accepted task's created_at against the first moment the takeover was seen holding
+/// its intent lock in pg_locks, with a margin of half the grace for a write already past its check), no storm writer's session was ended (so none was answered ok and
+/// then ended), no takeover failed, and the slowest took at most grace + 1 s. Invariant 7. Fails on a fast path
+/// without the intent probe (gate mutation fast-path-without-intent-probe) and on the previous protocol
+/// (grace-lets-writes-in).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_under_a_write_storm_lets_no_write_in_and_ends_within_its_bound() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const GRACE: Duration = Duration::from_millis(150);
+    const WRITERS: usize = 4;
+    let rounds: usize = std::env::var("PGFENCE_STORM_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let db = TestDb::new().await;
+    let control = db.client().await;
+    control
+        .query_one("SELECT pgfence.set_takeover_grace('150 ms')", &[])
+        .await
+        .unwrap();
+    let store = db.store("c").await;
+    let mut lease = store.acquire("storm", "leader", TTL).await.unwrap();
+    let (tx, rx) = tokio::sync::watch::channel(lease.fence());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let (db, mut rx, stop) = (db.clone(), rx.clone(), stop.clone());
+        writers.push(tokio::spawn(async move {
+            let mut tally = StormTally::default();
+            let connect = || async {
+                let c = session(&db, &format!("storm-{w}")).await;
+                c.batch_execute("SET statement_timeout = '20ms'")
+                    .await
+                    .unwrap();
+                c
+            };
+            let mut client = connect().await;
+            let mut last_ok = false;
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let fence = rx.borrow_and_update().clone();
+                n += 1;
+                let key = format!("storm-{w}-{n}");
+                let answer = client
+                    .query_one(
+                        "SELECT outcome FROM pgfence.create_task($1, $2, $3, $4, '{}'::jsonb)",
+                        &[
+                            &fence.lease(),
+                            &fence.epoch().get(),
+                            &fence.secret().expose_secret(),
+                            &key,
+                        ],
+                    )
+                    .await;
+                match answer {
+                    Ok(row) if row.get::<_, String>(0) == "ok" => {
+                        tally.accepted += 1;
+                        last_ok = true;
+                    }
+                    Ok(_) => {
+                        tally.refused += 1;
+                        last_ok = false;
+                    }
+                    Err(e) if sqlstate(&e) == "57014" => {
+                        tally.timed_out += 1;
+                        last_ok = false;
+                    }
+                    Err(e) if sqlstate(&e) == "57P01" || e.is_closed() => {
+                        tally.ended.push(last_ok);
+                        client = connect().await;
+                        last_ok = false;
+                    }
+                    Err(e) => {
+                        tally.other_errors.push(format!("{e} ({})", sqlstate(&e)));
+                        last_ok = false;
+                    }
+                }
+            }
+            tally
+        }));
+    }
+
+    let mut started_at = Vec::new();
+    let mut took = Vec::new();
+    let mut failed = Vec::new();
+    for round in 0..rounds {
+        let kind = Takeover::ALL[round % 3];
+        let in_flight = session(&db, "in-flight").await;
+        in_flight.batch_execute("BEGIN").await.unwrap();
+        assert_eq!(
+            fence_outcome(&in_flight, &lease.fence()).await.unwrap().0,
+            "ok"
+        );
+        let t = Instant::now();
+        let taker = {
+            let (store, lease) = (store.clone(), lease.clone());
+            tokio::spawn(async move { kind.run(&store, &lease).await })
+        };
+        // The takeover's start, by the database clock: the first moment it is seen holding the intent lock (it
+        // waits out the grace for the transaction in flight, so it is seen).
+        let mut start = None;
+        while start.is_none() && !taker.is_finished() {
+            let row = control
+                .query_one(
+                    "SELECT extract(epoch FROM clock_timestamp())::float8, EXISTS (SELECT 1 FROM pg_locks k \
+                       JOIN pgfence.leases l ON k.objid = (-l.lock_key)::oid AND l.name = 'c/storm' \
+                      WHERE k.locktype = 'advisory' AND k.classid = 1885824613 AND k.objsubid = 2 \
+                        AND k.mode = 'ExclusiveLock' AND k.granted)",
+                    &[],
+                )
+                .await
+                .unwrap();
+            if row.get::<_, bool>(1) {
+                start = Some(row.get::<_, f64>(0));
+            } else {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        match taker.await.unwrap() {
+            Ok(next) => {
+                took.push(t.elapsed());
+                let start = start.expect("the takeover was never seen holding its intent lock");
+                started_at.push((lease.epoch().get(), start));
+                lease = next;
+                tx.send(lease.fence()).unwrap();
+            }
+            Err(e) => {
+                failed.push(format!("round {round} ({kind:?}): {e}"));
+                lease = store.acquire("storm", "leader", TTL).await.unwrap();
+                tx.send(lease.fence()).unwrap();
+            }
+        }
+        assert!(in_flight.batch_execute("COMMIT").await.is_err());
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut tallies = Vec::new();
+    for w in writers {
+        tallies.push(w.await.unwrap());
+    }
+
+    // Every accepted write of an ended tenure, against its takeover's start (database clock).
+    let margin = GRACE.as_secs_f64() / 2.0;
+    let mut slipped = Vec::new();
+    for row in control
+        .query(
+            "SELECT fence, extract(epoch FROM created_at)::float8 FROM pgfence.tasks WHERE key LIKE 'storm-%'",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        let (epoch, at): (i64, f64) = (row.get(0), row.get(1));
+        if let Some((_, start)) = started_at.iter().find(|(e, _)| *e == epoch) {
+            if at > start + margin {
+                slipped.push(format!("epoch {epoch}: accepted {:.3} s after its takeover began", at - start));
+            }
+        }
+    }
+    took.sort();
+    let p = |q: f64| took[((took.len() - 1) as f64 * q).round() as usize];
+    let accepted: u64 = tallies.iter().map(|t| t.accepted).sum();
+    let refused: u64 = tallies.iter().map(|t| t.refused).sum();
+    let timed_out: u64 = tallies.iter().map(|t| t.timed_out).sum();
+    let ended: Vec<bool> = tallies.iter().flat_map(|t| t.ended.clone()).collect();
+    let other: Vec<&String> = tallies.iter().flat_map(|t| &t.other_errors).collect();
+    eprintln!(
+        "write storm: {rounds} takeovers, grace {GRACE:?}: took p50 {:?}, p99 {:?}, max {:?}; failed {}; \
+         writes accepted {accepted}, refused {refused}, timed out {timed_out}; storm sessions ended {} \
+         (after an ok: {}); accepted after their takeover began: {:?}",
+        p(0.5),
+        p(0.99),
+        p(1.0),
+        failed.len(),
+        ended.len(),
+        ended.iter().filter(|ok| **ok).count(),
+        slipped
+    );
+    assert!(failed.is_empty(), "takeovers failed: {failed:?}");
+    assert!(
+        slipped.is_empty(),
+        "writes let in during a takeover: {slipped:?}"
+    );
+    assert!(
+        ended.is_empty(),
+        "storm writers' sessions were ended: {ended:?} (true: after an ok)"
+    );
+    assert!(other.is_empty(), "storm writers' errors: {other:?}");
+    assert!(
+        accepted > 0 && refused > 0 && timed_out > 0,
+        "the storm did not reach every phase"
+    );
+    assert!(
+        p(1.0) <= GRACE + Duration::from_secs(1),
+        "the slowest takeover took {:?}, more than grace + 1 s",
+        p(1.0)
+    );
+}
+
 /// An answer that an unlocked read decides ('held') takes no lock: `BEGIN; SELECT pgfence.acquire(…)` left open
 /// by anyone blocks neither the holder's renewal nor its writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -549,6 +549,17 @@ LANGUAGE sql STABLE AS $$
        AND k.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
 $$;
 
+-- The backends other than this one that hold (p_granted) or wait for (NOT p_granted) a lease's intent lock
+-- (1885824613, -lock_key): a takeover of the lease holds it exclusive from its start to its end.
+CREATE FUNCTION pgfence._intent_lockers(p_lock_key integer, p_granted boolean) RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(DISTINCT k.pid), '{}')
+      FROM pg_catalog.pg_locks k
+     WHERE k.locktype = 'advisory' AND k.classid = 1885824613::oid AND k.objid = (-p_lock_key)::oid
+       AND k.objsubid = 2 AND k.granted = p_granted AND k.pid <> pg_catalog.pg_backend_pid()
+       AND k.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
+$$;
+
 -- The backends other than this one holding a lock on a pgfence table (what a DDL statement of pgfence waits for).
 CREATE FUNCTION pgfence._table_lockers() RETURNS integer[]
 LANGUAGE sql STABLE AS $$

@@ -49,18 +49,38 @@ EXCEPTION WHEN lock_not_available THEN
 END;
 $$;
 
--- Takes a lease's guard lock EXCLUSIVE for a change of who may write: waits for guarded transactions already
--- past their check, at most the takeover grace; then terminates the backends still holding it (their tenure is
--- ending: a transaction still open that long after must not commit after its successor's) and waits for them to
--- go. Fails with PF003 naming the blockers if it cannot end them (the schema owner lacks pg_signal_backend) or
--- they keep it. The caller holds the lease row lock, so no second takeover of the lease runs meanwhile.
+-- Takes a lease's intent lock, then its guard lock, EXCLUSIVE for a change of who may write. The intent lock
+-- (1885824613, -lock_key) first, held to the end of the transaction: from then on no guard of the lease passes its
+-- check (each probes the intent lock before it takes the guard lock, and one that finds it taken waits for this
+-- takeover to end: pgfence._await_takeover), whatever this function does next — wait for the guard lock, let its
+-- wait run out after the grace, end the holders, queue again. Then the guard lock: waits for the guarded
+-- transactions already past their check, at most the takeover grace; then terminates the backends still holding
+-- it (their tenure is ending: a transaction still open that long after must not commit after its successor's) and
+-- waits for them to go. No new holder can appear meanwhile, so ending those once is enough. Fails with PF003
+-- naming the blockers if it cannot end them (the schema owner lacks pg_signal_backend) or they keep it. The caller
+-- holds the lease row lock, so no second takeover of the lease runs meanwhile.
 CREATE FUNCTION pgfence._take_guard_lock(p_lease text, p_lock_key integer) RETURNS void
 LANGUAGE plpgsql SET lock_timeout = '10min' AS $$
 DECLARE
     grace_ms bigint;
     victims  integer[];
     ended    text;
+    wait_ms  bigint;
 BEGIN
+    -- Nobody holds the intent lock but a takeover (the caller's row lock keeps others out) and guards probing it
+    -- for an instant, so this wait is short; bounded all the same.
+    IF NOT pg_catalog.pg_try_advisory_xact_lock(1885824613, -p_lock_key) THEN
+        wait_ms := pgfence._lock_wait_ms();
+        BEGIN
+            PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+            PERFORM pg_catalog.pg_advisory_xact_lock(1885824613, -p_lock_key);
+        EXCEPTION WHEN lock_not_available THEN
+            RAISE EXCEPTION 'pgfence: takeover of lease % waited % ms for its intent lock; held by %',
+                pgfence._printable(p_lease), wait_ms,
+                pgfence._describe_backends(pgfence._intent_lockers(p_lock_key, true))
+                USING ERRCODE = 'PF003';
+        END;
+    END IF;
     IF pg_catalog.pg_try_advisory_xact_lock(1885824613, p_lock_key) THEN
         RETURN;
     END IF;
@@ -73,9 +93,9 @@ BEGIN
     EXCEPTION WHEN lock_not_available THEN
         NULL;
     END;
-    -- Signal the holders without waiting for them to exit (timeout 0) and queue again at once: a guard arriving
-    -- meanwhile queues behind us instead of slipping in while we wait for the exits. One that took the lock in
-    -- the instant between our two requests is ended in the next round.
+    -- Signal the holders without waiting for them to exit (timeout 0) and queue again at once. A guard arriving
+    -- meanwhile finds the intent lock taken and waits for this transaction to end; the later rounds are for a
+    -- holder whose check came before our intent lock and whose guard lock came after the list was read.
     FOR round IN 1..3 LOOP
         victims := pgfence._guard_lockers(p_lock_key, true);
         ended := pgfence._describe_backends(victims);

@@ -23,4 +23,4 @@ DROP FUNCTION pgfence.ungated_write(text, bigint);
 DROP FUNCTION pgfence.fence(text, bigint, text, text, text, text);
 DROP FUNCTION pgfence._guard(text, bigint, text, text, text, text);
 DROP FUNCTION pgfence._fence_setting(integer);
-DROP FUNCTION pgfence._wait_guard_lock(text, integer);
+DROP FUNCTION pgfence._await_takeover(text, integer);

@@ -1,4 +1,4 @@
--- pgfence migration 3 of 5, the guard: _guard and its slow path (_wait_guard_lock), pgfence.fence for a
+-- pgfence migration 3 of 5, the guard: _guard and its slow path (_await_takeover), pgfence.fence for a
 -- caller's own transaction, the safety net of the one-statement guarded write (ungated_write), the raw-SQL
 -- enforcement (its triggers and switch) and the audit's retention (prune_rejections).
 -- Called from Rust by src/fence.rs (Store::fenced and Store::guarded_write send pgfence.fence; set_enforcement,
@@ -8,22 +8,66 @@
 -- ---------------------------------------------------------------------------------------------------------
 -- The guard.
 
--- The slow path of a guard: the shared guard lock is not free at once (a takeover holds it or waits for it).
--- Waits at most _lock_wait_ms(), then fails naming who blocks.
-CREATE FUNCTION pgfence._wait_guard_lock(p_lease text, p_lock_key integer) RETURNS void
+-- The slow path of a guard: a takeover of the lease is in flight (its intent lock is taken) or the guard lock is
+-- not free at once. A transaction that already holds the lease's guard lock (an earlier guarded write of this
+-- lease in it) is in flight: it goes on and is judged on a fresh read, and the takeover waits for it as for every
+-- holder. Any other waits for the takeover to end: it takes the intent lock shared and gives it back at once
+-- (rolling back the block that took it), so it holds nothing while it waits and never delays the takeover; then
+-- it takes the guard lock shared, and gives it back and waits again if another takeover has begun meanwhile. So a
+-- write arriving during a takeover, in whatever phase the takeover is (queued for the guard lock, in the grace,
+-- ending the holders, queued again), is judged on a read after the takeover committed or gave up: refused with the
+-- reason the takeover leaves (superseded, released), or accepted if it gave up. Waits at most _lock_wait_ms() in
+-- all, then fails with PF003 naming the takeover.
+CREATE FUNCTION pgfence._await_takeover(p_lease text, p_lock_key integer) RETURNS void
 LANGUAGE plpgsql SET lock_timeout = '10min' AS $$
 DECLARE
-    wait_ms bigint := pgfence._lock_wait_ms();
+    wait_ms  bigint := pgfence._lock_wait_ms();
+    deadline timestamptz := clock_timestamp() + wait_ms * interval '1 millisecond';
+    left_ms  bigint;
+    got      boolean := false;
 BEGIN
-    PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
-    PERFORM pg_catalog.pg_advisory_xact_lock_shared(1885824613, p_lock_key);
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_locks k
+                WHERE k.locktype = 'advisory' AND k.classid = 1885824613::oid AND k.objid = p_lock_key::oid
+                  AND k.objsubid = 2 AND k.granted AND k.pid = pg_catalog.pg_backend_pid()
+                  AND k.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                     WHERE d.datname = current_database())) THEN
+        RETURN;
+    END IF;
+    LOOP
+        left_ms := ceil(extract(epoch FROM deadline - clock_timestamp()) * 1000)::bigint;
+        IF left_ms < 1 THEN
+            RAISE EXCEPTION USING ERRCODE = 'lock_not_available';
+        END IF;
+        PERFORM set_config('lock_timeout', left_ms || 'ms', true);
+        BEGIN
+            -- The takeover's end: the intent lock shared, given back as this block is rolled back.
+            PERFORM pg_catalog.pg_advisory_xact_lock_shared(1885824613, -p_lock_key);
+            RAISE EXCEPTION USING ERRCODE = 'PF900';
+        EXCEPTION WHEN SQLSTATE 'PF900' THEN
+            NULL;
+        END;
+        BEGIN
+            -- The guard lock shared (it waits only for a takeover committing at this moment or queued since),
+            -- kept (this block commits into the transaction) only if no takeover has begun since: the intent
+            -- probe of _guard.
+            PERFORM pg_catalog.pg_advisory_xact_lock_shared(1885824613, p_lock_key);
+            got := pg_catalog.pg_try_advisory_lock_shared(1885824613, -p_lock_key)
+                   AND pg_catalog.pg_advisory_unlock_shared(1885824613, -p_lock_key);
+            IF NOT got THEN
+                RAISE EXCEPTION USING ERRCODE = 'PF900';
+            END IF;
+        EXCEPTION WHEN SQLSTATE 'PF900' THEN
+            got := false;
+        END;
+        EXIT WHEN got;
+    END LOOP;
 EXCEPTION WHEN lock_not_available THEN
-    RAISE EXCEPTION 'pgfence: guarded write on lease % waited % ms for its guard lock; held by %; queued before it: %',
+    RAISE EXCEPTION 'pgfence: guarded write on lease % waited % ms for a takeover in flight to end; held by %; guard lock held by %',
         pgfence._printable(p_lease), wait_ms,
-        pgfence._describe_backends(pgfence._guard_lockers(p_lock_key, true)),
-        pgfence._describe_backends(pgfence._guard_lockers(p_lock_key, false))
+        pgfence._describe_backends(pgfence._intent_lockers(p_lock_key, true)),
+        pgfence._describe_backends(pgfence._guard_lockers(p_lock_key, true))
         USING ERRCODE = 'PF003',
-              HINT = 'A takeover of this lease is in flight or its transaction stays open.';
+              HINT = 'A takeover of this lease is in flight; it waits for guarded transactions left open (at most the takeover grace, then it ends them).';
 END;
 $$;
 
@@ -98,14 +142,22 @@ BEGIN
         RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key,
                                p_may_wait => true);
     END IF;
-    -- Fair: a try-lock fails while a takeover waits for the exclusive lock, like a queued request would wait.
-    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
-        PERFORM pgfence._wait_guard_lock(p_lease, l.lock_key);
+    -- The intent probe, then the guard lock shared, in one expression and without waiting. A takeover holds the
+    -- intent lock (1885824613, -lock_key) exclusive from its start to its end; the probe takes it shared and
+    -- gives it back in the same expression (no interrupt is served between the two calls, so the session-level
+    -- lock cannot be left behind). Free: no takeover has started, and from here the guard lock held makes every
+    -- later takeover wait for this transaction. Taken, or the guard lock not free (a takeover holds or waits for
+    -- it; a try-lock fails behind a queued request, so this is fair): pgfence._await_takeover waits for the
+    -- takeover to end, holding nothing meanwhile.
+    IF NOT (pg_catalog.pg_try_advisory_lock_shared(1885824613, -l.lock_key)
+            AND pg_catalog.pg_advisory_unlock_shared(1885824613, -l.lock_key)
+            AND pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key)) THEN
+        PERFORM pgfence._await_takeover(p_lease, l.lock_key);
         waited := true;
     END IF;
-    -- A new statement, so a new snapshot under READ COMMITTED: every takeover that held the exclusive lock before
-    -- we were granted the shared one has committed (a transaction's locks are released after its commit is
-    -- visible) and shows here.
+    -- A new statement, so a new snapshot under READ COMMITTED: every takeover that held the intent or the guard
+    -- lock before we were granted the guard lock has committed (a transaction's locks are released after its
+    -- commit is visible) and shows here.
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
     why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), pre.tl);
     -- The secret is undecided here only when the tenure was superseded between the pre-check's reads, which the
@@ -256,8 +308,10 @@ BEGIN
             RAISE EXCEPTION 'pgfence: writes to pgfence.% need READ COMMITTED isolation; this transaction is %',
                 TG_TABLE_NAME, upper(current_setting('transaction_isolation')) USING ERRCODE = 'PF004';
         END IF;
-        IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
-            PERFORM pgfence._wait_guard_lock(target, l.lock_key);
+        IF NOT (pg_catalog.pg_try_advisory_lock_shared(1885824613, -l.lock_key)
+                AND pg_catalog.pg_advisory_unlock_shared(1885824613, -l.lock_key)
+                AND pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key)) THEN
+            PERFORM pgfence._await_takeover(target, l.lock_key);
         END IF;
         SELECT * INTO l FROM pgfence.leases WHERE name = target;
     END IF;

@@ -537,7 +537,9 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                             'pg_catalog.pg_advisory_xact_lock(integer, integer)',
                             'pg_catalog.pg_try_advisory_xact_lock(integer, integer)',
                             'pg_catalog.pg_advisory_xact_lock_shared(integer, integer)',
-                            'pg_catalog.pg_try_advisory_xact_lock_shared(integer, integer)']) f
+                            'pg_catalog.pg_try_advisory_xact_lock_shared(integer, integer)',
+                            'pg_catalog.pg_try_advisory_lock_shared(integer, integer)',
+                            'pg_catalog.pg_advisory_unlock_shared(integer, integer)']) f
     ), missing AS (
         SELECT string_agg(n.f::text, ', ' ORDER BY n.f::text) AS list
           FROM needed n, owner o WHERE NOT has_function_privilege(o.oid, n.f, 'EXECUTE')

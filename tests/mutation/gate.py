@@ -80,11 +80,15 @@ def cargo_unit_test(filter: str) -> tuple[str, list[str]]:
 ISOLATION = ("tests/isolation/run.sh", ["bash", "tests/isolation/run.sh"])
 
 # Texts of the migrations that several mutations edit.
-GUARD_LOCK_STEP = """    IF NOT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) THEN
-        PERFORM pgfence._wait_guard_lock(p_lease, l.lock_key);
+GUARD_LOCK_STEP = """    IF NOT (pg_catalog.pg_try_advisory_lock_shared(1885824613, -l.lock_key)
+            AND pg_catalog.pg_advisory_unlock_shared(1885824613, -l.lock_key)
+            AND pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key)) THEN
+        PERFORM pgfence._await_takeover(p_lease, l.lock_key);
         waited := true;
     END IF;
 """
+TAKE_INTENT_LOCK = """    IF NOT pg_catalog.pg_try_advisory_xact_lock(1885824613, -p_lock_key) THEN
+        wait_ms := pgfence._lock_wait_ms();"""
 TAKE_LOCK_FAST_PATH = """    IF pg_catalog.pg_try_advisory_xact_lock(1885824613, p_lock_key) THEN
         RETURN;
     END IF;"""
@@ -127,6 +131,25 @@ MUTATIONS: list[Mutation] = [
         [Edit("sql:_take_guard_lock",
               TAKE_LOCK_FAST_PATH, "    RETURN;")],
         [cargo_test("race"), ISOLATION],
+    ),
+    Mutation(
+        "grace-lets-writes-in",
+        "a takeover takes no intent lock (the previous protocol): writes queued behind it are let in when its wait "
+        "for the guard lock runs out after the grace, answered ok, and ended with their sessions",
+        [Edit("sql:_take_guard_lock", TAKE_INTENT_LOCK,
+              """    IF false THEN
+        wait_ms := pgfence._lock_wait_ms();""")],
+        [cargo_test("takeover", "a_write_arriving_during_the_grace_is_refused_never_accepted_and_ended")],
+    ),
+    Mutation(
+        "fast-path-without-intent-probe",
+        "the guard's fast path takes the guard lock without probing the intent lock: a write arriving while a "
+        "takeover ends the holders gets in, is answered ok, and is ended",
+        [Edit("sql:_guard", """    IF NOT (pg_catalog.pg_try_advisory_lock_shared(1885824613, -l.lock_key)
+            AND pg_catalog.pg_advisory_unlock_shared(1885824613, -l.lock_key)
+            AND pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key)) THEN""",
+              """    IF NOT (pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key)) THEN""")],
+        [cargo_test("takeover", "a_takeover_under_a_write_storm_lets_no_write_in_and_ends_within_its_bound")],
     ),
     Mutation(
         "takeover-without-grace",

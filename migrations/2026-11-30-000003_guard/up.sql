@@ -93,6 +93,7 @@ DECLARE
     why text;
     pre record;
     secret_ok boolean;
+    seen bigint;     -- the epoch the pre-check read
     kept text;
     waited boolean;  -- NULL unless the guard lock was waited for
 BEGIN
@@ -129,6 +130,7 @@ BEGIN
                                p_may_wait => true);
     END IF;
     l := pre.lease;
+    seen := l.epoch;
     why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), pre.tl);
     IF why IS NULL AND pre.secret_epoch = p_epoch THEN
         -- A forged fence is refused before it takes the guard lock, like a stale one (a tenure's secret never
@@ -160,9 +162,12 @@ BEGIN
     -- commit is visible) and shows here.
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
     why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), pre.tl);
-    -- The secret is undecided here only when the tenure was superseded between the pre-check's reads, which the
-    -- read above reports; checked again all the same.
-    IF why IS NULL AND secret_ok IS NOT TRUE
+    -- The secret again, unless the pre-check matched it and the row still names the epoch it read (a tenure's
+    -- secret never changes). When a takeover committed between the pre-check and this read, tenure_secrets names
+    -- the new epoch and the old secret is refused too: a second check of what _loss_reason decides (an error in
+    -- its epoch comparison would be refused as bad_secret, not let through), at no cost to a write no takeover
+    -- met (and none to one refused as superseded above).
+    IF why IS NULL AND (secret_ok IS NOT TRUE OR l.epoch IS DISTINCT FROM seen)
        AND pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok' THEN
         why := 'bad_secret';
     END IF;

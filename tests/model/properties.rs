@@ -16,8 +16,12 @@ pub const REFUSALS_AUDITED: &str =
 pub const ACKED_WRITES_SURVIVE: &str = "an acknowledged write is lost only by a promotion";
 pub const BELIEF: &str =
     "a holder believes it leads only while the database could not grant a successor";
-pub const TAKEOVER_BOUNDED: &str = "a takeover waits for the guard lock at most grace + rounds";
-pub const TAKEOVER_COMPLETES: &str = "a takeover of a lease that is not live never fails (PF003)";
+pub const TAKEOVER_BOUNDED: &str =
+    "a takeover waits for the guard lock at most the grace, whatever writes arrive meanwhile";
+pub const TAKEOVER_COMPLETES: &str =
+    "a takeover never fails (PF003), of a live tenure or not, whatever writes arrive meanwhile";
+pub const WRITES_HELD_OFF: &str =
+    "no write passes its check while a takeover is under way (queued, timed out, ending holders, queued again)";
 pub const LOCK_QUEUE: &str = "the guard lock queue is fair and loses no wakeup";
 
 pub const S_TERMINATED: &str =
@@ -28,8 +32,6 @@ pub const S_FAILOVER_REFUSED: &str =
     "example: a tenure of an earlier timeline is refused ('failover')";
 pub const S_ACKED_LOST: &str =
     "example: an acknowledged write is lost by an asynchronous promotion (by design)";
-pub const S_LIVE_TAKEOVER_FAILS: &str =
-    "example: a force_release of a live tenure fails (PF003) after the tenure's writes slipped in three rounds";
 pub const S_REACQUIRED: &str =
     "example: a holder acquires again (its earlier tenure fenced by the new epoch), e.g. after a lost reply";
 pub const S_WRITE_AFTER_TAKEOVER: &str = "example: the successor writes after a takeover";
@@ -104,15 +106,19 @@ pub fn all() -> Vec<Property<Protocol>> {
         Property::always(TAKEOVER_BOUNDED, |m: &Protocol, s: &State| {
             s.holders.iter().all(|h| match h.control {
                 ControlOp::Call {
-                    stage: Stage::GuardWait { started, .. } | Stage::GuardTerminated { started, .. },
+                    stage:
+                        Stage::GuardWait { started, .. }
+                        | Stage::GuardTimedOut { started, .. }
+                        | Stage::GuardTerminated { started, .. },
                     ..
                 } => s.clock <= started + m.takeover_bound(),
                 _ => true,
             })
         }),
         Property::always(TAKEOVER_COMPLETES, |_: &Protocol, s: &State| {
-            !s.expired_takeover_failed
+            !s.expired_takeover_failed && !s.live_takeover_failed
         }),
+        Property::always(WRITES_HELD_OFF, |_: &Protocol, s: &State| !s.let_in),
         Property::always(LOCK_QUEUE, |_: &Protocol, s: &State| {
             let q = &s.guard.queue;
             q.iter().enumerate().all(|(i, &(c, m))| {
@@ -131,9 +137,6 @@ pub fn all() -> Vec<Property<Protocol>> {
         }),
         Property::sometimes(S_FAILOVER_REFUSED, |_: &Protocol, s: &State| {
             s.failover_refused
-        }),
-        Property::sometimes(S_LIVE_TAKEOVER_FAILS, |_: &Protocol, s: &State| {
-            s.live_takeover_failed
         }),
         Property::sometimes(S_REACQUIRED, |m: &Protocol, s: &State| {
             (0..m.cfg.holders).any(|p| {

@@ -25,8 +25,18 @@ pub type Pid = u8;
 /// A deliberate weakening of the protocol: the model must find a counterexample for each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Weakening {
-    /// `_guard` never takes the shared guard lock (`pg_try_advisory_xact_lock_shared` / `_wait_guard_lock`).
+    /// `_guard` never takes the shared guard lock (`pg_try_advisory_xact_lock_shared` / `_await_takeover`).
     GuardWithoutLock,
+    /// `_take_guard_lock` takes no intent lock (the previous protocol): a takeover whose wait for the guard lock
+    /// runs out after the grace leaves the lock queue, and the writes queued behind it are granted.
+    TakeoverWithoutIntentLock,
+    /// `_guard`'s fast path takes the guard lock without probing the intent lock: a write arriving while a
+    /// takeover ends the holders (not queued for the guard lock then) takes it.
+    FastPathWithoutIntentProbe,
+    /// `_guard` re-checks the secret after the lock only when the pre-check did not match it (the previous
+    /// condition `secret_ok IS NOT TRUE`, without `OR l.epoch IS DISTINCT FROM seen`): with
+    /// `SupersededAcceptsPrevious`, a write that waited through a re-acquisition is judged by the epoch alone.
+    SecretRecheckOnlyIfUnchecked,
     /// `_take_guard_lock` returns at once: acquire, release and force_release never take the guard lock
     /// EXCLUSIVE.
     TakeoverWithoutExclusiveLock,
@@ -296,7 +306,14 @@ pub enum Stage {
         live: bool,
         started: Tick,
     },
-    /// The wait timed out and the guard holders were terminated; the request is queued again next.
+    /// The wait timed out (lock_not_available): the request has left the queue; the guard holders are read and
+    /// terminated next.
+    GuardTimedOut {
+        round: u8,
+        live: bool,
+        started: Tick,
+    },
+    /// The guard holders were terminated; the request is queued again next.
     GuardTerminated {
         round: u8,
         live: bool,
@@ -339,16 +356,29 @@ pub enum WriteReply {
     Ok(usize),
 }
 
+/// What `_guard`'s unlocked pre-check found, kept for the fresh read: whether it matched the secret
+/// (`secret_ok`, decided only when tenure_secrets named the presented epoch) and the epoch it read (`seen`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Pre {
+    pub secret_ok: bool,
+    pub seen: Epoch,
+}
+
 /// Where a guarded write is (pgfence.fence / the task functions, then the write, then COMMIT).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WriteOp {
     Idle,
-    /// The unlocked pre-check passed; the shared lock request comes next.
-    PreChecked(Tenure),
-    /// Queued for the guard lock SHARED.
-    LockWait(Tenure),
+    /// The unlocked pre-check passed; the intent probe and the shared lock request come next.
+    PreChecked(Tenure, Pre),
+    /// `_await_takeover`: waits for the intent lock (a takeover in flight) to be free.
+    AwaitTakeover(Tenure, Pre),
+    /// `_await_takeover`: queued for the guard lock SHARED.
+    LockWait(Tenure, Pre),
+    /// `_await_takeover`: holds the guard lock SHARED; the intent probe comes next (taken: give the guard lock
+    /// back and wait again).
+    Probing(Tenure, Pre),
     /// Holds the guard lock SHARED; the fresh read comes next.
-    Locked(Tenure),
+    Locked(Tenure, Pre),
     /// The fresh read passed (lock still held): the write and COMMIT come next.
     Passed(Tenure),
     Reply(WriteReply),
@@ -382,6 +412,10 @@ pub struct State {
     /// The session holding the lease row lock across statements (a takeover).
     pub row_lock: Option<Pid>,
     pub guard: GuardLock,
+    /// The session holding the lease's intent lock EXCLUSIVE (a takeover, from its row lock to its end). Guards
+    /// take it shared only for an instant (a probe, or `_await_takeover`'s wait given back at once), so only the
+    /// exclusive holder is state.
+    pub intent: Option<Pid>,
     /// Holders, then the operator.
     pub holders: Vec<Holder>,
     pub promotions_left: u8,
@@ -397,6 +431,9 @@ pub struct State {
     pub failover_refused: bool,
     /// Ghost: a write was refused 'superseded' on its fresh read, after waiting for the guard lock.
     pub superseded_after_lock: bool,
+    /// Ghost: a write passed its check while a takeover was under way (past its row lock and queued for the
+    /// guard lock, timed out, or ending holders).
+    pub let_in: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -419,9 +456,12 @@ pub enum Action {
     /// `_loss_reason` / state), then `_take_guard_lock`: `pg_try_advisory_xact_lock` EXCLUSIVE, else queued
     /// with lock_timeout = grace.
     LockLeaseRow(Pid),
-    /// `_take_guard_lock`: the lock wait timed out (the grace, or a round's 1 s): `pg_terminate_backend` of the
-    /// guard lock's holders (their transactions abort), or PF003 after the last round.
+    /// `_take_guard_lock`: the lock wait timed out (the grace, or a round's 1 s; lock_not_available): the request
+    /// leaves the lock queue (waiters behind it may be granted), or PF003 after the last round.
     GuardTimeout(Pid),
+    /// `_take_guard_lock`: `_guard_lockers` (pg_locks) read, then `pg_terminate_backend` of each (their
+    /// transactions abort).
+    TerminateHolders(Pid),
     /// `_take_guard_lock`: `pg_advisory_xact_lock` EXCLUSIVE requested again after the terminations.
     RequeueGuard(Pid),
     /// The change commits: acquire (UPDATE leases: epoch, holder, expires_at, timeline; INSERT tenures), release
@@ -437,8 +477,16 @@ pub enum Action {
     /// `_guard`: the unlocked pre-check (`_loss_reason` + `_secret_matches` on a fresh read, no lock); a stale
     /// or forged fence is refused and audited (`_reject`) without the lock, and its transaction commits.
     GuardPreCheck(Pid),
-    /// `_guard`: `pg_try_advisory_xact_lock_shared`, else `_wait_guard_lock` (queued, SHARED).
+    /// `_guard`: the intent probe (`pg_try_advisory_lock_shared` + `pg_advisory_unlock_shared` of
+    /// (1885824613, -lock_key)) and `pg_try_advisory_xact_lock_shared` of the guard lock, one expression; both
+    /// free: the fresh read follows; else `_await_takeover`.
     GuardLockShared(Pid),
+    /// `_await_takeover`: `pg_advisory_xact_lock_shared` of the intent lock granted (the takeover ended) and
+    /// given back, then `pg_advisory_xact_lock_shared` of the guard lock: granted, or queued.
+    AwaitTakeover(Pid),
+    /// `_await_takeover`: the intent probe after the guard lock was granted: free, the fresh read follows;
+    /// taken (another takeover began), the block is rolled back (guard lock given back) and the wait begins again.
+    ProbeIntent(Pid),
     /// `_guard`: the fresh read of the lease row in a new statement after the lock is granted, `_loss_reason`
     /// and `_secret_check`; a refusal is audited (`_reject`) and commits, releasing the lock.
     GuardFreshRead(Pid),
@@ -589,16 +637,59 @@ impl Protocol {
         row.epoch == t.epoch && row.secret == Some(t.secret)
     }
 
-    /// The guard's decision: `_loss_reason` with no holder, then the secret. The pre-check decides the secret
-    /// only when tenure_secrets names the presented epoch (`pre.secret_epoch = p_epoch`); the fresh read always
-    /// (`_secret_check(..) IS DISTINCT FROM 'ok'`).
-    fn guard_reason(&self, s: &State, t: &Tenure, fresh: bool) -> Option<Reason> {
+    /// The guard's pre-check (`_guard`: `why := _loss_reason(l, NULL, p_epoch, …)`, then
+    /// `IF why IS NULL AND pre.secret_epoch = p_epoch THEN secret_ok := _secret_matches(…)`): the secret is decided
+    /// only when tenure_secrets names the presented epoch. Returns the refusal, or what the fresh read needs.
+    fn pre_check(&self, s: &State, t: &Tenure) -> Result<Pre, Reason> {
+        let row = s.row();
+        if let Some(why) = self.loss_reason(&row, None, t.epoch, s.clock, s.timeline) {
+            return Err(why);
+        }
+        let decided = row.epoch == t.epoch;
+        let secret_ok = decided && self.secret_ok(&row, t);
+        if decided && !secret_ok {
+            return Err(Reason::BadSecret);
+        }
+        Ok(Pre {
+            secret_ok,
+            seen: row.epoch,
+        })
+    }
+
+    /// The guard's fresh read after the lock (`_guard`: `why := _loss_reason(l, NULL, p_epoch, …)`, then
+    /// `IF why IS NULL AND (secret_ok IS NOT TRUE OR l.epoch IS DISTINCT FROM seen) AND _secret_check(…) IS
+    /// DISTINCT FROM 'ok' THEN why := 'bad_secret'`).
+    fn fresh_read(&self, s: &State, t: &Tenure, pre: &Pre) -> Option<Reason> {
         let row = s.row();
         self.loss_reason(&row, None, t.epoch, s.clock, s.timeline)
             .or_else(|| {
-                let decided = fresh || row.epoch == t.epoch;
-                (decided && !self.secret_ok(&row, t)).then_some(Reason::BadSecret)
+                let recheck = !pre.secret_ok
+                    || (!self.cfg.weak(Weakening::SecretRecheckOnlyIfUnchecked)
+                        && row.epoch != pre.seen);
+                (recheck && !self.secret_ok(&row, t)).then_some(Reason::BadSecret)
             })
+    }
+
+    /// Whether a takeover is under way: past its row lock (so holding the intent lock) and not yet holding the
+    /// guard lock EXCLUSIVE.
+    fn takeover_under_way(&self, s: &State) -> bool {
+        s.holders.iter().any(|h| {
+            matches!(
+                h.control,
+                ControlOp::Call {
+                    stage: Stage::GuardWait { .. }
+                        | Stage::GuardTimedOut { .. }
+                        | Stage::GuardTerminated { .. },
+                    ..
+                }
+            )
+        })
+    }
+
+    /// The intent probe: free unless a takeover holds the intent lock (another session's; the caller's own
+    /// never conflicts).
+    fn intent_free(&self, s: &State) -> bool {
+        s.intent.is_none()
     }
 
     fn grantable(&self, s: &State, conn: Conn, mode: Mode) -> bool {
@@ -645,8 +736,8 @@ impl Protocol {
             }
             Conn::Writer(p) => {
                 let w = &mut s.holders[p as usize].writer;
-                if let WriteOp::LockWait(t) = *w {
-                    *w = WriteOp::Locked(t);
+                if let WriteOp::LockWait(t, pre) = *w {
+                    *w = WriteOp::Probing(t, pre);
                 }
             }
         }
@@ -691,6 +782,9 @@ impl Protocol {
         if s.row_lock == Some(p) {
             s.row_lock = None;
         }
+        if s.intent == Some(p) {
+            s.intent = None;
+        }
         self.release_guard(s, Conn::Control(p));
         s.holders[p as usize].control = reply_op(reply, sent);
     }
@@ -713,7 +807,7 @@ impl Protocol {
             s.failover_refused = true;
         }
         if reason == Reason::Superseded
-            && matches!(s.holders[p as usize].writer, WriteOp::Locked(_))
+            && matches!(s.holders[p as usize].writer, WriteOp::Locked(..))
         {
             s.superseded_after_lock = true;
         }
@@ -734,7 +828,7 @@ impl Protocol {
                 ..
             } => s.clock >= since + self.wait_limit(round),
             ControlOp::Call {
-                stage: Stage::GuardTerminated { .. },
+                stage: Stage::GuardTimedOut { .. } | Stage::GuardTerminated { .. },
                 ..
             } => true,
             _ => false,
@@ -749,9 +843,11 @@ impl Protocol {
         }
     }
 
-    /// The longest a takeover may wait for the guard lock once it holds the row lock.
+    /// The longest a takeover may wait for the guard lock once it holds the row lock: the grace. After it, the
+    /// holders are ended once and no new one can appear (every guard finds the intent lock taken), so the next
+    /// request is granted at once (the SQL's 1 s per round is the ended backends' exit, instant here).
     pub fn takeover_bound(&self) -> Tick {
-        self.cfg.grace + self.cfg.round * self.cfg.rounds
+        self.cfg.grace
     }
 
     /// The instant (database clock) at which a holder stops trusting its tenure: `HeldLease::trust_until`,
@@ -811,6 +907,7 @@ impl Model for Protocol {
                 hist: Vec::new(),
                 row_lock: None,
                 guard: GuardLock::default(),
+                intent: None,
                 holders,
                 promotions_left: self.cfg.promotions,
                 expired_takeover_failed: false,
@@ -819,6 +916,7 @@ impl Model for Protocol {
                 inexact_refusal: None,
                 failover_refused: false,
                 superseded_after_lock: false,
+                let_in: false,
             });
         }
         inits
@@ -870,6 +968,7 @@ impl Model for Protocol {
                             actions.push(Action::GuardTimeout(p));
                         }
                     }
+                    Stage::GuardTimedOut { .. } => actions.push(Action::TerminateHolders(p)),
                     Stage::GuardTerminated { .. } => actions.push(Action::RequeueGuard(p)),
                     Stage::GuardGranted => actions.push(Action::CommitChange(p)),
                 },
@@ -893,9 +992,15 @@ impl Model for Protocol {
                         actions.push(Action::GuardPreCheck(p));
                     }
                 }
-                WriteOp::PreChecked(_) => actions.push(Action::GuardLockShared(p)),
-                WriteOp::LockWait(_) => {}
-                WriteOp::Locked(_) => actions.push(Action::GuardFreshRead(p)),
+                WriteOp::PreChecked(..) => actions.push(Action::GuardLockShared(p)),
+                WriteOp::AwaitTakeover(..) => {
+                    if self.intent_free(s) {
+                        actions.push(Action::AwaitTakeover(p));
+                    }
+                }
+                WriteOp::LockWait(..) => {}
+                WriteOp::Probing(..) => actions.push(Action::ProbeIntent(p)),
+                WriteOp::Locked(..) => actions.push(Action::GuardFreshRead(p)),
                 WriteOp::Passed(_) => actions.push(Action::WriteCommit(p)),
                 WriteOp::Reply(reply) => {
                     actions.push(Action::DeliverWrite(p));
@@ -958,6 +1063,7 @@ impl Protocol {
                 s.promotions_left -= 1;
                 s.row_lock = None;
                 s.guard = GuardLock::default();
+                s.intent = None;
                 // Every session of the old primary is gone; replies already sent may still arrive.
                 for h in &mut s.holders {
                     if let ControlOp::Call { .. } = h.control {
@@ -1056,6 +1162,11 @@ impl Protocol {
                     };
                     self.finish_control(&mut s, p, reply, sent);
                 } else {
+                    // `_take_guard_lock`: the intent lock EXCLUSIVE first (`pg_try_advisory_xact_lock(1885824613,
+                    // -lock_key)`: free, since takeovers hold the row lock first and guards only probe it).
+                    if !self.cfg.weak(Weakening::TakeoverWithoutIntentLock) {
+                        s.intent = Some(p);
+                    }
                     let stage = self.request_exclusive(&mut s, p, 0, live, ts);
                     s.holders[p as usize].control = ControlOp::Call {
                         change,
@@ -1091,31 +1202,56 @@ impl Protocol {
                     }
                     self.finish_control(&mut s, p, ControlReply::Failed, sent);
                 } else {
-                    // pg_terminate_backend of every holder of the guard lock: their transactions abort.
-                    let victims: Vec<Conn> = s.guard.granted.iter().map(|&(c, _)| c).collect();
-                    for v in victims {
-                        self.release_guard(&mut s, v);
-                        match v {
-                            Conn::Writer(w) => {
-                                s.holders[w as usize].writer = WriteOp::Idle;
-                                s.terminated_writes = true;
-                            }
-                            Conn::Control(c) => {
-                                s.row_lock = s.row_lock.filter(|&r| r != c);
-                                s.holders[c as usize].control = ControlOp::Idle;
-                            }
-                        }
-                    }
                     s.holders[p as usize].control = ControlOp::Call {
                         change,
                         sent,
-                        stage: Stage::GuardTerminated {
-                            round: round + 1,
+                        stage: Stage::GuardTimedOut {
+                            round,
                             live,
                             started,
                         },
                     };
                 }
+            }
+            Action::TerminateHolders(p) => {
+                let ControlOp::Call {
+                    change,
+                    sent,
+                    stage:
+                        Stage::GuardTimedOut {
+                            round,
+                            live,
+                            started,
+                        },
+                } = s.holders[p as usize].control
+                else {
+                    return None;
+                };
+                // pg_terminate_backend of every holder of the guard lock: their transactions abort.
+                let victims: Vec<Conn> = s.guard.granted.iter().map(|&(c, _)| c).collect();
+                for v in victims {
+                    self.release_guard(&mut s, v);
+                    match v {
+                        Conn::Writer(w) => {
+                            s.holders[w as usize].writer = WriteOp::Idle;
+                            s.terminated_writes = true;
+                        }
+                        Conn::Control(c) => {
+                            s.row_lock = s.row_lock.filter(|&r| r != c);
+                            s.intent = s.intent.filter(|&i| i != c);
+                            s.holders[c as usize].control = ControlOp::Idle;
+                        }
+                    }
+                }
+                s.holders[p as usize].control = ControlOp::Call {
+                    change,
+                    sent,
+                    stage: Stage::GuardTerminated {
+                        round: round + 1,
+                        live,
+                        started,
+                    },
+                };
             }
             Action::RequeueGuard(p) => {
                 let ControlOp::Call {
@@ -1238,36 +1374,70 @@ impl Protocol {
                 let h = &mut s.holders[p as usize];
                 h.writes -= 1;
                 let t = h.tenure.expect("a write needs a tenure");
-                match self.guard_reason(&s, &t, false) {
-                    Some(reason) => self.refuse(&mut s, p, &t, reason),
-                    None => s.holders[p as usize].writer = WriteOp::PreChecked(t),
+                match self.pre_check(&s, &t) {
+                    Err(reason) => self.refuse(&mut s, p, &t, reason),
+                    Ok(pre) => s.holders[p as usize].writer = WriteOp::PreChecked(t, pre),
                 }
             }
             Action::GuardLockShared(p) => {
-                let WriteOp::PreChecked(t) = s.holders[p as usize].writer else {
+                let WriteOp::PreChecked(t, pre) = s.holders[p as usize].writer else {
                     return None;
                 };
                 let conn = Conn::Writer(p);
+                let probe =
+                    self.cfg.weak(Weakening::FastPathWithoutIntentProbe) || self.intent_free(&s);
                 if self.cfg.weak(Weakening::GuardWithoutLock) {
-                    s.holders[p as usize].writer = WriteOp::Locked(t);
-                } else if self.grantable(&s, conn, Mode::Shared) {
-                    // Granted at once: the fresh read follows in the same step (nothing else can take the
-                    // guard lock EXCLUSIVE before it, and the re-read sees every commit up to now).
+                    s.holders[p as usize].writer = WriteOp::Locked(t, pre);
+                } else if probe && self.grantable(&s, conn, Mode::Shared) {
+                    // Granted at once: the fresh read follows in the same step (a takeover starting in between
+                    // would wait for this holder, and the re-read sees every commit up to now).
                     s.guard.granted.push((conn, Mode::Shared));
-                    s.holders[p as usize].writer = WriteOp::Locked(t);
+                    s.holders[p as usize].writer = WriteOp::Locked(t, pre);
                     return self.step(&s, Action::GuardFreshRead(p));
                 } else {
-                    s.guard.queue.push((conn, Mode::Shared));
-                    s.holders[p as usize].writer = WriteOp::LockWait(t);
+                    s.holders[p as usize].writer = WriteOp::AwaitTakeover(t, pre);
                 }
             }
-            Action::GuardFreshRead(p) => {
-                let WriteOp::Locked(t) = s.holders[p as usize].writer else {
+            Action::AwaitTakeover(p) => {
+                let WriteOp::AwaitTakeover(t, pre) = s.holders[p as usize].writer else {
                     return None;
                 };
-                match self.guard_reason(&s, &t, true) {
+                if !self.intent_free(&s) {
+                    return None;
+                }
+                let conn = Conn::Writer(p);
+                if self.grantable(&s, conn, Mode::Shared) {
+                    s.guard.granted.push((conn, Mode::Shared));
+                    s.holders[p as usize].writer = WriteOp::Probing(t, pre);
+                } else {
+                    s.guard.queue.push((conn, Mode::Shared));
+                    s.holders[p as usize].writer = WriteOp::LockWait(t, pre);
+                }
+            }
+            Action::ProbeIntent(p) => {
+                let WriteOp::Probing(t, pre) = s.holders[p as usize].writer else {
+                    return None;
+                };
+                if self.intent_free(&s) {
+                    s.holders[p as usize].writer = WriteOp::Locked(t, pre);
+                    return self.step(&s, Action::GuardFreshRead(p));
+                }
+                // Another takeover began: the block is rolled back, the guard lock given back.
+                self.release_guard(&mut s, Conn::Writer(p));
+                s.holders[p as usize].writer = WriteOp::AwaitTakeover(t, pre);
+            }
+            Action::GuardFreshRead(p) => {
+                let WriteOp::Locked(t, pre) = s.holders[p as usize].writer else {
+                    return None;
+                };
+                match self.fresh_read(&s, &t, &pre) {
                     Some(reason) => self.refuse(&mut s, p, &t, reason),
-                    None => s.holders[p as usize].writer = WriteOp::Passed(t),
+                    None => {
+                        if self.takeover_under_way(&s) {
+                            s.let_in = true;
+                        }
+                        s.holders[p as usize].writer = WriteOp::Passed(t);
+                    }
                 }
             }
             Action::WriteCommit(p) => {
@@ -1324,12 +1494,17 @@ impl Protocol {
             Action::ForceReleaseCall => write!(f, "operator: pgfence.force_release — unlocked read [+ _lock_lease_row, _take_guard_lock if the row is free]"),
             Action::LockLeaseRow(p) => write!(
                 f,
-                "{}: _lock_lease_row (FOR NO KEY UPDATE), re-check, _take_guard_lock (advisory EXCLUSIVE: try, else queue)",
+                "{}: _lock_lease_row (FOR NO KEY UPDATE), re-check, _take_guard_lock (intent lock EXCLUSIVE; guard lock EXCLUSIVE: try, else queue)",
                 n(p)
             ),
             Action::GuardTimeout(p) => write!(
                 f,
-                "{}: _take_guard_lock lock_timeout — pg_terminate_backend(guard holders), or PF003 after the last round",
+                "{}: _take_guard_lock lock_timeout — the request leaves the guard lock's queue, or PF003 after the last round",
+                n(p)
+            ),
+            Action::TerminateHolders(p) => write!(
+                f,
+                "{}: _take_guard_lock — _guard_lockers, pg_terminate_backend of each",
                 n(p)
             ),
             Action::RequeueGuard(p) => {
@@ -1352,11 +1527,21 @@ impl Protocol {
             }
             Action::GuardLockShared(p) => write!(
                 f,
-                "{}: _guard — pg_try_advisory_xact_lock_shared / _wait_guard_lock (advisory SHARED)",
+                "{}: _guard — intent probe + pg_try_advisory_xact_lock_shared (guard SHARED), else _await_takeover",
+                n(p)
+            ),
+            Action::AwaitTakeover(p) => write!(
+                f,
+                "{}: _await_takeover — intent lock SHARED granted and given back; guard lock SHARED (granted or queued)",
+                n(p)
+            ),
+            Action::ProbeIntent(p) => write!(
+                f,
+                "{}: _await_takeover — intent probe: free (go on), else give the guard lock back and wait again",
                 n(p)
             ),
             Action::GuardFreshRead(p) => {
-                write!(f, "{}: _guard — fresh read of the lease row (new snapshot), _loss_reason", n(p))
+                write!(f, "{}: _guard — fresh read of the lease row (new snapshot), _loss_reason, secret again if the epoch moved or was unchecked", n(p))
             }
             Action::WriteCommit(p) => write!(f, "{}: guarded write; COMMIT (guard lock released)", n(p)),
             Action::DeliverWrite(p) => write!(f, "{}: reply of its guarded write arrives", n(p)),

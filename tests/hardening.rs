@@ -235,7 +235,10 @@ async fn the_label_cap_holds_under_concurrent_refusals() {
                 .await
                 .unwrap();
             for t in 0..TENURES {
-                barrier.wait().await;
+                // Bounded: a writer that failed never arrives, and the others must not wait for it forever.
+                tokio::time::timeout(Duration::from_secs(10), barrier.wait())
+                    .await
+                    .expect("another writer failed: see its panic above");
                 for label in 0..5 {
                     let outcome: String = client
                         .query_one(
@@ -298,7 +301,10 @@ async fn concurrent_first_refusals_of_a_tenure_never_deadlock() {
                 format!("own-{w}")
             };
             for t in 0..TENURES {
-                barrier.wait().await;
+                // Bounded: a writer that failed never arrives, and the others must not wait for it forever.
+                tokio::time::timeout(Duration::from_secs(10), barrier.wait())
+                    .await
+                    .expect("another writer failed: see its panic above");
                 let outcome: String = client
                     .query_one(&fence, &[&format!("ta/dl-{t}"), &label])
                     .await

@@ -56,7 +56,8 @@ $$;
 -- wait run out after the grace, end the holders, queue again. Then the guard lock: waits for the guarded
 -- transactions already past their check, at most the takeover grace; then terminates the backends still holding
 -- it (their tenure is ending: a transaction still open that long after must not commit after its successor's) and
--- waits for them to go. No new holder can appear meanwhile, so ending those once is enough. Fails with PF003
+-- waits for them to go. No new holder can appear meanwhile (a write whose probe preceded the intent lock and whose
+-- guard lock came after the list was read is the one exception, ended in the next round). Fails with PF003
 -- naming the blockers if it cannot end them (the schema owner lacks pg_signal_backend) or they keep it. The caller
 -- holds the lease row lock, so no second takeover of the lease runs meanwhile.
 CREATE FUNCTION pgfence._take_guard_lock(p_lease text, p_lock_key integer) RETURNS void
@@ -78,7 +79,8 @@ BEGIN
             RAISE EXCEPTION 'pgfence: takeover of lease % waited % ms for its intent lock; held by %',
                 pgfence._printable(p_lease), wait_ms,
                 pgfence._describe_backends(pgfence._intent_lockers(p_lock_key, true))
-                USING ERRCODE = 'PF003';
+                USING ERRCODE = 'PF003',
+                      HINT = 'Only a takeover holds it for longer than an instant: a session holding advisory key (1885824613, -lock_key) outside pgfence blocks takeovers (see the hardened layout in docs/security.md).';
         END;
     END IF;
     IF pg_catalog.pg_try_advisory_xact_lock(1885824613, p_lock_key) THEN

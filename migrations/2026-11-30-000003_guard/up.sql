@@ -11,13 +11,18 @@
 -- The slow path of a guard: a takeover of the lease is in flight (its intent lock is taken) or the guard lock is
 -- not free at once. A transaction that already holds the lease's guard lock (an earlier guarded write of this
 -- lease in it) is in flight: it goes on and is judged on a fresh read, and the takeover waits for it as for every
--- holder. Any other waits for the takeover to end: it takes the intent lock shared and gives it back at once
--- (rolling back the block that took it), so it holds nothing while it waits and never delays the takeover; then
--- it takes the guard lock shared, and gives it back and waits again if another takeover has begun meanwhile. So a
--- write arriving during a takeover, in whatever phase the takeover is (queued for the guard lock, in the grace,
--- ending the holders, queued again), is judged on a read after the takeover committed or gave up: refused with the
--- reason the takeover leaves (superseded, released), or accepted if it gave up. Waits at most _lock_wait_ms() in
--- all, then fails with PF003 naming the takeover.
+-- holder. (It is known by the marker its guard left — the tenure's secret setting on acceptance,
+-- pgfence.guard_held_<lock key> on a refusal after the lock — and a try of the guard lock, which succeeds at once
+-- for a holder: a marker a session set itself is only a hint, and never lets a write in without the guard lock.)
+-- Any other waits for the takeover to end: it takes the intent lock shared and gives it back at once (rolling back
+-- the block that took it), so it holds nothing while it waits and never delays the takeover; then it tries the
+-- guard lock shared without waiting (every holder of, or waiter for, the guard lock exclusive is a takeover
+-- holding the intent lock) and keeps it only if no takeover has begun since (the intent probe); otherwise it waits
+-- again. So a write arriving during a takeover, in whatever phase the takeover is (queued for the guard lock, in
+-- the grace, ending the holders, queued again), is judged on a read after the takeover committed or gave up:
+-- refused with the reason the takeover leaves (superseded, released), or accepted if it gave up; and it never
+-- holds the guard lock while the takeover could end its holders. Waits at most _lock_wait_ms() in all, then fails
+-- with PF003 naming the takeover.
 CREATE FUNCTION pgfence._await_takeover(p_lease text, p_lock_key integer) RETURNS void
 LANGUAGE plpgsql SET lock_timeout = '10min' AS $$
 DECLARE
@@ -26,11 +31,9 @@ DECLARE
     left_ms  bigint;
     got      boolean := false;
 BEGIN
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_locks k
-                WHERE k.locktype = 'advisory' AND k.classid = 1885824613::oid AND k.objid = p_lock_key::oid
-                  AND k.objsubid = 2 AND k.granted AND k.pid = pg_catalog.pg_backend_pid()
-                  AND k.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                                     WHERE d.datname = current_database())) THEN
+    IF (coalesce(current_setting(pgfence._fence_setting(p_lock_key), true), '') <> ''
+        OR coalesce(current_setting('pgfence.guard_held_' || p_lock_key, true), '') <> '')
+       AND pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, p_lock_key) THEN
         RETURN;
     END IF;
     LOOP
@@ -47,19 +50,24 @@ BEGIN
             NULL;
         END;
         BEGIN
-            -- The guard lock shared (it waits only for a takeover committing at this moment or queued since),
-            -- kept (this block commits into the transaction) only if no takeover has begun since: the intent
-            -- probe of _guard.
-            PERFORM pg_catalog.pg_advisory_xact_lock_shared(1885824613, p_lock_key);
-            got := pg_catalog.pg_try_advisory_lock_shared(1885824613, -p_lock_key)
-                   AND pg_catalog.pg_advisory_unlock_shared(1885824613, -p_lock_key);
-            IF NOT got THEN
-                RAISE EXCEPTION USING ERRCODE = 'PF900';
+            -- The guard lock shared, kept (this block commits into the transaction) only if no takeover has
+            -- begun since: the intent probe of _guard (CASE: its two calls run in this order, both or none).
+            got := pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, p_lock_key);
+            IF got THEN
+                got := CASE WHEN pg_catalog.pg_try_advisory_lock_shared(1885824613, -p_lock_key)
+                            THEN pg_catalog.pg_advisory_unlock_shared(1885824613, -p_lock_key)
+                            ELSE false END;
+                IF NOT got THEN
+                    RAISE EXCEPTION USING ERRCODE = 'PF900';
+                END IF;
             END IF;
         EXCEPTION WHEN SQLSTATE 'PF900' THEN
             got := false;
         END;
         EXIT WHEN got;
+        -- Not free although the intent lock was: a takeover between its commit's lock releases, or a session
+        -- holding the guard key exclusive outside pgfence (docs/security.md). Do not spin.
+        PERFORM pg_catalog.pg_sleep(0.001);
     END LOOP;
 EXCEPTION WHEN lock_not_available THEN
     RAISE EXCEPTION 'pgfence: guarded write on lease % waited % ms for a takeover in flight to end; held by %; guard lock held by %',
@@ -146,14 +154,17 @@ BEGIN
     END IF;
     -- The intent probe, then the guard lock shared, in one expression and without waiting. A takeover holds the
     -- intent lock (1885824613, -lock_key) exclusive from its start to its end; the probe takes it shared and
-    -- gives it back in the same expression (no interrupt is served between the two calls, so the session-level
-    -- lock cannot be left behind). Free: no takeover has started, and from here the guard lock held makes every
-    -- later takeover wait for this transaction. Taken, or the guard lock not free (a takeover holds or waits for
-    -- it; a try-lock fails behind a queued request, so this is fair): pgfence._await_takeover waits for the
-    -- takeover to end, holding nothing meanwhile.
-    IF NOT (pg_catalog.pg_try_advisory_lock_shared(1885824613, -l.lock_key)
-            AND pg_catalog.pg_advisory_unlock_shared(1885824613, -l.lock_key)
-            AND pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key)) THEN
+    -- gives it back in the same expression (CASE fixes the order; no interrupt is served between the two calls,
+    -- so the session-level lock cannot be left behind). Free: no takeover had started at the probe, and from here
+    -- the guard lock held makes every later takeover wait for this transaction (one whose intent lock fell
+    -- between the probe and the try finds this write holding the guard lock and waits for it, like for any write
+    -- past its check). Taken, or the guard lock not free (a takeover holds or waits for it; a try-lock fails
+    -- behind a queued request, so this is fair): pgfence._await_takeover waits for the takeover to end, holding
+    -- nothing meanwhile. (IS NOT TRUE: a NULL could only ever mean "not taken".)
+    IF (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(1885824613, -l.lock_key)
+             THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(1885824613, -l.lock_key)
+                       THEN pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) END
+             ELSE false END) IS NOT TRUE THEN
         PERFORM pgfence._await_takeover(p_lease, l.lock_key);
         waited := true;
     END IF;
@@ -186,6 +197,9 @@ BEGIN
         END IF;
         RETURN NULL;
     END IF;
+    -- Refused after the lock, which stays held to the end of the transaction: the marker _await_takeover reads
+    -- when the same transaction calls a guard of this lease again.
+    kept := pg_catalog.set_config('pgfence.guard_held_' || l.lock_key, 'on', true);
     RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key);
 END;
 $$;
@@ -313,11 +327,14 @@ BEGIN
             RAISE EXCEPTION 'pgfence: writes to pgfence.% need READ COMMITTED isolation; this transaction is %',
                 TG_TABLE_NAME, upper(current_setting('transaction_isolation')) USING ERRCODE = 'PF004';
         END IF;
-        IF NOT (pg_catalog.pg_try_advisory_lock_shared(1885824613, -l.lock_key)
-                AND pg_catalog.pg_advisory_unlock_shared(1885824613, -l.lock_key)
-                AND pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key)) THEN
+        IF (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(1885824613, -l.lock_key)
+                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(1885824613, -l.lock_key)
+                           THEN pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) END
+                 ELSE false END) IS NOT TRUE THEN
             PERFORM pgfence._await_takeover(target, l.lock_key);
         END IF;
+        -- Held to the end of the transaction, whatever is decided below (the marker of _await_takeover).
+        PERFORM set_config('pgfence.guard_held_' || l.lock_key, 'on', true);
         SELECT * INTO l FROM pgfence.leases WHERE name = target;
     END IF;
     IF why IS NULL THEN

@@ -21,7 +21,7 @@ pub const TAKEOVER_BOUNDED: &str =
 pub const TAKEOVER_COMPLETES: &str =
     "a takeover never fails (PF003), of a live tenure or not, whatever writes arrive meanwhile";
 pub const WRITES_HELD_OFF: &str =
-    "no write passes its check while a takeover is under way (queued, timed out, ending holders, queued again)";
+    "no write whose intent probe comes while a takeover is under way (queued, timed out, ending holders, queued again) passes its check";
 pub const LOCK_QUEUE: &str = "the guard lock queue is fair and loses no wakeup";
 
 pub const S_TERMINATED: &str =

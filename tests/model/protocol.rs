@@ -370,10 +370,8 @@ pub enum WriteOp {
     Idle,
     /// The unlocked pre-check passed; the intent probe and the shared lock request come next.
     PreChecked(Tenure, Pre),
-    /// `_await_takeover`: waits for the intent lock (a takeover in flight) to be free.
+    /// `_await_takeover`: waits for the intent lock (a takeover in flight) to be free, then tries the guard lock.
     AwaitTakeover(Tenure, Pre),
-    /// `_await_takeover`: queued for the guard lock SHARED.
-    LockWait(Tenure, Pre),
     /// `_await_takeover`: holds the guard lock SHARED; the intent probe comes next (taken: give the guard lock
     /// back and wait again).
     Probing(Tenure, Pre),
@@ -431,8 +429,9 @@ pub struct State {
     pub failover_refused: bool,
     /// Ghost: a write was refused 'superseded' on its fresh read, after waiting for the guard lock.
     pub superseded_after_lock: bool,
-    /// Ghost: a write passed its check while a takeover was under way (past its row lock and queued for the
-    /// guard lock, timed out, or ending holders).
+    /// Ghost: a write passed its check although its intent probe came while a takeover was under way (past its
+    /// row lock and queued for the guard lock, timed out, or ending holders). The model runs a write's probe, its
+    /// guard-lock try and its fresh read as one step, so the probe's instant is the check's.
     pub let_in: bool,
 }
 
@@ -482,7 +481,8 @@ pub enum Action {
     /// free: the fresh read follows; else `_await_takeover`.
     GuardLockShared(Pid),
     /// `_await_takeover`: `pg_advisory_xact_lock_shared` of the intent lock granted (the takeover ended) and
-    /// given back, then `pg_advisory_xact_lock_shared` of the guard lock: granted, or queued.
+    /// given back (the first block), then `pg_try_advisory_xact_lock_shared` of the guard lock (the second):
+    /// granted, or the loop goes round (`pg_sleep(0.001)`: no state changes).
     AwaitTakeover(Pid),
     /// `_await_takeover`: the intent probe after the guard lock was granted: free, the fresh read follows;
     /// taken (another takeover began), the block is rolled back (guard lock given back) and the wait begins again.
@@ -734,11 +734,8 @@ impl Protocol {
                     *stage = Stage::GuardGranted;
                 }
             }
-            Conn::Writer(p) => {
-                let w = &mut s.holders[p as usize].writer;
-                if let WriteOp::LockWait(t, pre) = *w {
-                    *w = WriteOp::Probing(t, pre);
-                }
+            Conn::Writer(_) => {
+                // A guard never queues for the guard lock: the fast path and `_await_takeover` only try it.
             }
         }
     }
@@ -998,7 +995,6 @@ impl Model for Protocol {
                         actions.push(Action::AwaitTakeover(p));
                     }
                 }
-                WriteOp::LockWait(..) => {}
                 WriteOp::Probing(..) => actions.push(Action::ProbeIntent(p)),
                 WriteOp::Locked(..) => actions.push(Action::GuardFreshRead(p)),
                 WriteOp::Passed(_) => actions.push(Action::WriteCommit(p)),
@@ -1406,13 +1402,11 @@ impl Protocol {
                     return None;
                 }
                 let conn = Conn::Writer(p);
-                if self.grantable(&s, conn, Mode::Shared) {
-                    s.guard.granted.push((conn, Mode::Shared));
-                    s.holders[p as usize].writer = WriteOp::Probing(t, pre);
-                } else {
-                    s.guard.queue.push((conn, Mode::Shared));
-                    s.holders[p as usize].writer = WriteOp::LockWait(t, pre);
+                if !self.grantable(&s, conn, Mode::Shared) {
+                    return None;
                 }
+                s.guard.granted.push((conn, Mode::Shared));
+                s.holders[p as usize].writer = WriteOp::Probing(t, pre);
             }
             Action::ProbeIntent(p) => {
                 let WriteOp::Probing(t, pre) = s.holders[p as usize].writer else {
@@ -1532,7 +1526,7 @@ impl Protocol {
             ),
             Action::AwaitTakeover(p) => write!(
                 f,
-                "{}: _await_takeover — intent lock SHARED granted and given back; guard lock SHARED (granted or queued)",
+                "{}: _await_takeover — intent lock SHARED granted and given back; guard lock SHARED tried: granted",
                 n(p)
             ),
             Action::ProbeIntent(p) => write!(

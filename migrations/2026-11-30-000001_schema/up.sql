@@ -191,7 +191,7 @@ INSERT INTO pgfence.instance DEFAULT VALUES;
 CREATE TABLE pgfence.leases (
     name        text PRIMARY KEY CHECK (pgfence._lease_problem(name) IS NULL),
     -- The second key of the lease's guard lock (see the locking protocol above).
-    lock_key    integer GENERATED ALWAYS AS IDENTITY UNIQUE,
+    lock_key    integer GENERATED ALWAYS AS IDENTITY UNIQUE CHECK (lock_key > 0),  -- (1885824613, -lock_key) is the intent lock
     holder      text CHECK (holder IS NULL OR pgfence._text_problem(holder, 256) IS NULL),
     epoch       bigint NOT NULL DEFAULT 0 CHECK (epoch >= 0),
     state       text NOT NULL DEFAULT 'released' CHECK (state IN ('held', 'released')),

@@ -271,8 +271,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "renew-ignores-expiry",
         "a renewal extends a tenure whose ttl already ran out by the database clock",
-        [Edit("sql:renew", "why := pgfence._loss_reason(l, p_holder, p_epoch, ts, tl);",
-              "why := pgfence._loss_reason(l, p_holder, p_epoch, '-infinity', tl);")],
+        [Edit("sql:renew", "why := pgfence._loss_reason(l, NULL, p_epoch, ts, tl);",
+              "why := pgfence._loss_reason(l, NULL, p_epoch, '-infinity', tl);")],
         [cargo_test("lease")],
     ),
     Mutation(

@@ -178,8 +178,8 @@ const GUARDED_TAIL: &str =
 /// The SQL that [`Store::guarded_write`] sends for `statement`, for drivers other than diesel (tokio-postgres,
 /// pgbench, psql): prepare it once and run it with `statement`'s `binds` parameters (`$1` … `$binds`, numbered as
 /// in `statement`) followed by the fence's: lease (text), epoch (bigint), secret (text) and operation (text).
-/// The reply is one row: `outcome` (`ok`, `stale` or `denied`), `reason`, `current_epoch`, `current_holder`
-/// and `n`, the rows the statement changed. `statement` must test [`FENCE_PASSED`] (see
+/// The reply is one row: `outcome` (`ok` or `refused`), `reason` (why it was refused), `current_epoch`,
+/// `current_holder` and `n`, the rows the statement changed. `statement` must test [`FENCE_PASSED`] (see
 /// [`Store::guarded_write`]); run it autocommit or in a READ COMMITTED transaction.
 ///
 /// ```

@@ -69,8 +69,8 @@ BEGIN
                false, ev)::b.write_result;
 END $$;
 CREATE TABLE b.creds AS SELECT secret, epoch FROM pgfence.acquire('c/l', 'h', 36000000);
-SELECT pgfence.create_task('c/l', (SELECT epoch FROM b.creds), (SELECT secret FROM b.creds), 'k1');
-SELECT pgfence.create_task('c/l', (SELECT epoch FROM b.creds), (SELECT secret FROM b.creds), 'k2');
+SELECT pgfence.create_task('c/l', (SELECT epoch FROM b.creds), (SELECT secret FROM b.creds), 'k1', '{}');
+SELECT pgfence.create_task('c/l', (SELECT epoch FROM b.creds), (SELECT secret FROM b.creds), 'k2', '{}');
 SQL
 done
 

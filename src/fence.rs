@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{DenyReason, Error, Result};
 use crate::lease::{Lease, TenureSecret};
-use crate::reply::{deny_reason, loss_reason, unexpected, RowsOf};
+use crate::reply::{deny_reason, is_denial, loss_reason, unexpected, RowsOf};
 use crate::store::{LayoutSeverity, Store};
 use crate::types::{Epoch, LossReason, TaskState};
 use crate::validate::{validate_holder, validate_qualified};
@@ -178,8 +178,8 @@ const GUARDED_TAIL: &str =
 /// The SQL that [`Store::guarded_write`] sends for `statement`, for drivers other than diesel (tokio-postgres,
 /// pgbench, psql): prepare it once and run it with `statement`'s `binds` parameters (`$1` … `$binds`, numbered as
 /// in `statement`) followed by the fence's: lease (text), epoch (bigint), secret (text) and operation (text).
-/// The reply is one row: `outcome` (`ok`, `stale` or `denied`), `reason`, `current_epoch`, `current_holder`
-/// and `n`, the rows the statement changed. `statement` must test [`FENCE_PASSED`] (see
+/// The reply is one row: `outcome` (`ok` or `refused`), `reason` (why it was refused), `current_epoch`,
+/// `current_holder` and `n`, the rows the statement changed. `statement` must test [`FENCE_PASSED`] (see
 /// [`Store::guarded_write`]); run it autocommit or in a READ COMMITTED transaction.
 ///
 /// ```
@@ -377,12 +377,13 @@ impl WriteResultRow {
 pub(crate) enum WriteOutcome {
     /// `ok`: the fence is current and the write went through.
     Ok,
-    /// `stale`: refused and audited, the fence's tenure is over.
+    /// `refused` with a loss reason: refused and audited, the fence's tenure is over.
     Stale {
         reason: LossReason,
         current: Option<Epoch>,
     },
-    /// `denied`: refused and audited (no grant on the cluster, or not the tenure's secret).
+    /// `refused` with `no_grant` or `bad_secret`: refused and audited (no grant on the cluster, or not the
+    /// tenure's secret).
     Denied(DenyReason),
     /// `not_found`: no such task.
     NotFound,
@@ -401,11 +402,13 @@ impl WriteOutcome {
     ) -> Result<WriteOutcome> {
         Ok(match outcome {
             Some("ok") => WriteOutcome::Ok,
-            Some("stale") => WriteOutcome::Stale {
+            Some("refused") if is_denial(reason) => {
+                WriteOutcome::Denied(deny_reason(function, reason)?)
+            }
+            Some("refused") => WriteOutcome::Stale {
                 reason: loss_reason(function, reason)?,
                 current: Epoch::from_db(current_epoch),
             },
-            Some("denied") => WriteOutcome::Denied(deny_reason(function, reason)?),
             Some("not_found") => WriteOutcome::NotFound,
             Some("conflict") => WriteOutcome::Conflict {
                 actual: reason.and_then(|state| state.parse().ok()).ok_or_else(|| {
@@ -459,8 +462,8 @@ impl WriteOutcome {
     fn as_str(&self) -> &'static str {
         match self {
             WriteOutcome::Ok => "ok",
-            WriteOutcome::Stale { .. } => "stale",
-            WriteOutcome::Denied(_) => "denied",
+            WriteOutcome::Stale { .. } => "refused",
+            WriteOutcome::Denied(_) => "refused",
             WriteOutcome::NotFound => "not_found",
             WriteOutcome::Conflict { .. } => "conflict",
         }
@@ -1108,14 +1111,14 @@ mod tests {
             |outcome, reason, current| WriteOutcome::decode("fence", outcome, reason, current);
         assert_eq!(decode(Some("ok"), None, Some(2)).unwrap(), WriteOutcome::Ok);
         assert_eq!(
-            decode(Some("stale"), Some("row_fence"), Some(5)).unwrap(),
+            decode(Some("refused"), Some("row_fence"), Some(5)).unwrap(),
             WriteOutcome::Stale {
                 reason: LossReason::RowFence,
                 current: Some(Epoch(5))
             }
         );
         assert_eq!(
-            decode(Some("denied"), Some("no_grant"), None).unwrap(),
+            decode(Some("refused"), Some("no_grant"), None).unwrap(),
             WriteOutcome::Denied(DenyReason::NoGrant)
         );
         assert_eq!(
@@ -1131,8 +1134,11 @@ mod tests {
         for (outcome, reason) in [
             (Some("okay"), None),
             (None, None),
-            (Some("stale"), None),
-            (Some("denied"), Some("expired")),
+            (Some("refused"), None),
+            (Some("refused"), Some("paused")),
+            // The outcomes of the surface before refusals had one name are unknown now.
+            (Some("stale"), Some("superseded")),
+            (Some("denied"), Some("bad_secret")),
             (Some("conflict"), Some("paused")),
             (Some("conflict"), None),
         ] {
@@ -1161,13 +1167,13 @@ mod tests {
                     reason: LossReason::Superseded,
                     current: Some(Epoch(4)),
                 },
-                "stale",
+                "refused",
                 Some("superseded"),
                 Some(4),
             ),
             (
                 WriteOutcome::Denied(DenyReason::NoGrant),
-                "denied",
+                "refused",
                 Some("no_grant"),
                 None,
             ),
@@ -1188,7 +1194,7 @@ mod tests {
                 verdict
             );
             let refusal = verdict.is_refusal();
-            assert_eq!(refusal, matches!(name, "stale" | "denied"), "{name}");
+            assert_eq!(refusal, name == "refused", "{name}");
             match verdict.into_error(&fence, "move", "fence") {
                 Error::Stale {
                     lease,
@@ -1197,7 +1203,7 @@ mod tests {
                     reason,
                     operation,
                 } => {
-                    assert_eq!(name, "stale");
+                    assert_eq!((name, reason), ("refused", LossReason::Superseded));
                     assert_eq!(
                         (lease.as_str(), presented, operation.as_str()),
                         ("c/l", Epoch(3), "move")
@@ -1209,7 +1215,7 @@ mod tests {
                     operation,
                     reason,
                 } => {
-                    assert_eq!(name, "denied");
+                    assert_eq!((name, reason), ("refused", DenyReason::NoGrant));
                     assert_eq!(
                         (lease.as_str(), operation.as_str(), reason),
                         ("c/l", "move", DenyReason::NoGrant)

@@ -23,7 +23,7 @@ use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz};
 use diesel::QueryableByName;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{DenyReason, Error, Result};
+use crate::error::{Error, Result};
 use crate::fence::{Rejection, REJECTION_COLUMNS};
 use crate::lease::Lease;
 use crate::store::Store;
@@ -301,11 +301,13 @@ impl Store {
         struct Outcome {
             #[diesel(sql_type = Text)]
             outcome: String,
+            #[diesel(sql_type = Nullable<Text>)]
+            reason: Option<String>,
         }
 
         let mut conn = self.conn().await?;
         let row: Outcome = diesel::sql_query(
-            "SELECT pgfence.report_belief($1, $2, $3, $4, $5, $6, $7, $8, $9) AS outcome",
+            "SELECT outcome, reason FROM pgfence.report_belief($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         )
         .bind::<Text, _>(lease.qualified_name())
         .bind::<BigInt, _>(lease.epoch().get())
@@ -320,14 +322,15 @@ impl Store {
         .await?;
         match row.outcome.as_str() {
             "recorded" | "kept" => Ok(()),
-            denied => match denied.strip_prefix("denied:") {
-                Some(reason) => Err(Error::Denied {
-                    lease: lease.qualified_name().to_owned(),
-                    operation: "report_belief".to_owned(),
-                    reason: DenyReason::parse(reason),
-                }),
-                None => Err(crate::reply::unexpected("report_belief", denied)),
-            },
+            "refused" => Err(Error::Denied {
+                lease: lease.qualified_name().to_owned(),
+                operation: "report_belief".to_owned(),
+                reason: crate::reply::deny_reason("report_belief", row.reason.as_deref())?,
+            }),
+            other => Err(crate::reply::unexpected(
+                "report_belief",
+                &format!("outcome {other}"),
+            )),
         }
     }
 

@@ -13,7 +13,7 @@ use diesel::QueryableByName;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{DenyReason, Error, Result};
-use crate::reply::{deny_reason, loss_reason, unexpected, RowsOf};
+use crate::reply::{deny_reason, is_denial, loss_reason, unexpected, RowsOf};
 use crate::store::Store;
 use crate::types::{Epoch, LossReason, MAX_TTL, MIN_TTL};
 use crate::validate::{validate_holder, validate_name};
@@ -206,11 +206,11 @@ mod sql {
     }
     diesel::define_sql_function! {
         #[sql_name = "pgfence.renew"]
-        fn renew(lease: Text, holder: Text, epoch: BigInt, secret: Text, ttl_ms: BigInt) -> LeaseResult;
+        fn renew(lease: Text, epoch: BigInt, secret: Text, ttl_ms: BigInt) -> LeaseResult;
     }
     diesel::define_sql_function! {
         #[sql_name = "pgfence.release"]
-        fn release(lease: Text, holder: Text, epoch: BigInt, secret: Text) -> LeaseResult;
+        fn release(lease: Text, epoch: BigInt, secret: Text) -> LeaseResult;
     }
     diesel::define_sql_function! {
         #[sql_name = "pgfence.force_release"]
@@ -253,7 +253,7 @@ enum LeaseReply {
         epoch: Option<Epoch>,
         holder: Option<String>,
     },
-    /// `lost`: a renewal refused, the tenure is over.
+    /// `refused` with a loss reason: a renewal refused, the tenure is over.
     Lost {
         reason: LossReason,
         current: Option<Epoch>,
@@ -263,7 +263,7 @@ enum LeaseReply {
         reason: LossReason,
         epoch: Option<Epoch>,
     },
-    /// `denied`: refused and audited.
+    /// `refused` with `no_grant` or `bad_secret`: refused and audited.
     Denied(DenyReason),
 }
 
@@ -275,9 +275,9 @@ impl LeaseReply {
             LeaseReply::Held { .. } => "held",
             LeaseReply::Renewed => "renewed",
             LeaseReply::Released { .. } => "released",
-            LeaseReply::Lost { .. } => "lost",
+            LeaseReply::Lost { .. } => "refused",
             LeaseReply::NotHeld { .. } => "not_held",
-            LeaseReply::Denied(_) => "denied",
+            LeaseReply::Denied(_) => "refused",
         }
     }
 }
@@ -302,7 +302,10 @@ impl LeaseResultRow {
                 epoch: Epoch::from_db(self.epoch),
                 holder: self.holder,
             },
-            Some("lost") => LeaseReply::Lost {
+            Some("refused") if is_denial(self.reason.as_deref()) => {
+                LeaseReply::Denied(deny_reason(function, self.reason.as_deref())?)
+            }
+            Some("refused") => LeaseReply::Lost {
                 reason: loss_reason(function, self.reason.as_deref())?,
                 current: Epoch::from_db(self.epoch),
             },
@@ -310,7 +313,6 @@ impl LeaseResultRow {
                 reason: loss_reason(function, self.reason.as_deref())?,
                 epoch: Epoch::from_db(self.epoch),
             },
-            Some("denied") => LeaseReply::Denied(deny_reason(function, self.reason.as_deref())?),
             Some(other) => return Err(unexpected(function, &format!("outcome {other}"))),
             None => return Err(missing("outcome")),
         })
@@ -496,7 +498,6 @@ impl Store {
         let (sent, row): (Instant, LeaseResultRow) = self
             .call_one(RowsOf(sql::renew(
                 lease.qualified.clone(),
-                lease.holder.clone(),
                 lease.epoch.get(),
                 lease.secret.expose_secret().to_owned(),
                 ttl_ms,
@@ -542,7 +543,6 @@ impl Store {
         let (_, row): (Instant, LeaseResultRow) = self
             .call_one(RowsOf(sql::release(
                 lease.qualified.clone(),
-                lease.holder.clone(),
                 lease.epoch.get(),
                 lease.secret.expose_secret().to_owned(),
             )))
@@ -791,7 +791,7 @@ mod tests {
                 if epoch.get() == 3 && expires_in == Duration::from_millis(1500)
         ));
         assert!(matches!(
-            row(Some("lost"), Some("failover"), Some(4)).decode("renew").unwrap(),
+            row(Some("refused"), Some("failover"), Some(4)).decode("renew").unwrap(),
             LeaseReply::Lost { reason: LossReason::Failover, current: Some(current) } if current.get() == 4
         ));
         assert!(matches!(
@@ -804,7 +804,7 @@ mod tests {
             }
         ));
         assert!(matches!(
-            row(Some("denied"), Some("bad_secret"), None)
+            row(Some("refused"), Some("bad_secret"), None)
                 .decode("release")
                 .unwrap(),
             LeaseReply::Denied(DenyReason::BadSecret)
@@ -820,9 +820,9 @@ mod tests {
             ("held", None),
             ("renewed", None),
             ("released", None),
-            ("lost", Some("expired")),
+            ("refused", Some("expired")),
             ("not_held", Some("unknown_lease")),
-            ("denied", Some("no_grant")),
+            ("refused", Some("no_grant")),
         ] {
             let reply = row(Some(outcome), reason, Some(2)).decode("renew").unwrap();
             assert_eq!(reply.outcome(), outcome);
@@ -839,9 +839,11 @@ mod tests {
         for (outcome, reason, epoch) in [
             (Some("granted"), None, Some(1)),
             (None, None, None),
-            (Some("lost"), None, Some(2)),
+            (Some("refused"), None, Some(2)),
             (Some("not_held"), Some("vanished"), Some(2)),
-            (Some("denied"), None, None),
+            // The outcomes of the surface before refusals had one name are unknown now.
+            (Some("lost"), Some("expired"), Some(2)),
+            (Some("denied"), Some("bad_secret"), None),
             (Some("acquired"), None, Some(1)),
             (Some("held"), None, None),
         ] {

@@ -38,7 +38,7 @@ pub(crate) fn unexpected(function: &str, what: &str) -> Error {
     }
 }
 
-/// The [`LossReason`] a reply of `pgfence.<function>` names (a renewal's `lost`, a write's `stale`, a release's
+/// The [`LossReason`] a reply of `pgfence.<function>` names (a renewal's or a write's `refused`, a release's
 /// `not_held`).
 pub(crate) fn loss_reason(function: &str, reason: Option<&str>) -> Result<LossReason> {
     reason
@@ -46,7 +46,14 @@ pub(crate) fn loss_reason(function: &str, reason: Option<&str>) -> Result<LossRe
         .ok_or_else(|| unexpected(function, &format!("reason {}", reason.unwrap_or("NULL"))))
 }
 
-/// The [`DenyReason`] a `denied` reply of `pgfence.<function>` names.
+/// Whether a `refused` reply's reason is a refusal of the role or of the presented secret (`no_grant`,
+/// `bad_secret`: [`Error::Denied`] / [`DenyReason`]) rather than a loss of the tenure ([`LossReason`]). Every SQL
+/// function answers a refusal with the one outcome `refused`; the reason tells the two apart.
+pub(crate) fn is_denial(reason: Option<&str>) -> bool {
+    matches!(reason, Some("no_grant" | "bad_secret"))
+}
+
+/// The [`DenyReason`] a `refused` reply of `pgfence.<function>` names (`no_grant` or `bad_secret`).
 pub(crate) fn deny_reason(function: &str, reason: Option<&str>) -> Result<DenyReason> {
     match reason {
         // (`DenyReason::parse` takes any other text for `bad_secret`: only the two names reach it.)

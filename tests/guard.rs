@@ -636,17 +636,17 @@ async fn guard_and_audit_are_usable_from_plain_sql() {
         )
         .await
         .unwrap();
-    assert_eq!(stale.get::<_, String>("outcome"), "stale");
+    assert_eq!(stale.get::<_, String>("outcome"), "refused");
     assert_eq!(stale.get::<_, Option<i64>>("current_epoch"), Some(2));
     client.batch_execute("BEGIN").await.unwrap();
     let fenced = client
         .query_one(
-            "SELECT outcome FROM pgfence.fence('prod/scheduler', 1, $1, 'psql_update')",
+            "SELECT outcome FROM pgfence.fence('prod/scheduler', 1, $1, 'psql_update', NULL, NULL)",
             &[&secret],
         )
         .await
         .unwrap();
-    assert_eq!(fenced.get::<_, String>(0), "stale");
+    assert_eq!(fenced.get::<_, String>(0), "refused");
     client.batch_execute("COMMIT").await.unwrap();
     let rows = client
         .query(
@@ -744,7 +744,7 @@ async fn enforcement_refuses_raw_sql_without_the_current_epoch() {
     client.batch_execute("BEGIN").await.unwrap();
     let fenced: String = client
         .query_one(
-            "SELECT outcome FROM pgfence.fence($1, $2, $3)",
+            "SELECT outcome FROM pgfence.fence($1, $2, $3, 'fenced_transaction', NULL, NULL)",
             &[
                 &new.qualified_name(),
                 &new.epoch().get(),
@@ -1302,7 +1302,7 @@ async fn guarded_write_sql_guards_another_drivers_statement() {
     assert_eq!(
         run(&client, &statement, &old, "stale").await,
         (
-            "stale".to_owned(),
+            "refused".to_owned(),
             Some("superseded".to_owned()),
             Some(2),
             Some("pod-b".to_owned()),

@@ -45,19 +45,18 @@ fn forged_calls(epoch: i64) -> Vec<(&'static str, String)> {
     vec![
         (
             "renew",
-            format!("SELECT * FROM pgfence.renew('ta/x', 'a-ctrl', {epoch}, '{forged}', 60000)"),
+            format!("SELECT * FROM pgfence.renew('ta/x', {epoch}, '{forged}', 60000)"),
         ),
         (
             "renew_many",
             format!(
                 "SELECT * FROM pgfence.renew_many(array_fill('ta/x'::text, ARRAY[2000]), \
-                 array_fill({epoch}::bigint, ARRAY[2000]), array_fill('{forged}'::text, ARRAY[2000]), \
-                 'a-ctrl', 60000)"
+                 array_fill({epoch}::bigint, ARRAY[2000]), array_fill('{forged}'::text, ARRAY[2000]), 60000)"
             ),
         ),
         (
             "release",
-            format!("SELECT * FROM pgfence.release('ta/x', 'a-ctrl', {epoch}, '{forged}')"),
+            format!("SELECT * FROM pgfence.release('ta/x', {epoch}, '{forged}')"),
         ),
         (
             "report_belief",
@@ -68,7 +67,7 @@ fn forged_calls(epoch: i64) -> Vec<(&'static str, String)> {
         ),
         (
             "fence",
-            format!("SELECT * FROM pgfence.fence('ta/x', {epoch}, '{forged}', 'hold')"),
+            format!("SELECT * FROM pgfence.fence('ta/x', {epoch}, '{forged}', 'hold', NULL, NULL)"),
         ),
         (
             "create_task",
@@ -110,8 +109,7 @@ async fn a_forged_call_left_open_delays_neither_the_holder_nor_a_takeover() {
         let started = Instant::now();
         let outcome: String = holder_raw
             .query_one(
-                "SELECT outcome FROM pgfence.renew_many(ARRAY['ta/x'], ARRAY[$1::bigint], ARRAY[$2], \
-                 'a-ctrl', 60000)",
+                "SELECT outcome FROM pgfence.renew_many(ARRAY['ta/x'], ARRAY[$1::bigint], ARRAY[$2], 60000)",
                 &[&lease.epoch().get(), &secret],
             )
             .await
@@ -122,7 +120,7 @@ async fn a_forged_call_left_open_delays_neither_the_holder_nor_a_takeover() {
         let started = Instant::now();
         holder_raw
             .query_one(
-                "SELECT pgfence.report_belief('ta/x', $1, $2, 'start', now(), now())",
+                "SELECT pgfence.report_belief('ta/x', $1, $2, 'start', now(), now(), NULL, NULL, NULL)",
                 &[&lease.epoch().get(), &secret],
             )
             .await
@@ -231,7 +229,7 @@ async fn the_label_cap_holds_under_concurrent_refusals() {
         writers.push(tokio::spawn(async move {
             let client = client_as(&db, &attacker).await;
             let fence = client
-                .prepare("SELECT outcome FROM pgfence.fence($1, 1, NULL, $2)")
+                .prepare("SELECT outcome FROM pgfence.fence($1, 1, 'no-secret', $2, NULL, NULL)")
                 .await
                 .unwrap();
             for t in 0..TENURES {
@@ -248,7 +246,7 @@ async fn the_label_cap_holds_under_concurrent_refusals() {
                         .await
                         .unwrap()
                         .get(0);
-                    assert_eq!(outcome, "stale");
+                    assert_eq!(outcome, "refused");
                 }
             }
         }));
@@ -292,7 +290,7 @@ async fn concurrent_first_refusals_of_a_tenure_never_deadlock() {
         writers.push(tokio::spawn(async move {
             let client = client_as(&db, &attacker).await;
             let fence = client
-                .prepare("SELECT outcome FROM pgfence.fence($1, 1, NULL, $2)")
+                .prepare("SELECT outcome FROM pgfence.fence($1, 1, 'no-secret', $2, NULL, NULL)")
                 .await
                 .unwrap();
             let label = if w % 2 == 0 {
@@ -310,7 +308,7 @@ async fn concurrent_first_refusals_of_a_tenure_never_deadlock() {
                     .await
                     .unwrap_or_else(|e| panic!("tenure {t}, writer {w}: {e:?}"))
                     .get(0);
-                assert_eq!(outcome, "stale");
+                assert_eq!(outcome, "refused");
             }
         }));
     }
@@ -380,9 +378,9 @@ async fn the_audit_is_bounded_per_role_whatever_the_flood() {
                     _ => ("ta/x", x_epoch),
                 };
                 let sql = match i % 3 {
-                    0 => "SELECT outcome FROM pgfence.fence($1, $2, $3, 'flood-' || ($4::bigint % 40))",
-                    1 => "SELECT outcome FROM pgfence.renew($1, 'a-ctrl', $2, $3, 60000) WHERE $4::bigint IS NOT NULL",
-                    _ => "SELECT pgfence.report_belief($1 || ($4::bigint)::text, $2, $3, 'start', now(), now())",
+                    0 => "SELECT outcome FROM pgfence.fence($1, $2, $3, 'flood-' || ($4::bigint % 40), NULL, NULL)",
+                    1 => "SELECT outcome FROM pgfence.renew($1, $2, $3, 60000) WHERE $4::bigint IS NOT NULL",
+                    _ => "SELECT pgfence.report_belief($1 || ($4::bigint)::text, $2, $3, 'start', now(), now(), NULL, NULL, NULL)",
                 };
                 client.query_one(sql, &[&lease, &epoch, &forged, &i]).await.unwrap();
                 sent += 1;
@@ -403,12 +401,12 @@ async fn the_audit_is_bounded_per_role_whatever_the_flood() {
                 let secrets: Vec<&str> = (0..BATCH).map(|_| forged.as_str()).collect();
                 let rows = client
                     .query(
-                        "SELECT outcome FROM pgfence.renew_many($1, $2, $3, 'a-ctrl', 60000)",
+                        "SELECT outcome FROM pgfence.renew_many($1, $2, $3, 60000)",
                         &[&leases, &epochs, &secrets],
                     )
                     .await
                     .unwrap();
-                assert!(rows.iter().all(|r| r.get::<_, String>(0) == "denied"));
+                assert!(rows.iter().all(|r| r.get::<_, String>(0) == "refused"));
                 sent += BATCH as i64;
             }
             sent
@@ -422,7 +420,8 @@ async fn the_audit_is_bounded_per_role_whatever_the_flood() {
     let rows = audit_of(&db, &attacker).await;
     let counted: i64 = rows.iter().map(|r| r.5).sum();
     // report_belief's bogus names and fence/renew of another cluster are the only refusals that count once;
-    // renew of a superseded or future epoch is answered 'lost' (not a refused write): not audited.
+    // renew of a superseded or future epoch is answered 'refused' with a loss reason (not a refused write's
+    // audit): not audited.
     let tenure_rows_per_lease = |lease: &str| {
         rows.iter()
             .filter(|r| r.0 == "tenure" && r.1 == lease)
@@ -473,7 +472,7 @@ async fn the_audit_is_bounded_per_role_whatever_the_flood() {
         let started = std::time::Instant::now();
         client
             .query(
-                "SELECT outcome FROM pgfence.renew_many($1, $2, $3, 'a-ctrl', 60000)",
+                "SELECT outcome FROM pgfence.renew_many($1, $2, $3, 60000)",
                 &[&leases, &epochs, &secrets],
             )
             .await

@@ -504,7 +504,7 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
             "22023",
         ),
         (
-            "SELECT * FROM pgfence.renew_many(ARRAY['c/l'], ARRAY[1, 2]::bigint[], ARRAY['x'], 'pod', 1000)",
+            "SELECT * FROM pgfence.renew_many(ARRAY['c/l'], ARRAY[1, 2]::bigint[], ARRAY['x'], 1000)",
             "22023",
         ),
     ];

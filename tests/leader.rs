@@ -1173,7 +1173,7 @@ async fn a_failed_renewal_waits_its_retry_period_and_the_loss_names_the_failure(
         let lease = pg.elector.acquire(name, "pod-a", &options).await.unwrap();
         fail_counting(
             &admin,
-            "pgfence.renew_many(p_leases text[], p_epochs bigint[], p_secrets text[], p_holder text, \
+            "pgfence.renew_many(p_leases text[], p_epochs bigint[], p_secrets text[], \
              p_ttl_ms bigint)",
             "TABLE (lease text, outcome text, reason text, epoch bigint)",
             &format!("renew_calls_{name}"),
@@ -1314,7 +1314,7 @@ async fn a_refused_release_is_sent_once_and_a_transient_failure_twice() {
             .unwrap();
         fail_counting(
             &admin,
-            "pgfence.release(p_lease text, p_holder text, p_epoch bigint, p_secret text)",
+            "pgfence.release(p_lease text, p_epoch bigint, p_secret text)",
             "pgfence.lease_result",
             &format!("release_calls_{name}"),
             sqlstate,

@@ -335,13 +335,14 @@ async fn belief_reports_are_authenticated_and_the_first_of_each_kind_stands() {
     let client = db.client().await;
     let outcome: String = client
         .query_one(
-            "SELECT pgfence.report_belief('c1/reported', $1, $2, 'end', now(), now(), NULL, 'released')",
+            "SELECT outcome || ':' || reason FROM pgfence.report_belief('c1/reported', $1, $2, 'end', now(), now(), \
+             NULL, 'released', NULL)",
             &[&second.epoch().get(), &"0".repeat(64)],
         )
         .await
         .unwrap()
         .get(0);
-    assert_eq!(outcome, "denied:bad_secret");
+    assert_eq!(outcome, "refused:bad_secret");
     let audited: i64 = db
         .scalar("SELECT count(*) FROM pgfence.rejections WHERE operation = 'report_belief' AND reason = 'bad_secret'")
         .await;
@@ -364,14 +365,26 @@ async fn malformed_belief_reports_are_refused_and_write_nothing() {
     let secret = lease.fence().secret().expose_secret().to_owned();
     let client = db.client().await;
     for (args, field) in [
-        ("'begin', now(), now(), NULL, NULL", "belief event"),
-        ("'end', 'infinity', now(), NULL, 'released'", "belief time"),
-        ("'end', now(), NULL, NULL, 'released'", "belief time"),
-        ("'end', now(), now(), NULL, 'crashed'", "belief cause"),
-        ("'end', now(), now(), NULL, NULL", "belief cause"),
-        ("'start', now(), now(), NULL, 'released'", "belief cause"),
-        ("'start', now(), now(), E'db\\u0007:5432/x'", "endpoint"),
-        ("'start', now(), now(), repeat('h', 513)", "endpoint"),
+        ("'begin', now(), now(), NULL, NULL, NULL", "belief event"),
+        (
+            "'end', 'infinity', now(), NULL, 'released', NULL",
+            "belief time",
+        ),
+        ("'end', now(), NULL, NULL, 'released', NULL", "belief time"),
+        ("'end', now(), now(), NULL, 'crashed', NULL", "belief cause"),
+        ("'end', now(), now(), NULL, NULL, NULL", "belief cause"),
+        (
+            "'start', now(), now(), NULL, 'released', NULL",
+            "belief cause",
+        ),
+        (
+            "'start', now(), now(), E'db\\u0007:5432/x', NULL, NULL",
+            "endpoint",
+        ),
+        (
+            "'start', now(), now(), repeat('h', 513), NULL, NULL",
+            "endpoint",
+        ),
         (
             "'end', now(), now(), NULL, 'lost', E'\\u001b[2J'",
             "belief detail",
@@ -482,7 +495,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
     for _ in 0..2 {
         let row = client
             .query_one(
-                "WITH g AS (SELECT outcome FROM pgfence.fence('c1/sql', $1, $2)) \
+                "WITH g AS (SELECT outcome FROM pgfence.fence('c1/sql', $1, $2, 'fenced_transaction', NULL, NULL)) \
                  SELECT (SELECT outcome FROM g), clock_timestamp()",
                 &[&epoch, &secret],
             )
@@ -522,7 +535,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
     let fresh = db.client().await;
     let row = fresh
         .query_one(
-            "SELECT outcome FROM pgfence.fence('c1/tasks', $1, $2)",
+            "SELECT outcome FROM pgfence.fence('c1/tasks', $1, $2, 'fenced_transaction', NULL, NULL)",
             &[
                 &lease.epoch().get(),
                 &lease.fence().secret().expose_secret(),
@@ -530,7 +543,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
         )
         .await
         .unwrap();
-    assert_eq!(row.get::<_, String>(0), "stale");
+    assert_eq!(row.get::<_, String>(0), "refused");
     assert_eq!(
         store.tenures("tasks").await.unwrap()[0].last_mark_at,
         marked_before

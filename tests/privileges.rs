@@ -80,7 +80,6 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
         assert_eq!(sqlstate(&err), "42501", "{sql}: {err}");
     }
     for call in [
-        "force_release('c/sched')",
         "set_enforcement(true, 'error')",
         "prune_rejections('0', 10)",
     ] {
@@ -90,8 +89,19 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
             .unwrap_err();
         assert_eq!(sqlstate(&err), "42501", "{call}: {err}");
     }
+    // force_release judges the cluster's operator right itself: refused ('no_grant', audited), as for an
+    // operator of another cluster (tests/surface.rs).
     let forced = store.force_release("sched").await.unwrap_err();
-    assert_eq!(forced.sqlstate(), Some("42501"), "{forced}");
+    assert!(
+        matches!(
+            forced,
+            Error::Denied {
+                reason: pgfence::DenyReason::NoGrant,
+                ..
+            }
+        ),
+        "{forced}"
+    );
     let migrate = store.migrate().await.unwrap_err();
     assert_eq!(migrate.sqlstate(), Some("42501"), "{migrate}");
     assert_eq!(
@@ -160,6 +170,7 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
         "create_task",
         "enforcement",
         "fence",
+        "force_release",
         "identity",
         "release",
         "renew",
@@ -168,12 +179,7 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
         "transition_task",
         "ungated_write",
     ];
-    let operator = [
-        "force_release",
-        "prune_rejections",
-        "set_enforcement",
-        "set_takeover_grace",
-    ];
+    let operator = ["prune_rejections", "set_enforcement", "set_takeover_grace"];
     // Every executable function runs as the owner with a pinned search_path, except the three pure text checks
     // (IMMUTABLE SQL with qualified names: no rights of their own to lend).
     let plain = ["_cluster_problem", "_lease_problem", "_text_problem"];
@@ -342,7 +348,7 @@ async fn audit_mode_refuses_and_records_raw_writes_without_the_current_epoch() {
     raw.batch_execute("BEGIN").await.unwrap();
     let fenced: String = raw
         .query_one(
-            "SELECT outcome FROM pgfence.fence($1, $2, $3)",
+            "SELECT outcome FROM pgfence.fence($1, $2, $3, 'fenced_transaction', NULL, NULL)",
             &[
                 &new.qualified_name(),
                 &new.epoch().get(),
@@ -969,10 +975,14 @@ async fn the_grant_command_sets_up_application_and_operator_roles() {
         .await
         .unwrap();
     app_store.acquire("l", "pod", TTL).await.unwrap();
-    assert_eq!(
-        app_store.force_release("l").await.unwrap_err().sqlstate(),
-        Some("42501")
-    );
+    // Without operator rights on the cluster: refused (audited), as every call without its right on a cluster.
+    assert!(matches!(
+        app_store.force_release("l").await.unwrap_err(),
+        Error::Denied {
+            reason: pgfence::DenyReason::NoGrant,
+            ..
+        }
+    ));
     let ops_store = Store::connect(StoreConfig::new(url_as(&db, &ops), "c"))
         .await
         .unwrap();

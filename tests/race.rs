@@ -478,7 +478,7 @@ async fn no_stale_write_commits_after_a_takeover_commits() {
             1 => (
                 "release",
                 format!(
-                    "SELECT outcome, epoch FROM pgfence.release('{QUALIFIED}', '{holder}', {old_epoch}, '{}')",
+                    "SELECT outcome, epoch FROM pgfence.release('{QUALIFIED}', {old_epoch}, '{}')",
                     current.secret().expose_secret()
                 ),
                 Some(acquire(next_holder)),

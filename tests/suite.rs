@@ -26,6 +26,8 @@ mod multihost;
 mod overlap;
 #[path = "privileges.rs"]
 mod privileges;
+#[path = "regress.rs"]
+mod regress;
 #[path = "sqlstate.rs"]
 mod sqlstate;
 #[path = "standby.rs"]

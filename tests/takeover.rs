@@ -40,14 +40,15 @@ async fn session(db: &TestDb, application_name: &str) -> tokio_postgres::Client 
     client
 }
 
-/// `SELECT outcome, reason FROM pgfence.fence(lease, epoch, secret)` on a raw session.
+/// `SELECT outcome, reason FROM pgfence.fence(lease, epoch, secret, 'fenced_transaction', NULL, NULL)` on a raw
+/// session.
 async fn fence_outcome(
     client: &tokio_postgres::Client,
     fence: &pgfence::Fence,
 ) -> Result<(String, Option<String>), tokio_postgres::Error> {
     client
         .query_one(
-            "SELECT outcome, reason FROM pgfence.fence($1, $2, $3)",
+            "SELECT outcome, reason FROM pgfence.fence($1, $2, $3, 'fenced_transaction', NULL, NULL)",
             &[
                 &fence.lease(),
                 &fence.epoch().get(),
@@ -113,7 +114,7 @@ async fn a_waiting_takeover_is_not_overtaken_by_later_guards() {
         .unwrap();
     assert_eq!(
         (outcome.as_str(), reason.as_deref()),
-        ("stale", Some("released"))
+        ("refused", Some("released"))
     );
 }
 
@@ -567,7 +568,7 @@ async fn lock_waits_are_bounded_and_name_the_blocker() {
         .get(0);
     open_renewal
         .query_one(
-            "SELECT pgfence.renew('c/bounded', 'leader', $1, $2, 60000)",
+            "SELECT pgfence.renew('c/bounded', $1, $2, 60000)",
             &[&epoch, &lease.fence().secret().expose_secret()],
         )
         .await
@@ -752,7 +753,7 @@ async fn renew_many_validates_like_renew_and_answers_duplicates_consistently() {
         let secrets = vec![lease.fence().secret().expose_secret().to_owned()];
         let err = client
             .query(
-                "SELECT * FROM pgfence.renew_many($1, $2, $3, 'h', 60000)",
+                "SELECT * FROM pgfence.renew_many($1, $2, $3, 60000)",
                 &[&leases, &epochs, &secrets],
             )
             .await
@@ -760,7 +761,7 @@ async fn renew_many_validates_like_renew_and_answers_duplicates_consistently() {
         assert_eq!(sqlstate(&err), "22023", "{leases:?} {epochs:?}: {err}");
         let renew = client
             .query_one(
-                "SELECT pgfence.renew($1, 'h', $2, $3, 60000)",
+                "SELECT pgfence.renew($1, $2, $3, 60000)",
                 &[&leases[0], &epochs[0], &secrets[0]],
             )
             .await
@@ -770,7 +771,7 @@ async fn renew_many_validates_like_renew_and_answers_duplicates_consistently() {
     let rows = client
         .query(
             "SELECT outcome, reason FROM pgfence.renew_many(ARRAY['c/many', 'c/many'], \
-             ARRAY[$1::bigint, $1::bigint], ARRAY[$2, $2], 'h', 60000)",
+             ARRAY[$1::bigint, $1::bigint], ARRAY[$2, $2], 60000)",
             &[&epoch, &lease.fence().secret().expose_secret()],
         )
         .await

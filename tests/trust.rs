@@ -115,13 +115,19 @@ async fn a_role_cannot_touch_or_read_another_clusters_leases() {
         DenyReason::NoGrant,
         "fenced",
     );
-    // force_release is not even executable without operator rights.
+    // force_release without operator rights: refused like every other call without the right ('no_grant').
     let raw = client_as(&db, &app2).await;
-    let err = raw
-        .query_one("SELECT pgfence.force_release('a/sched')", &[])
+    let forced = raw
+        .query_one(
+            "SELECT outcome, reason FROM pgfence.force_release('a/sched')",
+            &[],
+        )
         .await
-        .unwrap_err();
-    assert_eq!(sqlstate(&err), "42501");
+        .unwrap();
+    assert_eq!(
+        (forced.get::<_, String>(0), forced.get::<_, String>(1)),
+        ("refused".to_owned(), "no_grant".to_owned())
+    );
 
     // Reads: row-level security shows nothing of cluster a.
     for table in [
@@ -196,8 +202,8 @@ async fn a_role_cannot_touch_or_read_another_clusters_leases() {
     );
     assert_eq!(operation, "acquire");
     assert_eq!(
-        *count, 7,
-        "acquire ×2, renew, release, create_task, claim_task, fenced"
+        *count, 8,
+        "acquire ×2, renew, release, create_task, claim_task, fenced, force_release"
     );
     let own_view: i64 = raw
         .query_one("SELECT count(*) FROM pgfence.rejections", &[])
@@ -214,9 +220,10 @@ async fn a_role_cannot_touch_or_read_another_clusters_leases() {
     assert_eq!(app_view, 0, "a role-scope row is its role's own");
 }
 
-/// Knowing (lease, epoch) is not enough: a fence with the current epoch and a wrong or missing secret is refused
-/// (`Denied { BadSecret }`, SQL outcome 'denied') for every guarded write, renewal and release, even by the
-/// role that holds the lease, and audited as 'bad_secret'; the tenure stays live and its real fence still writes.
+/// Knowing (lease, epoch) is not enough: a fence with the current epoch and a wrong secret is refused
+/// (`Denied { BadSecret }`, SQL outcome 'refused') for every guarded write, renewal and release, even by the
+/// role that holds the lease, and audited as 'bad_secret'; a missing (NULL) one is bad input (22023, not
+/// audited); the tenure stays live and its real fence still writes.
 /// The secret never shows in Debug, errors or the audit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_fence_cannot_write_renew_or_release() {
@@ -296,43 +303,52 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
         "only the real fence wrote"
     );
 
-    // Through SQL: a wrong, an empty, a missing and an absurdly long secret.
+    // Through SQL: a wrong, an empty and an absurdly long secret. (A missing one, NULL, is bad input: 22023,
+    // nothing audited, below.)
     let raw = client_as(&db, &app).await;
     let epoch = lease.epoch().get();
     for (label, presented) in [
-        ("wrong", Some("f".repeat(64))),
-        ("empty", Some(String::new())),
-        ("missing", None),
-        ("huge", Some("x".repeat(10_000_000))),
+        ("wrong", "f".repeat(64)),
+        ("empty", String::new()),
+        ("huge", "x".repeat(10_000_000)),
     ] {
         let row = raw
             .query_one(
-                "SELECT outcome, reason FROM pgfence.fence('c/sched', $1, $2, 'sql_write')",
+                "SELECT outcome, reason FROM pgfence.fence('c/sched', $1, $2, 'sql_write', NULL, NULL)",
                 &[&epoch, &presented],
             )
             .await
             .unwrap();
         assert_eq!(
             (row.get::<_, String>(0), row.get::<_, Option<String>>(1)),
-            ("denied".to_owned(), Some("bad_secret".to_owned())),
+            ("refused".to_owned(), Some("bad_secret".to_owned())),
             "{label} secret"
         );
         let renew = raw
             .query_one(
-                "SELECT outcome, reason FROM pgfence.renew('c/sched', 'pod-a', $1, $2, 60000)",
+                "SELECT outcome, reason FROM pgfence.renew('c/sched', $1, $2, 60000)",
                 &[&epoch, &presented],
             )
             .await
             .unwrap();
-        assert_eq!(renew.get::<_, String>(0), "denied", "{label} renew");
+        assert_eq!(renew.get::<_, String>(0), "refused", "{label} renew");
         let release = raw
             .query_one(
-                "SELECT outcome, reason FROM pgfence.release('c/sched', 'pod-a', $1, $2)",
+                "SELECT outcome, reason FROM pgfence.release('c/sched', $1, $2)",
                 &[&epoch, &presented],
             )
             .await
             .unwrap();
-        assert_eq!(release.get::<_, String>(0), "denied", "{label} release");
+        assert_eq!(release.get::<_, String>(0), "refused", "{label} release");
+    }
+    let missing: Option<&str> = None;
+    for sql in [
+        "SELECT outcome FROM pgfence.fence('c/sched', $1, $2, 'sql_write', NULL, NULL)",
+        "SELECT outcome FROM pgfence.renew('c/sched', $1, $2, 60000)",
+        "SELECT outcome FROM pgfence.release('c/sched', $1, $2)",
+    ] {
+        let err = raw.query_one(sql, &[&epoch, &missing]).await.unwrap_err();
+        assert_eq!(sqlstate(&err), "22023", "{sql}: {err}");
     }
 
     // The tenure is live and the real fence writes.
@@ -368,9 +384,9 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
             ("create_task", 1),
             // The fenced transaction and the gated one-statement write; the ungated one rolled back whole.
             ("evil", 2),
-            ("release", 4),
-            ("renew", 4),
-            ("sql_write", 4),
+            ("release", 3),
+            ("renew", 3),
+            ("sql_write", 3),
         ]
     );
     let everything = db
@@ -466,7 +482,7 @@ async fn audit_rows_are_per_role_and_bounded() {
     for i in 0..300 {
         let row = raw
             .query_one(
-                "SELECT outcome, reason FROM pgfence.fence($1, 1, NULL, 'flood')",
+                "SELECT outcome, reason FROM pgfence.fence($1, 1, 'no-secret', 'flood', NULL, NULL)",
                 &[&format!("c/bogus-{i}")],
             )
             .await
@@ -478,7 +494,7 @@ async fn audit_rows_are_per_role_and_bounded() {
     }
     for i in 0..50 {
         raw.query_one(
-            "SELECT outcome FROM pgfence.fence($1, 1, NULL, 'flood')",
+            "SELECT outcome FROM pgfence.fence($1, 1, 'no-secret', 'flood', NULL, NULL)",
             &[&format!("elsewhere-{i}/x")],
         )
         .await
@@ -506,7 +522,7 @@ async fn audit_rows_are_per_role_and_bounded() {
     // Operation labels are the caller's: 40 distinct ones on one stale tenure cost at most 17 rows.
     for i in 0..40 {
         raw.query_one(
-            "SELECT outcome FROM pgfence.fence('c/sched', $1, NULL, $2)",
+            "SELECT outcome FROM pgfence.fence('c/sched', $1, 'no-secret', $2, NULL, NULL)",
             &[&old.epoch().get(), &format!("label-{i}")],
         )
         .await
@@ -522,7 +538,7 @@ async fn audit_rows_are_per_role_and_bounded() {
     assert!(per_tenure <= 17, "{per_tenure} rows");
     let err = raw
         .query_one(
-            "SELECT outcome FROM pgfence.fence('c/sched', 1, NULL, 'op', 'tasks', repeat('k', 257))",
+            "SELECT outcome FROM pgfence.fence('c/sched', 1, 'no-secret', 'op', 'tasks', repeat('k', 257))",
             &[],
         )
         .await
@@ -530,7 +546,7 @@ async fn audit_rows_are_per_role_and_bounded() {
     assert_eq!(sqlstate(&err), "22023");
     let err = raw
         .query_one(
-            "SELECT outcome FROM pgfence.fence('c/sched', 1, NULL, 'op', repeat('t', 65))",
+            "SELECT outcome FROM pgfence.fence('c/sched', 1, 'no-secret', 'op', repeat('t', 65), NULL)",
             &[],
         )
         .await
@@ -1136,7 +1152,7 @@ async fn measure_bogus_flood() {
         let stop = stop.clone();
         flood.push(tokio::spawn(async move {
             let statement = client
-                .prepare("SELECT outcome FROM pgfence.fence($1, $2, NULL, $3)")
+                .prepare("SELECT outcome FROM pgfence.fence($1, $2, 'no-secret', $3, NULL, NULL)")
                 .await
                 .unwrap();
             let mut i: i64 = 0;

@@ -472,7 +472,7 @@ async fn force_release_is_bounded_and_names_who_blocks() {
     idle.batch_execute("BEGIN").await.unwrap();
     let outcome: String = idle
         .query_one(
-            "SELECT outcome FROM pgfence.fence('prod/scheduler', $1, $2)",
+            "SELECT outcome FROM pgfence.fence('prod/scheduler', $1, $2, 'fenced_transaction', NULL, NULL)",
             &[&epoch, &secret],
         )
         .await
@@ -514,7 +514,7 @@ async fn force_release_is_bounded_and_names_who_blocks() {
         .unwrap()
         .get(0);
     open.query_one(
-        "SELECT pgfence.renew('prod/scheduler', 'pod-c', $1, $2, 60000)",
+        "SELECT pgfence.renew('prod/scheduler', $1, $2, 60000)",
         &[&epoch, &secret],
     )
     .await

@@ -48,7 +48,8 @@
 -- lease row change refused (delete, truncate, epoch lowered), PF006 a one-statement guarded write that is not
 -- gated on its guard, 22023 invalid argument. Refusals that must be
 -- audited (no grant on the cluster, a wrong tenure secret, a stale epoch) are results, not errors — an error
--- would roll its own audit row back: outcome 'denied' (reason 'no_grant' or 'bad_secret') or 'stale'.
+-- would roll its own audit row back: outcome 'refused', the reason saying why ('no_grant', 'bad_secret',
+-- 'superseded', ...). A NULL tenure secret is an invalid argument (22023), not a refusal.
 
 DO $$
 BEGIN
@@ -378,9 +379,12 @@ CREATE TABLE pgfence.tenure_secrets (
 -- Result rows. Functions return one composite value so that a client calls them with one statement that every
 -- driver prepares once and reuses, `SELECT * FROM pgfence.f(...)`, and reads the fields by name.
 
--- outcome: 'acquired' | 'renewed' | 'held' | 'lost' | 'released' | 'not_held' | 'denied'
--- reason (for 'lost'/'not_held'): 'superseded' | 'expired' | 'released' | 'unknown_lease' | 'future_epoch'
---                                 | 'holder_mismatch' | 'failover'; (for 'denied'): 'no_grant' | 'bad_secret'
+-- outcome: 'acquired' | 'renewed' | 'released' (done) | 'held' (acquire: another holder's live tenure) |
+--          'not_held' (release, force_release: no live tenure of that epoch to end) | 'refused' (the presented
+--          tenure, or the role, may not do this; audited)
+-- reason (for 'refused'): 'no_grant' | 'bad_secret' | 'superseded' | 'expired' | 'released' | 'unknown_lease'
+--                         | 'future_epoch' | 'failover'; (for 'not_held'): the same loss reasons;
+--        (for 'released'): NULL, or 'expired' / 'failover' when the tenure had already ended that way
 -- secret: only with 'acquired': the tenure's secret, returned this once (64 hexadecimal characters).
 CREATE TYPE pgfence.lease_result AS (
     outcome       text,
@@ -391,9 +395,9 @@ CREATE TYPE pgfence.lease_result AS (
     secret        text
 );
 
--- outcome: 'ok' | 'stale' | 'not_found' | 'conflict' | 'denied'
--- reason  (for 'stale'): as in lease_result, or 'row_fence'; (for 'conflict'): the task's actual state;
---         (for 'denied'): 'no_grant' | 'bad_secret'
+-- outcome: 'ok' | 'refused' (not written, audited) | 'not_found' | 'conflict' (not written, not audited: business
+--          answers of a tenure that may write)
+-- reason  (for 'refused'): as in lease_result, or 'row_fence'; (for 'conflict'): the task's actual state
 CREATE TYPE pgfence.write_result AS (
     outcome        text,
     reason         text,
@@ -463,6 +467,14 @@ LANGUAGE sql IMMUTABLE AS $$
                          THEN 'epoch must be >= 1, got ' || coalesce(p_epoch::text, '<NULL>') END)
 $$;
 
+-- Why p_secret is not a tenure secret argument; NULL when it may be one. Only NULL is refused here (22023, nothing
+-- written): it is no value a client meant to send. Any other value is judged against the tenure's hash, and a
+-- wrong one is a refusal ('bad_secret', audited).
+CREATE FUNCTION pgfence._secret_problem(p_secret text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_secret IS NULL THEN 'invalid secret: the tenure''s secret is required, got <NULL>' END
+$$;
+
 -- Why a task payload is refused; NULL when it is not. A backstop for SQL callers. The Rust API refuses more
 -- than 1 MiB of serialized JSON before sending, which stays below this even for payloads that grow several
 -- times when stored as jsonb (arrays of small numbers).
@@ -490,6 +502,15 @@ DECLARE
 BEGIN
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
+
+CREATE FUNCTION pgfence._check_secret(p_secret text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_secret IS NULL THEN
+        RAISE EXCEPTION 'pgfence: %', pgfence._secret_problem(p_secret) USING ERRCODE = '22023';
     END IF;
 END;
 $$;
@@ -638,8 +659,8 @@ $$;
 -- above).
 
 -- Records p_count refusals (one, unless a caller aggregates its own: renew_many) in pgfence.rejections,
--- aggregated per the refused role (see the table), and returns the write_result: 'denied' for no_grant and
--- bad_secret, 'stale' otherwise. The row commits with the statement that called it.
+-- aggregated per the refused role (see the table), and returns the write_result 'refused' with the reason. The
+-- row commits with the statement that called it.
 -- What one role can make the audit grow by, whatever it presents (docs/security.md, "An audit nobody can bend"):
 --   * scope 'role': one row per reason;
 --   * scope 'tenure': only for a refusal that one of the lease's 16 newest tenures explains — an epoch that was
@@ -745,7 +766,7 @@ BEGIN
     IF p_may_wait AND previous IS NOT NULL AND previous > clock_timestamp() - interval '1 second' THEN
         PERFORM pg_sleep(0.01);
     END IF;
-    RETURN ROW(CASE WHEN p_reason IN ('no_grant', 'bad_secret') THEN 'denied' ELSE 'stale' END, p_reason,
+    RETURN ROW('refused', p_reason,
                CASE WHEN p_reason = 'no_grant' THEN NULL ELSE p_current_epoch END,
                CASE WHEN p_reason = 'no_grant' THEN NULL ELSE p_current_holder END,
                NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::pgfence.write_result;

@@ -183,7 +183,9 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Refuses a call of a role without a grant on the lease's cluster (p_operator: operator rights needed): records
--- it and returns the lease_result 'denied' / 'no_grant'; NULL when the role may go on.
+-- it and returns the lease_result 'refused' / 'no_grant'; NULL when the role may go on. Every role with a grant
+-- may execute every lease function (force_release included), so a missing right on a cluster is this one answer
+-- for every role: an application role calling force_release gets it as an operator of another cluster does.
 CREATE FUNCTION pgfence._deny_lease_call(p_lease text, p_epoch bigint, p_operation text,
                                          p_operator boolean DEFAULT false)
 RETURNS pgfence.lease_result
@@ -194,7 +196,7 @@ BEGIN
     END IF;
     PERFORM pgfence._reject(p_lease, coalesce(p_epoch, 0), NULL, NULL, 'no_grant', p_operation, NULL, NULL,
                             p_may_wait => true);
-    RETURN ROW('denied', 'no_grant', NULL, NULL, NULL, NULL)::pgfence.lease_result;
+    RETURN ROW('refused', 'no_grant', NULL, NULL, NULL, NULL)::pgfence.lease_result;
 END;
 $$;
 
@@ -299,11 +301,12 @@ BEGIN
 END;
 $$;
 
--- Renew: extends the expiry only while holder and epoch match, the lease has not expired and the tenure was
--- granted on the current timeline, and p_secret is the tenure's. It takes the row lock (bounded: it waits only
--- for a takeover or another renewal in flight) but never the guard lock, so it never waits for guarded writes.
--- A wrong secret is refused ('denied', 'bad_secret') and audited.
-CREATE FUNCTION pgfence.renew(p_lease text, p_holder text, p_epoch bigint, p_secret text, p_ttl_ms bigint)
+-- Renew: extends the expiry only while the epoch is current, the lease has not expired and the tenure was
+-- granted on the current timeline, and p_secret is the tenure's. The secret identifies the tenure (and so its
+-- holder, which never changes within an epoch): no holder is presented. It takes the row lock (bounded: it waits
+-- only for a takeover or another renewal in flight) but never the guard lock, so it never waits for guarded
+-- writes. Every other answer is 'refused' with the reason (the loss reasons, 'bad_secret' audited, 'no_grant').
+CREATE FUNCTION pgfence.renew(p_lease text, p_epoch bigint, p_secret text, p_ttl_ms bigint)
 RETURNS pgfence.lease_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -315,7 +318,7 @@ DECLARE
     denied pgfence.lease_result;
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, p_epoch);
-    PERFORM pgfence._check_text('holder', p_holder, 256);
+    PERFORM pgfence._check_secret(p_secret);
     PERFORM pgfence._check_ttl(p_ttl_ms);
     denied := pgfence._deny_lease_call(p_lease, p_epoch, 'renew');
     IF denied.outcome IS NOT NULL THEN
@@ -334,39 +337,39 @@ BEGIN
         -- Not the live tenure's secret: a loss stays the answer (epochs only grow, a released or expired tenure
         -- stays over; NULL: superseded between the two reads); a live tenure presented with a wrong secret is
         -- refused and audited.
-        why := pgfence._loss_reason(l, p_holder, p_epoch, clock_timestamp(), tl);
+        why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
         IF why IS NULL AND secret = 'bad' THEN
             PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'renew', NULL, NULL,
                                     p_may_wait => true);
-            RETURN ROW('denied', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
+            RETURN ROW('refused', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
         END IF;
-        RETURN ROW('lost', coalesce(why, 'superseded'), l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
+        RETURN ROW('refused', coalesce(why, 'superseded'), l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
     END IF;
 
     l := pgfence._lock_lease_row(p_lease);
     ts := clock_timestamp();
     -- Judged again on the locked row: a takeover may have committed while we waited. The secret was 'ok' for
     -- this epoch, and a tenure's secret never changes.
-    why := pgfence._loss_reason(l, p_holder, p_epoch, ts, tl);
+    why := pgfence._loss_reason(l, NULL, p_epoch, ts, tl);
     IF why IS NOT NULL THEN
-        RETURN ROW('lost', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
+        RETURN ROW('refused', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
     END IF;
     UPDATE pgfence.leases
        SET expires_at = ts + p_ttl_ms * interval '1 millisecond', renewed_at = ts, ttl_ms = p_ttl_ms
      WHERE name = p_lease;
-    RETURN ROW('renewed', NULL, p_epoch, p_holder, p_ttl_ms, NULL)::pgfence.lease_result;
+    RETURN ROW('renewed', NULL, p_epoch, l.holder, p_ttl_ms, NULL)::pgfence.lease_result;
 END;
 $$;
 
--- Renews many tenures of one holder in one statement: a process holding N leases (a sharded controller)
--- renews them all with one statement per tick. One row per input lease, in input order: 'renewed', 'lost'
--- (with the reason) or 'denied' ('no_grant' for a cluster the role has no grant on, 'bad_secret'). Every input
--- is checked as renew checks it (22023, nothing renewed), and a tenure listed twice gets the same answer twice.
+-- Renews many tenures in one statement: a process holding N leases (a sharded controller) renews them all with
+-- one statement per tick. One row per input lease, in input order: 'renewed' or 'refused' with the reason (as
+-- renew's: a loss reason, 'no_grant' for a cluster the role has no grant on, 'bad_secret'). Every input is
+-- checked as renew checks it (22023, nothing renewed: a NULL array or a NULL element of any of the three arrays
+-- too), and a tenure listed twice gets the same answer twice.
 -- As renew, it decides on an unlocked read first and locks only the rows of live tenures presented with their
 -- secret: a forged entry never holds a row. Refusals are audited once per (lease, epoch, reason) with their
 -- count, so a call is linear in its length however many entries repeat.
-CREATE FUNCTION pgfence.renew_many(p_leases text[], p_epochs bigint[], p_secrets text[], p_holder text,
-                                   p_ttl_ms bigint)
+CREATE FUNCTION pgfence.renew_many(p_leases text[], p_epochs bigint[], p_secrets text[], p_ttl_ms bigint)
 RETURNS TABLE (lease text, outcome text, reason text, epoch bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '10min' AS $$
 DECLARE
@@ -379,11 +382,15 @@ DECLARE
     r record;
     first boolean := true;
 BEGIN
-    PERFORM pgfence._check_text('holder', p_holder, 256);
     PERFORM pgfence._check_ttl(p_ttl_ms);
     IF p_leases IS NULL OR p_epochs IS NULL OR p_secrets IS NULL OR cardinality(p_leases) <> cardinality(p_epochs)
        OR cardinality(p_leases) <> cardinality(p_secrets) THEN
         RAISE EXCEPTION 'pgfence: renew_many needs as many epochs and secrets as leases' USING ERRCODE = '22023';
+    END IF;
+    -- A NULL secret is bad input, as renew's: 22023 before anything is written (not an audited bad_secret).
+    IF array_position(p_secrets, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: renew_many: secret % of %: %', array_position(p_secrets, NULL),
+            cardinality(p_secrets), pgfence._secret_problem(NULL) USING ERRCODE = '22023';
     END IF;
     PERFORM pgfence._check_lease_args(i.lease, i.epoch) FROM unnest(p_leases, p_epochs) AS i(lease, epoch);
     tl := pgfence._timeline();
@@ -397,7 +404,7 @@ BEGIN
     whys := ARRAY(
         SELECT CASE WHEN pgfence._cluster_of(i.lease) = ANY (refused) THEN 'no_grant'
                     WHEN s.secret = 'ok' THEN NULL
-                    ELSE coalesce(pgfence._loss_reason(l, p_holder, i.epoch, clock_timestamp(), tl),
+                    ELSE coalesce(pgfence._loss_reason(l, NULL, i.epoch, clock_timestamp(), tl),
                                   CASE s.secret WHEN 'bad' THEN 'bad_secret' ELSE 'superseded' END) END
           FROM unnest(p_leases, p_epochs, p_secrets) WITH ORDINALITY AS i(lease, epoch, secret, ord)
           LEFT JOIN pgfence.leases l ON l.name = i.lease
@@ -446,7 +453,7 @@ BEGIN
         -- secrets were 'ok' for these epochs, and a tenure's secret never changes); the others keep their
         -- unlocked judgment.
         SELECT i.lease, i.ord, l.epoch AS current_epoch,
-               coalesce(i.why, pgfence._loss_reason(l, p_holder, i.epoch, ts, tl)) AS why
+               coalesce(i.why, pgfence._loss_reason(l, NULL, i.epoch, ts, tl)) AS why
           FROM unnest(p_leases, p_epochs, whys) WITH ORDINALITY AS i(lease, epoch, why, ord)
           LEFT JOIN pgfence.leases l ON l.name = i.lease
     ), renewed AS (
@@ -460,8 +467,7 @@ BEGIN
     -- one lease (an old one it has not noticed is superseded, and the new one). The UPDATE runs whatever the
     -- outer query reads of it (a data-modifying CTE always runs to completion).
     SELECT j.lease,
-           CASE WHEN j.why IS NULL THEN 'renewed' WHEN j.why IN ('no_grant', 'bad_secret') THEN 'denied'
-                ELSE 'lost' END,
+           CASE WHEN j.why IS NULL THEN 'renewed' ELSE 'refused' END,
            j.why,
            CASE WHEN j.why = 'no_grant' THEN NULL ELSE j.current_epoch END
       FROM judged j
@@ -469,11 +475,12 @@ BEGIN
 END;
 $$;
 
--- Release: ends the tenure (holder, epoch) at once so a successor can acquire immediately. Idempotent, and it
--- never touches a successor's tenure: releasing an epoch that is no longer current is a no-op ('not_held').
--- It waits for the tenure's guarded writes in flight (at most the takeover grace, then ends them). Only the
--- tenure's secret ends it: a wrong one is refused ('denied', 'bad_secret') and audited.
-CREATE FUNCTION pgfence.release(p_lease text, p_holder text, p_epoch bigint, p_secret text)
+-- Release: ends the tenure (lease, epoch) at once so a successor can acquire immediately. Idempotent, and it
+-- never touches a successor's tenure: releasing an epoch that is no longer current is a no-op ('not_held', with
+-- the reason: nothing is left to end, so nothing is refused). It waits for the tenure's guarded writes in
+-- flight (at most the takeover grace, then ends them). Only the tenure's secret ends it (no holder is presented:
+-- the secret identifies the tenure): a wrong one is refused ('refused', 'bad_secret') and audited.
+CREATE FUNCTION pgfence.release(p_lease text, p_epoch bigint, p_secret text)
 RETURNS pgfence.lease_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -484,7 +491,7 @@ DECLARE
     denied pgfence.lease_result;
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, p_epoch);
-    PERFORM pgfence._check_text('holder', p_holder, 256);
+    PERFORM pgfence._check_secret(p_secret);
     denied := pgfence._deny_lease_call(p_lease, p_epoch, 'release');
     IF denied.outcome IS NOT NULL THEN
         RETURN denied;
@@ -492,7 +499,7 @@ BEGIN
     tl := pgfence._timeline();
 
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
-    why := pgfence._loss_reason(l, p_holder, p_epoch, clock_timestamp(), tl);
+    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
     IF why IS NOT NULL AND why NOT IN ('expired', 'failover') THEN
         RETURN ROW('not_held', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
     END IF;
@@ -500,16 +507,16 @@ BEGIN
     IF pgfence._secret_check(p_lease, p_epoch, p_secret) = 'bad' THEN
         PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'release', NULL, NULL,
                                 p_may_wait => true);
-        RETURN ROW('denied', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
+        RETURN ROW('refused', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
     END IF;
     l := pgfence._lock_lease_row(p_lease);
-    why := pgfence._loss_reason(l, p_holder, p_epoch, clock_timestamp(), tl);
+    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
     IF why IS NOT NULL AND why NOT IN ('expired', 'failover') THEN
         RETURN ROW('not_held', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
     END IF;
     IF pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok' THEN
         PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'release', NULL, NULL);
-        RETURN ROW('denied', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
+        RETURN ROW('refused', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
     END IF;
     PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
     ts := clock_timestamp();
@@ -524,13 +531,13 @@ BEGIN
     -- The payload is the lease's lock key, not its name: any role may LISTEN, and only roles that can read the
     -- lease row (a grant on its cluster) can tell which lease it is.
     PERFORM pg_notify('pgfence_lease_free', l.lock_key::text);
-    RETURN ROW('released', why, p_epoch, p_holder, 0, NULL)::pgfence.lease_result;
+    RETURN ROW('released', why, p_epoch, l.holder, 0, NULL)::pgfence.lease_result;
 END;
 $$;
 
 -- Operator override: ends whatever tenure is current so its epoch can no longer write. The epoch is kept (the
 -- next acquisition issues epoch + 1). Waits for the tenure's guarded writes in flight (at most the takeover
--- grace, then ends them). Needs operator rights on the lease's cluster ('denied' / 'no_grant' otherwise).
+-- grace, then ends them). Needs operator rights on the lease's cluster ('refused' / 'no_grant' otherwise).
 CREATE FUNCTION pgfence.force_release(p_lease text)
 RETURNS pgfence.lease_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -648,12 +655,13 @@ SELECT t.lease, t.epoch, t.holder, t.acquired_at, t.ended_at, t.end_reason,
 -- the holder's wall clock (UTC), as is p_sent_at, when the report was sent; the database adds its own clock
 -- at arrival. The tenure's secret authenticates the report, also after the tenure ended (pgfence.beliefs
 -- keeps its hash). The first report of each kind stands: a retry changes nothing.
--- Returns 'recorded', 'kept' (an earlier report of this kind stands), or a refusal, audited like a write's:
--- 'denied' with reason 'no_grant' or 'bad_secret' (an unknown tenure presents no valid secret either).
+-- Every argument is positional and required (NULL where it does not apply: the endpoint when unknown, the cause
+-- and detail of a start). Answers one row (outcome, reason): 'recorded', 'kept' (an earlier report of this kind
+-- stands), or 'refused', audited like a write's, with reason 'no_grant' or 'bad_secret' (an unknown tenure
+-- presents no valid secret either).
 CREATE FUNCTION pgfence.report_belief(p_lease text, p_epoch bigint, p_secret text, p_event text,
-                                      p_at timestamptz, p_sent_at timestamptz, p_endpoint text DEFAULT NULL,
-                                      p_cause text DEFAULT NULL, p_detail text DEFAULT NULL)
-RETURNS text
+                                      p_at timestamptz, p_sent_at timestamptz, p_endpoint text,
+                                      p_cause text, p_detail text, OUT outcome text, OUT reason text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '10min' AS $$
 DECLARE
     b pgfence.beliefs;
@@ -663,6 +671,7 @@ BEGIN
     -- Bounded: another report of the same tenure in an open transaction is waited for at most this long.
     PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
     PERFORM pgfence._check_lease_args(p_lease, p_epoch);
+    PERFORM pgfence._check_secret(p_secret);
     IF p_event IS NULL OR p_event NOT IN ('start', 'end') THEN
         RAISE EXCEPTION 'pgfence: invalid belief event: must be ''start'' or ''end'', got %',
             pgfence._printable(p_event) USING ERRCODE = '22023';
@@ -688,7 +697,8 @@ BEGIN
     IF NOT pgfence._may_use(pgfence._cluster_of(p_lease)) THEN
         PERFORM pgfence._reject(p_lease, p_epoch, NULL, NULL, 'no_grant', 'report_belief', NULL, NULL,
                                 p_may_wait => true);
-        RETURN 'denied:no_grant';
+        outcome := 'refused'; reason := 'no_grant';
+        RETURN;
     END IF;
     -- Decided before any lock, on an unlocked read (the hash never changes): a role without the tenure's
     -- secret never holds the belief row. A tenure that does not exist explains nothing: its refusal is
@@ -697,17 +707,20 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM pgfence._reject(p_lease, p_epoch, NULL, NULL, 'bad_secret', 'report_belief', NULL, NULL,
                                 p_may_wait => true, p_by_role => true);
-        RETURN 'denied:bad_secret';
+        outcome := 'refused'; reason := 'bad_secret';
+        RETURN;
     END IF;
     IF NOT pgfence._secret_matches(b.report_hash, p_secret) THEN
         PERFORM pgfence._reject(p_lease, p_epoch, NULL, NULL, 'bad_secret', 'report_belief', NULL, NULL,
                                 p_may_wait => true);
-        RETURN 'denied:bad_secret';
+        outcome := 'refused'; reason := 'bad_secret';
+        RETURN;
     END IF;
     SELECT * INTO b FROM pgfence.beliefs WHERE lease = p_lease AND epoch = p_epoch FOR NO KEY UPDATE;
     IF p_event = 'start' THEN
         IF b.start_received_at IS NOT NULL THEN
-            RETURN 'kept';
+            outcome := 'kept';
+            RETURN;
         END IF;
         UPDATE pgfence.beliefs
            SET believed_from = p_at, start_sent_at = p_sent_at, start_received_at = arrived,
@@ -715,14 +728,15 @@ BEGIN
          WHERE lease = p_lease AND epoch = p_epoch;
     ELSE
         IF b.end_received_at IS NOT NULL THEN
-            RETURN 'kept';
+            outcome := 'kept';
+            RETURN;
         END IF;
         UPDATE pgfence.beliefs
            SET believed_until = p_at, end_cause = p_cause, end_detail = p_detail, end_sent_at = p_sent_at,
                end_received_at = arrived
          WHERE lease = p_lease AND epoch = p_epoch;
     END IF;
-    RETURN 'recorded';
+    outcome := 'recorded';
 EXCEPTION WHEN lock_not_available THEN
     RAISE EXCEPTION 'pgfence: a belief report of lease % waited % ms for its row; blocked by %',
         pgfence._printable(p_lease), wait_ms, pgfence._describe_backends(pgfence._table_lockers())

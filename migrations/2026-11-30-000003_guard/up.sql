@@ -89,7 +89,7 @@ $$;
 -- Checks that the session's role may use p_lease's cluster, that p_epoch is the current, held, unexpired epoch
 -- of p_lease, granted on the current timeline, and that p_secret is its tenure's secret; and keeps the lease's
 -- guard lock SHARED until the end of the calling transaction, so no takeover can commit before the caller's
--- write. Returns NULL when all holds; otherwise records the refusal and returns the 'denied' or 'stale' result.
+-- write. Returns NULL when all holds; otherwise records the refusal and returns the 'refused' result.
 -- Needs READ COMMITTED (PF004 otherwise): under REPEATABLE READ or SERIALIZABLE the transaction's snapshot may
 -- predate a takeover that committed before the lock was granted.
 CREATE FUNCTION pgfence._guard(p_lease text, p_epoch bigint, p_secret text, p_operation text, p_table text,
@@ -205,24 +205,25 @@ END;
 $$;
 
 -- The guard for a caller's own transaction (the generic fenced transaction):
---   BEGIN; SELECT outcome FROM pgfence.fence('prod/scheduler', 7, '<secret>', 'rebalance');  -- 'ok', else no
+--   BEGIN; SELECT outcome FROM pgfence.fence('prod/scheduler', 7, '<secret>', 'rebalance', NULL, NULL);
 --   ... your writes, only if 'ok' ...; COMMIT;
--- On 'stale' or 'denied' the refusal row is already written: COMMIT (not ROLLBACK) to keep it. On 'ok' the
--- secret is also kept for the rest of the transaction (a transaction-local setting of this session), so raw
--- writes to pgfence.tasks and pgfence.task_events pass the raw-SQL enforcement.
-CREATE FUNCTION pgfence.fence(p_lease text, p_epoch bigint, p_secret text,
-                              p_operation text DEFAULT 'fenced_transaction', p_table text DEFAULT NULL,
-                              p_key text DEFAULT NULL)
+-- On 'refused' the refusal row is already written: COMMIT (not ROLLBACK) to keep it. On 'ok' the secret is also
+-- kept for the rest of the transaction (a transaction-local setting of this session), so raw writes to
+-- pgfence.tasks and pgfence.task_events pass the raw-SQL enforcement. Every argument is required (the operation
+-- label, the target table and key of the audit: NULL when there is none): no shorter argument list resolves to
+-- it, so a call written for an older signature fails (42883) instead of presenting a label as the secret.
+CREATE FUNCTION pgfence.fence(p_lease text, p_epoch bigint, p_secret text, p_operation text, p_table text,
+                              p_key text)
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     problem text;
     r pgfence.write_result;
 BEGIN
-    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND pgfence._plain_arg(p_operation, 64)
+    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND p_secret IS NOT NULL AND pgfence._plain_arg(p_operation, 64)
         AND pgfence._plain_arg(p_table, 64, p_optional => true)
         AND pgfence._plain_arg(p_key, 256, p_optional => true)) IS NOT TRUE THEN
-        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
+        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch), pgfence._secret_problem(p_secret),
                             pgfence._arg_problem('operation', p_operation, 64),
                             pgfence._arg_problem('target table', p_table, 64, p_optional => true),
                             pgfence._arg_problem('target key', p_key, 256, p_optional => true));

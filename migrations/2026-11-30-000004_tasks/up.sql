@@ -11,8 +11,8 @@ LANGUAGE sql IMMUTABLE AS $$
                t.version, p_created, p_event_id)::pgfence.write_result
 $$;
 
--- A guarded task UPDATE matched no row: tell apart a missing task, a row written by a newer epoch (stale,
--- audited) and a business-guard failure (conflict, not audited).
+-- A guarded task UPDATE matched no row: tell apart a missing task, a row written by a newer epoch (refused,
+-- 'row_fence', audited) and a business-guard failure (conflict, not audited).
 CREATE FUNCTION pgfence._explain_miss(p_lease text, p_epoch bigint, p_key text, p_operation text)
 RETURNS pgfence.write_result
 LANGUAGE plpgsql AS $$
@@ -45,10 +45,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
     problem text;
 BEGIN
-    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND pgfence._plain_arg(p_key, 256)
+    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND p_secret IS NOT NULL AND pgfence._plain_arg(p_key, 256)
         AND pgfence._plain_arg(p_text, p_max, p_optional => p_what IS NULL)
         AND pgfence._payload_problem(p_payload) IS NULL) IS NOT TRUE THEN
-        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch),
+        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch), pgfence._secret_problem(p_secret),
                             pgfence._arg_problem('task key', p_key, 256),
                             pgfence._arg_problem(p_what, p_text, p_max, p_optional => p_what IS NULL),
                             pgfence._payload_problem(p_payload));
@@ -60,9 +60,13 @@ BEGIN
 END;
 $$;
 
+-- Every task write takes (lease, epoch, secret) first and all its arguments without defaults (a NULL payload is
+-- '{}'): an argument list of an older signature matches none of them and fails (42883) instead of binding the
+-- task key to the secret.
+
 -- Creates a pending task and its 'created' event, idempotent by (lease, key): a retry returns the existing
 -- task with created = false and adds no event.
-CREATE FUNCTION pgfence.create_task(p_lease text, p_epoch bigint, p_secret text, p_key text, p_payload jsonb DEFAULT '{}')
+CREATE FUNCTION pgfence.create_task(p_lease text, p_epoch bigint, p_secret text, p_key text, p_payload jsonb)
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -119,7 +123,7 @@ $$;
 
 -- Moves a task from p_from to p_to (the business guard) and records the event p_kind with p_payload.
 CREATE FUNCTION pgfence.transition_task(p_lease text, p_epoch bigint, p_secret text, p_key text, p_from text,
-                                        p_to text, p_payload jsonb DEFAULT '{}')
+                                        p_to text, p_payload jsonb)
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -156,7 +160,7 @@ $$;
 -- Appends an event to a task. The task row is fenced too (fence raised to p_epoch), so an older epoch can
 -- never write this task again.
 CREATE FUNCTION pgfence.append_event(p_lease text, p_epoch bigint, p_secret text, p_key text, p_kind text,
-                                     p_payload jsonb DEFAULT '{}')
+                                     p_payload jsonb)
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE

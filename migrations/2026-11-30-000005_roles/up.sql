@@ -173,10 +173,12 @@ CREATE TRIGGER trusted_writes_truncate BEFORE TRUNCATE ON pgfence.rejections
 -- Privileges. Everything belongs to the role that ran the migration (the owner). Nothing is granted to
 -- PUBLIC. pgfence.grant_application records a grant per cluster in pgfence.grants and gives the role, once,
 -- EXECUTE on the lease and guarded-write functions (SECURITY DEFINER, search_path pinned: they act as the owner,
--- and check the grant per call) and SELECT on the tables (filtered by row-level security) — and no INSERT,
--- UPDATE, DELETE or TRUNCATE on any of them, so the functions are its only write path. pgfence.grant_operator
--- adds force_release (per cluster) and, for every-cluster operators only, set_enforcement, prune_rejections
--- and set_takeover_grace.
+-- and check the grant per call; force_release too, which refuses ('refused' / 'no_grant', audited) a role
+-- without operator rights on the lease's cluster, as it does an operator of another cluster) and SELECT on the
+-- tables (filtered by row-level security) — and no INSERT, UPDATE, DELETE or TRUNCATE on any of them, so the
+-- functions are its only write path. pgfence.grant_operator adds set_enforcement, prune_rejections and
+-- set_takeover_grace, which are instance-wide: they raise 42501 unless the role is an every-cluster operator,
+-- the same error PostgreSQL raises for a role without EXECUTE on them.
 
 REVOKE ALL ON ALL TABLES IN SCHEMA pgfence FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA pgfence FROM PUBLIC;
@@ -198,9 +200,12 @@ LANGUAGE sql STABLE AS $$
                         'pgfence.tenure_history']::regclass[]) AS t(o)
     UNION ALL
     SELECT 'FUNCTION', f.o, 'EXECUTE', false
-      FROM unnest(ARRAY['pgfence.acquire(text, text, bigint)', 'pgfence.renew(text, text, bigint, text, bigint)',
-                        'pgfence.renew_many(text[], bigint[], text[], text, bigint)',
-                        'pgfence.release(text, text, bigint, text)',
+      FROM unnest(ARRAY['pgfence.acquire(text, text, bigint)', 'pgfence.renew(text, bigint, text, bigint)',
+                        'pgfence.renew_many(text[], bigint[], text[], bigint)',
+                        'pgfence.release(text, bigint, text)',
+                        -- Judged per cluster by the function itself ('refused' / 'no_grant' without operator
+                        -- rights there), so that a missing right on a cluster is one answer for every role.
+                        'pgfence.force_release(text)',
                         'pgfence.fence(text, bigint, text, text, text, text)',
                         'pgfence.create_task(text, bigint, text, text, jsonb)',
                         'pgfence.claim_task(text, bigint, text, text, text)',
@@ -214,7 +219,7 @@ LANGUAGE sql STABLE AS $$
                         'pgfence._lease_problem(text)']::regprocedure[]) AS f(o)
     UNION ALL
     SELECT 'FUNCTION', f.o, 'EXECUTE', true
-      FROM unnest(ARRAY['pgfence.force_release(text)', 'pgfence.set_enforcement(boolean, text)',
+      FROM unnest(ARRAY['pgfence.set_enforcement(boolean, text)',
                         'pgfence.prune_rejections(interval, integer)',
                         'pgfence.set_takeover_grace(interval)']::regprocedure[]) AS f(o)
 $$;

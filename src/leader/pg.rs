@@ -17,7 +17,7 @@ use super::supervisor::BoxFuture;
 use super::{Elector, METRIC_RENEW_DURATION};
 use crate::error::{DenyReason, Error, Result};
 use crate::lease::{Lease, Released};
-use crate::reply::{deny_reason, loss_reason, unexpected, RowsOf};
+use crate::reply::{deny_reason, is_denial, loss_reason, unexpected, RowsOf};
 use crate::store::{Checked, Store};
 use crate::types::LossReason;
 
@@ -226,8 +226,8 @@ mod sql {
 
     diesel::define_sql_function! {
         #[sql_name = "pgfence.renew_many"]
-        fn renew_many(leases: Array<Text>, epochs: Array<BigInt>, secrets: Array<Text>, holder: Text,
-                      ttl_ms: BigInt) -> RenewManyResult;
+        fn renew_many(leases: Array<Text>, epochs: Array<BigInt>, secrets: Array<Text>, ttl_ms: BigInt)
+            -> RenewManyResult;
     }
 }
 
@@ -247,9 +247,10 @@ struct RenewManyRow {
 enum Renewal {
     /// `renewed`.
     Renewed,
-    /// `lost`, with the reason.
+    /// `refused`, with a loss reason.
     Lost(LossReason),
-    /// `denied`: the role has no grant on the lease's cluster, or the secret is not the tenure's.
+    /// `refused` with `no_grant` or `bad_secret`: the role has no grant on the lease's cluster, or the secret is
+    /// not the tenure's.
     Denied(DenyReason),
 }
 
@@ -259,8 +260,10 @@ impl RenewManyRow {
         const FUNCTION: &str = "renew_many";
         let renewal = match self.outcome.as_deref() {
             Some("renewed") => Renewal::Renewed,
-            Some("lost") => Renewal::Lost(loss_reason(FUNCTION, self.reason.as_deref())?),
-            Some("denied") => Renewal::Denied(deny_reason(FUNCTION, self.reason.as_deref())?),
+            Some("refused") if is_denial(self.reason.as_deref()) => {
+                Renewal::Denied(deny_reason(FUNCTION, self.reason.as_deref())?)
+            }
+            Some("refused") => Renewal::Lost(loss_reason(FUNCTION, self.reason.as_deref())?),
             Some(other) => return Err(unexpected(FUNCTION, &format!("outcome {other}"))),
             None => return Err(unexpected(FUNCTION, "outcome missing")),
         };
@@ -371,7 +374,6 @@ impl RenewalConnection {
             names,
             epochs,
             secrets,
-            key.holder.clone(),
             key.ttl.as_millis() as i64,
         ));
         let conn: &mut AsyncPgConnection = match &mut lent {
@@ -696,19 +698,21 @@ mod tests {
             ("c/l".to_owned(), Renewal::Renewed)
         );
         assert_eq!(
-            row(Some("lost"), Some("superseded")).decode().unwrap().1,
+            row(Some("refused"), Some("superseded")).decode().unwrap().1,
             Renewal::Lost(LossReason::Superseded)
         );
         assert_eq!(
-            row(Some("denied"), Some("no_grant")).decode().unwrap().1,
+            row(Some("refused"), Some("no_grant")).decode().unwrap().1,
             Renewal::Denied(DenyReason::NoGrant)
         );
         for (outcome, reason) in [
             (Some("extended"), None),
             (None, None),
-            (Some("lost"), None),
-            (Some("lost"), Some("eclipsed")),
-            (Some("denied"), Some("superseded")),
+            (Some("refused"), None),
+            (Some("refused"), Some("eclipsed")),
+            // The outcomes of the surface before refusals had one name are unknown now.
+            (Some("lost"), Some("superseded")),
+            (Some("denied"), Some("no_grant")),
         ] {
             assert!(
                 row(outcome, reason).decode().is_err(),

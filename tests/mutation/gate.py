@@ -61,7 +61,7 @@ class Mutation:
 
 # The suites that are modules of the shared test binary tests/suite.rs (see Cargo.toml's [[test]] targets).
 SUITE_MODULES = {"guard", "lease", "store", "privileges", "trust", "sqlstate", "hostile", "multihost", "embedded",
-                 "tls", "takeover", "standby", "migrations", "overlap", "hardening", "layout"}
+                 "tls", "takeover", "standby", "migrations", "overlap", "hardening", "layout", "regress"}
 
 
 def cargo_test(test: str, *filters: str) -> tuple[str, list[str]]:
@@ -294,8 +294,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "renew-ignores-expiry",
         "a renewal extends a tenure whose ttl already ran out by the database clock",
-        [Edit("sql:renew", "why := pgfence._loss_reason(l, p_holder, p_epoch, ts, tl);",
-              "why := pgfence._loss_reason(l, p_holder, p_epoch, '-infinity', tl);")],
+        [Edit("sql:renew", "why := pgfence._loss_reason(l, NULL, p_epoch, ts, tl);",
+              "why := pgfence._loss_reason(l, NULL, p_epoch, '-infinity', tl);")],
         [cargo_test("lease")],
     ),
     Mutation(
@@ -436,6 +436,19 @@ MUTATIONS: list[Mutation] = [
         [Edit("sql:_trusted_writes_only", "    IF pgfence._trusted(session_user) THEN",
               "    IF true THEN")],
         [cargo_test("hardening", "harden_repairs_a_careless_grant_all")],
+    ),
+    Mutation(
+        "old-argument-list-resolves",
+        "create_task's payload has a default again, so the old call create_task(lease, epoch, key, payload) "
+        "resolves with the key as the secret and is audited as a forgery instead of failing",
+        [Edit("sql:create_task", "p_key text, p_payload jsonb)", "p_key text, p_payload jsonb DEFAULT '{}')")],
+        [cargo_test("regress", "the_sql_surface_answers_as_recorded")],
+    ),
+    Mutation(
+        "null-secret-element-audited",
+        "a NULL element of renew_many's secrets is judged (an audited bad_secret) instead of refused as bad input",
+        [Edit("sql:renew_many", "    IF array_position(p_secrets, NULL) IS NOT NULL THEN", "    IF false THEN")],
+        [cargo_test("regress", "the_sql_surface_answers_as_recorded")],
     ),
     Mutation(
         "review-certain-at-the-latest-placement",

@@ -307,7 +307,7 @@ BEGIN
     IF l.epoch = p_epoch AND l.state = 'held' AND l.expires_at > clock_timestamp() THEN
         RETURN 'ok';
     END IF;
-    RETURN 'stale';
+    RETURN 'refused';
 END;
 $$;",
         last = rows - 1

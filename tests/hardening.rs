@@ -268,6 +268,164 @@ async fn the_label_cap_holds_under_concurrent_refusals() {
     }
 }
 
+/// Rows of one tenure of one role: (reason, operation, slot, count).
+async fn tenure_rows(
+    db: &TestDb,
+    role: &str,
+    lease: &str,
+    epoch: i64,
+) -> Vec<(String, String, i16, i64)> {
+    db.client()
+        .await
+        .query(
+            "SELECT reason, operation, slot, count FROM pgfence.rejections \
+              WHERE role = $1::text::name AND scope = 'tenure' AND lease = $2 AND presented_epoch = $3 \
+              ORDER BY slot",
+            &[&role, &lease, &epoch],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect()
+}
+
+/// The audit counts each reason apart: a forgery is never counted as a stale write, nor a stale write as a
+/// forgery, also when both name the same (role, lease, epoch, operation) — first one after the other (forged
+/// fences of a live tenure, then fences of it once superseded), then under concurrency: four connections of one
+/// role, released together by a barrier, refuse each of 8 expired tenures under 20 labels of their own and the
+/// label `release` (expired), and send forged releases of it (bad secret, operation `release`). Each tenure's
+/// counts per reason are exact (24 expired, 4 bad secret), 16 rows take the 16 places of its (operation,
+/// reason) pairs, and the rest is counted under `other`, one row per reason: 17 or 18 rows, never more than
+/// 16 + 2. Fails on rows shared between reasons (the old audit: the first refusal's reason took the others'
+/// counts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_counts_each_reason_apart_under_concurrent_refusals() {
+    let (db, store, lease, attacker, _) = holder_and_attacker().await;
+    let forged = "f".repeat(64);
+    let client = client_as(&db, &attacker).await;
+    let fence = "SELECT reason FROM pgfence.fence(p_lease => $1, p_epoch => $2, p_secret => $3, p_operation => $4)";
+    let epoch = lease.epoch().get();
+    for _ in 0..3 {
+        let reason: Option<String> = client
+            .query_one(fence, &[&"ta/x", &epoch, &forged, &"x"])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(reason.as_deref(), Some("bad_secret"));
+    }
+    store.acquire("x", "a-ctrl", TTL).await.unwrap();
+    for _ in 0..2 {
+        let reason: Option<String> = client
+            .query_one(fence, &[&"ta/x", &epoch, &forged, &"x"])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(reason.as_deref(), Some("superseded"));
+    }
+    let rows = tenure_rows(&db, &attacker, "ta/x", epoch).await;
+    let mut counts: Vec<(&str, &str, i64)> = rows
+        .iter()
+        .map(|r| (r.0.as_str(), r.1.as_str(), r.3))
+        .collect();
+    counts.sort();
+    assert_eq!(
+        counts,
+        [("bad_secret", "x", 3), ("superseded", "x", 2)],
+        "{rows:?}"
+    );
+
+    const TENURES: usize = 8;
+    const WRITERS: usize = 4;
+    for t in 0..TENURES {
+        store
+            .acquire(&format!("mix-{t}"), "a-ctrl", Duration::from_millis(100))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(WRITERS));
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let (db, attacker, barrier, forged) = (
+            db.clone(),
+            attacker.clone(),
+            barrier.clone(),
+            forged.clone(),
+        );
+        writers.push(tokio::spawn(async move {
+            let client = client_as(&db, &attacker).await;
+            let fence = client
+                .prepare(
+                    "SELECT reason FROM pgfence.fence(p_lease => $1, p_epoch => 1, p_secret => $2, p_operation => $3)",
+                )
+                .await
+                .unwrap();
+            let release = client
+                .prepare(
+                    "SELECT reason FROM pgfence.release(p_lease => $1, p_holder => 'a-ctrl', p_epoch => 1, \
+                     p_secret => $2)",
+                )
+                .await
+                .unwrap();
+            for t in 0..TENURES {
+                let lease = format!("ta/mix-{t}");
+                barrier.wait().await;
+                for label in 0..6 {
+                    let label = if label == 5 { "release".to_owned() } else { format!("label-{w}-{label}") };
+                    let reason: Option<String> =
+                        client.query_one(&fence, &[&lease, &forged, &label]).await.unwrap().get(0);
+                    assert_eq!(reason.as_deref(), Some("expired"), "{lease} {label}");
+                    if label == "release" || w % 2 == 0 {
+                        let reason: Option<String> =
+                            client.query_one(&release, &[&lease, &forged]).await.unwrap().get(0);
+                        assert_eq!(reason.as_deref(), Some("bad_secret"), "{lease}");
+                    }
+                }
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    // Per tenure: 4 × 6 expired fences; forged releases: 1 per writer, and 5 more per even writer.
+    let forgeries = (WRITERS + WRITERS / 2 * 5) as i64;
+    for t in 0..TENURES {
+        let lease = format!("ta/mix-{t}");
+        let rows = tenure_rows(&db, &attacker, &lease, 1).await;
+        let sum = |reason: &str| {
+            rows.iter()
+                .filter(|r| r.0 == reason)
+                .map(|r| r.3)
+                .sum::<i64>()
+        };
+        assert_eq!(
+            (sum("expired"), sum("bad_secret")),
+            (WRITERS as i64 * 6, forgeries),
+            "{lease}: {rows:?}"
+        );
+        assert!(
+            (17..=18).contains(&rows.len()),
+            "{lease}: {} rows: {rows:?}",
+            rows.len()
+        );
+        assert_eq!(
+            rows.iter().filter(|r| r.2 < 16).count(),
+            16,
+            "{lease}: {rows:?}"
+        );
+        for reason in ["expired", "bad_secret"] {
+            assert!(
+                rows.iter()
+                    .filter(|r| r.0 == reason && r.1 == "other")
+                    .count()
+                    <= 1,
+                "{lease}: {rows:?}"
+            );
+        }
+    }
+}
+
 /// Concurrent first refusals of one tenure never deadlock: six connections of one role, released together by a
 /// barrier, are refused on a tenure with no audit row yet, three of them under one operation label and three
 /// under labels of their own (so they race for the row of a label and for the places of new labels at once),
@@ -322,6 +480,139 @@ async fn concurrent_first_refusals_of_a_tenure_never_deadlock() {
             "{lease}: {of:?}"
         );
     }
+}
+
+/// Refusals that no tenure explains are role rows, from every audited function: one role sends, 20 times each
+/// and every time under a new name or epoch, fences and the four task writes of leases that do not exist (the
+/// library's calls), renewals, releases and belief reports of them (SQL), fences and belief reports of epochs
+/// never issued of a live lease, every call of a cluster it has no grant on, and raw task INSERTs (enforcement
+/// in audit mode) of both kinds.
+/// The audit then holds no tenure row of that role and one role row per reason, whose counts are every refusal
+/// audited (renewals and releases of unknown leases are answered `lost` and `not_held`, not audited). Fails on
+/// refusals aggregated per lease (the issue's `report_belief` flood: a tenure row per bogus name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_audited_function_keeps_refusals_no_tenure_explains_in_role_rows() {
+    let (db, _store, lease, attacker, _) = holder_and_attacker().await;
+    let owner = db.store("ta").await;
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "GRANT USAGE ON SCHEMA pgfence TO {attacker}; GRANT SELECT, INSERT ON pgfence.tasks TO {attacker}"
+        ))
+        .await
+        .unwrap();
+    owner
+        .set_enforcement(pgfence::Enforcement::Audit)
+        .await
+        .unwrap();
+    let attacker_store = store_as(&db, &attacker, "ta").await;
+    let client = client_as(&db, &attacker).await;
+    let forged = "f".repeat(64);
+    let payload = serde_json::json!({});
+    let x_epoch = lease.epoch().get();
+    let mut audited = 0i64;
+    let refused = |result: Result<(), pgfence::Error>, what: &str| match result {
+        Err(pgfence::Error::Stale { .. } | pgfence::Error::Denied { .. }) => 1,
+        other => panic!("{what}: {other:?}"),
+    };
+    for i in 0..20i64 {
+        for lease in [format!("ta/bogus-{i}"), format!("zz/bogus-{i}")] {
+            let fence = common::forged_fence(&lease, 1);
+            audited += refused(
+                attacker_store
+                    .fenced(&fence, "flood", async |_conn| Ok::<(), pgfence::Error>(()))
+                    .await,
+                "fenced",
+            );
+            audited += refused(
+                attacker_store
+                    .create_task(&fence, "k", &payload)
+                    .await
+                    .map(drop),
+                "create",
+            );
+            audited += refused(
+                attacker_store.claim_task(&fence, "k", "w").await.map(drop),
+                "claim",
+            );
+            audited += refused(
+                attacker_store
+                    .transition_task(
+                        &fence,
+                        "k",
+                        pgfence::TaskState::Pending,
+                        pgfence::TaskState::Running,
+                        &payload,
+                    )
+                    .await
+                    .map(drop),
+                "transition",
+            );
+            audited += refused(
+                attacker_store
+                    .append_event(&fence, "k", "note", &payload)
+                    .await
+                    .map(drop),
+                "append",
+            );
+            let ungranted = lease.starts_with("zz/");
+            for sql in [
+                "SELECT reason FROM pgfence.renew(p_lease => $1, p_holder => 'a-ctrl', p_epoch => 1, \
+                 p_secret => $2, p_ttl_ms => 60000)",
+                "SELECT reason FROM pgfence.release(p_lease => $1, p_holder => 'a-ctrl', p_epoch => 1, p_secret => $2)",
+                "SELECT reason FROM pgfence.renew_many(p_leases => ARRAY[$1], p_epochs => ARRAY[1::bigint], \
+                 p_secrets => ARRAY[$2], p_holder => 'a-ctrl', p_ttl_ms => 60000)",
+                "SELECT pgfence.report_belief(p_lease => $1, p_epoch => 1, p_secret => $2, p_event => 'start', \
+                 p_at => now(), p_sent_at => now())",
+            ] {
+                client.query_one(sql, &[&lease, &forged]).await.unwrap();
+                if ungranted || sql.contains("report_belief") {
+                    audited += 1;
+                }
+            }
+            let raw = client
+                .execute(
+                    "INSERT INTO pgfence.tasks (lease, key, state, fence) VALUES ($1, 'k', 'pending', 1)",
+                    &[&lease],
+                )
+                .await
+                .unwrap();
+            assert_eq!(raw, 0, "the raw insert of {lease} was skipped");
+            audited += 1;
+        }
+        let future = common::forged_fence("ta/x", x_epoch + 1 + i);
+        audited += refused(
+            attacker_store
+                .fenced(&future, "flood", async |_conn| Ok::<(), pgfence::Error>(()))
+                .await,
+            "fenced, future epoch",
+        );
+        client
+            .query_one(
+                "SELECT pgfence.report_belief(p_lease => 'ta/x', p_epoch => $1, p_secret => $2, p_event => 'start', \
+                 p_at => now(), p_sent_at => now())",
+                &[&(x_epoch + 1 + i), &forged],
+            )
+            .await
+            .unwrap();
+        audited += 1;
+    }
+    let rows = audit_of(&db, &attacker).await;
+    let tenure: Vec<_> = rows.iter().filter(|r| r.0 != "role").collect();
+    assert!(
+        tenure.is_empty(),
+        "{} tenure rows, the first: {:?}",
+        tenure.len(),
+        tenure.first()
+    );
+    let mut reasons: Vec<&str> = rows.iter().map(|r| r.3.as_str()).collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        ["bad_secret", "future_epoch", "no_grant", "unknown_lease"],
+        "{rows:?}"
+    );
+    assert_eq!(rows.iter().map(|r| r.5).sum::<i64>(), audited, "{rows:?}");
 }
 
 /// The audit is bounded per role whatever it is flooded with: four connections of one role send 100,000

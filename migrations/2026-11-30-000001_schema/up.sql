@@ -270,13 +270,19 @@ CREATE TABLE pgfence.beliefs (
     FOREIGN KEY (lease, epoch) REFERENCES pgfence.tenures (lease, epoch)
 );
 
--- The last accepted guarded write of each tenure, per database session (backend): the guard marks the first
--- write it accepts in each second (database clock), and a session setting (pgfence.write_mark) remembers the
--- last mark, so the session's other writes of that second pay one comparison. So the last write a tenure
--- had accepted is at most one second (and the guard's run time) after its latest mark. The mark is written
--- in the writer's transaction: a write rolled back leaves no mark (and its session setting is rolled back
--- with it). Writes of an epoch can only commit before a successor's acquisition (the guard lock), so these
--- rows are final once it committed.
+-- The last admitted guarded write of each tenure, per database session (backend), for the writes pgfence
+-- cannot see itself: pgfence.fence (a fenced transaction, Store::guarded_write's statement, the SQL guard)
+-- marks the first write it admits in each second (database clock, read after the guard admitted it), and a
+-- session setting (pgfence.write_mark) remembers the last mark, so the session's other writes of that second
+-- pay one comparison. So the last write a tenure had admitted is at most one second after its latest mark.
+-- What a mark stands for: a committed transaction whose guard admitted a write of the tenure. The mark is
+-- written in the writer's transaction, so a transaction rolled back leaves none (its session setting is rolled
+-- back with it); but the database cannot see what a fenced transaction or a guarded statement then wrote, so
+-- one that committed having changed no row (a guarded_write whose WHERE matched nothing) leaves a mark all the
+-- same: a mark may be later than the tenure's last changed row, never earlier. The task functions never mark:
+-- every task write that writes appends an event (exact), and one that writes nothing (not_found, conflict, a
+-- row_fence refusal, a create_task retry that found its task) leaves neither. Writes of an epoch can only
+-- commit before a successor's acquisition (the guard lock), so these rows are final once it committed.
 CREATE TABLE pgfence.write_marks (
     lease   text NOT NULL,
     epoch   bigint NOT NULL,

@@ -13,6 +13,10 @@ use pgfence::{Lease, Store};
 
 const TTL: Duration = Duration::from_secs(60);
 
+/// The audit's bound per (role, lease, presented epoch) (docs/security.md): 16 (operation, reason) pairs and an
+/// `other` row for each of the 10 reasons a tenure explains.
+const PER_TENURE: usize = 16 + 10;
+
 /// How long a forged call left open may delay the holder at most.
 const HOLDER_DELAY: Duration = Duration::from_millis(50);
 
@@ -619,10 +623,10 @@ async fn every_audited_function_keeps_refusals_no_tenure_explains_in_role_rows()
 /// refusals each — forged secrets and leases of a cluster it has no grant on through `renew_many` (2,000 a
 /// call), and distinct presented epochs (real old tenures, epochs never issued in a failover-sized jump,
 /// future ones), operation labels, bogus lease names and bogus belief reports through `fence`, `renew` and
-/// `report_belief` — and the audit ends with at most 16 × 17 tenure rows per lease and one role row per
-/// reason, whose counts add up to every refusal sent. `renew_many` stays linear in its length. Fails on a
-/// tenure row per presented epoch (the old rule), and on renew_many's one audit call per entry (its 2,000
-/// entries took seconds).
+/// `report_belief` — and the audit ends with at most 26 tenure rows per (lease, epoch) and 16 × 26 per lease
+/// (the bound of docs/security.md) and one role row per reason, whose counts add up to every refusal sent.
+/// `renew_many` stays linear in its length. Fails on a tenure row per presented epoch (the old rule), and on
+/// renew_many's one audit call per entry (its 2,000 entries took seconds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_audit_is_bounded_per_role_whatever_the_flood() {
     let (db, store, lease, attacker, _) = holder_and_attacker().await;
@@ -715,14 +719,25 @@ async fn the_audit_is_bounded_per_role_whatever_the_flood() {
     };
     for lease in ["ta/x", "ta/many", "ta/jump"] {
         assert!(
-            tenure_rows_per_lease(lease) <= 16 * 17,
+            tenure_rows_per_lease(lease) <= 16 * PER_TENURE,
             "{lease}: {} tenure rows",
             tenure_rows_per_lease(lease)
         );
     }
+    let mut per_tenure = std::collections::HashMap::new();
+    for r in rows.iter().filter(|r| r.0 == "tenure") {
+        *per_tenure.entry((r.1.as_str(), r.2)).or_insert(0) += 1;
+    }
+    assert!(
+        per_tenure.values().all(|n| *n <= PER_TENURE),
+        "{per_tenure:?}"
+    );
     // Epochs never issued (the jump's gap) and tenures older than the lease's 16 newest get no tenure row: only
     // ta/jump's two real tenures and ta/many's epochs 5 to 19 (of 20) can have them.
-    assert!(tenure_rows_per_lease("ta/jump") <= 2 * 17, "{rows:?}");
+    assert!(
+        tenure_rows_per_lease("ta/jump") <= 2 * PER_TENURE,
+        "{rows:?}"
+    );
     assert!(
         rows.iter()
             .all(|r| !(r.0 == "tenure" && r.1 == "ta/many" && r.2 < 5)),
@@ -736,7 +751,11 @@ async fn the_audit_is_bounded_per_role_whatever_the_flood() {
         role_rows.len(),
         "one role row per reason: {role_rows:?}"
     );
-    assert!(rows.len() <= 3 * 16 * 17 + 8, "{} rows", rows.len());
+    assert!(
+        rows.len() <= 3 * 16 * PER_TENURE + 13,
+        "{} rows",
+        rows.len()
+    );
     assert!(
         counted <= sent && counted >= 4 * (PER_CONNECTION - 20_000),
         "counted {counted} of {sent}"

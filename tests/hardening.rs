@@ -372,26 +372,41 @@ async fn the_audit_counts_each_reason_apart_under_concurrent_refusals() {
                 )
                 .await
                 .unwrap();
+            // A failure is collected, not raised: a writer that stopped would leave the others at the barrier.
+            let mut failures = Vec::new();
+            let mut expect = async |statement, params: &[&(dyn tokio_postgres::types::ToSql + Sync)], want| {
+                match client.query_one(statement, params).await {
+                    Ok(row) if row.get::<_, Option<String>>(0).as_deref() == Some(want) => {}
+                    Ok(row) => failures.push(format!("{want}: {:?}", row.get::<_, Option<String>>(0))),
+                    Err(e) => failures.push(format!("{want}: {e:?}")),
+                }
+            };
             for t in 0..TENURES {
                 let lease = format!("ta/mix-{t}");
                 barrier.wait().await;
                 for label in 0..6 {
-                    let label = if label == 5 { "release".to_owned() } else { format!("label-{w}-{label}") };
-                    let reason: Option<String> =
-                        client.query_one(&fence, &[&lease, &forged, &label]).await.unwrap().get(0);
-                    assert_eq!(reason.as_deref(), Some("expired"), "{lease} {label}");
+                    let label = match label {
+                        5 => "release".to_owned(),
+                        _ => format!("label-{w}-{label}"),
+                    };
+                    expect(&fence, &[&lease, &forged, &label], "expired").await;
                     if label == "release" || w % 2 == 0 {
-                        let reason: Option<String> =
-                            client.query_one(&release, &[&lease, &forged]).await.unwrap().get(0);
-                        assert_eq!(reason.as_deref(), Some("bad_secret"), "{lease}");
+                        expect(&release, &[&lease, &forged], "bad_secret").await;
                     }
                 }
             }
+            failures
         }));
     }
+    let mut failures = Vec::new();
     for w in writers {
-        w.await.unwrap();
+        failures.extend(w.await.unwrap());
     }
+    assert!(
+        failures.is_empty(),
+        "{} calls failed: {failures:?}",
+        failures.len()
+    );
     // Per tenure: 4 × 6 expired fences; forged releases: 1 per writer, and 5 more per even writer.
     let forgeries = (WRITERS + WRITERS / 2 * 5) as i64;
     for t in 0..TENURES {
@@ -459,20 +474,34 @@ async fn concurrent_first_refusals_of_a_tenure_never_deadlock() {
             } else {
                 format!("own-{w}")
             };
+            // A failure is collected, not raised: a writer that stopped would leave the others at the barrier.
+            let mut failures = Vec::new();
             for t in 0..TENURES {
                 barrier.wait().await;
-                let outcome: String = client
+                match client
                     .query_one(&fence, &[&format!("ta/dl-{t}"), &label])
                     .await
-                    .unwrap_or_else(|e| panic!("tenure {t}, writer {w}: {e:?}"))
-                    .get(0);
-                assert_eq!(outcome, "stale");
+                {
+                    Ok(row) if row.get::<_, String>(0) == "stale" => {}
+                    Ok(row) => failures.push(format!(
+                        "tenure {t}, writer {w}: {:?}",
+                        row.get::<_, String>(0)
+                    )),
+                    Err(e) => failures.push(format!("tenure {t}, writer {w}: {e:?}")),
+                }
             }
+            failures
         }));
     }
+    let mut failures = Vec::new();
     for w in writers {
-        w.await.unwrap();
+        failures.extend(w.await.unwrap());
     }
+    assert!(
+        failures.is_empty(),
+        "{} calls failed: {failures:?}",
+        failures.len()
+    );
     let rows = audit_of(&db, &attacker).await;
     for t in 0..TENURES {
         let lease = format!("ta/dl-{t}");

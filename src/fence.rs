@@ -471,8 +471,9 @@ impl WriteOutcome {
 }
 
 /// A row of `pgfence.rejections`: refusals the database aggregated under one refused role — per (lease,
-/// presented epoch, operation) for scope `tenure`, per reason for scope `role` (see the table's comment in the
-/// migration).
+/// presented epoch, operation, reason) for scope `tenure` (beyond 16 (operation, reason) pairs of a tenure, per
+/// reason under the operation `other`), per reason for scope `role` (see the table's comment in the migration).
+/// Either way one row counts one reason only.
 #[derive(Debug, Clone, Serialize, Deserialize, QueryableByName)]
 #[non_exhaustive]
 pub struct Rejection {
@@ -513,13 +514,13 @@ pub struct Rejection {
     /// The key of the targeted row, when known.
     #[diesel(sql_type = Nullable<Text>)]
     pub target_key: Option<String>,
-    /// When the database first refused this (lease, presented epoch, operation) (database clock, UTC).
+    /// When the database first refused this (lease, presented epoch, operation, reason) (database clock, UTC).
     #[diesel(sql_type = Timestamptz)]
     pub rejected_at: DateTime<Utc>,
     /// When it last refused it.
     #[diesel(sql_type = Timestamptz)]
     pub last_rejected_at: DateTime<Utc>,
-    /// How many refusals this row aggregates (repeats of one lease, presented epoch and operation).
+    /// How many refusals this row aggregates (repeats of one lease, presented epoch, operation and reason).
     #[diesel(sql_type = BigInt)]
     pub count: i64,
     /// The key of the latest refused write's target.

@@ -13,6 +13,10 @@ use pgfence::{Lease, Store};
 
 const TTL: Duration = Duration::from_secs(60);
 
+/// The audit's bound per (role, lease, presented epoch) (docs/security.md): 16 (operation, reason) pairs and an
+/// `other` row for each of the 10 reasons a tenure explains.
+const PER_TENURE: usize = 16 + 10;
+
 /// How long a forged call left open may delay the holder at most.
 const HOLDER_DELAY: Duration = Duration::from_millis(50);
 
@@ -269,6 +273,179 @@ async fn the_label_cap_holds_under_concurrent_refusals() {
     }
 }
 
+/// Rows of one tenure of one role: (reason, operation, slot, count).
+async fn tenure_rows(
+    db: &TestDb,
+    role: &str,
+    lease: &str,
+    epoch: i64,
+) -> Vec<(String, String, i16, i64)> {
+    db.client()
+        .await
+        .query(
+            "SELECT reason, operation, slot, count FROM pgfence.rejections \
+              WHERE role = $1::text::name AND scope = 'tenure' AND lease = $2 AND presented_epoch = $3 \
+              ORDER BY slot",
+            &[&role, &lease, &epoch],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect()
+}
+
+/// The audit counts each reason apart: a forgery is never counted as a stale write, nor a stale write as a
+/// forgery, also when both name the same (role, lease, epoch, operation) — first one after the other (forged
+/// fences of a live tenure, then fences of it once superseded), then under concurrency: four connections of one
+/// role, released together by a barrier, refuse each of 8 expired tenures under 20 labels of their own and the
+/// label `release` (expired), and send forged releases of it (bad secret, operation `release`). Each tenure's
+/// counts per reason are exact (24 expired, 4 bad secret), 16 rows take the 16 places of its (operation,
+/// reason) pairs, and the rest is counted under `other`, one row per reason: 17 or 18 rows, never more than
+/// 16 + 2. Fails on rows shared between reasons (the old audit: the first refusal's reason took the others'
+/// counts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_counts_each_reason_apart_under_concurrent_refusals() {
+    let (db, store, lease, attacker, _) = holder_and_attacker().await;
+    let forged = "f".repeat(64);
+    let client = client_as(&db, &attacker).await;
+    let fence = "SELECT reason FROM pgfence.fence(p_lease => $1, p_epoch => $2, p_secret => $3, p_operation => $4, p_table => NULL, p_key => NULL)";
+    let epoch = lease.epoch().get();
+    for _ in 0..3 {
+        let reason: Option<String> = client
+            .query_one(fence, &[&"ta/x", &epoch, &forged, &"x"])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(reason.as_deref(), Some("bad_secret"));
+    }
+    store.acquire("x", "a-ctrl", TTL).await.unwrap();
+    for _ in 0..2 {
+        let reason: Option<String> = client
+            .query_one(fence, &[&"ta/x", &epoch, &forged, &"x"])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(reason.as_deref(), Some("superseded"));
+    }
+    let rows = tenure_rows(&db, &attacker, "ta/x", epoch).await;
+    let mut counts: Vec<(&str, &str, i64)> = rows
+        .iter()
+        .map(|r| (r.0.as_str(), r.1.as_str(), r.3))
+        .collect();
+    counts.sort();
+    assert_eq!(
+        counts,
+        [("bad_secret", "x", 3), ("superseded", "x", 2)],
+        "{rows:?}"
+    );
+
+    const TENURES: usize = 8;
+    const WRITERS: usize = 4;
+    for t in 0..TENURES {
+        store
+            .acquire(&format!("mix-{t}"), "a-ctrl", Duration::from_millis(100))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(WRITERS));
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let (db, attacker, barrier, forged) = (
+            db.clone(),
+            attacker.clone(),
+            barrier.clone(),
+            forged.clone(),
+        );
+        writers.push(tokio::spawn(async move {
+            let client = client_as(&db, &attacker).await;
+            let fence = client
+                .prepare(
+                    "SELECT reason FROM pgfence.fence(p_lease => $1, p_epoch => 1, p_secret => $2, p_operation => $3, \
+                     p_table => NULL, p_key => NULL)",
+                )
+                .await
+                .unwrap();
+            let release = client
+                .prepare(
+                    "SELECT reason FROM pgfence.release(p_lease => $1, p_epoch => 1, p_secret => $2)",
+                )
+                .await
+                .unwrap();
+            // A failure is collected, not raised: a writer that stopped would leave the others at the barrier.
+            let mut failures = Vec::new();
+            let mut expect = async |statement, params: &[&(dyn tokio_postgres::types::ToSql + Sync)], want| {
+                match client.query_one(statement, params).await {
+                    Ok(row) if row.get::<_, Option<String>>(0).as_deref() == Some(want) => {}
+                    Ok(row) => failures.push(format!("{want}: {:?}", row.get::<_, Option<String>>(0))),
+                    Err(e) => failures.push(format!("{want}: {e:?}")),
+                }
+            };
+            for t in 0..TENURES {
+                let lease = format!("ta/mix-{t}");
+                barrier.wait().await;
+                for label in 0..6 {
+                    let label = match label {
+                        5 => "release".to_owned(),
+                        _ => format!("label-{w}-{label}"),
+                    };
+                    expect(&fence, &[&lease, &forged, &label], "expired").await;
+                    if label == "release" || w % 2 == 0 {
+                        expect(&release, &[&lease, &forged], "bad_secret").await;
+                    }
+                }
+            }
+            failures
+        }));
+    }
+    let mut failures = Vec::new();
+    for w in writers {
+        failures.extend(w.await.unwrap());
+    }
+    assert!(
+        failures.is_empty(),
+        "{} calls failed: {failures:?}",
+        failures.len()
+    );
+    // Per tenure: 4 × 6 expired fences; forged releases: 1 per writer, and 5 more per even writer.
+    let forgeries = (WRITERS + WRITERS / 2 * 5) as i64;
+    for t in 0..TENURES {
+        let lease = format!("ta/mix-{t}");
+        let rows = tenure_rows(&db, &attacker, &lease, 1).await;
+        let sum = |reason: &str| {
+            rows.iter()
+                .filter(|r| r.0 == reason)
+                .map(|r| r.3)
+                .sum::<i64>()
+        };
+        assert_eq!(
+            (sum("expired"), sum("bad_secret")),
+            (WRITERS as i64 * 6, forgeries),
+            "{lease}: {rows:?}"
+        );
+        assert!(
+            (17..=18).contains(&rows.len()),
+            "{lease}: {} rows: {rows:?}",
+            rows.len()
+        );
+        assert_eq!(
+            rows.iter().filter(|r| r.2 < 16).count(),
+            16,
+            "{lease}: {rows:?}"
+        );
+        for reason in ["expired", "bad_secret"] {
+            assert!(
+                rows.iter()
+                    .filter(|r| r.0 == reason && r.1 == "other")
+                    .count()
+                    <= 1,
+                "{lease}: {rows:?}"
+            );
+        }
+    }
+}
+
 /// Concurrent first refusals of one tenure never deadlock: six connections of one role, released together by a
 /// barrier, are refused on a tenure with no audit row yet, three of them under one operation label and three
 /// under labels of their own (so they race for the row of a label and for the places of new labels at once),
@@ -298,23 +475,37 @@ async fn concurrent_first_refusals_of_a_tenure_never_deadlock() {
             } else {
                 format!("own-{w}")
             };
+            // A failure is collected, not raised: a writer that stopped would leave the others at the barrier.
+            let mut failures = Vec::new();
             for t in 0..TENURES {
-                // Bounded: a writer that failed never arrives, and the others must not wait for it forever.
+                // Bounded all the same: a writer that failed to start never arrives.
                 tokio::time::timeout(Duration::from_secs(10), barrier.wait())
                     .await
-                    .expect("another writer failed: see its panic above");
-                let outcome: String = client
+                    .expect("another writer never reached the barrier");
+                match client
                     .query_one(&fence, &[&format!("ta/dl-{t}"), &label])
                     .await
-                    .unwrap_or_else(|e| panic!("tenure {t}, writer {w}: {e:?}"))
-                    .get(0);
-                assert_eq!(outcome, "refused");
+                {
+                    Ok(row) if row.get::<_, String>(0) == "refused" => {}
+                    Ok(row) => failures.push(format!(
+                        "tenure {t}, writer {w}: {:?}",
+                        row.get::<_, String>(0)
+                    )),
+                    Err(e) => failures.push(format!("tenure {t}, writer {w}: {e:?}")),
+                }
             }
+            failures
         }));
     }
+    let mut failures = Vec::new();
     for w in writers {
-        w.await.unwrap();
+        failures.extend(w.await.unwrap());
     }
+    assert!(
+        failures.is_empty(),
+        "{} calls failed: {failures:?}",
+        failures.len()
+    );
     let rows = audit_of(&db, &attacker).await;
     for t in 0..TENURES {
         let lease = format!("ta/dl-{t}");
@@ -328,14 +519,146 @@ async fn concurrent_first_refusals_of_a_tenure_never_deadlock() {
     }
 }
 
+/// Refusals that no tenure explains are role rows, from every audited function: one role sends, 20 times each
+/// and every time under a new name or epoch, fences and the four task writes of leases that do not exist (the
+/// library's calls), renewals, releases and belief reports of them (SQL), fences and belief reports of epochs
+/// never issued of a live lease, every call of a cluster it has no grant on, and raw task INSERTs (enforcement
+/// in audit mode) of both kinds.
+/// The audit then holds no tenure row of that role and one role row per reason, whose counts are every refusal
+/// audited (renewals and releases of unknown leases are answered `lost` and `not_held`, not audited). Fails on
+/// refusals aggregated per lease (the issue's `report_belief` flood: a tenure row per bogus name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_audited_function_keeps_refusals_no_tenure_explains_in_role_rows() {
+    let (db, _store, lease, attacker, _) = holder_and_attacker().await;
+    let owner = db.store("ta").await;
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "GRANT USAGE ON SCHEMA pgfence TO {attacker}; GRANT SELECT, INSERT ON pgfence.tasks TO {attacker}"
+        ))
+        .await
+        .unwrap();
+    owner
+        .set_enforcement(pgfence::Enforcement::Audit)
+        .await
+        .unwrap();
+    let attacker_store = store_as(&db, &attacker, "ta").await;
+    let client = client_as(&db, &attacker).await;
+    let forged = "f".repeat(64);
+    let payload = serde_json::json!({});
+    let x_epoch = lease.epoch().get();
+    let mut audited = 0i64;
+    let refused = |result: Result<(), pgfence::Error>, what: &str| match result {
+        Err(pgfence::Error::Stale { .. } | pgfence::Error::Denied { .. }) => 1,
+        other => panic!("{what}: {other:?}"),
+    };
+    for i in 0..20i64 {
+        for lease in [format!("ta/bogus-{i}"), format!("zz/bogus-{i}")] {
+            let fence = common::forged_fence(&lease, 1);
+            audited += refused(
+                attacker_store
+                    .fenced(&fence, "flood", async |_conn| Ok::<(), pgfence::Error>(()))
+                    .await,
+                "fenced",
+            );
+            audited += refused(
+                attacker_store
+                    .create_task(&fence, "k", &payload)
+                    .await
+                    .map(drop),
+                "create",
+            );
+            audited += refused(
+                attacker_store.claim_task(&fence, "k", "w").await.map(drop),
+                "claim",
+            );
+            audited += refused(
+                attacker_store
+                    .transition_task(
+                        &fence,
+                        "k",
+                        pgfence::TaskState::Pending,
+                        pgfence::TaskState::Running,
+                        &payload,
+                    )
+                    .await
+                    .map(drop),
+                "transition",
+            );
+            audited += refused(
+                attacker_store
+                    .append_event(&fence, "k", "note", &payload)
+                    .await
+                    .map(drop),
+                "append",
+            );
+            let ungranted = lease.starts_with("zz/");
+            for sql in [
+                "SELECT reason FROM pgfence.renew(p_lease => $1, p_epoch => 1, p_secret => $2, p_ttl_ms => 60000)",
+                "SELECT reason FROM pgfence.release(p_lease => $1, p_epoch => 1, p_secret => $2)",
+                "SELECT reason FROM pgfence.renew_many(p_leases => ARRAY[$1], p_epochs => ARRAY[1::bigint], \
+                 p_secrets => ARRAY[$2], p_ttl_ms => 60000)",
+                "SELECT pgfence.report_belief(p_lease => $1, p_epoch => 1, p_secret => $2, p_event => 'start', \
+                 p_at => now(), p_sent_at => now(), p_endpoint => NULL, p_cause => NULL, p_detail => NULL)",
+            ] {
+                client.query_one(sql, &[&lease, &forged]).await.unwrap();
+                if ungranted || sql.contains("report_belief") {
+                    audited += 1;
+                }
+            }
+            let raw = client
+                .execute(
+                    "INSERT INTO pgfence.tasks (lease, key, state, fence) VALUES ($1, 'k', 'pending', 1)",
+                    &[&lease],
+                )
+                .await
+                .unwrap();
+            assert_eq!(raw, 0, "the raw insert of {lease} was skipped");
+            audited += 1;
+        }
+        let future = common::forged_fence("ta/x", x_epoch + 1 + i);
+        audited += refused(
+            attacker_store
+                .fenced(&future, "flood", async |_conn| Ok::<(), pgfence::Error>(()))
+                .await,
+            "fenced, future epoch",
+        );
+        client
+            .query_one(
+                "SELECT pgfence.report_belief(p_lease => 'ta/x', p_epoch => $1, p_secret => $2, p_event => 'start', \
+                 p_at => now(), p_sent_at => now(), p_endpoint => NULL, p_cause => NULL, p_detail => NULL)",
+                &[&(x_epoch + 1 + i), &forged],
+            )
+            .await
+            .unwrap();
+        audited += 1;
+    }
+    let rows = audit_of(&db, &attacker).await;
+    let tenure: Vec<_> = rows.iter().filter(|r| r.0 != "role").collect();
+    assert!(
+        tenure.is_empty(),
+        "{} tenure rows, the first: {:?}",
+        tenure.len(),
+        tenure.first()
+    );
+    let mut reasons: Vec<&str> = rows.iter().map(|r| r.3.as_str()).collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        ["bad_secret", "future_epoch", "no_grant", "unknown_lease"],
+        "{rows:?}"
+    );
+    assert_eq!(rows.iter().map(|r| r.5).sum::<i64>(), audited, "{rows:?}");
+}
+
 /// The audit is bounded per role whatever it is flooded with: four connections of one role send 100,000
 /// refusals each — forged secrets and leases of a cluster it has no grant on through `renew_many` (2,000 a
 /// call), and distinct presented epochs (real old tenures, epochs never issued in a failover-sized jump,
 /// future ones), operation labels, bogus lease names and bogus belief reports through `fence`, `renew` and
-/// `report_belief` — and the audit ends with at most 16 × 17 tenure rows per lease and one role row per
-/// reason, whose counts add up to every refusal sent. `renew_many` stays linear in its length. Fails on a
-/// tenure row per presented epoch (the old rule), and on renew_many's one audit call per entry (its 2,000
-/// entries took seconds).
+/// `report_belief` — and the audit ends with at most 26 tenure rows per (lease, epoch) and 16 × 26 per lease
+/// (the bound of docs/security.md) and one role row per reason, whose counts add up to every refusal sent.
+/// `renew_many` stays linear in its length. Fails on a tenure row per presented epoch (the old rule), and on
+/// renew_many's one audit call per entry (its 2,000 entries took seconds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_audit_is_bounded_per_role_whatever_the_flood() {
     let (db, store, lease, attacker, _) = holder_and_attacker().await;
@@ -429,14 +752,25 @@ async fn the_audit_is_bounded_per_role_whatever_the_flood() {
     };
     for lease in ["ta/x", "ta/many", "ta/jump"] {
         assert!(
-            tenure_rows_per_lease(lease) <= 16 * 17,
+            tenure_rows_per_lease(lease) <= 16 * PER_TENURE,
             "{lease}: {} tenure rows",
             tenure_rows_per_lease(lease)
         );
     }
+    let mut per_tenure = std::collections::HashMap::new();
+    for r in rows.iter().filter(|r| r.0 == "tenure") {
+        *per_tenure.entry((r.1.as_str(), r.2)).or_insert(0) += 1;
+    }
+    assert!(
+        per_tenure.values().all(|n| *n <= PER_TENURE),
+        "{per_tenure:?}"
+    );
     // Epochs never issued (the jump's gap) and tenures older than the lease's 16 newest get no tenure row: only
     // ta/jump's two real tenures and ta/many's epochs 5 to 19 (of 20) can have them.
-    assert!(tenure_rows_per_lease("ta/jump") <= 2 * 17, "{rows:?}");
+    assert!(
+        tenure_rows_per_lease("ta/jump") <= 2 * PER_TENURE,
+        "{rows:?}"
+    );
     assert!(
         rows.iter()
             .all(|r| !(r.0 == "tenure" && r.1 == "ta/many" && r.2 < 5)),
@@ -450,7 +784,11 @@ async fn the_audit_is_bounded_per_role_whatever_the_flood() {
         role_rows.len(),
         "one role row per reason: {role_rows:?}"
     );
-    assert!(rows.len() <= 3 * 16 * 17 + 8, "{} rows", rows.len());
+    assert!(
+        rows.len() <= 3 * 16 * PER_TENURE + 13,
+        "{} rows",
+        rows.len()
+    );
     assert!(
         counted <= sent && counted >= 4 * (PER_CONNECTION - 20_000),
         "counted {counted} of {sent}"

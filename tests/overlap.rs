@@ -414,8 +414,8 @@ async fn malformed_belief_reports_are_refused_and_write_nothing() {
 }
 
 /// Every kind of guarded write leaves its tenure's last accepted write (a fenced transaction, a one-statement
-/// guarded write, the SQL guard in a caller's transaction, a task write), at most one second early; a guarded
-/// transaction rolled back leaves none; a refused write leaves none.
+/// guarded write, the SQL guard in a caller's transaction: a write mark at most one second early; a task write:
+/// its event, exactly, and no mark); a guarded transaction rolled back leaves none; a refused write leaves none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_guarded_write_kind_records_its_last_accepted_write() {
     let db = TestDb::new().await;
@@ -525,7 +525,11 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
         .unwrap();
     assert_eq!(task.task.state, TaskState::Pending);
     let t = &store.tenures("tasks").await.unwrap()[0];
-    assert!(t.last_event_at.is_some() && t.last_mark_at.is_some());
+    assert!(t.last_event_at.is_some() && t.last_write_at == t.last_event_at);
+    assert_eq!(
+        t.last_mark_at, None,
+        "a task write is known by its event, not a mark"
+    );
     // Superseded: a refused write of the old epoch, from a session that never marked, leaves no mark.
     store
         .acquire("tasks", "pod-a", Duration::from_secs(30))
@@ -548,6 +552,75 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
         store.tenures("tasks").await.unwrap()[0].last_mark_at,
         marked_before
     );
+}
+
+/// A write mark stands for a write that happened: a task write that wrote nothing — `not_found`, `conflict`, a
+/// `create_task` retry that found its task — leaves no mark, so the tenure's last write stays the last one that
+/// wrote (its event, exact), in a session that marks nothing else (each call its own transaction, one second
+/// apart, so a mark of the first second could not hide a later one). Fails on a guard that marks before the task
+/// write (the old code: a mark at the refused claim).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_write_that_writes_nothing_leaves_no_mark() {
+    let db = TestDb::new().await;
+    let store = db.store("c1").await;
+    let lease = store
+        .acquire("nothing", "pod-a", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let fence = lease.fence();
+    let created = store
+        .create_task(&fence, "t1", &serde_json::json!({}))
+        .await
+        .unwrap();
+    assert!(created.created);
+    let tenure = |store: Store| async move { store.tenures("nothing").await.unwrap()[0].clone() };
+    let after_create = tenure(store.clone()).await;
+    let created_at = after_create.last_event_at.expect("the create's event");
+    assert_eq!(after_create.last_write_at, Some(created_at));
+
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let missing = store.claim_task(&fence, "nobody", "w1").await.unwrap_err();
+    assert!(matches!(missing, Error::TaskNotFound { .. }), "{missing}");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let wrong_state = store
+        .transition_task(
+            &fence,
+            "t1",
+            TaskState::Running,
+            TaskState::Succeeded,
+            &serde_json::json!({}),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(wrong_state, Error::Conflict { .. }),
+        "{wrong_state}"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let missing = store
+        .append_event(&fence, "nobody", "note", &serde_json::json!({}))
+        .await
+        .unwrap_err();
+    assert!(matches!(missing, Error::TaskNotFound { .. }), "{missing}");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let retry = store
+        .create_task(&fence, "t1", &serde_json::json!({}))
+        .await
+        .unwrap();
+    assert!(!retry.created && retry.event_id.is_none());
+
+    let t = tenure(store.clone()).await;
+    assert_eq!(
+        (t.last_write_at, t.last_event_at),
+        (Some(created_at), Some(created_at)),
+        "a task write that wrote nothing moved the tenure's last write (mark {:?})",
+        t.last_mark_at
+    );
+    // Task writes are known by their events alone: no mark at all.
+    assert_eq!(t.last_mark_at, None);
+    // The review agrees: nothing was written after the create.
+    let events = store.task_events("nothing", "t1").await.unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
 }
 
 async fn db_now(client: &tokio_postgres::Client) -> chrono::DateTime<chrono::Utc> {

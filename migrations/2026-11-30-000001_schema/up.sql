@@ -178,6 +178,17 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT split_part(p_lease, '/', 1)
 $$;
 
+-- The audit's place (pgfence.rejections.slot) for the 'other' row of a refusal reason that a tenure explains:
+-- 16 to 25, one per reason; NULL for any other reason (those are never of scope 'tenure'). The ten reasons are
+-- every reason pgfence's functions refuse a tenure's write, renewal or release for (the guard, renew,
+-- renew_many, release, report_belief, the task writes and the raw-SQL enforcement).
+CREATE FUNCTION pgfence._tenure_reason_slot(p_reason text) RETURNS smallint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (15 OPERATOR(pg_catalog.+) pg_catalog.array_position(
+               ARRAY['superseded', 'expired', 'released', 'failover', 'holder_mismatch', 'bad_secret', 'row_fence',
+                     'delete_refused', 'lease_change', 'lease_mismatch']::text[], p_reason))::smallint
+$$;
+
 -- One row: the identity of this pgfence installation, created once at migrate time, and its settings.
 CREATE TABLE pgfence.instance (
     singleton   boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -260,13 +271,19 @@ CREATE TABLE pgfence.beliefs (
     FOREIGN KEY (lease, epoch) REFERENCES pgfence.tenures (lease, epoch)
 );
 
--- The last accepted guarded write of each tenure, per database session (backend): the guard marks the first
--- write it accepts in each second (database clock), and a session setting (pgfence.write_mark) remembers the
--- last mark, so the session's other writes of that second pay one comparison. So the last write a tenure
--- had accepted is at most one second (and the guard's run time) after its latest mark. The mark is written
--- in the writer's transaction: a write rolled back leaves no mark (and its session setting is rolled back
--- with it). Writes of an epoch can only commit before a successor's acquisition (the guard lock), so these
--- rows are final once it committed.
+-- The last admitted guarded write of each tenure, per database session (backend), for the writes pgfence
+-- cannot see itself: pgfence.fence (a fenced transaction, Store::guarded_write's statement, the SQL guard)
+-- marks the first write it admits in each second (database clock, read after the guard admitted it), and a
+-- session setting (pgfence.write_mark) remembers the last mark, so the session's other writes of that second
+-- pay one comparison. So the last write a tenure had admitted is at most one second after its latest mark.
+-- What a mark stands for: a committed transaction whose guard admitted a write of the tenure. The mark is
+-- written in the writer's transaction, so a transaction rolled back leaves none (its session setting is rolled
+-- back with it); but the database cannot see what a fenced transaction or a guarded statement then wrote, so
+-- one that committed having changed no row (a guarded_write whose WHERE matched nothing) leaves a mark all the
+-- same: a mark may be later than the tenure's last changed row, never earlier. The task functions never mark:
+-- every task write that writes appends an event (exact), and one that writes nothing (not_found, conflict, a
+-- row_fence refusal, a create_task retry that found its task) leaves neither. Writes of an epoch can only
+-- commit before a successor's acquisition (the guard lock), so these rows are final once it committed.
 CREATE TABLE pgfence.write_marks (
     lease   text NOT NULL,
     epoch   bigint NOT NULL,
@@ -308,8 +325,12 @@ CREATE INDEX task_events_epoch_idx ON pgfence.task_events (lease, epoch, id);
 -- login role (`role`, the session_user) and aggregates repeats, so a caller retrying in a tight loop grows a
 -- counter, not the table, and one role's refusals never touch another role's rows:
 --   * scope 'tenure' (a tenure explains the refusal: superseded, expired, released, failover, holder_mismatch,
---     row_fence, bad_secret): one row per (role, lease, presented epoch, operation). The first refusal's reason
---     and epochs are kept; count, last_rejected_at and last_target_key move.
+--     bad_secret, row_fence, and the raw-SQL enforcement's delete_refused, lease_change, lease_mismatch — the
+--     ten of _tenure_reason_slot): one row per (role, lease, presented epoch, operation, reason), so every
+--     reason is counted apart (a forgery is never counted as a stale write). The first refusal's epochs are
+--     kept; count, last_rejected_at and last_target_key move. At most 26 rows per (role, lease, presented
+--     epoch): the first 16 (operation, reason) pairs take the places 0 to 15, and the refusals of any further
+--     pair are counted in the row ('other', reason) in that reason's place (16 to 25).
 --   * scope 'role' (no tenure to explain it: no_grant, unknown_lease, future_epoch): one row per (role, reason),
 --     whatever the lease, epoch or operation, so a flood of distinct bogus names costs one row per role and
 --     reason in all. `lease`, `presented_epoch`, `operation` and `target_*` are the first refusal's; `last_lease`
@@ -336,14 +357,17 @@ CREATE TABLE pgfence.rejections (
     application_name text DEFAULT current_setting('application_name', true),
     client_addr      inet DEFAULT inet_client_addr(),
     backend_pid      integer NOT NULL DEFAULT pg_backend_pid(),
-    -- Tenure scope: which of the 17 places of its (role, lease, presented epoch) the row takes (0 to 15 for the
-    -- first 16 operation labels, 16 for 'other'). A unique index on it bounds the rows of one tenure and role
-    -- however many connections insert new labels at once (a count read before the insert could not).
-    slot             smallint CHECK (slot BETWEEN 0 AND 16),
-    CHECK ((scope = 'tenure') = (slot IS NOT NULL))
+    -- Tenure scope: which of the 26 places of its (role, lease, presented epoch) the row takes (0 to 15 for the
+    -- first 16 (operation, reason) pairs, 16 to 25 for the row ('other', reason) of each reason a tenure
+    -- explains: _tenure_reason_slot). A unique index on it bounds the rows of one tenure and role however many
+    -- connections insert new pairs at once (a count read before the insert could not).
+    slot             smallint CHECK (slot BETWEEN 0 AND 25),
+    CHECK ((scope = 'tenure') = (slot IS NOT NULL)),
+    CHECK (scope = 'role' OR pgfence._tenure_reason_slot(reason) IS NOT NULL),
+    CHECK (slot < 16 OR (operation = 'other' AND slot = pgfence._tenure_reason_slot(reason)))
 );
 CREATE INDEX rejections_lease_idx ON pgfence.rejections (lease, id);
-CREATE UNIQUE INDEX rejections_tenure_idx ON pgfence.rejections (role, lease, presented_epoch, operation)
+CREATE UNIQUE INDEX rejections_tenure_idx ON pgfence.rejections (role, lease, presented_epoch, operation, reason)
     WHERE scope = 'tenure';
 CREATE UNIQUE INDEX rejections_slot_idx ON pgfence.rejections (role, lease, presented_epoch, slot)
     WHERE scope = 'tenure';
@@ -665,9 +689,9 @@ $$;
 --   * scope 'role': one row per reason;
 --   * scope 'tenure': only for a refusal that one of the lease's 16 newest tenures explains — an epoch that was
 --     never issued (one below the current epoch in a failover's jump, say) or an older one is aggregated per
---     role (p_by_role forces that too: a caller that knows no tenure explains its refusal) — and at most 17
---     rows per such tenure (16 operation labels and 'other', bounded by the slot index), so at most 16 × 17
---     rows per lease.
+--     role (p_by_role forces that too: a caller that knows no tenure explains its refusal) — and at most 26
+--     rows per such tenure (16 (operation, reason) pairs and one 'other' row for each of the ten reasons a
+--     tenure explains, bounded by the slot index), so at most 16 × 26 rows per lease.
 CREATE FUNCTION pgfence._reject(p_lease text, p_epoch bigint, p_current_epoch bigint, p_current_holder text,
                                 p_reason text, p_operation text, p_table text, p_key text,
                                 p_may_wait boolean DEFAULT false, p_count bigint DEFAULT 1,
@@ -691,9 +715,10 @@ BEGIN
     -- Bounded: a refused transaction left open keeps its aggregated rows locked, and a place in the audit it
     -- took (slot) uncommitted (only the same role's refusals of the same tenure wait for them; two such
     -- transactions refused several times each, in different orders, may deadlock, which PostgreSQL ends with
-    -- 40P01; single refusals never do). The first refusal's reason and epochs are kept (after a failover,
-    -- 'failover' stays the evidence even once the tenure is also superseded); the count, the last time and the
-    -- last lease and key move.
+    -- 40P01; single refusals never do). Each reason is counted in rows of its own, which keep their first
+    -- refusal's epochs (after a failover, the tenure's 'failover' row stays the evidence, and refusals once it
+    -- is also superseded are counted in a 'superseded' row beside it); the count, the last time and the last
+    -- lease and key move.
     PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
     BEGIN
         IF by_role THEN
@@ -708,14 +733,14 @@ BEGIN
                    last_lease = EXCLUDED.lease,
                    last_target_key = EXCLUDED.target_key;
         ELSE
-            -- Operation labels are the caller's to choose: the first 16 distinct ones of a (role, lease, epoch)
-            -- get a row each, further ones are counted under 'other'.
+            -- Operation labels are the caller's to choose: the first 16 distinct (operation, reason) pairs of a
+            -- (role, lease, epoch) get a row each, further ones are counted under ('other', reason).
             FOR attempt IN 1..40 LOOP
                 UPDATE pgfence.rejections r
                    SET count = r.count + p_count, last_rejected_at = clock_timestamp(), last_target_key = p_key
                   FROM (SELECT o.id, o.last_rejected_at FROM pgfence.rejections o
                          WHERE o.scope = 'tenure' AND o.role = session_user AND o.lease = p_lease
-                           AND o.presented_epoch = p_epoch AND o.operation = op) o
+                           AND o.presented_epoch = p_epoch AND o.operation = op AND o.reason = p_reason) o
                  WHERE r.id = o.id
                 RETURNING o.last_rejected_at INTO previous;
                 EXIT WHEN FOUND;
@@ -727,18 +752,18 @@ BEGIN
                     op := 'other';
                     CONTINUE;
                 END IF;
-                -- Every unique index is an arbiter (no conflict target): the label's row and the place are
+                -- Every unique index is an arbiter (no conflict target): the pair's row and the place are
                 -- both decided by PostgreSQL's speculative insertion, which never waits while holding its
                 -- insertion. (With the place index left out of the arbiters, two first refusals deadlocked: one
                 -- inserting waited for the other's transaction on the place index while that one, updating the
                 -- label's row, waited for the insertion.) Nothing inserted: another connection of this role
-                -- took the label or the place meanwhile, and its row is committed: look again. Under REPEATABLE
+                -- took the pair or the place meanwhile, and its row is committed: look again. Under REPEATABLE
                 -- READ a row committed after the snapshot is a serialization error, never a refusal lost.
                 INSERT INTO pgfence.rejections (scope, lease, presented_epoch, current_epoch, current_holder,
                                                 reason, operation, target_table, target_key, last_lease,
                                                 last_target_key, count, slot)
                 VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,
-                        p_key, p_lease, p_key, p_count, coalesce(free, 16))
+                        p_key, p_lease, p_key, p_count, coalesce(free, pgfence._tenure_reason_slot(p_reason)))
                 ON CONFLICT DO NOTHING;
                 EXIT WHEN FOUND;
                 IF attempt = 40 THEN
@@ -756,7 +781,7 @@ BEGIN
                                            AND k.mode = 'RowExclusiveLock'
                                            AND k.pid <> pg_catalog.pg_backend_pid()))
             USING ERRCODE = 'PF003',
-                  HINT = 'A transaction of the same role refused for the same reason (or lease, epoch and operation) stays open.';
+                  HINT = 'A transaction of the same role refused for the same reason (and lease, epoch and operation) stays open.';
     END;
     -- Backpressure on a caller retrying in a tight loop: a repeat within a second of the previous refusal
     -- aggregated in the same row answers 10 ms later. Holding the aggregated row meanwhile queues the role's

@@ -630,7 +630,7 @@ $$;
 -- Every tenure with the database's side (acquired_at, ended_at: database clock), the holder's belief as it
 -- reported it (believed_from, believed_until: the holder's clock; NULL when no report arrived), the endpoint as
 -- each side saw it, and the last accepted write: the newest of the epoch's task events (exact) and of its
--- write marks (at most one second before the last guarded write the epoch had accepted; last_mark_at).
+-- write marks (pgfence.fence's admitted writes: at most one second before the last one; last_mark_at).
 CREATE VIEW pgfence.tenure_history WITH (security_barrier) AS
 SELECT t.lease, t.epoch, t.holder, t.acquired_at, t.ended_at, t.end_reason,
        greatest(ev.last_event_at, mk.last_mark_at) AS last_write_at,

@@ -103,7 +103,6 @@ DECLARE
     secret_ok boolean;
     seen bigint;     -- the epoch the pre-check read
     kept text;
-    waited boolean;  -- NULL unless the guard lock was waited for
 BEGIN
     -- What makes a presented epoch stale is permanent: epochs only grow, a released tenure stays released, an
     -- expired one can never be renewed and timelines only grow. (One conservative exception: a renewal that
@@ -124,11 +123,7 @@ BEGIN
     -- The pre-check, in one statement (each statement of a function costs an executor run): the role's grant on
     -- the cluster (the rule inlined here, not a call of _may_use: that would be a second executor run), the
     -- lease, the hash of its current tenure's secret and the WAL timeline.
-    -- Also the write mark (pgfence.write_marks) this write would leave, and the session's last.
-    SELECT u.granted, pgfence._timeline() AS tl, x AS lease, s.epoch AS secret_epoch, s.hash AS secret_hash,
-           p_epoch::text || ':' || pg_catalog.date_part('epoch', clock_timestamp())::bigint::text || ':' || p_lease
-               AS mark_now,
-           pg_catalog.current_setting('pgfence.write_mark', true) AS mark_seen
+    SELECT u.granted, pgfence._timeline() AS tl, x AS lease, s.epoch AS secret_epoch, s.hash AS secret_hash
       INTO pre
       FROM pgfence._grant_of(pgfence._cluster_of(p_lease)) AS u
       LEFT JOIN pgfence.leases x ON x.name = p_lease
@@ -166,7 +161,6 @@ BEGIN
                        THEN pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) END
              ELSE false END) IS NOT TRUE THEN
         PERFORM pgfence._await_takeover(p_lease, l.lock_key);
-        waited := true;
     END IF;
     -- A new statement, so a new snapshot under READ COMMITTED: every takeover that held the intent or the guard
     -- lock before we were granted the guard lock has committed (a transaction's locks are released after its
@@ -186,15 +180,8 @@ BEGIN
         -- For the rest of the transaction, raw writes of this tenure pass the raw-SQL enforcement. An assignment,
         -- not PERFORM: a plpgsql expression without an executor run.
         kept := pg_catalog.set_config(pgfence._fence_setting(l.lock_key), p_secret, true);
-        -- The write mark (pgfence.write_marks): the session's first accepted write of this tenure in each
-        -- second (by the pre-check's clock; a write that waited for the lock is marked too) is recorded, in this
-        -- transaction; the others compare the pre-check's two columns.
-        IF pre.mark_now IS DISTINCT FROM pre.mark_seen OR waited THEN
-            INSERT INTO pgfence.write_marks AS m (lease, epoch, backend, last_at)
-            VALUES (p_lease, p_epoch, pg_catalog.pg_backend_pid(), clock_timestamp())
-            ON CONFLICT (lease, epoch, backend) DO UPDATE SET last_at = greatest(m.last_at, EXCLUDED.last_at);
-            kept := pg_catalog.set_config('pgfence.write_mark', pre.mark_now, false);
-        END IF;
+        -- No write mark here: the guard runs before the write it admits, and only its caller knows whether a
+        -- write happened (pgfence.fence marks; a task write is known by its event).
         RETURN NULL;
     END IF;
     -- Refused after the lock, which stays held to the end of the transaction: the marker _await_takeover reads
@@ -209,7 +196,8 @@ $$;
 --   ... your writes, only if 'ok' ...; COMMIT;
 -- On 'refused' the refusal row is already written: COMMIT (not ROLLBACK) to keep it. On 'ok' the secret is also
 -- kept for the rest of the transaction (a transaction-local setting of this session), so raw writes to
--- pgfence.tasks and pgfence.task_events pass the raw-SQL enforcement. Every argument is required (the operation
+-- pgfence.tasks and pgfence.task_events pass the raw-SQL enforcement; and the admitted write is marked
+-- (pgfence.write_marks: see the table for what a mark stands for). Every argument is required (the operation
 -- label, the target table and key of the audit: NULL when there is none): no shorter argument list resolves to
 -- it, so a call written for an older signature fails (42883) instead of presenting a label as the secret.
 CREATE FUNCTION pgfence.fence(p_lease text, p_epoch bigint, p_secret text, p_operation text, p_table text,
@@ -219,6 +207,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     problem text;
     r pgfence.write_result;
+    mark text;
 BEGIN
     IF (pgfence._plain_lease_args(p_lease, p_epoch) AND p_secret IS NOT NULL AND pgfence._plain_arg(p_operation, 64)
         AND pgfence._plain_arg(p_table, 64, p_optional => true)
@@ -234,6 +223,16 @@ BEGIN
     r := pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
+    END IF;
+    -- The write mark: the session's first admitted write of this tenure in each second (by the clock after the
+    -- guard admitted it) is recorded, in this transaction; the session's other writes of that second compare
+    -- two texts (assignments and an IF: plpgsql expressions, no executor run).
+    mark := p_epoch::text || ':' || pg_catalog.date_part('epoch', clock_timestamp())::bigint::text || ':' || p_lease;
+    IF mark IS DISTINCT FROM pg_catalog.current_setting('pgfence.write_mark', true) THEN
+        INSERT INTO pgfence.write_marks AS m (lease, epoch, backend, last_at)
+        VALUES (p_lease, p_epoch, pg_catalog.pg_backend_pid(), clock_timestamp())
+        ON CONFLICT (lease, epoch, backend) DO UPDATE SET last_at = greatest(m.last_at, EXCLUDED.last_at);
+        mark := pg_catalog.set_config('pgfence.write_mark', mark, false);
     END IF;
     RETURN ROW('ok', NULL, p_epoch, NULL, NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::pgfence.write_result;
 END;

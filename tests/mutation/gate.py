@@ -86,7 +86,6 @@ GUARD_FAST_PATH = """    IF (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(18
              ELSE false END) IS NOT TRUE THEN"""
 GUARD_LOCK_STEP = GUARD_FAST_PATH + """
         PERFORM pgfence._await_takeover(p_lease, l.lock_key);
-        waited := true;
     END IF;
 """
 TAKE_INTENT_LOCK = """    IF NOT pg_catalog.pg_try_advisory_xact_lock(1885824613, -p_lock_key) THEN
@@ -180,9 +179,9 @@ MUTATIONS: list[Mutation] = [
         [Edit("sql:_reject", "VALUES ('role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key, p_count)",
               "SELECT 'role', p_lease, p_epoch, p_reason, p_operation, p_table, p_key, p_lease, p_key, p_count WHERE false"),
          Edit("sql:_reject", "VALUES ('tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,\n"
-              "                        p_key, p_lease, p_key, p_count, coalesce(free, 16))\n",
+              "                        p_key, p_lease, p_key, p_count, coalesce(free, pgfence._tenure_reason_slot(p_reason)))\n",
               "SELECT 'tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,\n"
-              "                        p_key, p_lease, p_key, p_count, coalesce(free, 16) WHERE false\n")],
+              "                        p_key, p_lease, p_key, p_count, coalesce(free, pgfence._tenure_reason_slot(p_reason)) WHERE false\n")],
         [cargo_test("guard"), cargo_test("race")],
     ),
     Mutation(
@@ -210,8 +209,23 @@ MUTATIONS: list[Mutation] = [
         "a first refusal inserts its audit row with only the label's index as conflict arbiter (the place index is "
         "checked by waiting): two first refusals of one tenure deadlock",
         [Edit("sql:_reject", "                ON CONFLICT DO NOTHING;\n",
-              "                ON CONFLICT (role, lease, presented_epoch, operation) WHERE scope = 'tenure' DO NOTHING;\n")],
+              "                ON CONFLICT (role, lease, presented_epoch, operation, reason) WHERE scope = 'tenure' DO NOTHING;\n")],
         [cargo_test("hardening", "concurrent_first_refusals_of_a_tenure_never_deadlock")],
+    ),
+    Mutation(
+        "audit-rows-shared-between-reasons",
+        "a tenure refusal is counted in the row of its (role, lease, epoch, operation) whatever its reason: a "
+        "forgery of a tenure is counted as the stale write that came first, and vice versa",
+        [Edit("sql:_reject", "AND o.presented_epoch = p_epoch AND o.operation = op AND o.reason = p_reason) o",
+              "AND o.presented_epoch = p_epoch AND o.operation = op) o")],
+        [cargo_test("hardening", "the_audit_counts_each_reason_apart_under_concurrent_refusals")],
+    ),
+    Mutation(
+        "audit-other-place-shared-between-reasons",
+        "every reason's overflow row ('other') takes the same place, so only the first reason to overflow a "
+        "tenure's 16 places can be counted (the others find no place)",
+        [Edit("sql:_reject", "coalesce(free, pgfence._tenure_reason_slot(p_reason))", "coalesce(free, 16)")],
+        [cargo_test("hardening", "the_audit_counts_each_reason_apart_under_concurrent_refusals")],
     ),
     Mutation(
         "bogus-refusals-per-lease",
@@ -220,7 +234,8 @@ MUTATIONS: list[Mutation] = [
               "by_role  boolean := false;"),
          Edit("sql:_reject", "    IF NOT by_role\n       AND NOT EXISTS (SELECT 1 FROM pgfence.tenures t",
               "    IF false\n       AND NOT EXISTS (SELECT 1 FROM pgfence.tenures t")],
-        [cargo_test("trust", "audit_rows_are_per_role_and_bounded")],
+        [cargo_test("trust", "audit_rows_are_per_role_and_bounded"),
+         cargo_test("hardening", "every_audited_function_keeps_refusals_no_tenure_explains_in_role_rows")],
     ),
     Mutation(
         "validation-without-nfc",
@@ -374,13 +389,30 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "guard-without-write-marks",
-        "the guard accepts writes without marking them, so a tenure's last accepted write is lost to the review",
-        [Edit("sql:_guard",
-              """            INSERT INTO pgfence.write_marks AS m (lease, epoch, backend, last_at)
-            VALUES (p_lease, p_epoch, pg_catalog.pg_backend_pid(), clock_timestamp())
-            ON CONFLICT (lease, epoch, backend) DO UPDATE SET last_at = greatest(m.last_at, EXCLUDED.last_at);
+        "pgfence.fence admits writes without marking them, so a tenure's last accepted write is lost to the review",
+        [Edit("sql:fence",
+              """        INSERT INTO pgfence.write_marks AS m (lease, epoch, backend, last_at)
+        VALUES (p_lease, p_epoch, pg_catalog.pg_backend_pid(), clock_timestamp())
+        ON CONFLICT (lease, epoch, backend) DO UPDATE SET last_at = greatest(m.last_at, EXCLUDED.last_at);
 """, "")],
         [cargo_test("overlap", "every_guarded_write_kind_records_its_last_accepted_write")],
+    ),
+    Mutation(
+        "task-write-marked-before-it-writes",
+        "a task write is marked when its guard admits it, before the write: one that then answers not_found or "
+        "conflict (or a create_task retry) leaves a mark naming a call that wrote nothing",
+        [Edit("sql:_open_task_write", "DECLARE\n    problem text;\nBEGIN",
+              "DECLARE\n    problem text;\n    r pgfence.write_result;\nBEGIN"),
+         Edit("sql:_open_task_write",
+              "    RETURN pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);",
+              """    r := pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);
+    IF r.outcome IS NULL THEN
+        INSERT INTO pgfence.write_marks AS m (lease, epoch, backend, last_at)
+        VALUES (p_lease, p_epoch, pg_catalog.pg_backend_pid(), clock_timestamp())
+        ON CONFLICT (lease, epoch, backend) DO UPDATE SET last_at = greatest(m.last_at, EXCLUDED.last_at);
+    END IF;
+    RETURN r;""")],
+        [cargo_test("overlap", "a_task_write_that_writes_nothing_leaves_no_mark")],
     ),
     Mutation(
         "belief-report-without-secret",

@@ -29,74 +29,17 @@ repo="$(cd "$here/../.." && pwd)"
 migrations=("${PGFENCE_MIGRATIONS:-$repo/migrations}"/*/up.sql)
 port=54339
 
-# --- the PostgreSQL binaries: the server's bindir and pg_regress (shipped by postgresql-client-NN)
-pick_bindir() {
-    if [ -n "${PG_BINDIR:-}" ]; then echo "$PG_BINDIR"; return; fi
-    local d
-    for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k5,5 -n -r); do
-        if [ -x "$d/initdb" ]; then echo "$d"; return; fi
-    done
-    if command -v pg_config >/dev/null 2>&1 && [ -x "$(pg_config --bindir)/initdb" ]; then
-        pg_config --bindir; return
-    fi
-    echo "run.sh: no PostgreSQL server binaries (initdb) found; install the postgresql package" >&2
-    exit 2
-}
-bindir="$(pick_bindir)"
+# --- the PostgreSQL binaries and a throwaway server (tests/scratch-server.sh)
+# shellcheck source=../scratch-server.sh
+. "$here/../scratch-server.sh"
+bindir="$(scratch_bindir)"
 pkglibdir="$(cd "$bindir/../lib" && pwd)"
 regress="$pkglibdir/pgxs/src/test/regress/pg_regress"
 if [ ! -x "$regress" ]; then
     echo "run.sh: $regress is missing; install postgresql-client-$(basename "$(dirname "$bindir")")" >&2
     exit 2
 fi
-
-# --- run server programs as `postgres` when we are root
-as_server_user() {
-    if [ "$(id -u)" = 0 ]; then
-        runuser -u postgres -- "$@"
-    else
-        "$@"
-    fi
-}
-if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
-    echo "run.sh: running as root needs the postgres OS user to run the server (useradd --system postgres)" >&2
-    exit 2
-fi
-
-tmp="$(mktemp -d "${TMPDIR:-/tmp}/pgfence-regress.XXXXXX")"
-chmod 0700 "$tmp"
-if [ "$(id -u)" = 0 ]; then
-    chown postgres: "$tmp"
-    if ! runuser -u postgres -- test -w "$tmp"; then
-        echo "run.sh: the postgres OS user cannot reach $tmp (set TMPDIR to a directory it can traverse)" >&2
-        rm -rf "$tmp"
-        exit 2
-    fi
-fi
-started=0
-cleanup() {
-    local rc=$?
-    if [ "$started" = 1 ]; then
-        as_server_user "$bindir/pg_ctl" -D "$tmp/data" -m immediate -w stop >/dev/null 2>&1 || true
-    fi
-    if [ "${PGFENCE_REGRESS_KEEP:-0}" = 1 ]; then
-        echo "run.sh: kept $tmp" >&2
-    else
-        rm -rf "$tmp"
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-
-start_ns=$(date +%s%N)
-as_server_user "$bindir/initdb" -D "$tmp/data" -U postgres --auth=trust --encoding=UTF8 --no-locale --no-sync \
-    >"$tmp/initdb.log" 2>&1 || { cat "$tmp/initdb.log" >&2; exit 2; }
-as_server_user "$bindir/pg_ctl" -D "$tmp/data" -l "$tmp/server.log" -w -o \
-    "-c listen_addresses='' -c unix_socket_directories='$tmp' -c port=$port -c fsync=off -c max_connections=20" \
-    start >/dev/null || { cat "$tmp/server.log" >&2; exit 2; }
-started=1
-
-export PGHOST="$tmp" PGPORT="$port"
+scratch_server_start regress "$port" 20 PGFENCE_REGRESS_KEEP
 unset PGDATABASE PGSERVICE PGOPTIONS PGPASSWORD PGHOSTADDR PGUSER 2>/dev/null || true
 psql=("$bindir/psql" -X -q -v ON_ERROR_STOP=1 -U postgres)
 

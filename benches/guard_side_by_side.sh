@@ -53,8 +53,8 @@ for name in names:
 "${psql[@]}" -d side -f "$dir/before.sql" >/dev/null
 "${psql[@]}" -d side >/dev/null <<'SQL'
 CREATE TABLE b.creds AS SELECT secret, epoch FROM pgfence.acquire('c/l', 'h', 36000000);
-SELECT pgfence.create_task('c/l', (SELECT epoch FROM b.creds), (SELECT secret FROM b.creds), 'k1');
-SELECT pgfence.create_task('c/l', (SELECT epoch FROM b.creds), (SELECT secret FROM b.creds), 'k2');
+SELECT pgfence.create_task('c/l', (SELECT epoch FROM b.creds), (SELECT secret FROM b.creds), 'k1', '{}');
+SELECT pgfence.create_task('c/l', (SELECT epoch FROM b.creds), (SELECT secret FROM b.creds), 'k2', '{}');
 SQL
 read -r epoch secret < <("${psql[@]}" -d side -At -F ' ' -c "SELECT epoch, secret FROM b.creds")
 echo "SELECT * FROM pgfence.fence('c/l', :epoch, :secret, 'bench', NULL, NULL);" >"$dir/fence-after.sql"

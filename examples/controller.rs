@@ -129,7 +129,7 @@ async fn main() -> Result<(), BoxError> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     println!("-- process-a shuts down; process-b takes over");
     a_stop.cancel();
-    a.await?;
+    a.await??;
     tokio::time::sleep(Duration::from_secs(2)).await;
     println!(
         "-- readiness of process-b: {:?}",
@@ -139,7 +139,7 @@ async fn main() -> Result<(), BoxError> {
     store.force_release("reporter").await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     b_stop.cancel();
-    b.await?;
+    b.await??;
 
     for tenure in store.tenures("scheduler").await? {
         println!(

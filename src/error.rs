@@ -142,6 +142,31 @@ pub enum Error {
         reason: DenyReason,
     },
 
+    /// `join_group` found a live member of that name in the group (another process using the same member name,
+    /// or this process's previous incarnation that has not expired yet): the same name never counts twice.
+    /// Nothing was written. Join again after `expires_in`.
+    #[error("member {member} of group {group} is live in another process, expiring in {expires_in:?} (database clock)")]
+    MemberTaken {
+        /// The cluster-qualified group name.
+        group: String,
+        /// The member name.
+        member: String,
+        /// Time left on the live member, computed by the database.
+        expires_in: Duration,
+    },
+
+    /// A heartbeat or leave found the membership no longer counted (expired, left, superseded, a wrong secret
+    /// — audited —, or no grant).
+    #[error("membership of {member} in group {group} lost: {reason}")]
+    MemberLost {
+        /// The cluster-qualified group name.
+        group: String,
+        /// The member name.
+        member: String,
+        /// Why.
+        reason: crate::membership::MemberLoss,
+    },
+
     /// The task does not exist under this lease.
     #[error("task {key} not found under lease {lease}")]
     TaskNotFound {

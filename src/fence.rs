@@ -14,7 +14,7 @@
 //! SQL: `migrations/2026-11-30-000003_guard/up.sql` (`pgfence.fence`, `pgfence._guard`, `pgfence._await_takeover`,
 //! `pgfence.ungated_write`, the raw-SQL enforcement, `pgfence.prune_rejections`); the audit's writer
 //! `pgfence._reject` and its table in `migrations/2026-11-30-000001_schema/up.sql`; `pgfence.grant_application`,
-//! `pgfence.grant_operator` and `pgfence.revoke` in `migrations/2026-11-30-000005_roles/up.sql`.
+//! `pgfence.grant_operator` and `pgfence.revoke` in `migrations/2026-11-30-000006_roles/up.sql`.
 
 use std::future::Future;
 

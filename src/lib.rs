@@ -13,7 +13,8 @@
 //! | `tls`, `pooler` | [`Connector`] (connection strings, TLS, several hosts), [`PoolerMode`] | — |
 //! | `store` | [`Store`]: the pool, database identity, migrations | applies every migration; `pgfence.identity` (`000001_schema`) |
 //! | `lease` | [`Lease`], acquire / renew / release / force-release, status reads | `000002_lease_protocol`: `pgfence.acquire`, `renew`, `release`, `force_release`, `tenure_history` |
-//! | `fence` | [`Fence`], the guard, [`Store::fenced`], [`Store::guarded_write`], the audit, enforcement, grants | `000003_guard`: `pgfence.fence`, `_guard`, `ungated_write`, enforcement, `prune_rejections`; `000005_roles`: `pgfence.grant_*`, `revoke` |
+//! | `fence` | [`Fence`], the guard, [`Store::fenced`], [`Store::guarded_write`], the audit, enforcement, grants | `000003_guard`: `pgfence.fence`, `_guard`, `ungated_write`, enforcement, `prune_rejections`; `000006_roles`: `pgfence.grant_*`, `revoke` |
+//! | `membership` | replica groups: [`MemberSpec`], [`Member`], join / heartbeat / leave, the [`Roster`] | `000005_membership`: `pgfence.join_group`, `heartbeat`, `leave_group`, `roster`, `group_members` |
 //! | `tasks` | the guarded task and event writes | `000004_tasks`: `pgfence.create_task`, `claim_task`, `transition_task`, `append_event` |
 //! | `history` | the record of every tenure from both sides ([`Tenure`]), the holder's belief reports, the overlap review ([`Store::review`]) | `000002_lease_protocol`: `pgfence.report_belief`, `tenure_history`; the write marks of `000003_guard` |
 //! | [`leader`] | the leadership runtime, one file per concern | `000002_lease_protocol`: `pgfence.renew_many` |
@@ -87,6 +88,7 @@ mod fence;
 mod history;
 pub mod leader;
 mod lease;
+mod membership;
 mod pooler;
 mod reply;
 mod store;
@@ -104,6 +106,10 @@ pub use fence::{
 pub use history::{
     Belief, BeliefEnd, Interval, OffsetBounds, Overlap, ServerView, Successor, Tenure,
     TenureReview, CLOCK_DRIFT_PPM, WRITE_MARK_RESOLUTION,
+};
+pub use membership::{
+    GroupMember, Member, MemberLoss, MemberSpec, Roster, RosterMember, MAX_GROUP_LEN, MAX_GROUP_NAMES,
+    MAX_SHARDS, MAX_WEIGHT,
 };
 pub use lease::{
     ForceReleased, Lease, LeaseState, LeaseStatus, Released, TenureSecret, SECRET_LEN,
@@ -146,6 +152,11 @@ pub mod reexports {
 /// | `pgfence_renew_duration_seconds` ([`METRIC_RENEW_DURATION`](leader::METRIC_RENEW_DURATION)) | histogram | seconds | — | round trip of one batched renewal statement |
 /// | `pgfence_callbacks_not_stopped_total` ([`METRIC_CALLBACKS_NOT_STOPPED`](leader::METRIC_CALLBACKS_NOT_STOPPED)) | counter | count | `lease` | leader callbacks aborted after the grace period |
 /// | `pgfence_stale_writes_total` ([`METRIC_STALE_WRITES`]) | counter | count | `lease` | writes refused as stale (and audited) |
+/// | `pgfence_group_members` ([`METRIC_GROUP_MEMBERS`](leader::METRIC_GROUP_MEMBERS)) | gauge | count | `group` | live members of the group at this replica's last roster read |
+/// | `pgfence_group_names_assigned` ([`METRIC_GROUP_NAMES_ASSIGNED`](leader::METRIC_GROUP_NAMES_ASSIGNED)) | gauge | count | `group` | names the group's assignment gives this replica |
+/// | `pgfence_group_names_led` ([`METRIC_GROUP_NAMES_LED`](leader::METRIC_GROUP_NAMES_LED)) | gauge | count | `group` | names of the group this replica leads now |
+/// | `pgfence_handovers_total` ([`METRIC_HANDOVERS`](leader::METRIC_HANDOVERS)) | counter | count | `group` | tenures this replica ended to hand their name over |
+/// | `pgfence_handover_gap_seconds` ([`METRIC_HANDOVER_GAP`](leader::METRIC_HANDOVER_GAP)) | histogram | seconds | `group` | how long a name acquired after a handover had no holder (database clock) |
 /// | `pgfence_belief_reports_failed_total` ([`METRIC_BELIEF_REPORTS_FAILED`](leader::METRIC_BELIEF_REPORTS_FAILED)) | counter | count | `lease` | belief reports that failed or timed out |
 ///
 /// ```
@@ -179,6 +190,32 @@ pub fn describe_metrics() {
         leader::METRIC_CALLBACKS_NOT_STOPPED,
         Unit::Count,
         "Leader callbacks that did not return within the grace period after their tenure ended, and were aborted"
+    );
+    describe_gauge!(
+        leader::METRIC_GROUP_MEMBERS,
+        Unit::Count,
+        "Live members of the replica group at this replica's last roster read"
+    );
+    describe_gauge!(
+        leader::METRIC_GROUP_NAMES_ASSIGNED,
+        Unit::Count,
+        "Names the group's balanced assignment gives this replica (what it should lead)"
+    );
+    describe_gauge!(
+        leader::METRIC_GROUP_NAMES_LED,
+        Unit::Count,
+        "Names of the replica group this replica leads now"
+    );
+    describe_counter!(
+        leader::METRIC_HANDOVERS,
+        Unit::Count,
+        "Tenures this replica ended to hand their name over to the member the assignment gives it to"
+    );
+    describe_histogram!(
+        leader::METRIC_HANDOVER_GAP,
+        Unit::Seconds,
+        "How long a name this replica acquired after a handover had no holder (predecessor's release to this \
+         acquisition, database clock)"
     );
     describe_counter!(
         METRIC_STALE_WRITES,

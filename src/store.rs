@@ -107,7 +107,7 @@ pub const DEFAULT_MIGRATION_LOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// The advisory-lock functions pgfence calls: the migration lock (here), the guard lock and the intent lock (the
 /// lease protocol, the guard; the guard probes the intent lock with the session-level pair). The schema owner must
-/// be able to execute every one of them; `pgfence._layout_problems()` (000005_roles) checks the same list once the
+/// be able to execute every one of them; `pgfence._layout_problems()` (000006_roles) checks the same list once the
 /// schema exists.
 pub const ADVISORY_FUNCTIONS_NEEDED: [&str; 7] = [
     "pg_catalog.pg_advisory_lock(bigint)",

@@ -546,7 +546,7 @@ async fn writes_survive_planned_and_hard_failovers_of_a_pg_auto_failover_formati
     }
     shutdown.cancel();
     for t in tasks {
-        t.await.unwrap();
+        t.await.unwrap().unwrap();
     }
     while let Ok(a) = rx.try_recv() {
         all.push(a);

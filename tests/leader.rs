@@ -1533,8 +1533,8 @@ async fn supervisor_runs_independent_controllers_and_recampaigns() {
 
     p1_shutdown.cancel();
     p2_shutdown.cancel();
-    p1_task.within(WAIT, "the end of p1").await.unwrap();
-    p2_task.within(WAIT, "the end of p2").await.unwrap();
+    p1_task.within(WAIT, "the end of p1").await.unwrap().unwrap();
+    p2_task.within(WAIT, "the end of p2").await.unwrap().unwrap();
     for lease in pg.elector.store().leases().await.unwrap() {
         assert_ne!(
             lease.state,
@@ -2000,7 +2000,7 @@ async fn a_failover_loss_is_reported_and_the_supervisor_campaigns_again() {
     assert_eq!(status.leading().get("scheduler"), Some(&true));
 
     shutdown.cancel();
-    supervisor.await.unwrap();
+    supervisor.await.unwrap().unwrap();
     assert!(!second.is_held());
     assert_eq!(second.end_cause(), Some(TenureEnd::Shutdown));
     assert_eq!(first.end_cause(), failover, "an end is never rewritten");
@@ -2156,7 +2156,7 @@ async fn failing_controllers_are_rerun_after_a_growing_backoff() {
     }
     shutdown.cancel();
     for run in runs {
-        run.within(WAIT, "the end of the run").await.unwrap();
+        run.within(WAIT, "the end of the run").await.unwrap().unwrap();
     }
     for (kind, times) in series {
         let gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).take(4).collect();

@@ -18,6 +18,8 @@ mod hostile;
 mod layout;
 #[path = "lease.rs"]
 mod lease;
+#[path = "membership.rs"]
+mod membership;
 #[path = "migrations.rs"]
 mod migrations;
 #[path = "multihost.rs"]
@@ -28,6 +30,8 @@ mod overlap;
 mod privileges;
 #[path = "regress.rs"]
 mod regress;
+#[path = "spread.rs"]
+mod spread;
 #[path = "sqlstate.rs"]
 mod sqlstate;
 #[path = "standby.rs"]

@@ -1,9 +1,9 @@
--- pgfence migration 1 of 5, the schema: the pgfence schema, its tables, indexes and result types; the text and
+-- pgfence migration 1 of 6, the schema: the pgfence schema, its tables, indexes and result types; the text and
 -- argument checks that table constraints and functions share; the lock-wait and message helpers; the trust rule
 -- (which clusters a session's role may use) and the audit's one writer (_reject); the installation's identity.
 -- Called from Rust by src/store.rs (Store::migrate applies every migration in order; pgfence.identity());
 -- src/validate.rs mirrors the text checks. The other concerns build on it: 000002_lease_protocol,
--- 000003_guard, 000004_tasks, 000005_roles.
+-- 000003_guard, 000004_tasks, 000005_membership, 000006_roles.
 --
 -- pgfence stores leases, tenures, tasks, task events and the audit of refused writes.
 --
@@ -384,7 +384,7 @@ CREATE TABLE pgfence.grants (
     operator   boolean NOT NULL DEFAULT false,
     granted_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     -- The login role of the session that wrote the row, set by a trigger whatever the statement says
-    -- (000005_roles): a row written in a session whose login role is not trusted is refused, and removed by
+    -- (000006_roles): a row written in a session whose login role is not trusted is refused, and removed by
     -- _harden should one ever get in.
     granted_by name NOT NULL DEFAULT session_user
 );

@@ -1,4 +1,4 @@
--- pgfence migration 2 of 5, the lease protocol: acquire, renew, renew_many, release and force_release; the row
+-- pgfence migration 2 of 6, the lease protocol: acquire, renew, renew_many, release and force_release; the row
 -- and guard locks a change of who may write takes; why a tenure is not current (_loss_reason) and whether a
 -- secret is its tenure's; the trigger that makes every change of a lease row take the guard lock; the takeover
 -- grace setting; the tenure history view; the release notification (NOTIFY pgfence_lease_free).

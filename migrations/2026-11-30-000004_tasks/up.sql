@@ -1,4 +1,4 @@
--- pgfence migration 4 of 5, tasks: the guarded task writes (create_task, claim_task, transition_task,
+-- pgfence migration 4 of 6, tasks: the guarded task writes (create_task, claim_task, transition_task,
 -- append_event: each one statement that checks the fence, writes the task row and appends its event) and the
 -- trigger that keeps pgfence.task_events append-only.
 -- Called from Rust by src/tasks.rs.

@@ -453,6 +453,8 @@ pub(super) enum Wake {
     /// The release listener LISTENs again after it lost its connection: releases in between were not heard,
     /// so every waiter should look again.
     Resumed,
+    /// A member of some replica group joined, left or settled.
+    Members,
 }
 
 /// Resolves when a lease may have become free (a release notification) — a hint, never a guarantee.
@@ -477,7 +479,7 @@ impl Wakeups {
                 Err(_) => return,
                 Ok(Ok(Wake::Free(name))) if name == qualified => return,
                 Ok(Ok(Wake::Resumed)) => return,
-                Ok(Ok(Wake::Free(_))) => continue,
+                Ok(Ok(Wake::Free(_) | Wake::Members)) => continue,
                 // Missed messages: one of them may have been ours.
                 Ok(Err(broadcast::error::RecvError::Lagged(_))) => return,
                 Ok(Err(broadcast::error::RecvError::Closed)) => {
@@ -485,6 +487,22 @@ impl Wakeups {
                     return;
                 }
             }
+        }
+    }
+}
+
+impl Wakeups {
+    /// Waits until any lease is announced free, a replica group's membership changes, or `max_wait` passes.
+    /// Cancel safe, as [`wait`](Self::wait).
+    pub async fn wait_any(&mut self, max_wait: Duration) {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        let Some(rx) = self.rx.as_mut() else {
+            tokio::time::sleep_until(deadline).await;
+            return;
+        };
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Err(broadcast::error::RecvError::Closed)) => tokio::time::sleep_until(deadline).await,
+            _ => {}
         }
     }
 }

@@ -6,12 +6,14 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast;
 
+use super::group::{Leaver, MemberShared, Membership};
 use super::held::{Health, HeldLease, LossCause, Releaser, Shared, Wake, Wakeups};
 use super::options::LeaseOptions;
 use super::supervisor::BoxFuture;
 use super::Elector;
 use crate::error::{Error, Result};
 use crate::lease::{Lease, Released, TenureSecret};
+use crate::membership::{Member, MemberSpec, Roster, RosterMember};
 use crate::types::{Epoch, LossReason};
 
 /// A deterministic, in-memory [`Elector`] for unit-testing controller code without a database.
@@ -27,6 +29,21 @@ pub struct MemoryElector {
 struct MemoryInner {
     leases: Mutex<HashMap<String, MemoryLease>>,
     wake: OnceLock<broadcast::Sender<Wake>>,
+    /// Qualified group → member name → its membership.
+    groups: Mutex<HashMap<String, std::collections::BTreeMap<String, MemoryMember>>>,
+}
+
+#[derive(Debug)]
+struct MemoryMember {
+    spec: MemberSpec,
+    incarnation: i64,
+    current: Weak<MemberShared>,
+}
+
+impl MemoryMember {
+    fn is_live(&self) -> bool {
+        self.current.upgrade().is_some_and(|m| m.is_current())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -117,6 +134,22 @@ impl MemoryElector {
         Some((lease.holder.clone()?, Epoch::new(lease.epoch).ok()?))
     }
 
+    /// Ends the membership of `member` in `group` as if its heartbeats had stopped (a crash, a partition): the
+    /// other members rebalance. Returns false when it was not a live member.
+    pub fn expire_member(&self, group: &str, member: &str) -> bool {
+        let ended = {
+            let mut groups = self.inner.groups.lock().unwrap_or_else(|p| p.into_inner());
+            groups
+                .get_mut(&self.qualify(group))
+                .and_then(|members| members.remove(member))
+                .and_then(|m| m.current.upgrade())
+                .map(|m| m.end("expired (injected)".to_owned()))
+                .unwrap_or(false)
+        };
+        let _ = self.sender().send(Wake::Members);
+        ended
+    }
+
     fn sender(&self) -> &broadcast::Sender<Wake> {
         self.inner.wake.get_or_init(|| broadcast::channel(1024).0)
     }
@@ -154,6 +187,32 @@ impl Releaser for MemoryReleaser {
             } else {
                 Ok(Released::NotHeld(LossReason::Superseded))
             }
+        })
+    }
+}
+
+#[derive(Debug)]
+struct MemoryLeaver {
+    elector: MemoryElector,
+}
+
+impl Leaver for MemoryLeaver {
+    fn leave(&self, member: Member) -> BoxFuture<Result<bool>> {
+        let elector = self.elector.clone();
+        Box::pin(async move {
+            let left = {
+                let mut groups = elector.inner.groups.lock().unwrap_or_else(|p| p.into_inner());
+                let members = groups.entry(member.qualified_group().to_owned()).or_default();
+                match members.get(member.member()) {
+                    Some(m) if m.incarnation == member.incarnation() => {
+                        members.remove(member.member());
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            let _ = elector.sender().send(Wake::Members);
+            Ok(left)
         })
     }
 }
@@ -220,6 +279,77 @@ impl Elector for MemoryElector {
         Wakeups {
             rx: Some(self.sender().subscribe()),
         }
+    }
+
+    async fn join(
+        &self,
+        group: &str,
+        member: &str,
+        spec: &MemberSpec,
+        options: &LeaseOptions,
+    ) -> Result<Membership> {
+        options.validate()?;
+        crate::membership::validate_group(group)?;
+        crate::validate::validate_holder("member", member)?;
+        spec.validate()?;
+        let qualified = self.qualify(group);
+        let shared = {
+            let mut groups = self.inner.groups.lock().unwrap_or_else(|p| p.into_inner());
+            let members = groups.entry(qualified.clone()).or_default();
+            let incarnation = match members.get(member) {
+                Some(m) if m.is_live() => {
+                    return Err(Error::MemberTaken {
+                        group: qualified,
+                        member: member.to_owned(),
+                        expires_in: options.ttl,
+                    })
+                }
+                Some(m) => m.incarnation + 1,
+                None => 1,
+            };
+            let secret = TenureSecret::parse("0".repeat(crate::lease::SECRET_LEN))?;
+            // Memory memberships do not expire by time: only leaving and `expire_member` end them.
+            let joined = Member::from_parts(group, qualified, member, incarnation, secret, far_future());
+            let shared = MemberShared::new(joined, Duration::ZERO);
+            members.insert(
+                member.to_owned(),
+                MemoryMember {
+                    spec: spec.clone(),
+                    incarnation,
+                    current: Arc::downgrade(&shared),
+                },
+            );
+            shared
+        };
+        let _ = self.sender().send(Wake::Members);
+        Ok(Membership::new(
+            shared,
+            Arc::new(MemoryLeaver {
+                elector: self.clone(),
+            }),
+        ))
+    }
+
+    async fn roster(&self, group: &str) -> Result<Roster> {
+        crate::membership::validate_group(group)?;
+        let groups = self.inner.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let leases = self.inner.leases.lock().unwrap_or_else(|p| p.into_inner());
+        let mut roster = Roster::default();
+        for (name, m) in groups.get(&self.qualify(group)).into_iter().flatten() {
+            if !m.is_live() {
+                continue;
+            }
+            for lease in &m.spec.names {
+                let held = leases.get(&self.qualify(lease)).and_then(|l| l.holder.as_deref());
+                if held == Some(name.as_str()) {
+                    roster.holders.insert(lease.clone(), name.clone());
+                }
+            }
+            roster
+                .members
+                .push(RosterMember::from_spec(name.clone(), &m.spec, true));
+        }
+        Ok(roster)
     }
 
     async fn health(&self) -> Health {

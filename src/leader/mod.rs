@@ -33,13 +33,18 @@
 //! | `memory` | `MemoryElector` (feature `testing`): the in-memory double for users' controller tests |
 //! | `run` | [`run_with_leadership`], [`LeaderContext`], [`LeadershipOptions`], [`Ended`] |
 //! | `backoff` | [`Backoff`] between a supervised controller's campaigns |
-//! | `supervisor` | [`Supervisor`]: several controllers, each with its lease, restarted with backoff |
+//! | `supervisor` | [`Supervisor`]: several controllers, each with its lease, restarted with backoff, spread over a group's replicas ([`Spread`]) |
+//! | `group` | [`Membership`]: a replica group's membership, heartbeated with the member's leases |
+//! | `assign` | [`assign`](assign()): the balanced assignment every member computes from the same roster; [`shard_of`] |
 
 use std::future::Future;
 
 use crate::error::Result;
+use crate::membership::{MemberSpec, Roster};
 
+pub mod assign;
 mod backoff;
+mod group;
 mod held;
 #[cfg(feature = "testing")]
 mod memory;
@@ -48,14 +53,18 @@ pub(crate) mod pg;
 mod run;
 mod supervisor;
 
+pub use assign::{assign, shard_of, Assignment};
 pub use backoff::Backoff;
+pub use group::{MemberState, Membership};
 pub use held::{Health, HeldLease, LossCause, Standing, Wakeups};
 #[cfg(feature = "testing")]
 pub use memory::MemoryElector;
 pub use options::LeaseOptions;
 pub use pg::PgElector;
 pub use run::{run_with_leadership, Ended, LeaderContext, LeadershipOptions, TenureEnd};
-pub use supervisor::{BoxError, Readiness, Supervisor, SupervisorStatus};
+pub use supervisor::{
+    BoxError, GroupStatus, Readiness, Shard, Spread, Supervisor, SupervisorStatus,
+};
 
 /// Gauge `pgfence_leader{lease}`: 1 while this process holds a tenure of the lease, 0 once it ended. Described
 /// by [`describe_metrics`](crate::describe_metrics).
@@ -75,6 +84,19 @@ pub const METRIC_CALLBACKS_NOT_STOPPED: &str = "pgfence_callbacks_not_stopped_to
 /// Counter `pgfence_belief_reports_failed_total{lease}`: belief reports of a [`PgElector`]
 /// ([`LeaseOptions::report_beliefs`]) that failed or timed out; the review then shows that belief as unknown.
 pub const METRIC_BELIEF_REPORTS_FAILED: &str = "pgfence_belief_reports_failed_total";
+
+/// Gauge `pgfence_group_members{group}`: the live members of the group at this replica's last roster read.
+pub const METRIC_GROUP_MEMBERS: &str = "pgfence_group_members";
+/// Gauge `pgfence_group_names_assigned{group}`: the names the group's assignment gives this replica (what it
+/// should lead).
+pub const METRIC_GROUP_NAMES_ASSIGNED: &str = "pgfence_group_names_assigned";
+/// Gauge `pgfence_group_names_led{group}`: the names of the group this replica leads now.
+pub const METRIC_GROUP_NAMES_LED: &str = "pgfence_group_names_led";
+/// Counter `pgfence_handovers_total{group}`: tenures this replica ended to hand their name over.
+pub const METRIC_HANDOVERS: &str = "pgfence_handovers_total";
+/// Histogram `pgfence_handover_gap_seconds{group}`: how long a name this replica acquired after a handover had
+/// no holder (the predecessor's release to this acquisition, database clock).
+pub const METRIC_HANDOVER_GAP: &str = "pgfence_handover_gap_seconds";
 
 /// Something that grants leases: PostgreSQL ([`PgElector`]) or the in-memory double (`MemoryElector`, feature
 /// `testing`).
@@ -113,4 +135,56 @@ pub trait Elector: Clone + Send + Sync + 'static {
 
     /// Health of the backing store. It only reads: dropping the future is safe.
     fn health(&self) -> impl Future<Output = Health> + Send;
+
+    /// Joins replica group `group` as `member` with `spec`; the membership is heartbeated in the background
+    /// with `options`' timing (a [`PgElector`] sends the heartbeat in the statement that renews the leases
+    /// `member` holds with the same timing) until it is lost, left or dropped.
+    ///
+    /// The default implementation refuses: an elector that wraps another delegates to it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::join_group`](crate::Store::join_group); [`Error::InvalidInput`](crate::Error::InvalidInput)
+    /// for invalid `options`.
+    fn join(
+        &self,
+        group: &str,
+        member: &str,
+        spec: &MemberSpec,
+        options: &LeaseOptions,
+    ) -> impl Future<Output = Result<Membership>> + Send {
+        let _ = (group, member, spec, options);
+        async {
+            Err(crate::Error::invalid(
+                "elector",
+                "this elector does not support replica groups",
+            ))
+        }
+    }
+
+    /// The live roster of replica group `group`: its members and who leads each name now. It only reads.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::roster`](crate::Store::roster); the default implementation refuses.
+    fn roster(&self, group: &str) -> impl Future<Output = Result<Roster>> + Send {
+        let _ = group;
+        async {
+            Err(crate::Error::invalid(
+                "elector",
+                "this elector does not support replica groups",
+            ))
+        }
+    }
+
+    /// How long `name` had no holder before tenure `epoch` began, when the tenure before it was released (a
+    /// handover), by the store's clock; `None` otherwise or when unknown. It only reads.
+    fn handover_gap(
+        &self,
+        name: &str,
+        epoch: crate::Epoch,
+    ) -> impl Future<Output = Option<std::time::Duration>> + Send {
+        let _ = (name, epoch);
+        async { None }
+    }
 }

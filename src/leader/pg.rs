@@ -8,15 +8,18 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
+use diesel::QueryableByName;
 use diesel_async::AsyncPgConnection;
 use tokio::sync::{broadcast, Notify};
 
+use super::group::{Leaver, MemberShared, Membership};
 use super::held::{BeliefReporter, Health, HeldLease, LossCause, Releaser, Shared, Wake, Wakeups};
 use super::options::LeaseOptions;
 use super::supervisor::BoxFuture;
 use super::{Elector, METRIC_RENEW_DURATION};
 use crate::error::{DenyReason, Error, Result};
 use crate::lease::{Lease, Released};
+use crate::membership::{Member, MemberReply, MemberResultRow, MemberSpec, Roster};
 use crate::reply::{deny_reason, is_denial, loss_reason, unexpected, RowsOf};
 use crate::store::{Checked, Store};
 use crate::types::LossReason;
@@ -57,12 +60,25 @@ struct GroupKey {
     retry_every: Duration,
 }
 
-/// Leases renewed together by one statement per tick.
+/// Leases renewed together by one statement per tick, with at most one membership of a replica group: its
+/// heartbeat goes in the same statement.
 #[derive(Debug)]
 struct Group {
     key: GroupKey,
     members: Mutex<Vec<Arc<Shared>>>,
+    membership: Mutex<Option<Arc<MemberShared>>>,
     wake: Notify,
+}
+
+impl Group {
+    /// The membership heartbeated with this group, while it is current.
+    fn membership(&self) -> Option<Arc<MemberShared>> {
+        let mut slot = self.membership.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_some_and(|m| !m.is_current()) {
+            *slot = None;
+        }
+        slot.clone()
+    }
 }
 
 impl PgElector {
@@ -84,23 +100,51 @@ impl PgElector {
     }
 
     fn join_group(&self, key: GroupKey, member: Arc<Shared>) {
-        let mut groups = self.inner.groups.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(group) = groups.get(&key) {
+        self.renewal_group(key, |group| {
             group
                 .members
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push(member);
+            Ok(())
+        })
+        .expect("adding a lease never fails");
+    }
+
+    /// Adds `membership` to the renewal group of `key`: heartbeated in the statement that renews its leases.
+    fn attach_membership(&self, key: GroupKey, membership: Arc<MemberShared>) -> Result<()> {
+        self.renewal_group(key, |group| {
+            let mut slot = group.membership.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.as_ref().is_some_and(|m| m.is_current()) {
+                return Err(Error::invalid(
+                    "member",
+                    "this elector already heartbeats a membership with this holder name and timing: join \
+                     another group under another member name",
+                ));
+            }
+            *slot = Some(membership);
+            Ok(())
+        })
+    }
+
+    /// Runs `add` on the renewal group of `key` (created, with its renewal loop, when missing) and wakes it.
+    fn renewal_group(&self, key: GroupKey, add: impl FnOnce(&Group) -> Result<()>) -> Result<()> {
+        let mut groups = self.inner.groups.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(group) = groups.get(&key) {
+            add(group)?;
             group.wake.notify_one();
-            return;
+            return Ok(());
         }
         let group = Arc::new(Group {
             key: key.clone(),
-            members: Mutex::new(vec![member]),
+            members: Mutex::new(Vec::new()),
+            membership: Mutex::new(None),
             wake: Notify::new(),
         });
+        add(&group)?;
         groups.insert(key, group.clone());
         tokio::spawn(renew_loop(Arc::downgrade(&self.inner), group));
+        Ok(())
     }
 
     fn notifications(&self) -> &broadcast::Sender<Wake> {
@@ -142,7 +186,10 @@ async fn listen(store: Store, tx: broadcast::Sender<Wake>) {
     let mut listened_before = false;
     loop {
         match store.open_dedicated(crate::store::Kind::Listening).await {
-            Ok(mut conn) => match conn.batch_execute("LISTEN pgfence_lease_free").await {
+            Ok(mut conn) => match conn
+                .batch_execute("LISTEN pgfence_lease_free; LISTEN pgfence_members")
+                .await
+            {
                 Ok(()) => {
                     delay = LISTEN_RETRY_MIN;
                     if listened_before {
@@ -154,6 +201,9 @@ async fn listen(store: Store, tx: broadcast::Sender<Wake>) {
                         // notifications loses none, and frees the connection for the name lookup.
                         let next = std::pin::pin!(conn.notifications_stream()).next().await;
                         match next {
+                            Some(Ok(n)) if n.channel == "pgfence_members" => {
+                                let _ = tx.send(Wake::Members);
+                            }
                             Some(Ok(n)) => {
                                 let Ok(key) = n.payload.parse::<i32>() else {
                                     continue;
@@ -293,13 +343,37 @@ enum Lent<'a> {
     Dedicated(AsyncPgConnection),
 }
 
+/// A row of the heartbeat statement: the membership's answer (the same on every row) beside one row of
+/// renew_many (none when no lease is renewed with it).
+#[derive(QueryableByName)]
+struct HeartbeatRow {
+    #[diesel(embed)]
+    member: MemberResultRow,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    renew_lease: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    renew_outcome: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    renew_reason: Option<String>,
+}
+
+/// One statement for a membership's heartbeat and its leases' renewal: `pgfence.heartbeat` first, then
+/// `pgfence.renew_many` laterally (run once, for the heartbeat's one row; its rows in input order). A member
+/// renews its membership and every lease it leads with the same timing in one round trip per tick.
+const HEARTBEAT_SQL: &str = "SELECT h.*, r.lease AS renew_lease, r.outcome AS renew_outcome, \
+    r.reason AS renew_reason \
+    FROM pgfence.heartbeat($1, $2, $3, $4, $5) h \
+    LEFT JOIN LATERAL pgfence.renew_many($6, $7, $8, $5) WITH ORDINALITY AS r(lease, outcome, reason, epoch, ord) \
+    ON true ORDER BY r.ord";
+
 /// How one renewal attempt ended.
 enum Attempt {
     /// The database answered: one row per member (its lease and what renew_many said), in the order sent, and
-    /// when the statement was sent.
+    /// when the statement was sent; and the membership's answer when one was heartbeated.
     Answered {
         sent: Instant,
         rows: Vec<(String, Renewal)>,
+        membership: Option<MemberReply>,
     },
     /// Connecting or the statement failed.
     Failed(Error),
@@ -353,6 +427,7 @@ impl RenewalConnection {
         store: &Store,
         key: &GroupKey,
         members: &[Arc<Shared>],
+        membership: Option<&Member>,
         until: tokio::time::Instant,
     ) -> Attempt {
         use diesel_async::pooled_connection::PoolableConnection;
@@ -370,19 +445,49 @@ impl RenewalConnection {
             .iter()
             .map(|m| m.lease.fence().secret().expose_secret().to_owned())
             .collect();
-        let query = RowsOf(sql::renew_many(
-            names,
-            epochs,
-            secrets,
-            key.ttl.as_millis() as i64,
-        ));
+        let ttl_ms = key.ttl.as_millis() as i64;
         let conn: &mut AsyncPgConnection = match &mut lent {
             Lent::Pooled(conn) => conn,
             Lent::Dedicated(conn) => conn,
         };
         let cancel = conn.cancel_token();
         let sent = Instant::now();
-        let result = tokio::time::timeout_at(until, query.load::<RenewManyRow>(conn)).await;
+        let statement = async {
+            match membership {
+                None => RowsOf(sql::renew_many(names, epochs, secrets, ttl_ms))
+                    .load::<RenewManyRow>(conn)
+                    .await
+                    .map(|rows| (rows, None)),
+                Some(member) => {
+                    use diesel::sql_types::{Array, BigInt, Text};
+                    let rows = diesel::sql_query(HEARTBEAT_SQL)
+                        .bind::<Text, _>(member.qualified_group())
+                        .bind::<Text, _>(member.member())
+                        .bind::<BigInt, _>(member.incarnation())
+                        .bind::<Text, _>(member.secret().expose_secret())
+                        .bind::<BigInt, _>(ttl_ms)
+                        .bind::<Array<Text>, _>(names)
+                        .bind::<Array<BigInt>, _>(epochs)
+                        .bind::<Array<Text>, _>(secrets)
+                        .load::<HeartbeatRow>(conn)
+                        .await?;
+                    let mut renewals = Vec::with_capacity(rows.len());
+                    let mut reply = None;
+                    for row in rows {
+                        if let Some(lease) = row.renew_lease {
+                            renewals.push(RenewManyRow {
+                                lease,
+                                outcome: row.renew_outcome,
+                                reason: row.renew_reason,
+                            });
+                        }
+                        reply.get_or_insert(row.member);
+                    }
+                    Ok((renewals, reply))
+                }
+            }
+        };
+        let result = tokio::time::timeout_at(until, statement).await;
         let result = match (result, lent) {
             (Ok(result), Lent::Pooled(mut conn)) => {
                 conn.settle(&result);
@@ -417,11 +522,24 @@ impl RenewalConnection {
                 };
             }
         };
-        let decoded = result
-            .map_err(Error::from)
-            .and_then(|rows| rows.into_iter().map(RenewManyRow::decode).collect());
+        let decoded = result.map_err(Error::from).and_then(|(rows, reply)| {
+            let rows = rows
+                .into_iter()
+                .map(RenewManyRow::decode)
+                .collect::<Result<Vec<_>>>()?;
+            let membership = match (membership, reply) {
+                (None, _) => None,
+                (Some(_), Some(reply)) => Some(reply.decode("heartbeat")?),
+                (Some(_), None) => return Err(unexpected("heartbeat", "no row")),
+            };
+            Ok((rows, membership))
+        });
         match decoded {
-            Ok(rows) => Attempt::Answered { sent, rows },
+            Ok((rows, membership)) => Attempt::Answered {
+                sent,
+                rows,
+                membership,
+            },
             Err(e) => Attempt::Failed(e),
         }
     }
@@ -447,7 +565,8 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
             members.retain(|m| m.is_current());
             members.clone()
         };
-        if members.is_empty() {
+        let membership = group.membership();
+        if members.is_empty() && membership.is_none() {
             let mut groups = inner.groups.lock().unwrap_or_else(|p| p.into_inner());
             // Re-check under the registry lock: a member may have joined since.
             if group
@@ -455,6 +574,7 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .is_empty()
+                && group.membership().is_none()
             {
                 groups.remove(&key);
                 return;
@@ -464,8 +584,9 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
         let trust_until = members
             .iter()
             .map(|m| m.trust_until())
+            .chain(membership.iter().map(|m| m.trust_until()))
             .min()
-            .expect("members is not empty");
+            .expect("a lease or a membership");
         let trust_until = tokio::time::Instant::from_std(trust_until);
         tokio::select! {
             _ = tokio::time::sleep_until(next.min(trust_until)) => {}
@@ -475,26 +596,49 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
         if now < next {
             // Woken by a deadline, not by the tick: declare the members whose deadline passed.
             expire_members(&members, &last_error);
+            if let Some(membership) = &membership {
+                membership.set_last_error(last_error.clone());
+                membership.is_current();
+            }
             continue;
         }
 
         // Members may have ended while we slept (released, abandoned, or lost through `is_held`): renewing them
         // would extend a tenure nobody holds and delay its successor by up to a period.
         let members: Vec<Arc<Shared>> = members.into_iter().filter(|m| m.is_current()).collect();
-        if members.is_empty() {
+        let membership = membership.filter(|m| m.is_current());
+        if members.is_empty() && membership.is_none() {
             continue;
         }
+        let member = membership.as_ref().map(|m| m.member());
         // One span per attempt: its events, and the losses it declares, carry the holder and the batch's size.
         let span = tracing::debug_span!("renewal", holder = %key.holder, leases = members.len());
         let attempt = tracing::Instrument::instrument(
-            connection.renew(&inner.store, &key, &members, trust_until),
+            connection.renew(&inner.store, &key, &members, member.as_ref(), trust_until),
             span.clone(),
         )
         .await;
         drop(inner);
         let _in_span = span.enter();
         match attempt {
-            Attempt::Answered { sent, rows } => {
+            Attempt::Answered {
+                sent,
+                rows,
+                membership: reply,
+            } => {
+                if let (Some(membership), Some(reply)) = (&membership, reply) {
+                    match reply {
+                        MemberReply::Renewed { settled, digest } => {
+                            membership.renewed(sent, settled, digest)
+                        }
+                        MemberReply::Lost(reason) => {
+                            membership.end(format!("heartbeat refused: {reason}"));
+                        }
+                        other => {
+                            membership.end(format!("heartbeat answered {other:?}"));
+                        }
+                    }
+                }
                 metrics::histogram!(METRIC_RENEW_DURATION).record(sent.elapsed().as_secs_f64());
                 // One row per member, in the order sent (two tenures of one lease may be in the group: the
                 // names alone would not tell them apart).
@@ -534,6 +678,12 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
             }
         }
         expire_members(&members, &last_error);
+        if let Some(membership) = &membership {
+            if last_error.is_some() {
+                membership.set_last_error(last_error.clone());
+            }
+            membership.is_current();
+        }
     }
 }
 
@@ -579,6 +729,25 @@ impl Releaser for PgReleaser {
     }
 }
 
+#[derive(Debug)]
+struct PgLeaver {
+    store: Store,
+}
+
+impl Leaver for PgLeaver {
+    fn leave(&self, member: Member) -> BoxFuture<Result<bool>> {
+        let store = self.store.clone();
+        Box::pin(async move {
+            // Idempotent, like a release: retried once on a fresh connection; if that fails too, the membership
+            // expires after its ttl.
+            match store.leave_group(&member).await {
+                Err(e) if e.is_transient() => store.leave_group(&member).await,
+                other => other,
+            }
+        })
+    }
+}
+
 impl Elector for PgElector {
     fn qualify(&self, name: &str) -> String {
         self.inner.store.qualify(name)
@@ -614,6 +783,54 @@ impl Elector for PgElector {
         Wakeups {
             rx: Some(self.notifications().subscribe()),
         }
+    }
+
+    async fn join(
+        &self,
+        group: &str,
+        member: &str,
+        spec: &MemberSpec,
+        options: &LeaseOptions,
+    ) -> Result<Membership> {
+        options.validate()?;
+        // Listening before the join: a change of the roster right after it is not missed.
+        self.notifications();
+        let joined = self
+            .inner
+            .store
+            .join_group(group, member, spec, options.ttl)
+            .await?;
+        let shared = MemberShared::new(joined, options.safety_margin);
+        let key = GroupKey {
+            holder: member.to_owned(),
+            ttl: options.ttl,
+            renew_every: options.renew_every,
+            retry_every: options.retry_every,
+        };
+        let leaver = Arc::new(PgLeaver {
+            store: self.inner.store.clone(),
+        });
+        if let Err(e) = self.attach_membership(key, shared.clone()) {
+            // Not heartbeated: leave at once rather than leave a member the others would count for a ttl.
+            let _ = leaver.leave(shared.member()).await;
+            return Err(e);
+        }
+        Ok(Membership::new(shared, leaver))
+    }
+
+    async fn roster(&self, group: &str) -> Result<Roster> {
+        self.inner.store.roster(group).await
+    }
+
+    async fn handover_gap(&self, name: &str, epoch: crate::types::Epoch) -> Option<Duration> {
+        self.inner
+            .store
+            .handover_gap(name, epoch)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::debug!(error = %e, "reading the handover gap failed");
+                None
+            })
     }
 
     async fn health(&self) -> Health {

@@ -32,6 +32,8 @@ pub struct LeaderContext {
     tenure: Arc<Shared>,
     /// Set by [`run_with_leadership`] before it cancels the token because its parent was cancelled.
     shutdown: Arc<AtomicBool>,
+    /// Set by a spreading [`Supervisor`](super::Supervisor) before it cancels the parent to hand the name over.
+    handover: Option<Arc<AtomicBool>>,
 }
 
 /// Why the leadership a [`LeaderContext`] stands for ended (or, for [`Shutdown`](Self::Shutdown), is ending).
@@ -49,6 +51,11 @@ pub enum TenureEnd {
     /// The callback returned (or failed) and the tenure was released: only work the callback left running with a
     /// clone of the context can see this.
     Released,
+    /// A spreading [`Supervisor`](super::Supervisor) hands the name over to the replica the group's assignment
+    /// now gives it to: as for [`Shutdown`](Self::Shutdown), the tenure stays held until the callback returns
+    /// (or its grace runs out) and is then released, and the successor acquires with a larger epoch at once.
+    /// Writes of this tenure after the successor's acquisition are refused.
+    Handover,
 }
 
 impl fmt::Display for TenureEnd {
@@ -57,6 +64,7 @@ impl fmt::Display for TenureEnd {
             TenureEnd::Lost(cause) => write!(f, "lost: {cause}"),
             TenureEnd::Shutdown => f.write_str("shut down"),
             TenureEnd::Released => f.write_str("released after the callback returned"),
+            TenureEnd::Handover => f.write_str("handed over to another replica"),
         }
     }
 }
@@ -147,7 +155,17 @@ impl LeaderContext {
         self.tenure.believed_held();
         match &*self.tenure.standing.borrow() {
             Standing::Lost(cause) => Some(TenureEnd::Lost(cause.clone())),
-            _ if self.shutdown.load(Ordering::SeqCst) => Some(TenureEnd::Shutdown),
+            _ if self.shutdown.load(Ordering::SeqCst) => Some(
+                if self
+                    .handover
+                    .as_ref()
+                    .is_some_and(|h| h.load(Ordering::SeqCst))
+                {
+                    TenureEnd::Handover
+                } else {
+                    TenureEnd::Shutdown
+                },
+            ),
             Standing::Released => Some(TenureEnd::Released),
             Standing::Held => None,
         }
@@ -273,13 +291,33 @@ fn jittered(base: Duration) -> Duration {
 /// println!("{ended:?}");
 /// # Ok(()) }
 /// ```
-#[tracing::instrument(level = "info", skip_all, fields(lease = %elector.qualify(name), holder = holder, epoch))]
 pub async fn run_with_leadership<E, F, Fut, Err>(
     elector: &E,
     name: &str,
     holder: &str,
     options: &LeadershipOptions,
     parent: &CancellationToken,
+    callback: F,
+) -> Result<Ended<Err>>
+where
+    E: Elector,
+    F: FnOnce(LeaderContext) -> Fut,
+    Fut: Future<Output = std::result::Result<(), Err>> + Send + 'static,
+    Err: Send + 'static,
+{
+    run_leadership(elector, name, holder, options, parent, None, callback).await
+}
+
+/// [`run_with_leadership`], with the flag a spreading supervisor sets before it cancels `parent` to hand the
+/// name over (the callback then sees [`TenureEnd::Handover`]).
+#[tracing::instrument(name = "run_with_leadership", level = "info", skip_all, fields(lease = %elector.qualify(name), holder = holder, epoch))]
+pub(super) async fn run_leadership<E, F, Fut, Err>(
+    elector: &E,
+    name: &str,
+    holder: &str,
+    options: &LeadershipOptions,
+    parent: &CancellationToken,
+    handover: Option<Arc<AtomicBool>>,
     callback: F,
 ) -> Result<Ended<Err>>
 where
@@ -327,6 +365,7 @@ where
         token: token.clone(),
         tenure: lease.shared.clone(),
         shutdown: shutdown.clone(),
+        handover,
     };
     // The callback's events carry the tenure: its task runs in a span of its own, a child of this one.
     let mut task = tokio::spawn(callback(context).instrument(tracing::info_span!("leader")));

@@ -1,4 +1,4 @@
--- pgfence migration 5 of 5, roles: row-level security on every table, the privileges (nothing for PUBLIC),
+-- pgfence migration 6 of 6, roles: row-level security on every table, the privileges (nothing for PUBLIC),
 -- grants per cluster (grant_application, grant_operator, revoke) and the hardening every grant runs (_harden).
 -- Applied last: its REVOKE and _harden cover every object the migrations before it created.
 -- Called from Rust by src/fence.rs (Store::grant_application, grant_operator, revoke).
@@ -16,6 +16,7 @@ ALTER TABLE pgfence.grants ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.tenure_secrets ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.beliefs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.write_marks ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.members ENABLE ROW LEVEL SECURITY;
 CREATE POLICY granted_clusters ON pgfence.leases FOR SELECT
     USING ((SELECT pgfence._reads_all()) OR split_part(name, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]));
 CREATE POLICY granted_clusters ON pgfence.tenures FOR SELECT
@@ -38,8 +39,9 @@ CREATE POLICY granted_clusters ON pgfence.rejections FOR SELECT
 -- A role sees the grants it holds (directly or through membership).
 CREATE POLICY own_grants ON pgfence.grants FOR SELECT
     USING (pg_catalog.pg_has_role(session_user, role::oid, 'MEMBER'));
--- No policy on tenure_secrets, beliefs and write_marks: no role but the owner reads them (and nobody is granted
--- SELECT on them anyway); roles read beliefs and marks through pgfence.tenure_history, filtered by cluster.
+-- No policy on tenure_secrets, beliefs, write_marks and members: no role but the owner reads them (and nobody is granted
+-- SELECT on them anyway); roles read beliefs and marks through pgfence.tenure_history, and members through
+-- pgfence.group_members, both filtered by cluster.
 -- The instance row (identity and settings) is read by every granted role and written by nobody but the owner
 -- (set_takeover_grace), whatever table privileges a role was given; the migration record only by the owner.
 ALTER TABLE pgfence.instance ENABLE ROW LEVEL SECURITY;
@@ -197,7 +199,7 @@ LANGUAGE sql STABLE AS $$
     SELECT 'TABLE', t.o, 'SELECT', false
       FROM unnest(ARRAY['pgfence.instance', 'pgfence.leases', 'pgfence.tenures', 'pgfence.tasks',
                         'pgfence.task_events', 'pgfence.rejections', 'pgfence.grants',
-                        'pgfence.tenure_history']::regclass[]) AS t(o)
+                        'pgfence.tenure_history', 'pgfence.group_members']::regclass[]) AS t(o)
     UNION ALL
     SELECT 'FUNCTION', f.o, 'EXECUTE', false
       FROM unnest(ARRAY['pgfence.acquire(text, text, bigint)', 'pgfence.renew(text, bigint, text, bigint)',
@@ -213,7 +215,12 @@ LANGUAGE sql STABLE AS $$
                         'pgfence.append_event(text, bigint, text, text, text, jsonb)', 'pgfence.enforcement()',
                         'pgfence.report_belief(text, bigint, text, text, timestamptz, timestamptz, text, text, text)',
                         'pgfence.ungated_write(text, bigint)', 'pgfence.identity()', 'pgfence._reads_all()',
+                        'pgfence.join_group(text, text, integer, text[], text[], text[], bigint)',
+                        'pgfence.heartbeat(text, text, bigint, text, bigint)',
+                        'pgfence.leave_group(text, text, bigint, text)', 'pgfence.roster(text)',
                         'pgfence._readable_clusters()',
+                        -- pgfence.group_members reads the timeline (a read of the WAL position).
+                        'pgfence._timeline()',
                         -- Row-level security policies and CHECK constraints run as the querying role.
                         'pgfence._text_problem(text, integer)', 'pgfence._cluster_problem(text)',
                         'pgfence._lease_problem(text)']::regprocedure[]) AS f(o)

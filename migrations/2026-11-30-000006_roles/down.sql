@@ -1,4 +1,4 @@
--- Undoes 000005_roles: drops its functions and policies and turns row-level security off. Every role granted
+-- Undoes 000006_roles: drops its functions and policies and turns row-level security off. Every role granted
 -- through pgfence.grants first loses the privileges pgfence._grant gave it: without row-level security, SELECT
 -- would show it every cluster. Its rows in pgfence.grants stay, so it is back once granted again. What was
 -- revoked from PUBLIC stays revoked: granting pgfence's SECURITY DEFINER functions to every role is no state
@@ -52,6 +52,7 @@ DROP POLICY granted_clusters ON pgfence.task_events;
 DROP POLICY granted_clusters ON pgfence.tasks;
 DROP POLICY granted_clusters ON pgfence.tenures;
 DROP POLICY granted_clusters ON pgfence.leases;
+ALTER TABLE pgfence.members DISABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.write_marks DISABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.beliefs DISABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.tenure_secrets DISABLE ROW LEVEL SECURITY;

@@ -1,0 +1,236 @@
+//! A membership as the runtime holds it: [`Membership`], heartbeated in the background with the member's leases
+//! (one statement per tick), and its state ([`MemberState`]) for the balancer.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::supervisor::BoxFuture;
+use crate::error::Result;
+use crate::membership::Member;
+
+/// Where a membership stands, as this process sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemberState {
+    /// Counted by the database as of the last heartbeat, and its local deadline has not passed.
+    pub live: bool,
+    /// Settled: it may acquire the names assigned to it.
+    pub settled: bool,
+    /// The digest of the group's roster at the last heartbeat: when it changes, the roster changed (a member
+    /// joined, left, expired or settled, or a name changed hands).
+    pub roster_digest: Option<String>,
+    /// Why the membership ended, once it has.
+    pub ended: Option<String>,
+}
+
+/// How a backend ends a membership in its store.
+pub(super) trait Leaver: Send + Sync + fmt::Debug {
+    fn leave(&self, member: Member) -> BoxFuture<Result<bool>>;
+}
+
+/// State shared by a [`Membership`], its renewal group and the elector.
+pub(super) struct MemberShared {
+    pub(super) member: Mutex<Member>,
+    pub(super) margin: Duration,
+    pub(super) state: watch::Sender<MemberState>,
+    /// The error of the last heartbeat attempt, the detail of a deadline loss.
+    last_error: Mutex<Option<String>>,
+}
+
+impl fmt::Debug for MemberShared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let member = self.member.lock().unwrap_or_else(|p| p.into_inner());
+        f.debug_struct("MemberShared")
+            .field("group", &member.qualified_group())
+            .field("member", &member.member())
+            .field("state", &*self.state.borrow())
+            .finish()
+    }
+}
+
+impl MemberShared {
+    pub(super) fn new(member: Member, margin: Duration) -> Arc<MemberShared> {
+        let settled = member.settled();
+        Arc::new(MemberShared {
+            member: Mutex::new(member),
+            margin,
+            state: watch::channel(MemberState {
+                live: true,
+                settled,
+                roster_digest: None,
+                ended: None,
+            })
+            .0,
+            last_error: Mutex::new(None),
+        })
+    }
+
+    pub(super) fn member(&self) -> Member {
+        self.member.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// By the monotonic clock: the instant this process stops counting itself a member (send time of the last
+    /// good heartbeat + ttl − margin).
+    pub(super) fn trust_until(&self) -> Instant {
+        let deadline = self
+            .member
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .local_deadline();
+        deadline.checked_sub(self.margin).unwrap_or(deadline)
+    }
+
+    /// Live and before its local deadline; declares the end at the deadline.
+    pub(super) fn is_current(&self) -> bool {
+        if !self.state.borrow().live {
+            return false;
+        }
+        if Instant::now() >= self.trust_until() {
+            let detail = self
+                .last_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            self.end(match detail {
+                Some(e) => format!("no heartbeat before the local deadline (last error: {e})"),
+                None => "no heartbeat before the local deadline".to_owned(),
+            });
+            return false;
+        }
+        true
+    }
+
+    pub(super) fn set_last_error(&self, error: Option<String>) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error;
+    }
+
+    /// A heartbeat sent at `sent` answered `renewed`.
+    pub(super) fn renewed(&self, sent: Instant, settled: bool, digest: String) {
+        if !self.state.borrow().live {
+            return;
+        }
+        self.member
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .renewed(sent, settled);
+        self.set_last_error(None);
+        self.state.send_if_modified(|s| {
+            let changed = s.settled != settled || s.roster_digest.as_deref() != Some(&digest);
+            s.settled = settled;
+            s.roster_digest = Some(digest);
+            changed
+        });
+    }
+
+    /// The membership ended (refused, deadline, left); the first cause stands.
+    pub(super) fn end(&self, why: String) -> bool {
+        self.state.send_if_modified(|s| {
+            if !s.live {
+                return false;
+            }
+            tracing::warn!(why = %why, "membership ended");
+            s.live = false;
+            s.settled = false;
+            s.ended = Some(why);
+            true
+        })
+    }
+}
+
+/// A membership of a replica group this process holds, heartbeated in the background (by a
+/// [`PgElector`](super::PgElector), in the statement that renews the member's leases of the same timing).
+///
+/// It gives the membership's state ([`state`](Self::state), [`changed`](Self::changed)); dropping it leaves the
+/// group in the background, [`leave`](Self::leave) does it in order.
+pub struct Membership {
+    pub(super) shared: Arc<MemberShared>,
+    leaver: Option<Arc<dyn Leaver>>,
+    watch: watch::Receiver<MemberState>,
+}
+
+impl fmt::Debug for Membership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Membership").field("shared", &self.shared).finish()
+    }
+}
+
+impl Membership {
+    pub(super) fn new(shared: Arc<MemberShared>, leaver: Arc<dyn Leaver>) -> Membership {
+        let watch = shared.state.subscribe();
+        Membership {
+            shared,
+            leaver: Some(leaver),
+            watch,
+        }
+    }
+
+    /// The member name.
+    pub fn member(&self) -> String {
+        self.shared.member().member().to_owned()
+    }
+
+    /// The cluster-qualified group name.
+    pub fn qualified_group(&self) -> String {
+        self.shared.member().qualified_group().to_owned()
+    }
+
+    /// The incarnation the database issued at the join.
+    pub fn incarnation(&self) -> i64 {
+        self.shared.member().incarnation()
+    }
+
+    /// The state now; `live` is false from the local deadline on, even before a timer said so.
+    pub fn state(&self) -> MemberState {
+        self.shared.is_current();
+        self.shared.state.borrow().clone()
+    }
+
+    /// Completes at the next change of [`state`](Self::state) (or at once when one happened since the last
+    /// call). Cancel safe.
+    pub async fn changed(&mut self) {
+        if self.watch.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Leaves the group now (an orderly end: the other members rebalance at once, and the next join under the
+    /// name is no flap). Returns false when the membership had already ended.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::leave_group`](crate::Store::leave_group).
+    pub async fn leave(mut self) -> Result<bool> {
+        let Some(leaver) = self.leaver.take() else {
+            return Ok(false);
+        };
+        let was_live = self.shared.state.borrow().live;
+        self.shared.end("left".to_owned());
+        if !was_live {
+            return Ok(false);
+        }
+        leaver.leave(self.shared.member()).await
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        let Some(leaver) = self.leaver.take() else {
+            return;
+        };
+        let was_live = self.shared.state.borrow().live;
+        self.shared.end("dropped".to_owned());
+        if was_live {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let member = self.shared.member();
+                runtime.spawn(async move {
+                    if let Err(e) = leaver.leave(member).await {
+                        tracing::debug!(error = %e, "leaving the group in the background failed");
+                    }
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! Replica groups in the database: joins, heartbeats, leaves, the roster, and every refusal — through Rust and
+//! through SQL, with real roles. Membership is no fence (invariant 3 stays the lease's), but it must be as hard
+//! to bend as a lease: the same member name never counts twice, a forged heartbeat is refused, audited and holds
+//! no lock, a role reads and joins only groups of its clusters (invariant 8), and bad input is a typed error
+//! that writes nothing.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{client_as, role, store_as, TestDb};
+use pgfence::{DenyReason, Error, MemberLoss, MemberSpec, Store};
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn spec(names: &[&str]) -> MemberSpec {
+    MemberSpec::new(names.iter().copied())
+}
+
+async fn member_rows(db: &TestDb) -> i64 {
+    db.scalar("SELECT count(*) FROM pgfence.members").await
+}
+
+fn sqlstate(err: &tokio_postgres::Error) -> String {
+    err.code().map(|c| c.code().to_owned()).unwrap_or_default()
+}
+
+/// Invariant: the roster is the assignment's one input — every live member with what it declared, and which of
+/// its names it leads now (a live tenure under its name); its digest moves with it and a leave takes the member
+/// out at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_joins_heartbeats_and_leaves_and_the_roster_shows_what_it_leads() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let mut a = store
+        .join_group("g", "a", &spec(&["x", "y"]).weight(3).pin(["y"]), TTL)
+        .await
+        .unwrap();
+    assert_eq!((a.incarnation(), a.settled()), (1, true));
+    let b = store
+        .join_group("g", "b", &spec(&["x", "y"]).exclude(["y"]), TTL)
+        .await
+        .unwrap();
+    let before = store.heartbeat(&mut a, TTL).await.unwrap();
+    assert_eq!(before, store.heartbeat(&mut a, TTL).await.unwrap(), "nothing changed");
+
+    let roster = store.roster("g").await.unwrap();
+    let members: Vec<_> = roster.members.iter().map(|m| (m.member.as_str(), m.weight)).collect();
+    assert_eq!(members, [("a", 3), ("b", 1)]);
+    assert!(roster.members[0].pinned.contains("y") && roster.members[1].excluded.contains("y"));
+    assert!(roster.holders.is_empty());
+
+    // A lease held under the member's name is what it leads; another holder's is not.
+    let lease = store.acquire("x", "a", TTL).await.unwrap();
+    store.acquire("y", "someone-else", TTL).await.unwrap();
+    let roster = store.roster("g").await.unwrap();
+    assert_eq!(roster.holders.get("x").map(String::as_str), Some("a"));
+    assert_eq!(roster.holders.get("y"), None);
+    assert_ne!(before, store.heartbeat(&mut a, TTL).await.unwrap(), "a name changed hands");
+    store.release(&lease).await.unwrap();
+
+    assert!(store.leave_group(&b).await.unwrap());
+    assert!(!store.leave_group(&b).await.unwrap(), "leaving twice changes nothing");
+    let roster = store.roster("g").await.unwrap();
+    assert_eq!(roster.members.len(), 1);
+    let rows = store.group_members(Some("c/g")).await.unwrap();
+    assert_eq!(rows.len(), 2, "a member that left stays visible to operators");
+    assert!(rows.iter().any(|r| r.member == "b" && !r.live && !r.settled));
+    assert!(matches!(
+        store.leave_group(&a).await,
+        Ok(true)
+    ));
+}
+
+/// Invariant: the same member name from two processes never counts twice — the second is refused while the first
+/// is live (with the time it has left, by the database clock), joins once the first left, and the first's
+/// heartbeats are then answered `superseded`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_member_name_from_two_processes_never_counts_twice() {
+    let db = TestDb::new().await;
+    let (one, two) = (db.store("c").await, db.store("c").await);
+    let mut first = one.join_group("g", "pod", &spec(&["x"]), TTL).await.unwrap();
+    match two.join_group("g", "pod", &spec(&["x"]), TTL).await {
+        Err(Error::MemberTaken { member, expires_in, .. }) => {
+            assert_eq!(member, "pod");
+            assert!(expires_in <= TTL && expires_in > TTL / 2, "{expires_in:?}");
+        }
+        other => panic!("expected MemberTaken, got {other:?}"),
+    }
+    assert_eq!(one.roster("g").await.unwrap().members.len(), 1);
+    one.leave_group(&first).await.unwrap();
+    let second = two.join_group("g", "pod", &spec(&["x"]), TTL).await.unwrap();
+    assert_eq!(second.incarnation(), 2);
+    assert!(second.settled(), "the first left in order: no flap");
+    match one.heartbeat(&mut first, TTL).await {
+        Err(Error::MemberLost { reason: MemberLoss::Superseded, .. }) => {}
+        other => panic!("expected superseded, got {other:?}"),
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.rejections").await, 0, "a superseded heartbeat is no forgery");
+}
+
+/// Invariant: bad input — through Rust or SQL — is a typed error (`InvalidInput` naming the field; SQLSTATE
+/// 22023) and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_member_input_is_a_typed_error_and_writes_nothing() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let cases: Vec<(MemberSpec, &str)> = vec![
+        (spec(&["x"]).weight(0), "weight"),
+        (spec(&["x"]).weight(pgfence::MAX_WEIGHT + 1), "weight"),
+        (spec(&[]), "names"),
+        (spec(&["x"]).pin(["y"]), "pin"),
+        (spec(&["x"]).pin(["x"]).exclude(["x"]), "pin"),
+        (spec(&["bad\u{7}name"]), "lease name"),
+    ];
+    for (bad, field) in cases {
+        match store.join_group("g", "a", &bad, TTL).await {
+            Err(Error::InvalidInput { field: f, .. }) => assert_eq!(f, field, "{bad:?}"),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    for (group, member) in [("", "a"), ("g", ""), ("g\n", "a"), ("g", &*"m".repeat(257))] {
+        assert!(
+            matches!(store.join_group(group, member, &spec(&["x"]), TTL).await, Err(Error::InvalidInput { .. })),
+            "{group:?} {member:?}"
+        );
+    }
+    assert!(matches!(
+        store.join_group("g", "a", &spec(&["x"]), Duration::from_millis(10)).await,
+        Err(Error::InvalidInput { field: "ttl", .. })
+    ));
+    let client = db.client().await;
+    for call in [
+        "pgfence.join_group('c/g', 'a', 0, '{x}', '{}', '{}', 1000)",
+        "pgfence.join_group('c/g', 'a', -1, '{x}', '{}', '{}', 1000)",
+        "pgfence.join_group('c/g', 'a', 1001, '{x}', '{}', '{}', 1000)",
+        "pgfence.join_group('c/g', 'a', 1, '{}', '{}', '{}', 1000)",
+        "pgfence.join_group('c/g', 'a', 1, NULL, '{}', '{}', 1000)",
+        "pgfence.join_group('c/g', 'a', 1, '{x,x}', '{}', '{}', 1000)",
+        "pgfence.join_group('c/g', 'a', 1, '{x,NULL}', '{}', '{}', 1000)",
+        "pgfence.join_group('c/g', 'a', 1, '{x}', '{y}', '{}', 1000)",
+        "pgfence.join_group('c/g', 'a', 1, '{x}', '{x}', '{x}', 1000)",
+        "pgfence.join_group('cg', 'a', 1, '{x}', '{}', '{}', 1000)",
+        "pgfence.join_group('c/g', NULL, 1, '{x}', '{}', '{}', 1000)",
+        "pgfence.join_group('c/g', 'a', 1, '{x}', '{}', '{}', 10)",
+        "pgfence.join_group('c/g', 'a', 1, (SELECT array_agg(i::text) FROM generate_series(1, 4097) i), '{}', '{}', 1000)",
+        "pgfence.heartbeat('c/g', 'a', 0, 'x', 1000)",
+        "pgfence.heartbeat('c/g', 'a', 1, NULL, 1000)",
+        "pgfence.leave_group('c/g', 'a', 1, NULL)",
+        "pgfence.roster('nocluster')",
+    ] {
+        let err = client
+            .query(&format!("SELECT * FROM {call}"), &[])
+            .await
+            .expect_err(call);
+        assert_eq!(sqlstate(&err), "22023", "{call}: {err}");
+    }
+    assert_eq!(member_rows(&db).await, 0);
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.rejections").await, 0, "bad input is not audited");
+}
+
+/// Invariant: a heartbeat or leave with a forged secret is refused and audited, and — decided before any lock —
+/// one left open in a transaction delays neither the member's own heartbeat nor its leave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_heartbeat_is_refused_audited_and_holds_no_lock() {
+    let db = TestDb::new().await;
+    let app = role(&db, "app").await;
+    let owner = db.store("c").await;
+    owner.grant_application(&app, Some("c")).await.unwrap();
+    let store = store_as(&db, &app, "c").await;
+    let mut member = store.join_group("g", "a", &spec(&["x"]), TTL).await.unwrap();
+
+    let forger = client_as(&db, &app).await;
+    forger.batch_execute("BEGIN").await.unwrap();
+    let forged = "0".repeat(64);
+    for call in [
+        format!("SELECT outcome, reason FROM pgfence.heartbeat('c/g', 'a', 1, '{forged}', 30000)"),
+        format!("SELECT outcome, reason FROM pgfence.leave_group('c/g', 'a', 1, '{forged}')"),
+    ] {
+        let row = forger.query_one(&call, &[]).await.unwrap();
+        assert_eq!((row.get::<_, String>(0), row.get::<_, String>(1)), ("refused".into(), "bad_secret".into()));
+    }
+    // The forger's transaction stays open: the member's own calls must not wait for it.
+    let started = std::time::Instant::now();
+    store.heartbeat(&mut member, TTL).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    forger.batch_execute("COMMIT").await.unwrap();
+    let audited: i64 = db
+        .scalar(&format!(
+            "SELECT sum(count)::bigint FROM pgfence.rejections WHERE role = '{app}' AND reason = 'bad_secret' \
+              AND operation IN ('heartbeat', 'leave_group')"
+        ))
+        .await;
+    assert_eq!(audited, 2);
+    assert!(store.leave_group(&member).await.unwrap());
+}
+
+/// Invariant 8 for groups: a role granted another cluster can neither join, heartbeat nor read a group of this
+/// cluster (refused and audited, or 42501 for a read), and sees none of its members.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_clusters_role_cannot_join_or_read_a_group() {
+    let db = TestDb::new().await;
+    let (app, other) = (role(&db, "app").await, role(&db, "other").await);
+    let owner = db.store("c").await;
+    owner.grant_application(&app, Some("c")).await.unwrap();
+    owner.grant_application(&other, Some("d")).await.unwrap();
+    let mine = store_as(&db, &app, "c").await;
+    mine.join_group("g", "a", &spec(&["x"]), TTL).await.unwrap();
+    let intruder: Store = store_as(&db, &other, "c").await;
+    match intruder.join_group("g", "b", &spec(&["x"]), TTL).await {
+        Err(Error::Denied { reason: DenyReason::NoGrant, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(intruder.roster("g").await.is_err());
+    assert!(intruder.group_members(None).await.unwrap().is_empty());
+    let client = client_as(&db, &other).await;
+    for query in ["SELECT count(*) FROM pgfence.group_members", "SELECT count(*) FROM pgfence.members"] {
+        match client.query_one(query, &[]).await {
+            Ok(row) => assert_eq!(row.get::<_, i64>(0), 0, "{query}"),
+            Err(e) => assert_eq!(sqlstate(&e), "42501", "{query}: {e}"),
+        }
+    }
+    assert_eq!(mine.roster("g").await.unwrap().members.len(), 1, "nothing of the intruder's counted");
+    assert_eq!(
+        db.scalar(&format!(
+            "SELECT count(*) FROM pgfence.rejections WHERE role = '{other}' AND reason = 'no_grant'"
+        ))
+        .await,
+        1
+    );
+}
+
+/// Invariant (hysteresis, database clock): a member whose last incarnation expired instead of leaving is a flap
+/// — it counts for the roster at once but is settled (may acquire) only one ttl later; one that left in order is
+/// settled at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_expired_settles_one_ttl_after_it_joins_again() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let ttl = Duration::from_millis(400);
+    store.join_group("g", "a", &spec(&["x"]), ttl).await.unwrap();
+    // Wait for the expiry by the database clock (the member is not renewed).
+    while db.scalar("SELECT count(*) FROM pgfence.group_members WHERE live").await > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut again = store.join_group("g", "a", &spec(&["x"]), ttl).await.unwrap();
+    assert!(!again.settled(), "a flap is not settled at once");
+    let roster = store.roster("g").await.unwrap();
+    assert_eq!((roster.members.len(), roster.members[0].settled), (1, false));
+    assert_eq!(db.scalar("SELECT flaps::bigint FROM pgfence.members").await, 1);
+    // Heartbeats settle it once a ttl has passed since the join (database clock), not before.
+    let joined = std::time::Instant::now();
+    loop {
+        store.heartbeat(&mut again, ttl).await.unwrap();
+        if again.settled() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(joined.elapsed() >= ttl - Duration::from_millis(100), "{:?}", joined.elapsed());
+    store.leave_group(&again).await.unwrap();
+    let orderly = store.join_group("g", "a", &spec(&["x"]), ttl).await.unwrap();
+    assert!(orderly.settled(), "after a leave, no flap");
+    assert_eq!(db.scalar("SELECT flaps::bigint FROM pgfence.members").await, 0);
+}

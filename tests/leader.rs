@@ -860,7 +860,7 @@ async fn listener_backend(client: &tokio_postgres::Client, not: Option<i32>) -> 
         let pid = client
             .query_opt(
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
-                   AND query = 'LISTEN pgfence_lease_free' AND state = 'idle' AND pid <> $1",
+                   AND query LIKE 'LISTEN pgfence_lease_free%' AND state = 'idle' AND pid <> $1",
                 &[&not.unwrap_or(0)],
             )
             .await
@@ -2131,7 +2131,10 @@ async fn failing_controllers_are_rerun_after_a_growing_backoff() {
             }
         });
     let (watched, mut attempts) = Watched::new(MemoryElector::new());
+    // Not spread: a spreading supervisor refuses an invalid name before anything runs (spread::); this one
+    // campaigns, and the store refuses every attempt.
     let refused = Supervisor::new(watched, "pod-a")
+        .no_spread()
         .backoff(backoff)
         .controller("", options(), |_ctx| async { Ok(()) });
     let shutdown = CancellationToken::new();

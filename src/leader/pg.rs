@@ -186,9 +186,12 @@ async fn listen(store: Store, tx: broadcast::Sender<Wake>) {
     let mut listened_before = false;
     loop {
         match store.open_dedicated(crate::store::Kind::Listening).await {
-            Ok(mut conn) => match conn
-                .batch_execute("LISTEN pgfence_lease_free; LISTEN pgfence_members")
-                .await
+            // Two statements, the release channel last: what `pg_stat_activity` shows of the listener.
+            Ok(mut conn) => match async {
+                conn.batch_execute("LISTEN pgfence_members").await?;
+                conn.batch_execute("LISTEN pgfence_lease_free").await
+            }
+            .await
             {
                 Ok(()) => {
                     delay = LISTEN_RETRY_MIN;

@@ -569,7 +569,6 @@ impl<E: Elector> Balancer<E> {
                 }
                 tokio::select! {
                     _ = shutdown.cancelled() => {
-                        self.publish(&view, None, false, false);
                         match membership.leave().await {
                             Ok(_) => {}
                             Err(e) => tracing::warn!(error = %e, "leaving the group failed; it expires after its ttl"),
@@ -663,9 +662,13 @@ impl<E: Elector> NameLoop<E> {
             let watcher = tokio::spawn({
                 let (mut view, token, handover, leading) =
                     (view.clone(), token.clone(), handover.clone(), leading.clone());
-                let (name, holder) = (name.clone(), self.holder.clone());
+                let (name, holder, shutdown) = (name.clone(), self.holder.clone(), shutdown.clone());
                 async move {
                     loop {
+                        if shutdown.is_cancelled() {
+                            // An orderly stop, not a handover (the token is the shutdown's child).
+                            return;
+                        }
                         let stop = {
                             let v = view.borrow_and_update();
                             if leading.load(Ordering::SeqCst) {

@@ -243,6 +243,7 @@ async fn a_member_that_expired_settles_one_ttl_after_it_joins_again() {
     while db.scalar("SELECT count(*) FROM pgfence.group_members WHERE live").await > 0 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    assert!(store.roster("g").await.unwrap().members.is_empty(), "an expired member is not counted");
     let mut again = store.join_group("g", "a", &spec(&["x"]), ttl).await.unwrap();
     assert!(!again.settled(), "a flap is not settled at once");
     let roster = store.roster("g").await.unwrap();

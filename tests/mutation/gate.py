@@ -61,7 +61,8 @@ class Mutation:
 
 # The suites that are modules of the shared test binary tests/suite.rs (see Cargo.toml's [[test]] targets).
 SUITE_MODULES = {"guard", "lease", "store", "privileges", "trust", "sqlstate", "hostile", "multihost", "embedded",
-                 "tls", "takeover", "standby", "migrations", "overlap", "hardening", "layout", "regress"}
+                 "tls", "takeover", "standby", "migrations", "overlap", "hardening", "layout", "regress",
+                 "membership", "spread"}
 
 
 def cargo_test(test: str, *filters: str) -> tuple[str, list[str]]:
@@ -497,6 +498,37 @@ MUTATIONS: list[Mutation] = [
         [Edit("src/history.rs", "&& r.last_rejected_at >= next.acquired_at", "&& r.last_rejected_at < next.acquired_at")],
         [cargo_test("overlap", "a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_refusals"),
          cargo_unit_test("history::")],
+    ),
+    Mutation(
+        "member-name-counted-twice",
+        "a join under the name of a live member replaces it (two processes using one member name both count, "
+        "each in turn, and the first is displaced while live)",
+        [Edit("sql:join_group", """    IF FOUND AND m.left_at IS NULL AND m.expires_at > clock_timestamp() THEN""", """    IF false THEN"""),
+         Edit("sql:join_group", """         WHERE x.left_at IS NOT NULL OR x.expires_at <= ts
+""", "")],
+        [cargo_test("membership", "the_same_member_name_from_two_processes_never_counts_twice")],
+    ),
+    Mutation(
+        "heartbeat-ignores-secret",
+        "a heartbeat or leave presenting the member's name and incarnation with any secret is accepted",
+        [Edit("sql:_member_loss", """        WHEN NOT pgfence._secret_matches(m.secret_hash, p_secret) THEN 'bad_secret'
+""", "")],
+        [cargo_test("membership", "a_forged_heartbeat_is_refused_audited_and_holds_no_lock")],
+    ),
+    Mutation(
+        "flap-settles-at-once",
+        "no hysteresis: a member whose last incarnation expired is settled (may acquire) as soon as it joins again",
+        [Edit("sql:_settle_delay", "    SELECT CASE WHEN p_flaps = 0 THEN interval '0'",
+              "    SELECT CASE WHEN true THEN interval '0'"),
+         Edit("sql:join_group", "               settled_at = CASE WHEN pgfence._flaps_after(x, ts) = 0 THEN ts END",
+              "               settled_at = ts")],
+        [cargo_test("membership", "a_member_that_expired_settles_one_ttl_after_it_joins_again")],
+    ),
+    Mutation(
+        "roster-counts-gone-members",
+        "the roster counts members that left or expired (their names are never reassigned)",
+        [Edit("sql:roster", """     WHERE g."group" = p_group AND g.live""", """     WHERE g."group" = p_group""")],
+        [cargo_test("membership")],
     ),
 ]
 

@@ -1,9 +1,12 @@
-//! A small controller on pgfence: two "processes" (supervisors) compete for a `scheduler` lease and a `reporter`
-//! lease on a throwaway PostgreSQL server. The scheduler leader creates, claims and completes tasks, every write
-//! carrying its tenure's fence; the reporter leader prints the leases. Each writes only while its tenure is believed
-//! held and says why it stopped. Halfway through, the process leading `scheduler` shuts down; the other takes over
-//! within milliseconds (LISTEN/NOTIFY) with a larger epoch. Then an operator force-releases `reporter`: its leader
-//! is told of the loss and its supervisor campaigns again on its own.
+//! A small controller on pgfence: two "processes" (supervisors) run a `scheduler` controller and a `reporter`
+//! controller on a throwaway PostgreSQL server. They join one group and spread the two controllers between them:
+//! `process-a` starts first and leads both, and as soon as `process-b` joins, the group's assignment gives it one
+//! of them — handed over cooperatively (the callback is told `handed over`, the tenure released, the new leader
+//! acquires at once with a larger epoch). The scheduler leader creates, claims and completes tasks, every write
+//! carrying its tenure's fence; the reporter leader prints the leases. Each writes only while its tenure is
+//! believed held and says why it stopped. Halfway through, `process-a` shuts down and leaves the group; the other
+//! takes its controller over within milliseconds (LISTEN/NOTIFY) with a larger epoch. Then an operator
+//! force-releases `reporter`: its leader is told of the loss and its supervisor campaigns again on its own.
 //!
 //! Run with `cargo run --example controller` (needs the PostgreSQL server binaries; or set DATABASE_URL).
 

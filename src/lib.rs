@@ -107,12 +107,12 @@ pub use history::{
     Belief, BeliefEnd, Interval, OffsetBounds, Overlap, ServerView, Successor, Tenure,
     TenureReview, CLOCK_DRIFT_PPM, WRITE_MARK_RESOLUTION,
 };
-pub use membership::{
-    GroupMember, Member, MemberLoss, MemberSpec, Roster, RosterMember, MAX_GROUP_LEN, MAX_GROUP_NAMES,
-    MAX_SHARDS, MAX_WEIGHT,
-};
 pub use lease::{
     ForceReleased, Lease, LeaseState, LeaseStatus, Released, TenureSecret, SECRET_LEN,
+};
+pub use membership::{
+    GroupMember, Member, MemberLoss, MemberSpec, Roster, RosterMember, MAX_GROUP_LEN,
+    MAX_GROUP_NAMES, MAX_SHARDS, MAX_WEIGHT,
 };
 pub use pooler::PoolerMode;
 pub use store::{

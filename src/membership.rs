@@ -288,7 +288,10 @@ pub struct RosterMember {
 
 impl RosterMember {
     /// A member with weight 1, settled, no pins or exclusions.
-    pub fn new(member: impl Into<String>, names: impl IntoIterator<Item = impl Into<String>>) -> RosterMember {
+    pub fn new(
+        member: impl Into<String>,
+        names: impl IntoIterator<Item = impl Into<String>>,
+    ) -> RosterMember {
         RosterMember {
             member: member.into(),
             weight: 1,
@@ -440,10 +443,14 @@ impl MemberResultRow {
                 digest: self.roster_digest.ok_or_else(|| missing("roster digest"))?,
             },
             Some("left") => MemberReply::Left,
-            Some("refused") if self.reason.as_deref() == Some("member_taken") => MemberReply::Taken {
-                expires_in: Duration::from_millis(self.expires_in_ms.unwrap_or(0).max(0) as u64),
-            },
-            Some("refused") => MemberReply::Lost(MemberLoss::parse(function, self.reason.as_deref())?),
+            Some("refused") if self.reason.as_deref() == Some("member_taken") => {
+                MemberReply::Taken {
+                    expires_in: Duration::from_millis(self.expires_in_ms.unwrap_or(0).max(0) as u64),
+                }
+            }
+            Some("refused") => {
+                MemberReply::Lost(MemberLoss::parse(function, self.reason.as_deref())?)
+            }
             Some(other) => return Err(unexpected(function, &format!("outcome {other}"))),
             None => return Err(missing("outcome")),
         })
@@ -645,7 +652,10 @@ impl Store {
                 Ok(true)
             }
             MemberReply::Lost(
-                MemberLoss::Expired | MemberLoss::Left | MemberLoss::Superseded | MemberLoss::UnknownMember,
+                MemberLoss::Expired
+                | MemberLoss::Left
+                | MemberLoss::Superseded
+                | MemberLoss::UnknownMember,
             ) => Ok(false),
             MemberReply::Lost(reason) => Err(member_lost(member, reason)),
             other => Err(unexpected("leave_group", &format!("{other:?}"))),
@@ -663,7 +673,9 @@ impl Store {
         validate_group(group)?;
         let mut conn = self.checked().await?;
         let rows: std::result::Result<Vec<RosterRow>, diesel::result::Error> =
-            RowsOf(sql::roster(self.qualify(group))).load(&mut *conn).await;
+            RowsOf(sql::roster(self.qualify(group)))
+                .load(&mut *conn)
+                .await;
         conn.settle(&rows);
         let mut roster = Roster::default();
         for row in rows? {
@@ -775,15 +787,28 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert_eq!(field(MemberSpec::new(["a"]).weight(0)), "weight");
-        assert_eq!(field(MemberSpec::new(["a"]).weight(MAX_WEIGHT + 1)), "weight");
+        assert_eq!(
+            field(MemberSpec::new(["a"]).weight(MAX_WEIGHT + 1)),
+            "weight"
+        );
         assert_eq!(field(MemberSpec::new(Vec::<String>::new())), "names");
         assert_eq!(field(MemberSpec::new(["a"]).pin(["b"])), "pin");
-        assert_eq!(field(MemberSpec::new(["a"]).pin(["a"]).exclude(["a"])), "pin");
+        assert_eq!(
+            field(MemberSpec::new(["a"]).pin(["a"]).exclude(["a"])),
+            "pin"
+        );
         assert_eq!(field(MemberSpec::new(["a\n"])), "lease name");
         assert_eq!(
-            field(MemberSpec::new((0..=MAX_GROUP_NAMES).map(|i| i.to_string()))),
+            field(MemberSpec::new(
+                (0..=MAX_GROUP_NAMES).map(|i| i.to_string())
+            )),
             "names"
         );
-        MemberSpec::new(["a", "b"]).weight(MAX_WEIGHT).pin(["a"]).exclude(["c"]).validate().unwrap();
+        MemberSpec::new(["a", "b"])
+            .weight(MAX_WEIGHT)
+            .pin(["a"])
+            .exclude(["c"])
+            .validate()
+            .unwrap();
     }
 }

@@ -113,7 +113,7 @@ impl Assignment {
 ///
 /// When step 4 leaves some member holding more than its quota of unpinned names, the computation runs once more
 /// with its own result as the holders, and that second result is returned: it is a fixed point. Without the
-/// second round, a member that received a name in step 4.4 would shed a lower-scoring name it kept in step 4.2
+/// second round, a member that received a name in step 4.4 could shed a lower-scoring name it kept in step 4.2
 /// the next time the group computes the assignment, and a name would move although the membership did not
 /// change.
 ///
@@ -125,8 +125,8 @@ impl Assignment {
 ///
 /// # Cost
 ///
-/// `O(P log P)` for `P` (name, eligible member) pairs, and `O(P)` memory: 10,000 names × 100 members take about
-/// a tenth of a second optimized (a second in an unoptimized build).
+/// `O(P log P + M·N)` for `P` (name, eligible member) pairs, `M` members and `N` names, and `O(P)` memory:
+/// 10,000 names × 100 members take about a tenth of a second optimized (a second in an unoptimized build).
 pub fn assign(members: &[RosterMember], holders: &BTreeMap<String, String>) -> Assignment {
     let group = Group::new(members);
     let current = group.holders(holders);
@@ -831,7 +831,7 @@ mod tests {
     }
 
     #[test]
-    fn quota_ties_go_by_the_str_hash() {
+    fn quota_ties_go_by_the_member_hash() {
         // Invariant: remainder ties go to the members first by member hash (pinned), not alphabetically first.
         let members = uniform(5, &names(7));
         let quota = quota_of(&members);

@@ -69,7 +69,10 @@ impl MemberShared {
     }
 
     pub(super) fn member(&self) -> Member {
-        self.member.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.member
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// By the monotonic clock: the instant this process stops counting itself a member (send time of the last
@@ -153,7 +156,9 @@ pub struct Membership {
 
 impl fmt::Debug for Membership {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Membership").field("shared", &self.shared).finish()
+        f.debug_struct("Membership")
+            .field("shared", &self.shared)
+            .finish()
     }
 }
 

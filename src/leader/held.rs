@@ -500,9 +500,10 @@ impl Wakeups {
             tokio::time::sleep_until(deadline).await;
             return;
         };
-        match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Err(broadcast::error::RecvError::Closed)) => tokio::time::sleep_until(deadline).await,
-            _ => {}
+        if let Ok(Err(broadcast::error::RecvError::Closed)) =
+            tokio::time::timeout_at(deadline, rx.recv()).await
+        {
+            tokio::time::sleep_until(deadline).await;
         }
     }
 }

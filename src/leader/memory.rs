@@ -201,8 +201,14 @@ impl Leaver for MemoryLeaver {
         let elector = self.elector.clone();
         Box::pin(async move {
             let left = {
-                let mut groups = elector.inner.groups.lock().unwrap_or_else(|p| p.into_inner());
-                let members = groups.entry(member.qualified_group().to_owned()).or_default();
+                let mut groups = elector
+                    .inner
+                    .groups
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                let members = groups
+                    .entry(member.qualified_group().to_owned())
+                    .or_default();
                 match members.get(member.member()) {
                     Some(m) if m.incarnation == member.incarnation() => {
                         members.remove(member.member());
@@ -309,7 +315,8 @@ impl Elector for MemoryElector {
             };
             let secret = TenureSecret::parse("0".repeat(crate::lease::SECRET_LEN))?;
             // Memory memberships do not expire by time: only leaving and `expire_member` end them.
-            let joined = Member::from_parts(group, qualified, member, incarnation, secret, far_future());
+            let joined =
+                Member::from_parts(group, qualified, member, incarnation, secret, far_future());
             let shared = MemberShared::new(joined, Duration::ZERO);
             members.insert(
                 member.to_owned(),
@@ -340,7 +347,9 @@ impl Elector for MemoryElector {
                 continue;
             }
             for lease in &m.spec.names {
-                let held = leases.get(&self.qualify(lease)).and_then(|l| l.holder.as_deref());
+                let held = leases
+                    .get(&self.qualify(lease))
+                    .and_then(|l| l.holder.as_deref());
                 if held == Some(name.as_str()) {
                     roster.holders.insert(lease.clone(), name.clone());
                 }

@@ -588,7 +588,13 @@ impl<E: Elector> Balancer<E> {
 
     /// Publishes the assignment computed from `roster` (none: this replica is not a member and leads nothing),
     /// and the status and metrics that go with it.
-    fn publish(&self, view: &watch::Sender<View>, roster: Option<Roster>, member: bool, settled: bool) {
+    fn publish(
+        &self,
+        view: &watch::Sender<View>,
+        roster: Option<Roster>,
+        member: bool,
+        settled: bool,
+    ) {
         let roster = roster.unwrap_or_default();
         let assignment = if member {
             assign(&roster.members, &roster.holders)
@@ -607,7 +613,8 @@ impl<E: Elector> Balancer<E> {
             .map(|m| m.member.clone())
             .collect();
         let group = self.group.clone();
-        metrics::gauge!(METRIC_GROUP_MEMBERS, "group" => group.clone()).set(roster.members.len() as f64);
+        metrics::gauge!(METRIC_GROUP_MEMBERS, "group" => group.clone())
+            .set(roster.members.len() as f64);
         metrics::gauge!(METRIC_GROUP_NAMES_ASSIGNED, "group" => group).set(assigned.len() as f64);
         if let Some(status) = lock(&self.status).group.as_mut() {
             status.is_member = member;
@@ -660,9 +667,14 @@ impl<E: Elector> NameLoop<E> {
             // Stops the campaign as soon as the name is no longer this replica's to take, and the tenure once its
             // new owner may take it.
             let watcher = tokio::spawn({
-                let (mut view, token, handover, leading) =
-                    (view.clone(), token.clone(), handover.clone(), leading.clone());
-                let (name, holder, shutdown) = (name.clone(), self.holder.clone(), shutdown.clone());
+                let (mut view, token, handover, leading) = (
+                    view.clone(),
+                    token.clone(),
+                    handover.clone(),
+                    leading.clone(),
+                );
+                let (name, holder, shutdown) =
+                    (name.clone(), self.holder.clone(), shutdown.clone());
                 async move {
                     loop {
                         if shutdown.is_cancelled() {
@@ -771,7 +783,8 @@ impl<E: Elector> NameLoop<E> {
             let epoch = ctx.epoch();
             tokio::spawn(async move {
                 if let Some(gap) = elector.handover_gap(&name, epoch).await {
-                    metrics::histogram!(METRIC_HANDOVER_GAP, "group" => group).record(gap.as_secs_f64());
+                    metrics::histogram!(METRIC_HANDOVER_GAP, "group" => group)
+                        .record(gap.as_secs_f64());
                 }
                 token.cancelled().await;
                 set_leading(&status, &name, false);

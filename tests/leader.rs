@@ -1533,8 +1533,16 @@ async fn supervisor_runs_independent_controllers_and_recampaigns() {
 
     p1_shutdown.cancel();
     p2_shutdown.cancel();
-    p1_task.within(WAIT, "the end of p1").await.unwrap().unwrap();
-    p2_task.within(WAIT, "the end of p2").await.unwrap().unwrap();
+    p1_task
+        .within(WAIT, "the end of p1")
+        .await
+        .unwrap()
+        .unwrap();
+    p2_task
+        .within(WAIT, "the end of p2")
+        .await
+        .unwrap()
+        .unwrap();
     for lease in pg.elector.store().leases().await.unwrap() {
         assert_ne!(
             lease.state,
@@ -2159,7 +2167,10 @@ async fn failing_controllers_are_rerun_after_a_growing_backoff() {
     }
     shutdown.cancel();
     for run in runs {
-        run.within(WAIT, "the end of the run").await.unwrap().unwrap();
+        run.within(WAIT, "the end of the run")
+            .await
+            .unwrap()
+            .unwrap();
     }
     for (kind, times) in series {
         let gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).take(4).collect();

@@ -42,10 +42,18 @@ async fn a_member_joins_heartbeats_and_leaves_and_the_roster_shows_what_it_leads
         .await
         .unwrap();
     let before = store.heartbeat(&mut a, TTL).await.unwrap();
-    assert_eq!(before, store.heartbeat(&mut a, TTL).await.unwrap(), "nothing changed");
+    assert_eq!(
+        before,
+        store.heartbeat(&mut a, TTL).await.unwrap(),
+        "nothing changed"
+    );
 
     let roster = store.roster("g").await.unwrap();
-    let members: Vec<_> = roster.members.iter().map(|m| (m.member.as_str(), m.weight)).collect();
+    let members: Vec<_> = roster
+        .members
+        .iter()
+        .map(|m| (m.member.as_str(), m.weight))
+        .collect();
     assert_eq!(members, [("a", 3), ("b", 1)]);
     assert!(roster.members[0].pinned.contains("y") && roster.members[1].excluded.contains("y"));
     assert!(roster.holders.is_empty());
@@ -56,20 +64,30 @@ async fn a_member_joins_heartbeats_and_leaves_and_the_roster_shows_what_it_leads
     let roster = store.roster("g").await.unwrap();
     assert_eq!(roster.holders.get("x").map(String::as_str), Some("a"));
     assert_eq!(roster.holders.get("y"), None);
-    assert_ne!(before, store.heartbeat(&mut a, TTL).await.unwrap(), "a name changed hands");
+    assert_ne!(
+        before,
+        store.heartbeat(&mut a, TTL).await.unwrap(),
+        "a name changed hands"
+    );
     store.release(&lease).await.unwrap();
 
     assert!(store.leave_group(&b).await.unwrap());
-    assert!(!store.leave_group(&b).await.unwrap(), "leaving twice changes nothing");
+    assert!(
+        !store.leave_group(&b).await.unwrap(),
+        "leaving twice changes nothing"
+    );
     let roster = store.roster("g").await.unwrap();
     assert_eq!(roster.members.len(), 1);
     let rows = store.group_members(Some("c/g")).await.unwrap();
-    assert_eq!(rows.len(), 2, "a member that left stays visible to operators");
-    assert!(rows.iter().any(|r| r.member == "b" && !r.live && !r.settled));
-    assert!(matches!(
-        store.leave_group(&a).await,
-        Ok(true)
-    ));
+    assert_eq!(
+        rows.len(),
+        2,
+        "a member that left stays visible to operators"
+    );
+    assert!(rows
+        .iter()
+        .any(|r| r.member == "b" && !r.live && !r.settled));
+    assert!(matches!(store.leave_group(&a).await, Ok(true)));
 }
 
 /// Invariant: the same member name from two processes never counts twice — the second is refused while the first
@@ -79,9 +97,14 @@ async fn a_member_joins_heartbeats_and_leaves_and_the_roster_shows_what_it_leads
 async fn the_same_member_name_from_two_processes_never_counts_twice() {
     let db = TestDb::new().await;
     let (one, two) = (db.store("c").await, db.store("c").await);
-    let mut first = one.join_group("g", "pod", &spec(&["x"]), TTL).await.unwrap();
+    let mut first = one
+        .join_group("g", "pod", &spec(&["x"]), TTL)
+        .await
+        .unwrap();
     match two.join_group("g", "pod", &spec(&["x"]), TTL).await {
-        Err(Error::MemberTaken { member, expires_in, .. }) => {
+        Err(Error::MemberTaken {
+            member, expires_in, ..
+        }) => {
             assert_eq!(member, "pod");
             assert!(expires_in <= TTL && expires_in > TTL / 2, "{expires_in:?}");
         }
@@ -89,14 +112,24 @@ async fn the_same_member_name_from_two_processes_never_counts_twice() {
     }
     assert_eq!(one.roster("g").await.unwrap().members.len(), 1);
     one.leave_group(&first).await.unwrap();
-    let second = two.join_group("g", "pod", &spec(&["x"]), TTL).await.unwrap();
+    let second = two
+        .join_group("g", "pod", &spec(&["x"]), TTL)
+        .await
+        .unwrap();
     assert_eq!(second.incarnation(), 2);
     assert!(second.settled(), "the first left in order: no flap");
     match one.heartbeat(&mut first, TTL).await {
-        Err(Error::MemberLost { reason: MemberLoss::Superseded, .. }) => {}
+        Err(Error::MemberLost {
+            reason: MemberLoss::Superseded,
+            ..
+        }) => {}
         other => panic!("expected superseded, got {other:?}"),
     }
-    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.rejections").await, 0, "a superseded heartbeat is no forgery");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.rejections").await,
+        0,
+        "a superseded heartbeat is no forgery"
+    );
 }
 
 /// Invariant: bad input — through Rust or SQL — is a typed error (`InvalidInput` naming the field; SQLSTATE
@@ -121,12 +154,17 @@ async fn bad_member_input_is_a_typed_error_and_writes_nothing() {
     }
     for (group, member) in [("", "a"), ("g", ""), ("g\n", "a"), ("g", &*"m".repeat(257))] {
         assert!(
-            matches!(store.join_group(group, member, &spec(&["x"]), TTL).await, Err(Error::InvalidInput { .. })),
+            matches!(
+                store.join_group(group, member, &spec(&["x"]), TTL).await,
+                Err(Error::InvalidInput { .. })
+            ),
             "{group:?} {member:?}"
         );
     }
     assert!(matches!(
-        store.join_group("g", "a", &spec(&["x"]), Duration::from_millis(10)).await,
+        store
+            .join_group("g", "a", &spec(&["x"]), Duration::from_millis(10))
+            .await,
         Err(Error::InvalidInput { field: "ttl", .. })
     ));
     let client = db.client().await;
@@ -156,7 +194,11 @@ async fn bad_member_input_is_a_typed_error_and_writes_nothing() {
         assert_eq!(sqlstate(&err), "22023", "{call}: {err}");
     }
     assert_eq!(member_rows(&db).await, 0);
-    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.rejections").await, 0, "bad input is not audited");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.rejections").await,
+        0,
+        "bad input is not audited"
+    );
 }
 
 /// Invariant: a heartbeat or leave with a forged secret is refused and audited, and — decided before any lock —
@@ -168,7 +210,10 @@ async fn a_forged_heartbeat_is_refused_audited_and_holds_no_lock() {
     let owner = db.store("c").await;
     owner.grant_application(&app, Some("c")).await.unwrap();
     let store = store_as(&db, &app, "c").await;
-    let mut member = store.join_group("g", "a", &spec(&["x"]), TTL).await.unwrap();
+    let mut member = store
+        .join_group("g", "a", &spec(&["x"]), TTL)
+        .await
+        .unwrap();
 
     let forger = client_as(&db, &app).await;
     forger.batch_execute("BEGIN").await.unwrap();
@@ -178,12 +223,19 @@ async fn a_forged_heartbeat_is_refused_audited_and_holds_no_lock() {
         format!("SELECT outcome, reason FROM pgfence.leave_group('c/g', 'a', 1, '{forged}')"),
     ] {
         let row = forger.query_one(&call, &[]).await.unwrap();
-        assert_eq!((row.get::<_, String>(0), row.get::<_, String>(1)), ("refused".into(), "bad_secret".into()));
+        assert_eq!(
+            (row.get::<_, String>(0), row.get::<_, String>(1)),
+            ("refused".into(), "bad_secret".into())
+        );
     }
     // The forger's transaction stays open: the member's own calls must not wait for it.
     let started = std::time::Instant::now();
     store.heartbeat(&mut member, TTL).await.unwrap();
-    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
     forger.batch_execute("COMMIT").await.unwrap();
     let audited: i64 = db
         .scalar(&format!(
@@ -208,19 +260,29 @@ async fn another_clusters_role_cannot_join_or_read_a_group() {
     mine.join_group("g", "a", &spec(&["x"]), TTL).await.unwrap();
     let intruder: Store = store_as(&db, &other, "c").await;
     match intruder.join_group("g", "b", &spec(&["x"]), TTL).await {
-        Err(Error::Denied { reason: DenyReason::NoGrant, .. }) => {}
+        Err(Error::Denied {
+            reason: DenyReason::NoGrant,
+            ..
+        }) => {}
         other => panic!("{other:?}"),
     }
     assert!(intruder.roster("g").await.is_err());
     assert!(intruder.group_members(None).await.unwrap().is_empty());
     let client = client_as(&db, &other).await;
-    for query in ["SELECT count(*) FROM pgfence.group_members", "SELECT count(*) FROM pgfence.members"] {
+    for query in [
+        "SELECT count(*) FROM pgfence.group_members",
+        "SELECT count(*) FROM pgfence.members",
+    ] {
         match client.query_one(query, &[]).await {
             Ok(row) => assert_eq!(row.get::<_, i64>(0), 0, "{query}"),
             Err(e) => assert_eq!(sqlstate(&e), "42501", "{query}: {e}"),
         }
     }
-    assert_eq!(mine.roster("g").await.unwrap().members.len(), 1, "nothing of the intruder's counted");
+    assert_eq!(
+        mine.roster("g").await.unwrap().members.len(),
+        1,
+        "nothing of the intruder's counted"
+    );
     assert_eq!(
         db.scalar(&format!(
             "SELECT count(*) FROM pgfence.rejections WHERE role = '{other}' AND reason = 'no_grant'"
@@ -238,17 +300,36 @@ async fn a_member_that_expired_settles_one_ttl_after_it_joins_again() {
     let db = TestDb::new().await;
     let store = db.store("c").await;
     let ttl = Duration::from_millis(400);
-    store.join_group("g", "a", &spec(&["x"]), ttl).await.unwrap();
+    store
+        .join_group("g", "a", &spec(&["x"]), ttl)
+        .await
+        .unwrap();
     // Wait for the expiry by the database clock (the member is not renewed).
-    while db.scalar("SELECT count(*) FROM pgfence.group_members WHERE live").await > 0 {
+    while db
+        .scalar("SELECT count(*) FROM pgfence.group_members WHERE live")
+        .await
+        > 0
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(store.roster("g").await.unwrap().members.is_empty(), "an expired member is not counted");
-    let mut again = store.join_group("g", "a", &spec(&["x"]), ttl).await.unwrap();
+    assert!(
+        store.roster("g").await.unwrap().members.is_empty(),
+        "an expired member is not counted"
+    );
+    let mut again = store
+        .join_group("g", "a", &spec(&["x"]), ttl)
+        .await
+        .unwrap();
     assert!(!again.settled(), "a flap is not settled at once");
     let roster = store.roster("g").await.unwrap();
-    assert_eq!((roster.members.len(), roster.members[0].settled), (1, false));
-    assert_eq!(db.scalar("SELECT flaps::bigint FROM pgfence.members").await, 1);
+    assert_eq!(
+        (roster.members.len(), roster.members[0].settled),
+        (1, false)
+    );
+    assert_eq!(
+        db.scalar("SELECT flaps::bigint FROM pgfence.members").await,
+        1
+    );
     // Heartbeats settle it once a ttl has passed since the join (database clock), not before.
     let joined = std::time::Instant::now();
     loop {
@@ -258,9 +339,19 @@ async fn a_member_that_expired_settles_one_ttl_after_it_joins_again() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(joined.elapsed() >= ttl - Duration::from_millis(100), "{:?}", joined.elapsed());
+    assert!(
+        joined.elapsed() >= ttl - Duration::from_millis(100),
+        "{:?}",
+        joined.elapsed()
+    );
     store.leave_group(&again).await.unwrap();
-    let orderly = store.join_group("g", "a", &spec(&["x"]), ttl).await.unwrap();
+    let orderly = store
+        .join_group("g", "a", &spec(&["x"]), ttl)
+        .await
+        .unwrap();
     assert!(orderly.settled(), "after a leave, no flap");
-    assert_eq!(db.scalar("SELECT flaps::bigint FROM pgfence.members").await, 0);
+    assert_eq!(
+        db.scalar("SELECT flaps::bigint FROM pgfence.members").await,
+        0
+    );
 }

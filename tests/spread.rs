@@ -34,7 +34,13 @@ struct Replica<E: Elector> {
     task: JoinHandle<pgfence::Result<()>>,
 }
 
-fn start<E: Elector>(elector: E, holder: &str, names: &[String], ttl: Duration, spread: Spread) -> Replica<E> {
+fn start<E: Elector>(
+    elector: E,
+    holder: &str,
+    names: &[String],
+    ttl: Duration,
+    spread: Spread,
+) -> Replica<E> {
     let mut supervisor = Supervisor::new(elector, holder).spread(spread);
     for name in names {
         supervisor = supervisor.controller(name.clone(), options(ttl), |ctx| async move {
@@ -63,7 +69,11 @@ impl<E: Elector> Replica<E> {
 }
 
 /// Waits (bounded) until every replica leads the count given for it; returns how long it took.
-async fn converge<E: Elector>(replicas: &[&Replica<E>], want: &[usize], within: Duration) -> Duration {
+async fn converge<E: Elector>(
+    replicas: &[&Replica<E>],
+    want: &[usize],
+    within: Duration,
+) -> Duration {
     let started = Instant::now();
     loop {
         let have: Vec<usize> = replicas.iter().map(|r| r.leading()).collect();
@@ -108,33 +118,63 @@ async fn three_replicas_lead_four_each_and_a_fourth_takes_exactly_three() {
     let all = names(12);
     let mut replicas = Vec::new();
     for i in 0..3 {
-        replicas.push(start(pg(&db).await, &format!("r{i}"), &all, ttl, Spread::new("g")));
+        replicas.push(start(
+            pg(&db).await,
+            &format!("r{i}"),
+            &all,
+            ttl,
+            Spread::new("g"),
+        ));
     }
     let took = converge(&replicas.iter().collect::<Vec<_>>(), &[4, 4, 4], 2 * ttl).await;
     eprintln!("3 replicas x 12 controllers: 4/4/4 after {took:?}");
     let before = epochs(&db).await;
     assert_eq!(before.len(), 12);
-    let handovers_before: u64 = replicas.iter().map(|r| r.status.group().unwrap().handovers).sum();
+    let handovers_before: u64 = replicas
+        .iter()
+        .map(|r| r.status.group().unwrap().handovers)
+        .sum();
 
     replicas.push(start(pg(&db).await, "r3", &all, ttl, Spread::new("g")));
-    let took = converge(&replicas.iter().collect::<Vec<_>>(), &[3, 3, 3, 3], ttl + Duration::from_secs(1)).await;
+    let took = converge(
+        &replicas.iter().collect::<Vec<_>>(),
+        &[3, 3, 3, 3],
+        ttl + Duration::from_secs(1),
+    )
+    .await;
     eprintln!("a 4th replica joined: 3/3/3/3 after {took:?}");
     let after = epochs(&db).await;
     let moved: Vec<&String> = after.keys().filter(|n| after[*n] != before[*n]).collect();
     assert_eq!(moved.len(), 3, "exactly the minimum moves: {moved:?}");
-    assert!(moved.iter().all(|n| after[*n] == before[*n] + 1), "one handover each");
+    assert!(
+        moved.iter().all(|n| after[*n] == before[*n] + 1),
+        "one handover each"
+    );
     let group = replicas[3].status.group().unwrap();
     assert_eq!(group.assigned.len(), 3);
     assert_eq!(group.leading, group.assigned);
     assert_eq!(group.members.len(), 4);
-    let handovers: u64 = replicas.iter().map(|r| r.status.group().unwrap().handovers).sum();
+    let handovers: u64 = replicas
+        .iter()
+        .map(|r| r.status.group().unwrap().handovers)
+        .sum();
     assert_eq!(handovers - handovers_before, 3);
 
     for replica in replicas {
         replica.stop().await;
     }
-    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.group_members WHERE live").await, 0, "all left");
-    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.leases WHERE state = 'held'").await, 0, "all released");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.group_members WHERE live")
+            .await,
+        0,
+        "all left"
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.leases WHERE state = 'held'")
+            .await,
+        0,
+        "all released"
+    );
 }
 
 /// Invariant 3 through a handover: a drained leader whose work keeps writing with its fence after it was told
@@ -150,14 +190,21 @@ async fn a_drained_leader_that_keeps_writing_is_refused_once_its_successor_acqui
     let writes_done = CancellationToken::new();
 
     let old = {
-        let (store, outcomes, end_seen, writes_done) =
-            (store.clone(), outcomes.clone(), end_seen.clone(), writes_done.clone());
-        let supervisor = Supervisor::new(pg(&db).await, "old").spread(Spread::new("g")).controller(
-            "scheduler",
-            options(ttl),
-            move |ctx| {
-                let (store, outcomes, end_seen, writes_done) =
-                    (store.clone(), outcomes.clone(), end_seen.clone(), writes_done.clone());
+        let (store, outcomes, end_seen, writes_done) = (
+            store.clone(),
+            outcomes.clone(),
+            end_seen.clone(),
+            writes_done.clone(),
+        );
+        let supervisor = Supervisor::new(pg(&db).await, "old")
+            .spread(Spread::new("g"))
+            .controller("scheduler", options(ttl), move |ctx| {
+                let (store, outcomes, end_seen, writes_done) = (
+                    store.clone(),
+                    outcomes.clone(),
+                    end_seen.clone(),
+                    writes_done.clone(),
+                );
                 async move {
                     // The overrunning drain: work handed the fence keeps writing after the callback returned.
                     let fence = ctx.fence();
@@ -165,7 +212,9 @@ async fn a_drained_leader_that_keeps_writing_is_refused_once_its_successor_acqui
                     tokio::spawn(async move {
                         let mut refused = 0;
                         for i in 0.. {
-                            let result = store.create_task(&fence, &format!("t{i}"), &json!({})).await;
+                            let result = store
+                                .create_task(&fence, &format!("t{i}"), &json!({}))
+                                .await;
                             let ok = match result {
                                 Ok(_) => true,
                                 Err(Error::Stale { .. }) => false,
@@ -186,17 +235,26 @@ async fn a_drained_leader_that_keeps_writing_is_refused_once_its_successor_acqui
                     ctx.cancelled().await;
                     Ok(())
                 }
-            },
-        );
+            });
         let (status, shutdown) = (supervisor.status(), CancellationToken::new());
-        Replica { status, shutdown: shutdown.clone(), task: tokio::spawn(supervisor.run(shutdown)) }
+        Replica {
+            status,
+            shutdown: shutdown.clone(),
+            task: tokio::spawn(supervisor.run(shutdown)),
+        }
     };
     converge(&[&old], &[1], ttl).await;
     while outcomes.lock().unwrap().len() < 10 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // A replica that pins the name joins: the assignment moves it, the old leader drains and releases.
-    let new = start(pg(&db).await, "new", &["scheduler".to_owned()], ttl, Spread::new("g").pin(["scheduler"]));
+    let new = start(
+        pg(&db).await,
+        "new",
+        &["scheduler".to_owned()],
+        ttl,
+        Spread::new("g").pin(["scheduler"]),
+    );
     converge(&[&old, &new], &[0, 1], ttl + Duration::from_secs(1)).await;
     writes_done.cancelled().await;
 
@@ -219,13 +277,23 @@ async fn a_drained_leader_that_keeps_writing_is_refused_once_its_successor_acqui
         .await
         .unwrap()
         .get(0);
-    assert_eq!(late, 0, "no write of the old epoch committed after the successor's acquisition");
+    assert_eq!(
+        late, 0,
+        "no write of the old epoch committed after the successor's acquisition"
+    );
     let (ok, refused) = {
         let outcomes = outcomes.lock().unwrap();
-        (outcomes.iter().filter(|o| o.0).count() as i64, outcomes.iter().filter(|o| !o.0).count() as i64)
+        (
+            outcomes.iter().filter(|o| o.0).count() as i64,
+            outcomes.iter().filter(|o| !o.0).count() as i64,
+        )
     };
     assert_eq!(refused, 20);
-    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.tasks WHERE fence = 1").await, ok);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.tasks WHERE fence = 1")
+            .await,
+        ok
+    );
     assert_eq!(
         db.scalar("SELECT coalesce(sum(count), 0)::bigint FROM pgfence.rejections WHERE presented_epoch = 1").await,
         refused,
@@ -271,17 +339,31 @@ async fn a_hundred_shards_over_five_replicas_lead_twenty_each() {
                 let seen = seen.clone();
                 async move {
                     assert_eq!(shard.count, 100);
-                    assert!(ctx.fence().lease().ends_with(&format!("reconciler/{}", shard.index)));
-                    seen.lock().unwrap().insert(shard.index, ctx.fence().lease().to_owned());
+                    assert!(ctx
+                        .fence()
+                        .lease()
+                        .ends_with(&format!("reconciler/{}", shard.index)));
+                    seen.lock()
+                        .unwrap()
+                        .insert(shard.index, ctx.fence().lease().to_owned());
                     ctx.cancelled().await;
                     Ok(())
                 }
             })
             .unwrap();
         let (status, shutdown) = (supervisor.status(), CancellationToken::new());
-        replicas.push(Replica { status, shutdown: shutdown.clone(), task: tokio::spawn(supervisor.run(shutdown)) });
+        replicas.push(Replica {
+            status,
+            shutdown: shutdown.clone(),
+            task: tokio::spawn(supervisor.run(shutdown)),
+        });
     }
-    let took = converge(&replicas.iter().collect::<Vec<_>>(), &[20; 5], Duration::from_secs(10)).await;
+    let took = converge(
+        &replicas.iter().collect::<Vec<_>>(),
+        &[20; 5],
+        Duration::from_secs(10),
+    )
+    .await;
     eprintln!("100 shards over 5 replicas: 20 each after {took:?}");
     assert_eq!(seen.lock().unwrap().len(), 100);
     for replica in replicas {
@@ -298,11 +380,25 @@ async fn bad_spread_input_is_refused_before_anything_runs() {
     let elector = pg(&db).await;
     let ttl = Duration::from_secs(2);
     for shards in [0, pgfence::MAX_SHARDS + 1] {
-        let built = Supervisor::new(elector.clone(), "r").sharded("s", shards, options(ttl), |_, ctx| async move {
-            ctx.cancelled().await;
-            Ok(())
-        });
-        assert!(matches!(built, Err(Error::InvalidInput { field: "shards", .. })), "{shards}");
+        let built = Supervisor::new(elector.clone(), "r").sharded(
+            "s",
+            shards,
+            options(ttl),
+            |_, ctx| async move {
+                ctx.cancelled().await;
+                Ok(())
+            },
+        );
+        assert!(
+            matches!(
+                built,
+                Err(Error::InvalidInput {
+                    field: "shards",
+                    ..
+                })
+            ),
+            "{shards}"
+        );
     }
     let one = ["x".to_owned()];
     for (spread, field) in [
@@ -328,7 +424,10 @@ async fn bad_spread_input_is_refused_before_anything_runs() {
         });
     assert!(matches!(
         twice.run(CancellationToken::new()).await,
-        Err(Error::InvalidInput { field: "controller", .. })
+        Err(Error::InvalidInput {
+            field: "controller",
+            ..
+        })
     ));
     assert_eq!(db.scalar("SELECT count(*) FROM pgfence.members").await, 0);
     let _: &Store = elector.store();

@@ -32,7 +32,10 @@ const TTL: Duration = Duration::from_secs(2);
 const POLL: Duration = Duration::from_secs(1);
 
 fn now_us() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
 }
 
 /// Every event every replica printed, in arrival order (all processes run on this machine: their `at_us`
@@ -84,7 +87,15 @@ struct Fleet {
 impl Fleet {
     fn start(&mut self, member: &str, group: &str, names: &[&str]) {
         let mut child = Command::new(common::pgfence_bin())
-            .args(["replica", "--cluster", "c", "--group", group, "--member", member])
+            .args([
+                "replica",
+                "--cluster",
+                "c",
+                "--group",
+                group,
+                "--member",
+                member,
+            ])
             .args(names)
             .args(["--ttl", &format!("{}ms", TTL.as_millis())])
             .args(["--poll", &format!("{}ms", POLL.as_millis())])
@@ -115,7 +126,11 @@ impl Fleet {
 
     /// Ends a replica the hard way: no release, no leave, no last words.
     fn kill(&mut self, member: &str) -> i64 {
-        let i = self.replicas.iter().position(|r| r.member == member).unwrap();
+        let i = self
+            .replicas
+            .iter()
+            .position(|r| r.member == member)
+            .unwrap();
         let mut replica = self.replicas.remove(i);
         replica.child.kill().unwrap();
         replica.child.wait().unwrap();
@@ -130,7 +145,11 @@ impl Fleet {
 
     /// Ends a replica in order (SIGTERM): it hands its names over, releases and leaves.
     fn stop(&mut self, member: &str) {
-        let i = self.replicas.iter().position(|r| r.member == member).unwrap();
+        let i = self
+            .replicas
+            .iter()
+            .position(|r| r.member == member)
+            .unwrap();
         let mut replica = self.replicas.remove(i);
         let status = Command::new("kill")
             .args(["-TERM", &replica.child.id().to_string()])
@@ -143,16 +162,22 @@ impl Fleet {
                 assert!(status.success(), "{member} exited {status}");
                 break;
             }
-            assert!(Instant::now() < deadline, "{member} did not exit within 20 s of SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "{member} did not exit within 20 s of SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
 
     /// Waits (bounded) until the members lead the given counts; returns how long it took.
     fn converge(&self, want: &[(&str, usize)], within: Duration) -> Duration {
-        self.converge_to(want.iter().map(|(m, _)| *m).collect(), within, &format!("{want:?}"), |have| {
-            have.iter().zip(want).all(|(h, w)| *h == w.1)
-        })
+        self.converge_to(
+            want.iter().map(|(m, _)| *m).collect(),
+            within,
+            &format!("{want:?}"),
+            |have| have.iter().zip(want).all(|(h, w)| *h == w.1),
+        )
     }
 
     /// Waits (bounded) until the counts of names `members` lead satisfy `done`, no name led twice.
@@ -166,7 +191,10 @@ impl Fleet {
         let started = Instant::now();
         loop {
             let leading = self.log.lock().unwrap().leading();
-            let have: Vec<usize> = members.iter().map(|m| leading.get(*m).map_or(0, |s| s.len())).collect();
+            let have: Vec<usize> = members
+                .iter()
+                .map(|m| leading.get(*m).map_or(0, |s| s.len()))
+                .collect();
             let led: usize = leading.values().map(|s| s.len()).sum();
             let distinct: BTreeSet<&String> = leading.values().flatten().collect();
             if done(&have) && led == distinct.len() {
@@ -205,7 +233,13 @@ fn handover_gaps(log: &Log, since_index: usize) -> Vec<f64> {
         let name = e["name"].as_str().unwrap_or_default().to_owned();
         match e["event"].as_str() {
             Some("stop") => {
-                last_stop.insert(name, (e["at_us"].as_i64().unwrap(), e["cause"].as_str().unwrap_or("").to_owned()));
+                last_stop.insert(
+                    name,
+                    (
+                        e["at_us"].as_i64().unwrap(),
+                        e["cause"].as_str().unwrap_or("").to_owned(),
+                    ),
+                );
             }
             Some("lead") => {
                 if let Some((at, cause)) = last_stop.remove(&name) {
@@ -236,34 +270,51 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
         let mut options = EmbeddedOptions::default();
         options.extra_settings = vec![
             ("track_commit_timestamp".into(), "on".into()),
-            ("shared_preload_libraries".into(), "pg_stat_statements".into()),
+            (
+                "shared_preload_libraries".into(),
+                "pg_stat_statements".into(),
+            ),
             ("max_connections".into(), "200".into()),
         ];
         EmbeddedServer::start_with(options).expect("start a throwaway server")
     };
     let url = server.url();
     let store = runtime.block_on(async {
-        let store = Store::connect(StoreConfig::new(url.clone(), "c")).await.unwrap();
+        let store = Store::connect(StoreConfig::new(url.clone(), "c"))
+            .await
+            .unwrap();
         store.migrate().await.unwrap();
         common::apply_mutant(&url).await;
         store
     });
     let client = runtime.block_on(async {
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
         runtime.spawn(connection);
-        client.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await.unwrap();
+        client
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .await
+            .unwrap();
         client
     });
     let query = |sql: &str| -> i64 { runtime.block_on(client.query_one(sql, &[])).unwrap().get(0) };
     let epochs = || -> BTreeMap<String, i64> {
         runtime
-            .block_on(client.query("SELECT name, epoch FROM pgfence.leases WHERE name LIKE 'c/controller-%'", &[]))
+            .block_on(client.query(
+                "SELECT name, epoch FROM pgfence.leases WHERE name LIKE 'c/controller-%'",
+                &[],
+            ))
             .unwrap()
             .iter()
             .map(|r| (r.get(0), r.get(1)))
             .collect()
     };
-    let mut fleet = Fleet { url: url.clone(), log: Arc::default(), replicas: Vec::new() };
+    let mut fleet = Fleet {
+        url: url.clone(),
+        log: Arc::default(),
+        replicas: Vec::new(),
+    };
     let twelve = ["--controllers", "12"];
 
     // 3 members, 12 names.
@@ -271,16 +322,25 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
         fleet.start(m, "g", &twelve);
     }
     let took = fleet.converge(&[("a", 4), ("b", 4), ("c", 4)], 2 * TTL);
-    println!("3 members x 12 names: 4/4/4 within {took:?} of the last start (target 2 x ttl = {:?})", 2 * TTL);
+    println!(
+        "3 members x 12 names: 4/4/4 within {took:?} of the last start (target 2 x ttl = {:?})",
+        2 * TTL
+    );
 
     // A 4th joins: the minimum moves.
     let before = epochs();
     let join_index = fleet.log.lock().unwrap().events.len();
     fleet.start("d", "g", &twelve);
-    let took = fleet.converge(&[("a", 3), ("b", 3), ("c", 3), ("d", 3)], TTL + Duration::from_secs(1));
+    let took = fleet.converge(
+        &[("a", 3), ("b", 3), ("c", 3), ("d", 3)],
+        TTL + Duration::from_secs(1),
+    );
     let after = epochs();
     let moved: Vec<&String> = after.keys().filter(|n| after[*n] != before[*n]).collect();
-    println!("a 4th member joined: 3/3/3/3 within {took:?} (target ttl + 1 s); names moved: {}", moved.len());
+    println!(
+        "a 4th member joined: 3/3/3/3 within {took:?} (target ttl + 1 s); names moved: {}",
+        moved.len()
+    );
     assert_eq!(moved.len(), 3, "exactly 3 names move: {moved:?}");
 
     // Graceful handovers: a 5th member joins and leaves in order, over and over.
@@ -288,7 +348,10 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
     let mut cycles = 0;
     while handover_gaps(&fleet.log.lock().unwrap(), handovers_from).len() < 50 {
         cycles += 1;
-        assert!(cycles <= 30, "fewer than 50 handovers after 30 join/leave cycles");
+        assert!(
+            cycles <= 30,
+            "fewer than 50 handovers after 30 join/leave cycles"
+        );
         fleet.start("e", "g", &twelve);
         // 12 names over 5 members: 2 or 3 each.
         fleet.converge_to(
@@ -298,7 +361,10 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
             |have| have.iter().all(|n| (2..=3).contains(n)) && have.iter().sum::<usize>() == 12,
         );
         fleet.stop("e");
-        fleet.converge(&[("a", 3), ("b", 3), ("c", 3), ("d", 3)], TTL + Duration::from_secs(1));
+        fleet.converge(
+            &[("a", 3), ("b", 3), ("c", 3), ("d", 3)],
+            TTL + Duration::from_secs(1),
+        );
     }
     let mut gaps = handover_gaps(&fleet.log.lock().unwrap(), handovers_from);
     let (p50, p99) = (percentile(&mut gaps, 0.5), percentile(&mut gaps, 0.99));
@@ -312,19 +378,31 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
            FROM pgfence.tenures p JOIN pgfence.tenures n ON n.lease = p.lease AND n.epoch = p.epoch + 1 \
           WHERE p.end_reason = 'released'",
     );
-    println!("  release -> successor's acquisition, database clock: p50 {:.1} ms", db_gap_p50 as f64 / 1000.0);
-    assert!(p50 <= 20.0 && p99 <= 100.0, "handover gap p50 {p50:.1} ms, p99 {p99:.1} ms");
+    println!(
+        "  release -> successor's acquisition, database clock: p50 {:.1} ms",
+        db_gap_p50 as f64 / 1000.0
+    );
+    assert!(
+        p50 <= 20.0 && p99 <= 100.0,
+        "handover gap p50 {p50:.1} ms, p99 {p99:.1} ms"
+    );
 
     // One of 4 killed: its names move within ttl + poll + 1 s, 4/4/4.
     let killed_at = fleet.kill("d");
-    let took = fleet.converge(&[("a", 4), ("b", 4), ("c", 4)], TTL + POLL + Duration::from_secs(1));
+    let took = fleet.converge(
+        &[("a", 4), ("b", 4), ("c", 4)],
+        TTL + POLL + Duration::from_secs(1),
+    );
     println!(
         "a member killed (SIGKILL): 4/4/4 within {took:?} (target ttl + poll + 1 s = {:?}); killed at {killed_at}",
         TTL + POLL + Duration::from_secs(1)
     );
 
     // Stable membership: nothing moves.
-    let stable: u64 = std::env::var("PGFENCE_SPREAD_STABLE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let stable: u64 = std::env::var("PGFENCE_SPREAD_STABLE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
     let (leads_before, epochs_before) = (fleet.log.lock().unwrap().count("lead"), epochs());
     query("SELECT count(*) FROM (SELECT pg_stat_statements_reset()) r");
     std::thread::sleep(Duration::from_secs(stable));
@@ -341,8 +419,14 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
          x 4 names; {:.2} per member per tick",
         (heartbeats + renewals) as f64 / ticks
     );
-    assert_eq!(renewals, 0, "the leases are renewed in the heartbeat's statement");
-    assert!((heartbeats as f64) < ticks * 1.2, "{heartbeats} statements for {ticks} ticks");
+    assert_eq!(
+        renewals, 0,
+        "the leases are renewed in the heartbeat's statement"
+    );
+    assert!(
+        (heartbeats as f64) < ticks * 1.2,
+        "{heartbeats} statements for {ticks} ticks"
+    );
 
     for m in ["a", "b", "c"] {
         fleet.stop(m);
@@ -364,7 +448,11 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
 
     // The history check, through every scenario above.
     let log = fleet.log.lock().unwrap();
-    let writes: Vec<&Value> = log.events.iter().filter(|e| e["event"] == "write").collect();
+    let writes: Vec<&Value> = log
+        .events
+        .iter()
+        .filter(|e| e["event"] == "write")
+        .collect();
     let refused = writes.iter().filter(|e| e["ok"] == false).count() as i64;
     let accepted = writes.iter().filter(|e| e["ok"] == true).count() as i64;
     let late = query(LATE_WRITES);
@@ -378,7 +466,13 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
     assert_eq!(late, 0, "invariant 3");
     assert!(committed >= accepted, "an acknowledged write is committed");
     // A killed replica may have been refused (and audited) without printing it.
-    assert!(audited >= refused, "invariant 4: every refusal audited ({audited} < {refused})");
-    assert!(refused > 0, "the drains wrote through their handovers: some writes must have been refused");
+    assert!(
+        audited >= refused,
+        "invariant 4: every refusal audited ({audited} < {refused})"
+    );
+    assert!(
+        refused > 0,
+        "the drains wrote through their handovers: some writes must have been refused"
+    );
     drop(store);
 }

@@ -143,6 +143,16 @@ impl Fleet {
         at
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to a replica.
+    fn signal(&self, member: &str, signal: &str) {
+        let replica = self.replicas.iter().find(|r| r.member == member).unwrap();
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &replica.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
     /// Ends a replica in order (SIGTERM): it hands its names over, releases and leaves.
     fn stop(&mut self, member: &str) {
         let i = self
@@ -397,6 +407,35 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
         "a member killed (SIGKILL): 4/4/4 within {took:?} (target ttl + poll + 1 s = {:?}); killed at {killed_at}",
         TTL + POLL + Duration::from_secs(1)
     );
+
+    // Every connection of every replica terminated at once (a database restart's worth of broken sessions):
+    // renewals and heartbeats go on over new connections within the ttl, nothing moves.
+    let (leads_before, epochs_before) = (fleet.log.lock().unwrap().count("lead"), epochs());
+    let ended = query(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+          WHERE pid <> pg_backend_pid() AND backend_type = 'client backend' AND datname = current_database()) t",
+    );
+    std::thread::sleep(2 * TTL);
+    let leads = fleet.log.lock().unwrap().count("lead") - leads_before;
+    println!("{ended} replica connections terminated: {leads} names moved in the next 2 ttl");
+    assert_eq!(leads, 0, "terminated connections move nothing");
+    assert_eq!(epochs(), epochs_before);
+
+    // One member frozen (SIGSTOP) past its ttl: the others take its names; resumed, it joins again as a flap,
+    // is settled one ttl later, and takes its share back. Its writes after the successors' acquisitions are
+    // refused (the history check below).
+    fleet.signal("c", "STOP");
+    let took = fleet.converge_to(
+        vec!["a", "b"],
+        TTL + POLL + Duration::from_secs(1),
+        "6/6",
+        |have| have == [6, 6],
+    );
+    println!("a member frozen (SIGSTOP): a and b lead 6 each within {took:?}");
+    fleet.signal("c", "CONT");
+    fleet.log.lock().unwrap().events.push(serde_json::json!({"event": "killed", "member": "c"}));
+    let took = fleet.converge(&[("a", 4), ("b", 4), ("c", 4)], 4 * TTL);
+    println!("the frozen member resumed: 4/4/4 again within {took:?} (settled one ttl after it joined again)");
 
     // Stable membership: nothing moves.
     let stable: u64 = std::env::var("PGFENCE_SPREAD_STABLE_SECS")

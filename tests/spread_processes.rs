@@ -433,7 +433,12 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
     );
     println!("a member frozen (SIGSTOP): a and b lead 6 each within {took:?}");
     fleet.signal("c", "CONT");
-    fleet.log.lock().unwrap().events.push(serde_json::json!({"event": "killed", "member": "c"}));
+    fleet
+        .log
+        .lock()
+        .unwrap()
+        .events
+        .push(serde_json::json!({"event": "killed", "member": "c"}));
     let took = fleet.converge(&[("a", 4), ("b", 4), ("c", 4)], 4 * TTL);
     println!("the frozen member resumed: 4/4/4 again within {took:?} (settled one ttl after it joined again)");
 

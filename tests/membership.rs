@@ -36,12 +36,17 @@ async fn a_member_joins_heartbeats_and_leaves_and_the_roster_shows_what_it_leads
         .join_group("g", "a", &spec(&["x", "y"]).weight(3).pin(["y"]), TTL)
         .await
         .unwrap();
-    assert_eq!((a.incarnation(), a.settled()), (1, true));
+    assert_eq!(
+        (a.incarnation(), a.settled()),
+        (1, false),
+        "settled at its first heartbeat"
+    );
     let b = store
         .join_group("g", "b", &spec(&["x", "y"]).exclude(["y"]), TTL)
         .await
         .unwrap();
     let before = store.heartbeat(&mut a, TTL).await.unwrap();
+    assert!(a.settled());
     assert_eq!(
         before,
         store.heartbeat(&mut a, TTL).await.unwrap(),
@@ -112,12 +117,16 @@ async fn the_same_member_name_from_two_processes_never_counts_twice() {
     }
     assert_eq!(one.roster("g").await.unwrap().members.len(), 1);
     one.leave_group(&first).await.unwrap();
-    let second = two
+    let mut second = two
         .join_group("g", "pod", &spec(&["x"]), TTL)
         .await
         .unwrap();
     assert_eq!(second.incarnation(), 2);
-    assert!(second.settled(), "the first left in order: no flap");
+    two.heartbeat(&mut second, TTL).await.unwrap();
+    assert!(
+        second.settled(),
+        "the first left in order: no flap, settled at its first heartbeat"
+    );
     match one.heartbeat(&mut first, TTL).await {
         Err(Error::MemberLost {
             reason: MemberLoss::Superseded,
@@ -294,7 +303,7 @@ async fn another_clusters_role_cannot_join_or_read_a_group() {
 
 /// Invariant (hysteresis, database clock): a member whose last incarnation expired instead of leaving is a flap
 /// — it counts for the roster at once but is settled (may acquire) only one ttl later; one that left in order is
-/// settled at once.
+/// settled at its first heartbeat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_expired_settles_one_ttl_after_it_joins_again() {
     let db = TestDb::new().await;
@@ -345,11 +354,15 @@ async fn a_member_that_expired_settles_one_ttl_after_it_joins_again() {
         joined.elapsed()
     );
     store.leave_group(&again).await.unwrap();
-    let orderly = store
+    let mut orderly = store
         .join_group("g", "a", &spec(&["x"]), ttl)
         .await
         .unwrap();
-    assert!(orderly.settled(), "after a leave, no flap");
+    store.heartbeat(&mut orderly, ttl).await.unwrap();
+    assert!(
+        orderly.settled(),
+        "after a leave, no flap: settled at its first heartbeat"
+    );
     assert_eq!(
         db.scalar("SELECT flaps::bigint FROM pgfence.members").await,
         0

@@ -432,3 +432,32 @@ async fn bad_spread_input_is_refused_before_anything_runs() {
     assert_eq!(db.scalar("SELECT count(*) FROM pgfence.members").await, 0);
     let _: &Store = elector.store();
 }
+
+/// Cancel safety: a spreading supervisor whose `run` future is dropped (aborted) leaves nothing behind — its
+/// leases are released and its membership left in the background, so the others take its names at once rather
+/// than after a ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_spreading_supervisor_leaves_its_group_and_releases_its_names() {
+    let db = TestDb::new().await;
+    let ttl = Duration::from_secs(30);
+    let all = names(2);
+    let a = start(pg(&db).await, "a", &all, ttl, Spread::new("g"));
+    converge(&[&a], &[2], Duration::from_secs(5)).await;
+    a.task.abort();
+    let started = Instant::now();
+    while db
+        .scalar("SELECT count(*) FROM pgfence.group_members WHERE live")
+        .await
+        > 0
+        || db
+            .scalar("SELECT count(*) FROM pgfence.leases WHERE state = 'held'")
+            .await
+            > 0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "still a member or holding after 5 s (ttl 30 s)"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -31,8 +31,8 @@ CREATE TABLE pgfence.members (
     joined_at   timestamptz NOT NULL,
     renewed_at  timestamptz NOT NULL,
     expires_at  timestamptz NOT NULL,
-    -- Counted for acquisitions (settled) from its first heartbeat at or after settle_at: at once for a member
-    -- whose last incarnation ended in order, later for a flapping one (see pgfence.join_group).
+    -- Counted for acquisitions (settled) from its first heartbeat at or after settle_at: its first heartbeat for
+    -- a member whose last incarnation ended in order, later for a flapping one (see pgfence.join_group).
     settle_at   timestamptz NOT NULL,
     settled_at  timestamptz,
     left_at     timestamptz,
@@ -177,9 +177,11 @@ $$;
 -- 'member_taken' and how long until the live member of that name expires — the same name from two processes
 -- never counts twice: the second waits until the first leaves or expires — or 'no_grant'. Bad arguments are
 -- 22023, nothing written.
--- Hysteresis: a member whose previous incarnation expired (rather than left) within the last 10 ttls is a flap:
--- it counts for the assignment at once (nobody takes its share meanwhile) but is settled — may acquire — only
--- after ttl * 2^(flaps - 1), at most 8 ttls; one that left in order, or never joined, is settled at once.
+-- A member counts for the assignment at once (nobody takes its share meanwhile) but is settled — may acquire —
+-- only at its first heartbeat: it has shown that it renews, and replicas started together have all joined by
+-- then, so the first to start does not take every name only to hand most of them over a moment later.
+-- Hysteresis: a member whose previous incarnation expired (rather than left) within the last 10 ttls is a flap,
+-- settled only at its first heartbeat ttl * 2^(flaps - 1) after the join, at most 8 ttls.
 -- Notifies pgfence_members (empty payload: any role may LISTEN).
 CREATE FUNCTION pgfence.join_group(p_group text, p_member text, p_weight integer, p_names text[],
                                    p_pinned text[], p_excluded text[], p_ttl_ms bigint)
@@ -217,7 +219,7 @@ BEGIN
         INSERT INTO pgfence.members AS x (grp, member, weight, names, pinned, excluded, secret_hash, ttl_ms,
                                           joined_at, renewed_at, expires_at, settle_at, settled_at)
         VALUES (p_group, p_member, p_weight, p_names, p_pinned, p_excluded, sha256(convert_to(secret, 'UTF8')),
-                p_ttl_ms, ts, ts, ts + p_ttl_ms * interval '1 millisecond', ts, ts)
+                p_ttl_ms, ts, ts, ts + p_ttl_ms * interval '1 millisecond', ts, NULL)
         ON CONFLICT (grp, member) DO UPDATE
            SET incarnation = x.incarnation + 1, weight = EXCLUDED.weight, names = EXCLUDED.names,
                pinned = EXCLUDED.pinned, excluded = EXCLUDED.excluded, member_role = session_user,
@@ -225,7 +227,7 @@ BEGIN
                expires_at = EXCLUDED.expires_at, left_at = NULL,
                flaps = pgfence._flaps_after(x, ts),
                settle_at = ts + pgfence._settle_delay(pgfence._flaps_after(x, ts), EXCLUDED.ttl_ms),
-               settled_at = CASE WHEN pgfence._flaps_after(x, ts) = 0 THEN ts END
+               settled_at = NULL
          -- Only a member that left or expired is replaced (one that joined meanwhile is not).
          WHERE x.left_at IS NOT NULL OR x.expires_at <= ts
         RETURNING * INTO m;

@@ -548,12 +548,20 @@ impl RenewalConnection {
     }
 }
 
+/// How soon after the last statement a membership that is not settled yet is heartbeated (at most the renewal
+/// period): it settles at its first heartbeat, so a replica that joins leads its share about this long after
+/// its join, and replicas that start within this window all count before any of them acquires.
+const SETTLE_PROBE: Duration = Duration::from_secs(1);
+
 /// The renewal loop of one group: renews all held members with one statement per tick, retries transient
 /// errors every `retry_every` until each member's local deadline, and declares members lost at that deadline
 /// even while an attempt is still in flight.
 async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
     let key = group.key.clone();
     let mut next = tokio::time::Instant::now() + key.renew_every;
+    // When the last statement was sent (or the loop started): a membership not settled yet is heartbeated
+    // SETTLE_PROBE after it, not a whole period later.
+    let mut last_sent = tokio::time::Instant::now();
     let mut last_error: Option<String> = None;
     let mut connection = match elector.upgrade() {
         Some(inner) => RenewalConnection::new(&inner.store),
@@ -591,12 +599,21 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
             .min()
             .expect("a lease or a membership");
         let trust_until = tokio::time::Instant::from_std(trust_until);
+        // A member settles at its first heartbeat (pgfence.join_group): send it soon after the join.
+        let unsettled = membership
+            .as_ref()
+            .is_some_and(|m| !m.state.borrow().settled);
+        let tick = if unsettled {
+            next.min(last_sent + SETTLE_PROBE.min(key.renew_every))
+        } else {
+            next
+        };
         tokio::select! {
-            _ = tokio::time::sleep_until(next.min(trust_until)) => {}
+            _ = tokio::time::sleep_until(tick.min(trust_until)) => {}
             _ = group.wake.notified() => continue,
         }
         let now = tokio::time::Instant::now();
-        if now < next {
+        if now < tick {
             // Woken by a deadline, not by the tick: declare the members whose deadline passed.
             expire_members(&members, &last_error);
             if let Some(membership) = &membership {
@@ -656,6 +673,7 @@ async fn renew_loop(elector: Weak<PgInner>, group: Arc<Group>) {
                 }
                 last_error = None;
                 next = tokio::time::Instant::from_std(sent) + key.renew_every;
+                last_sent = tokio::time::Instant::from_std(sent);
                 tracing::debug!(holder = %key.holder, leases = rows.len(), "leases renewed");
             }
             Attempt::Failed(err) if !err.is_transient() => {

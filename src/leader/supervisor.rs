@@ -426,11 +426,11 @@ impl<E: Elector> Supervisor<E> {
         };
         // The balancer outlives the names' loops by nothing: on shutdown it leaves the group at once, so the
         // other members take over the names as they are released.
-        let balancer = tokio::spawn(
+        let mut balancer = AbortOnDrop(tokio::spawn(
             balancer
                 .run(view_tx, shutdown.clone())
                 .instrument(tracing::info_span!("balancer", group = %spread.group)),
-        );
+        ));
         let mut loops = tokio::task::JoinSet::new();
         for controller in self.controllers {
             let span = tracing::info_span!("controller", controller = %controller.name);
@@ -450,7 +450,7 @@ impl<E: Elector> Supervisor<E> {
             );
         }
         while loops.join_next().await.is_some() {}
-        let _ = balancer.await;
+        let _ = (&mut balancer.0).await;
         Ok(())
     }
 
@@ -791,6 +791,16 @@ impl<E: Elector> NameLoop<E> {
             });
             factory(ctx)
         }
+    }
+}
+
+/// Aborts the balancer when `run` is dropped midway (the names' loops, in a `JoinSet`, are aborted with it): its
+/// membership is then dropped, which leaves the group in the background.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -517,11 +517,10 @@ MUTATIONS: list[Mutation] = [
     ),
     Mutation(
         "flap-settles-at-once",
-        "no hysteresis: a member whose last incarnation expired is settled (may acquire) as soon as it joins again",
+        "no hysteresis: a member whose last incarnation expired is settled (may acquire) at its first heartbeat, "
+        "as one that left in order is",
         [Edit("sql:_settle_delay", "    SELECT CASE WHEN p_flaps = 0 THEN interval '0'",
-              "    SELECT CASE WHEN true THEN interval '0'"),
-         Edit("sql:join_group", "               settled_at = CASE WHEN pgfence._flaps_after(x, ts) = 0 THEN ts END",
-              "               settled_at = ts")],
+              "    SELECT CASE WHEN true THEN interval '0'")],
         [cargo_test("membership", "a_member_that_expired_settles_one_ttl_after_it_joins_again")],
     ),
     Mutation(

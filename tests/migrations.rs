@@ -135,7 +135,7 @@ async fn migrations_apply_one_at_a_time_on_data_and_end_as_a_fresh_schema() {
         .iter()
         .map(|m| m.name().version().to_string())
         .collect();
-    assert_eq!(versions.len(), 5, "{versions:?}");
+    assert_eq!(versions.len(), 6, "{versions:?}");
     let mut harness = Harness::open(&db).await;
     let mut before = snapshot(&db).await;
     let mut store: Option<Store> = None;

@@ -107,9 +107,10 @@ $$;
 
 -- Every member row with what an operator (and the assignment) needs: whether it is live and settled now (database
 -- clock), how long until it expires, and which of its names it leads now — a live tenure of the lease
--- '<cluster>/<name>' held under the member's name by the member's role on the current timeline. Filtered by
--- cluster like every table a role reads. (Functions a view calls run with the reading role's rights: the ones
--- called here are granted to every granted role, 000006_roles.)
+-- '<cluster>/<name>' held under the member's name by the member's role (by expiry: a tenure granted before a
+-- promotion counts until its holder's next renewal is refused, which keeps the name with its holder meanwhile).
+-- Filtered by cluster like every table a role reads. (Functions a view calls run with the reading role's
+-- rights: the two called here are granted to every granted role, 000006_roles.)
 CREATE VIEW pgfence.group_members WITH (security_barrier) AS
 SELECT m.grp AS "group", m.member, m.incarnation, m.weight, m.names, m.pinned, m.excluded,
        m.left_at IS NULL AND m.expires_at > clock_timestamp() AS live,
@@ -118,7 +119,7 @@ SELECT m.grp AS "group", m.member, m.incarnation, m.weight, m.names, m.pinned, m
        ARRAY(SELECT n.name FROM unnest(m.names) AS n(name)
                JOIN pgfence.leases l ON l.name = split_part(m.grp, '/', 1) || '/' || n.name
               WHERE l.holder = m.member AND l.holder_role = m.member_role AND l.state = 'held'
-                AND l.expires_at > clock_timestamp() AND l.timeline >= pgfence._timeline()
+                AND l.expires_at > clock_timestamp()
               ORDER BY n.name) AS leads,
        m.joined_at, m.renewed_at, m.settled_at, m.left_at, m.flaps, m.ttl_ms
   FROM pgfence.members m

@@ -219,8 +219,6 @@ LANGUAGE sql STABLE AS $$
                         'pgfence.heartbeat(text, text, bigint, text, bigint)',
                         'pgfence.leave_group(text, text, bigint, text)', 'pgfence.roster(text)',
                         'pgfence._readable_clusters()',
-                        -- pgfence.group_members reads the timeline (a read of the WAL position).
-                        'pgfence._timeline()',
                         -- Row-level security policies and CHECK constraints run as the querying role.
                         'pgfence._text_problem(text, integer)', 'pgfence._cluster_problem(text)',
                         'pgfence._lease_problem(text)']::regprocedure[]) AS f(o)

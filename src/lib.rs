@@ -159,7 +159,7 @@ pub mod reexports {
 /// | `pgfence_group_names_assigned` ([`METRIC_GROUP_NAMES_ASSIGNED`](leader::METRIC_GROUP_NAMES_ASSIGNED)) | gauge | count | `group` | names the group's assignment gives this replica |
 /// | `pgfence_group_names_led` ([`METRIC_GROUP_NAMES_LED`](leader::METRIC_GROUP_NAMES_LED)) | gauge | count | `group` | names of the group this replica leads now |
 /// | `pgfence_handovers_total` ([`METRIC_HANDOVERS`](leader::METRIC_HANDOVERS)) | counter | count | `group` | tenures this replica ended to hand their name over |
-/// | `pgfence_handover_gap_seconds` ([`METRIC_HANDOVER_GAP`](leader::METRIC_HANDOVER_GAP)) | histogram | seconds | `group` | how long a name acquired after a handover had no holder (database clock) |
+/// | `pgfence_handover_gap_duration_seconds` ([`METRIC_HANDOVER_GAP`](leader::METRIC_HANDOVER_GAP)) | histogram | seconds | `group` | how long a name acquired after a handover had no holder (database clock) |
 /// | `pgfence_belief_reports_failed_total` ([`METRIC_BELIEF_REPORTS_FAILED`](leader::METRIC_BELIEF_REPORTS_FAILED)) | counter | count | `lease` | belief reports that failed or timed out |
 ///
 /// ```

@@ -22,8 +22,9 @@ use common::{RowLock, TestDb};
 use pgfence::leader::{
     run_with_leadership, Backoff, Elector, Ended, Health, HeldLease, LeaderContext,
     LeadershipOptions, LeaseOptions, LossCause, MemoryElector, PgElector, Standing, Supervisor,
-    TenureEnd, Wakeups, METRIC_CALLBACKS_NOT_STOPPED, METRIC_LEADER, METRIC_LOSSES,
-    METRIC_RENEW_DURATION, METRIC_TRANSITIONS,
+    TenureEnd, Wakeups, METRIC_CALLBACKS_NOT_STOPPED, METRIC_GROUP_MEMBERS,
+    METRIC_GROUP_NAMES_ASSIGNED, METRIC_GROUP_NAMES_LED, METRIC_HANDOVERS, METRIC_HANDOVER_GAP,
+    METRIC_LEADER, METRIC_LOSSES, METRIC_RENEW_DURATION, METRIC_TRANSITIONS,
 };
 use pgfence::{Epoch, Error, LossReason, Overlap, Released, METRIC_STALE_WRITES};
 use tokio::sync::{mpsc, oneshot};
@@ -2251,6 +2252,11 @@ fn describe_metrics_gives_every_metric_its_kind_unit_and_help_text() {
         (METRIC_RENEW_DURATION, "histogram", Unit::Seconds),
         (METRIC_CALLBACKS_NOT_STOPPED, "counter", Unit::Count),
         (METRIC_STALE_WRITES, "counter", Unit::Count),
+        (METRIC_GROUP_MEMBERS, "gauge", Unit::Count),
+        (METRIC_GROUP_NAMES_ASSIGNED, "gauge", Unit::Count),
+        (METRIC_GROUP_NAMES_LED, "gauge", Unit::Count),
+        (METRIC_HANDOVERS, "counter", Unit::Count),
+        (METRIC_HANDOVER_GAP, "histogram", Unit::Seconds),
     ] {
         let (described, described_unit, help) =
             metrics_probe::description(name).unwrap_or_else(|| panic!("{name} was not described"));
@@ -2715,4 +2721,69 @@ async fn a_held_lease_answers_with_its_names_and_shows_no_secret() {
         "{shown}"
     );
     held.release().await.unwrap();
+}
+
+/// The spreading supervisor's metrics say what its status says: the group's live members, the names assigned to
+/// this replica and the names it leads (equal once settled), and one handover counted per name it gave up when a
+/// second replica joined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spreading_metrics_count_members_assigned_led_and_handovers() {
+    metrics_probe::install();
+    let elector = MemoryElector::new();
+    let group = "metrics-group";
+    let start = |holder: &'static str| {
+        let mut supervisor =
+            Supervisor::new(elector.clone(), holder).spread(pgfence::leader::Spread::new(group));
+        for name in ["m-1", "m-2", "m-3", "m-4"] {
+            supervisor = supervisor.controller(name, options(), |ctx| async move {
+                ctx.cancelled().await;
+                Ok(())
+            });
+        }
+        let (status, shutdown) = (supervisor.status(), CancellationToken::new());
+        (
+            status,
+            shutdown.clone(),
+            tokio::spawn(supervisor.run(shutdown)),
+        )
+    };
+    let leads = |status: &pgfence::leader::SupervisorStatus<MemoryElector>| {
+        status.leading().values().filter(|l| **l).count()
+    };
+    let (a, a_stop, a_run) = start("a");
+    let until = Instant::now() + WAIT;
+    while leads(&a) < 4 {
+        assert!(Instant::now() < until, "a alone never led its 4 names");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (b, b_stop, b_run) = start("b");
+    while leads(&a) != 2 || leads(&b) != 2 {
+        assert!(Instant::now() < until, "a and b never split the 4 names");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The gauges are shared by the two replicas of this process (one label: the group); the last to publish
+    // wrote them, and each replica has 2 of 2 members, 2 assigned, 2 led.
+    let labels = [("group", group)];
+    while metrics_probe::gauge(METRIC_GROUP_MEMBERS, &labels) != Some(2.0) {
+        assert!(Instant::now() < until, "the members gauge never said 2");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        metrics_probe::gauge(METRIC_GROUP_NAMES_ASSIGNED, &labels),
+        Some(2.0)
+    );
+    assert_eq!(
+        metrics_probe::gauge(METRIC_GROUP_NAMES_LED, &labels),
+        Some(2.0)
+    );
+    assert_eq!(metrics_probe::counter(METRIC_HANDOVERS, &labels), 2);
+    assert_eq!(a.group().unwrap().handovers, 2);
+    let readiness = b.readiness().await;
+    let group_status = readiness.group.unwrap();
+    assert_eq!(group_status.assigned, group_status.leading);
+    assert_eq!(group_status.members, ["a", "b"]);
+    a_stop.cancel();
+    b_stop.cancel();
+    a_run.await.unwrap().unwrap();
+    b_run.await.unwrap().unwrap();
 }

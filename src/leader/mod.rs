@@ -94,9 +94,9 @@ pub const METRIC_GROUP_NAMES_ASSIGNED: &str = "pgfence_group_names_assigned";
 pub const METRIC_GROUP_NAMES_LED: &str = "pgfence_group_names_led";
 /// Counter `pgfence_handovers_total{group}`: tenures this replica ended to hand their name over.
 pub const METRIC_HANDOVERS: &str = "pgfence_handovers_total";
-/// Histogram `pgfence_handover_gap_seconds{group}`: how long a name this replica acquired after a handover had
+/// Histogram `pgfence_handover_gap_duration_seconds{group}`: how long a name this replica acquired after a handover had
 /// no holder (the predecessor's release to this acquisition, database clock).
-pub const METRIC_HANDOVER_GAP: &str = "pgfence_handover_gap_seconds";
+pub const METRIC_HANDOVER_GAP: &str = "pgfence_handover_gap_duration_seconds";
 
 /// Something that grants leases: PostgreSQL ([`PgElector`]) or the in-memory double (`MemoryElector`, feature
 /// `testing`).

@@ -5,6 +5,8 @@
 //! as in a long GC pause or a partition — past its ttl. The other takes over with epoch + 1 and continues. The
 //! frozen one wakes, still believing it leads, and writes with its old epoch: the database refuses and records
 //! it. The report reads the tenures and the audit back from the database and checks the invariants.
+//!
+//! `--scenario spread` ([`spread`]) tells the other story: replica processes sharing controllers.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -16,6 +18,17 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{table, CliResult, Failure, Global};
+
+mod spread;
+
+/// The demo's stories.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Scenario {
+    /// Two controllers, a frozen leader, a takeover, the old leader's writes refused and audited.
+    Takeover,
+    /// Replica processes spreading six controllers: a split, a join, a kill, an overrunning drain.
+    Spread,
+}
 
 const LEASE: &str = "scheduler";
 const TTL: Duration = Duration::from_secs(2);
@@ -101,12 +114,25 @@ async fn campaign(
     }
 }
 
-pub(super) async fn run(global: &Global, json: bool) -> CliResult {
+pub(super) async fn run(global: &Global, scenario: Scenario, json: bool) -> CliResult {
     let story = Narrator {
         started: Instant::now(),
         to_stderr: json,
     };
-    let (server, url, cluster) = match &global.database_url {
+    let (server, url, cluster) = database(global, &story).await?;
+    if scenario == Scenario::Spread {
+        return spread::run(global, &story, server, url, cluster, json).await;
+    }
+    takeover(global, &story, server, url, cluster, json).await
+}
+
+/// The database of a demo: the one given, in a fresh cluster of its own, or a throwaway server (removed when the
+/// returned value is dropped: at the end, on an error, on Ctrl-C).
+async fn database(
+    global: &Global,
+    story: &Narrator,
+) -> Result<(Option<EmbeddedServer>, String, String), Failure> {
+    Ok(match &global.database_url {
         Some(url) => {
             // A fresh cluster name keeps this run apart from earlier ones and from real leases.
             let cluster = format!("demo-{}", chrono::Utc::now().format("%Y%m%dT%H%M%S%3f"));
@@ -130,7 +156,17 @@ pub(super) async fn run(global: &Global, json: bool) -> CliResult {
             );
             (Some(server), url, "demo".to_owned())
         }
-    };
+    })
+}
+
+async fn takeover(
+    global: &Global,
+    story: &Narrator,
+    server: Option<EmbeddedServer>,
+    url: String,
+    cluster: String,
+    json: bool,
+) -> CliResult {
     let admin = Store::connect(
         global
             .config(&url, &cluster)

@@ -1,5 +1,6 @@
-//! The `pgfence` command: the demo on an embedded default database, operator reads (status, audit, history,
-//! identity) and writes (migrate, force-release, grants), and the guarded-write benchmark.
+//! The `pgfence` command: the demos on an embedded default database, operator reads (status, audit, history,
+//! identity) and writes (migrate, force-release, grants), the guarded-write benchmark, and `replica`, one replica
+//! process of a spreading supervisor.
 //!
 //! A separate package of the workspace, so that a controller depending on the `pgfence` library compiles none of
 //! the command line's crates (clap, the benchmark's histograms, progress bar and chart, tracing-subscriber).
@@ -9,6 +10,8 @@ mod bench;
 mod demo;
 #[cfg(test)]
 mod fixtures;
+mod groups;
+mod replica;
 mod svg;
 mod table;
 
@@ -79,12 +82,21 @@ struct Global {
 enum Command {
     /// Run the story of pgfence in about ten seconds: two controllers, a frozen leader, a takeover, and the
     /// database refusing (and auditing) the old leader's write. Exits 0 only if every invariant held.
+    ///
+    /// `--scenario spread` instead runs replica processes (`pgfence replica`) that spread six controllers over
+    /// their group: a split, a replica joining, one killed, and a drain that overruns its handover.
     Demo {
+        /// Which story: `takeover` (a frozen leader and its successor) or `spread` (replicas sharing
+        /// controllers).
+        #[arg(long, value_enum, default_value_t = demo::Scenario::Takeover)]
+        scenario: demo::Scenario,
         /// Print the closing report as JSON instead of tables.
         #[arg(long)]
         json: bool,
     },
-    /// Every lease: holder, epoch, held/expired/released, time left (database clock), transitions, last write.
+    /// Every lease: holder, epoch, held/expired/released, time left (database clock), transitions, last write;
+    /// then every replica group: its members, the names each leads and the names the group's assignment gives
+    /// it.
     Status {
         /// Print JSON instead of a table.
         #[arg(long)]
@@ -178,6 +190,10 @@ enum Command {
     /// Measure what fencing costs: guarded writes against the unguarded write, raw prepared statements and
     /// pgbench, in interleaved rounds (on a throwaway server unless --database-url and --yes are given).
     Bench(bench::BenchArgs),
+    /// Run one replica of a spreading supervisor until SIGTERM or SIGINT: it joins a group, leads the names the
+    /// group's assignment gives it and prints one JSON event per line on stdout (joined, lead, stop, write,
+    /// returned, exit). For trying pgfence and for tests that need real processes; see docs/cli.md.
+    Replica(replica::ReplicaArgs),
     /// End the current tenure of a lease so its epoch can no longer write (the holder is fenced).
     ForceRelease {
         /// The lease (`CLUSTER/NAME`, or `NAME` in --cluster).
@@ -371,7 +387,10 @@ fn emit(text: &str) -> CliResult {
 /// terminal would act on.
 fn print_json<T: serde::Serialize>(value: &T) -> CliResult {
     let mut text = Vec::new();
-    let mut serializer = serde_json::Serializer::with_formatter(&mut text, TerminalJson::default());
+    let mut serializer = serde_json::Serializer::with_formatter(
+        &mut text,
+        TerminalJson(serde_json::ser::PrettyFormatter::new()),
+    );
     value
         .serialize(&mut serializer)
         .map_err(|e| Failure::new(1, e.to_string()))?;
@@ -380,13 +399,28 @@ fn print_json<T: serde::Serialize>(value: &T) -> CliResult {
     emit(&String::from_utf8_lossy(&text))
 }
 
-/// serde_json's pretty formatter, escaping for terminals: serde_json itself writes the C0 controls, `"` and
-/// `\` as escapes; this writes every other terminal control (DEL, C1, the bidirectional controls: see
-/// [`table::is_terminal_control`]) as `\uXXXX` too. JSON decodes those escapes, so the strings stay exact.
-#[derive(Default)]
-struct TerminalJson(serde_json::ser::PrettyFormatter<'static>);
+/// `value` as one line of JSON (no newline in it), escaped for terminals as `--json` output is: the event lines
+/// of `pgfence replica`.
+pub(crate) fn json_line<T: serde::Serialize>(value: &T) -> Result<String, Failure> {
+    let mut text = Vec::new();
+    let mut serializer = serde_json::Serializer::with_formatter(
+        &mut text,
+        TerminalJson(serde_json::ser::CompactFormatter),
+    );
+    value
+        .serialize(&mut serializer)
+        .map_err(|e| Failure::new(1, e.to_string()))?;
+    // serde_json writes UTF-8 only.
+    Ok(String::from_utf8_lossy(&text).into_owned())
+}
 
-impl serde_json::ser::Formatter for TerminalJson {
+/// A serde_json formatter (pretty for `--json`, compact for event lines), escaping for terminals: serde_json
+/// itself writes the C0 controls, `"` and `\` as escapes; this writes every other terminal control (DEL, C1,
+/// the bidirectional controls: see [`table::is_terminal_control`]) as `\uXXXX` too. JSON decodes those
+/// escapes, so the strings stay exact.
+struct TerminalJson<F>(F);
+
+impl<F: serde_json::ser::Formatter> serde_json::ser::Formatter for TerminalJson<F> {
     fn write_string_fragment<W: ?Sized + Write>(
         &mut self,
         writer: &mut W,
@@ -405,7 +439,7 @@ impl serde_json::ser::Formatter for TerminalJson {
         writer.write_all(&fragment.as_bytes()[start..])
     }
 
-    // The layout is the pretty formatter's.
+    // The layout is the inner formatter's.
     fn begin_array<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
         self.0.begin_array(writer)
     }
@@ -446,6 +480,13 @@ impl serde_json::ser::Formatter for TerminalJson {
     }
 }
 
+/// `pgfence status --json`: every lease, then every replica group the role can read.
+#[derive(serde::Serialize)]
+struct StatusReport {
+    leases: Vec<pgfence::LeaseStatus>,
+    groups: Vec<groups::GroupView>,
+}
+
 /// Fails with exit code 6 unless the lease exists.
 async fn require_lease(store: &Store, name: &str) -> CliResult {
     if store.lease_status(name).await?.is_none() {
@@ -460,15 +501,22 @@ async fn require_lease(store: &Store, name: &str) -> CliResult {
 async fn run(cli: Cli) -> CliResult {
     let global = &cli.global;
     match cli.command {
-        Command::Demo { json } => demo::run(global, json).await,
+        Command::Demo { scenario, json } => demo::run(global, scenario, json).await,
         Command::Bench(args) => bench::run(global, args).await,
+        Command::Replica(args) => replica::run(global, args).await,
         Command::Status { json } => {
             let store = global.store(&global.cluster).await?;
             let leases = store.all_leases().await?;
+            let groups = groups::read(&store).await?;
             if json {
-                return print_json(&leases);
+                return print_json(&StatusReport { leases, groups });
             }
-            emit(&table::leases(&leases))
+            let mut text = table::leases(&leases);
+            for group in &groups {
+                text.push('\n');
+                text.push_str(&table::group(group));
+            }
+            emit(&text)
         }
         Command::Audit {
             action: Some(AuditAction::Prune { older_than, batch }),
@@ -645,6 +693,8 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // A replica handles SIGINT itself, as an orderly stop (exit 0); every other command ends at once (130).
+    let interruptible = !matches!(cli.command, Command::Replica(_));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -657,6 +707,9 @@ fn main() -> ExitCode {
         }
     };
     let outcome = runtime.block_on(async {
+        if !interruptible {
+            return run(cli).await;
+        }
         tokio::select! {
             result = run(cli) => result,
             _ = tokio::signal::ctrl_c() => Err(Failure::new(130, "interrupted")),

@@ -165,6 +165,89 @@ pub(super) fn leases(leases: &[LeaseStatus]) -> String {
     )
 }
 
+/// Names as a cell: comma-separated, `-` for none.
+fn names(names: &[String]) -> String {
+    if names.is_empty() {
+        "-".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// One replica group (`pgfence status`): a line with the group and whether the names led now are the ones the
+/// group's assignment gives, then a row per member — its state, weight, time left, flaps, the names it leads and
+/// the names assigned to it.
+pub(super) fn group(group: &crate::groups::GroupView) -> String {
+    let live = group.live().len();
+    let differ = group.mismatched.len();
+    let mut out = format!(
+        "Group {}: {live} live member{}, {} name{} assigned; balanced: {} (desired vs actual differ on {differ} \
+         name{})\n",
+        value(&group.group),
+        if live == 1 { "" } else { "s" },
+        group.assignment.len(),
+        if group.assignment.len() == 1 { "" } else { "s" },
+        if group.balanced { "yes" } else { "no" },
+        if differ == 1 { "" } else { "s" },
+    );
+    let rows: Vec<Vec<String>> = group
+        .members
+        .iter()
+        .map(|m| {
+            let r = &m.row;
+            vec![
+                r.member.clone(),
+                m.state.as_str().to_owned(),
+                if r.settled { "yes" } else { "no" }.to_owned(),
+                r.weight.to_string(),
+                if r.live {
+                    duration(Some(r.expires_in))
+                } else {
+                    "-".to_owned()
+                },
+                r.flaps.to_string(),
+                names(&r.leads),
+                names(&m.assigned),
+            ]
+        })
+        .collect();
+    out.push_str(&render(
+        &[
+            "MEMBER",
+            "STATE",
+            "SETTLED",
+            "WEIGHT",
+            "EXPIRES IN",
+            "FLAPS",
+            "LEADS",
+            "ASSIGNED",
+        ],
+        &rows,
+    ));
+    if !group.balanced {
+        let leads = group.leads();
+        let led_by = |name: &str| {
+            leads
+                .iter()
+                .find(|(_, names)| names.iter().any(|n| n == name))
+                .map_or("nobody", |(member, _)| member.as_str())
+        };
+        let differ: Vec<String> = group
+            .mismatched
+            .iter()
+            .map(|name| {
+                format!(
+                    "{name} (assigned to {}, led by {})",
+                    group.assignment.owner(name).unwrap_or("nobody"),
+                    led_by(name)
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "differ: {}", value(&differ.join(", ")));
+    }
+    out
+}
+
 pub(super) fn rejections(rows: &[Rejection]) -> String {
     let rows: Vec<Vec<String>> = rows
         .iter()

@@ -7,8 +7,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::TestDb;
+use pgfence::leader::assign;
 use pgfence::{
-    DatabaseIdentity, LeaseState, LeaseStatus, Overlap, Rejection, Tenure, TenureReview,
+    DatabaseIdentity, GroupMember, LeaseState, LeaseStatus, MemberSpec, Overlap, Rejection, Tenure,
+    TenureReview,
 };
 use serde_json::json;
 
@@ -121,6 +123,12 @@ async fn demo_against_a_given_database_prints_the_story_and_verdict() {
     );
 }
 
+/// The leases of `pgfence status --json` (`{"leases": [...], "groups": [...]}`).
+fn status_leases(stdout: &str) -> Vec<LeaseStatus> {
+    let status: serde_json::Value = serde_json::from_str(stdout).unwrap();
+    serde_json::from_value(status["leases"].clone()).unwrap()
+}
+
 /// Sets up one lease with a takeover and one refused stale write.
 async fn scenario(db: &TestDb) -> pgfence::Lease {
     let store = db.store("prod").await;
@@ -151,7 +159,7 @@ async fn read_commands_print_tables_and_json() {
 
     let status = pgfence(&["status", "--json"], Some(&url)).await;
     assert_eq!(status.code, 0, "{}", status.stderr);
-    let leases: Vec<LeaseStatus> = serde_json::from_str(&status.stdout).unwrap();
+    let leases = status_leases(&status.stdout);
     let lease = leases.iter().find(|l| l.name == "prod/scheduler").unwrap();
     assert_eq!(lease.state, LeaseState::Held);
     assert_eq!(lease.epoch.map(|e| e.get()), Some(2));
@@ -448,8 +456,7 @@ async fn force_release_needs_confirmation_and_fences_the_holder() {
     assert!(
         matches!(outcome, pgfence::ForceReleased::Ended { ref holder, .. } if holder == "pod-b")
     );
-    let status: Vec<LeaseStatus> =
-        serde_json::from_str(&pgfence(&["status", "--json"], Some(&url)).await.stdout).unwrap();
+    let status = status_leases(&pgfence(&["status", "--json"], Some(&url)).await.stdout);
     assert_eq!(status[0].state, LeaseState::Released);
     let unknown = pgfence(&["force-release", "prod/nope", "--yes"], Some(&url)).await;
     assert_eq!(unknown.code, 6, "{}", unknown.stderr);
@@ -624,6 +631,7 @@ async fn a_standby_is_refused_with_exit_code_4() {
 async fn every_command_has_help() {
     for command in [
         "demo",
+        "replica",
         "status",
         "audit",
         "history",
@@ -680,6 +688,564 @@ async fn ctrl_c_during_the_demo_removes_the_embedded_server() {
         assert!(
             Instant::now() < deadline,
             "the embedded server outlived the demo"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `status` shows every group after the leases: each member's state (live, left), the names it leads and the names
+/// the group's assignment gives it — computed by `pgfence::leader::assign` from the live rows, as the members
+/// compute it — and whether they agree, in the table and in `--json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_each_group_with_its_members_and_assignment() {
+    let db = TestDb::new().await;
+    let url = with_password(&db);
+    let store = db.store("prod").await;
+    let names = ["billing", "reports", "rollout", "scheduler"];
+    let spec = MemberSpec::new(names);
+    let ttl = Duration::from_secs(60);
+    let _a = store.join_group("g", "pod-a", &spec, ttl).await.unwrap();
+    let _b = store.join_group("g", "pod-b", &spec, ttl).await.unwrap();
+    let gone = store.join_group("g", "pod-c", &spec, ttl).await.unwrap();
+    assert!(store.leave_group(&gone).await.unwrap());
+    let roster = store.roster("g").await.unwrap();
+    let desired = assign(&roster.members, &roster.holders);
+    assert_eq!(
+        desired.counts().values().copied().collect::<Vec<_>>(),
+        [2, 2]
+    );
+
+    // Nobody leads anything yet: every name differs.
+    let table = pgfence(&["status"], Some(&url)).await;
+    assert_eq!(table.code, 0, "{}", table.stderr);
+    assert!(
+        table.stdout.contains(
+            "Group prod/g: 2 live members, 4 names assigned; balanced: no (desired vs actual differ on 4 names)"
+        ),
+        "{}",
+        table.stdout
+    );
+    assert!(
+        table.stdout.contains("billing (assigned to pod-"),
+        "{}",
+        table.stdout
+    );
+
+    // Each member leads what the assignment gives it: balanced.
+    for (name, member) in desired.iter() {
+        store.acquire(name, member, ttl).await.unwrap();
+    }
+    let table = pgfence(&["status"], Some(&url)).await;
+    assert_eq!(table.code, 0, "{}", table.stderr);
+    assert!(
+        table.stdout.contains(
+            "Group prod/g: 2 live members, 4 names assigned; balanced: yes (desired vs actual differ on 0 names)"
+        ),
+        "{}",
+        table.stdout
+    );
+    for header in [
+        "MEMBER",
+        "STATE",
+        "SETTLED",
+        "WEIGHT",
+        "EXPIRES IN",
+        "FLAPS",
+        "LEADS",
+        "ASSIGNED",
+    ] {
+        assert!(table.stdout.contains(header), "{header}: {}", table.stdout);
+    }
+    let a_names = desired.names_of("pod-a").join(", ");
+    let a_row = table
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("pod-a "))
+        .unwrap_or_else(|| panic!("{}", table.stdout));
+    assert!(
+        a_row.contains(" live ") && a_row.matches(&a_names).count() == 2,
+        "{a_row}"
+    );
+    let c_row = table
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("pod-c "))
+        .unwrap();
+    // Left: nothing led, nothing assigned.
+    let cells: Vec<&str> = c_row.split_whitespace().collect();
+    assert!(
+        c_row.contains(" left ") && cells.ends_with(&["-", "-"]),
+        "{c_row}"
+    );
+
+    let json = pgfence(&["status", "--json"], Some(&url)).await;
+    assert_eq!(json.code, 0, "{}", json.stderr);
+    let status: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(status["leases"].as_array().unwrap().len(), 4);
+    let groups = status["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 1);
+    let group = &groups[0];
+    assert_eq!(group["group"], json!("prod/g"));
+    assert_eq!(group["assignment"], serde_json::to_value(&desired).unwrap());
+    assert_eq!(group["mismatched"], json!([]));
+    assert_eq!(group["balanced"], json!(true));
+    let members = group["members"].as_array().unwrap();
+    let states: Vec<(&str, &str)> = members
+        .iter()
+        .map(|m| (m["member"].as_str().unwrap(), m["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        states,
+        [("pod-a", "live"), ("pod-b", "live"), ("pod-c", "left")]
+    );
+    for m in members {
+        // The row is `pgfence::GroupMember`, with the state and the assigned names beside it.
+        let row: GroupMember = serde_json::from_value(m.clone()).unwrap();
+        assert_eq!(row.group, "prod/g");
+        assert_eq!(m["assigned"], json!(row.leads), "{m}");
+        assert_eq!(row.names, names);
+    }
+}
+
+/// The command line of a replica against `url`, with its stdout piped (stderr too, checked for the password).
+fn replica(args: &[&str], url: &str) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
+        .arg("replica")
+        .args(args)
+        .env_remove("PGFENCE_CLUSTER")
+        .env("DATABASE_URL", url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start pgfence replica")
+}
+
+/// Bad input ends a replica with exit 2 and a message before it writes anything: no member row, no lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_bad_input_exits_2_and_writes_nothing() {
+    let db = TestDb::new().await;
+    let url = with_password(&db);
+    let cases: &[(&[&str], &str)] = &[
+        (&["--member", "m"], "nothing to lead"),
+        (
+            &["--member", "m", "--controllers", "2", "--weight", "0"],
+            "weight",
+        ),
+        (
+            &["--member", "m", "--controllers", "2", "--weight", "1001"],
+            "weight",
+        ),
+        (
+            &["--member", "m", "--sharded", "rec", "--shards", "0"],
+            "--shards",
+        ),
+        (
+            &["--member", "m", "--sharded", "rec", "--shards", "1025"],
+            "--shards",
+        ),
+        (&["--member", "m", "--sharded", "rec"], "--shards"),
+        (
+            &["--member", "m", "--controllers", "2", "--pin", "nope"],
+            "pin",
+        ),
+        (&["--member", "m", "--names", "a,a"], "named twice"),
+        (&["--member", "m", "--names", "a\u{1b}[2Jb"], "lease name"),
+        (&["--member", "pod\u{7}", "--controllers", "1"], "member"),
+        (&["--member", "", "--controllers", "1"], "member"),
+        (
+            &["--member", "m", "--controllers", "1", "--ttl", "50ms"],
+            "ttl",
+        ),
+        (&["--member", "m", "--controllers", "5000"], "at most 4096"),
+        (
+            &["--member", "m", "--controllers", "1", "--group", "a\nb"],
+            "group",
+        ),
+        (
+            &[
+                "--member",
+                "m",
+                "--controllers",
+                "1",
+                "--no-spread",
+                "--pin",
+                "controller-00",
+            ],
+            "cannot be used",
+        ),
+        (&["--controllers", "1"], "--member"),
+    ];
+    for (args, expected) in cases {
+        let run = replica(args, &url).wait_with_output().await.unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr),
+        );
+        assert_eq!(run.status.code(), Some(2), "{args:?}: {stdout}{stderr}");
+        assert!(stdout.is_empty(), "{args:?} printed events: {stdout}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        // A message quoting the input is escaped like every other.
+        assert!(
+            !stderr.contains('\u{1b}') && !stderr.contains('\u{7}'),
+            "{args:?}: {stderr:?}"
+        );
+        assert!(!stderr.contains(SENTINEL), "{args:?} printed the password");
+    }
+    for table in ["members", "leases", "tenures"] {
+        assert_eq!(
+            db.scalar(&format!("SELECT count(*) FROM pgfence.{table}"))
+                .await,
+            0,
+            "pgfence.{table}"
+        );
+    }
+}
+
+/// Reads event lines of a replica until `done` says so (bounded).
+async fn events_until(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    events: &mut Vec<serde_json::Value>,
+    within: Duration,
+    done: impl Fn(&[serde_json::Value]) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !done(events) {
+        match tokio::time::timeout_at(deadline, lines.next_line()).await {
+            Ok(Ok(Some(line))) => events.push(
+                serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("not an event line ({e}): {line:?}")),
+            ),
+            Ok(Ok(None)) => break,
+            other => panic!("no more events after {within:?} ({other:?}); so far: {events:#?}"),
+        }
+    }
+}
+
+/// A replica joins its group, leads its two controllers (printing `joined`, then `lead` twice), and on SIGTERM
+/// stops in order: each callback sees `shutdown`, returns, the leases are released, the group left (the member
+/// row stays, not live), and `exit` is the last line of an exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_leads_its_controllers_and_leaves_in_order_on_sigterm() {
+    use tokio::io::AsyncBufReadExt;
+    let db = TestDb::new().await;
+    let url = with_password(&db);
+    let started = Instant::now();
+    let mut child = replica(
+        &[
+            "--cluster",
+            "c",
+            "--group",
+            "g",
+            "--member",
+            "m1",
+            "--controllers",
+            "2",
+            "--ttl",
+            "2s",
+        ],
+        &url,
+    );
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut events = Vec::new();
+    events_until(&mut lines, &mut events, Duration::from_secs(15), |e| {
+        e.iter().filter(|e| e["event"] == "lead").count() == 2
+    })
+    .await;
+    eprintln!(
+        "joined and leading 2 names {:?} after the start",
+        started.elapsed()
+    );
+    assert_eq!(events[0]["event"], json!("joined"), "{events:#?}");
+    let mut led: Vec<&str> = events[1..]
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    led.sort();
+    assert_eq!(led, ["controller-00", "controller-01"]);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.leases WHERE state = 'held' AND holder = 'm1'")
+            .await,
+        2
+    );
+
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().unwrap().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    events_until(&mut lines, &mut events, Duration::from_secs(15), |_| false).await;
+    let exit = tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .expect("the replica exits after SIGTERM")
+        .unwrap();
+    let stderr = {
+        use tokio::io::AsyncReadExt;
+        let mut text = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut text)
+            .await
+            .unwrap();
+        text
+    };
+    assert_eq!(exit.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains(SENTINEL));
+
+    let of = |kind: &str| -> Vec<&serde_json::Value> {
+        events.iter().filter(|e| e["event"] == kind).collect()
+    };
+    let stops = of("stop");
+    assert_eq!(stops.len(), 2, "{events:#?}");
+    assert!(stops.iter().all(|e| e["cause"] == "shutdown"), "{stops:#?}");
+    assert_eq!(of("returned").len(), 2, "{events:#?}");
+    assert_eq!(
+        events.last().unwrap()["event"],
+        json!("exit"),
+        "{events:#?}"
+    );
+    for e in &events {
+        assert_eq!(e["member"], json!("m1"), "{e}");
+        assert!(e["at_us"].as_i64().unwrap() > 1_700_000_000_000_000, "{e}");
+    }
+    for lead in of("lead") {
+        assert!(lead["epoch"].as_i64().unwrap() >= 1, "{lead}");
+    }
+    assert!(events
+        .windows(2)
+        .all(|w| w[0]["at_us"].as_i64() <= w[1]["at_us"].as_i64()));
+    // Left in order: the row stays, not live, with its leave recorded; nothing is held.
+    assert_eq!(
+        db.scalar(
+            "SELECT count(*) FROM pgfence.group_members \
+              WHERE \"group\" = 'c/g' AND member = 'm1' AND NOT live AND left_at IS NOT NULL"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.leases WHERE state = 'held'")
+            .await,
+        0
+    );
+}
+
+/// `pgfence demo --scenario spread`: replica processes split six controllers 2/2/2, a fourth takes its share with
+/// the minimum moves, a killed one's names go to the survivors after its ttl, overrunning drains are refused once
+/// the successor acquired and every refusal is audited; exit 0 with every check held, in well under 20 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_spread_exits_zero_with_every_check_held() {
+    let started = Instant::now();
+    let run = pgfence(&["demo", "--scenario", "spread", "--json"], None).await;
+    let took = started.elapsed();
+    eprintln!("pgfence demo --scenario spread took {took:?}");
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains("starting r4") && run.stderr.contains("SIGKILL"),
+        "{}",
+        run.stderr
+    );
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(report["verdict"], json!(true), "{:#}", report["checks"]);
+    assert_eq!(report["scenario"], json!("spread"));
+    assert_eq!(report["group"], json!("demo/demo"));
+    assert_eq!(report["names"], json!(6));
+    let checks = report["checks"].as_array().unwrap();
+    assert!(
+        checks.len() >= 8 && checks.iter().all(|c| c["held"] == true),
+        "{checks:#?}"
+    );
+
+    let steps = report["steps"].as_array().unwrap();
+    let step: Vec<&str> = steps.iter().map(|s| s["step"].as_str().unwrap()).collect();
+    assert_eq!(step, ["start", "join", "kill"]);
+    let counts = |s: &serde_json::Value, at: &str| -> Vec<usize> {
+        s[at]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|n| n.as_array().unwrap().len())
+            .collect()
+    };
+    assert_eq!(counts(&steps[0], "after"), [2, 2, 2]);
+    // The join: the fewest moves, all to the newcomer, and the group balanced within 1.
+    let join = &steps[1];
+    assert_eq!(join["moved"], join["after"]["r4"], "{join:#}");
+    assert_eq!(
+        join["moved"].as_array().unwrap().len() as u64,
+        join["minimum_moves"].as_u64().unwrap()
+    );
+    let after = counts(join, "after");
+    assert_eq!(after.iter().sum::<usize>(), 6);
+    assert!(
+        after.iter().max().unwrap() - after.iter().min().unwrap() <= 1,
+        "{after:?}"
+    );
+    // The kill: exactly the killed replica's names moved; 2/2/2 again.
+    let kill = &steps[2];
+    let victim = kill["before"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .find(|m| !kill["after"].as_object().unwrap().contains_key(*m))
+        .unwrap();
+    assert_eq!(kill["moved"], kill["before"][victim], "{kill:#}");
+    assert_eq!(counts(kill, "after"), [2, 2, 2]);
+    assert!(kill["took_ms"].as_u64().unwrap() >= 1000, "{kill:#}");
+
+    // The writes: some refused (the overrunning drains), every one audited, none accepted late.
+    let writes = &report["writes"];
+    assert!(writes["refused"].as_u64().unwrap() > 0, "{writes}");
+    assert_eq!(
+        writes["audited"].as_i64(),
+        writes["refused"].as_i64(),
+        "{writes}"
+    );
+    assert_eq!(writes["accepted_after_successor"], json!(0));
+    // The review of the moved names: the library's own, with a certain overlap proved by a refused write for
+    // each name the join moved.
+    let reviews = report["reviews"].as_array().unwrap();
+    assert!(!reviews.is_empty());
+    for name in join["moved"].as_array().unwrap() {
+        let review = reviews.iter().find(|r| r["name"] == *name).unwrap();
+        let tenures: Vec<TenureReview> = serde_json::from_value(review["tenures"].clone()).unwrap();
+        let handed = tenures
+            .iter()
+            .find(|t| {
+                t.tenure.holder != "r4" && t.successor.as_ref().is_some_and(|s| s.holder == "r4")
+            })
+            .unwrap_or_else(|| panic!("{review:#}"));
+        assert!(
+            matches!(
+                handed.overlap,
+                Overlap::Certain {
+                    refused_write_at: Some(_)
+                }
+            ),
+            "{:?}",
+            handed.overlap
+        );
+        assert!(!handed.refusals_after_successor.is_empty());
+        assert!(tenures.iter().all(|t| t.accepted_after_successor.is_none()));
+    }
+    assert!(
+        report["exits"]
+            .as_object()
+            .unwrap()
+            .values()
+            .all(|c| c == 0),
+        "{}",
+        report["exits"]
+    );
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+}
+
+/// `pgfence demo --scenario spread` against a given database: its replicas get the URL (with its password) in
+/// their environment, work in a fresh cluster, and the human report prints without the password anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_spread_against_a_given_database_prints_the_story_and_verdict() {
+    let db = TestDb::new().await;
+    let run = pgfence(&["demo", "--scenario", "spread"], Some(&with_password(&db))).await;
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    for expected in [
+        "starting r1, r2, r3",
+        "r4 took",
+        "SIGKILL",
+        "Names led per replica, by step",
+        "Overlap review of the moved names",
+        "CERTAIN (refused write)",
+        "every invariant held",
+    ] {
+        assert!(
+            run.stdout.contains(expected),
+            "missing {expected:?} in\n{}",
+            run.stdout
+        );
+    }
+    assert_eq!(
+        db.scalar("SELECT count(DISTINCT \"group\") FROM pgfence.group_members WHERE \"group\" LIKE 'demo-%/demo'")
+            .await,
+        1
+    );
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.group_members WHERE live")
+            .await,
+        0,
+        "every replica left or expired"
+    );
+}
+
+/// The processes whose environment points them at the server on `port` (the spread demo's replicas get its URL
+/// in DATABASE_URL), by /proc.
+#[cfg(target_os = "linux")]
+fn processes_using_port(port: u16) -> Vec<u32> {
+    let needle = format!("@127.0.0.1:{port}/");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| String::from_utf8_lossy(&env).contains(&needle))
+        })
+        .collect()
+}
+
+/// Whether `pid` still runs (a zombie, killed and waiting to be reaped, does not).
+#[cfg(target_os = "linux")]
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// Ctrl-C during the spread demo exits with 130, kills its replica processes and removes the embedded server.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_during_the_spread_demo_kills_the_replicas_and_removes_the_server() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
+        .args(["demo", "--scenario", "spread"])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut port = None;
+    while let Some(line) = lines.next_line().await.unwrap() {
+        if let Some(rest) = line.split("PostgreSQL on 127.0.0.1:").nth(1) {
+            port = rest
+                .split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<u16>().ok());
+        }
+        if line.contains("starting r4") {
+            break;
+        }
+    }
+    let port = port.expect("the demo printed its server's port");
+    let replicas = processes_using_port(port);
+    assert!(replicas.len() >= 3, "the replicas run: {replicas:?}");
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().unwrap().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = child.wait().await.unwrap();
+    assert_eq!(exit.code(), Some(130));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while replicas.iter().any(|pid| running(*pid))
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "a replica or the embedded server outlived the demo"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

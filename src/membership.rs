@@ -342,6 +342,8 @@ pub struct GroupMember {
     pub live: bool,
     /// Whether it is settled (may acquire).
     pub settled: bool,
+    /// Whether it left in order (a member that is neither live nor left expired).
+    pub left: bool,
     /// Time left before it expires (database clock; zero when it has).
     pub expires_in: Duration,
     /// Consecutive incarnations that ended by expiry (the hysteresis counter).
@@ -491,6 +493,8 @@ struct GroupMemberRow {
     live: bool,
     #[diesel(sql_type = Bool)]
     settled: bool,
+    #[diesel(sql_type = Bool)]
+    left: bool,
     #[diesel(sql_type = BigInt)]
     expires_in_ms: i64,
     #[diesel(sql_type = Integer)]
@@ -708,7 +712,7 @@ impl Store {
         }
         let mut conn = self.checked().await?;
         let rows: std::result::Result<Vec<GroupMemberRow>, diesel::result::Error> = diesel::sql_query(
-            "SELECT \"group\", member, incarnation, weight, live, settled, \
+            "SELECT \"group\", member, incarnation, weight, live, settled, left_at IS NOT NULL AS left, \
              greatest(expires_in_ms, 0) AS expires_in_ms, flaps, names, pinned, excluded, leads \
              FROM pgfence.group_members WHERE $1::text IS NULL OR \"group\" = $1 ORDER BY \"group\", member",
         )
@@ -725,6 +729,7 @@ impl Store {
                 weight: r.weight.max(1) as u32,
                 live: r.live,
                 settled: r.settled,
+                left: r.left,
                 expires_in: Duration::from_millis(r.expires_in_ms.max(0) as u64),
                 flaps: r.flaps,
                 names: r.names,

@@ -7,9 +7,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use diesel::sql_types::Text;
 use pgfence::leader::{assign, Assignment};
-use pgfence::{Error, GroupMember, RosterMember, Store};
+use pgfence::{GroupMember, RosterMember, Store};
 use serde::Serialize;
 
 use super::Failure;
@@ -83,18 +82,18 @@ impl GroupView {
 
 /// The groups of `rows` (in group and member order, as `Store::group_members` returns them); `left` holds the
 /// (group, member) pairs whose row records a leave.
-pub(crate) fn views(rows: Vec<GroupMember>, left: &BTreeSet<(String, String)>) -> Vec<GroupView> {
+pub(crate) fn views(rows: Vec<GroupMember>) -> Vec<GroupView> {
     let mut by_group: BTreeMap<String, Vec<GroupMember>> = BTreeMap::new();
     for row in rows {
         by_group.entry(row.group.clone()).or_default().push(row);
     }
     by_group
         .into_iter()
-        .map(|(group, rows)| view(group, rows, left))
+        .map(|(group, rows)| view(group, rows))
         .collect()
 }
 
-fn view(group: String, rows: Vec<GroupMember>, left: &BTreeSet<(String, String)>) -> GroupView {
+fn view(group: String, rows: Vec<GroupMember>) -> GroupView {
     // The roster: the live rows, as `pgfence.roster` gives them to the members.
     let roster: Vec<RosterMember> = rows
         .iter()
@@ -134,7 +133,7 @@ fn view(group: String, rows: Vec<GroupMember>, left: &BTreeSet<(String, String)>
         .map(|row| {
             let state = if row.live {
                 MemberState::Live
-            } else if left.contains(&(row.group.clone(), row.member.clone())) {
+            } else if row.left {
                 MemberState::Left
             } else {
                 MemberState::Expired
@@ -170,37 +169,12 @@ pub(crate) async fn read_group(
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let left = left_members(store).await?;
-    Ok(views(rows, &left))
+    Ok(views(rows))
 }
 
 /// Every group the role can read.
 pub(crate) async fn read(store: &Store) -> Result<Vec<GroupView>, Failure> {
     read_group(store, None).await
-}
-
-/// The (group, member) rows of `pgfence.group_members` that record a leave. `GroupMember` says whether a row is
-/// live but not how a row that is not ended, and an operator reads those differently: a member that left did so
-/// in order, one that expired was killed, partitioned or stalled (and its next join is a flap). Read from the
-/// same view, so the same rows are visible; a second statement, so a member that leaves between the two reads
-/// shows as live (its row's own answer) until the next `status`.
-async fn left_members(store: &Store) -> Result<BTreeSet<(String, String)>, Failure> {
-    use diesel_async::RunQueryDsl;
-    #[derive(diesel::QueryableByName)]
-    struct Row {
-        #[diesel(sql_type = Text)]
-        group: String,
-        #[diesel(sql_type = Text)]
-        member: String,
-    }
-    let mut conn = store.conn().await?;
-    let rows: Vec<Row> = diesel::sql_query(
-        "SELECT \"group\", member FROM pgfence.group_members WHERE left_at IS NOT NULL",
-    )
-    .load(&mut *conn)
-    .await
-    .map_err(Error::from)?;
-    Ok(rows.into_iter().map(|r| (r.group, r.member)).collect())
 }
 
 #[cfg(test)]
@@ -215,6 +189,7 @@ mod tests {
             "weight": 1,
             "live": live,
             "settled": live,
+            "left": member == "quit",
             "expires_in": {"secs": if live { 10 } else { 0 }, "nanos": 0},
             "flaps": 0,
             "names": names,
@@ -229,7 +204,7 @@ mod tests {
     fn a_group_is_balanced_when_every_name_is_led_by_its_assigned_member() {
         let names = ["a", "b", "c", "d"];
         let rows = vec![row("m1", true, &names, &[]), row("m2", true, &names, &[])];
-        let unled = &views(rows.clone(), &BTreeSet::new())[0];
+        let unled = &views(rows.clone())[0];
         assert_eq!(unled.mismatched, names.to_vec());
         assert!(!unled.balanced);
         // Lead exactly what the assignment says: balanced.
@@ -237,7 +212,7 @@ mod tests {
         let m2: Vec<&str> = unled.assignment.names_of("m2");
         assert_eq!((m1.len(), m2.len()), (2, 2));
         let led = vec![row("m1", true, &names, &m1), row("m2", true, &names, &m2)];
-        let view = &views(led, &BTreeSet::new())[0];
+        let view = &views(led)[0];
         assert!(view.balanced, "{view:?}");
         assert_eq!(view.members[0].assigned, m1);
     }
@@ -250,8 +225,7 @@ mod tests {
             row("here", true, &names, &["b"]),
             row("quit", false, &names, &[]),
         ];
-        let left = BTreeSet::from([("c/g".to_owned(), "quit".to_owned())]);
-        let view = &views(rows, &left)[0];
+        let view = &views(rows)[0];
         let state: Vec<_> = view.members.iter().map(|m| m.state).collect();
         assert_eq!(
             state,

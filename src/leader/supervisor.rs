@@ -354,7 +354,8 @@ impl<E: Elector> Supervisor<E> {
     ///
     /// # Errors
     ///
-    /// Before anything runs: [`Error::InvalidInput`] for two controllers of one name, or for a spreading
+    /// Before anything runs: [`Error::InvalidInput`] for an invalid holder, two controllers of one name, or for a
+    /// spreading
     /// supervisor an invalid group, weight, pin or exclusion ([`MemberSpec::validate`]), membership timing, or
     /// an elector that does not support groups. Everything after that is retried, never returned: a replica
     /// that cannot join (another process uses its member name, the database is down) keeps trying and leads
@@ -367,6 +368,8 @@ impl<E: Elector> Supervisor<E> {
     /// await point, as when [`run_with_leadership`](super::run_with_leadership) is dropped; the membership is left in the
     /// background.
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
+        // The holder is every lease's holder and the member name: refused here, not retried forever.
+        crate::validate::validate_holder("holder", &self.holder)?;
         let mut seen = BTreeSet::new();
         if let Some(c) = self.controllers.iter().find(|c| !seen.insert(&c.name)) {
             return Err(Error::invalid(

@@ -214,7 +214,6 @@ pub struct StoreConfig {
     url: String,
     cluster: String,
     pool_size: u32,
-    min_idle: Option<u32>,
     ping_on_checkout: bool,
     connect_timeout: Duration,
     checkout_timeout: Duration,
@@ -233,7 +232,6 @@ impl fmt::Debug for StoreConfig {
             .field("target", &redact(&self.url))
             .field("cluster", &self.cluster)
             .field("pool_size", &self.pool_size)
-            .field("min_idle", &self.min_idle)
             .field("ping_on_checkout", &self.ping_on_checkout)
             .field("connect_timeout", &self.connect_timeout)
             .field("checkout_timeout", &self.checkout_timeout)
@@ -256,7 +254,6 @@ impl StoreConfig {
             url: url.into(),
             cluster: cluster.into(),
             pool_size: 16,
-            min_idle: None,
             ping_on_checkout: false,
             connect_timeout: Duration::from_secs(5),
             checkout_timeout: Duration::from_secs(5),
@@ -327,15 +324,6 @@ impl StoreConfig {
     /// Maximum number of pooled connections (default 16).
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size.max(1);
-        self
-    }
-
-    /// Connections the pool keeps open while idle, opened again in the background when they close (default none:
-    /// connections are opened on demand, each costing a connect and the identity check the first time it is
-    /// needed). A spreading replica is handed several names at once when another leaves; with idle connections
-    /// each acquisition is one round trip, not a connect first. At most `pool_size`.
-    pub fn min_idle(mut self, connections: u32) -> Self {
-        self.min_idle = Some(connections);
         self
     }
 
@@ -578,7 +566,6 @@ impl Store {
             AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config("", manager_config);
         let pool = bb8::Pool::builder()
             .max_size(config.pool_size)
-            .min_idle(config.min_idle.map(|n| n.min(config.pool_size)))
             .connection_timeout(config.checkout_timeout)
             // A ping on every checkout costs a round trip per operation (see `ping_on_checkout`); by default
             // broken connections are detected by the failing statement instead and then discarded.

@@ -445,8 +445,6 @@ pub(crate) async fn run(global: &Global, args: ReplicaArgs) -> CliResult {
             // A connection per name writing at once, and a few for acquisitions, roster reads and belief reports
             // (renewals have a connection of their own).
             .pool_size((names.len() as u32 + 2).clamp(3, 10))
-            // Kept open: names handed over at once are acquired over open connections, not after a connect each.
-            .min_idle(4)
             .application_name(application_name(&args.member)),
     )
     .await?;

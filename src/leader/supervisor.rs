@@ -427,11 +427,15 @@ impl<E: Elector> Supervisor<E> {
             backoff: self.backoff,
             status: self.status.clone(),
         };
-        // The balancer outlives the names' loops by nothing: on shutdown it leaves the group at once, so the
-        // other members take over the names as they are released.
+        // On shutdown the balancer leaves the group first, and only then stops the names' loops (`names_stop`):
+        // the other members, notified of the leave, read the roster and campaign for the names while this
+        // replica's callbacks drain, so each release finds its successor already waiting for it (measured: the
+        // successor's acquisition then follows the release by a notification and one statement, instead of a
+        // roster read and one statement after the leave's notification).
+        let names_stop = CancellationToken::new();
         let mut balancer = AbortOnDrop(tokio::spawn(
             balancer
-                .run(view_tx, shutdown.clone())
+                .run(view_tx, shutdown.clone(), names_stop.clone())
                 .instrument(tracing::info_span!("balancer", group = %spread.group)),
         ));
         let mut loops = tokio::task::JoinSet::new();
@@ -448,7 +452,7 @@ impl<E: Elector> Supervisor<E> {
             };
             loops.spawn(
                 name_loop
-                    .run(view_rx.clone(), shutdown.clone())
+                    .run(view_rx.clone(), names_stop.clone())
                     .instrument(span),
             );
         }
@@ -484,13 +488,20 @@ struct View {
     settled: bool,
     assignment: Assignment,
     settled_members: BTreeSet<String>,
+    /// Names another live member holds now.
+    held_by_others: BTreeSet<String>,
 }
 
 impl View {
-    /// A name may be acquired by `me` only when the assignment gives it to `me` and `me` is a live, settled
-    /// member (a member that has just joined after flapping waits; nobody else takes its share meanwhile).
+    /// A name is campaigned for by `me` only when the assignment gives it to `me` and `me` is a live member that
+    /// is settled — or, before it settles, when another member holds the name: that holder hands it over only
+    /// once `me` is settled, and `me` is then already waiting for the release (its acquisition follows the
+    /// release by a notification and one statement). A free name waits for the settle: replicas started together
+    /// all count by then, and the first to start does not take every free name only to hand most of them over.
     fn may_lead(&self, name: &str, me: &str) -> bool {
-        self.member && self.settled && self.assignment.owner(name) == Some(me)
+        self.member
+            && self.assignment.owner(name) == Some(me)
+            && (self.settled || self.held_by_others.contains(name))
     }
 
     /// A name `me` leads is handed over when `me` is no longer a member, or the assignment gives it to a
@@ -509,6 +520,9 @@ impl View {
     }
 }
 
+/// How long an orderly shutdown waits for the leave before it stops the names' loops anyway.
+const LEAVE_WAIT: Duration = Duration::from_secs(5);
+
 /// Keeps this replica a member of its group and publishes the assignment: joins (again after a loss), reads the
 /// roster whenever it may have changed — the heartbeat's digest moved, a member joined, left or settled, a lease
 /// was released — and at least every `poll`, and leaves the group on shutdown.
@@ -524,7 +538,14 @@ struct Balancer<E: Elector> {
 }
 
 impl<E: Elector> Balancer<E> {
-    async fn run(self, view: watch::Sender<View>, shutdown: CancellationToken) {
+    async fn run(
+        self,
+        view: watch::Sender<View>,
+        shutdown: CancellationToken,
+        names_stop: CancellationToken,
+    ) {
+        // However the balancer ends — in order, or aborted with `run`'s future — the names' loops stop too.
+        let _stop_names = names_stop.drop_guard();
         let mut failures = 0u32;
         while !shutdown.is_cancelled() {
             let mut wakeups = self.elector.wakeups();
@@ -572,9 +593,11 @@ impl<E: Elector> Balancer<E> {
                 }
                 tokio::select! {
                     _ = shutdown.cancelled() => {
-                        match membership.leave().await {
-                            Ok(_) => {}
-                            Err(e) => tracing::warn!(error = %e, "leaving the group failed; it expires after its ttl"),
+                        // Bounded: a database that does not answer must not hold the shutdown.
+                        match tokio::time::timeout(LEAVE_WAIT, membership.leave()).await {
+                            Ok(Ok(_)) => {}
+                            Ok(Err(e)) => tracing::warn!(error = %e, "leaving the group failed; it expires after its ttl"),
+                            Err(_) => tracing::warn!("leaving the group took longer than {LEAVE_WAIT:?}; it expires after its ttl"),
                         }
                         return;
                     }
@@ -615,6 +638,12 @@ impl<E: Elector> Balancer<E> {
             .filter(|m| m.settled)
             .map(|m| m.member.clone())
             .collect();
+        let held_by_others = roster
+            .holders
+            .iter()
+            .filter(|(_, holder)| **holder != self.holder)
+            .map(|(name, _)| name.clone())
+            .collect();
         let group = self.group.clone();
         metrics::gauge!(METRIC_GROUP_MEMBERS, "group" => group.clone())
             .set(roster.members.len() as f64);
@@ -630,6 +659,7 @@ impl<E: Elector> Balancer<E> {
             settled,
             assignment,
             settled_members,
+            held_by_others,
         });
     }
 }

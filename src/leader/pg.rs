@@ -34,6 +34,9 @@ pub struct PgElector {
 #[derive(Debug)]
 struct PgInner {
     store: Store,
+    /// Lock key → lease name, for the release listener (a notification carries the key); shared so that a
+    /// roster read can warm it (`warm_lease_names`) and a release is never waited on behind a lookup.
+    lease_names: Arc<Mutex<HashMap<i32, String>>>,
     groups: Mutex<HashMap<GroupKey, Arc<Group>>>,
     notifications: OnceLock<broadcast::Sender<Wake>>,
     listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -87,6 +90,7 @@ impl PgElector {
         PgElector {
             inner: Arc::new(PgInner {
                 store,
+                lease_names: Arc::default(),
                 groups: Mutex::new(HashMap::new()),
                 notifications: OnceLock::new(),
                 listener: Mutex::new(None),
@@ -151,7 +155,11 @@ impl PgElector {
         self.inner.notifications.get_or_init(|| {
             let (tx, _) = broadcast::channel(1024);
             if self.inner.store.can_open_dedicated() {
-                let task = tokio::spawn(listen(self.inner.store.clone(), tx.clone()));
+                let task = tokio::spawn(listen(
+                    self.inner.store.clone(),
+                    self.inner.lease_names.clone(),
+                    tx.clone(),
+                ));
                 *self
                     .inner
                     .listener
@@ -178,10 +186,13 @@ const LISTEN_RETRY_MAX: Duration = Duration::from_secs(1);
 /// A notification carries the released lease's lock key, not its name (any role may LISTEN): the name is
 /// looked up in `pgfence.leases`, which shows only leases of clusters this role has a grant on, and cached
 /// (lock keys are never reused and names never change). Keys of leases this role cannot see are ignored.
-async fn listen(store: Store, tx: broadcast::Sender<Wake>) {
+async fn listen(
+    store: Store,
+    names: Arc<Mutex<HashMap<i32, String>>>,
+    tx: broadcast::Sender<Wake>,
+) {
     use diesel_async::SimpleAsyncConnection;
     use futures_util::StreamExt;
-    let mut names: HashMap<i32, String> = HashMap::new();
     let mut delay = LISTEN_RETRY_MIN;
     let mut listened_before = false;
     loop {
@@ -211,7 +222,7 @@ async fn listen(store: Store, tx: broadcast::Sender<Wake>) {
                                 let Ok(key) = n.payload.parse::<i32>() else {
                                     continue;
                                 };
-                                if let Some(name) = lease_name(&mut conn, &mut names, key).await {
+                                if let Some(name) = lease_name(&mut conn, &names, key).await {
                                     let _ = tx.send(Wake::Free(name));
                                 }
                             }
@@ -239,12 +250,12 @@ async fn listen(store: Store, tx: broadcast::Sender<Wake>) {
 /// that died with the server, or none at all during its reconnect backoff, and the notification would be lost.
 async fn lease_name(
     conn: &mut AsyncPgConnection,
-    names: &mut HashMap<i32, String>,
+    names: &Mutex<HashMap<i32, String>>,
     key: i32,
 ) -> Option<String> {
     use diesel::OptionalExtension;
     use diesel_async::RunQueryDsl;
-    if let Some(name) = names.get(&key) {
+    if let Some(name) = names.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Some(name.clone());
     }
     let name: Option<String> = diesel::select(
@@ -261,9 +272,53 @@ async fn lease_name(
     .flatten()
     .flatten();
     if let Some(name) = &name {
-        names.insert(key, name.clone());
+        names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, name.clone());
     }
     name
+}
+
+/// The lock key and name of every lease of `qualified` that the listener does not know yet, read in one
+/// statement into its cache. Called after a roster read, off the path of any release: so that the release of a
+/// name that changes hands wakes its successor at once, not after a lookup of the key on the listener's
+/// connection (one statement more on the path of every handover of a name this process never saw released).
+async fn warm_lease_names(inner: &PgInner, qualified: Vec<String>) {
+    use diesel_async::RunQueryDsl;
+    let missing: Vec<String> = {
+        let names = inner.lease_names.lock().unwrap_or_else(|p| p.into_inner());
+        let known: std::collections::HashSet<&String> = names.values().collect();
+        qualified
+            .into_iter()
+            .filter(|n| !known.contains(n))
+            .collect()
+    };
+    if missing.is_empty() {
+        return;
+    }
+    #[derive(QueryableByName)]
+    struct KeyRow {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        lock_key: i32,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        name: String,
+    }
+    let Ok(mut conn) = inner.store.checked().await else {
+        return;
+    };
+    let rows: std::result::Result<Vec<KeyRow>, diesel::result::Error> =
+        diesel::sql_query("SELECT lock_key, name FROM pgfence.leases WHERE name = ANY($1)")
+            .bind::<diesel::sql_types::Array<diesel::sql_types::Text>, _>(missing)
+            .load(&mut *conn)
+            .await;
+    conn.settle(&rows);
+    if let Ok(rows) = rows {
+        let mut names = inner.lease_names.lock().unwrap_or_else(|p| p.into_inner());
+        for row in rows {
+            names.insert(row.lock_key, row.name);
+        }
+    }
 }
 
 /// `pgfence.renew_many`, called as `SELECT * FROM pgfence.renew_many(…)` ([`RowsOf`]): one [`RenewManyRow`]
@@ -840,7 +895,16 @@ impl Elector for PgElector {
     }
 
     async fn roster(&self, group: &str) -> Result<Roster> {
-        self.inner.store.roster(group).await
+        let roster = self.inner.store.roster(group).await?;
+        let names: std::collections::BTreeSet<String> = roster
+            .members
+            .iter()
+            .flat_map(|m| m.names.iter().map(|n| self.qualify(n)))
+            .collect();
+        // In the background: the roster goes to the balancer at once.
+        let inner = self.inner.clone();
+        tokio::spawn(async move { warm_lease_names(&inner, names.into_iter().collect()).await });
+        Ok(roster)
     }
 
     async fn handover_gap(&self, name: &str, epoch: crate::types::Epoch) -> Option<Duration> {

@@ -159,6 +159,14 @@ async fn database(
     })
 }
 
+/// The demo's own store on the database (migrated): what every scenario sets up first.
+async fn admin_store(global: &Global, url: &str, cluster: &str) -> Result<Store, Failure> {
+    let admin =
+        Store::connect(global.config(url, cluster).application_name("pgfence-demo")).await?;
+    admin.migrate().await?;
+    Ok(admin)
+}
+
 async fn takeover(
     global: &Global,
     story: &Narrator,
@@ -167,13 +175,7 @@ async fn takeover(
     cluster: String,
     json: bool,
 ) -> CliResult {
-    let admin = Store::connect(
-        global
-            .config(&url, &cluster)
-            .application_name("pgfence-demo"),
-    )
-    .await?;
-    admin.migrate().await?;
+    let admin = admin_store(global, &url, &cluster).await?;
     let qualified = format!("{cluster}/{LEASE}");
     story.say(
         "setup",

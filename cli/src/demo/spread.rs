@@ -502,13 +502,7 @@ pub(super) async fn run(
     cluster: String,
     json: bool,
 ) -> CliResult {
-    let admin = Store::connect(
-        global
-            .config(&url, &cluster)
-            .application_name("pgfence-demo"),
-    )
-    .await?;
-    admin.migrate().await?;
+    let admin = super::admin_store(global, &url, &cluster).await?;
     let qualified = format!("{cluster}/{GROUP}");
     story.say(
         "setup",

@@ -368,3 +368,41 @@ async fn a_member_that_expired_settles_one_ttl_after_it_joins_again() {
         0
     );
 }
+
+/// Liveness: a join waiting for the member's row (held by a transaction left open) waits a bounded time and then
+/// fails with PF003 naming the blocker, never hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_blocked_on_the_members_row_fails_in_bounded_time_naming_the_blocker() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let first = store
+        .join_group("g", "a", &spec(&["x"]), TTL)
+        .await
+        .unwrap();
+    store.leave_group(&first).await.unwrap();
+    let blocker = db.client().await;
+    blocker
+        .batch_execute(
+            "SET application_name = 'member-row-blocker'; BEGIN; \
+             SELECT 1 FROM pgfence.members WHERE member = 'a' FOR UPDATE",
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let result = store.join_group("g", "a", &spec(&["x"]), TTL).await;
+    let waited = started.elapsed();
+    match result {
+        Err(e) => {
+            assert_eq!(e.sqlstate(), Some("PF003"), "{e}");
+            assert!(e.to_string().contains("member-row-blocker"), "{e}");
+        }
+        Ok(m) => panic!("joined while the row was locked: {m:?}"),
+    }
+    // The bound: pgfence._lock_wait_ms() (the takeover grace, 2 s, + 5 s).
+    assert!(waited < Duration::from_secs(9), "{waited:?}");
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    store
+        .join_group("g", "a", &spec(&["x"]), TTL)
+        .await
+        .unwrap();
+}

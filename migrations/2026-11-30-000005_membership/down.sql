@@ -11,6 +11,7 @@ DROP FUNCTION pgfence.roster(text);
 DROP VIEW pgfence.group_members;
 DROP FUNCTION pgfence._deny_member_call(text, text);
 DROP TYPE pgfence.member_result;
+DROP FUNCTION pgfence._member_lockers();
 DROP FUNCTION pgfence._member_problem(text, text, integer, text[], text[], text[]);
 DROP TABLE pgfence.members;
 DROP FUNCTION pgfence._max_group_names();

@@ -76,6 +76,16 @@ LANGUAGE sql STABLE AS $$
            FROM unnest(p_pinned) AS p(name) WHERE p.name = ANY (p_excluded) LIMIT 1))
 $$;
 
+-- The backends other than this one in a transaction holding a row lock of pgfence.members (only joins,
+-- heartbeats and leaves of a member take one, each for one statement): who a bounded wait for a member's row
+-- names when it ends.
+CREATE FUNCTION pgfence._member_lockers() RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(DISTINCT k.pid), '{}') FROM pg_catalog.pg_locks k
+     WHERE k.locktype = 'relation' AND k.relation = 'pgfence.members'::regclass AND k.granted
+       AND k.mode IN ('RowShareLock', 'RowExclusiveLock') AND k.pid <> pg_catalog.pg_backend_pid()
+$$;
+
 -- The outcome of a membership call: 'joined', 'renewed', 'left' or 'refused' with a reason; the incarnation and
 -- secret of a join (the secret once: the database keeps its SHA-256); whether the member is settled; how long
 -- until it (or, for 'member_taken', the live member under that name) expires, by the database clock; the
@@ -233,8 +243,9 @@ BEGIN
          WHERE x.left_at IS NOT NULL OR x.expires_at <= ts
         RETURNING * INTO m;
     EXCEPTION WHEN lock_not_available THEN
-        RAISE EXCEPTION 'pgfence: join of member % to group % waited % ms for its row lock',
-            pgfence._printable(p_member), pgfence._printable(p_group), wait_ms USING ERRCODE = 'PF003',
+        RAISE EXCEPTION 'pgfence: join of member % to group % waited % ms for its row lock; blocked by %',
+            pgfence._printable(p_member), pgfence._printable(p_group), wait_ms,
+            pgfence._describe_backends(pgfence._member_lockers()) USING ERRCODE = 'PF003',
             HINT = 'Another join of the same member name is in a transaction left open: end it.';
     END;
     IF m.grp IS NULL THEN
@@ -327,8 +338,9 @@ BEGIN
     BEGIN
         SELECT * INTO m FROM pgfence.members x WHERE x.grp = p_group AND x.member = p_member FOR NO KEY UPDATE;
     EXCEPTION WHEN lock_not_available THEN
-        RAISE EXCEPTION 'pgfence: heartbeat of member % waited % ms for its row lock', pgfence._printable(p_member),
-            wait_ms USING ERRCODE = 'PF003';
+        RAISE EXCEPTION 'pgfence: heartbeat of member % waited % ms for its row lock; blocked by %',
+            pgfence._printable(p_member), wait_ms, pgfence._describe_backends(pgfence._member_lockers())
+            USING ERRCODE = 'PF003';
     END;
     ts := clock_timestamp();
     -- Judged again on the locked row (a join of a later incarnation may have committed meanwhile).
@@ -376,8 +388,9 @@ BEGIN
            AND x.expires_at > clock_timestamp();
         GET DIAGNOSTICS n = ROW_COUNT;
     EXCEPTION WHEN lock_not_available THEN
-        RAISE EXCEPTION 'pgfence: leave of member % waited % ms for its row lock', pgfence._printable(p_member),
-            wait_ms USING ERRCODE = 'PF003';
+        RAISE EXCEPTION 'pgfence: leave of member % waited % ms for its row lock; blocked by %',
+            pgfence._printable(p_member), wait_ms, pgfence._describe_backends(pgfence._member_lockers())
+            USING ERRCODE = 'PF003';
     END;
     IF n = 0 THEN
         -- Expired or superseded between the unlocked read and the update.

@@ -17,7 +17,7 @@
 //! | `membership` | replica groups: [`MemberSpec`], [`Member`], join / heartbeat / leave, the [`Roster`] | `000005_membership`: `pgfence.join_group`, `heartbeat`, `leave_group`, `roster`, `group_members` |
 //! | `tasks` | the guarded task and event writes | `000004_tasks`: `pgfence.create_task`, `claim_task`, `transition_task`, `append_event` |
 //! | `history` | the record of every tenure from both sides ([`Tenure`]), the holder's belief reports, the overlap review ([`Store::review`]) | `000002_lease_protocol`: `pgfence.report_belief`, `tenure_history`; the write marks of `000003_guard` |
-//! | [`leader`] | the leadership runtime, one file per concern | `000002_lease_protocol`: `pgfence.renew_many` |
+//! | [`leader`] | the leadership runtime, one file per concern; replicas spread over a group ([`leader::Spread`], [`leader::assign()`]) | `000002_lease_protocol`: `pgfence.renew_many`; `000005_membership`: `pgfence.heartbeat` (in the renewal statement), `join_group`, `leave_group`, `roster` |
 //! | `embedded` | a throwaway PostgreSQL server (feature `testing`, Unix) | — |
 //!
 //! # Errors

@@ -126,7 +126,9 @@ async fn three_replicas_lead_four_each_and_a_fourth_takes_exactly_three() {
             Spread::new("g"),
         ));
     }
-    let took = converge(&replicas.iter().collect::<Vec<_>>(), &[4, 4, 4], 2 * ttl).await;
+    // Bounds with room for a loaded machine (the suite runs its tests in parallel): the targets themselves are
+    // measured with real processes in tests/spread_processes.rs.
+    let took = converge(&replicas.iter().collect::<Vec<_>>(), &[4, 4, 4], 4 * ttl).await;
     eprintln!("3 replicas x 12 controllers: 4/4/4 after {took:?}");
     let before = epochs(&db).await;
     assert_eq!(before.len(), 12);
@@ -139,7 +141,7 @@ async fn three_replicas_lead_four_each_and_a_fourth_takes_exactly_three() {
     let took = converge(
         &replicas.iter().collect::<Vec<_>>(),
         &[3, 3, 3, 3],
-        ttl + Duration::from_secs(1),
+        2 * ttl + Duration::from_secs(1),
     )
     .await;
     eprintln!("a 4th replica joined: 3/3/3/3 after {took:?}");
@@ -361,7 +363,7 @@ async fn a_hundred_shards_over_five_replicas_lead_twenty_each() {
     let took = converge(
         &replicas.iter().collect::<Vec<_>>(),
         &[20; 5],
-        Duration::from_secs(10),
+        Duration::from_secs(30),
     )
     .await;
     eprintln!("100 shards over 5 replicas: 20 each after {took:?}");

@@ -441,7 +441,14 @@ fn report_text(report: &Report, qualified: &str) -> String {
         table::tenures(&report.tenures),
         table::rejections(&report.rejections),
     );
-    for check in &report.checks {
+    text.push_str(&verdict(&report.checks, report.verdict));
+    text
+}
+
+/// The closing verdict of a demo: one line per check, then the conclusion.
+fn verdict(checks: &[Check], held: bool) -> String {
+    let mut text = String::new();
+    for check in checks {
         text.push_str(&format!(
             "  [{}] {} ({})\n",
             if check.held { "ok" } else { "VIOLATED" },
@@ -449,7 +456,7 @@ fn report_text(report: &Report, qualified: &str) -> String {
             table::value(&check.detail)
         ));
     }
-    text.push_str(if report.verdict {
+    text.push_str(if held {
         "  => every invariant held\n"
     } else {
         "  => an invariant was violated\n"

@@ -1136,18 +1136,6 @@ fn report_text(report: &Report) -> String {
          of an old epoch accepted after its successor's acquisition\n\nVerdict:\n",
         w.accepted, w.refused, w.audited, w.accepted_after_successor
     ));
-    for check in &report.checks {
-        text.push_str(&format!(
-            "  [{}] {} ({})\n",
-            if check.held { "ok" } else { "VIOLATED" },
-            check.invariant,
-            table::value(&check.detail)
-        ));
-    }
-    text.push_str(if report.verdict {
-        "  => every invariant held\n"
-    } else {
-        "  => an invariant was violated\n"
-    });
+    text.push_str(&super::verdict(&report.checks, report.verdict));
     text
 }

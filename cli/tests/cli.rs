@@ -72,6 +72,7 @@ fn closed_port() -> u16 {
 
 /// The main job: `pgfence demo` with no URL starts its own server, tells the story and exits 0 with every
 /// invariant held; the JSON report parses back.
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_on_the_embedded_default_exits_zero_with_every_invariant_held() {
     let run = pgfence(&["demo", "--json"], None).await;
@@ -663,19 +664,7 @@ async fn ctrl_c_during_the_demo_removes_the_embedded_server() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut port = None;
-    while let Some(line) = lines.next_line().await.unwrap() {
-        if let Some(rest) = line.split("PostgreSQL on 127.0.0.1:").nth(1) {
-            port = rest
-                .split_whitespace()
-                .next()
-                .and_then(|p| p.parse::<u16>().ok());
-        }
-        if line.contains("FROZEN") {
-            break;
-        }
-    }
-    let port = port.expect("the demo printed its server's port");
+    let port = demo_server_port(&mut lines, "FROZEN").await;
     let status = std::process::Command::new("kill")
         .args(["-INT", &child.id().unwrap().to_string()])
         .status()
@@ -1217,19 +1206,7 @@ async fn ctrl_c_during_the_spread_demo_kills_the_replicas_and_removes_the_server
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut port = None;
-    while let Some(line) = lines.next_line().await.unwrap() {
-        if let Some(rest) = line.split("PostgreSQL on 127.0.0.1:").nth(1) {
-            port = rest
-                .split_whitespace()
-                .next()
-                .and_then(|p| p.parse::<u16>().ok());
-        }
-        if line.contains("starting r4") {
-            break;
-        }
-    }
-    let port = port.expect("the demo printed its server's port");
+    let port = demo_server_port(&mut lines, "starting r4").await;
     let replicas = processes_using_port(port);
     assert!(replicas.len() >= 3, "the replicas run: {replicas:?}");
     let status = std::process::Command::new("kill")
@@ -1249,4 +1226,25 @@ async fn ctrl_c_during_the_spread_demo_kills_the_replicas_and_removes_the_server
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Reads a demo's output up to the line containing `until`, and returns the port of the throwaway server it
+/// said it started.
+async fn demo_server_port(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    until: &str,
+) -> u16 {
+    let mut port = None;
+    while let Some(line) = lines.next_line().await.unwrap() {
+        if let Some(rest) = line.split("PostgreSQL on 127.0.0.1:").nth(1) {
+            port = rest
+                .split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<u16>().ok());
+        }
+        if line.contains(until) {
+            break;
+        }
+    }
+    port.expect("the demo printed its server's port")
 }

@@ -492,18 +492,30 @@ impl Wakeups {
 }
 
 impl Wakeups {
-    /// Waits until any lease is announced free, a replica group's membership changes, or `max_wait` passes.
+    /// Waits until one of the leases `of` (qualified names) is announced free, a replica group's membership
+    /// changes, the listener reconnected (or this receiver lagged: a change may have been missed), or `max_wait`
+    /// passes. Releases of other leases are skipped: a replica group's roster changes with its own names only.
     /// Cancel safe, as [`wait`](Self::wait).
-    pub async fn wait_any(&mut self, max_wait: Duration) {
+    pub async fn wait_group(
+        &mut self,
+        of: &std::collections::BTreeSet<String>,
+        max_wait: Duration,
+    ) {
         let deadline = tokio::time::Instant::now() + max_wait;
         let Some(rx) = self.rx.as_mut() else {
             tokio::time::sleep_until(deadline).await;
             return;
         };
-        if let Ok(Err(broadcast::error::RecvError::Closed)) =
-            tokio::time::timeout_at(deadline, rx.recv()).await
-        {
-            tokio::time::sleep_until(deadline).await;
+        loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Err(_) => return,
+                Ok(Ok(Wake::Free(name))) if !of.contains(&name) => continue,
+                Ok(Err(broadcast::error::RecvError::Closed)) => {
+                    tokio::time::sleep_until(deadline).await;
+                    return;
+                }
+                Ok(_) => return,
+            }
         }
     }
 }

@@ -546,6 +546,16 @@ impl<E: Elector> Balancer<E> {
     ) {
         // However the balancer ends — in order, or aborted with `run`'s future — the names' loops stop too.
         let _stop_names = names_stop.drop_guard();
+        // The releases that wake the balancer: of this replica's own names. Other releases in the cluster never
+        // touch its share; in a group whose members declare different names, the release of a name this replica
+        // cannot lead may shift the others' counts, and the heartbeat's roster digest brings that within a
+        // renewal period.
+        let own: BTreeSet<String> = self
+            .spec
+            .names
+            .iter()
+            .map(|n| self.elector.qualify(n))
+            .collect();
         let mut failures = 0u32;
         while !shutdown.is_cancelled() {
             let mut wakeups = self.elector.wakeups();
@@ -574,7 +584,7 @@ impl<E: Elector> Balancer<E> {
                     self.publish(&view, None, false, false);
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
-                        _ = wakeups.wait_any(wait) => {}
+                        _ = wakeups.wait_group(&own, wait) => {}
                     }
                     continue;
                 }
@@ -602,7 +612,7 @@ impl<E: Elector> Balancer<E> {
                         return;
                     }
                     _ = membership.changed() => {}
-                    _ = wakeups.wait_any(self.poll) => {}
+                    _ = wakeups.wait_group(&own, self.poll) => {}
                 }
             }
             tokio::select! {

@@ -5,7 +5,8 @@
 # with migrations/*/up.sql as of REV (default HEAD), one with the working tree's, each in the order the migrations
 # apply — and runs pgbench -M prepared on each in turn, round after round (interleaved, so both see the same
 # noise): the guard alone, the one-statement guarded UPDATE that Store::guarded_write sends, the same UPDATE
-# unguarded, pgfence.append_event and the same writes without the guard. Prints, per statement and database, the
+# unguarded, the same UPDATE behind the floor of a plpgsql guard (floor-update: the lock and a fresh read only),
+# pgfence.append_event and the same writes without the guard. WORKLOADS="update guarded-update" picks some. Prints, per statement and database, the
 # median over rounds of the mean server time per call (pg_stat_statements, top-level statements) and of tx/s, and
 # the after ÷ before ratios.
 #
@@ -68,6 +69,19 @@ BEGIN
     RETURN ROW('ok', NULL, p_epoch, NULL, t.id, t.key, t.state, t.assignee, t.payload, t.fence, t.version,
                false, ev)::b.write_result;
 END $$;
+-- The floor of a plpgsql guard (the bench's raw-advisory-update): the lock and a fresh read of the epoch, nothing
+-- else (no grant, secret, timeline, intent probe or audit; a yardstick, not safe).
+CREATE FUNCTION b.fence_floor(p_lease text, p_epoch bigint) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE l pgfence.leases;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended(p_lease, 0));
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+    IF l.epoch = p_epoch AND l.state = 'held' AND l.expires_at > clock_timestamp() THEN
+        RETURN 'ok';
+    END IF;
+    RETURN 'refused';
+END $$;
 CREATE TABLE b.creds AS SELECT secret, epoch FROM pgfence.acquire('c/l', 'h', 36000000);
 SELECT pgfence.create_task('c/l', (SELECT epoch FROM b.creds), (SELECT secret FROM b.creds), 'k1', '{}');
 SELECT pgfence.create_task('c/l', (SELECT epoch FROM b.creds), (SELECT secret FROM b.creds), 'k2', '{}');
@@ -83,13 +97,17 @@ cat >"$dir/guarded-update.sql" <<'SQL'
 WITH RECURSIVE pgfence_write AS (UPDATE b.t SET v = v + 1 WHERE id = :id AND (SELECT passed FROM pgfence_guard)
  RETURNING 1), pgfence_guard AS MATERIALIZED (SELECT g.outcome = 'ok' AS passed, g.outcome, g.reason, g.current_epoch, g.current_holder FROM pgfence.fence('c/l', :epoch, :secret, 'bench', NULL, NULL) g) SELECT g.outcome, g.reason, g.current_epoch, g.current_holder, CASE WHEN g.passed OR w.n = 0 THEN w.n ELSE pgfence.ungated_write(g.outcome, w.n) END AS n FROM pgfence_guard g, (SELECT count(*) AS n FROM pgfence_write) w;
 SQL
+cat >"$dir/floor-update.sql" <<'SQL'
+\set id random(0, 99)
+WITH g AS (SELECT b.fence_floor('c/l', :epoch) AS outcome), u AS (UPDATE b.t SET v = v + 1 WHERE id = :id AND (SELECT outcome FROM g) = 'ok' RETURNING 1) SELECT (SELECT outcome FROM g) AS outcome, (SELECT count(*) FROM u) AS written;
+SQL
 echo "SELECT * FROM pgfence.fence('c/l', :epoch, :secret, 'bench', NULL, NULL);" >"$dir/fence.sql"
 echo "SELECT * FROM pgfence.append_event('c/l', :epoch, :secret, 'k1', 'note', '{}');" >"$dir/append.sql"
 echo "SELECT * FROM b.append_event_unguarded('c/l', :epoch, 'k2', 'note', '{}');" >"$dir/append-unguarded.sql"
 
 echo "guard server time: migrations/*/up.sql as of $rev (before) against the working tree (after); $rounds rounds of ${secs} s" >&2
 for r in $(seq 1 "$rounds"); do
-    for w in update guarded-update fence append append-unguarded; do
+    for w in ${WORKLOADS:-update floor-update guarded-update fence append append-unguarded}; do
         for db in before after; do
             read -r epoch secret < <("${psql[@]}" -d "$db" -At -F ' ' -c "SELECT epoch, secret FROM b.creds")
             "${psql[@]}" -d "$db" -c "SELECT pg_stat_statements_reset()" >/dev/null

@@ -1617,3 +1617,190 @@ async fn guarded_statements_are_prepared_once_and_fenced_guards_run_inside_their
         "{prepared:?}"
     );
 }
+
+/// What the guard's fast path (`pgfence._admit`: the guard lock taken first from the lock key a session remembers,
+/// then one read) could get wrong, presented to one session whose memory names the tenure (as a forger would set
+/// it; the memory is only a session setting): each write must get exactly the answer of the full guard.
+/// Invariant: the fast path admits only what the full guard admits — never a wrong secret, an expired or
+/// superseded tenure, a tenure granted before the current timeline, or a write outside READ COMMITTED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fast_path_admits_nothing_the_full_guard_refuses() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (epoch, secret) = sql_acquire(&c, "c/l", 60_000).await;
+    assert_eq!(
+        sql_fence(&c, "c/l", epoch, &secret).await,
+        ("ok".into(), None)
+    );
+    // The first admitted write made the session remember the lease's lock key for this epoch.
+    let known: String = c.query_one(FAST_MEMORY, &[&"c/l"]).await.unwrap().get(0);
+    assert!(known.ends_with(&format!(" {epoch} c/l")), "{known}");
+    let refused = |reason: &str| ("refused".to_owned(), Some(reason.to_owned()));
+
+    remember(&c, &c, "c/l", epoch).await;
+    assert_eq!(
+        sql_fence(&c, "c/l", epoch, "forged").await,
+        refused("bad_secret")
+    );
+
+    remember(&c, &c, "c/l", epoch).await;
+    c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await
+        .unwrap();
+    let err = c
+        .query_one(FENCE_SQL, &[&"c/l", &epoch, &secret])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code().unwrap().code(), "PF004", "{err}");
+    c.batch_execute("ROLLBACK").await.unwrap();
+
+    // Granted before a promotion (the row's timeline made older than the server's).
+    c.batch_execute("UPDATE pgfence.leases SET timeline = timeline - 1 WHERE name = 'c/l'")
+        .await
+        .unwrap();
+    remember(&c, &c, "c/l", epoch).await;
+    assert_eq!(
+        sql_fence(&c, "c/l", epoch, &secret).await,
+        refused("failover")
+    );
+
+    let (short, short_secret) = sql_acquire(&c, "c/short", 100).await;
+    remember(&c, &c, "c/short", short).await;
+    while c
+        .query_one(
+            "SELECT expires_at > clock_timestamp() FROM pgfence.leases WHERE name = 'c/short'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, bool>(0)
+    {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        sql_fence(&c, "c/short", short, &short_secret).await,
+        refused("expired")
+    );
+
+    let (next, _) = sql_acquire(&c, "c/short", 60_000).await;
+    assert_eq!(next, short + 1);
+    remember(&c, &c, "c/short", short).await;
+    assert_eq!(
+        sql_fence(&c, "c/short", short, &short_secret).await,
+        refused("superseded")
+    );
+}
+
+/// A forged memory of a lease's lock key (another lease's key) must not let a write skip the lease's own guard
+/// lock, and a role without a grant on the cluster must be refused even with the remembered key, the epoch and
+/// the secret. Invariants: an admitted write holds its lease's guard lock to its commit (a takeover waits for
+/// it); the per-cluster grant is checked on every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_memory_skips_neither_the_guard_lock_nor_the_grant() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (epoch, secret) = sql_acquire(&c, "c/l", 60_000).await;
+    let (other, _) = sql_acquire(&c, "c/other", 60_000).await;
+    let other_key: i32 = c
+        .query_one(
+            "SELECT lock_key FROM pgfence.leases WHERE name = 'c/other'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(other, 1);
+    c.batch_execute("BEGIN").await.unwrap();
+    c.execute(
+        "SELECT set_config('pgfence.known_' || (hashtext($1) & 15), $2, false)",
+        &[&"c/l", &format!("{other_key} {epoch} c/l")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        sql_fence(&c, "c/l", epoch, &secret).await,
+        ("ok".into(), None)
+    );
+    let pid: i32 = c
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let held: i64 = db
+        .client()
+        .await
+        .query_one(
+            "SELECT count(*) FROM pg_locks k JOIN pgfence.leases l ON k.objid = l.lock_key::oid \
+              WHERE k.locktype = 'advisory' AND k.classid = 1885824613::oid AND k.objsubid = 2 \
+                AND k.granted AND k.pid = $1 AND l.name = 'c/l'",
+            &[&pid],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 1, "the admitted write holds c/l's own guard lock");
+    c.batch_execute("COMMIT").await.unwrap();
+
+    let intruder = common::role(&db, "intruder").await;
+    let owner = db.store("c").await;
+    owner.grant_application(&intruder, Some("d")).await.unwrap();
+    let i = common::client_as(&db, &intruder).await;
+    remember(&c, &i, "c/l", epoch).await;
+    assert_eq!(
+        sql_fence(&i, "c/l", epoch, &secret).await,
+        ("refused".into(), Some("no_grant".into()))
+    );
+}
+
+const FENCE_SQL: &str = "SELECT outcome, reason FROM pgfence.fence($1, $2, $3, 'op', NULL, NULL)";
+const FAST_MEMORY: &str = "SELECT current_setting('pgfence.known_' || (hashtext($1) & 15), true)";
+
+/// Acquires `lease` as holder `h` through SQL: its epoch and secret.
+async fn sql_acquire(c: &tokio_postgres::Client, lease: &str, ttl_ms: i64) -> (i64, String) {
+    let row = c
+        .query_one(
+            "SELECT epoch, secret FROM pgfence.acquire($1, 'h', $2) WHERE outcome = 'acquired'",
+            &[&lease, &ttl_ms],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// `pgfence.fence` through SQL: its outcome and reason.
+async fn sql_fence(
+    c: &tokio_postgres::Client,
+    lease: &str,
+    epoch: i64,
+    secret: &str,
+) -> (String, Option<String>) {
+    let row = c
+        .query_one(FENCE_SQL, &[&lease, &epoch, &secret])
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// Sets the session's memory of `lease`'s lock key for `epoch` (the key read off the lease by `owner`, as
+/// anyone can read it; the memory is a session setting any role can set).
+async fn remember(
+    owner: &tokio_postgres::Client,
+    c: &tokio_postgres::Client,
+    lease: &str,
+    epoch: i64,
+) {
+    let key: i32 = owner
+        .query_one(
+            "SELECT lock_key FROM pgfence.leases WHERE name = $1",
+            &[&lease],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    c.execute(
+        "SELECT set_config('pgfence.known_' || (hashtext($1) & 15), $2, false)",
+        &[&lease, &format!("{key} {epoch} {lease}")],
+    )
+    .await
+    .unwrap();
+}

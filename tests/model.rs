@@ -211,6 +211,15 @@ fn a_guard_without_its_shared_lock_is_found() {
 }
 
 #[test]
+fn a_fast_path_without_its_shared_lock_is_found() {
+    find_in(
+        Config::takeover(),
+        &[Weakening::AdmitWithoutLock],
+        properties::FENCING,
+    );
+}
+
+#[test]
 fn a_takeover_without_its_exclusive_lock_is_found() {
     find_in(
         Config::takeover(),

@@ -466,6 +466,15 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT (p_optional AND p_value IS NULL) OR (p_value ~ '^[ -~]+$' AND octet_length(p_value) <= p_max)
 $$;
 
+-- Whether the labels of a guarded write (operation, target table, target key: what pgfence.fence records in the
+-- audit) pass their _arg_problem checks for certain: one regular expression over the three, not one each.
+CREATE FUNCTION pgfence._plain_labels(p_operation text, p_table text, p_key text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT octet_length(p_operation) BETWEEN 1 AND 64 AND coalesce(octet_length(p_table) BETWEEN 1 AND 64, true)
+           AND coalesce(octet_length(p_key) BETWEEN 1 AND 256, true)
+           AND (p_operation || coalesce(p_table, '') || coalesce(p_key, '')) ~ '^[ -~]+$'
+$$;
+
 -- Whether (p_lease, p_epoch) pass _lease_args_problem for certain: a cluster of 1 to 63 printable ASCII
 -- characters other than '/', a '/', a name of 1 to 200 printable ASCII characters, and an epoch of at least 1.
 CREATE FUNCTION pgfence._plain_lease_args(p_lease text, p_epoch bigint) RETURNS boolean

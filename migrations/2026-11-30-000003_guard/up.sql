@@ -86,6 +86,132 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT 'pgfence.tenure_secret_' || p_lock_key::text
 $$;
 
+-- ---------------------------------------------------------------------------------------------------------
+-- The guard's fast path (_admit): the common case — a live tenure presented with its secret by a granted role, on
+-- the current timeline, no takeover in flight — decided by the guard lock and ONE read, with nothing else around
+-- them. Anything else (a refusal, a takeover in flight, a first write) is left to the full guard (_guard), which
+-- decides it exactly as before; so the fast path can only admit what _guard admits, never refuse.
+--
+-- What a session remembers (pgfence.known_<slot>, one of 16 session settings by a hash of the lease name): the
+-- lease's guard lock key, for the epoch _guard last admitted in this session — "<lock_key> <epoch> <lease>". It
+-- lets the fast path take the guard lock BEFORE its read, so the read itself is the fresh one (no unlocked
+-- pre-read). It is only a hint: the read checks that the lease's lock key is the one remembered (a lease's lock key
+-- never changes and is never reused), and re-checks everything a write needs — the epoch, held, unexpired, the
+-- timeline, the secret's hash and the grant — on that fresh row. A forged or stale memory can make a session take
+-- the shared guard lock of a lease it has no business with (any role can take any advisory lock anyway) and then
+-- fall back to _guard; it can never admit a write. Nothing about the secret, the grant or the timeline is
+-- remembered: session settings are writable by the session's own role, so a remembered verdict could be forged.
+-- It is forgotten (superseded) when _guard admits another epoch of a lease in the same slot, and cleared when
+-- _guard refuses a write of that lease, so a superseded holder takes the lock at most once more before it is kept
+-- off it again by _guard's unlocked pre-check.
+
+-- The session setting that remembers a lease's guard lock key (see above).
+CREATE FUNCTION pgfence._known_slot(p_lease text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'pgfence.known_' || (pg_catalog.hashtext(p_lease) & 15)::text
+$$;
+
+-- The guard lock of a lease, taken SHARED without waiting and only if no takeover of the lease is in flight: a
+-- takeover holds the intent lock (1885824613, -lock_key) exclusive from its start to its end; the probe takes it
+-- shared and gives it back in the same expression (CASE fixes the order; no interrupt is served between the two
+-- calls, so the session-level lock cannot be left behind). Free: no takeover had started at the probe, and from
+-- there the guard lock held makes every later takeover wait for this transaction. Taken, or the guard lock not
+-- free (a takeover holds or waits for it; a try-lock fails behind a queued request, so this is fair): false, and
+-- nothing is held. (IS TRUE: a NULL could only ever mean "not taken".) An SQL function, inlined where it is used.
+CREATE FUNCTION pgfence._try_guard_lock(p_lock_key integer) RETURNS boolean
+LANGUAGE sql VOLATILE AS $$
+    SELECT (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(1885824613, -p_lock_key)
+                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(1885824613, -p_lock_key)
+                           THEN pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, p_lock_key) END
+                 ELSE false END) IS TRUE
+$$;
+
+-- The fast path's one read, on a snapshot taken after the guard lock: whether tenure (p_lease, p_epoch) with
+-- p_secret is admitted — the lease's lock key is p_lock_key (the one locked), the epoch is current, held and
+-- unexpired at p_now (the database clock), granted on a timeline no older than p_timeline, the secret's SHA-256
+-- matches, and the session's login role is a member of the role running this (the owner of the pgfence functions,
+-- who owns every pgfence table) or has a grant on the lease's cluster — and, when p_mark, the session's write mark
+-- of this tenure for this second if it has not been recorded yet (NULL otherwise; see pgfence.fence). A
+-- set-returning SQL function so that the statement naming it in its FROM clause gets it inlined: one executor run,
+-- no subplan for the owner. No row: the lease does not exist. (_grant_of is the full rule that _guard applies.)
+CREATE FUNCTION pgfence._admits(p_lease text, p_epoch bigint, p_secret text, p_lock_key integer, p_now timestamptz,
+                                p_timeline bigint, p_mark boolean)
+RETURNS TABLE (admitted boolean, mark text)
+LANGUAGE sql STABLE AS $$
+    SELECT l.lock_key = p_lock_key AND l.epoch = p_epoch AND l.state = 'held' AND l.expires_at > p_now
+           AND l.timeline >= p_timeline AND s.epoch = p_epoch AND pgfence._secret_matches(s.hash, p_secret)
+           AND (pg_catalog.pg_has_role(session_user, current_user, 'MEMBER')
+                OR EXISTS (SELECT 1 FROM pgfence.grants g
+                            WHERE (g.cluster = pgfence._cluster_of(p_lease) OR g.cluster IS NULL)
+                              AND pg_catalog.pg_has_role(session_user, g.role::oid, 'MEMBER'))),
+           CASE WHEN p_mark THEN NULLIF(m.mark, pg_catalog.current_setting('pgfence.write_mark', true)) END
+      FROM pgfence.leases l
+      JOIN pgfence.tenure_secrets s ON s.lease = l.name,
+           LATERAL (SELECT p_epoch::text || ':' || pg_catalog.date_part('epoch', p_now)::bigint::text || ':'
+                           || p_lease AS mark) m
+     WHERE l.name = p_lease
+$$;
+
+-- The write mark (pgfence.write_marks: see the table for what a mark stands for): the session's first admitted
+-- write of tenure (p_lease, p_epoch) in each second, by the clock after the guard admitted it, is recorded in the
+-- transaction of the write; p_mark is the text that names that second (_admits'), remembered by the session so
+-- its other writes of that second record nothing.
+CREATE FUNCTION pgfence._mark(p_lease text, p_epoch bigint, p_mark text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    kept text;
+BEGIN
+    INSERT INTO pgfence.write_marks AS m (lease, epoch, backend, last_at)
+    VALUES (p_lease, p_epoch, pg_catalog.pg_backend_pid(), clock_timestamp())
+    ON CONFLICT (lease, epoch, backend) DO UPDATE SET last_at = greatest(m.last_at, EXCLUDED.last_at);
+    kept := pg_catalog.set_config('pgfence.write_mark', p_mark, false);
+END;
+$$;
+
+-- The fast path: true when the write of tenure (p_lease, p_epoch) presented with p_secret is admitted — its guard
+-- lock held shared to the end of the transaction, the secret left for the raw-SQL enforcement (see _guard) and,
+-- when p_mark, the write marked. False when the fast path cannot decide: the caller runs _guard, which decides.
+-- Under any isolation but READ COMMITTED it does not even lock (a read's snapshot could predate a takeover):
+-- _guard raises PF004. When it took the guard lock and then could not admit, it leaves the marker by which
+-- _await_takeover knows the transaction holds the lock.
+CREATE FUNCTION pgfence._admit(p_lease text, p_epoch bigint, p_secret text, p_mark boolean) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    known text := pg_catalog.current_setting(pgfence._known_slot(p_lease), true);
+    tail  text := ' ' || p_epoch::text || ' ' || p_lease;
+    k     integer;
+    now   timestamptz;
+    tl    bigint;
+    r     record;
+    kept  text;
+BEGIN
+    -- "<lock_key> <epoch> <lease>" for this lease and epoch, with a lock key of 1 to 9 digits; else nothing known.
+    k := CASE WHEN right(known, length(tail)) = tail AND length(known) - length(tail) BETWEEN 1 AND 9
+                   AND ltrim(left(known, length(known) - length(tail)), '0123456789') = ''
+              THEN left(known, length(known) - length(tail))::integer END;
+    IF k IS NULL OR current_setting('transaction_isolation') <> 'read committed'
+       OR NOT pgfence._try_guard_lock(k) THEN
+        RETURN false;
+    END IF;
+    -- A new statement after the lock, so a new snapshot under READ COMMITTED: every takeover that held the intent
+    -- or the guard lock before the lock was granted has committed and shows here. (The clock and the timeline are
+    -- read into variables so that _admits is inlined.)
+    now := clock_timestamp();
+    tl := pgfence._timeline();
+    SELECT a.admitted, a.mark INTO r FROM pgfence._admits(p_lease, p_epoch, p_secret, k, now, tl, p_mark) a;
+    IF r.admitted THEN
+        kept := pg_catalog.set_config(pgfence._fence_setting(k), p_secret, true);
+        IF r.mark IS NOT NULL THEN
+            PERFORM pgfence._mark(p_lease, p_epoch, r.mark);
+        END IF;
+        RETURN true;
+    END IF;
+    kept := pg_catalog.set_config('pgfence.guard_held_' || k, 'on', true);
+    RETURN false;
+END;
+$$;
+
+-- The full guard: every write the fast path (_admit) does not admit, and every refusal.
 -- Checks that the session's role may use p_lease's cluster, that p_epoch is the current, held, unexpired epoch
 -- of p_lease, granted on the current timeline, and that p_secret is its tenure's secret; and keeps the lease's
 -- guard lock SHARED until the end of the calling transaction, so no takeover can commit before the caller's
@@ -129,6 +255,7 @@ BEGIN
       LEFT JOIN pgfence.leases x ON x.name = p_lease
       LEFT JOIN pgfence.tenure_secrets s ON s.lease = p_lease;
     IF NOT pre.granted THEN
+        kept := pg_catalog.set_config(pgfence._known_slot(p_lease), '', false);
         RETURN pgfence._reject(p_lease, p_epoch, NULL, NULL, 'no_grant', p_operation, p_table, p_key,
                                p_may_wait => true);
     END IF;
@@ -144,6 +271,7 @@ BEGIN
         END IF;
     END IF;
     IF why IS NOT NULL THEN
+        kept := pg_catalog.set_config(pgfence._known_slot(p_lease), '', false);
         RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key,
                                p_may_wait => true);
     END IF;
@@ -180,13 +308,18 @@ BEGIN
         -- For the rest of the transaction, raw writes of this tenure pass the raw-SQL enforcement. An assignment,
         -- not PERFORM: a plpgsql expression without an executor run.
         kept := pg_catalog.set_config(pgfence._fence_setting(l.lock_key), p_secret, true);
+        -- The session remembers the lease's lock key for this epoch: its next writes take the fast path (_admit).
+        kept := pg_catalog.set_config(pgfence._known_slot(p_lease),
+                                      l.lock_key::text || ' ' || p_epoch::text || ' ' || p_lease, false);
         -- No write mark here: the guard runs before the write it admits, and only its caller knows whether a
         -- write happened (pgfence.fence marks; a task write is known by its event).
         RETURN NULL;
     END IF;
     -- Refused after the lock, which stays held to the end of the transaction: the marker _await_takeover reads
-    -- when the same transaction calls a guard of this lease again.
+    -- when the same transaction calls a guard of this lease again. The session forgets the lease's lock key: its
+    -- next write of this lease is judged by the unlocked pre-check first.
     kept := pg_catalog.set_config('pgfence.guard_held_' || l.lock_key, 'on', true);
+    kept := pg_catalog.set_config(pgfence._known_slot(p_lease), '', false);
     RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key);
 END;
 $$;
@@ -206,33 +339,36 @@ RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     problem text;
-    r pgfence.write_result;
     mark text;
+    r pgfence.write_result;
 BEGIN
-    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND p_secret IS NOT NULL AND pgfence._plain_arg(p_operation, 64)
-        AND pgfence._plain_arg(p_table, 64, p_optional => true)
-        AND pgfence._plain_arg(p_key, 256, p_optional => true)) IS NOT TRUE THEN
-        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch), pgfence._secret_problem(p_secret),
-                            pgfence._arg_problem('operation', p_operation, 64),
+    -- The labels first, by the cheap test (the lease and the epoch need none on the fast path: it admits only
+    -- the name and the epoch of a held tenure, which were checked when it was acquired).
+    IF pgfence._plain_labels(p_operation, p_table, p_key) IS NOT TRUE THEN
+        problem := coalesce(pgfence._arg_problem('operation', p_operation, 64),
                             pgfence._arg_problem('target table', p_table, 64, p_optional => true),
                             pgfence._arg_problem('target key', p_key, 256, p_optional => true));
         IF problem IS NOT NULL THEN
             RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
         END IF;
     END IF;
-    r := pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);
-    IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
-        RETURN r;
-    END IF;
-    -- The write mark: the session's first admitted write of this tenure in each second (by the clock after the
-    -- guard admitted it) is recorded, in this transaction; the session's other writes of that second compare
-    -- two texts (assignments and an IF: plpgsql expressions, no executor run).
-    mark := p_epoch::text || ':' || pg_catalog.date_part('epoch', clock_timestamp())::bigint::text || ':' || p_lease;
-    IF mark IS DISTINCT FROM pg_catalog.current_setting('pgfence.write_mark', true) THEN
-        INSERT INTO pgfence.write_marks AS m (lease, epoch, backend, last_at)
-        VALUES (p_lease, p_epoch, pg_catalog.pg_backend_pid(), clock_timestamp())
-        ON CONFLICT (lease, epoch, backend) DO UPDATE SET last_at = greatest(m.last_at, EXCLUDED.last_at);
-        mark := pg_catalog.set_config('pgfence.write_mark', mark, false);
+    IF NOT pgfence._admit(p_lease, p_epoch, p_secret, true) THEN
+        IF (pgfence._plain_lease_args(p_lease, p_epoch) AND p_secret IS NOT NULL) IS NOT TRUE THEN
+            problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch), pgfence._secret_problem(p_secret));
+            IF problem IS NOT NULL THEN
+                RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+            END IF;
+        END IF;
+        r := pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);
+        IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
+            RETURN r;
+        END IF;
+        -- The write mark (see _mark), as the fast path leaves it.
+        mark := p_epoch::text || ':' || pg_catalog.date_part('epoch', clock_timestamp())::bigint::text || ':'
+                || p_lease;
+        IF mark IS DISTINCT FROM pg_catalog.current_setting('pgfence.write_mark', true) THEN
+            PERFORM pgfence._mark(p_lease, p_epoch, mark);
+        END IF;
     END IF;
     RETURN ROW('ok', NULL, p_epoch, NULL, NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::pgfence.write_result;
 END;

@@ -56,6 +56,9 @@ BEGIN
             RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
         END IF;
     END IF;
+    IF pgfence._admit(p_lease, p_epoch, p_secret, false) THEN
+        RETURN NULL;
+    END IF;
     RETURN pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);
 END;
 $$;

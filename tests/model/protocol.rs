@@ -33,6 +33,8 @@ pub enum Weakening {
     /// `_guard`'s fast path takes the guard lock without probing the intent lock: a write arriving while a
     /// takeover ends the holders (not queued for the guard lock then) takes it.
     FastPathWithoutIntentProbe,
+    /// `_admit` (the guard's fast path) reads the lease without taking the guard lock it remembers.
+    AdmitWithoutLock,
     /// `_guard` re-checks the secret after the lock only when the pre-check did not match it (the previous
     /// condition `secret_ok IS NOT TRUE`, without `OR l.epoch IS DISTINCT FROM seen`): with
     /// `SupersededAcceptsPrevious`, a write that waited through a re-acquisition is judged by the epoch alone.
@@ -476,6 +478,11 @@ pub enum Action {
     /// `_guard`: the unlocked pre-check (`_loss_reason` + `_secret_matches` on a fresh read, no lock); a stale
     /// or forged fence is refused and audited (`_reject`) without the lock, and its transaction commits.
     GuardPreCheck(Pid),
+    /// `_admit`, the guard's fast path (a session that remembers the lease's lock key — legitimately or forged,
+    /// so it is always possible): no pre-check; the intent probe and the guard lock SHARED at once, then the
+    /// fresh read, which checks the secret too (nothing of a pre-check is known). Not both free: nothing held,
+    /// and `_guard` runs — its unlocked pre-check now, in the same step.
+    AdmitFast(Pid),
     /// `_guard`: the intent probe (`pg_try_advisory_lock_shared` + `pg_advisory_unlock_shared` of
     /// (1885824613, -lock_key)) and `pg_try_advisory_xact_lock_shared` of the guard lock, one expression; both
     /// free: the fresh read follows; else `_await_takeover`.
@@ -987,6 +994,7 @@ impl Model for Protocol {
                 WriteOp::Idle => {
                     if h.tenure.is_some() && h.writes > 0 {
                         actions.push(Action::GuardPreCheck(p));
+                        actions.push(Action::AdmitFast(p));
                     }
                 }
                 WriteOp::PreChecked(..) => actions.push(Action::GuardLockShared(p)),
@@ -1375,6 +1383,31 @@ impl Protocol {
                     Ok(pre) => s.holders[p as usize].writer = WriteOp::PreChecked(t, pre),
                 }
             }
+            Action::AdmitFast(p) => {
+                if s.holders[p as usize].writer != WriteOp::Idle {
+                    return None;
+                }
+                let t = s.holders[p as usize]
+                    .tenure
+                    .expect("a write needs a tenure");
+                let conn = Conn::Writer(p);
+                let unknown = Pre {
+                    secret_ok: false,
+                    seen: t.epoch,
+                };
+                if self.cfg.weak(Weakening::AdmitWithoutLock) {
+                    s.holders[p as usize].writes -= 1;
+                    s.holders[p as usize].writer = WriteOp::Locked(t, unknown);
+                    return self.step(&s, Action::GuardFreshRead(p));
+                }
+                if self.intent_free(&s) && self.grantable(&s, conn, Mode::Shared) {
+                    s.holders[p as usize].writes -= 1;
+                    s.guard.granted.push((conn, Mode::Shared));
+                    s.holders[p as usize].writer = WriteOp::Locked(t, unknown);
+                    return self.step(&s, Action::GuardFreshRead(p));
+                }
+                return self.step(&s, Action::GuardPreCheck(p));
+            }
             Action::GuardLockShared(p) => {
                 let WriteOp::PreChecked(t, pre) = s.holders[p as usize].writer else {
                     return None;
@@ -1519,6 +1552,11 @@ impl Protocol {
             Action::GuardPreCheck(p) => {
                 write!(f, "{}: pgfence.fence/_guard — unlocked pre-check (_loss_reason, secret; no lock)", n(p))
             }
+            Action::AdmitFast(p) => write!(
+                f,
+                "{}: _admit — remembered lock key: intent probe + guard SHARED, fresh read with the secret (else _guard's pre-check)",
+                n(p)
+            ),
             Action::GuardLockShared(p) => write!(
                 f,
                 "{}: _guard — intent probe + pg_try_advisory_xact_lock_shared (guard SHARED), else _await_takeover",

@@ -108,6 +108,7 @@ MUTATIONS: list[Mutation] = [
         "the guard has neither its unlocked pre-check nor its lock: one plain read decides",
         [Edit("sql:_guard",
               """    IF why IS NOT NULL THEN
+        kept := pg_catalog.set_config(pgfence._known_slot(p_lease), '', false);
         RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key,
                                p_may_wait => true);
     END IF;
@@ -150,6 +151,54 @@ MUTATIONS: list[Mutation] = [
         [Edit("sql:_guard", GUARD_FAST_PATH,
               """    IF pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) IS NOT TRUE THEN""")],
         [cargo_test("takeover", "a_takeover_under_a_write_storm_lets_no_write_in_and_ends_within_its_bound")],
+    ),
+    Mutation(
+        "fast-path-without-lock",
+        "the guard's fast path reads the lease without taking its guard lock (it only reads the remembered key)",
+        [Edit("sql:_admit", "\n       OR NOT pgfence._try_guard_lock(k) THEN", " THEN")],
+        [cargo_test("race"), ISOLATION],
+    ),
+    Mutation(
+        "fast-path-lock-without-intent-probe",
+        "the fast path's guard lock is taken without probing the intent lock: a write arriving while a takeover "
+        "ends the holders gets in, is answered ok, and is ended",
+        [Edit("sql:_try_guard_lock", """    SELECT (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(1885824613, -p_lock_key)
+                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(1885824613, -p_lock_key)
+                           THEN pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, p_lock_key) END
+                 ELSE false END) IS TRUE""",
+              "    SELECT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, p_lock_key)")],
+        [cargo_test("takeover", "a_takeover_under_a_write_storm_lets_no_write_in_and_ends_within_its_bound")],
+    ),
+    Mutation(
+        "fast-path-trusts-the-remembered-key",
+        "the fast path does not check that the lock it took is the lease's own (a remembered key is trusted)",
+        [Edit("sql:_admits", "SELECT l.lock_key = p_lock_key AND l.epoch", "SELECT l.epoch")],
+        [cargo_test("guard", "a_forged_memory_skips_neither_the_guard_lock_nor_the_grant")],
+    ),
+    Mutation(
+        "fast-path-ignores-grant",
+        "the fast path admits a role without a grant on the cluster that presents a remembered key, epoch and secret",
+        [Edit("sql:_admits", """           AND (pg_catalog.pg_has_role(session_user, current_user, 'MEMBER')""",
+              """           AND (true""")],
+        [cargo_test("guard", "a_forged_memory_skips_neither_the_guard_lock_nor_the_grant")],
+    ),
+    Mutation(
+        "fast-path-ignores-secret",
+        "the fast path admits a remembered tenure whatever secret is presented",
+        [Edit("sql:_admits", " AND pgfence._secret_matches(s.hash, p_secret)", "")],
+        [cargo_test("guard", "the_fast_path_admits_nothing_the_full_guard_refuses")],
+    ),
+    Mutation(
+        "fast-path-ignores-expiry-and-timeline",
+        "the fast path admits a remembered tenure that expired, or was granted before the last promotion",
+        [Edit("sql:_admits", " AND l.expires_at > p_now\n           AND l.timeline >= p_timeline", "\n          ")],
+        [cargo_test("guard", "the_fast_path_admits_nothing_the_full_guard_refuses")],
+    ),
+    Mutation(
+        "fast-path-any-isolation",
+        "the fast path decides under REPEATABLE READ from a snapshot that may predate a takeover",
+        [Edit("sql:_admit", " OR current_setting('transaction_isolation') <> 'read committed'", "")],
+        [cargo_test("guard", "the_fast_path_admits_nothing_the_full_guard_refuses")],
     ),
     Mutation(
         "takeover-without-grace",
@@ -391,10 +440,10 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "guard-without-write-marks",
         "pgfence.fence admits writes without marking them, so a tenure's last accepted write is lost to the review",
-        [Edit("sql:fence",
-              """        INSERT INTO pgfence.write_marks AS m (lease, epoch, backend, last_at)
-        VALUES (p_lease, p_epoch, pg_catalog.pg_backend_pid(), clock_timestamp())
-        ON CONFLICT (lease, epoch, backend) DO UPDATE SET last_at = greatest(m.last_at, EXCLUDED.last_at);
+        [Edit("sql:_mark",
+              """    INSERT INTO pgfence.write_marks AS m (lease, epoch, backend, last_at)
+    VALUES (p_lease, p_epoch, pg_catalog.pg_backend_pid(), clock_timestamp())
+    ON CONFLICT (lease, epoch, backend) DO UPDATE SET last_at = greatest(m.last_at, EXCLUDED.last_at);
 """, "")],
         [cargo_test("overlap", "every_guarded_write_kind_records_its_last_accepted_write")],
     ),

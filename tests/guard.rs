@@ -1752,6 +1752,80 @@ async fn a_forged_memory_skips_neither_the_guard_lock_nor_the_grant() {
     );
 }
 
+/// A write that arrives while a takeover holds the lease's intent lock — between the takeover's rounds, when the
+/// guard lock itself is free — must wait for the takeover to end, on the fast path (a session remembering the
+/// lock key) as on the full guard (a session remembering nothing). The intent lock is held here by a session in an
+/// open transaction, as a takeover holds it; each writer must be seen waiting for it in `pg_locks` before it is
+/// answered. Invariant 7 (no write gets in while a takeover ends the holders) and the takeover's bound: without the
+/// intent probe, a write finds the guard lock free, is admitted, and a takeover ending its holders must end it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either_path() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let (epoch, secret) = sql_acquire(&c, "c/l", 60_000).await;
+    let key: i32 = c
+        .query_one(
+            "SELECT lock_key FROM pgfence.leases WHERE name = 'c/l'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let takeover = db.client().await;
+    for fast in [true, false] {
+        let writer = db.client().await;
+        if fast {
+            remember(&c, &writer, "c/l", epoch).await;
+        }
+        let pid: i32 = writer
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        takeover.batch_execute("BEGIN").await.unwrap();
+        takeover
+            .execute(
+                "SELECT pg_advisory_xact_lock(1885824613, -$1::int)",
+                &[&key],
+            )
+            .await
+            .unwrap();
+        let secret = secret.clone();
+        let write = tokio::spawn(async move { sql_fence(&writer, "c/l", epoch, &secret).await });
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let waiting: bool = c
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = $1 \
+                       AND classid = 1885824613 AND objid = (-$2::int)::oid AND objsubid = 2 AND NOT granted)",
+                    &[&pid, &key],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if waiting {
+                break;
+            }
+            assert!(
+                !write.is_finished(),
+                "fast path {fast}: a write was answered {:?} while a takeover held the intent lock",
+                write.await.unwrap()
+            );
+            assert!(
+                std::time::Instant::now() < deadline,
+                "fast path {fast}: the write neither waited nor ended"
+            );
+            tokio::task::yield_now().await;
+        }
+        takeover.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(
+            write.await.unwrap(),
+            ("ok".into(), None),
+            "fast path {fast}"
+        );
+    }
+}
+
 const FENCE_SQL: &str = "SELECT outcome, reason FROM pgfence.fence($1, $2, $3, 'op', NULL, NULL)";
 const FAST_MEMORY: &str = "SELECT current_setting('pgfence.known_' || (hashtext($1) & 15), true)";
 

@@ -316,7 +316,7 @@ struct StormTally {
 /// holders, queued again). Checked, from outside: no write of an ended tenure was accepted after its takeover began
 /// (by the database clock: each accepted task's created_at against the first moment the takeover was seen holding
 /// its intent lock in pg_locks, with a margin of half the grace for a write already past its check), no storm writer's session was ended (so none was answered ok and
-/// then ended), no takeover failed, and the slowest took at most grace + 1 s. Invariant 7. Fails on a fast path
+/// then ended), no takeover failed, and the slowest took at most grace + 1 s. Invariant 7. Can fail on a fast path
 /// without the intent probe (gate mutation fast-path-without-intent-probe) and on the previous protocol
 /// (grace-lets-writes-in).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

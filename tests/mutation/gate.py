@@ -150,7 +150,7 @@ MUTATIONS: list[Mutation] = [
         "takeover ends the holders gets in, is answered ok, and is ended",
         [Edit("sql:_guard", GUARD_FAST_PATH,
               """    IF pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) IS NOT TRUE THEN""")],
-        [cargo_test("takeover", "a_takeover_under_a_write_storm_lets_no_write_in_and_ends_within_its_bound")],
+        [cargo_test("guard", "a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either_path")],
     ),
     Mutation(
         "admit-without-lock",
@@ -167,7 +167,7 @@ MUTATIONS: list[Mutation] = [
                            THEN pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, p_lock_key) END
                  ELSE false END) IS TRUE""",
               "    SELECT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, p_lock_key)")],
-        [cargo_test("takeover", "a_takeover_under_a_write_storm_lets_no_write_in_and_ends_within_its_bound")],
+        [cargo_test("guard", "a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either_path")],
     ),
     Mutation(
         "admit-trusts-the-remembered-key",

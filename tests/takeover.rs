@@ -316,9 +316,10 @@ struct StormTally {
 /// holders, queued again). Checked, from outside: no write of an ended tenure was accepted after its takeover began
 /// (by the database clock: each accepted task's created_at against the first moment the takeover was seen holding
 /// its intent lock in pg_locks, with a margin of half the grace for a write already past its check), no storm writer's session was ended (so none was answered ok and
-/// then ended), no takeover failed, and the slowest took at most grace + 1 s. Invariant 7. Can fail on a fast path
-/// without the intent probe (gate mutation fast-path-without-intent-probe) and on the previous protocol
-/// (grace-lets-writes-in).
+/// then ended), no takeover failed, and the slowest took at most grace + 1 s. Invariant 7. Fails on the previous protocol
+/// (grace-lets-writes-in). A guard without its intent probe makes it fail only by chance (the window is the
+/// instant between a takeover's rounds); guard::a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_
+/// either_path catches that every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_takeover_under_a_write_storm_lets_no_write_in_and_ends_within_its_bound() {
     use std::sync::atomic::{AtomicBool, Ordering};

@@ -13,6 +13,7 @@
 mod pgbench;
 mod plot;
 mod report;
+mod takeover;
 mod workload;
 
 use std::collections::{BTreeMap, HashMap};
@@ -72,6 +73,11 @@ pub(super) struct BenchArgs {
     #[arg(long, default_value_t = 1000)]
     renewal_leases: u32,
 
+    /// Takeovers per guard under six busy writers (0 skips them): their latency and whether a write of the
+    /// ended tenure still lands (for fenced, guarded-update and the peer-* workloads that are selected).
+    #[arg(long, default_value_t = 100)]
+    takeovers: u32,
+
     /// Write every figure and the environment as JSON to this file.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
@@ -123,6 +129,8 @@ struct Plan {
     leases: Vec<Workload>,
     /// Leases held by one process for the renewal measurement (0: skipped).
     renewal_leases: u32,
+    /// Takeovers per guard (0: skipped).
+    takeovers: u32,
 }
 
 impl Plan {
@@ -190,6 +198,7 @@ impl Plan {
             writes,
             leases,
             renewal_leases: args.renewal_leases,
+            takeovers: args.takeovers,
         })
     }
 
@@ -445,6 +454,7 @@ struct Document {
     measurements: Vec<Measurement>,
     renewal: Option<RenewalCost>,
     server_time: Vec<ServerCost>,
+    takeovers: Vec<takeover::TakeoverCost>,
     targets: Vec<Target>,
 }
 
@@ -640,7 +650,7 @@ async fn setup_writes(
         .await;
     admin
         .batch_execute(&workload::schema_sql(i64::from(
-            plan.max_concurrency() * plan.max_batch(),
+            (plan.max_concurrency() * plan.max_batch()).max(takeover::ZOMBIE_ROW as u32 + 1),
         )))
         .await
         .map_err(|e| db_error("creating the benchmark schema", e))?;
@@ -1160,6 +1170,7 @@ async fn measure(
     let mut collector = Collector::default();
     let mut pgbench_version = None;
     let mut server_time = Vec::new();
+    let mut takeovers = Vec::new();
     if !plan.writes.is_empty() {
         progress.phase("creating the write database");
         let setup = setup_writes(server, plan, global).await?;
@@ -1186,6 +1197,17 @@ async fn measure(
         .await?;
         progress.phase("server time per statement");
         server_time = self::server_time(&setup).await?;
+        if plan.takeovers > 0 {
+            progress.phase(&format!(
+                "{} takeovers per guard under {} busy writers",
+                plan.takeovers,
+                takeover::WRITERS
+            ));
+            let admin = connect_admin(&setup.url).await?;
+            takeovers =
+                takeover::measure(&setup.store, &admin, server, &plan.writes, plan.takeovers)
+                    .await?;
+        }
     }
     let mut renewal = None;
     if !plan.leases.is_empty() || plan.renewal_leases > 0 {
@@ -1207,6 +1229,7 @@ async fn measure(
         measurements: collector.measurements(),
         renewal,
         server_time,
+        takeovers,
         pgbench_version,
     })
 }
@@ -1215,6 +1238,7 @@ struct Outcome {
     measurements: Vec<Measurement>,
     renewal: Option<RenewalCost>,
     server_time: Vec<ServerCost>,
+    takeovers: Vec<takeover::TakeoverCost>,
     pgbench_version: Option<String>,
 }
 
@@ -1274,6 +1298,7 @@ pub(super) async fn run(global: &Global, args: BenchArgs) -> CliResult {
         measurements,
         renewal,
         server_time,
+        takeovers,
         pgbench_version,
     } = match outcome {
         Ok(outcome) => outcome,
@@ -1317,12 +1342,14 @@ pub(super) async fn run(global: &Global, args: BenchArgs) -> CliResult {
     );
     println!("reproduce: {}", env.command);
     report::print_tables(&measurements, renewal.as_ref(), &server_time, &targets);
+    takeover::print(&takeovers);
 
     let document = Document {
         environment: env,
         measurements,
         renewal,
         server_time,
+        takeovers,
         targets,
     };
     if let Some(path) = &args.json {

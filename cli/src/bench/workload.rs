@@ -8,6 +8,10 @@
 //! * **task** (`append`, `append-unguarded`, `claim-transition`, `append-own-lease`, `raw-append`,
 //!   `pgbench-append`): the writer's own task row and one appended event;
 //! * **lease** (`acquire`, `renew`): one lease row in a table of `lease_rows` leases.
+//!
+//! The **peers** (`peer-*`) are the guards a user would otherwise pick, on the same rows through the same pool:
+//! a share lock on the lease row held to the commit (`peer-for-share`, as a transaction; `peer-for-share-update`,
+//! in one statement) and the row's own fence column (`peer-row-fence`). See [`Workload::peer`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,6 +58,9 @@ pub(super) enum Workload {
     RawGuardedUpdate,
     GuardedUpdate,
     RawAdvisoryUpdate,
+    PeerForShare,
+    PeerForShareUpdate,
+    PeerRowFence,
     PgbenchFenced,
     Append,
     AppendUnguarded,
@@ -66,7 +73,7 @@ pub(super) enum Workload {
 }
 
 /// The write workloads, in the order each round runs them.
-pub(super) const WRITES: [Workload; 16] = [
+pub(super) const WRITES: [Workload; 19] = [
     Workload::Update,
     Workload::UpdatePing,
     Workload::Tx,
@@ -76,6 +83,9 @@ pub(super) const WRITES: [Workload; 16] = [
     Workload::RawGuardedUpdate,
     Workload::GuardedUpdate,
     Workload::RawAdvisoryUpdate,
+    Workload::PeerForShare,
+    Workload::PeerForShareUpdate,
+    Workload::PeerRowFence,
     Workload::PgbenchFenced,
     Workload::Append,
     Workload::AppendUnguarded,
@@ -104,6 +114,9 @@ impl Workload {
             Workload::RawGuardedUpdate => "raw-guarded-update",
             Workload::GuardedUpdate => "guarded-update",
             Workload::RawAdvisoryUpdate => "raw-advisory-update",
+            Workload::PeerForShare => "peer-for-share",
+            Workload::PeerForShareUpdate => "peer-for-share-update",
+            Workload::PeerRowFence => "peer-row-fence",
             Workload::PgbenchFenced => "pgbench-fenced",
             Workload::Append => "append",
             Workload::AppendUnguarded => "append-unguarded",
@@ -151,6 +164,19 @@ impl Workload {
                 "as raw-guarded-update with the floor of a plpgsql guard: advisory lock and fresh epoch read only \
                  (no grant, secret, timeline or audit; a yardstick, not safe)"
             }
+            Workload::PeerForShare => {
+                "peer: BEGIN and SELECT epoch FROM pgfence.leases WHERE name = $1 FOR SHARE pipelined; the same \
+                 UPDATE if the epoch is the writer's; COMMIT (3 round trips, as fenced). A share lock on the lease \
+                 row to the commit: no secret, grant, audit or takeover bound; a MultiXact when writers overlap"
+            }
+            Workload::PeerForShareUpdate => {
+                "peer: the same share lock and the same UPDATE in one statement (a CTE), one round trip, as \
+                 guarded-update"
+            }
+            Workload::PeerRowFence => {
+                "peer: only the rows' own fence, UPDATE .. SET fence = $epoch WHERE .. AND fence <= $epoch (one \
+                 statement): a stale writer is refused only on rows a newer epoch already wrote"
+            }
             Workload::PgbenchFenced => "pgbench -M prepared, the SQL of raw-fenced",
             Workload::Append => "Store::append_event on the hot lease: guard + task row fence + event, one statement",
             Workload::AppendUnguarded => "the same task UPDATE and event INSERT in one prepared call, without the guard",
@@ -188,7 +214,19 @@ impl Workload {
                 | Workload::RawGuardedUpdate
                 | Workload::GuardedUpdate
                 | Workload::RawAdvisoryUpdate
+                | Workload::PeerForShare
+                | Workload::PeerForShareUpdate
+                | Workload::PeerRowFence
                 | Workload::PgbenchFenced
+        )
+    }
+
+    /// Whether the workload is a peer: a guard a user would otherwise pick, measured beside pgfence's (it
+    /// presents an epoch, but none of pgfence's guarantees are claimed for it).
+    pub(super) fn peer(self) -> bool {
+        matches!(
+            self,
+            Workload::PeerForShare | Workload::PeerForShareUpdate | Workload::PeerRowFence
         )
     }
 
@@ -205,11 +243,23 @@ impl Workload {
     /// query per check-out costs.)
     pub(super) fn unguarded(self) -> Option<Workload> {
         match self {
-            Workload::GuardedUpdate | Workload::UpdatePing => Some(Workload::Update),
-            Workload::Fenced => Some(Workload::Tx),
+            Workload::GuardedUpdate
+            | Workload::UpdatePing
+            | Workload::PeerForShareUpdate
+            | Workload::PeerRowFence => Some(Workload::Update),
+            Workload::Fenced | Workload::PeerForShare => Some(Workload::Tx),
             Workload::Append | Workload::ClaimTransition | Workload::AppendOwnLease => {
                 Some(Workload::AppendUnguarded)
             }
+            _ => None,
+        }
+    }
+
+    /// The peer of the same shape (round trips, transaction) that pgfence's guarded workload is compared with.
+    pub(super) fn peer_of_same_shape(self) -> Option<Workload> {
+        match self {
+            Workload::Fenced => Some(Workload::PeerForShare),
+            Workload::GuardedUpdate => Some(Workload::PeerForShareUpdate),
             _ => None,
         }
     }
@@ -265,7 +315,9 @@ pub(super) fn claim_key(writer: usize) -> String {
 pub(super) fn schema_sql(rows: i64) -> String {
     format!(
         "CREATE SCHEMA pgfence_bench;
-CREATE TABLE pgfence_bench.rows (id bigint PRIMARY KEY, v bigint NOT NULL DEFAULT 0);
+-- fence: the highest epoch that wrote the row (peer-row-fence only; the other workloads leave it alone).
+CREATE TABLE pgfence_bench.rows (id bigint PRIMARY KEY, v bigint NOT NULL DEFAULT 0,
+                                 fence bigint NOT NULL DEFAULT 0);
 INSERT INTO pgfence_bench.rows (id) SELECT generate_series(0, {last});
 CREATE TYPE pgfence_bench.write_result AS (
     outcome text, reason text, current_epoch bigint, current_holder text, task_id bigint, task_key text,
@@ -333,6 +385,16 @@ pub(super) mod sql {
               u AS (UPDATE pgfence_bench.rows SET v = v + 1 \
                      WHERE id >= $1 AND id < $2 AND (SELECT outcome FROM g) = 'ok' RETURNING 1) \
          SELECT (SELECT outcome FROM g) AS outcome, (SELECT count(*) FROM u) AS written";
+    /// `peer-for-share`'s check, inside its transaction.
+    pub(in super::super) const FOR_SHARE: &str =
+        "SELECT epoch FROM pgfence.leases WHERE name = $1 FOR SHARE";
+    /// `peer-for-share-update`: the share lock and the UPDATE in one statement.
+    pub(in super::super) const FOR_SHARE_UPDATE: &str =
+        "WITH l AS (SELECT 1 FROM pgfence.leases WHERE name = $3 AND epoch = $4 FOR SHARE) \
+         UPDATE pgfence_bench.rows SET v = v + 1 WHERE id >= $1 AND id < $2 AND EXISTS (SELECT FROM l)";
+    /// `peer-row-fence`: the rows' own fence.
+    pub(in super::super) const ROW_FENCE_UPDATE: &str =
+        "UPDATE pgfence_bench.rows SET v = v + 1, fence = $3 WHERE id >= $1 AND id < $2 AND fence <= $3";
     pub(in super::super) const APPEND_UNGUARDED: &str =
         "SELECT * FROM pgfence_bench.append_event_unguarded($1, $2, $3, $4, $5)";
     pub(in super::super) const APPEND: &str =
@@ -344,6 +406,22 @@ pub(super) mod sql {
 struct Verdict {
     #[diesel(sql_type = Text)]
     outcome: String,
+}
+
+/// A write's answer: accepted, refused by pgfence's guard (stale or denied), or a failure.
+fn refused_or(result: Result<bool, pgfence::Error>) -> Result<bool, Failure> {
+    match result {
+        Ok(accepted) => Ok(accepted),
+        Err(pgfence::Error::Stale { .. } | pgfence::Error::Denied { .. }) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The epoch `peer-for-share` reads under its share lock.
+#[derive(diesel::QueryableByName)]
+struct EpochRow {
+    #[diesel(sql_type = BigInt)]
+    epoch: i64,
 }
 
 /// The statements [`RawClient::probe`] runs: a label and how `pg_stat_statements` shows the statement's start.
@@ -501,6 +579,11 @@ impl Writer {
         }
     }
 
+    /// The fence the next write presents (the takeover measurement hands each tenure to its writers).
+    pub(super) fn set_fence(&mut self, fence: Fence) {
+        self.fence = fence;
+    }
+
     pub(super) fn set_claimed(&mut self, claimed: bool) {
         self.claimed = claimed;
     }
@@ -526,6 +609,101 @@ impl Writer {
                 self.fence.epoch()
             ),
         ))
+    }
+
+    /// One write of the guard workloads (pgfence's `fenced` and `guarded-update`, and the peers): whether the
+    /// guard accepted it. A refusal is an answer here, not a failure (the takeover measurement counts them).
+    pub(super) async fn attempt(&mut self) -> Result<bool, Failure> {
+        use diesel_async::RunQueryDsl;
+        let lo = self.index as i64 * self.batch;
+        let hi = lo + self.batch;
+        let batch = self.batch;
+        let update = move || {
+            pgfence::Cached::new(
+                diesel::sql_query(sql::UPDATE)
+                    .bind::<BigInt, _>(lo)
+                    .bind::<BigInt, _>(hi),
+            )
+        };
+        let lease = self.fence.lease().to_owned();
+        let epoch = self.fence.epoch().get();
+        match self.workload {
+            Workload::Fenced => {
+                let written = self
+                    .store
+                    .fenced(&self.fence, OPERATION, async move |conn| {
+                        update().execute(conn).await?;
+                        Ok::<_, pgfence::Error>(())
+                    })
+                    .await;
+                refused_or(written.map(|()| true))
+            }
+            Workload::GuardedUpdate => {
+                let written = self
+                    .store
+                    .guarded_write(
+                        &self.fence,
+                        OPERATION,
+                        diesel::sql_query(sql::GATED_UPDATE)
+                            .bind::<BigInt, _>(lo)
+                            .bind::<BigInt, _>(hi),
+                    )
+                    .await;
+                refused_or(written.map(|n| n as i64 == batch))
+            }
+            Workload::PeerForShare => {
+                use diesel_async::SimpleAsyncConnection;
+                let conn = self.store.conn().await?;
+                let c: &diesel_async::AsyncPgConnection = &conn;
+                let (mut begin_conn, mut check_conn) = (c, c);
+                // BEGIN and the check pipelined, as Store::fenced does with its guard.
+                let (begun, current) = tokio::join!(
+                    begin_conn.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"),
+                    pgfence::Cached::new(diesel::sql_query(sql::FOR_SHARE).bind::<Text, _>(lease))
+                        .get_result::<EpochRow>(&mut check_conn)
+                );
+                begun.map_err(pgfence::Error::from)?;
+                let current = current.map_err(pgfence::Error::from)?.epoch;
+                let mut conn_ref = c;
+                if current == epoch {
+                    update()
+                        .execute(&mut conn_ref)
+                        .await
+                        .map_err(pgfence::Error::from)?;
+                }
+                conn_ref
+                    .batch_execute("COMMIT")
+                    .await
+                    .map_err(pgfence::Error::from)?;
+                Ok(current == epoch)
+            }
+            Workload::PeerForShareUpdate | Workload::PeerRowFence => {
+                let mut conn = self.store.conn().await?;
+                let written = if self.workload == Workload::PeerForShareUpdate {
+                    pgfence::Cached::new(
+                        diesel::sql_query(sql::FOR_SHARE_UPDATE)
+                            .bind::<BigInt, _>(lo)
+                            .bind::<BigInt, _>(hi)
+                            .bind::<Text, _>(lease)
+                            .bind::<BigInt, _>(epoch),
+                    )
+                    .execute(&mut *conn)
+                    .await
+                } else {
+                    pgfence::Cached::new(
+                        diesel::sql_query(sql::ROW_FENCE_UPDATE)
+                            .bind::<BigInt, _>(lo)
+                            .bind::<BigInt, _>(hi)
+                            .bind::<BigInt, _>(epoch),
+                    )
+                    .execute(&mut *conn)
+                    .await
+                }
+                .map_err(pgfence::Error::from)?;
+                Ok(written as i64 == batch)
+            }
+            other => unreachable!("{} is not a guard workload", other.name()),
+        }
     }
 
     /// One round trip's worth of work (one transaction; for `claim-transition` one of its two writes).
@@ -563,13 +741,13 @@ impl Writer {
                     .await
                     .map_err(pgfence::Error::from)?;
             }
-            Workload::Fenced => {
-                self.store
-                    .fenced(&self.fence, OPERATION, async move |conn| {
-                        update().execute(conn).await?;
-                        Ok::<_, pgfence::Error>(())
-                    })
-                    .await?;
+            Workload::Fenced
+            | Workload::GuardedUpdate
+            | Workload::PeerForShare
+            | Workload::PeerForShareUpdate
+            | Workload::PeerRowFence => {
+                let accepted = self.attempt().await?;
+                self.stale(if accepted { "ok" } else { "refused" })?;
             }
             Workload::RawFenced | Workload::RawPipelined => {
                 let raw = self.raw();
@@ -627,19 +805,6 @@ impl Writer {
                     .map_err(|e| db_error("advisory guarded UPDATE", e))?;
                 let outcome: String = row.try_get(0).map_err(|e| db_error("guard", e))?;
                 self.stale(&outcome)?;
-            }
-            Workload::GuardedUpdate => {
-                let written = self
-                    .store
-                    .guarded_write(
-                        &self.fence,
-                        OPERATION,
-                        diesel::sql_query(sql::GATED_UPDATE)
-                            .bind::<BigInt, _>(lo)
-                            .bind::<BigInt, _>(hi),
-                    )
-                    .await?;
-                debug_assert_eq!(written as i64, self.batch);
             }
             Workload::Append | Workload::AppendOwnLease => {
                 self.store

@@ -6,7 +6,9 @@
 # apply — and runs pgbench -M prepared on each in turn, round after round (interleaved, so both see the same
 # noise): the guard alone, the one-statement guarded UPDATE that Store::guarded_write sends, the same UPDATE
 # unguarded, the same UPDATE behind the floor of a plpgsql guard (floor-update: the lock and a fresh read only),
-# pgfence.append_event and the same writes without the guard. WORKLOADS="update guarded-update" picks some. Prints, per statement and database, the
+# pgfence.append_event and the same writes without the guard; and, when the pgfence_native extension is installed
+# on the server (native/), the guarded UPDATE and the guard alone through pgfence_native.fence (native-update,
+# native-fence). WORKLOADS="update guarded-update" picks some. Prints, per statement and database, the
 # median over rounds of the mean server time per call (pg_stat_statements, top-level statements) and of tx/s, and
 # the after ÷ before ratios.
 #
@@ -27,6 +29,7 @@ dir=$(mktemp -d /tmp/pgfence-guard-time.XXXXXX)
 chmod 755 "$dir"
 if [ "$(id -u)" = 0 ]; then chown postgres "$dir"; fi
 port=$((50000 + RANDOM % 10000))
+native=
 as_postgres "$bin/initdb" -D "$dir/data" -E UTF8 --locale=C.UTF-8 -A trust -U postgres >/dev/null
 as_postgres "$bin/pg_ctl" -D "$dir/data" -l "$dir/log" -w -o "-p $port -k $dir -c listen_addresses='' \
     -c fsync=off -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=top" start >/dev/null
@@ -86,6 +89,10 @@ CREATE TABLE b.creds AS SELECT secret, epoch FROM pgfence.acquire('c/l', 'h', 36
 SELECT pgfence.create_task('c/l', (SELECT epoch FROM b.creds), (SELECT secret FROM b.creds), 'k1', '{}');
 SELECT pgfence.create_task('c/l', (SELECT epoch FROM b.creds), (SELECT secret FROM b.creds), 'k2', '{}');
 SQL
+    if [ -f "$("$bin/pg_config" --sharedir)/extension/pgfence_native.control" ]; then
+        "${psql[@]}" -d "$db" -c "CREATE EXTENSION pgfence_native" >/dev/null
+        native=yes
+    fi
 done
 
 cat >"$dir/update.sql" <<'SQL'
@@ -102,12 +109,14 @@ cat >"$dir/floor-update.sql" <<'SQL'
 WITH g AS (SELECT b.fence_floor('c/l', :epoch) AS outcome), u AS (UPDATE b.t SET v = v + 1 WHERE id = :id AND (SELECT outcome FROM g) = 'ok' RETURNING 1) SELECT (SELECT outcome FROM g) AS outcome, (SELECT count(*) FROM u) AS written;
 SQL
 echo "SELECT * FROM pgfence.fence('c/l', :epoch, :secret, 'bench', NULL, NULL);" >"$dir/fence.sql"
+sed 's/pgfence\.fence(/pgfence_native.fence(/' "$dir/guarded-update.sql" >"$dir/native-update.sql"
+sed 's/pgfence\.fence(/pgfence_native.fence(/' "$dir/fence.sql" >"$dir/native-fence.sql"
 echo "SELECT * FROM pgfence.append_event('c/l', :epoch, :secret, 'k1', 'note', '{}');" >"$dir/append.sql"
 echo "SELECT * FROM b.append_event_unguarded('c/l', :epoch, 'k2', 'note', '{}');" >"$dir/append-unguarded.sql"
 
 echo "guard server time: migrations/*/up.sql as of $rev (before) against the working tree (after); $rounds rounds of ${secs} s" >&2
 for r in $(seq 1 "$rounds"); do
-    for w in ${WORKLOADS:-update floor-update guarded-update fence append append-unguarded}; do
+    for w in ${WORKLOADS:-update floor-update guarded-update fence append append-unguarded ${native:+native-update native-fence}}; do
         for db in before after; do
             read -r epoch secret < <("${psql[@]}" -d "$db" -At -F ' ' -c "SELECT epoch, secret FROM b.creds")
             "${psql[@]}" -d "$db" -c "SELECT pg_stat_statements_reset()" >/dev/null

@@ -422,7 +422,7 @@ pub(crate) fn ends_the_session(err: &diesel::result::Error) -> bool {
 }
 
 /// The SQLSTATE of a database error: read off the wire (any server language), else from diesel's coarse kind.
-fn diesel_sqlstate(err: &diesel::result::Error) -> Option<String> {
+pub(crate) fn diesel_sqlstate(err: &diesel::result::Error) -> Option<String> {
     let diesel::result::Error::DatabaseError(kind, info) = err else {
         return None;
     };

@@ -161,15 +161,26 @@ struct GuardedWrite<Q> {
     epoch: i64,
     secret: String,
     operation: String,
+    /// `pgfence_native.fence` instead of `pgfence.fence` (see [`Store::native_guard`]).
+    native: bool,
 }
 
 /// The text of a one-statement guarded write before the caller's statement, between it and the fence's four
 /// parameters (lease, epoch, secret, operation, separated by commas), and after them.
 const GUARDED_HEAD: &str = "WITH RECURSIVE pgfence_write AS (";
 // (A line break first: the caller's statement may end in a `--` comment.)
-const GUARDED_MID: &str =
-    "\n RETURNING 1), pgfence_guard AS MATERIALIZED (SELECT g.outcome = 'ok' AS passed, \
-     g.outcome, g.reason, g.current_epoch, g.current_holder FROM pgfence.fence(";
+macro_rules! guarded_mid {
+    ($function:literal) => {
+        concat!(
+            "\n RETURNING 1), pgfence_guard AS MATERIALIZED (SELECT g.outcome = 'ok' AS passed, \
+             g.outcome, g.reason, g.current_epoch, g.current_holder FROM ",
+            $function,
+            "("
+        )
+    };
+}
+const GUARDED_MID: &str = guarded_mid!("pgfence.fence");
+const GUARDED_MID_NATIVE: &str = guarded_mid!("pgfence_native.fence");
 const GUARDED_TAIL: &str =
     ", NULL, NULL) g) SELECT g.outcome, g.reason, g.current_epoch, g.current_holder, \
      CASE WHEN g.passed OR w.n = 0 THEN w.n ELSE pgfence.ungated_write(g.outcome, w.n) END AS n \
@@ -190,9 +201,27 @@ const GUARDED_TAIL: &str =
 /// assert!(sql.contains("pgfence.fence($3, $4, $5, $6, NULL, NULL)"));
 /// ```
 pub fn guarded_write_sql(statement: &str, binds: usize) -> String {
+    guarded_write_sql_for(statement, binds, GUARDED_MID)
+}
+
+/// [`guarded_write_sql`] with the guard of the `pgfence_native` extension, `pgfence_native.fence` (see
+/// [`Store::native_guard`]): the same statement, the same parameters and reply, for a database that has it.
+///
+/// ```
+/// let sql = pgfence::native_guarded_write_sql(
+///     "UPDATE shards SET owner = $1 WHERE id = $2 AND (SELECT passed FROM pgfence_guard)",
+///     2,
+/// );
+/// assert!(sql.contains("pgfence_native.fence($3, $4, $5, $6, NULL, NULL)"));
+/// ```
+pub fn native_guarded_write_sql(statement: &str, binds: usize) -> String {
+    guarded_write_sql_for(statement, binds, GUARDED_MID_NATIVE)
+}
+
+fn guarded_write_sql_for(statement: &str, binds: usize, mid: &str) -> String {
     let first = binds + 1;
     format!(
-        "{GUARDED_HEAD}{statement}{GUARDED_MID}${}, ${}, ${}, ${}{GUARDED_TAIL}",
+        "{GUARDED_HEAD}{statement}{mid}${}, ${}, ${}, ${}{GUARDED_TAIL}",
         first,
         first + 1,
         first + 2,
@@ -204,7 +233,11 @@ impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for GuardedWrite<Q> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> diesel::QueryResult<()> {
         out.push_sql(GUARDED_HEAD);
         self.write.walk_ast(out.reborrow())?;
-        out.push_sql(GUARDED_MID);
+        out.push_sql(if self.native {
+            GUARDED_MID_NATIVE
+        } else {
+            GUARDED_MID
+        });
         out.push_bind_param::<Text, _>(&self.lease)?;
         out.push_sql(", ");
         out.push_bind_param::<BigInt, _>(&self.epoch)?;
@@ -285,6 +318,7 @@ async fn begin_and_guard(
     conn: &AsyncPgConnection,
     fence: &Fence,
     operation: &str,
+    native: bool,
 ) -> (diesel::QueryResult<()>, diesel::QueryResult<WriteResultRow>) {
     use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
     use std::task::Poll;
@@ -293,21 +327,48 @@ async fn begin_and_guard(
     let mut begin =
         std::pin::pin!(begin_conn.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"));
     let first = std::future::poll_fn(|cx| Poll::Ready(begin.as_mut().poll(cx))).await;
-    let guard = RowsOf(sql::fence(
+    let (lease, epoch, secret) = (
         fence.lease.clone(),
         fence.epoch.get(),
         fence.secret.expose_secret().to_owned(),
-        operation.to_owned(),
-        None::<String>,
-        None::<String>,
-    ))
-    .get_result::<WriteResultRow>(&mut guard_conn);
+    );
+    let operation = operation.to_owned();
+    let guard = if native {
+        futures_util::future::Either::Left(
+            RowsOf(sql::native_fence(
+                lease,
+                epoch,
+                secret,
+                operation,
+                None::<String>,
+                None::<String>,
+            ))
+            .get_result::<WriteResultRow>(&mut guard_conn),
+        )
+    } else {
+        futures_util::future::Either::Right(
+            RowsOf(sql::fence(
+                lease,
+                epoch,
+                secret,
+                operation,
+                None::<String>,
+                None::<String>,
+            ))
+            .get_result::<WriteResultRow>(&mut guard_conn),
+        )
+    };
     match first {
         // BEGIN already failed: the guard is not sent.
         Poll::Ready(Err(e)) => (Err(e), Err(diesel::result::Error::NotInTransaction)),
         Poll::Ready(Ok(())) => (Ok(()), guard.await),
         Poll::Pending => futures_util::future::join(begin, guard).await,
     }
+}
+
+/// Whether a statement failed because a function it names does not exist (SQLSTATE 42883).
+fn is_undefined_function(e: &diesel::result::Error) -> bool {
+    crate::error::diesel_sqlstate(e).as_deref() == Some("42883")
 }
 
 /// The guard functions, each called as `SELECT * FROM pgfence.f(…)` ([`RowsOf`]) and answered by one
@@ -327,6 +388,13 @@ pub(crate) mod sql {
         #[sql_name = "pgfence.fence"]
         fn fence(lease: Text, epoch: BigInt, secret: Text, operation: Text, target_table: Nullable<Text>,
                  target_key: Nullable<Text>) -> WriteResult;
+    }
+
+    diesel::define_sql_function! {
+        /// The same guard from the `pgfence_native` extension (native/).
+        #[sql_name = "pgfence_native.fence"]
+        fn native_fence(lease: Text, epoch: BigInt, secret: Text, operation: Text, target_table: Nullable<Text>,
+                        target_key: Nullable<Text>) -> WriteResult;
     }
 }
 
@@ -649,11 +717,15 @@ impl Store {
         use diesel_async::{AnsiTransactionManager, TransactionManager};
         type Tm = AnsiTransactionManager;
         check_operation(operation).map_err(E::from)?;
+        let native = self.native_guard().await.map_err(E::from)?;
         let mut conn = self.checked().await.map_err(E::from)?;
         // BEGIN and the guard in one round trip. READ COMMITTED whatever the session default: the guard waits
         // for a takeover in flight and then reads the new epoch in a fresh snapshot, so a stale fence is refused
         // *and audited*.
-        let (begun, check) = begin_and_guard(&conn, fence, operation).await;
+        let (begun, check) = begin_and_guard(&conn, fence, operation, native).await;
+        if native && check.as_ref().is_err_and(is_undefined_function) {
+            self.forget_native_guard();
+        }
         if let Err(e) = begun {
             // Nothing ran inside a transaction; a guard that ran anyway (autocommit) wrote at most its audit row.
             return Err(E::from(Error::from(e)));
@@ -802,14 +874,22 @@ impl Store {
                 format!("the statement must test the guard's verdict: {FENCE_PASSED} in its WHERE clause"),
             ));
         }
+        let native = self.native_guard().await?;
         let statement = || GuardedWrite {
             write: write.clone(),
             lease: fence.lease.clone(),
             epoch: fence.epoch.get(),
             secret: fence.secret.expose_secret().to_owned(),
             operation: operation.to_owned(),
+            native,
         };
-        let row: GuardedWriteRow = self.call_guarded(statement).await?;
+        let row: GuardedWriteRow = match self.call_guarded(statement).await {
+            Err(e) if native && e.sqlstate() == Some("42883") => {
+                self.forget_native_guard();
+                return Err(e);
+            }
+            other => other?,
+        };
         match WriteOutcome::decode(
             "fence",
             row.outcome.as_deref(),

@@ -103,8 +103,8 @@ mod wire;
 
 pub use error::{is_retryable_sqlstate, DenyReason, Error, Result};
 pub use fence::{
-    fence_passed, guarded_write_sql, Cached, Enforcement, Fence, Rejection, RejectionFilter,
-    FENCE_PASSED, MAX_OPERATION_LEN, METRIC_STALE_WRITES,
+    fence_passed, guarded_write_sql, native_guarded_write_sql, Cached, Enforcement, Fence,
+    Rejection, RejectionFilter, FENCE_PASSED, MAX_OPERATION_LEN, METRIC_STALE_WRITES,
 };
 pub use history::{
     Belief, BeliefEnd, Interval, OffsetBounds, Overlap, ServerView, Successor, Tenure,
@@ -121,6 +121,7 @@ pub use pooler::PoolerMode;
 pub use store::{
     DatabaseIdentity, ExpectedIdentity, LayoutProblem, LayoutSeverity, Pool, PooledConnection,
     Store, StoreConfig, ADVISORY_FUNCTIONS_NEEDED, DEFAULT_MIGRATION_LOCK_WAIT, MIGRATIONS,
+    NATIVE_GUARD_VERSION,
 };
 pub use tasks::{Task, TaskEvent, TaskWrite, MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH};
 pub use tls::{redact, Connection, Connector, SslMode, TlsStream};

@@ -224,6 +224,7 @@ pub struct StoreConfig {
     tls: Option<Arc<rustls::ClientConfig>>,
     pooler: PoolerMode,
     direct_url: Option<String>,
+    native_guard: bool,
 }
 
 impl fmt::Debug for StoreConfig {
@@ -241,6 +242,7 @@ impl fmt::Debug for StoreConfig {
             .field("application_tls", &self.has_application_tls())
             .field("pooler", &self.pooler)
             .field("direct", &self.direct_url.as_deref().map(redact))
+            .field("native_guard", &self.native_guard)
             .finish()
     }
 }
@@ -255,6 +257,7 @@ impl StoreConfig {
             cluster: cluster.into(),
             pool_size: 16,
             ping_on_checkout: false,
+            native_guard: true,
             connect_timeout: Duration::from_secs(5),
             checkout_timeout: Duration::from_secs(5),
             migration_lock_wait: DEFAULT_MIGRATION_LOCK_WAIT,
@@ -335,6 +338,15 @@ impl StoreConfig {
     /// whose connection broke may have committed.
     pub fn ping_on_checkout(mut self, ping: bool) -> Self {
         self.ping_on_checkout = ping;
+        self
+    }
+
+    /// Whether guarded writes use the `pgfence_native` extension when the database has it (default `true`): its
+    /// `pgfence_native.fence` answers exactly as `pgfence.fence` and admits the common case in C, at a fraction of
+    /// the server time (docs/performance.md; the extension is in `native/`). `false` always sends the portable
+    /// `pgfence.fence`. See [`Store::native_guard`].
+    pub fn native_guard(mut self, use_it: bool) -> Self {
+        self.native_guard = use_it;
         self
     }
 
@@ -430,6 +442,34 @@ struct Inner {
     pooler: PoolerMode,
     /// Where connections outside the pool go when they must not go through the pooler.
     direct: Option<ConnectSettings>,
+    native: NativeGuard,
+}
+
+/// Whether the store's guarded writes go through `pgfence_native.fence`: allowed by the configuration, and
+/// found installed (detected once, again after `migrate` or after the function went missing).
+#[derive(Debug)]
+struct NativeGuard {
+    allowed: bool,
+    /// 0: not detected yet; 1: installed; 2: not installed.
+    state: std::sync::atomic::AtomicU8,
+}
+
+impl NativeGuard {
+    fn new(allowed: bool) -> NativeGuard {
+        NativeGuard {
+            allowed,
+            state: std::sync::atomic::AtomicU8::new(0),
+        }
+    }
+}
+
+/// The version of the `pgfence_native` extension this library knows (native/pgfence_native.control).
+pub const NATIVE_GUARD_VERSION: &str = "0.1";
+
+#[derive(QueryableByName)]
+struct NativeInstalled {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    installed: bool,
 }
 
 #[derive(Clone)]
@@ -596,6 +636,7 @@ impl Store {
                 connect: Some(settings),
                 pooler: config.pooler,
                 direct,
+                native: NativeGuard::new(config.native_guard),
             }),
         })
     }
@@ -643,6 +684,7 @@ impl Store {
                 connect: None,
                 pooler: PoolerMode::Session,
                 direct: None,
+                native: NativeGuard::new(true),
             }),
         };
         let identity = store.identity().await?;
@@ -843,7 +885,54 @@ impl Store {
             tracing::warn!(severity = ?problem.severity, problem = %problem.problem, fix = %problem.fix,
                 "the database's role layout leaves a gap (docs/security.md)");
         }
+        // The schema may be new: whether pgfence_native is there is asked again.
+        self.forget_native_guard();
         Ok(applied)
+    }
+
+    /// Whether this store's guarded writes ([`Store::fenced`], [`Store::guarded_write`]) go through the
+    /// `pgfence_native` extension's `pgfence_native.fence` (its version [`NATIVE_GUARD_VERSION`] installed in the
+    /// database, and [`StoreConfig::native_guard`] not turned off) rather than the portable `pgfence.fence`.
+    /// Both answer every call alike; the native one costs less server time. Asked once per store (one query, on
+    /// the first guarded write or here), and again after [`Store::migrate`] or when a guarded write found the
+    /// function missing (that write fails with SQLSTATE `42883`; the next one uses the portable guard).
+    ///
+    /// # Errors
+    ///
+    /// The [errors of every database call](crate#errors).
+    pub async fn native_guard(&self) -> Result<bool> {
+        use diesel_async::RunQueryDsl;
+        use std::sync::atomic::Ordering;
+        let native = &self.inner.native;
+        if !native.allowed {
+            return Ok(false);
+        }
+        match std::sync::atomic::AtomicU8::load(&native.state, Ordering::Relaxed) {
+            1 => return Ok(true),
+            2 => return Ok(false),
+            _ => {}
+        }
+        let mut conn = self.conn().await?;
+        let row: NativeInstalled = diesel::sql_query(
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension \
+                             WHERE extname = 'pgfence_native' AND extversion = $1) AS installed",
+        )
+        .bind::<diesel::sql_types::Text, _>(NATIVE_GUARD_VERSION)
+        .get_result(&mut *conn)
+        .await?;
+        native
+            .state
+            .store(if row.installed { 1 } else { 2 }, Ordering::Relaxed);
+        tracing::debug!(target: "pgfence", native = row.installed, "guard function detected");
+        Ok(row.installed)
+    }
+
+    /// Asks again, at the next guarded write, whether `pgfence_native` is installed.
+    pub(crate) fn forget_native_guard(&self) {
+        self.inner
+            .native
+            .state
+            .store(0, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// What the database's advisory-lock and role layout lacks, compared with the hardened layout of

@@ -1754,7 +1754,8 @@ async fn a_forged_memory_skips_neither_the_guard_lock_nor_the_grant() {
 
 /// A write that arrives while a takeover holds the lease's intent lock — between the takeover's rounds, when the
 /// guard lock itself is free — must wait for the takeover to end, on the fast path (a session remembering the
-/// lock key) as on the full guard (a session remembering nothing). The intent lock is held here by a session in an
+/// lock key) as on the full guard (a session remembering nothing), and through the native guard
+/// (`pgfence_native.fence`, its session remembering the tenure). The intent lock is held here by a session in an
 /// open transaction, as a takeover holds it; each writer must be seen waiting for it in `pg_locks` before it is
 /// answered. Invariant 7 (no write gets in while a takeover ends the holders) and the takeover's bound: without the
 /// intent probe, a write finds the guard lock free, is admitted, and a takeover ending its holders must end it.
@@ -1762,6 +1763,7 @@ async fn a_forged_memory_skips_neither_the_guard_lock_nor_the_grant() {
 async fn a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either_path() {
     let db = TestDb::new().await;
     let c = db.client().await;
+    c.batch_execute(common::NATIVE_SQL).await.unwrap();
     let (epoch, secret) = sql_acquire(&c, "c/l", 60_000).await;
     let key: i32 = c
         .query_one(
@@ -1772,10 +1774,26 @@ async fn a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either
         .unwrap()
         .get(0);
     let takeover = db.client().await;
-    for fast in [true, false] {
+    for path in ["fast", "full", "native"] {
         let writer = db.client().await;
-        if fast {
-            remember(&c, &writer, "c/l", epoch).await;
+        let function = if path == "native" {
+            "pgfence_native.fence"
+        } else {
+            "pgfence.fence"
+        };
+        match path {
+            "fast" => remember(&c, &writer, "c/l", epoch).await,
+            "native" => {
+                let row = writer
+                    .query_one(
+                        &format!("SELECT outcome FROM {function}($1, $2, $3, 'op', NULL, NULL)"),
+                        &[&"c/l", &epoch, &secret],
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(row.get::<_, String>(0), "ok");
+            }
+            _ => {}
         }
         let pid: i32 = writer
             .query_one("SELECT pg_backend_pid()", &[])
@@ -1791,7 +1809,14 @@ async fn a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either
             .await
             .unwrap();
         let secret = secret.clone();
-        let write = tokio::spawn(async move { sql_fence(&writer, "c/l", epoch, &secret).await });
+        let sql = format!("SELECT outcome, reason FROM {function}($1, $2, $3, 'op', NULL, NULL)");
+        let write = tokio::spawn(async move {
+            let row = writer
+                .query_one(&sql, &[&"c/l", &epoch, &secret])
+                .await
+                .unwrap();
+            (row.get::<_, String>(0), row.get::<_, Option<String>>(1))
+        });
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
             let waiting: bool = c
@@ -1808,21 +1833,17 @@ async fn a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either
             }
             assert!(
                 !write.is_finished(),
-                "fast path {fast}: a write was answered {:?} while a takeover held the intent lock",
+                "{path}: a write was answered {:?} while a takeover held the intent lock",
                 write.await.unwrap()
             );
             assert!(
                 std::time::Instant::now() < deadline,
-                "fast path {fast}: the write neither waited nor ended"
+                "{path}: the write neither waited nor ended"
             );
             tokio::task::yield_now().await;
         }
         takeover.batch_execute("ROLLBACK").await.unwrap();
-        assert_eq!(
-            write.await.unwrap(),
-            ("ok".into(), None),
-            "fast path {fast}"
-        );
+        assert_eq!(write.await.unwrap(), ("ok".into(), None), "{path}");
     }
 }
 

@@ -24,6 +24,8 @@ mod membership;
 mod migrations;
 #[path = "multihost.rs"]
 mod multihost;
+#[path = "native.rs"]
+mod native;
 #[path = "overlap.rs"]
 mod overlap;
 #[path = "privileges.rs"]

@@ -105,7 +105,18 @@ fn base() -> &'static Base {
         let (server, admin_url) = match std::env::var("DATABASE_URL") {
             Ok(url) if !url.is_empty() => (None, url),
             _ => {
-                let server = EmbeddedServer::start().expect("start a throwaway PostgreSQL server");
+                let mut options = pgfence::embedded::EmbeddedOptions::default();
+                // A build of pgfence_native other than the installed one (the mutation gate's): found first.
+                if let Some(dir) = std::env::var("PGFENCE_NATIVE_LIB_DIR")
+                    .ok()
+                    .filter(|d| !d.is_empty())
+                {
+                    options
+                        .extra_settings
+                        .push(("dynamic_library_path".into(), format!("{dir}:$libdir")));
+                }
+                let server = EmbeddedServer::start_with(options)
+                    .expect("start a throwaway PostgreSQL server");
                 let url = server.url();
                 (Some(server), url)
             }
@@ -129,6 +140,9 @@ fn base() -> &'static Base {
                     .migrate()
                     .await
                     .expect("migrate the template database");
+                if native_everywhere() {
+                    admin_exec(&url_with_database(&url, &tpl), NATIVE_SQL).await;
+                }
                 apply_mutant(&url_with_database(&url, &tpl)).await;
             });
             // Dropping the runtime closes every connection to the template, which CREATE DATABASE … TEMPLATE
@@ -143,6 +157,16 @@ fn base() -> &'static Base {
         }
     })
 }
+
+/// Whether every test database has the pgfence_native extension (`PGFENCE_TEST_NATIVE=1`): the suites then prove
+/// the native guard (stores use it when it is installed). Unset, only the tests that create it themselves use it.
+pub fn native_everywhere() -> bool {
+    std::env::var("PGFENCE_TEST_NATIVE").is_ok_and(|v| v == "1")
+}
+
+/// Creates the pgfence_native extension (native/; `make -C native install` puts it on the server) in a migrated
+/// database, if it is not there yet.
+pub const NATIVE_SQL: &str = "CREATE EXTENSION IF NOT EXISTS pgfence_native";
 
 /// The mutation hook of the proofs: when `PGFENCE_MUTANT_SQL` names a file, its SQL (typically a `CREATE OR
 /// REPLACE FUNCTION` of a deliberately weakened copy of a pgfence function) is run on a freshly migrated

@@ -62,7 +62,7 @@ class Mutation:
 # The suites that are modules of the shared test binary tests/suite.rs (see Cargo.toml's [[test]] targets).
 SUITE_MODULES = {"guard", "lease", "store", "privileges", "trust", "sqlstate", "hostile", "multihost", "embedded",
                  "tls", "takeover", "standby", "migrations", "overlap", "hardening", "layout", "regress",
-                 "membership", "spread"}
+                 "membership", "spread", "native"}
 
 
 def cargo_test(test: str, *filters: str) -> tuple[str, list[str]]:

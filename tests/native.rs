@@ -1,0 +1,489 @@
+//! The native guard (native/: the `pgfence_native` extension, `pgfence_native.fence`): it answers every call as the
+//! portable `pgfence.fence` does, admits from its private memory only what `pgfence.fence` admitted to the same
+//! backend, re-reads on every write what may change (the grant, the expiry, the timeline, the epoch), and the
+//! library uses it when it is installed and stops when it goes.
+//!
+//! Invariants checked: 3 (no stale write is admitted: the native fast path reads after the guard lock, on a
+//! snapshot taken after it), 4 (every refusal is the portable guard's, audited), 5 (a tenure's secret and the
+//! cluster grant are checked on every write), and that the native path is the fast path (it does not call the
+//! portable guard when it remembers the tenure).
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{TestDb, NATIVE_SQL};
+use pgfence::Store;
+
+type Answer = Result<(String, Option<String>), String>;
+
+/// `fence` through `function` (`pgfence.fence` or `pgfence_native.fence`): the outcome and reason, or the error's
+/// SQLSTATE.
+async fn call(
+    c: &tokio_postgres::Client,
+    function: &str,
+    lease: &str,
+    epoch: i64,
+    secret: Option<&str>,
+    operation: &str,
+) -> Answer {
+    c.query_one(
+        &format!("SELECT outcome, reason FROM {function}($1, $2, $3, $4, NULL, NULL)"),
+        &[&lease, &epoch, &secret, &operation],
+    )
+    .await
+    .map(|row| (row.get(0), row.get(1)))
+    .map_err(|e| {
+        e.code()
+            .map_or_else(|| e.to_string(), |c| c.code().to_owned())
+    })
+}
+
+/// The same call through the native guard on `native` and the portable guard on `portable`: the two answers.
+async fn both(
+    native: &tokio_postgres::Client,
+    portable: &tokio_postgres::Client,
+    lease: &str,
+    epoch: i64,
+    secret: Option<&str>,
+    operation: &str,
+) -> (Answer, Answer) {
+    (
+        call(
+            native,
+            "pgfence_native.fence",
+            lease,
+            epoch,
+            secret,
+            operation,
+        )
+        .await,
+        call(portable, "pgfence.fence", lease, epoch, secret, operation).await,
+    )
+}
+
+async fn acquire(c: &tokio_postgres::Client, lease: &str, ttl_ms: i64) -> (i64, String) {
+    let row = c
+        .query_one(
+            "SELECT epoch, secret FROM pgfence.acquire($1, 'h', $2) WHERE outcome = 'acquired'",
+            &[&lease, &ttl_ms],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// The epochs of `lease` the native guard remembers in this session.
+async fn remembered(c: &tokio_postgres::Client, lease: &str) -> Vec<i64> {
+    c.query(
+        "SELECT epoch FROM pgfence_native.remembered() WHERE lease = $1",
+        &[&lease],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+async fn native_db() -> TestDb {
+    let db = TestDb::new().await;
+    db.client()
+        .await
+        .batch_execute(NATIVE_SQL)
+        .await
+        .expect("CREATE EXTENSION pgfence_native (install it: make -C native install)");
+    db
+}
+
+fn ok() -> Answer {
+    Ok(("ok".into(), None))
+}
+
+fn refused(reason: &str) -> Answer {
+    Ok(("refused".into(), Some(reason.into())))
+}
+
+/// Every kind of call, through the native guard in one session and the portable guard in another, gets the same
+/// answer — the admissions, each refusal reason, each input error — while the native session remembers the
+/// tenure; and once it remembers it, its admissions do not call the portable guard (the fast path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_guard_answers_every_call_as_the_portable_guard() {
+    let db = native_db().await;
+    let (n, p, owner) = (db.client().await, db.client().await, db.client().await);
+    let (epoch, secret) = acquire(&owner, "c/l", 600_000).await;
+    let s = Some(secret.as_str());
+    let same = |(a, b): (Answer, Answer), want: Answer| {
+        assert_eq!(a, b, "native and portable answers differ");
+        assert_eq!(a, want);
+    };
+
+    same(both(&n, &p, "c/l", epoch, s, "op").await, ok());
+    assert_eq!(remembered(&n, "c/l").await, vec![epoch]);
+
+    // From the memory: twenty admissions in one transaction reach the portable guard at most for a write mark
+    // (the first write of a second), not for the admission.
+    n.batch_execute("BEGIN; SET LOCAL track_functions = 'pl'")
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        assert_eq!(
+            call(&n, "pgfence_native.fence", "c/l", epoch, s, "op").await,
+            ok()
+        );
+    }
+    let portable_calls: i64 = n
+        .query_one(
+            "SELECT coalesce(pg_stat_get_xact_function_calls(\
+               'pgfence.fence(text, bigint, text, text, text, text)'::regprocedure), 0)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    n.batch_execute("COMMIT").await.unwrap();
+    assert!(
+        portable_calls <= 2,
+        "{portable_calls} of 20 remembered admissions went to pgfence.fence"
+    );
+
+    same(
+        both(&n, &p, "c/l", epoch, Some("forged"), "op").await,
+        refused("bad_secret"),
+    );
+    // A wrong secret does not make the holder's session forget its tenure.
+    assert_eq!(remembered(&n, "c/l").await, vec![epoch]);
+    same(
+        both(&n, &p, "c/l", epoch + 1, s, "op").await,
+        refused("future_epoch"),
+    );
+    same(
+        both(&n, &p, "c/l", epoch, None, "op").await,
+        Err("22023".into()),
+    );
+    same(
+        both(&n, &p, "c/l", epoch, s, "bad\u{7}label").await,
+        Err("22023".into()),
+    );
+    same(both(&n, &p, "c/l", epoch, s, "").await, Err("22023".into()));
+    same(
+        both(&n, &p, "c/nope", 1, s, "op").await,
+        refused("unknown_lease"),
+    );
+
+    for c in [&n, &p] {
+        c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            .await
+            .unwrap();
+    }
+    same(
+        both(&n, &p, "c/l", epoch, s, "op").await,
+        Err("PF004".into()),
+    );
+    for c in [&n, &p] {
+        c.batch_execute("ROLLBACK").await.unwrap();
+    }
+
+    // Granted before a promotion: the row's timeline older than the server's.
+    owner
+        .batch_execute("UPDATE pgfence.leases SET timeline = timeline - 1 WHERE name = 'c/l'")
+        .await
+        .unwrap();
+    same(
+        both(&n, &p, "c/l", epoch, s, "op").await,
+        refused("failover"),
+    );
+    owner
+        .batch_execute("UPDATE pgfence.leases SET timeline = timeline + 1 WHERE name = 'c/l'")
+        .await
+        .unwrap();
+    same(both(&n, &p, "c/l", epoch, s, "op").await, ok());
+    assert_eq!(remembered(&n, "c/l").await, vec![epoch]);
+
+    let (short, short_secret) = acquire(&owner, "c/short", 200).await;
+    let ss = Some(short_secret.as_str());
+    same(both(&n, &p, "c/short", short, ss, "op").await, ok());
+    assert_eq!(remembered(&n, "c/short").await, vec![short]);
+    while owner
+        .query_one(
+            "SELECT expires_at > clock_timestamp() FROM pgfence.leases WHERE name = 'c/short'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, bool>(0)
+    {
+        tokio::task::yield_now().await;
+    }
+    same(
+        both(&n, &p, "c/short", short, ss, "op").await,
+        refused("expired"),
+    );
+    let (next, next_secret) = acquire(&owner, "c/short", 600_000).await;
+    same(
+        both(&n, &p, "c/short", short, ss, "op").await,
+        refused("superseded"),
+    );
+    same(
+        both(&n, &p, "c/short", next, Some(&next_secret), "op").await,
+        ok(),
+    );
+    owner
+        .query_one(
+            "SELECT outcome FROM pgfence.release('c/short', $1, $2)",
+            &[&next, &next_secret],
+        )
+        .await
+        .unwrap();
+    same(
+        both(&n, &p, "c/short", next, Some(&next_secret), "op").await,
+        refused("released"),
+    );
+}
+
+/// The memory is the backend's, not the role's: a session that remembers a tenure and then becomes a login role
+/// without a grant on the cluster is refused `no_grant`; a role whose grant of the cluster is revoked is refused
+/// on its next write although its session remembers the tenure (the grant is read on every write). Invariant 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_memory_admits_no_role_the_grant_does_not() {
+    let db = native_db().await;
+    let owner_store = db.store("c").await;
+    let intruder = common::role(&db, "intruder").await;
+    let app = common::role(&db, "app").await;
+    owner_store
+        .grant_application(&intruder, Some("d"))
+        .await
+        .unwrap();
+    owner_store
+        .grant_application(&app, Some("c"))
+        .await
+        .unwrap();
+    // A second cluster, so that revoking "c" leaves the role its privileges (and the answer is the guard's).
+    owner_store
+        .grant_application(&app, Some("e"))
+        .await
+        .unwrap();
+    let owner = db.client().await;
+    let (epoch, secret) = acquire(&owner, "c/l", 600_000).await;
+    let s = Some(secret.as_str());
+
+    // A superuser session remembers the tenure, then takes the intruder's login identity.
+    let n = db.client().await;
+    assert_eq!(
+        call(&n, "pgfence_native.fence", "c/l", epoch, s, "op").await,
+        ok()
+    );
+    assert_eq!(remembered(&n, "c/l").await, vec![epoch]);
+    n.batch_execute(&format!("SET SESSION AUTHORIZATION {intruder}"))
+        .await
+        .unwrap();
+    assert_eq!(
+        call(&n, "pgfence_native.fence", "c/l", epoch, s, "op").await,
+        refused("no_grant")
+    );
+    n.batch_execute("RESET SESSION AUTHORIZATION")
+        .await
+        .unwrap();
+
+    // A granted role (the grant rows, not the owner's membership, admit it) loses its grant.
+    let a = common::client_as(&db, &app).await;
+    for _ in 0..2 {
+        assert_eq!(
+            call(&a, "pgfence_native.fence", "c/l", epoch, s, "op").await,
+            ok()
+        );
+    }
+    assert!(owner_store.revoke(&app, Some("c")).await.unwrap());
+    assert_eq!(
+        call(&a, "pgfence.fence", "c/l", epoch, s, "op").await,
+        refused("no_grant")
+    );
+    assert_eq!(
+        call(&a, "pgfence_native.fence", "c/l", epoch, s, "op").await,
+        refused("no_grant")
+    );
+}
+
+/// A tenure remembered by a session is not admitted again after the pgfence schema was dropped and created anew,
+/// even when the new schema's lease reuses the name, the epoch and the lock key (identity columns restart): the
+/// memory names the table and the tenure's acquisition, and the old secret is refused `bad_secret`. Invariant 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_schema_does_not_revive_a_remembered_tenure() {
+    let db = native_db().await;
+    let owner = db.client().await;
+    let n = db.client().await;
+    let (epoch, old_secret) = acquire(&owner, "c/l", 600_000).await;
+    let key: i32 = owner
+        .query_one(
+            "SELECT lock_key FROM pgfence.leases WHERE name = 'c/l'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        call(
+            &n,
+            "pgfence_native.fence",
+            "c/l",
+            epoch,
+            Some(&old_secret),
+            "op"
+        )
+        .await,
+        ok()
+    );
+    owner
+        .batch_execute("DROP SCHEMA pgfence CASCADE")
+        .await
+        .unwrap();
+    db.store("c").await.migrate().await.unwrap();
+    owner.batch_execute(NATIVE_SQL).await.unwrap();
+    let (again, _new_secret) = acquire(&owner, "c/l", 600_000).await;
+    let new_key: i32 = owner
+        .query_one(
+            "SELECT lock_key FROM pgfence.leases WHERE name = 'c/l'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!((again, new_key), (epoch, key), "the new tenure reuses them");
+    // The backend still has the library loaded, and its memory.
+    assert_eq!(
+        call(
+            &n,
+            "pgfence_native.fence",
+            "c/l",
+            epoch,
+            Some(&old_secret),
+            "op"
+        )
+        .await,
+        refused("bad_secret")
+    );
+}
+
+/// A write whose statement began before a takeover committed, and whose guard runs after it, is judged on the
+/// takeover's result: the guard's read is on a snapshot taken after its lock, not the statement's. Through both
+/// guards; the statement waits on an advisory lock the test holds (so it began before the takeover) and then
+/// calls the guard. Invariant 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_reads_after_its_lock_not_at_its_statement_s_start() {
+    let db = native_db().await;
+    let owner = db.client().await;
+    for function in ["pgfence_native.fence", "pgfence.fence"] {
+        let lease = format!("c/{}", function.replace('.', "-"));
+        let (epoch, secret) = acquire(&owner, &lease, 600_000).await;
+        let writer = db.client().await;
+        // Remembered: the write below takes the fast path.
+        for _ in 0..2 {
+            assert_eq!(
+                call(&writer, function, &lease, epoch, Some(&secret), "op").await,
+                ok()
+            );
+        }
+        let gate = db.client().await;
+        gate.batch_execute("BEGIN; SELECT pg_advisory_xact_lock(42)")
+            .await
+            .unwrap();
+        let pid: i32 = writer
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let sql = format!(
+            "SELECT f.outcome, f.reason FROM (SELECT pg_advisory_xact_lock(42)::text AS x) w, \
+               LATERAL {function}(w.x || $1, $2, $3, 'op', NULL, NULL) f"
+        );
+        let (lease2, secret2) = (lease.clone(), secret.clone());
+        let write = tokio::spawn(async move {
+            writer
+                .query_one(&sql, &[&lease2, &epoch, &secret2])
+                .await
+                .map(|r| (r.get::<_, String>(0), r.get::<_, Option<String>>(1)))
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !owner
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND NOT granted)",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+        {
+            assert!(std::time::Instant::now() < deadline, "the write never waited");
+            tokio::task::yield_now().await;
+        }
+        // The takeover commits while the write's statement waits.
+        let (next, _) = acquire(&owner, &lease, 600_000).await;
+        assert_eq!(next, epoch + 1);
+        gate.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(
+            write.await.unwrap().unwrap(),
+            ("refused".to_owned(), Some("superseded".to_owned())),
+            "{function}"
+        );
+    }
+}
+
+/// The library uses the native guard when the extension is installed, unless configured not to; when the
+/// extension goes, the write that finds it missing fails (SQLSTATE 42883) and the next ones use the portable
+/// guard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_uses_the_native_guard_when_installed_and_stops_when_it_goes() {
+    let db = native_db().await;
+    db.client()
+        .await
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL DEFAULT 0); INSERT INTO t VALUES (1)")
+        .await
+        .unwrap();
+    let store = db.store("c").await;
+    assert!(store.native_guard().await.unwrap());
+    let off = Store::connect(db.config("c").native_guard(false))
+        .await
+        .unwrap();
+    assert!(!off.native_guard().await.unwrap());
+    let lease = store
+        .acquire("l", "h", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let write = || {
+        diesel::sql_query(
+            "UPDATE t SET v = v + 1 WHERE id = 1 AND (SELECT passed FROM pgfence_guard)",
+        )
+    };
+    for s in [&store, &off] {
+        assert_eq!(
+            s.guarded_write(&lease.fence(), "op", write())
+                .await
+                .unwrap(),
+            1
+        );
+        s.fenced(&lease.fence(), "op", async |_conn| {
+            Ok::<_, pgfence::Error>(())
+        })
+        .await
+        .unwrap();
+    }
+    db.client()
+        .await
+        .batch_execute("DROP EXTENSION pgfence_native")
+        .await
+        .unwrap();
+    let err = store
+        .guarded_write(&lease.fence(), "op", write())
+        .await
+        .unwrap_err();
+    assert_eq!(err.sqlstate(), Some("42883"), "{err}");
+    assert!(!store.native_guard().await.unwrap());
+    assert_eq!(
+        store
+            .guarded_write(&lease.fence(), "op", write())
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(db.scalar("SELECT v::bigint FROM t").await, 3);
+}

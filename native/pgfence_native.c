@@ -504,7 +504,13 @@ slow(FunctionCallInfo fcinfo, const char *lease_name, text *lease)
 		if (o != NULL && VARSIZE_ANY_EXHDR(o) == 2 && memcmp(VARDATA_ANY(o), "ok", 2) == 0)
 			remember(fcinfo, lease_name, lease);
 		else
-			forget(lease_name);
+		{
+			/* A refusal of the remembered tenure ends it; one of another epoch says nothing about it. */
+			Remembered *r = hash_search(memory(), lease_name, HASH_FIND, NULL);
+
+			if (r != NULL && !PG_ARGISNULL(1) && r->epoch == PG_GETARG_INT64(1))
+				forget(lease_name);
+		}
 	}
 	return result;
 }

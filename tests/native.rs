@@ -86,6 +86,18 @@ async fn remembered(c: &tokio_postgres::Client, lease: &str) -> Vec<i64> {
     .collect()
 }
 
+/// Sets the session's write mark (`pgfence.write_mark`, a session setting) to the one pgfence.fence would record
+/// for tenure (lease, epoch) in the current second, so that the next call finds no mark due.
+async fn mark_now(c: &tokio_postgres::Client, lease: &str, epoch: i64) {
+    c.execute(
+        "SELECT set_config('pgfence.write_mark', $2::bigint || ':' \
+           || date_part('epoch', clock_timestamp())::bigint || ':' || $1, false)",
+        &[&lease, &epoch],
+    )
+    .await
+    .unwrap();
+}
+
 async fn native_db() -> TestDb {
     let db = TestDb::new().await;
     db.client()
@@ -151,6 +163,24 @@ async fn the_native_guard_answers_every_call_as_the_portable_guard() {
         both(&n, &p, "c/l", epoch, Some("forged"), "op").await,
         refused("bad_secret"),
     );
+    // A session that never saw the tenure admitted, presenting a forged secret again and again: each refused
+    // (a refusal is never remembered).
+    let forger = db.client().await;
+    for _ in 0..2 {
+        assert_eq!(
+            call(
+                &forger,
+                "pgfence_native.fence",
+                "c/l",
+                epoch,
+                Some("forged"),
+                "op"
+            )
+            .await,
+            refused("bad_secret")
+        );
+    }
+    assert!(remembered(&forger, "c/l").await.is_empty());
     // A wrong secret does not make the holder's session forget its tenure.
     assert_eq!(remembered(&n, "c/l").await, vec![epoch]);
     same(
@@ -171,34 +201,46 @@ async fn the_native_guard_answers_every_call_as_the_portable_guard() {
         refused("unknown_lease"),
     );
 
-    for c in [&n, &p] {
-        c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-            .await
-            .unwrap();
-    }
-    same(
-        both(&n, &p, "c/l", epoch, s, "op").await,
-        Err("PF004".into()),
-    );
-    for c in [&n, &p] {
-        c.batch_execute("ROLLBACK").await.unwrap();
+    // Calls of another epoch, input errors and unknown leases leave the memory as it was.
+    assert_eq!(remembered(&n, "c/l").await, vec![epoch]);
+    // Under REPEATABLE READ, right after an admission (so that no write mark is due, which would send the call to
+    // the portable guard anyway): five times, in case a second ends in between.
+    for _ in 0..5 {
+        same(both(&n, &p, "c/l", epoch, s, "op").await, ok());
+        for c in [&n, &p] {
+            c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                .await
+                .unwrap();
+        }
+        same(
+            both(&n, &p, "c/l", epoch, s, "op").await,
+            Err("PF004".into()),
+        );
+        for c in [&n, &p] {
+            c.batch_execute("ROLLBACK").await.unwrap();
+        }
     }
 
-    // Granted before a promotion: the row's timeline older than the server's.
-    owner
-        .batch_execute("UPDATE pgfence.leases SET timeline = timeline - 1 WHERE name = 'c/l'")
-        .await
-        .unwrap();
-    same(
-        both(&n, &p, "c/l", epoch, s, "op").await,
-        refused("failover"),
-    );
-    owner
-        .batch_execute("UPDATE pgfence.leases SET timeline = timeline + 1 WHERE name = 'c/l'")
-        .await
-        .unwrap();
-    same(both(&n, &p, "c/l", epoch, s, "op").await, ok());
-    assert_eq!(remembered(&n, "c/l").await, vec![epoch]);
+    // Granted before a promotion: the row's timeline older than the server's. The session's write mark for this
+    // second is set just before (a due mark sends the call to the portable guard whatever the fast path would
+    // say); three rounds, the tenure remembered again before each, in case a second ends in between.
+    for _ in 0..3 {
+        assert_eq!(remembered(&n, "c/l").await, vec![epoch]);
+        owner
+            .batch_execute("UPDATE pgfence.leases SET timeline = timeline - 1 WHERE name = 'c/l'")
+            .await
+            .unwrap();
+        mark_now(&n, "c/l", epoch).await;
+        same(
+            both(&n, &p, "c/l", epoch, s, "op").await,
+            refused("failover"),
+        );
+        owner
+            .batch_execute("UPDATE pgfence.leases SET timeline = timeline + 1 WHERE name = 'c/l'")
+            .await
+            .unwrap();
+        same(both(&n, &p, "c/l", epoch, s, "op").await, ok());
+    }
 
     let (short, short_secret) = acquire(&owner, "c/short", 200).await;
     let ss = Some(short_secret.as_str());
@@ -215,6 +257,7 @@ async fn the_native_guard_answers_every_call_as_the_portable_guard() {
     {
         tokio::task::yield_now().await;
     }
+    mark_now(&n, "c/short", short).await;
     same(
         both(&n, &p, "c/short", short, ss, "op").await,
         refused("expired"),
@@ -242,7 +285,8 @@ async fn the_native_guard_answers_every_call_as_the_portable_guard() {
 }
 
 /// The memory is the backend's, not the role's: a session that remembers a tenure and then becomes a login role
-/// without a grant on the cluster is refused `no_grant`; a role whose grant of the cluster is revoked is refused
+/// without a grant on the cluster is refused `no_grant`, and one whose current role may not execute
+/// `pgfence.fence` is refused as a call of it is (42501); a role whose grant of the cluster is revoked is refused
 /// on its next write although its session remembers the tenure (the grant is read on every write). Invariant 5.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_native_memory_admits_no_role_the_grant_does_not() {
@@ -284,6 +328,29 @@ async fn the_native_memory_admits_no_role_the_grant_does_not() {
     n.batch_execute("RESET SESSION AUTHORIZATION")
         .await
         .unwrap();
+    // A current role that may not execute pgfence.fence (the login role is still the superuser, granted
+    // everything): refused as a call of pgfence.fence is, whatever the session remembers.
+    assert_eq!(
+        call(&n, "pgfence_native.fence", "c/l", epoch, s, "op").await,
+        ok()
+    );
+    n.batch_execute(&format!("SET ROLE {intruder}"))
+        .await
+        .unwrap();
+    owner
+        .batch_execute(&format!(
+            "REVOKE EXECUTE ON FUNCTION pgfence.fence(text, bigint, text, text, text, text) FROM {intruder}"
+        ))
+        .await
+        .unwrap();
+    for function in ["pgfence_native.fence", "pgfence.fence"] {
+        assert_eq!(
+            call(&n, function, "c/l", epoch, s, "op").await,
+            Err("42501".into()),
+            "{function}"
+        );
+    }
+    n.batch_execute("RESET ROLE").await.unwrap();
 
     // A granted role (the grant rows, not the owner's membership, admit it) loses its grant.
     let a = common::client_as(&db, &app).await;

@@ -13,6 +13,9 @@
 //! The run must also show that every write path raced the takeovers from both sides (writes past their check
 //! when a takeover began, writes queued behind one); that evidence needs about 100 rounds or more.
 //!
+//! With `PGFENCE_TEST_NATIVE=1` every test database has the pgfence_native extension and the one-statement and
+//! fenced writes go through its guard (`.ci/run` runs this suite both ways).
+//!
 //! Invariants checked: 3 (no stale write commits after a takeover), 4 (every refused write is a typed error,
 //! wrote nothing, and has an audit row), 6 (every acknowledged write is present), 7 (the takeover waits for the
 //! writes past their check, and writes arriving during it wait and are refused).
@@ -390,6 +393,15 @@ async fn no_stale_write_commits_after_a_takeover_commits() {
     for kind in KINDS {
         let config = db.config(CLUSTER).application_name(kind.name());
         stores.insert(kind, Store::connect(config).await.unwrap());
+    }
+    // With PGFENCE_TEST_NATIVE=1 the one-statement and fenced writes go through pgfence_native.fence: this run
+    // then proves the native guard.
+    for kind in [Kind::GuardedWrite, Kind::Fenced] {
+        assert_eq!(
+            stores[&kind].native_guard().await.unwrap(),
+            common::native_everywhere(),
+            "{kind:?}"
+        );
     }
     let stores = Arc::new(stores);
     let client = db.client().await;

@@ -10,6 +10,10 @@ mutation, runs those suites in order until one fails, and fails itself unless ev
   as CREATE OR REPLACE through PGFENCE_MUTANT_SQL on every migrated test database): no copy to drift. An
   edit that no longer applies (the text it names is gone or ambiguous) fails the gate, so the mutations follow
   the code or are updated with it.
+* C mutations (of native/, the pgfence_native extension) are applied to a copy of native/ under
+  target/mutants/native, built there (PGXS), and loaded by the test servers through PGFENCE_NATIVE_LIB_DIR
+  (dynamic_library_path, ahead of the installed build); PGFENCE_TEST_NATIVE=1 gives every test database the
+  extension, so the suites run on the native guard.
 * Rust mutations are applied to a copy of the source tree under target/mutants/tree (one copy reused, so only
   pgfence itself recompiles after the first), built in a target directory of its own (target/mutants/target):
   never in the repository's, whose test binaries it would replace.
@@ -44,7 +48,7 @@ REPORT = os.path.join(ROOT, "docs", "mutation-gate.md")
 class Edit:
     """Replace `find` (which must occur exactly once) by `replace`, in an SQL function or a Rust file."""
 
-    target: str  # "sql:<function name>" or a path relative to the root
+    target: str  # "sql:<function name>", or a path relative to the root (native/… for the C extension)
     find: str
     replace: str
     count: int = 1  # how many occurrences `find` must have (all are replaced)
@@ -589,6 +593,88 @@ MUTATIONS: list[Mutation] = [
         [cargo_unit_test("leader::assign"),
          cargo_test("spread", "three_replicas_lead_four_each_and_a_fourth_takes_exactly_three")],
     ),
+    # The native guard (native/pgfence_native.c): each suite runs with the mutated extension in every test database.
+    Mutation(
+        "native-without-lock",
+        "the native fast path reads the lease without taking its guard lock, so a takeover does not wait for the "
+        "writes it admits",
+        [Edit("native/pgfence_native.c", "\tif (!try_guard_lock(r->lock_key))", "\tif (false && !try_guard_lock(r->lock_key))")],
+        [cargo_test("race")],
+    ),
+    Mutation(
+        "native-without-intent-probe",
+        "the native fast path takes the guard lock without probing the intent lock: a write arriving while a "
+        "takeover ends the holders gets in",
+        [Edit("native/pgfence_native.c", """\tif (LockAcquire(&intent, ShareLock, true, true) == LOCKACQUIRE_NOT_AVAIL)
+\t\treturn false;
+\tLockRelease(&intent, ShareLock, true);
+""", "\t(void) intent;\n")],
+        [cargo_test("guard", "a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either_path")],
+    ),
+    Mutation(
+        "native-reads-at-statement-start",
+        "the native fast path reads the lease on the statement's snapshot (taken before its lock) instead of one "
+        "taken after it",
+        [Edit("native/pgfence_native.c", """\tsnap = RegisterSnapshot(GetLatestSnapshot());
+\tfound = read_lease(c, lease, snap, &row);
+\tnow = GetCurrentTimestamp();""", """\tsnap = RegisterSnapshot(GetActiveSnapshot());
+\tfound = read_lease(c, lease, snap, &row);
+\tnow = GetCurrentTimestamp();""")],
+        [cargo_test("native", "a_guard_reads_after_its_lock_not_at_its_statement_s_start")],
+    ),
+    Mutation(
+        "native-ignores-secret",
+        "the native fast path admits a remembered tenure whatever secret is presented",
+        [Edit("native/pgfence_native.c", "\tif (!same_secret(r, secret))", "\tif (false && !same_secret(r, secret))")],
+        [cargo_test("native", "the_native_guard_answers_every_call_as_the_portable_guard")],
+    ),
+    Mutation(
+        "native-remembers-refusals",
+        "the native guard remembers the secret of any call the portable guard answered, refused ones included",
+        [Edit("native/pgfence_native.c", """\t\tif (o != NULL && VARSIZE_ANY_EXHDR(o) == 2 && memcmp(VARDATA_ANY(o), "ok", 2) == 0)""",
+              """\t\tif (o != NULL)""")],
+        [cargo_test("native", "the_native_guard_answers_every_call_as_the_portable_guard")],
+    ),
+    Mutation(
+        "native-ignores-grant",
+        "the native fast path does not read the grant again: a role that lost it, or a session that became "
+        "another login role, is admitted from the memory",
+        [Edit("native/pgfence_native.c", "\t\t&& granted(c, owner, lease_name, snap);",
+              "\t\t&& (granted(c, owner, lease_name, snap) || true);")],
+        [cargo_test("native", "the_native_memory_admits_no_role_the_grant_does_not")],
+    ),
+    Mutation(
+        "native-ignores-execute-privilege",
+        "the native fast path admits a current role that may not execute pgfence.fence",
+        [Edit("native/pgfence_native.c", "\n\t\t|| pg_proc_aclcheck(c->fence, GetUserId(), ACL_EXECUTE) != ACLCHECK_OK)", ")")],
+        [cargo_test("native", "the_native_memory_admits_no_role_the_grant_does_not")],
+    ),
+    Mutation(
+        "native-ignores-expiry",
+        "the native fast path admits a remembered tenure after its expiry",
+        [Edit("native/pgfence_native.c", " && row.expires_at > now", "")],
+        [cargo_test("native", "the_native_guard_answers_every_call_as_the_portable_guard")],
+    ),
+    Mutation(
+        "native-ignores-timeline",
+        "the native fast path admits a tenure granted before the current timeline (a promotion)",
+        [Edit("native/pgfence_native.c", " && row.timeline >= (int64) GetWALInsertionTimeLine()", "")],
+        [cargo_test("native", "the_native_guard_answers_every_call_as_the_portable_guard")],
+    ),
+    Mutation(
+        "native-any-isolation",
+        "the native fast path admits under REPEATABLE READ (a snapshot that may predate a takeover)",
+        [Edit("native/pgfence_native.c", " || XactIsoLevel != XACT_READ_COMMITTED", "")],
+        [cargo_test("native", "the_native_guard_answers_every_call_as_the_portable_guard")],
+    ),
+    Mutation(
+        "native-trusts-a-recreated-schema",
+        "the native memory names a tenure by lease, epoch and lock key only: after the schema is dropped and "
+        "created again, an old secret is admitted for the new tenure that reuses them",
+        [Edit("native/pgfence_native.c", "c == NULL || c->leases != r->leases_relid", "c == NULL"),
+         Edit("native/pgfence_native.c", "\t\t&& !row.acquired_null && row.acquired_at == r->acquired_at", "\t\t&& !row.acquired_null")],
+        [cargo_test("native", "a_recreated_schema_does_not_revive_a_remembered_tenure")],
+    ),
 ]
 
 
@@ -628,9 +714,40 @@ def sql_mutant(mutation: Mutation) -> str | None:
     return header + "\n\n".join(functions.values()) + "\n"
 
 
+def pg_config() -> str:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_config"),
+                   key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0)
+    return found[-1] if found else "pg_config"
+
+
+def native_build(mutation: Mutation) -> str | None:
+    """A build of native/ with the mutation's C edits (the directory holding its pgfence_native.so), or None if it
+    has none."""
+    edits = [e for e in mutation.edits if e.target.startswith("native/")]
+    if not edits:
+        return None
+    out = os.path.join(WORK, "native")
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(os.path.join(ROOT, "native"), out,
+                    ignore=shutil.ignore_patterns("*.o", "*.so", "*.bc", "results"))
+    touched: dict[str, str] = {}
+    for edit in edits:
+        rel = edit.target[len("native/"):]
+        text = touched.get(rel) or open(os.path.join(out, rel)).read()
+        touched[rel] = apply(text, edit, edit.target)
+    for rel, text in touched.items():
+        with open(os.path.join(out, rel), "w") as f:
+            f.write(text)
+    build = subprocess.run(["make", "-s", f"PG_CONFIG={pg_config()}", "with_llvm=no"], cwd=out,
+                           capture_output=True, text=True)
+    if build.returncode != 0:
+        raise Stale(f"the mutated extension does not build:\n{(build.stdout + build.stderr)[-3000:]}")
+    return out
+
+
 def rust_tree(mutation: Mutation) -> str | None:
     """A copy of the source tree with the mutation's Rust edits, or None if it has none."""
-    edits = [e for e in mutation.edits if not e.target.startswith("sql:")]
+    edits = [e for e in mutation.edits if not e.target.startswith(("sql:", "native/"))]
     if not edits:
         return None
     tree = os.path.join(WORK, "tree")
@@ -671,6 +788,10 @@ def run_mutation(mutation: Mutation) -> dict:
         with open(path, "w") as f:
             f.write(sql)
         env["PGFENCE_MUTANT_SQL"] = path
+    native = native_build(mutation)
+    if native is not None:
+        env["PGFENCE_NATIVE_LIB_DIR"] = native
+        env["PGFENCE_TEST_NATIVE"] = "1"
     cwd = ROOT
     tree = rust_tree(mutation)
     if tree is not None:

@@ -21,9 +21,9 @@
  *   1. READ COMMITTED, the arguments non-NULL and the labels plain (pgfence._plain_labels' test);
  *   2. the backend remembers this lease at this epoch with this secret (compared in constant time);
  *   3. the caller may execute pgfence.fence;
- *   4. the intent probe and the guard lock shared, without waiting, as pgfence._try_guard_lock: the intent lock
- *      (1885824613, -lock_key) taken shared at session level and given back, then the guard lock (1885824613,
- *      lock_key) shared at transaction level; no interrupt is served in between;
+ *   4. the intent probe and the guard lock shared, without waiting (see try_guard_lock): no transaction holds the
+ *      intent lock (1885824613, -lock_key), then the guard lock (1885824613, lock_key) shared at transaction
+ *      level;
  *   5. a snapshot taken after the lock (every takeover that held the intent or the guard lock before it was
  *      granted has committed and shows), and on it the lease's row by its primary key: the same lock key, epoch
  *      and acquisition time, held, expiring after the clock read now, a timeline no older than the server's;
@@ -431,18 +431,30 @@ granted(const Catalog *c, Oid owner, const char *lease, Snapshot snap)
 	return found;
 }
 
-/* The intent probe and the guard lock shared, without waiting (pgfence._try_guard_lock). */
+/*
+ * The intent probe and the guard lock shared, without waiting (pgfence._try_guard_lock's rule). The probe asks the
+ * lock manager whether any transaction holds the intent lock (1885824613, -lock_key) in a mode that conflicts with
+ * a shared one — a takeover holds it exclusive from its start to its end — instead of taking it shared and giving
+ * it back: the same answer for a takeover (a transaction, so it has a virtual transaction id), one look at the
+ * lock's partition under a shared LWLock instead of two exclusive ones. (An idle session holding the intent lock
+ * outside any transaction is not seen; it is no takeover, and a takeover queued behind it waits for it anyway.) No
+ * takeover at the probe: from the guard lock on, every later takeover waits for this transaction; one whose
+ * intent lock fell between the probe and the guard lock finds this write holding the guard lock and waits for
+ * it, like for any write past its check. The guard lock is a try: it fails behind a queued takeover (a request
+ * conflicting with a waiting one waits), so takeovers are not starved.
+ */
 static bool
 try_guard_lock(int32 lock_key)
 {
 	LOCKTAG		intent;
 	LOCKTAG		guard;
+	int			holders = 0;
 
 	SET_LOCKTAG_ADVISORY(intent, MyDatabaseId, (uint32) PGFENCE_LOCK_CLASS, (uint32) (-lock_key), 2);
 	SET_LOCKTAG_ADVISORY(guard, MyDatabaseId, (uint32) PGFENCE_LOCK_CLASS, (uint32) lock_key, 2);
-	if (LockAcquire(&intent, ShareLock, true, true) == LOCKACQUIRE_NOT_AVAIL)
+	pfree(GetLockConflicts(&intent, ShareLock, &holders));
+	if (holders > 0)
 		return false;
-	LockRelease(&intent, ShareLock, true);
 	return LockAcquire(&guard, ShareLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
 }
 
@@ -565,8 +577,8 @@ pgfence_native_fence(PG_FUNCTION_ARGS)
 		forget(lease_name);
 		return slow(fcinfo, lease_name, lease);
 	}
-	/* 4. */
-	if (!try_guard_lock(r->lock_key))
+	/* 4. (A standby has no takeovers and no writes: pgfence.fence answers there.) */
+	if (RecoveryInProgress() || !try_guard_lock(r->lock_key))
 		return slow(fcinfo, lease_name, lease);
 	/* 5. and 6. */
 	snap = RegisterSnapshot(GetLatestSnapshot());

@@ -625,7 +625,10 @@ async fn timed(
 
 /// The write workloads' database: the user table, the hot lease, every writer's tasks and own lease.
 struct WriteSetup {
+    /// Through the portable guard (pgfence.fence).
     store: Store,
+    /// Through the native guard (pgfence_native.fence), when the server has the extension.
+    native: Option<Store>,
     /// The same database through a pool that tests each connection at check-out (`update-ping`).
     pinging: Store,
     url: String,
@@ -640,10 +643,43 @@ async fn setup_writes(
 ) -> Result<WriteSetup, Failure> {
     let db = server.create_database("").await?;
     let url = server.url_for(&db);
-    let store = Store::connect(store_config(&url, plan, global)).await?;
+    let store = Store::connect(store_config(&url, plan, global).native_guard(false)).await?;
     store.migrate().await?;
-    let pinging = Store::connect(store_config(&url, plan, global).ping_on_checkout(true)).await?;
+    let pinging = Store::connect(
+        store_config(&url, plan, global)
+            .ping_on_checkout(true)
+            .native_guard(false),
+    )
+    .await?;
     let admin = connect_admin(&url).await?;
+    // The native guard's workloads, when the server has the extension (native/: make -C native install).
+    let native = if plan.writes.iter().any(|w| w.native()) {
+        match admin
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pgfence_native")
+            .await
+        {
+            Ok(()) => {
+                let native = Store::connect(store_config(&url, plan, global)).await?;
+                if !native.native_guard().await? {
+                    return Err(Failure::new(
+                        1,
+                        "the pgfence_native extension was created but the store does not use it (another version?)",
+                    ));
+                }
+                Some(native)
+            }
+            Err(e) => {
+                eprintln!(
+                    "pgfence bench: no native guard on this server ({}); its workloads are skipped \
+                     (make -C native install)",
+                    db_error("CREATE EXTENSION pgfence_native", e).message
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
     // For the server-time probe; absent when the server does not preload the library.
     let _ = admin
         .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
@@ -674,11 +710,26 @@ async fn setup_writes(
     }
     Ok(WriteSetup {
         store,
+        native,
         pinging,
         url,
         hot,
         own,
     })
+}
+
+impl WriteSetup {
+    /// The store a workload writes through: the native guard's, the pinging pool's, or the portable one.
+    fn store_for(&self, w: Workload) -> Store {
+        match w {
+            Workload::UpdatePing => self.pinging.clone(),
+            w if w.native() => self
+                .native
+                .clone()
+                .expect("native workloads run only with the native store"),
+            _ => self.store.clone(),
+        }
+    }
 }
 
 fn store_config(url: &str, plan: &Plan, global: &Global) -> StoreConfig {
@@ -736,11 +787,7 @@ async fn measure_writes(
                 } else {
                     setup.hot.clone()
                 };
-                let store = if w == Workload::UpdatePing {
-                    setup.pinging.clone()
-                } else {
-                    setup.store.clone()
-                };
+                let store = setup.store_for(w);
                 let mut writer = Writer::new(w, i, b, store, fence, raw.get(i).cloned(), 0);
                 if w == Workload::ClaimTransition {
                     let task = setup.store.task(HOT_LEASE, &workload::claim_key(i)).await?;
@@ -1162,7 +1209,7 @@ async fn environment(
 
 async fn measure(
     server: &mut Server,
-    plan: &Plan,
+    plan: &mut Plan,
     global: &Global,
     pgbench_exe: Option<PathBuf>,
     progress: &Progress,
@@ -1174,6 +1221,9 @@ async fn measure(
     if !plan.writes.is_empty() {
         progress.phase("creating the write database");
         let setup = setup_writes(server, plan, global).await?;
+        if setup.native.is_none() {
+            plan.writes.retain(|w| !w.native());
+        }
         let pgbench = match pgbench_exe {
             Some(exe) => Some(Pgbench::new(
                 exe,
@@ -1205,8 +1255,7 @@ async fn measure(
             ));
             let admin = connect_admin(&setup.url).await?;
             takeovers =
-                takeover::measure(&setup.store, &admin, server, &plan.writes, plan.takeovers)
-                    .await?;
+                takeover::measure(&setup, &admin, server, &plan.writes, plan.takeovers).await?;
         }
     }
     let mut renewal = None;
@@ -1260,7 +1309,7 @@ pub(super) async fn run(global: &Global, args: BenchArgs) -> CliResult {
     } else {
         pgbench::find(server_bin.as_deref())
     };
-    let plan = Plan::new(&args, pgbench_exe.is_some())?;
+    let mut plan = Plan::new(&args, pgbench_exe.is_some())?;
     let mut server = match &global.database_url {
         Some(url) if !args.yes => {
             return Err(Failure::new(
@@ -1292,7 +1341,7 @@ pub(super) async fn run(global: &Global, args: BenchArgs) -> CliResult {
         plan.estimate().as_secs_f64()
     );
     let progress = Progress::new(plan.steps());
-    let outcome = measure(&mut server, &plan, global, pgbench_exe, &progress).await;
+    let outcome = measure(&mut server, &mut plan, global, pgbench_exe, &progress).await;
     progress.bar.finish_and_clear();
     let Outcome {
         measurements,

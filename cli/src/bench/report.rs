@@ -344,25 +344,30 @@ pub(super) fn targets(all: &[Measurement], renewal: Option<&RenewalCost>) -> Vec
         Some(1),
     );
     ratio_target(
-        "guarded-update ≥ 0.90 × update (same rows, same pool)",
+        "the native guard: guarded-update-native ≥ 0.90 × update (same rows, same pool)",
         0.9,
         &|m| m.vs_unguarded.as_ref(),
-        &[Workload::GuardedUpdate],
+        &[Workload::GuardedUpdateNative],
         Some(1),
     );
     ratio_target(
         "pgfence's guarded write ≥ the share-lock peer of the same shape (fenced ÷ peer-for-share, \
-         guarded-update ÷ peer-for-share-update)",
+         guarded-update ÷ peer-for-share-update; each guard)",
         1.0,
         &|m| m.vs_peer.as_ref(),
-        &[Workload::Fenced, Workload::GuardedUpdate],
+        &[
+            Workload::Fenced,
+            Workload::FencedNative,
+            Workload::GuardedUpdate,
+            Workload::GuardedUpdateNative,
+        ],
         Some(1),
     );
     ratio_target(
-        "fenced ≥ 0.90 × tx (same statements, same pool)",
+        "fenced ≥ 0.90 × tx (same statements, same pool; each guard)",
         0.90,
         &|m| m.vs_unguarded.as_ref(),
-        &[Workload::Fenced],
+        &[Workload::Fenced, Workload::FencedNative],
         Some(1),
     );
     ratio_target(

@@ -25,9 +25,11 @@ pub(super) const WRITERS: usize = 6;
 /// The row of the zombie writes (the writers write rows 0 to [`WRITERS`] − 1).
 pub(super) const ZOMBIE_ROW: usize = WRITERS;
 /// The guards measured, when selected.
-pub(super) const GUARDS: [Workload; 5] = [
+pub(super) const GUARDS: [Workload; 7] = [
     Workload::Fenced,
+    Workload::FencedNative,
     Workload::GuardedUpdate,
+    Workload::GuardedUpdateNative,
     Workload::PeerForShare,
     Workload::PeerForShareUpdate,
     Workload::PeerRowFence,
@@ -57,7 +59,7 @@ pub(super) struct TakeoverCost {
 
 /// Measures `takeovers` takeovers for each guard of [`GUARDS`] in `selected`.
 pub(super) async fn measure(
-    store: &Store,
+    setup: &super::WriteSetup,
     admin: &tokio_postgres::Client,
     server: &super::Server,
     selected: &[Workload],
@@ -65,7 +67,7 @@ pub(super) async fn measure(
 ) -> Result<Vec<TakeoverCost>, Failure> {
     let mut out = Vec::new();
     for guard in GUARDS.into_iter().filter(|g| selected.contains(g)) {
-        out.push(one_guard(store, admin, server, guard, takeovers).await?);
+        out.push(one_guard(&setup.store_for(guard), admin, server, guard, takeovers).await?);
     }
     Ok(out)
 }

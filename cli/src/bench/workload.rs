@@ -53,10 +53,12 @@ pub(super) enum Workload {
     UpdatePing,
     Tx,
     Fenced,
+    FencedNative,
     RawFenced,
     RawPipelined,
     RawGuardedUpdate,
     GuardedUpdate,
+    GuardedUpdateNative,
     RawAdvisoryUpdate,
     PeerForShare,
     PeerForShareUpdate,
@@ -73,15 +75,17 @@ pub(super) enum Workload {
 }
 
 /// The write workloads, in the order each round runs them.
-pub(super) const WRITES: [Workload; 19] = [
+pub(super) const WRITES: [Workload; 21] = [
     Workload::Update,
     Workload::UpdatePing,
     Workload::Tx,
     Workload::Fenced,
+    Workload::FencedNative,
     Workload::RawFenced,
     Workload::RawPipelined,
     Workload::RawGuardedUpdate,
     Workload::GuardedUpdate,
+    Workload::GuardedUpdateNative,
     Workload::RawAdvisoryUpdate,
     Workload::PeerForShare,
     Workload::PeerForShareUpdate,
@@ -109,10 +113,12 @@ impl Workload {
             Workload::UpdatePing => "update-ping",
             Workload::Tx => "tx",
             Workload::Fenced => "fenced",
+            Workload::FencedNative => "fenced-native",
             Workload::RawFenced => "raw-fenced",
             Workload::RawPipelined => "raw-fenced-pipelined",
             Workload::RawGuardedUpdate => "raw-guarded-update",
             Workload::GuardedUpdate => "guarded-update",
+            Workload::GuardedUpdateNative => "guarded-update-native",
             Workload::RawAdvisoryUpdate => "raw-advisory-update",
             Workload::PeerForShare => "peer-for-share",
             Workload::PeerForShareUpdate => "peer-for-share-update",
@@ -146,7 +152,11 @@ impl Workload {
                 "the same UPDATE in a transaction (BEGIN; UPDATE; COMMIT: 3 round trips) through the pool"
             }
             Workload::Fenced => {
-                "Store::fenced: BEGIN and the guard pipelined; the same UPDATE; COMMIT (3 round trips)"
+                "Store::fenced: BEGIN and the guard pipelined; the same UPDATE; COMMIT (3 round trips); the portable \
+                 guard (pgfence.fence)"
+            }
+            Workload::FencedNative => {
+                "as fenced, through a store using the native guard (pgfence_native.fence, the extension in native/)"
             }
             Workload::RawFenced => {
                 "tokio-postgres, prepared: BEGIN; SELECT * FROM pgfence.fence(..); UPDATE; COMMIT"
@@ -158,7 +168,11 @@ impl Workload {
                 "tokio-postgres, prepared: the statement Store::guarded_write sends (pgfence::guarded_write_sql)"
             }
             Workload::GuardedUpdate => {
-                "Store::guarded_write: the guard and the same UPDATE in one statement, one round trip"
+                "Store::guarded_write: the guard and the same UPDATE in one statement, one round trip; the portable \
+                 guard (pgfence.fence)"
+            }
+            Workload::GuardedUpdateNative => {
+                "as guarded-update, through a store using the native guard (pgfence_native.fence)"
             }
             Workload::RawAdvisoryUpdate => {
                 "as raw-guarded-update with the floor of a plpgsql guard: advisory lock and fresh epoch read only \
@@ -209,16 +223,23 @@ impl Workload {
                 | Workload::UpdatePing
                 | Workload::Tx
                 | Workload::Fenced
+                | Workload::FencedNative
                 | Workload::RawFenced
                 | Workload::RawPipelined
                 | Workload::RawGuardedUpdate
                 | Workload::GuardedUpdate
+                | Workload::GuardedUpdateNative
                 | Workload::RawAdvisoryUpdate
                 | Workload::PeerForShare
                 | Workload::PeerForShareUpdate
                 | Workload::PeerRowFence
                 | Workload::PgbenchFenced
         )
+    }
+
+    /// Whether the workload goes through the native guard (a store of its own that uses `pgfence_native.fence`).
+    pub(super) fn native(self) -> bool {
+        matches!(self, Workload::FencedNative | Workload::GuardedUpdateNative)
     }
 
     /// Whether the workload is a peer: a guard a user would otherwise pick, measured beside pgfence's (it
@@ -244,10 +265,13 @@ impl Workload {
     pub(super) fn unguarded(self) -> Option<Workload> {
         match self {
             Workload::GuardedUpdate
+            | Workload::GuardedUpdateNative
             | Workload::UpdatePing
             | Workload::PeerForShareUpdate
             | Workload::PeerRowFence => Some(Workload::Update),
-            Workload::Fenced | Workload::PeerForShare => Some(Workload::Tx),
+            Workload::Fenced | Workload::FencedNative | Workload::PeerForShare => {
+                Some(Workload::Tx)
+            }
             Workload::Append | Workload::ClaimTransition | Workload::AppendOwnLease => {
                 Some(Workload::AppendUnguarded)
             }
@@ -258,8 +282,10 @@ impl Workload {
     /// The peer of the same shape (round trips, transaction) that pgfence's guarded workload is compared with.
     pub(super) fn peer_of_same_shape(self) -> Option<Workload> {
         match self {
-            Workload::Fenced => Some(Workload::PeerForShare),
-            Workload::GuardedUpdate => Some(Workload::PeerForShareUpdate),
+            Workload::Fenced | Workload::FencedNative => Some(Workload::PeerForShare),
+            Workload::GuardedUpdate | Workload::GuardedUpdateNative => {
+                Some(Workload::PeerForShareUpdate)
+            }
             _ => None,
         }
     }
@@ -628,7 +654,7 @@ impl Writer {
         let lease = self.fence.lease().to_owned();
         let epoch = self.fence.epoch().get();
         match self.workload {
-            Workload::Fenced => {
+            Workload::Fenced | Workload::FencedNative => {
                 let written = self
                     .store
                     .fenced(&self.fence, OPERATION, async move |conn| {
@@ -638,7 +664,7 @@ impl Writer {
                     .await;
                 refused_or(written.map(|()| true))
             }
-            Workload::GuardedUpdate => {
+            Workload::GuardedUpdate | Workload::GuardedUpdateNative => {
                 let written = self
                     .store
                     .guarded_write(
@@ -742,7 +768,9 @@ impl Writer {
                     .map_err(pgfence::Error::from)?;
             }
             Workload::Fenced
+            | Workload::FencedNative
             | Workload::GuardedUpdate
+            | Workload::GuardedUpdateNative
             | Workload::PeerForShare
             | Workload::PeerForShareUpdate
             | Workload::PeerRowFence => {

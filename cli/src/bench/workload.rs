@@ -57,6 +57,7 @@ pub(super) enum Workload {
     RawFenced,
     RawPipelined,
     RawGuardedUpdate,
+    RawGuardedUpdateNative,
     GuardedUpdate,
     GuardedUpdateNative,
     RawAdvisoryUpdate,
@@ -75,7 +76,7 @@ pub(super) enum Workload {
 }
 
 /// The write workloads, in the order each round runs them.
-pub(super) const WRITES: [Workload; 21] = [
+pub(super) const WRITES: [Workload; 22] = [
     Workload::Update,
     Workload::UpdatePing,
     Workload::Tx,
@@ -84,6 +85,7 @@ pub(super) const WRITES: [Workload; 21] = [
     Workload::RawFenced,
     Workload::RawPipelined,
     Workload::RawGuardedUpdate,
+    Workload::RawGuardedUpdateNative,
     Workload::GuardedUpdate,
     Workload::GuardedUpdateNative,
     Workload::RawAdvisoryUpdate,
@@ -117,6 +119,7 @@ impl Workload {
             Workload::RawFenced => "raw-fenced",
             Workload::RawPipelined => "raw-fenced-pipelined",
             Workload::RawGuardedUpdate => "raw-guarded-update",
+            Workload::RawGuardedUpdateNative => "raw-guarded-update-native",
             Workload::GuardedUpdate => "guarded-update",
             Workload::GuardedUpdateNative => "guarded-update-native",
             Workload::RawAdvisoryUpdate => "raw-advisory-update",
@@ -167,6 +170,9 @@ impl Workload {
             Workload::RawGuardedUpdate => {
                 "tokio-postgres, prepared: the statement Store::guarded_write sends (pgfence::guarded_write_sql)"
             }
+            Workload::RawGuardedUpdateNative => {
+                "tokio-postgres, prepared: the statement of guarded-update-native (pgfence::native_guarded_write_sql)"
+            }
             Workload::GuardedUpdate => {
                 "Store::guarded_write: the guard and the same UPDATE in one statement, one round trip; the portable \
                  guard (pgfence.fence)"
@@ -208,6 +214,7 @@ impl Workload {
             Workload::RawFenced
             | Workload::RawPipelined
             | Workload::RawGuardedUpdate
+            | Workload::RawGuardedUpdateNative
             | Workload::RawAdvisoryUpdate
             | Workload::RawAppend => Path::Raw,
             Workload::PgbenchFenced | Workload::PgbenchAppend => Path::Pgbench,
@@ -227,6 +234,7 @@ impl Workload {
                 | Workload::RawFenced
                 | Workload::RawPipelined
                 | Workload::RawGuardedUpdate
+                | Workload::RawGuardedUpdateNative
                 | Workload::GuardedUpdate
                 | Workload::GuardedUpdateNative
                 | Workload::RawAdvisoryUpdate
@@ -239,7 +247,12 @@ impl Workload {
 
     /// Whether the workload goes through the native guard (a store of its own that uses `pgfence_native.fence`).
     pub(super) fn native(self) -> bool {
-        matches!(self, Workload::FencedNative | Workload::GuardedUpdateNative)
+        matches!(
+            self,
+            Workload::FencedNative
+                | Workload::GuardedUpdateNative
+                | Workload::RawGuardedUpdateNative
+        )
     }
 
     /// Whether the workload is a peer: a guard a user would otherwise pick, measured beside pgfence's (it
@@ -295,6 +308,7 @@ impl Workload {
     pub(super) fn raw(self) -> Option<Workload> {
         match self {
             Workload::GuardedUpdate => Some(Workload::RawGuardedUpdate),
+            Workload::GuardedUpdateNative => Some(Workload::RawGuardedUpdateNative),
             Workload::Fenced => Some(Workload::RawFenced),
             Workload::Append => Some(Workload::RawAppend),
             _ => None,
@@ -483,6 +497,8 @@ pub(super) struct RawClient {
     fence: Statement,
     update: Statement,
     guarded_update: Statement,
+    /// The native guard's statement, when the server has pgfence_native.
+    guarded_update_native: Option<Statement>,
     advisory_update: Statement,
     append: Statement,
     append_unguarded: Statement,
@@ -557,6 +573,10 @@ impl RawClient {
                 .prepare(&pgfence::guarded_write_sql(sql::GATED_UPDATE, 2))
                 .await
                 .map_err(|e| db_error("preparing the guarded UPDATE", e))?,
+            guarded_update_native: client
+                .prepare(&pgfence::native_guarded_write_sql(sql::GATED_UPDATE, 2))
+                .await
+                .ok(),
             advisory_update: prepare(sql::ADVISORY_UPDATE).await?,
             append: prepare(sql::APPEND).await?,
             append_unguarded: prepare(sql::APPEND_UNGUARDED).await?,
@@ -821,6 +841,20 @@ impl Writer {
                     )
                     .await
                     .map_err(|e| db_error("guarded UPDATE", e))?;
+                let outcome: String = row.try_get(0).map_err(|e| db_error("guard", e))?;
+                self.stale(&outcome)?;
+            }
+            Workload::RawGuardedUpdateNative => {
+                let raw = self.raw();
+                let statement = raw
+                    .guarded_update_native
+                    .as_ref()
+                    .expect("native workloads run only where pgfence_native is installed");
+                let row = raw
+                    .client
+                    .query_one(statement, &[&lo, &hi, &lease, &epoch, &secret, &OPERATION])
+                    .await
+                    .map_err(|e| db_error("native guarded UPDATE", e))?;
                 let outcome: String = row.try_get(0).map_err(|e| db_error("guard", e))?;
                 self.stale(&outcome)?;
             }

@@ -234,10 +234,10 @@ impl Plan {
         slots
     }
 
-    /// Connections open at once: the pool, the pinging pool of `update-ping`, the raw clients and pgbench; or one
-    /// pool per lease table.
+    /// Connections open at once: the pool, the pinging pool of `update-ping`, the native guard's pool, the raw
+    /// clients and pgbench; or one pool per lease table.
     fn connections_needed(&self) -> u32 {
-        let per_writer = 4.max(if self.leases.is_empty() {
+        let per_writer = 5.max(if self.leases.is_empty() {
             0
         } else {
             self.lease_rows.len() as u32

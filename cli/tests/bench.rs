@@ -30,10 +30,32 @@ fn pgbench_installed() -> bool {
         || pgfence::embedded::find_bin_dir().is_ok_and(|bin| bin.join("pgbench").is_file())
 }
 
+/// Whether the server the command starts has the pgfence_native extension (native/) to create.
+fn native_installed() -> bool {
+    let Ok(bin) = pgfence::embedded::find_bin_dir() else {
+        return false;
+    };
+    Command::new(bin.join("pg_config"))
+        .arg("--sharedir")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .is_some_and(|o| {
+            std::path::Path::new(String::from_utf8_lossy(&o.stdout).trim())
+                .join("extension/pgfence_native.control")
+                .is_file()
+        })
+}
+
 /// Every workload once, tiny: the command exits 0, prints the tables and the targets, and its JSON has a
 /// measurement for every (workload, concurrency, batch) it ran, with the environment that produced them.
 #[test]
 fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
+    // CI installs the native guard and requires its workloads here.
+    assert!(
+        native_installed() || std::env::var_os("PGFENCE_REQUIRE_NATIVE").is_none(),
+        "PGFENCE_REQUIRE_NATIVE is set but pgfence_native is not installed (make -C native install)"
+    );
     let dir = tempfile::tempdir().unwrap();
     let json_path = dir.path().join("bench.json");
     let svg_path = dir.path().join("bench.svg");
@@ -52,6 +74,8 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
             "1,20",
             "--renewal-leases",
             "5",
+            "--takeovers",
+            "3",
             "--json",
             json_path.to_str().unwrap(),
             "--plot",
@@ -104,6 +128,10 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
         ("guarded-update", 1, None),
         ("guarded-update", 3, None),
         ("raw-advisory-update", 1, None),
+        ("peer-for-share", 1, None),
+        ("peer-for-share", 3, None),
+        ("peer-for-share-update", 1, None),
+        ("peer-row-fence", 3, None),
         ("append", 1, None),
         ("append-unguarded", 1, None),
         ("claim-transition", 1, None),
@@ -114,6 +142,13 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
         ("renew", 1, Some(1)),
         ("renew", 1, Some(20)),
     ];
+    if native_installed() {
+        expected.extend([
+            ("fenced-native", 1, None),
+            ("guarded-update-native", 3, None),
+            ("raw-guarded-update-native", 1, None),
+        ]);
+    }
     if pgbench_installed() {
         expected.extend([
             ("pgbench-fenced", 1, None),
@@ -161,6 +196,36 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
     assert_eq!(renewal["leases"], 5);
     assert!(renewal["statements"].as_u64().is_some());
     assert!(!doc["targets"].as_array().unwrap().is_empty());
+
+    // Takeovers under busy writers, per guard: pgfence's guards let no zombie write in and never fail; the
+    // rows' own fence lets every one in (each zombie writes a row no newer tenure wrote).
+    let takeovers = doc["takeovers"].as_array().unwrap();
+    let guard = |name: &str| {
+        takeovers
+            .iter()
+            .find(|t| t["guard"] == name)
+            .unwrap_or_else(|| panic!("no takeover measurement of {name}: {takeovers:?}"))
+    };
+    let mut guards = vec![
+        "fenced",
+        "guarded-update",
+        "peer-for-share",
+        "peer-for-share-update",
+    ];
+    if native_installed() {
+        guards.extend(["fenced-native", "guarded-update-native"]);
+    }
+    for name in guards {
+        let t = guard(name);
+        assert_eq!(t["takeovers"], 3, "{t}");
+        assert_eq!(t["failed"], 0, "{t}");
+        assert_eq!(t["zombies_accepted"], 0, "{t}");
+        assert!(
+            t["p99_ms"].as_f64().unwrap() >= t["p50_ms"].as_f64().unwrap(),
+            "{t}"
+        );
+    }
+    assert_eq!(guard("peer-row-fence")["zombies_accepted"], 3);
 
     let svg = std::fs::read_to_string(&svg_path).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("fenced"), "{svg}");

@@ -86,6 +86,11 @@ pub(super) struct BenchArgs {
     #[arg(long, value_name = "PATH")]
     plot: Option<PathBuf>,
 
+    /// Measure nothing: draw the chart (--plot) of the runs these JSON files (--json of earlier runs) hold, in one
+    /// chart, each line once per run (named by its fsync setting: "fsync off", "fsync on"). Repeatable.
+    #[arg(long, value_name = "PATH")]
+    plot_from: Vec<PathBuf>,
+
     /// The throwaway server calls fsync (off by default, as in the test suites).
     #[arg(long)]
     fsync: bool,
@@ -1291,7 +1296,48 @@ struct Outcome {
     pgbench_version: Option<String>,
 }
 
+/// `--plot-from`: one chart of the measurements of earlier runs.
+fn plot_from(files: &[PathBuf], out: Option<&PathBuf>) -> CliResult {
+    let Some(out) = out else {
+        return Err(Failure::new(
+            2,
+            "--plot-from draws a chart: give --plot PATH.svg",
+        ));
+    };
+    let mut all = Vec::new();
+    let mut runs = Vec::new();
+    for path in files {
+        let read = |e: String| Failure::new(2, format!("{}: {e}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(|e| read(e.to_string()))?;
+        let doc: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| read(e.to_string()))?;
+        let fsync = doc["environment"]["settings"]["fsync"]
+            .as_str()
+            .unwrap_or("?")
+            .to_owned();
+        let variant = format!("fsync {fsync}");
+        let measurements: Vec<Measurement> =
+            serde_json::from_value(doc["measurements"].clone()).map_err(|e| read(e.to_string()))?;
+        all.extend(measurements.into_iter().map(|mut m| {
+            m.variant = Some(variant.clone());
+            m
+        }));
+        runs.push(format!(
+            "{} ({variant}, PostgreSQL {})",
+            path.display(),
+            doc["environment"]["server_version"].as_str().unwrap_or("?")
+        ));
+    }
+    let title = format!("pgfence bench: {}", runs.join(" and "));
+    plot::write_svg(out, &all, &title)
+        .map_err(|e| Failure::new(1, format!("writing {}: {e}", out.display())))?;
+    Ok(())
+}
+
 pub(super) async fn run(global: &Global, args: BenchArgs) -> CliResult {
+    if !args.plot_from.is_empty() {
+        return plot_from(&args.plot_from, args.plot.as_ref());
+    }
     let started_at = chrono::Utc::now();
     let started = Instant::now();
     let load_at_start = load_average();

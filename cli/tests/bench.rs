@@ -231,9 +231,32 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
     assert!(svg.starts_with("<svg") && svg.contains("fenced"), "{svg}");
     // The chart leads with the ratios and their targets.
     assert!(
-        svg.contains("guarded-update ÷ update") && svg.contains("target 0.95"),
+        svg.contains("guarded-update ÷ update") && svg.contains("target 0.90"),
         "{svg}"
     );
+
+    // One chart of several runs (--plot-from): each line once per run, named by its fsync setting.
+    let both_path = dir.path().join("both.svg");
+    let run = pgfence(
+        &[
+            "bench",
+            "--plot-from",
+            json_path.to_str().unwrap(),
+            "--plot-from",
+            json_path.to_str().unwrap(),
+            "--plot",
+            both_path.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let both = std::fs::read_to_string(&both_path).unwrap();
+    assert!(
+        both.contains("guarded-update ÷ update (one statement, portable guard) (fsync off)"),
+        "{both}"
+    );
+    let run = pgfence(&["bench", "--plot-from", json_path.to_str().unwrap()], None);
+    assert_eq!(run.code, 2, "--plot-from without --plot: {}", run.stderr);
 }
 
 /// It writes: against a database it did not create it runs only with --yes, and refuses before connecting.
@@ -304,6 +327,8 @@ fn no_tenure_secret_is_sent_as_statement_text() {
             "--lease-rows",
             "1",
             "--renewal-leases",
+            "2",
+            "--takeovers",
             "2",
         ],
         Some(&server.url()),

@@ -2,6 +2,8 @@
 //! path, and the library's path ÷ the same statement sent raw through tokio-postgres — against concurrency,
 //! with the targets drawn as dashed lines. Below them: single-row throughput of the main workloads, the gain of
 //! batching, and the lease operations. SVG only (no fonts or bitmaps to bundle); browsers and GitHub render it.
+//! Measurements of several runs (`--plot-from`, e.g. fsync off and on) are drawn in one chart: each line once per
+//! run, the same colour, the first run solid and the others dashed, the run named in the legend.
 
 use std::path::Path;
 
@@ -9,7 +11,8 @@ use plotters::prelude::*;
 
 use super::report::{Measurement, Ratio};
 
-type Series = (String, Vec<(u32, f64)>);
+/// A line: its label (without the run), the run it comes from (`Measurement::variant`), its points.
+type Series = (String, Option<String>, Vec<(u32, f64)>);
 
 /// One panel: a caption, the y axis label, its lines, dashed horizontal target lines, and whether the y axis
 /// starts at 0 with a fixed top (ratios) or scales to the data (throughput).
@@ -28,19 +31,38 @@ type RatioLine = (
     fn(&Measurement) -> Option<&Ratio>,
 );
 
+/// The runs among `all`, in order of appearance (`None`: a single run).
+fn variants(all: &[Measurement]) -> Vec<Option<String>> {
+    let mut out: Vec<Option<String>> = Vec::new();
+    for m in all {
+        if !out.contains(&m.variant) {
+            out.push(m.variant.clone());
+        }
+    }
+    out
+}
+
 fn ratio_series(all: &[Measurement], batch: u32, lines: &[RatioLine]) -> Vec<Series> {
-    lines
-        .iter()
-        .filter_map(|(label, workload, pick)| {
+    let mut out = Vec::new();
+    for (label, workload, pick) in lines {
+        for variant in variants(all) {
             let mut points: Vec<(u32, f64)> = all
                 .iter()
-                .filter(|m| m.lease_rows.is_none() && m.batch == batch && m.workload == *workload)
+                .filter(|m| {
+                    m.lease_rows.is_none()
+                        && m.batch == batch
+                        && m.workload == *workload
+                        && m.variant == variant
+                })
                 .filter_map(|m| pick(m).map(|r| (m.concurrency, r.value)))
                 .collect();
             points.sort_by_key(|p| p.0);
-            (!points.is_empty()).then(|| ((*label).to_owned(), points))
-        })
-        .collect()
+            if !points.is_empty() {
+                out.push(((*label).to_owned(), variant, points));
+            }
+        }
+    }
+    out
 }
 
 fn throughput_series(
@@ -53,12 +75,15 @@ fn throughput_series(
     for m in all.iter().filter(|m| keep(m)) {
         let label = name(m);
         let point = (m.concurrency, value(m));
-        match out.iter_mut().find(|(n, _)| *n == label) {
-            Some((_, points)) => points.push(point),
-            None => out.push((label, vec![point])),
+        match out
+            .iter_mut()
+            .find(|(n, v, _)| *n == label && *v == m.variant)
+        {
+            Some((_, _, points)) => points.push(point),
+            None => out.push((label, m.variant.clone(), vec![point])),
         }
     }
-    for (_, points) in &mut out {
+    for (_, _, points) in &mut out {
         points.sort_by_key(|p| p.0);
     }
     out
@@ -66,10 +91,15 @@ fn throughput_series(
 
 fn panels(all: &[Measurement]) -> Vec<Panel> {
     let mut panels = Vec::new();
-    let guard_cost: [RatioLine; 5] = [
+    let guard_cost: [RatioLine; 6] = [
         (
-            "guarded-update ÷ update (one statement)",
+            "guarded-update ÷ update (one statement, portable guard)",
             "guarded-update",
+            |m| m.vs_unguarded.as_ref(),
+        ),
+        (
+            "guarded-update-native ÷ update (native guard)",
+            "guarded-update-native",
             |m| m.vs_unguarded.as_ref(),
         ),
         (
@@ -77,17 +107,15 @@ fn panels(all: &[Measurement]) -> Vec<Panel> {
             "fenced",
             |m| m.vs_unguarded.as_ref(),
         ),
+        ("fenced-native ÷ tx", "fenced-native", |m| {
+            m.vs_unguarded.as_ref()
+        }),
         ("append ÷ append-unguarded", "append", |m| {
             m.vs_unguarded.as_ref()
         }),
         (
-            "claim-transition ÷ append-unguarded",
-            "claim-transition",
-            |m| m.vs_unguarded.as_ref(),
-        ),
-        (
-            "update-ping ÷ update (a test query per check-out)",
-            "update-ping",
+            "peer-for-share-update ÷ update (a share lock, for comparison)",
+            "peer-for-share-update",
             |m| m.vs_unguarded.as_ref(),
         ),
     ];
@@ -97,14 +125,19 @@ fn panels(all: &[Measurement]) -> Vec<Panel> {
             caption: "what the guard costs: guarded ÷ unguarded, same pool, same rows".to_owned(),
             unit: "throughput ratio",
             series,
-            targets: vec![(0.95, "0.95 one statement"), (0.90, "0.90 fenced, append")],
+            targets: vec![(0.6, "0.6 portable"), (0.90, "0.90 native, fenced, append")],
             y_max: Some(1.3),
         });
     }
-    let client_path: [RatioLine; 3] = [
+    let client_path: [RatioLine; 4] = [
         (
             "guarded-update ÷ raw-guarded-update",
             "guarded-update",
+            |m| m.vs_raw.as_ref(),
+        ),
+        (
+            "guarded-update-native ÷ raw-guarded-update-native",
+            "guarded-update-native",
             |m| m.vs_raw.as_ref(),
         ),
         ("fenced ÷ raw-fenced", "fenced", |m| m.vs_raw.as_ref()),
@@ -120,19 +153,20 @@ fn panels(all: &[Measurement]) -> Vec<Panel> {
             y_max: Some(1.3),
         });
     }
-    const MAIN: [&str; 7] = [
+    const MAIN: [&str; 8] = [
         "update",
         "guarded-update",
+        "guarded-update-native",
+        "peer-for-share-update",
         "tx",
         "fenced",
+        "fenced-native",
         "append",
-        "append-unguarded",
-        "pgbench-fenced",
     ];
     let series = throughput_series(
         all,
-        |m| m.lease_rows.is_none() && m.batch == 1 && MAIN.contains(&m.workload),
-        |m| m.workload.to_owned(),
+        |m| m.lease_rows.is_none() && m.batch == 1 && MAIN.contains(&m.workload.as_str()),
+        |m| m.workload.clone(),
         |m| m.tx_per_s,
     );
     if !series.is_empty() {
@@ -150,7 +184,8 @@ fn panels(all: &[Measurement]) -> Vec<Panel> {
             m.lease_rows.is_none()
                 && m.batch > 1
                 && m.vs_batch1.is_some()
-                && ["fenced", "guarded-update", "raw-guarded-update"].contains(&m.workload)
+                && ["fenced", "guarded-update", "guarded-update-native"]
+                    .contains(&m.workload.as_str())
         },
         |m| format!("{} ({} rows)", m.workload, m.batch),
         |m| m.vs_batch1.as_ref().map_or(0.0, |r| r.value),
@@ -200,7 +235,7 @@ pub(super) fn write_svg(path: &Path, all: &[Measurement], title: &str) -> Result
         let data_max = panel
             .series
             .iter()
-            .flat_map(|(_, points)| points.iter().map(|p| p.1))
+            .flat_map(|(_, _, points)| points.iter().map(|p| p.1))
             .chain(panel.targets.iter().map(|t| t.0))
             .fold(1.0f64, f64::max)
             * 1.1;
@@ -245,18 +280,40 @@ pub(super) fn write_svg(path: &Path, all: &[Measurement], title: &str) -> Result
                 )))
                 .map_err(err)?;
         }
-        for (i, (name, points)) in panel.series.iter().enumerate() {
+        let runs = variants(all);
+        let mut names: Vec<&String> = Vec::new();
+        for (name, variant, points) in &panel.series {
+            // One colour per line, whatever the run; the first run solid, the others dashed.
+            let i = names.iter().position(|n| *n == name).unwrap_or_else(|| {
+                names.push(name);
+                names.len() - 1
+            });
             let color = Palette99::pick(i).to_rgba();
-            chart
-                .draw_series(LineSeries::new(
+            let label = match variant {
+                Some(v) => format!("{name} ({v})"),
+                None => name.clone(),
+            };
+            let solid = runs.first() == Some(variant);
+            let drawn = if solid {
+                chart.draw_series(LineSeries::new(
                     points.iter().copied(),
                     color.stroke_width(2),
                 ))
-                .map_err(err)?
-                .label(name.clone())
-                .legend(move |(x, y)| {
+            } else {
+                chart.draw_series(DashedLineSeries::new(
+                    points.iter().copied(),
+                    7,
+                    4,
+                    color.stroke_width(2),
+                ))
+            };
+            drawn.map_err(err)?.label(label).legend(move |(x, y)| {
+                if solid {
                     PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-                });
+                } else {
+                    PathElement::new(vec![(x, y), (x + 6, y)], color.stroke_width(2))
+                }
+            });
             chart
                 .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
                 .map_err(err)?;

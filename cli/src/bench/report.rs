@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::workload::{Path, Workload};
 
 /// One round of one workload.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct Round {
     /// Transactions (round trips; for pgbench: script runs) completed.
     pub(super) transactions: u64,
@@ -22,7 +22,7 @@ pub(super) struct Round {
 }
 
 /// Latency of one transaction as seen by the client, in milliseconds, over all rounds.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct Latency {
     pub(super) samples: u64,
     pub(super) mean: f64,
@@ -48,7 +48,7 @@ impl Latency {
 
 /// A ratio to another workload of the same run: the median over rounds of the per-round ratios when both ran
 /// in the same rounds (paired, side by side), else the ratio of the medians.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct Ratio {
     pub(super) baseline: String,
     pub(super) value: f64,
@@ -56,12 +56,15 @@ pub(super) struct Ratio {
 }
 
 /// Everything measured for one workload at one concurrency, batch size and lease table size.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct Measurement {
-    pub(super) workload: &'static str,
-    pub(super) path: &'static str,
+    pub(super) workload: String,
+    pub(super) path: String,
     pub(super) guarded: bool,
-    pub(super) description: &'static str,
+    pub(super) description: String,
+    /// Which run a measurement comes from, when a chart draws several (`--plot-from`): "fsync on", "fsync off".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) variant: Option<String>,
     pub(super) concurrency: u32,
     /// Rows per round trip (1 for task and lease workloads).
     pub(super) batch: u32,
@@ -158,10 +161,11 @@ impl Collector {
             let per_tx = |n: u64| n as f64 / transactions.max(1) as f64;
             let w = key.workload;
             out.push(Measurement {
-                workload: w.name(),
-                path: w.path().as_str(),
+                workload: w.name().to_owned(),
+                path: w.path().as_str().to_owned(),
                 guarded: w.guarded(),
-                description: w.description(),
+                description: w.description().to_owned(),
+                variant: None,
                 concurrency: key.concurrency,
                 batch: key.batch,
                 lease_rows: key.lease_rows,
@@ -398,7 +402,7 @@ pub(super) fn targets(all: &[Measurement], renewal: Option<&RenewalCost>) -> Vec
             Some(max_batch),
         );
     }
-    let is_peer = |m: &Measurement| Workload::parse(m.workload).is_some_and(Workload::peer);
+    let is_peer = |m: &Measurement| Workload::parse(&m.workload).is_some_and(Workload::peer);
     let guarded: Vec<&Measurement> = all
         .iter()
         .filter(|m| {
@@ -557,7 +561,7 @@ pub(super) fn print_tables(
             .collect();
         rows.sort_by_key(|m| {
             (
-                Workload::parse(m.workload).map(|w| w as usize),
+                Workload::parse(&m.workload).map(|w| w as usize),
                 m.concurrency,
             )
         });
@@ -609,7 +613,7 @@ pub(super) fn print_tables(
         let mut rows = leases.clone();
         rows.sort_by_key(|m| {
             (
-                Workload::parse(m.workload).map(|w| w as usize),
+                Workload::parse(&m.workload).map(|w| w as usize),
                 m.concurrency,
                 m.lease_rows,
             )

@@ -52,6 +52,10 @@ pub(super) struct TakeoverCost {
     /// Writes of the busy writers accepted and refused over the whole measurement.
     pub(super) accepted: u64,
     pub(super) refused: u64,
+    /// Writes of the busy writers that failed (an error other than a refusal; the first is kept). A takeover
+    /// ends a guarded transaction still open after its grace, so some may be expected under heavy load.
+    pub(super) writer_errors: u64,
+    pub(super) first_writer_error: Option<String>,
     /// Zombie writes (the ended tenure's fence, after the takeover returned) the guard accepted.
     pub(super) zombies_accepted: u32,
     pub(super) multixacts: u64,
@@ -95,10 +99,13 @@ async fn one_guard(
     let accepted: Arc<Vec<AtomicU64>> = Arc::new((0..WRITERS).map(|_| AtomicU64::new(0)).collect());
     let accepted_epoch: Arc<Vec<AtomicU64>> =
         Arc::new((0..WRITERS).map(|_| AtomicU64::new(0)).collect());
+    let errors = Arc::new(AtomicU64::new(0));
+    let first_error: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let mut tasks = Vec::new();
     for i in 0..WRITERS {
         let (store, mut rx, stop) = (store.clone(), rx.clone(), stop.clone());
         let (accepted, accepted_epoch) = (accepted.clone(), accepted_epoch.clone());
+        let (errors, first_error) = (errors.clone(), first_error.clone());
         tasks.push(tokio::spawn(async move {
             let mut writer = Writer::new(guard, i, 1, store, rx.borrow().clone(), None, 0);
             let mut refused = 0u64;
@@ -106,19 +113,26 @@ async fn one_guard(
                 let fence = rx.borrow_and_update().clone();
                 let epoch = fence.epoch().get() as u64;
                 writer.set_fence(fence);
-                if writer.attempt().await? {
-                    accepted[i].fetch_add(1, Ordering::Relaxed);
-                    accepted_epoch[i].fetch_max(epoch, Ordering::Relaxed);
-                } else {
-                    refused += 1;
+                match writer.attempt().await {
+                    Ok(true) => {
+                        accepted[i].fetch_add(1, Ordering::Relaxed);
+                        accepted_epoch[i].fetch_max(epoch, Ordering::Relaxed);
+                    }
+                    Ok(false) => refused += 1,
+                    Err(e) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        let mut first = first_error.lock().expect("not poisoned");
+                        first.get_or_insert_with(|| e.message.clone());
+                    }
                 }
             }
-            Ok::<_, Failure>(refused)
+            refused
         }));
     }
     let settle = |epoch: u64| {
         let accepted_epoch = accepted_epoch.clone();
         let name = name.clone();
+        let first_error = first_error.clone();
         async move {
             let deadline = Instant::now() + SETTLE;
             while accepted_epoch
@@ -126,9 +140,14 @@ async fn one_guard(
                 .any(|e| e.load(Ordering::Relaxed) < epoch)
             {
                 if Instant::now() >= deadline {
+                    let first = first_error.lock().expect("not poisoned").clone();
                     return Err(Failure::new(
                         1,
-                        format!("takeovers of {name}: the writers were not accepted under epoch {epoch} within {SETTLE:?}"),
+                        format!(
+                            "takeovers of {name}: the writers were not accepted under epoch {epoch} within \
+                             {SETTLE:?} (first writer error: {})",
+                            first.as_deref().unwrap_or("none")
+                        ),
                     ));
                 }
                 tokio::task::yield_now().await;
@@ -179,9 +198,10 @@ async fn one_guard(
     for task in tasks {
         refused += task
             .await
-            .map_err(|e| Failure::new(1, format!("a takeover writer panicked: {e}")))??;
+            .map_err(|e| Failure::new(1, format!("a takeover writer panicked: {e}")))?;
     }
     let (took, failed, first_failure, zombies_accepted, multixacts) = result?;
+    let first_writer_error = first_error.lock().expect("not poisoned").clone();
     let ms = |q: f64| took.value_at_quantile(q) as f64 / 1000.0;
     Ok(TakeoverCost {
         guard: guard.name(),
@@ -194,6 +214,8 @@ async fn one_guard(
         max_ms: took.max() as f64 / 1000.0,
         accepted: accepted.iter().map(|a| a.load(Ordering::Relaxed)).sum(),
         refused,
+        writer_errors: errors.load(Ordering::Relaxed),
+        first_writer_error,
         zombies_accepted,
         multixacts,
     })
@@ -224,6 +246,7 @@ pub(super) fn print(costs: &[TakeoverCost]) {
                     "{:.2}",
                     c.multixacts as f64 / (c.accepted + c.refused).max(1) as f64
                 ),
+                c.writer_errors.to_string(),
             ]
         })
         .collect();
@@ -237,6 +260,7 @@ pub(super) fn print(costs: &[TakeoverCost]) {
             "MAX MS",
             "ZOMBIES IN",
             "MXID/WRITE",
+            "WRITER ERRORS",
         ],
         &table,
     );
@@ -244,6 +268,13 @@ pub(super) fn print(costs: &[TakeoverCost]) {
         if let Some(e) = &c.first_failure {
             println!(
                 "  {}: first failed takeover: {}",
+                c.guard,
+                super::super::table::escape(e, super::super::table::MESSAGE_CHARS)
+            );
+        }
+        if let Some(e) = &c.first_writer_error {
+            println!(
+                "  {}: first writer error: {}",
                 c.guard,
                 super::super::table::escape(e, super::super::table::MESSAGE_CHARS)
             );

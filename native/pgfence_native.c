@@ -5,7 +5,7 @@
  * admits by itself only the common case — a tenure this backend has already seen pgfence.fence admit, presented
  * again with the same secret, still current, held, unexpired and on the current timeline, by a role that may
  * execute pgfence.fence and has a grant on the lease's cluster, no takeover in flight, READ COMMITTED, plain
- * labels, no write mark due — and hands everything else to pgfence.fence (the portable guard, plpgsql), which
+ * labels — and hands everything else to pgfence.fence (the portable guard, plpgsql), which
  * decides, refuses and audits. So it can only admit what pgfence.fence admits.
  *
  * What it remembers, per lease, in this backend's private memory (no role can write it: only this code does,
@@ -29,8 +29,8 @@
  *      and acquisition time, held, expiring after the clock read now, a timeline no older than the server's;
  *   6. the grant, on the same snapshot: the session's login role is a member of the pgfence schema's owner, or of
  *      a role that pgfence.grants grants the lease's cluster (or every cluster) — pgfence._grant_of's rule;
- *   7. no write mark due (the session's mark, pgfence.write_mark, names this tenure and second): else
- *      pgfence.fence, which marks;
+ *   7. the write mark, when one is due (the session's mark, pgfence.write_mark, does not name this tenure and
+ *      second): recorded as pgfence._mark does (see write_mark);
  * then it leaves the secret for the raw-SQL enforcement (pgfence.tenure_secret_<lock key>, transaction-local)
  * and answers 'ok'. When it took the guard lock and then could not admit, it first sets the marker
  * pgfence.guard_held_<lock key> (transaction-local), by which pgfence._await_takeover knows the transaction
@@ -49,6 +49,7 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_type.h"
+#include "executor/spi.h"
 #include "executor/tuptable.h"
 #include "fmgr.h"
 #include "funcapi.h"
@@ -500,6 +501,45 @@ remember(FunctionCallInfo fcinfo, const char *lease_name, text *lease)
 	memcpy(r->secret, VARDATA_ANY(secret), r->secret_len);
 }
 
+/*
+ * The write mark of an admitted write (pgfence._mark's upsert, in the write's transaction), written as the owner
+ * of the pgfence schema — who alone writes pgfence.write_marks, as pgfence.fence does as its SECURITY DEFINER
+ * owner — by a statement that names everything by schema (the caller's search_path resolves nothing in it); then
+ * the session remembers the mark, as pgfence._mark does, so its other writes of that second record nothing.
+ */
+static void
+write_mark(Oid owner, text *lease, int64 epoch, const char *mark)
+{
+	Oid			save_userid;
+	int			save_sec_context;
+	Oid			argtypes[2] = {TEXTOID, INT8OID};
+	Datum		args[2];
+
+	args[0] = PointerGetDatum(lease);
+	args[1] = Int64GetDatum(epoch);
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	PG_TRY();
+	{
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "pgfence_native: SPI_connect failed");
+		if (SPI_execute_with_args("INSERT INTO pgfence.write_marks AS m (lease, epoch, backend, last_at) "
+								  "VALUES ($1, $2, pg_catalog.pg_backend_pid(), pg_catalog.clock_timestamp()) "
+								  "ON CONFLICT (lease, epoch, backend) "
+								  "DO UPDATE SET last_at = GREATEST(m.last_at, EXCLUDED.last_at)",
+								  2, argtypes, args, NULL, false, 0) != SPI_OK_INSERT)
+			elog(ERROR, "pgfence_native: the write mark was not recorded");
+		SPI_finish();
+	}
+	PG_FINALLY();
+	{
+		SetUserIdAndSecContext(save_userid, save_sec_context);
+	}
+	PG_END_TRY();
+	(void) set_config_option("pgfence.write_mark", mark, PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SET, true, 0,
+							 false);
+}
+
 /* The slow path: pgfence.fence decides; an 'ok' is remembered for the next call. */
 static Datum
 slow(FunctionCallInfo fcinfo, const char *lease_name, text *lease)
@@ -602,11 +642,7 @@ pgfence_native_fence(PG_FUNCTION_ARGS)
 			 (int64) rint((double) (now - SetEpochTimestamp()) / 1000000.0), lease_name);
 	last_mark = GetConfigOption("pgfence.write_mark", true, false);
 	if (last_mark == NULL || strcmp(last_mark, mark) != 0)
-	{
-		snprintf(setting, sizeof(setting), "pgfence.guard_held_%d", r->lock_key);
-		set_local(setting, "on");
-		return slow(fcinfo, lease_name, lease);
-	}
+		write_mark(owner, lease, epoch, mark);
 	/* Admitted: the secret for the raw-SQL enforcement, then 'ok'. */
 	snprintf(setting, sizeof(setting), "pgfence.tenure_secret_%d", r->lock_key);
 	secret_value = text_to_cstring(secret);

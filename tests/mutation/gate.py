@@ -599,7 +599,7 @@ MUTATIONS: list[Mutation] = [
         "the native fast path reads the lease without taking its guard lock, so a takeover does not wait for the "
         "writes it admits",
         [Edit("native/pgfence_native.c", "|| !try_guard_lock(r->lock_key))", "|| (false && !try_guard_lock(r->lock_key)))")],
-        [cargo_test("race")],
+        [cargo_test("native", "a_native_admission_holds_the_guard_lock_to_its_commit_and_marks_the_write"), cargo_test("race")],
     ),
     Mutation(
         "native-without-intent-probe",
@@ -665,6 +665,13 @@ MUTATIONS: list[Mutation] = [
         "the native fast path admits under REPEATABLE READ (a snapshot that may predate a takeover)",
         [Edit("native/pgfence_native.c", " || XactIsoLevel != XACT_READ_COMMITTED", "")],
         [cargo_test("native", "the_native_guard_answers_every_call_as_the_portable_guard")],
+    ),
+    Mutation(
+        "native-skips-the-write-mark",
+        "the native fast path admits without recording the write mark that is due (the overlap review loses the "
+        "tenure's last accepted writes)",
+        [Edit("native/pgfence_native.c", "\t\twrite_mark(owner, lease, epoch, mark);", "\t\t(void) write_mark;")],
+        [cargo_test("native", "a_native_admission_holds_the_guard_lock_to_its_commit_and_marks_the_write")],
     ),
     Mutation(
         "native-trusts-a-recreated-schema",

@@ -1666,17 +1666,7 @@ async fn the_fast_path_admits_nothing_the_full_guard_refuses() {
 
     let (short, short_secret) = sql_acquire(&c, "c/short", 100).await;
     remember(&c, &c, "c/short", short).await;
-    while c
-        .query_one(
-            "SELECT expires_at > clock_timestamp() FROM pgfence.leases WHERE name = 'c/short'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get::<_, bool>(0)
-    {
-        tokio::task::yield_now().await;
-    }
+    common::wait_until_expired(&c, "c/short").await;
     assert_eq!(
         sql_fence(&c, "c/short", short, &short_secret).await,
         refused("expired")

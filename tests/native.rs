@@ -231,17 +231,7 @@ async fn the_native_guard_answers_every_call_as_the_portable_guard() {
     let ss = Some(short_secret.as_str());
     same(both(&n, &p, "c/short", short, ss, "op").await, ok());
     assert_eq!(remembered(&n, "c/short").await, vec![short]);
-    while owner
-        .query_one(
-            "SELECT expires_at > clock_timestamp() FROM pgfence.leases WHERE name = 'c/short'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get::<_, bool>(0)
-    {
-        tokio::task::yield_now().await;
-    }
+    common::wait_until_expired(&owner, "c/short").await;
     same(
         both(&n, &p, "c/short", short, ss, "op").await,
         refused("expired"),

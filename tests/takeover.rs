@@ -926,18 +926,7 @@ async fn takeovers(
         tokio::time::sleep(Duration::from_millis(150)).await;
         if expire {
             // Wait for expiry by the database clock, then time the successor's acquisition.
-            let client = db.client().await;
-            while client
-                .query_one(
-                    "SELECT expires_at > clock_timestamp() FROM pgfence.leases WHERE name = 'c/busy'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get::<_, bool>(0)
-            {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            common::wait_until_expired(&db.client().await, "c/busy").await;
             let started = Instant::now();
             let next = taker.acquire("busy", "successor", TTL).await;
             acquired.push(started.elapsed());

@@ -374,6 +374,27 @@ pub async fn wait_until_blocked_on_lock(db: &TestDb, backends: i64) {
     }
 }
 
+/// Waits until `lease` (a qualified name) has expired by the database clock — the clock every expiry is judged
+/// by — polling, bounded at 20 s.
+pub async fn wait_until_expired(client: &tokio_postgres::Client, lease: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while client
+        .query_one(
+            "SELECT expires_at > clock_timestamp() FROM pgfence.leases WHERE name = $1",
+            &[&lease],
+        )
+        .await
+        .expect("read the lease's expiry")
+        .get::<_, bool>(0)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{lease} did not expire within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 /// A metrics recorder for tests whose reads do not reset values (tests of one binary run in parallel and
 /// share it). Installed once per test binary.
 pub mod metrics_probe {

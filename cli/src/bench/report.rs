@@ -156,6 +156,10 @@ impl Collector {
         let mut out = Vec::new();
         for key in &self.order {
             let cell = &self.cells[key];
+            // The ratio to another workload of the same concurrency, batch and lease table.
+            let beside = |other: Option<Workload>| {
+                other.and_then(|workload| ratio(key, Key { workload, ..*key }, 1.0))
+            };
             let tx_per_s = median(cell.rounds.iter().map(|r| r.tx_per_s).collect());
             let transactions: u64 = cell.rounds.iter().map(|r| r.transactions).sum();
             let per_tx = |n: u64| n as f64 / transactions.max(1) as f64;
@@ -175,49 +179,13 @@ impl Collector {
                 latency_ms: Latency::from_histogram(&cell.latency),
                 multixacts_per_tx: per_tx(cell.rounds.iter().map(|r| r.multixacts).sum()),
                 xids_per_tx: per_tx(cell.rounds.iter().map(|r| r.xids).sum()),
-                vs_unguarded: w.unguarded().and_then(|u| {
-                    ratio(
-                        key,
-                        Key {
-                            workload: u,
-                            ..*key
-                        },
-                        1.0,
-                    )
-                }),
-                vs_raw: w.raw().and_then(|r| {
-                    ratio(
-                        key,
-                        Key {
-                            workload: r,
-                            ..*key
-                        },
-                        1.0,
-                    )
-                }),
-                vs_pgbench: w.pgbench().and_then(|p| {
-                    ratio(
-                        key,
-                        Key {
-                            workload: p,
-                            ..*key
-                        },
-                        1.0,
-                    )
-                }),
+                vs_unguarded: beside(w.unguarded()),
+                vs_raw: beside(w.raw()),
+                vs_pgbench: beside(w.pgbench()),
                 vs_batch1: (key.batch > 1)
                     .then(|| ratio(key, Key { batch: 1, ..*key }, f64::from(key.batch)))
                     .flatten(),
-                vs_peer: w.peer_of_same_shape().and_then(|p| {
-                    ratio(
-                        key,
-                        Key {
-                            workload: p,
-                            ..*key
-                        },
-                        1.0,
-                    )
-                }),
+                vs_peer: beside(w.peer_of_same_shape()),
             });
         }
         out

@@ -657,14 +657,20 @@ impl Writer {
         ))
     }
 
+    /// The writer's rows of the user table: ids `[lo, hi)`.
+    fn rows(&self) -> (i64, i64) {
+        let lo = self.index as i64 * self.batch;
+        (lo, lo + self.batch)
+    }
+
     /// One write of the guard workloads (pgfence's `fenced` and `guarded-update`, and the peers): whether the
     /// guard accepted it. A refusal is an answer here, not a failure (the takeover measurement counts them).
     pub(super) async fn attempt(&mut self) -> Result<bool, Failure> {
         use diesel_async::RunQueryDsl;
-        let lo = self.index as i64 * self.batch;
-        let hi = lo + self.batch;
+        let (lo, hi) = self.rows();
         let batch = self.batch;
         let update = move || {
+            // Prepared once per connection, like the raw path's statements: the ratios isolate the guard.
             pgfence::Cached::new(
                 diesel::sql_query(sql::UPDATE)
                     .bind::<BigInt, _>(lo)
@@ -755,10 +761,9 @@ impl Writer {
     /// One round trip's worth of work (one transaction; for `claim-transition` one of its two writes).
     pub(super) async fn step(&mut self) -> Result<(), Failure> {
         use diesel_async::RunQueryDsl;
-        let lo = self.index as i64 * self.batch;
-        let hi = lo + self.batch;
-        // Prepared once per connection, like the raw path's statements: the ratios isolate the guard.
+        let (lo, hi) = self.rows();
         let update = move || {
+            // Prepared once per connection, like the raw path's statements: the ratios isolate the guard.
             pgfence::Cached::new(
                 diesel::sql_query(sql::UPDATE)
                     .bind::<BigInt, _>(lo)

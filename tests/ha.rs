@@ -42,14 +42,6 @@ fn pg_autoctl() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A pg_auto_failover formation in a private temporary directory, run by the `postgres` OS user when the test
 /// runs as root (PostgreSQL refuses root). Dropping it stops every process and removes the directory.
 struct Formation {
@@ -154,8 +146,8 @@ impl Formation {
         let formation = Formation {
             dir,
             bin_dir,
-            monitor_port: free_port(),
-            node_ports: [free_port(), free_port()],
+            monitor_port: common::unused_port(),
+            node_ports: [common::unused_port(), common::unused_port()],
             children: std::sync::Mutex::new(Vec::new()),
         };
         let monitor = formation.pgdata("monitor");

@@ -853,11 +853,7 @@ async fn the_password_never_appears(captured: Captured) {
         serde_json::to_string(&store.rejections(&Default::default()).await.unwrap()).unwrap(),
     );
 
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let closed = common::unused_port();
     let unreachable = Store::connect(StoreConfig::new(
         format!("postgres://app:{SENTINEL}@127.0.0.1:{closed}/db"),
         "c",

@@ -8,7 +8,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client_as, role, store_as, TestDb};
+use common::{client_as, role, sqlstate, store_as, TestDb};
 use pgfence::{DenyReason, Error, MemberLoss, MemberSpec, Store};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -19,10 +19,6 @@ fn spec(names: &[&str]) -> MemberSpec {
 
 async fn member_rows(db: &TestDb) -> i64 {
     db.scalar("SELECT count(*) FROM pgfence.members").await
-}
-
-fn sqlstate(err: &tokio_postgres::Error) -> String {
-    err.code().map(|c| c.code().to_owned()).unwrap_or_default()
 }
 
 /// Invariant: the roster is the assignment's one input — every live member with what it declared, and which of

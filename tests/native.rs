@@ -556,9 +556,12 @@ async fn a_native_admission_holds_the_guard_lock_to_its_commit_and_marks_the_wri
     let held = || async {
         owner
             .query_one(
-                "SELECT count(*) FROM pg_locks k JOIN pgfence.leases l ON k.objid = l.lock_key::oid \
-                  WHERE k.locktype = 'advisory' AND k.classid = 1885824613::oid AND k.objsubid = 2 \
-                    AND k.mode = 'ShareLock' AND k.granted AND k.pid = $1 AND l.name = 'c/l'",
+                &format!(
+                    "SELECT count(*) FROM pg_locks k JOIN pgfence.leases l ON k.objid = l.lock_key::oid \
+                      WHERE k.locktype = 'advisory' AND k.classid = {}::oid AND k.objsubid = 2 \
+                        AND k.mode = 'ShareLock' AND k.granted AND k.pid = $1 AND l.name = 'c/l'",
+                    common::GUARD_LOCK_CLASS
+                ),
                 &[&pid],
             )
             .await

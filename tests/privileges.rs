@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{client_as, role, url_as, TestDb};
+use common::{client_as, midpoint_median, role, sqlstate, url_as, TestDb};
 use pgfence::{Enforcement, Error, RejectionFilter, Store, StoreConfig};
 use serde_json::json;
 
@@ -22,11 +22,6 @@ const TTL: Duration = Duration::from_secs(60);
 /// The backpressure tests measure time and throughput: each runs alone (write), the other tests of this file
 /// run side by side with each other (read) but never with a measurement.
 static MEASURING: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
-
-/// The password of every role these tests create (the server asks every login for one).
-fn sqlstate(err: &tokio_postgres::Error) -> String {
-    err.code().map(|c| c.code().to_owned()).unwrap_or_default()
-}
 
 /// The application role can lease, write through the guarded functions, run fenced transactions on its own
 /// tables and read everything — and cannot INSERT, UPDATE, DELETE or TRUNCATE any pgfence table, nor
@@ -631,16 +626,6 @@ async fn round(
     }
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
-
 /// The leader's throughput alone and with stale writers hammering, side by side.
 struct Measured {
     alone: Vec<Round>,
@@ -656,18 +641,22 @@ impl Measured {
     /// The median over the pairs of (hammered ÷ alone): the two rounds of a pair ran back to back, under the
     /// same load from the rest of the machine.
     fn ratio(&self) -> f64 {
-        median(
-            self.alone
+        midpoint_median(
+            &mut self
+                .alone
                 .iter()
                 .zip(&self.hammered)
                 .map(|(a, h)| h.leader_tps / a.leader_tps)
-                .collect(),
+                .collect::<Vec<_>>(),
         )
     }
 
     fn medians(&self) -> (f64, f64) {
         let tps = |rounds: &[Round]| rounds.iter().map(|r| r.leader_tps).collect::<Vec<_>>();
-        (median(tps(&self.alone)), median(tps(&self.hammered)))
+        (
+            midpoint_median(&mut tps(&self.alone)),
+            midpoint_median(&mut tps(&self.hammered)),
+        )
     }
 
     fn report(&self) -> String {

@@ -227,9 +227,10 @@ fn guard_lockers_sql(granted: bool) -> String {
     format!(
         "SELECT coalesce(a.application_name, 'gone') \
            FROM pg_locks k LEFT JOIN pg_stat_activity a ON a.pid = k.pid \
-          WHERE k.locktype = 'advisory' AND k.classid = 1885824613 AND k.objsubid = 2 AND k.mode = 'ShareLock' \
+          WHERE k.locktype = 'advisory' AND k.classid = {} AND k.objsubid = 2 AND k.mode = 'ShareLock' \
             AND k.granted = {granted} AND k.pid <> pg_backend_pid() \
-            AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        common::GUARD_LOCK_CLASS
     )
 }
 

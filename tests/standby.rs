@@ -10,7 +10,6 @@
 use crate::common;
 
 use std::future::Future;
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -70,11 +69,6 @@ where
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-fn port_accepts(port: u16) -> bool {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
 }
 
 /// The temporary directory of a server (the parent of its data directory).
@@ -202,7 +196,10 @@ async fn dropping_a_standby_and_its_primary_removes_both_directories() {
         "standby dir {} still exists",
         standby_root.display()
     );
-    assert!(!port_accepts(standby_port), "standby port still accepts");
+    assert!(
+        !common::port_accepts(standby_port),
+        "standby port still accepts"
+    );
     // The primary does not depend on its standby.
     assert!(primary.is_running());
     assert!(primary_root.exists());
@@ -213,7 +210,10 @@ async fn dropping_a_standby_and_its_primary_removes_both_directories() {
         "primary dir {} still exists",
         primary_root.display()
     );
-    assert!(!port_accepts(primary_port), "primary port still accepts");
+    assert!(
+        !common::port_accepts(primary_port),
+        "primary port still accepts"
+    );
 }
 
 /// A standby is read-only, runs on its own port and socket directory (not the
@@ -289,9 +289,8 @@ async fn a_standby_streams_on_its_own_port_and_socket_directory() {
 /// (2 − 1) · 2^32 + 1.
 const FIRST_EPOCH_OF_TIMELINE_2: i64 = (1 << 32) + 1;
 
-/// A fenced transaction that records `owner` for shard 1 in the application's
-/// own table; `ran` tells whether its body ran at all.
-async fn move_shard(
+/// [`common::move_shard`] that also tells, through `ran`, whether the fenced transaction's body ran at all.
+async fn move_shard_noting_run(
     store: &Store,
     fence: &Fence,
     owner: &str,
@@ -300,15 +299,8 @@ async fn move_shard(
     let (owner, ran) = (owner.to_owned(), ran.clone());
     store
         .fenced(fence, "move_shard", async move |conn| {
-            use diesel::sql_types::Text;
-            use diesel_async::RunQueryDsl;
             ran.store(true, Ordering::SeqCst);
-            let n = diesel::sql_query(
-                "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
-            )
-            .bind::<Text, _>(owner)
-            .execute(conn)
-            .await?;
+            let n = common::write_shard_owner(conn, owner).await?;
             Ok::<_, Error>(n as u64)
         })
         .await
@@ -362,7 +354,7 @@ async fn a_failover_is_a_fencing_boundary() {
     common::apply_mutant(&primary.url()).await;
     client(&primary.url())
         .await
-        .batch_execute("CREATE TABLE shards (id int PRIMARY KEY, owner text NOT NULL)")
+        .batch_execute(common::SHARDS_TABLE)
         .await
         .expect("create the application's table");
 
@@ -479,7 +471,7 @@ async fn a_failover_is_a_fencing_boundary() {
     );
     let ran = Arc::new(AtomicBool::new(false));
     assert_stale(
-        move_shard(&promoted, &fence_a, "a", &ran).await,
+        move_shard_noting_run(&promoted, &fence_a, "a", &ran).await,
         LossReason::Failover,
         1,
         "move_shard",
@@ -595,7 +587,7 @@ async fn a_failover_is_a_fencing_boundary() {
         "create_task",
     );
     assert_stale(
-        move_shard(&promoted, &fence_a, "a", &ran).await,
+        move_shard_noting_run(&promoted, &fence_a, "a", &ran).await,
         LossReason::Superseded,
         1,
         "move_shard",

@@ -13,7 +13,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{wait_until_blocked_on_lock, TestDb};
+use common::{median, sqlstate, wait_until_blocked_on_lock, TestDb};
 use pgfence::{Error, Fence, LossReason, Store};
 
 const TTL: Duration = Duration::from_secs(60);
@@ -57,10 +57,6 @@ async fn fence_outcome(
         )
         .await
         .map(|r| (r.get(0), r.get(1)))
-}
-
-fn sqlstate(e: &tokio_postgres::Error) -> String {
-    e.code().map(|c| c.code().to_owned()).unwrap_or_default()
 }
 
 /// Fairness: a takeover that waits for a guarded transaction in flight is not overtaken by a guard of the
@@ -420,10 +416,13 @@ async fn a_takeover_under_a_write_storm_lets_no_write_in_and_ends_within_its_bou
         while start.is_none() && !taker.is_finished() {
             let row = control
                 .query_one(
-                    "SELECT extract(epoch FROM clock_timestamp())::float8, EXISTS (SELECT 1 FROM pg_locks k \
-                       JOIN pgfence.leases l ON k.objid = (-l.lock_key)::oid AND l.name = 'c/storm' \
-                      WHERE k.locktype = 'advisory' AND k.classid = 1885824613 AND k.objsubid = 2 \
-                        AND k.mode = 'ExclusiveLock' AND k.granted)",
+                    &format!(
+                        "SELECT extract(epoch FROM clock_timestamp())::float8, EXISTS (SELECT 1 FROM pg_locks k \
+                           JOIN pgfence.leases l ON k.objid = (-l.lock_key)::oid AND l.name = 'c/storm' \
+                          WHERE k.locktype = 'advisory' AND k.classid = {} AND k.objsubid = 2 \
+                            AND k.mode = 'ExclusiveLock' AND k.granted)",
+                        common::GUARD_LOCK_CLASS
+                    ),
                     &[],
                 )
                 .await
@@ -997,11 +996,6 @@ async fn throughput(guard: Guard, writers: usize, secs: u64) -> (f64, f64) {
     )
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
 /// The README's takeover table. It prints the figures, and asserts only a loose bound for the guard as built
 /// (p99 within twice the in-flight transaction's hold + 20 ms: on 2 cores the longest transaction in flight runs
 /// longer than its nominal hold).
@@ -1052,16 +1046,16 @@ async fn measure_guard_throughput_and_multixacts() {
             r.push(tp);
             rm.push(mx);
         }
-        let ratios: Vec<f64> = a.iter().zip(&r).map(|(a, r)| a / r).collect();
+        let mut ratios: Vec<f64> = a.iter().zip(&r).map(|(a, r)| a / r).collect();
         println!(
             "| {writers} | {:.0} | {:.0} | {:.2} | {:.3} | {:.3} |",
-            median(a),
-            median(r),
-            median(ratios),
-            median(am.clone()),
-            median(rm)
+            median(&mut a),
+            median(&mut r),
+            median(&mut ratios),
+            median(&mut am),
+            median(&mut rm)
         );
-        assert!(median(am) < 0.001, "MultiXacts per guarded write");
+        assert!(median(&mut am) < 0.001, "MultiXacts per guarded write");
     }
 }
 

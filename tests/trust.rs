@@ -8,7 +8,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client_as, guarded_writes_per_second, median, role, store_as, url_as, TestDb};
+use common::{
+    client_as, guarded_writes_per_second, median, role, sqlstate, store_as, url_as, TestDb,
+};
 use pgfence::{DenyReason, Error, Store, StoreConfig};
 use proptest::prelude::*;
 use serde_json::json;
@@ -27,10 +29,6 @@ async fn two_applications() -> (TestDb, String, String, Store, Store) {
         store_as(&db, &app2, "c").await,
     );
     (db, app, app2, s1, s2)
-}
-
-fn sqlstate(err: &tokio_postgres::Error) -> String {
-    err.code().map(|c| c.code().to_owned()).unwrap_or_default()
 }
 
 fn denied(result: Result<impl std::fmt::Debug, Error>, expected: DenyReason, what: &str) {

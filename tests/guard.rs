@@ -8,6 +8,7 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::fixture::take_over;
 use common::{move_shard, wait_until_blocked_on_lock, TestDb, GUARD_LOCK_CLASS};
 use pgfence::{Error, Fence, LossReason, RejectionFilter, Store, TaskState};
 use serde_json::json;
@@ -1279,8 +1280,7 @@ async fn guarded_write_sql_guards_another_drivers_statement() {
         run(&client, &statement, &old, "node-2").await,
         ("ok".to_owned(), None, Some(1), None, 1)
     );
-    store.force_release("sched").await.unwrap();
-    store.acquire("sched", "pod-b", TTL).await.unwrap();
+    take_over(&store, "sched", "pod-b").await;
     assert_eq!(
         run(&client, &statement, &old, "stale").await,
         (
@@ -1355,8 +1355,7 @@ async fn guarded_write_writes_under_the_current_fence_and_refuses_a_stale_one_wi
         1
     );
 
-    store.force_release("sched").await.unwrap();
-    let new = store.acquire("sched", "pod-b", TTL).await.unwrap().fence();
+    let new = take_over(&store, "sched", "pod-b").await.fence();
     for result in [
         store
             .guarded_write(&old, "move", move_shard_sql(1, "stale"))
@@ -1441,8 +1440,7 @@ async fn an_ungated_statement_never_commits_under_a_refused_fence() {
             .unwrap(),
         1
     );
-    store.force_release("sched").await.unwrap();
-    store.acquire("sched", "pod-b", TTL).await.unwrap();
+    take_over(&store, "sched", "pod-b").await;
     db.client()
         .await
         .batch_execute("UPDATE shards SET owner = 'node-b'")
@@ -1715,9 +1713,8 @@ async fn a_forged_memory_skips_neither_the_guard_lock_nor_the_grant() {
     assert_eq!(held, 1, "the admitted write holds c/l's own guard lock");
     c.batch_execute("COMMIT").await.unwrap();
 
-    let intruder = common::role(&db, "intruder").await;
     let owner = db.store("c").await;
-    owner.grant_application(&intruder, Some("d")).await.unwrap();
+    let intruder = common::fixture::app_role(&db, &owner, "intruder", Some("d")).await;
     let i = common::client_as(&db, &intruder).await;
     remember(&c, &i, "c/l", epoch).await;
     assert_eq!(

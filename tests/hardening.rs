@@ -8,6 +8,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
+use common::fixture::{app_role, app_store};
 use common::{client_as, owned_db, role, store_as, url_as, TestDb};
 use pgfence::{Lease, Store};
 
@@ -24,19 +25,11 @@ const HOLDER_DELAY: Duration = Duration::from_millis(50);
 /// lease `ta/x` held by the holder role: (db, holder's store, the lease, attacker, operator).
 async fn holder_and_attacker() -> (TestDb, Store, Lease, String, String) {
     let db = TestDb::new().await;
-    let (holder, attacker, operator) = (
-        role(&db, "holder").await,
-        role(&db, "attacker").await,
-        role(&db, "oper").await,
-    );
     let owner = db.store("ta").await;
-    owner.grant_application(&holder, Some("ta")).await.unwrap();
-    owner
-        .grant_application(&attacker, Some("ta"))
-        .await
-        .unwrap();
+    let (_, store) = app_store(&db, &owner, "holder", "ta").await;
+    let attacker = app_role(&db, &owner, "attacker", Some("ta")).await;
+    let operator = role(&db, "oper").await;
     owner.grant_operator(&operator, Some("ta")).await.unwrap();
-    let store = store_as(&db, &holder, "ta").await;
     let lease = store.acquire("x", "a-ctrl", TTL).await.unwrap();
     (db, store, lease, attacker, operator)
 }
@@ -866,19 +859,9 @@ async fn careless_grant_window(
     with_grant_option: bool,
 ) -> (TestDb, String, String, String, String) {
     let (db, owner, owner_store) = owned_installation().await;
-    let (app1, app2, app3) = (
-        role(&db, "app1").await,
-        role(&db, "app2").await,
-        role(&db, "app3").await,
-    );
-    owner_store
-        .grant_application(&app1, Some("c1"))
-        .await
-        .unwrap();
-    owner_store
-        .grant_application(&app2, Some("c2"))
-        .await
-        .unwrap();
+    let app1 = app_role(&db, &owner_store, "app1", Some("c1")).await;
+    let app2 = app_role(&db, &owner_store, "app2", Some("c2")).await;
+    let app3 = role(&db, "app3").await;
     let option = if with_grant_option {
         " WITH GRANT OPTION"
     } else {

@@ -12,6 +12,7 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::fixture::app_role;
 use common::{TestDb, NATIVE_SQL};
 use pgfence::Store;
 
@@ -266,16 +267,8 @@ async fn the_native_guard_answers_every_call_as_the_portable_guard() {
 async fn the_native_memory_admits_no_role_the_grant_does_not() {
     let db = native_db().await;
     let owner_store = db.store("c").await;
-    let intruder = common::role(&db, "intruder").await;
-    let app = common::role(&db, "app").await;
-    owner_store
-        .grant_application(&intruder, Some("d"))
-        .await
-        .unwrap();
-    owner_store
-        .grant_application(&app, Some("c"))
-        .await
-        .unwrap();
+    let intruder = app_role(&db, &owner_store, "intruder", Some("d")).await;
+    let app = app_role(&db, &owner_store, "app", Some("c")).await;
     // A second cluster, so that revoking "c" leaves the role its privileges (and the answer is the guard's).
     owner_store
         .grant_application(&app, Some("e"))

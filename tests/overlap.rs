@@ -14,9 +14,12 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::TestDb;
+use common::{fixture, TestDb};
 use pgfence::leader::{Elector, LeaseOptions, PgElector};
 use pgfence::{BeliefEnd, Error, Overlap, Store, TaskState};
+
+/// The ttl of the leases these tests hold by hand (the frozen child's comes from its options).
+const TTL: Duration = Duration::from_secs(30);
 
 /// The environment variable that turns [`frozen_leader_child`] into the child process.
 const CHILD_ENV: &str = "PGFENCE_OVERLAP_CHILD";
@@ -181,10 +184,7 @@ async fn a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_re
     // The successor takes over once the database says the frozen tenure expired (its ttl is 1 s): each refusal
     // names the time left by the database clock, which is how long to wait.
     let successor = loop {
-        match store
-            .acquire("frozen", "successor", Duration::from_secs(30))
-            .await
-        {
+        match store.acquire("frozen", "successor", TTL).await {
             Ok(lease) => break lease,
             Err(Error::Held { expires_in, .. }) => tokio::time::sleep(expires_in).await,
             Err(e) => panic!("successor: {e}"),
@@ -293,17 +293,11 @@ async fn a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_re
 async fn belief_reports_are_authenticated_and_the_first_of_each_kind_stands() {
     let db = TestDb::new().await;
     let store = db.store("c1").await;
-    let first = store
-        .acquire("reported", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let first = fixture::lease(&store, "reported").ttl(TTL).await;
     store.report_belief_start(&first).await.unwrap();
     store.report_belief_start(&first).await.unwrap();
     // Superseded by the same holder's next acquisition: its secret is gone from the guard, not from the record.
-    let second = store
-        .acquire("reported", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let second = fixture::lease(&store, "reported").ttl(TTL).await;
     // The database keeps microseconds.
     let ended = chrono::SubsecRound::trunc_subsecs(chrono::Utc::now(), 6);
     store
@@ -358,10 +352,7 @@ async fn belief_reports_are_authenticated_and_the_first_of_each_kind_stands() {
 async fn malformed_belief_reports_are_refused_and_write_nothing() {
     let db = TestDb::new().await;
     let store = db.store("c1").await;
-    let lease = store
-        .acquire("malformed", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let lease = fixture::lease(&store, "malformed").ttl(TTL).await;
     let secret = lease.fence().secret().expose_secret().to_owned();
     let client = db.client().await;
     for (args, field) in [
@@ -432,10 +423,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
     };
 
     // A fenced transaction rolled back: no mark. Then one that commits: a mark at its guard.
-    let lease = store
-        .acquire("fenced", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let lease = fixture::lease(&store, "fenced").ttl(TTL).await;
     let rolled_back = store
         .fenced(&lease.fence(), "rolled_back", async |_conn| {
             Err::<(), Error>(Error::InvalidInput {
@@ -466,10 +454,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
     assert!(before <= at && at <= after);
 
     // The one-statement guarded write.
-    let lease = store
-        .acquire("one", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let lease = fixture::lease(&store, "one").ttl(TTL).await;
     store
         .guarded_write(
             &lease.fence(),
@@ -485,10 +470,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
 
     // The SQL guard in the caller's own transaction, twice in one second: one mark, the first write's, which
     // is at most a second before the second's.
-    let lease = store
-        .acquire("sql", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let lease = fixture::lease(&store, "sql").ttl(TTL).await;
     let secret = lease.fence().secret().expose_secret().to_owned();
     let epoch = lease.epoch().get();
     let mut times = Vec::new();
@@ -515,10 +497,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
     );
 
     // A task write (its event is exact) and a refused write of a superseded epoch (no mark).
-    let lease = store
-        .acquire("tasks", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let lease = fixture::lease(&store, "tasks").ttl(TTL).await;
     let task = store
         .create_task(&lease.fence(), "t1", &serde_json::json!({}))
         .await
@@ -531,10 +510,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
         "a task write is known by its event, not a mark"
     );
     // Superseded: a refused write of the old epoch, from a session that never marked, leaves no mark.
-    store
-        .acquire("tasks", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    fixture::lease(&store, "tasks").ttl(TTL).await;
     let marked_before = store.tenures("tasks").await.unwrap()[0].last_mark_at;
     let fresh = db.client().await;
     let row = fresh
@@ -563,10 +539,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
 async fn a_task_write_that_writes_nothing_leaves_no_mark() {
     let db = TestDb::new().await;
     let store = db.store("c1").await;
-    let lease = store
-        .acquire("nothing", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let lease = fixture::lease(&store, "nothing").ttl(TTL).await;
     let fence = lease.fence();
     let created = store
         .create_task(&fence, "t1", &serde_json::json!({}))
@@ -705,17 +678,10 @@ async fn wait_for_end(store: &Store, name: &str, epoch: pgfence::Epoch) -> pgfen
 async fn beliefs_and_marks_are_read_per_cluster_through_the_history_only() {
     let db = TestDb::new().await;
     let owner = db.store("c1").await;
-    let lease = owner
-        .acquire("private", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let lease = owner.acquire("private", "pod-a", TTL).await.unwrap();
     owner.report_belief_start(&lease).await.unwrap();
-    let (mine, other) = (
-        common::role(&db, "mine").await,
-        common::role(&db, "other").await,
-    );
-    owner.grant_application(&mine, Some("c1")).await.unwrap();
-    owner.grant_application(&other, Some("c2")).await.unwrap();
+    let mine = common::fixture::app_role(&db, &owner, "mine", Some("c1")).await;
+    let other = common::fixture::app_role(&db, &owner, "other", Some("c2")).await;
     for (role, visible) in [(&mine, 1i64), (&other, 0)] {
         let client = common::client_as(&db, role).await;
         let seen: i64 = client

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::fixture::take_over;
 use common::{client_as, midpoint_median, role, sqlstate, url_as, TestDb};
 use pgfence::{Enforcement, Error, RejectionFilter, Store, StoreConfig};
 use serde_json::json;
@@ -420,8 +421,7 @@ async fn repeated_rejections_are_aggregated_with_an_exact_count() {
         .acquire("sched", "pod-b", Duration::from_millis(100))
         .await
         .unwrap_err();
-    store.force_release("sched").await.unwrap();
-    store.acquire("sched", "pod-b", TTL).await.unwrap();
+    take_over(&store, "sched", "pod-b").await;
     let mut tasks = Vec::new();
     for w in 0..4 {
         let (store, fence) = (store.clone(), old.fence());

@@ -700,8 +700,7 @@ async fn guards_refuse_to_decide_outside_read_committed() {
     rr.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
         .await
         .unwrap();
-    store.force_release("iso").await.unwrap();
-    let second = store.acquire("iso", "b", TTL).await.unwrap();
+    let second = common::fixture::take_over(&store, "iso", "b").await;
     for fence in [first.fence(), second.fence()] {
         let epoch = fence.epoch();
         let err = fence_outcome(&rr, &fence).await.unwrap_err();

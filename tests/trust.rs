@@ -8,6 +8,7 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::fixture::{app_role, app_store, take_over};
 use common::{
     client_as, guarded_writes_per_second, median, role, sqlstate, store_as, url_as, TestDb,
 };
@@ -20,14 +21,9 @@ const TTL: Duration = Duration::from_secs(60);
 /// A fresh database with two application roles, both granted cluster `c`, and a store of `c` logged in as each.
 async fn two_applications() -> (TestDb, String, String, Store, Store) {
     let db = TestDb::new().await;
-    let (app, app2) = (role(&db, "app").await, role(&db, "app2").await);
     let owner = db.store("c").await;
-    owner.grant_application(&app, Some("c")).await.unwrap();
-    owner.grant_application(&app2, Some("c")).await.unwrap();
-    let (s1, s2) = (
-        store_as(&db, &app, "c").await,
-        store_as(&db, &app2, "c").await,
-    );
+    let (app, s1) = app_store(&db, &owner, "app", "c").await;
+    let (app2, s2) = app_store(&db, &owner, "app2", "c").await;
     (db, app, app2, s1, s2)
 }
 
@@ -61,10 +57,9 @@ async fn audit(db: &TestDb) -> Vec<(String, String, String, String, String, i64)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_role_cannot_touch_or_read_another_clusters_leases() {
     let db = TestDb::new().await;
-    let (app, app2) = (role(&db, "app").await, role(&db, "app2").await);
     let owner = db.store("a").await;
-    owner.grant_application(&app, Some("a")).await.unwrap();
-    owner.grant_application(&app2, Some("b")).await.unwrap();
+    let app = app_role(&db, &owner, "app", Some("a")).await;
+    let app2 = app_role(&db, &owner, "app2", Some("b")).await;
 
     let a = store_as(&db, &app, "a").await;
     let lease = a.acquire("sched", "pod-a", TTL).await.unwrap();
@@ -815,8 +810,7 @@ async fn no_role_but_the_owner_writes_pgfence_tables() {
         .acquire("sched", "pod-b", Duration::from_millis(200))
         .await;
     assert!(matches!(next, Err(Error::Held { .. })));
-    owner.force_release("sched").await.unwrap();
-    let next = owner.acquire("sched", "pod-b", TTL).await.unwrap();
+    let next = take_over(&owner, "sched", "pod-b").await;
     owner
         .create_task(&next.fence(), "job-2", &json!({}))
         .await

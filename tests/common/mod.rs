@@ -3,6 +3,7 @@
 //! migrated once.
 #![allow(dead_code)]
 
+pub mod fixture;
 pub mod proxy;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::{fixture, TestDb};
 use pgfence::leader::{Elector, LeaseOptions, PgElector};
-use pgfence::{BeliefEnd, Error, Overlap, Store, TaskState};
+use pgfence::{BeliefEnd, Error, Lease, Overlap, Store, TaskState};
 
 /// The ttl of the leases these tests hold by hand (the frozen child's comes from its options).
 const TTL: Duration = Duration::from_secs(30);
@@ -136,21 +136,8 @@ fn wait_for_line(lines: &std::sync::mpsc::Receiver<String>, prefix: &str) -> Str
     }
 }
 
-/// The issue's scenario, with a real process: a leader writing through the fence is frozen (SIGSTOP) past its
-/// ttl, a successor acquires and writes, the old leader resumes and writes again. The review must show the old
-/// holder's belief outliving the successor's acquisition (an overlap, certain), no write of the old epoch
-/// accepted inside it (the ledger agrees: no row of that epoch written after the acquisition), the refusal the
-/// audit recorded, the belief's start and end as the holder reported them, and both sides' view of the endpoint.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_refusals() {
-    let db = TestDb::new().await;
-    db.client()
-        .await
-        .batch_execute(LEDGER_DDL)
-        .await
-        .expect("ledger table");
-    let store = db.store("c1").await;
-
+/// The [`frozen_leader_child`] process, leading `frozen` on `db`'s cluster c1, and its stdout's lines as they come.
+fn spawn_frozen_leader(db: &TestDb) -> (ChildGuard, std::sync::mpsc::Receiver<String>) {
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
         .args([
             "overlap::frozen_leader_child",
@@ -174,13 +161,12 @@ async fn a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_re
             }
         }
     });
+    (child, lines)
+}
 
-    let acquired = wait_for_line(&lines, "CHILD acquired ");
-    let old_epoch: i64 = acquired["CHILD acquired ".len()..].parse().expect("epoch");
-    // A few accepted writes first, then the freeze.
-    wait_for_line(&lines, "CHILD wrote 3");
-    assert!(signal(&child.0, "STOP").expect("kill -STOP").success());
-
+/// The successor of the frozen tenure (epoch `old_epoch`): it acquires `frozen` once the database says the
+/// frozen tenure expired, reports its belief's start and writes to the ledger.
+async fn successor_takes_over_and_writes(store: &Store, old_epoch: i64) -> Lease {
     // The successor takes over once the database says the frozen tenure expired (its ttl is 1 s): each refusal
     // names the time left by the database clock, which is how long to wait.
     let successor = loop {
@@ -207,6 +193,32 @@ async fn a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_re
         )
         .await
         .expect("the successor writes");
+    successor
+}
+
+/// The issue's scenario, with a real process: a leader writing through the fence is frozen (SIGSTOP) past its
+/// ttl, a successor acquires and writes, the old leader resumes and writes again. The review must show the old
+/// holder's belief outliving the successor's acquisition (an overlap, certain), no write of the old epoch
+/// accepted inside it (the ledger agrees: no row of that epoch written after the acquisition), the refusal the
+/// audit recorded, the belief's start and end as the holder reported them, and both sides' view of the endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_refusals() {
+    let db = TestDb::new().await;
+    db.client()
+        .await
+        .batch_execute(LEDGER_DDL)
+        .await
+        .expect("ledger table");
+    let store = db.store("c1").await;
+
+    let (child, lines) = spawn_frozen_leader(&db);
+    let acquired = wait_for_line(&lines, "CHILD acquired ");
+    let old_epoch: i64 = acquired["CHILD acquired ".len()..].parse().expect("epoch");
+    // A few accepted writes first, then the freeze.
+    wait_for_line(&lines, "CHILD wrote 3");
+    assert!(signal(&child.0, "STOP").expect("kill -STOP").success());
+
+    let successor = successor_takes_over_and_writes(&store, old_epoch).await;
 
     assert!(signal(&child.0, "CONT").expect("kill -CONT").success());
     let refused = wait_for_line(&lines, "CHILD refused ");
@@ -404,6 +416,41 @@ async fn malformed_belief_reports_are_refused_and_write_nothing() {
     );
 }
 
+/// The SQL guard in the caller's own transaction, twice in one second, marks once: the first write's mark,
+/// at most a second (the mark's resolution) before the second write.
+async fn the_sql_guard_marks_its_first_write_of_a_second(
+    store: &Store,
+    client: &tokio_postgres::Client,
+) {
+    let lease = fixture::lease(store, "sql").ttl(TTL).await;
+    let secret = lease.fence().secret().expose_secret().to_owned();
+    let epoch = lease.epoch().get();
+    let mut times = Vec::new();
+    for _ in 0..2 {
+        let row = client
+            .query_one(
+                "WITH g AS (SELECT outcome FROM pgfence.fence('c1/sql', $1, $2, 'fenced_transaction', NULL, NULL)) \
+                 SELECT (SELECT outcome FROM g), clock_timestamp()",
+                &[&epoch, &secret],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, String>(0), "ok");
+        times.push(chrono::DateTime::<chrono::Utc>::from(
+            row.get::<_, std::time::SystemTime>(1),
+        ));
+    }
+    let mark = store.tenures("sql").await.unwrap()[0]
+        .last_write_at
+        .expect("SQL guard marked");
+    assert!(
+        mark <= times[1]
+            && times[1] - mark
+                <= chrono::Duration::from_std(pgfence::WRITE_MARK_RESOLUTION).unwrap()
+                    + chrono::Duration::milliseconds(1)
+    );
+}
+
 /// Every kind of guarded write leaves its tenure's last accepted write (a fenced transaction, a one-statement
 /// guarded write, the SQL guard in a caller's transaction: a write mark at most one second early; a task write:
 /// its event, exactly, and no mark); a guarded transaction rolled back leaves none; a refused write leaves none.
@@ -468,33 +515,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
         .unwrap();
     assert!(last_write("one").await.is_some(), "guarded_write marked");
 
-    // The SQL guard in the caller's own transaction, twice in one second: one mark, the first write's, which
-    // is at most a second before the second's.
-    let lease = fixture::lease(&store, "sql").ttl(TTL).await;
-    let secret = lease.fence().secret().expose_secret().to_owned();
-    let epoch = lease.epoch().get();
-    let mut times = Vec::new();
-    for _ in 0..2 {
-        let row = client
-            .query_one(
-                "WITH g AS (SELECT outcome FROM pgfence.fence('c1/sql', $1, $2, 'fenced_transaction', NULL, NULL)) \
-                 SELECT (SELECT outcome FROM g), clock_timestamp()",
-                &[&epoch, &secret],
-            )
-            .await
-            .unwrap();
-        assert_eq!(row.get::<_, String>(0), "ok");
-        times.push(chrono::DateTime::<chrono::Utc>::from(
-            row.get::<_, std::time::SystemTime>(1),
-        ));
-    }
-    let mark = last_write("sql").await.expect("SQL guard marked");
-    assert!(
-        mark <= times[1]
-            && times[1] - mark
-                <= chrono::Duration::from_std(pgfence::WRITE_MARK_RESOLUTION).unwrap()
-                    + chrono::Duration::milliseconds(1)
-    );
+    the_sql_guard_marks_its_first_write_of_a_second(&store, &client).await;
 
     // A task write (its event is exact) and a refused write of a superseded epoch (no mark).
     let lease = fixture::lease(&store, "tasks").ttl(TTL).await;

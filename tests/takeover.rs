@@ -304,6 +304,125 @@ struct StormTally {
     other_errors: Vec<String>,
 }
 
+/// One storm writer: `create_task` of the current tenure (`fence`'s latest) back to back under a 20 ms
+/// statement_timeout, on a session of its own named `storm-<w>`, until `stop`; what became of its writes.
+async fn storm_writer(
+    db: &TestDb,
+    w: usize,
+    rx: &mut tokio::sync::watch::Receiver<Fence>,
+    stop: &std::sync::atomic::AtomicBool,
+) -> StormTally {
+    use std::sync::atomic::Ordering;
+    let mut tally = StormTally::default();
+    let connect = || async {
+        let c = session(db, &format!("storm-{w}")).await;
+        c.batch_execute("SET statement_timeout = '20ms'")
+            .await
+            .unwrap();
+        c
+    };
+    let mut client = connect().await;
+    let mut last_ok = false;
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let fence = rx.borrow_and_update().clone();
+        n += 1;
+        let key = format!("storm-{w}-{n}");
+        let answer = client
+            .query_one(
+                "SELECT outcome FROM pgfence.create_task($1, $2, $3, $4, '{}'::jsonb)",
+                &[
+                    &fence.lease(),
+                    &fence.epoch().get(),
+                    &fence.secret().expose_secret(),
+                    &key,
+                ],
+            )
+            .await;
+        match answer {
+            Ok(row) if row.get::<_, String>(0) == "ok" => {
+                tally.accepted += 1;
+                last_ok = true;
+            }
+            Ok(_) => {
+                tally.refused += 1;
+                last_ok = false;
+            }
+            Err(e) if sqlstate(&e) == "57014" => {
+                tally.timed_out += 1;
+                last_ok = false;
+            }
+            Err(e) if sqlstate(&e) == "57P01" || e.is_closed() => {
+                tally.ended.push(last_ok);
+                client = connect().await;
+                last_ok = false;
+            }
+            Err(e) => {
+                tally.other_errors.push(format!("{e} ({})", sqlstate(&e)));
+                last_ok = false;
+            }
+        }
+    }
+    tally
+}
+
+/// The start of the takeover `taker` runs for `c/storm`, by the database clock (seconds since the epoch): the
+/// first moment `control` sees it holding the intent lock (it waits out the grace for the transaction in
+/// flight, so it is seen); `None` if it finished unseen.
+async fn takeover_start<T>(
+    control: &tokio_postgres::Client,
+    taker: &tokio::task::JoinHandle<T>,
+) -> Option<f64> {
+    let mut start = None;
+    while start.is_none() && !taker.is_finished() {
+        let row = control
+            .query_one(
+                &format!(
+                    "SELECT extract(epoch FROM clock_timestamp())::float8, EXISTS (SELECT 1 FROM pg_locks k \
+                       JOIN pgfence.leases l ON k.objid = (-l.lock_key)::oid AND l.name = 'c/storm' \
+                      WHERE k.locktype = 'advisory' AND k.classid = {} AND k.objsubid = 2 \
+                        AND k.mode = 'ExclusiveLock' AND k.granted)",
+                    common::GUARD_LOCK_CLASS
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        if row.get::<_, bool>(1) {
+            start = Some(row.get::<_, f64>(0));
+        } else {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    start
+}
+
+/// Every accepted storm write of an ended tenure whose commit (created_at, database clock) came later than
+/// `margin` seconds after its takeover began (`started_at`: ended epoch, takeover start).
+async fn accepted_after_their_takeover_began(
+    control: &tokio_postgres::Client,
+    started_at: &[(i64, f64)],
+    margin: f64,
+) -> Vec<String> {
+    let mut slipped = Vec::new();
+    for row in control
+        .query(
+            "SELECT fence, extract(epoch FROM created_at)::float8 FROM pgfence.tasks WHERE key LIKE 'storm-%'",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        let (epoch, at): (i64, f64) = (row.get(0), row.get(1));
+        if let Some((_, start)) = started_at.iter().find(|(e, _)| *e == epoch) {
+            if at > start + margin {
+                slipped.push(format!("epoch {epoch}: accepted {:.3} s after its takeover began", at - start));
+            }
+        }
+    }
+    slipped
+}
+
 /// A takeover under a continuous storm of writes of the ending tenure lets none of them in and completes within
 /// grace + 1 s, every time: `PGFENCE_STORM_ROUNDS` (default 100) takeovers — force_release, the holder's release
 /// and its new acquisition in turn — each behind a guarded transaction left open (so each waits out the grace and
@@ -340,57 +459,7 @@ async fn a_takeover_under_a_write_storm_lets_no_write_in_and_ends_within_its_bou
     for w in 0..WRITERS {
         let (db, mut rx, stop) = (db.clone(), rx.clone(), stop.clone());
         writers.push(tokio::spawn(async move {
-            let mut tally = StormTally::default();
-            let connect = || async {
-                let c = session(&db, &format!("storm-{w}")).await;
-                c.batch_execute("SET statement_timeout = '20ms'")
-                    .await
-                    .unwrap();
-                c
-            };
-            let mut client = connect().await;
-            let mut last_ok = false;
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let fence = rx.borrow_and_update().clone();
-                n += 1;
-                let key = format!("storm-{w}-{n}");
-                let answer = client
-                    .query_one(
-                        "SELECT outcome FROM pgfence.create_task($1, $2, $3, $4, '{}'::jsonb)",
-                        &[
-                            &fence.lease(),
-                            &fence.epoch().get(),
-                            &fence.secret().expose_secret(),
-                            &key,
-                        ],
-                    )
-                    .await;
-                match answer {
-                    Ok(row) if row.get::<_, String>(0) == "ok" => {
-                        tally.accepted += 1;
-                        last_ok = true;
-                    }
-                    Ok(_) => {
-                        tally.refused += 1;
-                        last_ok = false;
-                    }
-                    Err(e) if sqlstate(&e) == "57014" => {
-                        tally.timed_out += 1;
-                        last_ok = false;
-                    }
-                    Err(e) if sqlstate(&e) == "57P01" || e.is_closed() => {
-                        tally.ended.push(last_ok);
-                        client = connect().await;
-                        last_ok = false;
-                    }
-                    Err(e) => {
-                        tally.other_errors.push(format!("{e} ({})", sqlstate(&e)));
-                        last_ok = false;
-                    }
-                }
-            }
-            tally
+            storm_writer(&db, w, &mut rx, &stop).await
         }));
     }
 
@@ -412,27 +481,7 @@ async fn a_takeover_under_a_write_storm_lets_no_write_in_and_ends_within_its_bou
         };
         // The takeover's start, by the database clock: the first moment it is seen holding the intent lock (it
         // waits out the grace for the transaction in flight, so it is seen).
-        let mut start = None;
-        while start.is_none() && !taker.is_finished() {
-            let row = control
-                .query_one(
-                    &format!(
-                        "SELECT extract(epoch FROM clock_timestamp())::float8, EXISTS (SELECT 1 FROM pg_locks k \
-                           JOIN pgfence.leases l ON k.objid = (-l.lock_key)::oid AND l.name = 'c/storm' \
-                          WHERE k.locktype = 'advisory' AND k.classid = {} AND k.objsubid = 2 \
-                            AND k.mode = 'ExclusiveLock' AND k.granted)",
-                        common::GUARD_LOCK_CLASS
-                    ),
-                    &[],
-                )
-                .await
-                .unwrap();
-            if row.get::<_, bool>(1) {
-                start = Some(row.get::<_, f64>(0));
-            } else {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }
+        let start = takeover_start(&control, &taker).await;
         match taker.await.unwrap() {
             Ok(next) => {
                 took.push(t.elapsed());
@@ -456,23 +505,8 @@ async fn a_takeover_under_a_write_storm_lets_no_write_in_and_ends_within_its_bou
     }
 
     // Every accepted write of an ended tenure, against its takeover's start (database clock).
-    let margin = GRACE.as_secs_f64() / 2.0;
-    let mut slipped = Vec::new();
-    for row in control
-        .query(
-            "SELECT fence, extract(epoch FROM created_at)::float8 FROM pgfence.tasks WHERE key LIKE 'storm-%'",
-            &[],
-        )
-        .await
-        .unwrap()
-    {
-        let (epoch, at): (i64, f64) = (row.get(0), row.get(1));
-        if let Some((_, start)) = started_at.iter().find(|(e, _)| *e == epoch) {
-            if at > start + margin {
-                slipped.push(format!("epoch {epoch}: accepted {:.3} s after its takeover began", at - start));
-            }
-        }
-    }
+    let slipped =
+        accepted_after_their_takeover_began(&control, &started_at, GRACE.as_secs_f64() / 2.0).await;
     took.sort();
     let p = |q: f64| took[((took.len() - 1) as f64 * q).round() as usize];
     let accepted: u64 = tallies.iter().map(|t| t.accepted).sum();

@@ -791,6 +791,33 @@ async fn a_hammering_stale_writer_is_held_back_and_the_leader_keeps_its_throughp
     measured.check_audit_and_backpressure().await;
 }
 
+/// The leader's writer `w`: `append_event` to `job-<w>` under the current tenure's fence (`current`'s latest),
+/// back to back until `stop`, counting the accepted writes in `accepted`; the refusals it saw (each stale) per
+/// presented epoch.
+async fn leader_writes(
+    store: &Store,
+    w: usize,
+    current: &tokio::sync::watch::Receiver<pgfence::Fence>,
+    stop: &AtomicBool,
+    accepted: &AtomicU64,
+) -> HashMap<i64, u64> {
+    let mut refused: HashMap<i64, u64> = HashMap::new();
+    while !stop.load(Ordering::Relaxed) {
+        let fence = current.borrow().clone();
+        match store
+            .append_event(&fence, &format!("job-{w}"), "tick", &json!({}))
+            .await
+        {
+            Ok(_) => {
+                accepted.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(Error::Stale { .. }) => *refused.entry(fence.epoch().get()).or_default() += 1,
+            Err(other) => panic!("the leader's write failed: {other:?}"),
+        }
+    }
+    refused
+}
+
 /// A takeover is prompt while stale writers hammer: 8 connections retry a superseded epoch in a tight loop and
 /// 2 leader connections write with the current fence (and keep writing with it, stale, until they learn the
 /// new one), while the lease is taken over 10 times (force_release, then an acquisition by another holder).
@@ -812,8 +839,7 @@ async fn a_takeover_is_prompt_while_stale_writers_hammer() {
     let leader = Store::connect(db.config("c").pool_size(2)).await.unwrap();
     let zombies = Store::connect(db.config("c").pool_size(8)).await.unwrap();
     let stale = operator.acquire("sched", "pod-0", TTL).await.unwrap();
-    operator.force_release("sched").await.unwrap();
-    let first = operator.acquire("sched", "pod-1", TTL).await.unwrap();
+    let first = take_over(&operator, "sched", "pod-1").await;
     for w in 0..2 {
         operator
             .create_task(&first.fence(), &format!("job-{w}"), &json!({}))
@@ -836,23 +862,7 @@ async fn a_takeover_is_prompt_while_stale_writers_hammer() {
             accepted.clone(),
         );
         writing.push(tokio::spawn(async move {
-            let mut refused: HashMap<i64, u64> = HashMap::new();
-            while !stop.load(Ordering::Relaxed) {
-                let fence = current.borrow().clone();
-                match store
-                    .append_event(&fence, &format!("job-{w}"), "tick", &json!({}))
-                    .await
-                {
-                    Ok(_) => {
-                        accepted.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(Error::Stale { .. }) => {
-                        *refused.entry(fence.epoch().get()).or_default() += 1
-                    }
-                    Err(other) => panic!("the leader's write failed: {other:?}"),
-                }
-            }
-            refused
+            leader_writes(&store, w, &current, &stop, &accepted).await
         }));
     }
 

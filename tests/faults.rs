@@ -552,6 +552,32 @@ async fn child_holds_a_lease_until_killed() {
     }
 }
 
+/// What [`terminated_backends_never_leave_two_holders`]'s holder writes with `fence` until the first refusal:
+/// (the acknowledged keys, the keys whose answer was lost with their connection and why, the refusal's reason).
+async fn writes_until_refused(
+    store: &Store,
+    fence: &Fence,
+) -> (Vec<String>, Vec<(String, String)>, Option<LossReason>) {
+    let (mut acked, mut unanswered, mut refused) = (Vec::new(), Vec::new(), None);
+    for n in 0.. {
+        let key = format!("w{n}");
+        match store.create_task(fence, &key, &json!({})).await {
+            Ok(_) => acked.push(key),
+            Err(Error::Stale { reason, .. }) => {
+                refused = Some(reason);
+                break;
+            }
+            // Its connection was terminated (or a new one could not be had in time): the write may or
+            // may not have committed.
+            Err(
+                e @ (Error::Database { .. } | Error::Connect { .. } | Error::PoolTimeout { .. }),
+            ) => unanswered.push((key, e.to_string())),
+            Err(e) => panic!("{key}: {e}"),
+        }
+    }
+    (acked, unanswered, refused)
+}
+
 /// Scenario 4, dropped connections: the holder's backends are terminated again and again while it writes. It
 /// recovers (renewals resume on new connections) or declares the loss by its own clock before the database could
 /// grant a successor — never two holders trusting one lease at once. Its writes: every acknowledged one is
@@ -573,28 +599,7 @@ async fn terminated_backends_never_leave_two_holders() {
     // Writes with the holder's fence until the first refusal (the rival's tenure has begun by then).
     let writer = tokio::spawn({
         let (store, fence) = (holder_store.clone(), fence.clone());
-        async move {
-            let (mut acked, mut unanswered, mut refused) = (Vec::new(), Vec::new(), None);
-            for n in 0.. {
-                let key = format!("w{n}");
-                match store.create_task(&fence, &key, &json!({})).await {
-                    Ok(_) => acked.push(key),
-                    Err(Error::Stale { reason, .. }) => {
-                        refused = Some(reason);
-                        break;
-                    }
-                    // Its connection was terminated (or a new one could not be had in time): the write may or
-                    // may not have committed.
-                    Err(
-                        e @ (Error::Database { .. }
-                        | Error::Connect { .. }
-                        | Error::PoolTimeout { .. }),
-                    ) => unanswered.push((key, e.to_string())),
-                    Err(e) => panic!("{key}: {e}"),
-                }
-            }
-            (acked, unanswered, refused)
-        }
+        async move { writes_until_refused(&store, &fence).await }
     });
     let rival_task = {
         let rival = rival.clone();
@@ -765,6 +770,56 @@ async fn a_database_restart_loses_no_acknowledged_write() {
     ));
 }
 
+/// After the partition healed: the write sent during the cut (`during_the_cut`) and one sent after it heals, by
+/// the partitioned holder's store with its old `fence`, are refused as stale and audited under its
+/// application_name (`direct` reads the audit), and nothing of the first is stored.
+async fn the_late_writes_are_refused_and_audited(
+    db: &TestDb,
+    holder_store: &Store,
+    direct: &Store,
+    fence: &Fence,
+    during_the_cut: tokio::task::JoinHandle<pgfence::Result<pgfence::TaskWrite>>,
+) {
+    let late = during_the_cut.await.unwrap();
+    assert!(matches!(late, Err(Error::Stale { .. })), "{late:?}");
+    // The pool may hand out the connection the takeover terminated first (it is found dead on use): a client
+    // retries a connection error.
+    let mut after_heal = holder_store
+        .create_task(fence, "after-heal", &json!({}))
+        .await;
+    for _ in 0..3 {
+        match &after_heal {
+            Err(e) if e.is_transient() => {
+                after_heal = holder_store
+                    .create_task(fence, "after-heal", &json!({}))
+                    .await
+            }
+            _ => break,
+        }
+    }
+    assert!(
+        matches!(after_heal, Err(Error::Stale { .. })),
+        "{after_heal:?}"
+    );
+    let audit = direct
+        .rejections(&RejectionFilter::default())
+        .await
+        .unwrap();
+    let ops: Vec<&str> = audit.iter().map(|r| r.operation.as_str()).collect();
+    assert!(
+        ops.contains(&"append_event") && ops.contains(&"create_task"),
+        "{ops:?}"
+    );
+    assert!(audit
+        .iter()
+        .all(|r| r.application_name.as_deref() == Some("partitioned")));
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.task_events WHERE kind = 'sent-during-the-cut'")
+            .await,
+        0
+    );
+}
+
 /// Scenario 6, a network partition between holder and database (a proxy holding all traffic): the holder
 /// declares the loss on its own clock before the database expires the lease; the successor takes over. A guarded
 /// transaction the holder began before the cut — past its check, its write sent — has its COMMIT held in flight
@@ -862,44 +917,8 @@ async fn a_partitioned_holder_gives_up_first_and_its_late_writes_are_refused() {
         new.last_attempt
     );
 
-    let late = during_the_cut.await.unwrap();
-    assert!(matches!(late, Err(Error::Stale { .. })), "{late:?}");
-    // The pool may hand out the connection the takeover terminated first (it is found dead on use): a client
-    // retries a connection error.
-    let mut after_heal = holder_store
-        .create_task(&fence, "after-heal", &json!({}))
+    the_late_writes_are_refused_and_audited(&db, &holder_store, &direct, &fence, during_the_cut)
         .await;
-    for _ in 0..3 {
-        match &after_heal {
-            Err(e) if e.is_transient() => {
-                after_heal = holder_store
-                    .create_task(&fence, "after-heal", &json!({}))
-                    .await
-            }
-            _ => break,
-        }
-    }
-    assert!(
-        matches!(after_heal, Err(Error::Stale { .. })),
-        "{after_heal:?}"
-    );
-    let audit = direct
-        .rejections(&RejectionFilter::default())
-        .await
-        .unwrap();
-    let ops: Vec<&str> = audit.iter().map(|r| r.operation.as_str()).collect();
-    assert!(
-        ops.contains(&"append_event") && ops.contains(&"create_task"),
-        "{ops:?}"
-    );
-    assert!(audit
-        .iter()
-        .all(|r| r.application_name.as_deref() == Some("partitioned")));
-    assert_eq!(
-        db.scalar("SELECT count(*) FROM pgfence.task_events WHERE kind = 'sent-during-the-cut'")
-            .await,
-        0
-    );
 }
 
 /// Scenario 7, a wrong database: a process configured for one database's identity refuses another at connect,

@@ -6,10 +6,11 @@
 use crate::common;
 
 use std::collections::HashMap;
+use std::future::IntoFuture;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use common::TestDb;
+use common::{fixture, TestDb};
 use pgfence::{Error, Store, StoreConfig};
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -975,11 +976,8 @@ proptest! {
         static F: OnceLock<Mutex<(Fixture, pgfence::Fence, Refusals)>> = OnceLock::new();
         let mut guard = F.get_or_init(|| {
             let f = fixture();
-            let mut lease = None;
-            for _ in 0..3 {
-                lease = Some(f.runtime.block_on(f.store.acquire("epochs", "pod", TTL)).unwrap());
-            }
-            let fence = lease.unwrap().fence();
+            let lease = fixture::lease(&f.store, "epochs").holder("pod").ttl(TTL).epoch(3);
+            let fence = f.runtime.block_on(lease.into_future()).fence();
             Mutex::new((f, fence, HashMap::new()))
         }).lock().unwrap_or_else(|p| p.into_inner());
         let (f, current_fence, refused) = &mut *guard;

@@ -1,12 +1,12 @@
 //! The states tests start from, each reached in one line through the public API (never by writing pgfence's
-//! tables): a held lease at a given epoch, a takeover, a task in a given state, an application role with its
-//! grant. A test then states only what it checks.
+//! tables): a held lease at a given epoch, a takeover, an application role with its grant. A test then states
+//! only what it checks.
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::time::Duration;
 
-use pgfence::{Fence, Lease, Store, TaskState};
+use pgfence::{Lease, Store};
 
 use super::{role, store_as, TestDb};
 
@@ -44,8 +44,8 @@ impl<'a> LeaseFixture<'a> {
         self
     }
 
-    /// The tenure is the lease's `epoch`-th: the earlier ones are acquired and force-released first, as real
-    /// tenures (so their fences are stale, each for `superseded` or `released` as a takeover leaves it).
+    /// The tenure is the lease's `epoch`-th: the holder acquires the lease again until it is (each acquisition
+    /// supersedes the one before, so the earlier tenures are real and their fences stale as superseded).
     pub fn epoch(mut self, epoch: i64) -> Self {
         self.epoch = Some(epoch);
         self
@@ -65,7 +65,6 @@ impl<'a> IntoFuture for LeaseFixture<'a> {
                 .unwrap();
             if let Some(epoch) = self.epoch {
                 while lease.epoch().get() < epoch {
-                    self.store.force_release(self.name).await.unwrap();
                     lease = self
                         .store
                         .acquire(self.name, self.holder, self.ttl)
@@ -89,26 +88,6 @@ impl<'a> IntoFuture for LeaseFixture<'a> {
 pub async fn take_over(store: &Store, name: &str, successor: &str) -> Lease {
     store.force_release(name).await.unwrap();
     store.acquire(name, successor, TTL).await.unwrap()
-}
-
-/// The task `key` created under `fence` and, unless `state` is pending, moved from pending to `state`.
-pub async fn task(store: &Store, fence: &Fence, key: &str, state: TaskState) {
-    store
-        .create_task(fence, key, &serde_json::json!({}))
-        .await
-        .unwrap();
-    if state != TaskState::Pending {
-        store
-            .transition_task(
-                fence,
-                key,
-                TaskState::Pending,
-                state,
-                &serde_json::json!({}),
-            )
-            .await
-            .unwrap();
-    }
 }
 
 /// A login role `<database>_<suffix>` (see [`role`]) that `owner` granted the application rights on `cluster`

@@ -153,11 +153,7 @@ async fn a_forged_call_left_open_delays_neither_the_holder_nor_a_takeover() {
     let owner = db.store("ta").await;
     let mut open = Vec::new();
     for (i, (what, sql)) in forged_calls(lease.epoch().get()).into_iter().enumerate() {
-        let attacker = role(&db, &format!("attacker{i}")).await;
-        owner
-            .grant_application(&attacker, Some("ta"))
-            .await
-            .unwrap();
+        let attacker = app_role(&db, &owner, &format!("attacker{i}"), Some("ta")).await;
         let client = client_as(&db, &attacker).await;
         client.batch_execute("BEGIN").await.unwrap();
         client

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::fixture::take_over;
+use common::fixture::{app_role, take_over};
 use common::{client_as, midpoint_median, role, sqlstate, url_as, TestDb};
 use pgfence::{Enforcement, Error, RejectionFilter, Store, StoreConfig};
 use serde_json::json;
@@ -31,9 +31,8 @@ static MEASURING: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 async fn the_application_role_writes_only_through_the_guarded_functions() {
     let _shared = MEASURING.read().await;
     let db = TestDb::new().await;
-    let app = role(&db, "app").await;
     let owner = db.store("c").await;
-    owner.grant_application(&app, None).await.unwrap();
+    let app = app_role(&db, &owner, "app", None).await;
     db.client()
         .await
         .batch_execute(&format!("CREATE TABLE shards (id int PRIMARY KEY, owner text); ALTER TABLE shards OWNER TO {app}"))
@@ -236,12 +235,7 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
 async fn a_hostile_search_path_cannot_redirect_the_guard() {
     let _shared = MEASURING.read().await;
     let db = TestDb::new().await;
-    let app = role(&db, "sneaky").await;
-    db.store("c")
-        .await
-        .grant_application(&app, None)
-        .await
-        .unwrap();
+    let app = app_role(&db, &db.store("c").await, "sneaky", None).await;
     db.client()
         .await
         .batch_execute(&format!("GRANT CREATE ON DATABASE {} TO {app}", db.name))

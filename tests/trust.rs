@@ -864,12 +864,8 @@ async fn no_role_but_the_owner_writes_pgfence_tables() {
 async fn release_notifications_name_no_lease() {
     use futures_util::StreamExt;
     let db = TestDb::new().await;
-    let outsider = role(&db, "outsider").await;
     let owner = db.store("secret-cluster").await;
-    owner
-        .grant_application(&outsider, Some("other"))
-        .await
-        .unwrap();
+    let outsider = app_role(&db, &owner, "outsider", Some("other")).await;
     let (client, mut connection) =
         tokio_postgres::connect(&url_as(&db, &outsider), tokio_postgres::NoTls)
             .await
@@ -1111,12 +1107,7 @@ async fn measure_trust_boundary_cost() {
         if !patch.is_empty() {
             db.client().await.batch_execute(patch).await.unwrap();
         }
-        let app = role(&db, "app").await;
-        db.store("c")
-            .await
-            .grant_application(&app, Some("c"))
-            .await
-            .unwrap();
+        let app = app_role(&db, &db.store("c").await, "app", Some("c")).await;
         let store =
             Store::connect(StoreConfig::new(url_as(&db, &app), "c").pool_size(writers as u32))
                 .await
@@ -1160,11 +1151,9 @@ async fn measure_bogus_flood() {
     let flood_for = env_secs("PGFENCE_FLOOD_SECS", 60);
     let alone_for = env_secs("PGFENCE_ALONE_SECS", 20);
     let db = TestDb::new().await;
-    let (app, flooder) = (role(&db, "app").await, role(&db, "flooder").await);
     let owner = db.store("c").await;
-    owner.grant_application(&app, Some("c")).await.unwrap();
-    owner.grant_application(&flooder, Some("c")).await.unwrap();
-    let leader = store_as(&db, &app, "c").await;
+    let (_, leader) = app_store(&db, &owner, "app", "c").await;
+    let flooder = app_role(&db, &owner, "flooder", Some("c")).await;
     let fence = leader
         .acquire("hot", "leader", Duration::from_secs(3600))
         .await

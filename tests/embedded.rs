@@ -1,9 +1,9 @@
 //! Integration tests of `pgfence::embedded` against the system's PostgreSQL
 //! binaries.
 
+use crate::common::port_accepts;
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -67,11 +67,6 @@ fn show(url: &str, setting: &str) -> String {
         })
     })
     .expect("SHOW")
-}
-
-fn port_accepts(port: u16) -> bool {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
 }
 
 /// Polls `condition` every 50 ms until it holds or `timeout` passes.

@@ -552,6 +552,32 @@ async fn child_holds_a_lease_until_killed() {
     }
 }
 
+/// What [`terminated_backends_never_leave_two_holders`]'s holder writes with `fence` until the first refusal:
+/// (the acknowledged keys, the keys whose answer was lost with their connection and why, the refusal's reason).
+async fn writes_until_refused(
+    store: &Store,
+    fence: &Fence,
+) -> (Vec<String>, Vec<(String, String)>, Option<LossReason>) {
+    let (mut acked, mut unanswered, mut refused) = (Vec::new(), Vec::new(), None);
+    for n in 0.. {
+        let key = format!("w{n}");
+        match store.create_task(fence, &key, &json!({})).await {
+            Ok(_) => acked.push(key),
+            Err(Error::Stale { reason, .. }) => {
+                refused = Some(reason);
+                break;
+            }
+            // Its connection was terminated (or a new one could not be had in time): the write may or
+            // may not have committed.
+            Err(
+                e @ (Error::Database { .. } | Error::Connect { .. } | Error::PoolTimeout { .. }),
+            ) => unanswered.push((key, e.to_string())),
+            Err(e) => panic!("{key}: {e}"),
+        }
+    }
+    (acked, unanswered, refused)
+}
+
 /// Scenario 4, dropped connections: the holder's backends are terminated again and again while it writes. It
 /// recovers (renewals resume on new connections) or declares the loss by its own clock before the database could
 /// grant a successor — never two holders trusting one lease at once. Its writes: every acknowledged one is
@@ -573,28 +599,7 @@ async fn terminated_backends_never_leave_two_holders() {
     // Writes with the holder's fence until the first refusal (the rival's tenure has begun by then).
     let writer = tokio::spawn({
         let (store, fence) = (holder_store.clone(), fence.clone());
-        async move {
-            let (mut acked, mut unanswered, mut refused) = (Vec::new(), Vec::new(), None);
-            for n in 0.. {
-                let key = format!("w{n}");
-                match store.create_task(&fence, &key, &json!({})).await {
-                    Ok(_) => acked.push(key),
-                    Err(Error::Stale { reason, .. }) => {
-                        refused = Some(reason);
-                        break;
-                    }
-                    // Its connection was terminated (or a new one could not be had in time): the write may or
-                    // may not have committed.
-                    Err(
-                        e @ (Error::Database { .. }
-                        | Error::Connect { .. }
-                        | Error::PoolTimeout { .. }),
-                    ) => unanswered.push((key, e.to_string())),
-                    Err(e) => panic!("{key}: {e}"),
-                }
-            }
-            (acked, unanswered, refused)
-        }
+        async move { writes_until_refused(&store, &fence).await }
     });
     let rival_task = {
         let rival = rival.clone();
@@ -765,6 +770,56 @@ async fn a_database_restart_loses_no_acknowledged_write() {
     ));
 }
 
+/// After the partition healed: the write sent during the cut (`during_the_cut`) and one sent after it heals, by
+/// the partitioned holder's store with its old `fence`, are refused as stale and audited under its
+/// application_name (`direct` reads the audit), and nothing of the first is stored.
+async fn the_late_writes_are_refused_and_audited(
+    db: &TestDb,
+    holder_store: &Store,
+    direct: &Store,
+    fence: &Fence,
+    during_the_cut: tokio::task::JoinHandle<pgfence::Result<pgfence::TaskWrite>>,
+) {
+    let late = during_the_cut.await.unwrap();
+    assert!(matches!(late, Err(Error::Stale { .. })), "{late:?}");
+    // The pool may hand out the connection the takeover terminated first (it is found dead on use): a client
+    // retries a connection error.
+    let mut after_heal = holder_store
+        .create_task(fence, "after-heal", &json!({}))
+        .await;
+    for _ in 0..3 {
+        match &after_heal {
+            Err(e) if e.is_transient() => {
+                after_heal = holder_store
+                    .create_task(fence, "after-heal", &json!({}))
+                    .await
+            }
+            _ => break,
+        }
+    }
+    assert!(
+        matches!(after_heal, Err(Error::Stale { .. })),
+        "{after_heal:?}"
+    );
+    let audit = direct
+        .rejections(&RejectionFilter::default())
+        .await
+        .unwrap();
+    let ops: Vec<&str> = audit.iter().map(|r| r.operation.as_str()).collect();
+    assert!(
+        ops.contains(&"append_event") && ops.contains(&"create_task"),
+        "{ops:?}"
+    );
+    assert!(audit
+        .iter()
+        .all(|r| r.application_name.as_deref() == Some("partitioned")));
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.task_events WHERE kind = 'sent-during-the-cut'")
+            .await,
+        0
+    );
+}
+
 /// Scenario 6, a network partition between holder and database (a proxy holding all traffic): the holder
 /// declares the loss on its own clock before the database expires the lease; the successor takes over. A guarded
 /// transaction the holder began before the cut — past its check, its write sent — has its COMMIT held in flight
@@ -862,44 +917,8 @@ async fn a_partitioned_holder_gives_up_first_and_its_late_writes_are_refused() {
         new.last_attempt
     );
 
-    let late = during_the_cut.await.unwrap();
-    assert!(matches!(late, Err(Error::Stale { .. })), "{late:?}");
-    // The pool may hand out the connection the takeover terminated first (it is found dead on use): a client
-    // retries a connection error.
-    let mut after_heal = holder_store
-        .create_task(&fence, "after-heal", &json!({}))
+    the_late_writes_are_refused_and_audited(&db, &holder_store, &direct, &fence, during_the_cut)
         .await;
-    for _ in 0..3 {
-        match &after_heal {
-            Err(e) if e.is_transient() => {
-                after_heal = holder_store
-                    .create_task(&fence, "after-heal", &json!({}))
-                    .await
-            }
-            _ => break,
-        }
-    }
-    assert!(
-        matches!(after_heal, Err(Error::Stale { .. })),
-        "{after_heal:?}"
-    );
-    let audit = direct
-        .rejections(&RejectionFilter::default())
-        .await
-        .unwrap();
-    let ops: Vec<&str> = audit.iter().map(|r| r.operation.as_str()).collect();
-    assert!(
-        ops.contains(&"append_event") && ops.contains(&"create_task"),
-        "{ops:?}"
-    );
-    assert!(audit
-        .iter()
-        .all(|r| r.application_name.as_deref() == Some("partitioned")));
-    assert_eq!(
-        db.scalar("SELECT count(*) FROM pgfence.task_events WHERE kind = 'sent-during-the-cut'")
-            .await,
-        0
-    );
 }
 
 /// Scenario 7, a wrong database: a process configured for one database's identity refuses another at connect,
@@ -994,6 +1013,55 @@ async fn a_process_pointed_at_another_database_refuses_to_write() {
     blocking(move || drop((a, b)));
 }
 
+/// Three takeovers of `l` on the primary by the same holder, each while a guarded transaction of the tenure it
+/// ends is held open past its check: each waits for it (it commits first). The last tenure.
+async fn three_takeovers_each_after_a_held_write(
+    store: &Store,
+    on_primary: &tokio_postgres::Client,
+    mut last: pgfence::Lease,
+) -> pgfence::Lease {
+    for _ in 0..3 {
+        let mut held = HeldWrite::open(
+            store,
+            &last.fence(),
+            &format!("epoch-{}-at-its-takeover", last.epoch()),
+        )
+        .await;
+        let takeover = tokio::spawn({
+            let store = store.clone();
+            async move { store.acquire("l", "a", Duration::from_secs(60)).await }
+        });
+        let (next, order) = race_takeover(on_primary, &mut held, takeover, Expect::Wait).await;
+        last = next.unwrap();
+        held.finish(on_primary, order).await;
+    }
+    last
+}
+
+/// What the promoted (asynchronous) standby shows: epoch 1 current and held — it lost epochs 2 to 4 — and
+/// not the primary's last acknowledged write.
+async fn the_promoted_server_lost_the_epochs_after_1(promoted: &Store) {
+    let status = promoted.lease_status("l").await.unwrap().unwrap();
+    assert_eq!(
+        status.epoch.map(|e| e.get()),
+        Some(1),
+        "the standby lost epochs 2 to 4"
+    );
+    assert_eq!(
+        status.state,
+        pgfence::LeaseState::Held,
+        "epoch 1 looks current on the promoted server: {status:?}"
+    );
+    assert!(
+        promoted
+            .task("l", "acknowledged-then-lost")
+            .await
+            .unwrap()
+            .is_none(),
+        "an asynchronous standby loses the primary's last acknowledged writes"
+    );
+}
+
 /// Scenario 8, failover to an asynchronous standby that lost the last transactions: the standby stops receiving,
 /// the primary issues more epochs (and acknowledges a write with the newest), then dies. After the promotion the
 /// standby still shows the oldest tenure as current, but a promotion is a fencing boundary (invariant 7): the next
@@ -1025,21 +1093,7 @@ async fn epochs_stay_above_lost_ones_after_failover_to_an_async_standby() {
     )
     .await;
     blocking(|| standby.stop()).unwrap();
-    for _ in 0..3 {
-        let mut held = HeldWrite::open(
-            &store,
-            &last.fence(),
-            &format!("epoch-{}-at-its-takeover", last.epoch()),
-        )
-        .await;
-        let takeover = tokio::spawn({
-            let store = store.clone();
-            async move { store.acquire("l", "a", Duration::from_secs(60)).await }
-        });
-        let (next, order) = race_takeover(&on_primary, &mut held, takeover, Expect::Wait).await;
-        last = next.unwrap();
-        held.finish(&on_primary, order).await;
-    }
+    last = three_takeovers_each_after_a_held_write(&store, &on_primary, last).await;
     store
         .create_task(&last.fence(), "acknowledged-then-lost", &json!({}))
         .await
@@ -1054,25 +1108,7 @@ async fn epochs_stay_above_lost_ones_after_failover_to_an_async_standby() {
     let promoted = Store::connect(StoreConfig::new(standby.url(), "f"))
         .await
         .unwrap();
-    let status = promoted.lease_status("l").await.unwrap().unwrap();
-    assert_eq!(
-        status.epoch.map(|e| e.get()),
-        Some(1),
-        "the standby lost epochs 2 to 4"
-    );
-    assert_eq!(
-        status.state,
-        pgfence::LeaseState::Held,
-        "epoch 1 looks current on the promoted server: {status:?}"
-    );
-    assert!(
-        promoted
-            .task("l", "acknowledged-then-lost")
-            .await
-            .unwrap()
-            .is_none(),
-        "an asynchronous standby loses the primary's last acknowledged writes"
-    );
+    the_promoted_server_lost_the_epochs_after_1(&promoted).await;
     let next = promoted
         .acquire("l", "b", Duration::from_secs(60))
         .await
@@ -1139,6 +1175,119 @@ async fn epochs_stay_above_lost_ones_after_failover_to_an_async_standby() {
     blocking(move || drop((standby, primary)));
 }
 
+/// The controller of [`a_leader_loses_at_a_failover_and_leads_again_without_operator_action`]: it writes
+/// `started-<epoch>` and reports that it leads; once cancelled for a loss (not `stopping`), it makes one more
+/// write with its tenure's fence, as a controller with work in flight would, and reports its answer.
+async fn lead_then_write_late(
+    ctx: pgfence::leader::LeaderContext,
+    store: Store,
+    leading_tx: tokio::sync::mpsc::UnboundedSender<(Epoch, Instant)>,
+    late_tx: tokio::sync::mpsc::UnboundedSender<(Epoch, pgfence::Result<pgfence::TaskWrite>)>,
+    stopping: CancellationToken,
+) -> Result<(), Error> {
+    let started = format!("started-{}", ctx.epoch());
+    store
+        .create_task(&ctx.fence(), &started, &json!({}))
+        .await?;
+    let _ = leading_tx.send((ctx.epoch(), Instant::now()));
+    ctx.cancelled().await;
+    if !stopping.is_cancelled() {
+        // Lost: one more write with this tenure's fence, as a controller with work in flight
+        // would attempt. Idempotent by key, so retried while the answer is a connection
+        // error (a pooled connection to the crashed primary may still be handed out).
+        let mut attempts = 0;
+        let late = loop {
+            attempts += 1;
+            match store
+                .create_task(&ctx.fence(), "after-the-loss", &json!({}))
+                .await
+            {
+                Err(e) if e.is_transient() && attempts < 20 => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                answer => break answer,
+            }
+        };
+        let _ = late_tx.send((ctx.epoch(), late));
+    }
+    Ok(())
+}
+
+/// The runtime reported the loss as the failover, the callback stopped; the old tenure's (`first`'s) late write
+/// came back refused as `Stale { Failover }`.
+async fn the_loss_is_the_failover_and_the_late_write_refused(
+    ended: pgfence::Result<Ended<Error>>,
+    late_rx: &mut tokio::sync::mpsc::UnboundedReceiver<(
+        Epoch,
+        pgfence::Result<pgfence::TaskWrite>,
+    )>,
+    first: Epoch,
+) {
+    const WAIT: Duration = Duration::from_secs(15);
+    match ended {
+        Ok(Ended::Lost {
+            cause:
+                LossCause::Definitive {
+                    reason: LossReason::Failover,
+                },
+            callback_stopped: true,
+        }) => {}
+        other => {
+            panic!("expected Lost {{ Definitive {{ Failover }}, callback stopped }}, got {other:?}")
+        }
+    }
+    let (late_epoch, late) = tokio::time::timeout(WAIT, late_rx.recv())
+        .await
+        .expect("the cancelled callback made no late write")
+        .expect("campaign ended");
+    assert_eq!(late_epoch, first);
+    match late {
+        Err(Error::Stale {
+            reason: LossReason::Failover,
+            presented,
+            ..
+        }) if presented == first => {}
+        other => {
+            panic!("the old tenure's late write: expected Stale {{ Failover }}, got {other:?}")
+        }
+    }
+}
+
+/// The database's side of the failover, on the promoted server (`standby`): the first tenure ended by the
+/// failover and the new one current, and the late write audited as a failover refusal.
+async fn the_promoted_server_ended_the_tenure_by_the_failover(standby: &EmbeddedServer) {
+    let promoted = Store::connect(StoreConfig::new(standby.url(), "f"))
+        .await
+        .unwrap();
+    let tenures: Vec<(i64, Option<String>)> = promoted
+        .tenures("ctl")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.epoch.get(), t.end_reason))
+        .collect();
+    assert_eq!(
+        tenures,
+        [
+            (1, Some("failover".to_owned())),
+            (FIRST_EPOCH_OF_TIMELINE_2, None)
+        ]
+    );
+    let mut filter = RejectionFilter::default();
+    filter.lease = Some("ctl".into());
+    let audited: Vec<(i64, String, String)> = promoted
+        .rejections(&filter)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.presented_epoch, r.reason, r.operation))
+        .collect();
+    assert_eq!(
+        audited,
+        [(1, "failover".to_owned(), "create_task".to_owned())]
+    );
+}
+
 /// Scenario 10, failover under a running leader: a controller leads through `run_with_leadership`, connected
 /// through a proxy (a stand-in for a virtual IP or DNS name) to the primary. The primary crashes, its
 /// asynchronous standby is promoted and the proxy is pointed at it. The leader's next renewal reaches the
@@ -1187,42 +1336,11 @@ async fn a_leader_loses_at_a_failover_and_leads_again_without_operator_action() 
                     late_tx.clone(),
                     parent.clone(),
                 );
-                let ended = run_with_leadership(
-                    &elector,
-                    "ctl",
-                    "pod-a",
-                    &options,
-                    &parent,
-                    move |ctx| async move {
-                        let started = format!("started-{}", ctx.epoch());
-                        store
-                            .create_task(&ctx.fence(), &started, &json!({}))
-                            .await?;
-                        let _ = leading_tx.send((ctx.epoch(), Instant::now()));
-                        ctx.cancelled().await;
-                        if !stopping.is_cancelled() {
-                            // Lost: one more write with this tenure's fence, as a controller with work in flight
-                            // would attempt. Idempotent by key, so retried while the answer is a connection
-                            // error (a pooled connection to the crashed primary may still be handed out).
-                            let mut attempts = 0;
-                            let late = loop {
-                                attempts += 1;
-                                match store
-                                    .create_task(&ctx.fence(), "after-the-loss", &json!({}))
-                                    .await
-                                {
-                                    Err(e) if e.is_transient() && attempts < 20 => {
-                                        tokio::time::sleep(Duration::from_millis(50)).await
-                                    }
-                                    answer => break answer,
-                                }
-                            };
-                            let _ = late_tx.send((ctx.epoch(), late));
-                        }
-                        Ok::<_, Error>(())
-                    },
-                )
-                .await;
+                let ended =
+                    run_with_leadership(&elector, "ctl", "pod-a", &options, &parent, move |ctx| {
+                        lead_then_write_late(ctx, store, leading_tx, late_tx, stopping)
+                    })
+                    .await;
                 let shutdown = matches!(ended, Ok(Ended::Cancelled { .. }));
                 let _ = ended_tx.send((ended, Instant::now()));
                 if shutdown {
@@ -1259,34 +1377,7 @@ async fn a_leader_loses_at_a_failover_and_leads_again_without_operator_action() 
         .await
         .expect("the runtime reported no loss within 15 s of the promotion")
         .expect("campaign ended");
-    match ended {
-        Ok(Ended::Lost {
-            cause:
-                LossCause::Definitive {
-                    reason: LossReason::Failover,
-                },
-            callback_stopped: true,
-        }) => {}
-        other => {
-            panic!("expected Lost {{ Definitive {{ Failover }}, callback stopped }}, got {other:?}")
-        }
-    }
-    let (late_epoch, late) = tokio::time::timeout(WAIT, late_rx.recv())
-        .await
-        .expect("the cancelled callback made no late write")
-        .expect("campaign ended");
-    assert_eq!(late_epoch, first);
-    match late {
-        Err(Error::Stale {
-            reason: LossReason::Failover,
-            presented,
-            ..
-        }) if presented == first => {}
-        other => {
-            panic!("the old tenure's late write: expected Stale {{ Failover }}, got {other:?}")
-        }
-    }
-
+    the_loss_is_the_failover_and_the_late_write_refused(ended, &mut late_rx, first).await;
     let (again, leading_again_at) = tokio::time::timeout(WAIT, leading_rx.recv())
         .await
         .expect("the controller did not lead again within 15 s of the loss")
@@ -1299,37 +1390,7 @@ async fn a_leader_loses_at_a_failover_and_leads_again_without_operator_action() 
         leading_again_at.duration_since(lost_at)
     );
 
-    // The database's side of it, on the promoted server.
-    let promoted = Store::connect(StoreConfig::new(standby.url(), "f"))
-        .await
-        .unwrap();
-    let tenures: Vec<(i64, Option<String>)> = promoted
-        .tenures("ctl")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| (t.epoch.get(), t.end_reason))
-        .collect();
-    assert_eq!(
-        tenures,
-        [
-            (1, Some("failover".to_owned())),
-            (FIRST_EPOCH_OF_TIMELINE_2, None)
-        ]
-    );
-    let mut filter = RejectionFilter::default();
-    filter.lease = Some("ctl".into());
-    let audited: Vec<(i64, String, String)> = promoted
-        .rejections(&filter)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| (r.presented_epoch, r.reason, r.operation))
-        .collect();
-    assert_eq!(
-        audited,
-        [(1, "failover".to_owned(), "create_task".to_owned())]
-    );
+    the_promoted_server_ended_the_tenure_by_the_failover(&standby).await;
 
     parent.cancel();
     let (ended, _) = tokio::time::timeout(WAIT, ended_rx.recv())
@@ -1349,7 +1410,7 @@ async fn a_leader_loses_at_a_failover_and_leads_again_without_operator_action() 
         .await
         .expect("the campaign loop did not return")
         .unwrap();
-    drop((promoted, store));
+    drop(store);
     blocking(move || drop((standby, primary)));
 }
 

@@ -8,7 +8,8 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{wait_until_blocked_on_lock, TestDb};
+use common::fixture::take_over;
+use common::{move_shard, wait_until_blocked_on_lock, TestDb, GUARD_LOCK_CLASS};
 use pgfence::{Error, Fence, LossReason, RejectionFilter, Store, TaskState};
 use serde_json::json;
 
@@ -17,27 +18,9 @@ const TTL: Duration = Duration::from_secs(60);
 async fn app_table(db: &TestDb) {
     db.client()
         .await
-        .batch_execute("CREATE TABLE shards (id int PRIMARY KEY, owner text NOT NULL)")
+        .batch_execute(common::SHARDS_TABLE)
         .await
         .unwrap();
-}
-
-/// A fenced transaction that moves shard 1 to `owner`.
-async fn move_shard(store: &Store, fence: &Fence, owner: &str) -> Result<usize, Error> {
-    let owner = owner.to_owned();
-    store
-        .fenced(fence, "move_shard", async move |conn| {
-            use diesel::sql_types::Text;
-            use diesel_async::RunQueryDsl;
-            let n = diesel::sql_query(
-                "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
-            )
-            .bind::<Text, _>(owner)
-            .execute(conn)
-            .await?;
-            Ok::<_, Error>(n)
-        })
-        .await
 }
 
 /// The task life cycle under one tenure: create (idempotent by key, one event), claim (the pending guard),
@@ -1297,8 +1280,7 @@ async fn guarded_write_sql_guards_another_drivers_statement() {
         run(&client, &statement, &old, "node-2").await,
         ("ok".to_owned(), None, Some(1), None, 1)
     );
-    store.force_release("sched").await.unwrap();
-    store.acquire("sched", "pod-b", TTL).await.unwrap();
+    take_over(&store, "sched", "pod-b").await;
     assert_eq!(
         run(&client, &statement, &old, "stale").await,
         (
@@ -1373,8 +1355,7 @@ async fn guarded_write_writes_under_the_current_fence_and_refuses_a_stale_one_wi
         1
     );
 
-    store.force_release("sched").await.unwrap();
-    let new = store.acquire("sched", "pod-b", TTL).await.unwrap().fence();
+    let new = take_over(&store, "sched", "pod-b").await.fence();
     for result in [
         store
             .guarded_write(&old, "move", move_shard_sql(1, "stale"))
@@ -1459,8 +1440,7 @@ async fn an_ungated_statement_never_commits_under_a_refused_fence() {
             .unwrap(),
         1
     );
-    store.force_release("sched").await.unwrap();
-    store.acquire("sched", "pod-b", TTL).await.unwrap();
+    take_over(&store, "sched", "pod-b").await;
     db.client()
         .await
         .batch_execute("UPDATE shards SET owner = 'node-b'")
@@ -1574,10 +1554,10 @@ async fn guarded_statements_are_prepared_once_and_fenced_guards_run_inside_their
                 )
                 .execute(conn)
                 .await?;
-                let held: Held = diesel::sql_query(
-                    "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885824613 \
+                let held: Held = diesel::sql_query(format!(
+                    "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND classid = {GUARD_LOCK_CLASS} \
                        AND mode = 'ShareLock' AND granted AND pid = pg_backend_pid()",
-                )
+                ))
                 .get_result(conn)
                 .await?;
                 Ok::<_, Error>(held.n)
@@ -1720,9 +1700,11 @@ async fn a_forged_memory_skips_neither_the_guard_lock_nor_the_grant() {
         .client()
         .await
         .query_one(
-            "SELECT count(*) FROM pg_locks k JOIN pgfence.leases l ON k.objid = l.lock_key::oid \
-              WHERE k.locktype = 'advisory' AND k.classid = 1885824613::oid AND k.objsubid = 2 \
-                AND k.granted AND k.pid = $1 AND l.name = 'c/l'",
+            &format!(
+                "SELECT count(*) FROM pg_locks k JOIN pgfence.leases l ON k.objid = l.lock_key::oid \
+                  WHERE k.locktype = 'advisory' AND k.classid = {GUARD_LOCK_CLASS}::oid AND k.objsubid = 2 \
+                    AND k.granted AND k.pid = $1 AND l.name = 'c/l'"
+            ),
             &[&pid],
         )
         .await
@@ -1731,9 +1713,8 @@ async fn a_forged_memory_skips_neither_the_guard_lock_nor_the_grant() {
     assert_eq!(held, 1, "the admitted write holds c/l's own guard lock");
     c.batch_execute("COMMIT").await.unwrap();
 
-    let intruder = common::role(&db, "intruder").await;
     let owner = db.store("c").await;
-    owner.grant_application(&intruder, Some("d")).await.unwrap();
+    let intruder = common::fixture::app_role(&db, &owner, "intruder", Some("d")).await;
     let i = common::client_as(&db, &intruder).await;
     remember(&c, &i, "c/l", epoch).await;
     assert_eq!(
@@ -1793,8 +1774,8 @@ async fn a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either
         takeover.batch_execute("BEGIN").await.unwrap();
         takeover
             .execute(
-                "SELECT pg_advisory_xact_lock(1885824613, -$1::int)",
-                &[&key],
+                "SELECT pg_advisory_xact_lock($1, -$2::int)",
+                &[&GUARD_LOCK_CLASS, &key],
             )
             .await
             .unwrap();
@@ -1811,8 +1792,11 @@ async fn a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either
         loop {
             let waiting: bool = c
                 .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = $1 \
-                       AND classid = 1885824613 AND objid = (-$2::int)::oid AND objsubid = 2 AND NOT granted)",
+                    &format!(
+                        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = $1 \
+                           AND classid = {GUARD_LOCK_CLASS} AND objid = (-$2::int)::oid AND objsubid = 2 \
+                           AND NOT granted)"
+                    ),
                     &[&pid, &key],
                 )
                 .await

@@ -6,10 +6,11 @@
 use crate::common;
 
 use std::collections::HashMap;
+use std::future::IntoFuture;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use common::TestDb;
+use common::{fixture, TestDb};
 use pgfence::{Error, Store, StoreConfig};
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -452,30 +453,16 @@ mod bytes_buf {
     pub(crate) use tokio_postgres::types::private::BytesMut;
 }
 
-/// The SQL functions themselves, called by a raw client with hostile arguments: each call succeeds, or fails with
-/// a clear SQLSTATE (22023 bad argument, 22021 invalid encoding, 54001 nesting too deep) and writes nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sql_functions_refuse_hostile_arguments_cleanly() {
-    let db = TestDb::new().await;
-    let client = db.client().await;
-    let code = |e: tokio_postgres::Error| {
-        e.code()
-            .map(|c| c.code().to_owned())
-            .unwrap_or_else(|| e.to_string())
-    };
-    // The tenure's secret, kept in a session setting so that the statements below can name it.
-    client
-        .query_one(
-            "SELECT set_config('test.secret', secret, false) FROM pgfence.acquire('c/l', 'pod', 60000)",
-            &[],
-        )
-        .await
-        .unwrap();
-    let before = (
-        db.scalar("SELECT count(*) FROM pgfence.tasks").await,
-        db.scalar("SELECT count(*) FROM pgfence.task_events").await,
-    );
+/// A driver error's SQLSTATE, or its message when the server sent none.
+fn code(e: tokio_postgres::Error) -> String {
+    e.code()
+        .map(|c| c.code().to_owned())
+        .unwrap_or_else(|| e.to_string())
+}
 
+/// Arguments out of range or missing (an empty or cluster-less name, a huge holder, a ttl out of range, epoch 0,
+/// a NULL key, an unknown state, arrays of different lengths) are 22023, through `client` (holding `c/l`).
+async fn bad_arguments_are_22023(client: &tokio_postgres::Client) {
     let bad_args: [(&str, &str); 9] = [
         ("SELECT * FROM pgfence.acquire('', 'pod', 1000)", "22023"),
         (
@@ -512,6 +499,15 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
         let err = client.query(sql, &[]).await.unwrap_err();
         assert_eq!(code(err), expected, "{sql}");
     }
+}
+
+/// Text that is no text (NUL, invalid UTF-8) is 22021; JSON nested far deeper than any real payload is 54001
+/// from the server's parser, while `MAX_PAYLOAD_DEPTH` levels written through SQL are stored exactly and read
+/// back through the library. Writes the task `deep-ok` of `c/l`.
+async fn bad_text_and_deep_json_are_refused_and_the_depth_limit_is_stored(
+    db: &TestDb,
+    client: &tokio_postgres::Client,
+) {
     // NUL cannot be in a PostgreSQL text value; a driver that sends one gets 22021.
     let nul = client
         .query(
@@ -552,15 +548,15 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
     assert_eq!(row.get::<_, String>(0), "ok");
     let read = db.store("c").await.task("l", "deep-ok").await.unwrap();
     assert_eq!(read.unwrap().payload, at_the_limit);
+}
 
-    // The SQL backstop exactly at its edge: a payload of 16 MiB stored (`pg_column_size` of the jsonb) is
-    // accepted and stored exactly; one byte more is 22023 from every function that takes a payload, with
-    // nothing written.
+/// The SQL backstop exactly at its edge: a payload of 16 MiB stored (`pg_column_size` of the jsonb) is accepted
+/// and stored exactly; one byte more is 22023 from every function that takes a payload, with nothing written.
+/// Writes the task `edge` of `c/l` (and its created event) only.
+async fn the_sql_payload_backstop_holds_at_its_edge(client: &tokio_postgres::Client) {
     const BACKSTOP: i64 = 16 * 1024 * 1024;
-    let stored_size = |n: i64| {
-        let client = &client;
-        async move {
-            client
+    let stored_size = |n: i64| async move {
+        client
                 .query_one(
                     "SELECT pg_column_size(jsonb_build_object('blob', repeat('x', $1::bigint::int)))::bigint",
                     &[&n],
@@ -568,7 +564,6 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
                 .await
                 .unwrap()
                 .get::<_, i64>(0)
-        }
     };
     let n = BACKSTOP - (stored_size(1000).await - 1000);
     assert_eq!(
@@ -639,6 +634,30 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
         ("pending".to_owned(), 1, 1),
         "the refused append and transition left the task as it was"
     );
+}
+
+/// The SQL functions themselves, called by a raw client with hostile arguments: each call succeeds, or fails with
+/// a clear SQLSTATE (22023 bad argument, 22021 invalid encoding, 54001 nesting too deep) and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_functions_refuse_hostile_arguments_cleanly() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    // The tenure's secret, kept in a session setting so that the statements below can name it.
+    client
+        .query_one(
+            "SELECT set_config('test.secret', secret, false) FROM pgfence.acquire('c/l', 'pod', 60000)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let before = (
+        db.scalar("SELECT count(*) FROM pgfence.tasks").await,
+        db.scalar("SELECT count(*) FROM pgfence.task_events").await,
+    );
+
+    bad_arguments_are_22023(&client).await;
+    bad_text_and_deep_json_are_refused_and_the_depth_limit_is_stored(&db, &client).await;
+    the_sql_payload_backstop_holds_at_its_edge(&client).await;
     assert_eq!(
         (
             db.scalar("SELECT count(*) FROM pgfence.tasks").await,
@@ -853,11 +872,7 @@ async fn the_password_never_appears(captured: Captured) {
         serde_json::to_string(&store.rejections(&Default::default()).await.unwrap()).unwrap(),
     );
 
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let closed = common::unused_port();
     let unreachable = Store::connect(StoreConfig::new(
         format!("postgres://app:{SENTINEL}@127.0.0.1:{closed}/db"),
         "c",
@@ -961,11 +976,8 @@ proptest! {
         static F: OnceLock<Mutex<(Fixture, pgfence::Fence, Refusals)>> = OnceLock::new();
         let mut guard = F.get_or_init(|| {
             let f = fixture();
-            let mut lease = None;
-            for _ in 0..3 {
-                lease = Some(f.runtime.block_on(f.store.acquire("epochs", "pod", TTL)).unwrap());
-            }
-            let fence = lease.unwrap().fence();
+            let lease = fixture::lease(&f.store, "epochs").holder("pod").ttl(TTL).epoch(3);
+            let fence = f.runtime.block_on(lease.into_future()).fence();
             Mutex::new((f, fence, HashMap::new()))
         }).lock().unwrap_or_else(|p| p.into_inner());
         let (f, current_fence, refused) = &mut *guard;

@@ -7,14 +7,11 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{client_as, owned_db, role, store_as, url_as, TestDb};
+use common::{client_as, owned_db, role, sqlstate, store_as, url_as, TestDb, GUARD_LOCK_CLASS};
 use pgfence::{Error, ForceReleased, LayoutSeverity, Store, StoreConfig};
 use serde_json::json;
 
 const TTL: Duration = Duration::from_secs(60);
-
-/// The first key of the guard lock's two-integer key space ("pgfe").
-const GUARD_SPACE: i32 = 1_885_824_613;
 
 /// Every advisory-lock function that takes a lock, as docs/security.md revokes them from PUBLIC.
 const REVOKE_FROM_PUBLIC: &str = "REVOKE EXECUTE ON FUNCTION \
@@ -54,10 +51,6 @@ async fn session(db: &TestDb, who: &str) -> (tokio_postgres::Client, i32) {
         .unwrap()
         .get(0);
     (client, pid)
-}
-
-fn sqlstate(err: &tokio_postgres::Error) -> String {
-    err.code().map(|c| c.code().to_owned()).unwrap_or_default()
 }
 
 /// The hardened layout works (the security fix must not break pgfence): with EXECUTE on every lock-taking
@@ -139,7 +132,7 @@ async fn the_hardened_layout_works_and_refuses_outsiders_the_guard_lock() {
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int::oid \
                AND objid = $2::int::oid AND objsubid = 2 \
                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            &[&GUARD_SPACE, &key],
+            &[&GUARD_LOCK_CLASS, &key],
         )
         .await
         .unwrap()
@@ -149,7 +142,7 @@ async fn the_hardened_layout_works_and_refuses_outsiders_the_guard_lock() {
     let refused = out
         .query_one(
             "SELECT pg_advisory_xact_lock($1, $2)",
-            &[&GUARD_SPACE, &key],
+            &[&GUARD_LOCK_CLASS, &key],
         )
         .await
         .unwrap_err();
@@ -297,9 +290,12 @@ async fn an_outsider_holding_a_guard_key_is_named_within_the_bounds() {
         .await as i32;
     let outsider = role(&db, "outsider").await;
     let (out, pid) = session(&db, &outsider).await;
-    out.query_one("SELECT pg_advisory_lock($1, $2)", &[&GUARD_SPACE, &key])
-        .await
-        .unwrap();
+    out.query_one(
+        "SELECT pg_advisory_lock($1, $2)",
+        &[&GUARD_LOCK_CLASS, &key],
+    )
+    .await
+    .unwrap();
 
     let started = Instant::now();
     let err = tokio::time::timeout(

@@ -48,6 +48,33 @@ trait Within: std::future::Future + Sized {
 
 impl<F: std::future::Future> Within for F {}
 
+/// Writes a seed scenario once, generic over the [`Backend`], and runs it as two tests that carry the
+/// scenario's doc comment: the first on a fresh database's [`PgElector`], the second on a [`MemoryElector`], each
+/// under its own lease name (distinct names keep the metrics' `lease` label unique across the binary's parallel
+/// tests).
+macro_rules! on_both_electors {
+    (
+        $pg:ident($pg_name:literal), $memory:ident($memory_name:literal):
+        $(#[doc = $doc:expr])*
+        async fn $scenario:ident<B: Backend>($($params:tt)*) $body:block
+    ) => {
+        $(#[doc = $doc])*
+        async fn $scenario<B: Backend>($($params)*) $body
+
+        $(#[doc = $doc])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $pg() {
+            $scenario(Pg::new().await, $pg_name).await;
+        }
+
+        $(#[doc = $doc])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $memory() {
+            $scenario(Memory::new(), $memory_name).await;
+        }
+    };
+}
+
 /// What a seed scenario needs from a backend besides the elector: inject a loss, and make a lease held by
 /// "someone else".
 trait Backend {
@@ -322,286 +349,262 @@ async fn database_would_grant(client: &tokio_postgres::Client, qualified: &str) 
         .get(0)
 }
 
-/// Seed scenario: two candidates contend for one free name. Exactly one callback runs at a time: the other
-/// candidate is refused while the first leads — it is seen asking again after the first callback started — and
-/// its callback starts only after the first returned and released, with a larger epoch.
-async fn one_owner_per_name<B: Backend>(backend: B, name: &str) {
-    metrics_probe::install();
-    let (elector, mut attempts) = Watched::new(backend.elector());
-    let shutdown = CancellationToken::new();
-    let running = Arc::new(AtomicUsize::new(0));
-    // (who, what, epoch, callbacks already running when it started)
-    let (events, mut rx) = mpsc::unbounded_channel::<(&'static str, &'static str, Epoch, usize)>();
-    let together = Arc::new(tokio::sync::Barrier::new(2));
-    let mut stops = std::collections::HashMap::new();
-    let mut runs = Vec::new();
-    for who in ["pod-a", "pod-b"] {
-        let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        stops.insert(who, stop_tx);
-        let (elector, shutdown, events, running, together, name) = (
-            elector.clone(),
-            shutdown.clone(),
-            events.clone(),
-            running.clone(),
-            together.clone(),
-            name.to_owned(),
-        );
-        runs.push(tokio::spawn(async move {
-            together.wait().await; // both campaign for the free lease at once
-            run_with_leadership(
-                &elector,
-                &name,
-                who,
-                &options(),
-                &shutdown,
-                move |ctx| async move {
-                    let others = running.fetch_add(1, Ordering::SeqCst);
-                    events.send((who, "start", ctx.epoch(), others)).unwrap();
-                    stop_rx
-                        .within(WAIT, "the test's stop signal")
-                        .await
-                        .unwrap();
-                    running.fetch_sub(1, Ordering::SeqCst);
-                    events.send((who, "stop", ctx.epoch(), 0)).unwrap();
-                    Ok::<_, Error>(())
-                },
-            )
-            .await
-        }));
-    }
-    let (first, what, first_epoch, others) = rx
-        .recv()
-        .within(WAIT, "the next message on rx")
-        .await
-        .unwrap();
-    let first_started = Instant::now();
-    assert_eq!((what, others), ("start", 0));
-    let second = if first == "pod-a" { "pod-b" } else { "pod-a" };
-    // The other candidate is still campaigning while the first leads, and is refused — nothing else happens
-    // meanwhile (a second callback starting would be two owners at once).
-    tokio::select! {
-        _ = refused_attempt(&mut attempts, second, first_started) => {}
-        event = rx.recv() => panic!("while {first} leads: {event:?}"),
-    }
-    assert_eq!(metered(&elector, name), (Some(1.0), 1, [0, 0, 0]));
-    stops.remove(first).unwrap().send(()).unwrap();
-    assert_eq!(
-        rx.recv()
+on_both_electors! {
+    pg_one_owner_per_name("owner"), memory_one_owner_per_name("mem-owner"):
+    /// Seed scenario: two candidates contend for one free name. Exactly one callback runs at a time: the other
+    /// candidate is refused while the first leads — it is seen asking again after the first callback started — and
+    /// its callback starts only after the first returned and released, with a larger epoch.
+    async fn one_owner_per_name<B: Backend>(backend: B, name: &str) {
+        metrics_probe::install();
+        let (elector, mut attempts) = Watched::new(backend.elector());
+        let shutdown = CancellationToken::new();
+        let running = Arc::new(AtomicUsize::new(0));
+        // (who, what, epoch, callbacks already running when it started)
+        let (events, mut rx) = mpsc::unbounded_channel::<(&'static str, &'static str, Epoch, usize)>();
+        let together = Arc::new(tokio::sync::Barrier::new(2));
+        let mut stops = std::collections::HashMap::new();
+        let mut runs = Vec::new();
+        for who in ["pod-a", "pod-b"] {
+            let (stop_tx, stop_rx) = oneshot::channel::<()>();
+            stops.insert(who, stop_tx);
+            let (elector, shutdown, events, running, together, name) = (
+                elector.clone(),
+                shutdown.clone(),
+                events.clone(),
+                running.clone(),
+                together.clone(),
+                name.to_owned(),
+            );
+            runs.push(tokio::spawn(async move {
+                together.wait().await; // both campaign for the free lease at once
+                run_with_leadership(
+                    &elector,
+                    &name,
+                    who,
+                    &options(),
+                    &shutdown,
+                    move |ctx| async move {
+                        let others = running.fetch_add(1, Ordering::SeqCst);
+                        events.send((who, "start", ctx.epoch(), others)).unwrap();
+                        stop_rx
+                            .within(WAIT, "the test's stop signal")
+                            .await
+                            .unwrap();
+                        running.fetch_sub(1, Ordering::SeqCst);
+                        events.send((who, "stop", ctx.epoch(), 0)).unwrap();
+                        Ok::<_, Error>(())
+                    },
+                )
+                .await
+            }));
+        }
+        let (first, what, first_epoch, others) = rx
+            .recv()
             .within(WAIT, "the next message on rx")
             .await
-            .unwrap(),
-        (first, "stop", first_epoch, 0)
-    );
-    let (who, what, second_epoch, others) = rx
-        .recv()
-        .within(WAIT, "the next message on rx")
-        .await
-        .unwrap();
-    assert_eq!((who, what), (second, "start"));
-    assert_eq!(others, 0, "two callbacks ran at once");
-    assert!(
-        second_epoch > first_epoch,
-        "the second tenure's epoch is larger"
-    );
-    stops.remove(second).unwrap().send(()).unwrap();
-    for run in runs {
-        assert!(matches!(ended(run).await, Ended::Returned));
-    }
-    // Every attempt of the second candidate before the first stopped was refused: none acquired.
-    while let Ok(attempt) = attempts.try_recv() {
-        if let Outcome::Acquired(epoch) = attempt.outcome {
-            assert_eq!((attempt.holder.as_str(), epoch), (second, second_epoch));
+            .unwrap();
+        let first_started = Instant::now();
+        assert_eq!((what, others), ("start", 0));
+        let second = if first == "pod-a" { "pod-b" } else { "pod-a" };
+        // The other candidate is still campaigning while the first leads, and is refused — nothing else happens
+        // meanwhile (a second callback starting would be two owners at once).
+        tokio::select! {
+            _ = refused_attempt(&mut attempts, second, first_started) => {}
+            event = rx.recv() => panic!("while {first} leads: {event:?}"),
         }
-    }
-    // Two tenures, each counted when it began and when it ended; neither lost.
-    assert_eq!(metered(&elector, name), (Some(0.0), 4, [0, 0, 0]));
-}
-
-/// Seed scenario, ordered by channels: acquired → work started → loss injected → cancellation observed →
-/// leader gauge false, and the run reports the loss with the backend's cause, counted once under that cause.
-async fn loss_cancels_the_callback<B: Backend>(backend: B, name: &str) {
-    metrics_probe::install();
-    let elector = backend.elector();
-    let shutdown = CancellationToken::new();
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<i64>();
-    let (cancelled_tx, cancelled_rx) = tokio::sync::oneshot::channel::<()>();
-    let run = {
-        let (elector, shutdown, name) = (elector.clone(), shutdown.clone(), name.to_owned());
-        tokio::spawn(async move {
-            run_with_leadership(
-                &elector,
-                &name,
-                "pod-a",
-                &options(),
-                &shutdown,
-                move |ctx| async move {
-                    started_tx.send(ctx.epoch().get()).unwrap();
-                    ctx.cancelled().await;
-                    cancelled_tx.send(()).unwrap();
-                    Ok::<_, Error>(())
-                },
-            )
+        assert_eq!(metered(&elector, name), (Some(1.0), 1, [0, 0, 0]));
+        stops.remove(first).unwrap().send(()).unwrap();
+        assert_eq!(
+            rx.recv()
+                .within(WAIT, "the next message on rx")
+                .await
+                .unwrap(),
+            (first, "stop", first_epoch, 0)
+        );
+        let (who, what, second_epoch, others) = rx
+            .recv()
+            .within(WAIT, "the next message on rx")
             .await
-        })
-    };
-    started_rx
-        .within(WAIT, "the callback's start")
-        .await
-        .unwrap();
-    assert_eq!(metered(&elector, name), (Some(1.0), 1, [0, 0, 0]));
-    backend.inject_loss(name).await;
-    cancelled_rx
-        .within(WAIT, "the callback's cancellation")
-        .await
-        .unwrap();
-    let expected = backend.injected_cause();
-    match ended(run).await {
-        Ended::Lost {
-            cause,
-            callback_stopped,
-        } => {
-            assert!(callback_stopped);
-            assert_eq!(cause, expected);
+            .unwrap();
+        assert_eq!((who, what), (second, "start"));
+        assert_eq!(others, 0, "two callbacks ran at once");
+        assert!(
+            second_epoch > first_epoch,
+            "the second tenure's epoch is larger"
+        );
+        stops.remove(second).unwrap().send(()).unwrap();
+        for run in runs {
+            assert!(matches!(ended(run).await, Ended::Returned));
         }
-        other => panic!("expected Lost, got {other:?}"),
-    }
-    let counted = match expected {
-        LossCause::Definitive { .. } => [1, 0, 0],
-        LossCause::DeadlineExceeded { .. } => [0, 1, 0],
-        LossCause::Injected => [0, 0, 1],
-        other => panic!("unexpected cause {other:?}"),
-    };
-    metrics_settle(&elector, name, (Some(0.0), 2, counted)).await;
-}
-
-/// A callback that returns an error ends the run as `Failed` with that very error, one that panics as
-/// `Panicked` with its message; either way the tenure is released at once (the store has no holder, the gauge
-/// is false) — a failing controller never keeps the lease until its ttl runs out.
-async fn a_failed_or_panicking_callback_is_reported_and_released<B: Backend>(
-    backend: B,
-    name: &str,
-) {
-    metrics_probe::install();
-    let elector = backend.elector();
-    let shutdown = CancellationToken::new();
-    let ended = run_with_leadership(
-        &elector,
-        name,
-        "pod-a",
-        &options(),
-        &shutdown,
-        |ctx| async move { Err::<(), String>(format!("reconcile failed at epoch {}", ctx.epoch())) },
-    )
-    .within(WAIT, "the end of run_with_leadership")
-    .await
-    .unwrap();
-    match ended {
-        Ended::Failed(error) => assert_eq!(error, "reconcile failed at epoch 1"),
-        other => panic!("expected Failed, got {other:?}"),
-    }
-    assert_eq!(
-        backend.holder(name).await,
-        None,
-        "released after the failure"
-    );
-    assert_eq!(metered(&elector, name), (Some(0.0), 2, [0, 0, 0]));
-
-    let ended = run_with_leadership(
-        &elector,
-        name,
-        "pod-a",
-        &options(),
-        &shutdown,
-        |ctx| async move {
-            if ctx.is_held() {
-                panic!("controller bug at epoch {}", ctx.epoch());
+        // Every attempt of the second candidate before the first stopped was refused: none acquired.
+        while let Ok(attempt) = attempts.try_recv() {
+            if let Outcome::Acquired(epoch) = attempt.outcome {
+                assert_eq!((attempt.holder.as_str(), epoch), (second, second_epoch));
             }
-            Ok::<(), String>(())
-        },
-    )
-    .within(WAIT, "the end of run_with_leadership")
-    .await
-    .unwrap();
-    match ended {
-        Ended::Panicked(message) => assert_eq!(message, "controller bug at epoch 2"),
-        other => panic!("expected Panicked, got {other:?}"),
+        }
+        // Two tenures, each counted when it began and when it ended; neither lost.
+        assert_eq!(metered(&elector, name), (Some(0.0), 4, [0, 0, 0]));
     }
-    assert_eq!(backend.holder(name).await, None, "released after the panic");
-    assert_eq!(metered(&elector, name), (Some(0.0), 4, [0, 0, 0]));
 }
 
-/// Seed scenario: an acquisition that fails because someone else holds the lease leaves the gauge unset and
-/// counts no transition.
-async fn failed_acquisition_leaves_the_gauge_false<B: Backend>(backend: B, name: &str) {
-    metrics_probe::install();
-    let elector = backend.elector();
-    backend.occupy(name, "someone-else").await;
-    let result = elector.acquire(name, "pod-a", &options().lease).await;
-    assert!(
-        matches!(result, Err(Error::Held { ref holder, .. }) if holder == "someone-else"),
-        "{result:?}"
-    );
-    assert_eq!(metered(&elector, name), (None, 0, [0, 0, 0]));
+on_both_electors! {
+    pg_loss_cancels_the_callback("loss"), memory_loss_cancels_the_callback("mem-loss"):
+    /// Seed scenario, ordered by channels: acquired → work started → loss injected → cancellation observed →
+    /// leader gauge false, and the run reports the loss with the backend's cause, counted once under that cause.
+    async fn loss_cancels_the_callback<B: Backend>(backend: B, name: &str) {
+        metrics_probe::install();
+        let elector = backend.elector();
+        let shutdown = CancellationToken::new();
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel::<i64>();
+        let (cancelled_tx, cancelled_rx) = tokio::sync::oneshot::channel::<()>();
+        let run = {
+            let (elector, shutdown, name) = (elector.clone(), shutdown.clone(), name.to_owned());
+            tokio::spawn(async move {
+                run_with_leadership(
+                    &elector,
+                    &name,
+                    "pod-a",
+                    &options(),
+                    &shutdown,
+                    move |ctx| async move {
+                        started_tx.send(ctx.epoch().get()).unwrap();
+                        ctx.cancelled().await;
+                        cancelled_tx.send(()).unwrap();
+                        Ok::<_, Error>(())
+                    },
+                )
+                .await
+            })
+        };
+        started_rx
+            .within(WAIT, "the callback's start")
+            .await
+            .unwrap();
+        assert_eq!(metered(&elector, name), (Some(1.0), 1, [0, 0, 0]));
+        backend.inject_loss(name).await;
+        cancelled_rx
+            .within(WAIT, "the callback's cancellation")
+            .await
+            .unwrap();
+        let expected = backend.injected_cause();
+        match ended(run).await {
+            Ended::Lost {
+                cause,
+                callback_stopped,
+            } => {
+                assert!(callback_stopped);
+                assert_eq!(cause, expected);
+            }
+            other => panic!("expected Lost, got {other:?}"),
+        }
+        let counted = match expected {
+            LossCause::Definitive { .. } => [1, 0, 0],
+            LossCause::DeadlineExceeded { .. } => [0, 1, 0],
+            LossCause::Injected => [0, 0, 1],
+            other => panic!("unexpected cause {other:?}"),
+        };
+        metrics_settle(&elector, name, (Some(0.0), 2, counted)).await;
+    }
 }
 
-/// Seed scenario: lease keys are stable — the same name maps to the same qualified key in every tenure.
-async fn lease_keys_are_stable<B: Backend>(backend: B, name: &str) {
-    let elector = backend.elector();
-    let first = elector
-        .acquire(name, "pod-a", &options().lease)
+on_both_electors! {
+    pg_a_failed_or_panicking_callback_is_reported_and_released("failing"),
+    memory_a_failed_or_panicking_callback_is_reported_and_released("mem-failing"):
+    /// A callback that returns an error ends the run as `Failed` with that very error, one that panics as
+    /// `Panicked` with its message; either way the tenure is released at once (the store has no holder, the gauge
+    /// is false) — a failing controller never keeps the lease until its ttl runs out.
+    async fn a_failed_or_panicking_callback_is_reported_and_released<B: Backend>(
+        backend: B,
+        name: &str,
+    ) {
+        metrics_probe::install();
+        let elector = backend.elector();
+        let shutdown = CancellationToken::new();
+        let ended = run_with_leadership(
+            &elector,
+            name,
+            "pod-a",
+            &options(),
+            &shutdown,
+            |ctx| async move { Err::<(), String>(format!("reconcile failed at epoch {}", ctx.epoch())) },
+        )
+        .within(WAIT, "the end of run_with_leadership")
         .await
         .unwrap();
-    let key = first.fence().lease().to_owned();
-    assert_eq!(key, elector.qualify(name));
-    let first_epoch = first.epoch();
-    first.release().await.unwrap();
-    let second = elector
-        .acquire(name, "pod-b", &options().lease)
+        match ended {
+            Ended::Failed(error) => assert_eq!(error, "reconcile failed at epoch 1"),
+            other => panic!("expected Failed, got {other:?}"),
+        }
+        assert_eq!(
+            backend.holder(name).await,
+            None,
+            "released after the failure"
+        );
+        assert_eq!(metered(&elector, name), (Some(0.0), 2, [0, 0, 0]));
+
+        let ended = run_with_leadership(
+            &elector,
+            name,
+            "pod-a",
+            &options(),
+            &shutdown,
+            |ctx| async move {
+                if ctx.is_held() {
+                    panic!("controller bug at epoch {}", ctx.epoch());
+                }
+                Ok::<(), String>(())
+            },
+        )
+        .within(WAIT, "the end of run_with_leadership")
         .await
         .unwrap();
-    assert_eq!(second.fence().lease(), key);
-    assert!(second.epoch() > first_epoch);
+        match ended {
+            Ended::Panicked(message) => assert_eq!(message, "controller bug at epoch 2"),
+            other => panic!("expected Panicked, got {other:?}"),
+        }
+        assert_eq!(backend.holder(name).await, None, "released after the panic");
+        assert_eq!(metered(&elector, name), (Some(0.0), 4, [0, 0, 0]));
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_one_owner_per_name() {
-    one_owner_per_name(Pg::new().await, "owner").await;
+on_both_electors! {
+    pg_failed_acquisition_leaves_the_gauge_false("busy"),
+    memory_failed_acquisition_leaves_the_gauge_false("mem-busy"):
+    /// Seed scenario: an acquisition that fails because someone else holds the lease leaves the gauge unset and
+    /// counts no transition.
+    async fn failed_acquisition_leaves_the_gauge_false<B: Backend>(backend: B, name: &str) {
+        metrics_probe::install();
+        let elector = backend.elector();
+        backend.occupy(name, "someone-else").await;
+        let result = elector.acquire(name, "pod-a", &options().lease).await;
+        assert!(
+            matches!(result, Err(Error::Held { ref holder, .. }) if holder == "someone-else"),
+            "{result:?}"
+        );
+        assert_eq!(metered(&elector, name), (None, 0, [0, 0, 0]));
+    }
 }
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_one_owner_per_name() {
-    one_owner_per_name(Memory::new(), "mem-owner").await;
-}
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_loss_cancels_the_callback() {
-    loss_cancels_the_callback(Pg::new().await, "loss").await;
-}
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_loss_cancels_the_callback() {
-    loss_cancels_the_callback(Memory::new(), "mem-loss").await;
-}
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_a_failed_or_panicking_callback_is_reported_and_released() {
-    a_failed_or_panicking_callback_is_reported_and_released(Pg::new().await, "failing").await;
-}
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_a_failed_or_panicking_callback_is_reported_and_released() {
-    a_failed_or_panicking_callback_is_reported_and_released(Memory::new(), "mem-failing").await;
-}
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_failed_acquisition_leaves_the_gauge_false() {
-    failed_acquisition_leaves_the_gauge_false(Pg::new().await, "busy").await;
-}
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_failed_acquisition_leaves_the_gauge_false() {
-    failed_acquisition_leaves_the_gauge_false(Memory::new(), "mem-busy").await;
-}
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_lease_keys_are_stable() {
-    lease_keys_are_stable(Pg::new().await, "keys").await;
-}
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_lease_keys_are_stable() {
-    lease_keys_are_stable(Memory::new(), "mem-keys").await;
+
+on_both_electors! {
+    pg_lease_keys_are_stable("keys"), memory_lease_keys_are_stable("mem-keys"):
+    /// Seed scenario: lease keys are stable — the same name maps to the same qualified key in every tenure.
+    async fn lease_keys_are_stable<B: Backend>(backend: B, name: &str) {
+        let elector = backend.elector();
+        let first = elector
+            .acquire(name, "pod-a", &options().lease)
+            .await
+            .unwrap();
+        let key = first.fence().lease().to_owned();
+        assert_eq!(key, elector.qualify(name));
+        let first_epoch = first.epoch();
+        first.release().await.unwrap();
+        let second = elector
+            .acquire(name, "pod-b", &options().lease)
+            .await
+            .unwrap();
+        assert_eq!(second.fence().lease(), key);
+        assert!(second.epoch() > first_epoch);
+    }
 }
 
 /// Polls `ready` (local state, or the database's through a query) every few milliseconds until it holds; fails
@@ -984,7 +987,7 @@ async fn the_release_listener_backs_off_while_the_database_is_unreachable() {
     let _subscribed = elector.wakeups();
     let first = listener_backend(&admin, None).await;
     let before = proxy.accepted();
-    proxy.redirect(closed_port()); // every new connection is refused
+    proxy.redirect(common::unused_port()); // every new connection is refused
     let terminated: bool = admin
         .query_one("SELECT pg_terminate_backend($1)", &[&first])
         .await
@@ -1065,12 +1068,6 @@ async fn store_through(proxy: &Proxy, db: &TestDb) -> pgfence::Store {
     )
     .await
     .unwrap()
-}
-
-/// A loopback port nothing listens on: a proxy redirected there refuses every new connection.
-fn closed_port() -> u16 {
-    let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    socket.local_addr().unwrap().port()
 }
 
 /// The port of a connection URL's server.
@@ -1762,74 +1759,65 @@ fn lead_and_observe<E: Elector>(
     (run, ctx_rx, seen_rx)
 }
 
-/// Invariant 5, as the callback sees it: after a loss its context no longer believes it holds the tenure, and
-/// the end cause is the loss cause — the same one the run reports — from the moment the token is cancelled.
-async fn the_context_reports_the_loss_cause<B: Backend>(backend: B, name: &str) {
-    let elector = backend.elector();
-    let shutdown = CancellationToken::new();
-    let (run, ctx, seen) = lead_and_observe(&elector, name, options(), &shutdown);
-    let ctx = ctx.await.unwrap();
-    assert!(ctx.is_held());
-    assert_eq!(ctx.end_cause(), None);
-    backend.inject_loss(name).await;
-    let seen = seen.within(WAIT, "what the callback saw").await.unwrap();
-    let cause = match ended(run).await {
-        Ended::Lost {
-            cause,
-            callback_stopped,
-        } => {
-            assert!(callback_stopped);
-            cause
-        }
-        other => panic!("expected Lost, got {other:?}"),
-    };
-    assert!(!seen.is_held, "{seen:?}");
-    assert_eq!(seen.end_cause, Some(TenureEnd::Lost(cause.clone())));
-    assert!(!ctx.is_held());
-    assert_eq!(ctx.end_cause(), Some(TenureEnd::Lost(cause)));
-}
-
-/// An orderly stop is not a loss, and the context does not claim one: once the parent is cancelled the end cause
-/// is `Shutdown` while the tenure is still held (the lease is released only after the callback returned, so work
-/// in flight may finish with its fence); after the release the context no longer believes it holds the tenure
-/// (invariant 5) and still says `Shutdown`, and the store has no holder.
-async fn the_context_reports_shutdown_after_an_orderly_stop<B: Backend>(backend: B, name: &str) {
-    let elector = backend.elector();
-    let shutdown = CancellationToken::new();
-    let (run, ctx, seen) = lead_and_observe(&elector, name, options(), &shutdown);
-    let ctx = ctx.await.unwrap();
-    assert_eq!(backend.holder(name).await.as_deref(), Some("pod-a"));
-    shutdown.cancel();
-    let seen = seen.within(WAIT, "what the callback saw").await.unwrap();
-    assert!(
-        seen.is_held,
-        "still held until the callback returns: {seen:?}"
-    );
-    assert_eq!(seen.end_cause, Some(TenureEnd::Shutdown));
-    match ended(run).await {
-        Ended::Cancelled { callback_stopped } => assert!(callback_stopped),
-        other => panic!("expected Cancelled, got {other:?}"),
+on_both_electors! {
+    pg_the_context_reports_the_loss_cause("ctx-loss"),
+    memory_the_context_reports_the_loss_cause("mem-ctx-loss"):
+    /// Invariant 5, as the callback sees it: after a loss its context no longer believes it holds the tenure, and
+    /// the end cause is the loss cause — the same one the run reports — from the moment the token is cancelled.
+    async fn the_context_reports_the_loss_cause<B: Backend>(backend: B, name: &str) {
+        let elector = backend.elector();
+        let shutdown = CancellationToken::new();
+        let (run, ctx, seen) = lead_and_observe(&elector, name, options(), &shutdown);
+        let ctx = ctx.await.unwrap();
+        assert!(ctx.is_held());
+        assert_eq!(ctx.end_cause(), None);
+        backend.inject_loss(name).await;
+        let seen = seen.within(WAIT, "what the callback saw").await.unwrap();
+        let cause = match ended(run).await {
+            Ended::Lost {
+                cause,
+                callback_stopped,
+            } => {
+                assert!(callback_stopped);
+                cause
+            }
+            other => panic!("expected Lost, got {other:?}"),
+        };
+        assert!(!seen.is_held, "{seen:?}");
+        assert_eq!(seen.end_cause, Some(TenureEnd::Lost(cause.clone())));
+        assert!(!ctx.is_held());
+        assert_eq!(ctx.end_cause(), Some(TenureEnd::Lost(cause)));
     }
-    assert!(!ctx.is_held());
-    assert_eq!(ctx.end_cause(), Some(TenureEnd::Shutdown));
-    assert_eq!(backend.holder(name).await, None);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_the_context_reports_the_loss_cause() {
-    the_context_reports_the_loss_cause(Pg::new().await, "ctx-loss").await;
-}
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_the_context_reports_the_loss_cause() {
-    the_context_reports_the_loss_cause(Memory::new(), "mem-ctx-loss").await;
-}
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_the_context_reports_shutdown_after_an_orderly_stop() {
-    the_context_reports_shutdown_after_an_orderly_stop(Pg::new().await, "ctx-stop").await;
-}
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_the_context_reports_shutdown_after_an_orderly_stop() {
-    the_context_reports_shutdown_after_an_orderly_stop(Memory::new(), "mem-ctx-stop").await;
+on_both_electors! {
+    pg_the_context_reports_shutdown_after_an_orderly_stop("ctx-stop"),
+    memory_the_context_reports_shutdown_after_an_orderly_stop("mem-ctx-stop"):
+    /// An orderly stop is not a loss, and the context does not claim one: once the parent is cancelled the end cause
+    /// is `Shutdown` while the tenure is still held (the lease is released only after the callback returned, so work
+    /// in flight may finish with its fence); after the release the context no longer believes it holds the tenure
+    /// (invariant 5) and still says `Shutdown`, and the store has no holder.
+    async fn the_context_reports_shutdown_after_an_orderly_stop<B: Backend>(backend: B, name: &str) {
+        let elector = backend.elector();
+        let shutdown = CancellationToken::new();
+        let (run, ctx, seen) = lead_and_observe(&elector, name, options(), &shutdown);
+        let ctx = ctx.await.unwrap();
+        assert_eq!(backend.holder(name).await.as_deref(), Some("pod-a"));
+        shutdown.cancel();
+        let seen = seen.within(WAIT, "what the callback saw").await.unwrap();
+        assert!(
+            seen.is_held,
+            "still held until the callback returns: {seen:?}"
+        );
+        assert_eq!(seen.end_cause, Some(TenureEnd::Shutdown));
+        match ended(run).await {
+            Ended::Cancelled { callback_stopped } => assert!(callback_stopped),
+            other => panic!("expected Cancelled, got {other:?}"),
+        }
+        assert!(!ctx.is_held());
+        assert_eq!(ctx.end_cause(), Some(TenureEnd::Shutdown));
+        assert_eq!(backend.holder(name).await, None);
+    }
 }
 
 /// Invariant 5: when renewals stop getting through (a partition that holds every byte), a callback that asks
@@ -2556,7 +2544,7 @@ async fn a_campaign_retries_transient_errors_and_returns_the_others() {
     let proxy = Proxy::start(&db.url).await;
     let store = store_through(&proxy, &db).await;
     let (elector, mut attempts) = Watched::new(PgElector::new(store));
-    proxy.redirect(closed_port());
+    proxy.redirect(common::unused_port());
     admin
         .execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \

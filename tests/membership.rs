@@ -8,7 +8,8 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client_as, role, store_as, TestDb};
+use common::fixture::{app_role, app_store};
+use common::{client_as, sqlstate, store_as, TestDb};
 use pgfence::{DenyReason, Error, MemberLoss, MemberSpec, Store};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -19,10 +20,6 @@ fn spec(names: &[&str]) -> MemberSpec {
 
 async fn member_rows(db: &TestDb) -> i64 {
     db.scalar("SELECT count(*) FROM pgfence.members").await
-}
-
-fn sqlstate(err: &tokio_postgres::Error) -> String {
-    err.code().map(|c| c.code().to_owned()).unwrap_or_default()
 }
 
 /// Invariant: the roster is the assignment's one input — every live member with what it declared, and which of
@@ -215,10 +212,8 @@ async fn bad_member_input_is_a_typed_error_and_writes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_heartbeat_is_refused_audited_and_holds_no_lock() {
     let db = TestDb::new().await;
-    let app = role(&db, "app").await;
     let owner = db.store("c").await;
-    owner.grant_application(&app, Some("c")).await.unwrap();
-    let store = store_as(&db, &app, "c").await;
+    let (app, store) = app_store(&db, &owner, "app", "c").await;
     let mut member = store
         .join_group("g", "a", &spec(&["x"]), TTL)
         .await
@@ -261,10 +256,9 @@ async fn a_forged_heartbeat_is_refused_audited_and_holds_no_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_clusters_role_cannot_join_or_read_a_group() {
     let db = TestDb::new().await;
-    let (app, other) = (role(&db, "app").await, role(&db, "other").await);
     let owner = db.store("c").await;
-    owner.grant_application(&app, Some("c")).await.unwrap();
-    owner.grant_application(&other, Some("d")).await.unwrap();
+    let app = app_role(&db, &owner, "app", Some("c")).await;
+    let other = app_role(&db, &owner, "other", Some("d")).await;
     let mine = store_as(&db, &app, "c").await;
     mine.join_group("g", "a", &spec(&["x"]), TTL).await.unwrap();
     let intruder: Store = store_as(&db, &other, "c").await;

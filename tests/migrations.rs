@@ -8,13 +8,13 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client_as, creator, role, store_as, url_as, TestDb};
+use common::{client_as, creator, role, store_as, TestDb};
 use diesel::migration::MigrationSource;
 use diesel::pg::Pg;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use diesel_migrations::MigrationHarness;
-use pgfence::{Error, LossReason, Store, StoreConfig, TaskState};
+use pgfence::{Error, Lease, LossReason, Store, TaskState};
 use serde_json::json;
 
 const TTL: Duration = Duration::from_secs(60);
@@ -117,6 +117,61 @@ impl Harness {
     }
 }
 
+/// After the migrations one at a time, the data written along the way is still guarded: the live tenure
+/// (`current`) renews and writes, its superseded predecessor is refused and audited, a new acquisition issues a
+/// larger epoch, and a role granted the cluster uses it.
+async fn the_data_written_along_the_way_is_still_guarded(
+    db: &TestDb,
+    store: &Store,
+    superseded: &Lease,
+    current: &mut Lease,
+) {
+    store.renew(current).await.unwrap();
+    let moved = store
+        .transition_task(
+            &current.fence(),
+            "job",
+            TaskState::Pending,
+            TaskState::Running,
+            &json!({}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(moved.task.state, TaskState::Running);
+    match store
+        .append_event(&superseded.fence(), "job", "late", &json!({}))
+        .await
+    {
+        Err(Error::Stale {
+            reason: LossReason::Superseded,
+            current: Some(epoch),
+            ..
+        }) => assert_eq!(epoch, current.epoch()),
+        other => panic!("expected a stale refusal, got {other:?}"),
+    }
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.rejections WHERE reason = 'superseded'")
+            .await,
+        2,
+        "the refusals before and after the last migrations, each in its row"
+    );
+    store.release(current).await.unwrap();
+    let next = store.acquire("a", "pod-2", TTL).await.unwrap();
+    assert!(next.epoch() > current.epoch());
+
+    let (_, as_app) = common::fixture::app_store(db, store, "app", "up").await;
+    let mine = as_app.acquire("b", "app-1", TTL).await.unwrap();
+    as_app
+        .create_task(&mine.fence(), "job", &json!({}))
+        .await
+        .unwrap();
+    assert_eq!(
+        as_app.leases().await.unwrap().len(),
+        2,
+        "the granted role reads its cluster's leases, the one from before the roles migration included"
+    );
+}
+
 /// The migrations apply one at a time, each on the data the ones before it let the library write: a lease after
 /// the lease protocol, a stale fence refused and audited after the guard, a task after the tasks. Each one's
 /// down.sql undoes exactly it (the roles' leaves PUBLIC revoked: see its down.sql) and it applies again. At the
@@ -204,54 +259,7 @@ async fn migrations_apply_one_at_a_time_on_data_and_end_as_a_fresh_schema() {
 
     let store = store.unwrap();
     let (superseded, mut current) = (superseded.unwrap(), current.unwrap());
-    store.renew(&mut current).await.unwrap();
-    let moved = store
-        .transition_task(
-            &current.fence(),
-            "job",
-            TaskState::Pending,
-            TaskState::Running,
-            &json!({}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(moved.task.state, TaskState::Running);
-    match store
-        .append_event(&superseded.fence(), "job", "late", &json!({}))
-        .await
-    {
-        Err(Error::Stale {
-            reason: LossReason::Superseded,
-            current: Some(epoch),
-            ..
-        }) => assert_eq!(epoch, current.epoch()),
-        other => panic!("expected a stale refusal, got {other:?}"),
-    }
-    assert_eq!(
-        db.scalar("SELECT count(*) FROM pgfence.rejections WHERE reason = 'superseded'")
-            .await,
-        2,
-        "the refusals before and after the last migrations, each in its row"
-    );
-    store.release(&current).await.unwrap();
-    let next = store.acquire("a", "pod-2", TTL).await.unwrap();
-    assert!(next.epoch() > current.epoch());
-
-    let app = role(&db, "app").await;
-    store.grant_application(&app, Some("up")).await.unwrap();
-    let as_app = Store::connect(StoreConfig::new(url_as(&db, &app), "up"))
-        .await
-        .unwrap();
-    let mine = as_app.acquire("b", "app-1", TTL).await.unwrap();
-    as_app
-        .create_task(&mine.fence(), "job", &json!({}))
-        .await
-        .unwrap();
-    assert_eq!(
-        as_app.leases().await.unwrap().len(),
-        2,
-        "the granted role reads its cluster's leases, the one from before the roles migration included"
-    );
+    the_data_written_along_the_way_is_still_guarded(&db, &store, &superseded, &mut current).await;
 }
 
 /// How many objects the schema `pgfence` holds (relations, functions, types), 0 when it does not exist.

@@ -105,11 +105,7 @@ async fn standbys_are_skipped_or_refused_and_every_host_is_named() {
     );
 
     // Two closed ports: the error names both, each with its cause.
-    let closed = |_: ()| {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let (a, b) = (closed(()), closed(()));
+    let (a, b) = (common::unused_port(), common::unused_port());
     let dead = multi(&primary.url(), &[host(a), host(b)]);
     let err = Store::connect(StoreConfig::new(&dead, "c"))
         .await

@@ -12,6 +12,7 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::fixture::app_role;
 use common::{TestDb, NATIVE_SQL};
 use pgfence::Store;
 
@@ -104,31 +105,27 @@ fn refused(reason: &str) -> Answer {
     Ok(("refused".into(), Some(reason.into())))
 }
 
-/// Every kind of call, through the native guard in one session and the portable guard in another, gets the same
-/// answer — the admissions, each refusal reason, each input error — while the native session remembers the
-/// tenure; and once it remembers it, its admissions do not call the portable guard (the fast path).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_native_guard_answers_every_call_as_the_portable_guard() {
-    let db = native_db().await;
-    let (n, p, owner) = (db.client().await, db.client().await, db.client().await);
-    let (epoch, secret) = acquire(&owner, "c/l", 600_000).await;
-    let s = Some(secret.as_str());
-    let same = |(a, b): (Answer, Answer), want: Answer| {
-        assert_eq!(a, b, "native and portable answers differ");
-        assert_eq!(a, want);
-    };
+/// Asserts that the native and the portable guard gave the same answer, and that it is `want`.
+#[track_caller]
+fn same((a, b): (Answer, Answer), want: Answer) {
+    assert_eq!(a, b, "native and portable answers differ");
+    assert_eq!(a, want);
+}
 
-    same(both(&n, &p, "c/l", epoch, s, "op").await, ok());
-    assert_eq!(remembered(&n, "c/l").await, vec![epoch]);
-
-    // From the memory: twenty admissions in one transaction, none of them through the portable guard (the write
-    // mark of a new second included: the native guard records it itself).
+/// From the memory: twenty admissions of the remembered tenure (`c/l` at `epoch`) in one transaction of `n`,
+/// none of them through the portable guard (the write mark of a new second included: the native guard records
+/// it itself).
+async fn remembered_admissions_skip_the_portable_guard(
+    n: &tokio_postgres::Client,
+    epoch: i64,
+    s: Option<&str>,
+) {
     n.batch_execute("BEGIN; SET LOCAL track_functions = 'pl'")
         .await
         .unwrap();
     for _ in 0..20 {
         assert_eq!(
-            call(&n, "pgfence_native.fence", "c/l", epoch, s, "op").await,
+            call(n, "pgfence_native.fence", "c/l", epoch, s, "op").await,
             ok()
         );
     }
@@ -146,6 +143,60 @@ async fn the_native_guard_answers_every_call_as_the_portable_guard() {
         portable_calls, 0,
         "remembered admissions that went to pgfence.fence"
     );
+}
+
+/// A short tenure of `c/short` (acquired by `owner`), once admitted, remembered by `n`: native and portable
+/// guards answer alike when it expires, when a next tenure supersedes it, and when that one is released.
+async fn expiry_supersession_and_release_answer_alike(
+    n: &tokio_postgres::Client,
+    p: &tokio_postgres::Client,
+    owner: &tokio_postgres::Client,
+) {
+    let (short, short_secret) = acquire(owner, "c/short", 200).await;
+    let ss = Some(short_secret.as_str());
+    same(both(n, p, "c/short", short, ss, "op").await, ok());
+    assert_eq!(remembered(n, "c/short").await, vec![short]);
+    common::wait_until_expired(owner, "c/short").await;
+    same(
+        both(n, p, "c/short", short, ss, "op").await,
+        refused("expired"),
+    );
+    let (next, next_secret) = acquire(owner, "c/short", 600_000).await;
+    same(
+        both(n, p, "c/short", short, ss, "op").await,
+        refused("superseded"),
+    );
+    same(
+        both(n, p, "c/short", next, Some(&next_secret), "op").await,
+        ok(),
+    );
+    owner
+        .query_one(
+            "SELECT outcome FROM pgfence.release('c/short', $1, $2)",
+            &[&next, &next_secret],
+        )
+        .await
+        .unwrap();
+    same(
+        both(n, p, "c/short", next, Some(&next_secret), "op").await,
+        refused("released"),
+    );
+}
+
+/// Every kind of call, through the native guard in one session and the portable guard in another, gets the same
+/// answer — the admissions, each refusal reason, each input error — while the native session remembers the
+/// tenure; and once it remembers it, its admissions do not call the portable guard (the fast path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_guard_answers_every_call_as_the_portable_guard() {
+    let db = native_db().await;
+    let (n, p, owner) = (db.client().await, db.client().await, db.client().await);
+    let (epoch, secret) = acquire(&owner, "c/l", 600_000).await;
+    let s = Some(secret.as_str());
+
+    same(both(&n, &p, "c/l", epoch, s, "op").await, ok());
+    assert_eq!(remembered(&n, "c/l").await, vec![epoch]);
+
+    remembered_admissions_skip_the_portable_guard(&n, epoch, s).await;
 
     same(
         both(&n, &p, "c/l", epoch, Some("forged"), "op").await,
@@ -227,35 +278,7 @@ async fn the_native_guard_answers_every_call_as_the_portable_guard() {
         same(both(&n, &p, "c/l", epoch, s, "op").await, ok());
     }
 
-    let (short, short_secret) = acquire(&owner, "c/short", 200).await;
-    let ss = Some(short_secret.as_str());
-    same(both(&n, &p, "c/short", short, ss, "op").await, ok());
-    assert_eq!(remembered(&n, "c/short").await, vec![short]);
-    common::wait_until_expired(&owner, "c/short").await;
-    same(
-        both(&n, &p, "c/short", short, ss, "op").await,
-        refused("expired"),
-    );
-    let (next, next_secret) = acquire(&owner, "c/short", 600_000).await;
-    same(
-        both(&n, &p, "c/short", short, ss, "op").await,
-        refused("superseded"),
-    );
-    same(
-        both(&n, &p, "c/short", next, Some(&next_secret), "op").await,
-        ok(),
-    );
-    owner
-        .query_one(
-            "SELECT outcome FROM pgfence.release('c/short', $1, $2)",
-            &[&next, &next_secret],
-        )
-        .await
-        .unwrap();
-    same(
-        both(&n, &p, "c/short", next, Some(&next_secret), "op").await,
-        refused("released"),
-    );
+    expiry_supersession_and_release_answer_alike(&n, &p, &owner).await;
 }
 
 /// The memory is the backend's, not the role's: a session that remembers a tenure and then becomes a login role
@@ -266,16 +289,8 @@ async fn the_native_guard_answers_every_call_as_the_portable_guard() {
 async fn the_native_memory_admits_no_role_the_grant_does_not() {
     let db = native_db().await;
     let owner_store = db.store("c").await;
-    let intruder = common::role(&db, "intruder").await;
-    let app = common::role(&db, "app").await;
-    owner_store
-        .grant_application(&intruder, Some("d"))
-        .await
-        .unwrap();
-    owner_store
-        .grant_application(&app, Some("c"))
-        .await
-        .unwrap();
+    let intruder = app_role(&db, &owner_store, "intruder", Some("d")).await;
+    let app = app_role(&db, &owner_store, "app", Some("c")).await;
     // A second cluster, so that revoking "c" leaves the role its privileges (and the answer is the guard's).
     owner_store
         .grant_application(&app, Some("e"))
@@ -556,9 +571,12 @@ async fn a_native_admission_holds_the_guard_lock_to_its_commit_and_marks_the_wri
     let held = || async {
         owner
             .query_one(
-                "SELECT count(*) FROM pg_locks k JOIN pgfence.leases l ON k.objid = l.lock_key::oid \
-                  WHERE k.locktype = 'advisory' AND k.classid = 1885824613::oid AND k.objsubid = 2 \
-                    AND k.mode = 'ShareLock' AND k.granted AND k.pid = $1 AND l.name = 'c/l'",
+                &format!(
+                    "SELECT count(*) FROM pg_locks k JOIN pgfence.leases l ON k.objid = l.lock_key::oid \
+                      WHERE k.locktype = 'advisory' AND k.classid = {}::oid AND k.objsubid = 2 \
+                        AND k.mode = 'ShareLock' AND k.granted AND k.pid = $1 AND l.name = 'c/l'",
+                    common::GUARD_LOCK_CLASS
+                ),
                 &[&pid],
             )
             .await

@@ -227,6 +227,112 @@ fn ms(d: Duration) -> u128 {
     d.as_millis()
 }
 
+/// Asks `ctx.is_held()` every millisecond until `watching` is cancelled: the number of checks, or at the first
+/// "no", (the checks before it, when, the end cause then).
+async fn watch_is_held(
+    ctx: &pgfence::leader::LeaderContext,
+    watching: &CancellationToken,
+) -> Result<u64, (u64, Instant, Option<pgfence::leader::TenureEnd>)> {
+    let mut checks = 0u64;
+    loop {
+        if !ctx.is_held() {
+            return Err((checks, Instant::now(), ctx.end_cause()));
+        }
+        checks += 1;
+        tokio::select! {
+            _ = watching.cancelled() => return Ok(checks),
+            _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+        }
+    }
+}
+
+/// Round `round` of [`leadership_survives_brief_outages_inside_the_ttl`]: `server` stopped `STOP_AFTER_RENEWAL`
+/// after a renewal and started again `START_AFTER_STOP` after the stop began; the holder (`ctx`) renews again
+/// before its local deadline, never lost, and every failed renewal attempt of `holder` meanwhile was logged with
+/// its cause.
+async fn survive_a_brief_outage(
+    round: usize,
+    events: &mut broadcast::Receiver<Event>,
+    server: &EmbeddedServer,
+    ctx: &pgfence::leader::LeaderContext,
+    holder: &str,
+) {
+    // A renewal answered from now on (not one queued since the last round): its effect is already visible,
+    // it is logged after the deadline moved.
+    let from = Instant::now();
+    let (renewed, _) = events::wait_for(events, Duration::from_secs(5), "renewal", |e| {
+        e.is(RENEWED, holder) && e.at >= from
+    })
+    .await;
+    let deadline = ctx.trust_until();
+    tokio::time::sleep_until((renewed.at + STOP_AFTER_RENEWAL).into()).await;
+    let stop_began = Instant::now();
+    blocking(|| server.stop()).unwrap();
+    let stopped = Instant::now();
+    tokio::time::sleep_until((stop_began + START_AFTER_STOP).into()).await;
+    let start_called = Instant::now();
+    blocking(|| server.start_again()).unwrap();
+    // The server accepts connections by now, usually a little earlier (`pg_ctl` polls every 100 ms).
+    let back = Instant::now();
+    // The first renewal answered after the stop began — or the loss.
+    let (recovered, during) = events::wait_for(
+        events,
+        Duration::from_secs(5),
+        "renewal after the outage",
+        |e| (e.is(RENEWED, holder) && e.at > stop_began) || e.is(LOST, holder),
+    )
+    .await;
+    let retries = retries_of(&during, holder);
+    let after_stop = |at: Instant| ms(at.saturating_duration_since(stop_began));
+    eprintln!(
+        "round {round}: stop began {} ms after a renewal (took {} ms); start_again called at +{} ms, \
+         returned at +{} ms; {} at +{} ms; local deadline at +{} ms; failed attempts at {:?} ms, the last: {}",
+        ms(stop_began - renewed.at),
+        ms(stopped - stop_began),
+        after_stop(start_called),
+        after_stop(back),
+        if recovered.message == LOST {
+            "LOST"
+        } else {
+            "renewed"
+        },
+        after_stop(recovered.at),
+        after_stop(deadline),
+        retries.iter().map(|e| after_stop(e.at)).collect::<Vec<_>>(),
+        retries.last().map(|e| e.field("error")).unwrap_or("-"),
+    );
+    if recovered.message == LOST {
+        // A server back less than one retry period (+ a connection) before the deadline is not an outage
+        // the holder could be expected to survive.
+        assert!(
+            back + Duration::from_millis(250) <= deadline,
+            "round {round}: lost, but the server was back only {} ms before the local deadline: not the \
+             outage under test (this machine is too slow for these margins)",
+            ms(deadline.saturating_duration_since(back))
+        );
+        panic!(
+            "round {round}: lost although the server was back {} ms before the local deadline: {}",
+            ms(deadline - back),
+            recovered.field("cause")
+        );
+    }
+    assert!(
+        recovered.at < deadline,
+        "round {round}: renewed after the local deadline"
+    );
+    assert!(ctx.is_held(), "round {round}: lost: {:?}", ctx.end_cause());
+    assert!(
+        !retries.is_empty(),
+        "round {round}: no failed renewal attempt was logged during the outage"
+    );
+    for retry in &retries {
+        assert!(
+            !retry.field("error").is_empty(),
+            "round {round}: a failed attempt logged without its cause: {retry:?}"
+        );
+    }
+}
+
 /// The server is stopped 0.55 s after a renewal and is back about 0.85 s later, about 0.4 s before the holder's
 /// local deadline: the holder keeps its lease, five times in a row. Checked every millisecond, the
 /// context's `is_held()` never turned false; no loss was declared (the run ends `Cancelled`, not `Lost`); the
@@ -246,96 +352,11 @@ async fn leadership_survives_brief_outages_inside_the_ttl() {
     let watching = CancellationToken::new();
     let watcher = tokio::spawn({
         let (ctx, watching) = (ctx.clone(), watching.clone());
-        async move {
-            let mut checks = 0u64;
-            loop {
-                if !ctx.is_held() {
-                    return Err((checks, Instant::now(), ctx.end_cause()));
-                }
-                checks += 1;
-                tokio::select! {
-                    _ = watching.cancelled() => return Ok(checks),
-                    _ = tokio::time::sleep(Duration::from_millis(1)) => {}
-                }
-            }
-        }
+        async move { watch_is_held(&ctx, &watching).await }
     });
 
     for round in 1..=ROUNDS {
-        // A renewal answered from now on (not one queued since the last round): its effect is already visible,
-        // it is logged after the deadline moved.
-        let from = Instant::now();
-        let (renewed, _) = events::wait_for(&mut events, Duration::from_secs(5), "renewal", |e| {
-            e.is(RENEWED, HOLDER) && e.at >= from
-        })
-        .await;
-        let deadline = ctx.trust_until();
-        tokio::time::sleep_until((renewed.at + STOP_AFTER_RENEWAL).into()).await;
-        let stop_began = Instant::now();
-        blocking(|| server.stop()).unwrap();
-        let stopped = Instant::now();
-        tokio::time::sleep_until((stop_began + START_AFTER_STOP).into()).await;
-        let start_called = Instant::now();
-        blocking(|| server.start_again()).unwrap();
-        // The server accepts connections by now, usually a little earlier (`pg_ctl` polls every 100 ms).
-        let back = Instant::now();
-        // The first renewal answered after the stop began — or the loss.
-        let (recovered, during) = events::wait_for(
-            &mut events,
-            Duration::from_secs(5),
-            "renewal after the outage",
-            |e| (e.is(RENEWED, HOLDER) && e.at > stop_began) || e.is(LOST, HOLDER),
-        )
-        .await;
-        let retries = retries_of(&during, HOLDER);
-        let after_stop = |at: Instant| ms(at.saturating_duration_since(stop_began));
-        eprintln!(
-            "round {round}: stop began {} ms after a renewal (took {} ms); start_again called at +{} ms, \
-             returned at +{} ms; {} at +{} ms; local deadline at +{} ms; failed attempts at {:?} ms, the last: {}",
-            ms(stop_began - renewed.at),
-            ms(stopped - stop_began),
-            after_stop(start_called),
-            after_stop(back),
-            if recovered.message == LOST {
-                "LOST"
-            } else {
-                "renewed"
-            },
-            after_stop(recovered.at),
-            after_stop(deadline),
-            retries.iter().map(|e| after_stop(e.at)).collect::<Vec<_>>(),
-            retries.last().map(|e| e.field("error")).unwrap_or("-"),
-        );
-        if recovered.message == LOST {
-            // A server back less than one retry period (+ a connection) before the deadline is not an outage
-            // the holder could be expected to survive.
-            assert!(
-                back + Duration::from_millis(250) <= deadline,
-                "round {round}: lost, but the server was back only {} ms before the local deadline: not the \
-                 outage under test (this machine is too slow for these margins)",
-                ms(deadline.saturating_duration_since(back))
-            );
-            panic!(
-                "round {round}: lost although the server was back {} ms before the local deadline: {}",
-                ms(deadline - back),
-                recovered.field("cause")
-            );
-        }
-        assert!(
-            recovered.at < deadline,
-            "round {round}: renewed after the local deadline"
-        );
-        assert!(ctx.is_held(), "round {round}: lost: {:?}", ctx.end_cause());
-        assert!(
-            !retries.is_empty(),
-            "round {round}: no failed renewal attempt was logged during the outage"
-        );
-        for retry in &retries {
-            assert!(
-                !retry.field("error").is_empty(),
-                "round {round}: a failed attempt logged without its cause: {retry:?}"
-            );
-        }
+        survive_a_brief_outage(round, &mut events, &server, &ctx, HOLDER).await;
     }
 
     watching.cancel();

@@ -14,9 +14,12 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::TestDb;
+use common::{fixture, TestDb};
 use pgfence::leader::{Elector, LeaseOptions, PgElector};
-use pgfence::{BeliefEnd, Error, Overlap, Store, TaskState};
+use pgfence::{BeliefEnd, Error, Lease, Overlap, Store, TaskState};
+
+/// The ttl of the leases these tests hold by hand (the frozen child's comes from its options).
+const TTL: Duration = Duration::from_secs(30);
 
 /// The environment variable that turns [`frozen_leader_child`] into the child process.
 const CHILD_ENV: &str = "PGFENCE_OVERLAP_CHILD";
@@ -133,21 +136,8 @@ fn wait_for_line(lines: &std::sync::mpsc::Receiver<String>, prefix: &str) -> Str
     }
 }
 
-/// The issue's scenario, with a real process: a leader writing through the fence is frozen (SIGSTOP) past its
-/// ttl, a successor acquires and writes, the old leader resumes and writes again. The review must show the old
-/// holder's belief outliving the successor's acquisition (an overlap, certain), no write of the old epoch
-/// accepted inside it (the ledger agrees: no row of that epoch written after the acquisition), the refusal the
-/// audit recorded, the belief's start and end as the holder reported them, and both sides' view of the endpoint.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_refusals() {
-    let db = TestDb::new().await;
-    db.client()
-        .await
-        .batch_execute(LEDGER_DDL)
-        .await
-        .expect("ledger table");
-    let store = db.store("c1").await;
-
+/// The [`frozen_leader_child`] process, leading `frozen` on `db`'s cluster c1, and its stdout's lines as they come.
+fn spawn_frozen_leader(db: &TestDb) -> (ChildGuard, std::sync::mpsc::Receiver<String>) {
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
         .args([
             "overlap::frozen_leader_child",
@@ -171,20 +161,16 @@ async fn a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_re
             }
         }
     });
+    (child, lines)
+}
 
-    let acquired = wait_for_line(&lines, "CHILD acquired ");
-    let old_epoch: i64 = acquired["CHILD acquired ".len()..].parse().expect("epoch");
-    // A few accepted writes first, then the freeze.
-    wait_for_line(&lines, "CHILD wrote 3");
-    assert!(signal(&child.0, "STOP").expect("kill -STOP").success());
-
+/// The successor of the frozen tenure (epoch `old_epoch`): it acquires `frozen` once the database says the
+/// frozen tenure expired, reports its belief's start and writes to the ledger.
+async fn successor_takes_over_and_writes(store: &Store, old_epoch: i64) -> Lease {
     // The successor takes over once the database says the frozen tenure expired (its ttl is 1 s): each refusal
     // names the time left by the database clock, which is how long to wait.
     let successor = loop {
-        match store
-            .acquire("frozen", "successor", Duration::from_secs(30))
-            .await
-        {
+        match store.acquire("frozen", "successor", TTL).await {
             Ok(lease) => break lease,
             Err(Error::Held { expires_in, .. }) => tokio::time::sleep(expires_in).await,
             Err(e) => panic!("successor: {e}"),
@@ -207,6 +193,32 @@ async fn a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_re
         )
         .await
         .expect("the successor writes");
+    successor
+}
+
+/// The issue's scenario, with a real process: a leader writing through the fence is frozen (SIGSTOP) past its
+/// ttl, a successor acquires and writes, the old leader resumes and writes again. The review must show the old
+/// holder's belief outliving the successor's acquisition (an overlap, certain), no write of the old epoch
+/// accepted inside it (the ledger agrees: no row of that epoch written after the acquisition), the refusal the
+/// audit recorded, the belief's start and end as the holder reported them, and both sides' view of the endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_refusals() {
+    let db = TestDb::new().await;
+    db.client()
+        .await
+        .batch_execute(LEDGER_DDL)
+        .await
+        .expect("ledger table");
+    let store = db.store("c1").await;
+
+    let (child, lines) = spawn_frozen_leader(&db);
+    let acquired = wait_for_line(&lines, "CHILD acquired ");
+    let old_epoch: i64 = acquired["CHILD acquired ".len()..].parse().expect("epoch");
+    // A few accepted writes first, then the freeze.
+    wait_for_line(&lines, "CHILD wrote 3");
+    assert!(signal(&child.0, "STOP").expect("kill -STOP").success());
+
+    let successor = successor_takes_over_and_writes(&store, old_epoch).await;
 
     assert!(signal(&child.0, "CONT").expect("kill -CONT").success());
     let refused = wait_for_line(&lines, "CHILD refused ");
@@ -293,17 +305,11 @@ async fn a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_re
 async fn belief_reports_are_authenticated_and_the_first_of_each_kind_stands() {
     let db = TestDb::new().await;
     let store = db.store("c1").await;
-    let first = store
-        .acquire("reported", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let first = fixture::lease(&store, "reported").ttl(TTL).await;
     store.report_belief_start(&first).await.unwrap();
     store.report_belief_start(&first).await.unwrap();
     // Superseded by the same holder's next acquisition: its secret is gone from the guard, not from the record.
-    let second = store
-        .acquire("reported", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let second = fixture::lease(&store, "reported").ttl(TTL).await;
     // The database keeps microseconds.
     let ended = chrono::SubsecRound::trunc_subsecs(chrono::Utc::now(), 6);
     store
@@ -358,10 +364,7 @@ async fn belief_reports_are_authenticated_and_the_first_of_each_kind_stands() {
 async fn malformed_belief_reports_are_refused_and_write_nothing() {
     let db = TestDb::new().await;
     let store = db.store("c1").await;
-    let lease = store
-        .acquire("malformed", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let lease = fixture::lease(&store, "malformed").ttl(TTL).await;
     let secret = lease.fence().secret().expose_secret().to_owned();
     let client = db.client().await;
     for (args, field) in [
@@ -413,6 +416,41 @@ async fn malformed_belief_reports_are_refused_and_write_nothing() {
     );
 }
 
+/// The SQL guard in the caller's own transaction, twice in one second, marks once: the first write's mark,
+/// at most a second (the mark's resolution) before the second write.
+async fn the_sql_guard_marks_its_first_write_of_a_second(
+    store: &Store,
+    client: &tokio_postgres::Client,
+) {
+    let lease = fixture::lease(store, "sql").ttl(TTL).await;
+    let secret = lease.fence().secret().expose_secret().to_owned();
+    let epoch = lease.epoch().get();
+    let mut times = Vec::new();
+    for _ in 0..2 {
+        let row = client
+            .query_one(
+                "WITH g AS (SELECT outcome FROM pgfence.fence('c1/sql', $1, $2, 'fenced_transaction', NULL, NULL)) \
+                 SELECT (SELECT outcome FROM g), clock_timestamp()",
+                &[&epoch, &secret],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, String>(0), "ok");
+        times.push(chrono::DateTime::<chrono::Utc>::from(
+            row.get::<_, std::time::SystemTime>(1),
+        ));
+    }
+    let mark = store.tenures("sql").await.unwrap()[0]
+        .last_write_at
+        .expect("SQL guard marked");
+    assert!(
+        mark <= times[1]
+            && times[1] - mark
+                <= chrono::Duration::from_std(pgfence::WRITE_MARK_RESOLUTION).unwrap()
+                    + chrono::Duration::milliseconds(1)
+    );
+}
+
 /// Every kind of guarded write leaves its tenure's last accepted write (a fenced transaction, a one-statement
 /// guarded write, the SQL guard in a caller's transaction: a write mark at most one second early; a task write:
 /// its event, exactly, and no mark); a guarded transaction rolled back leaves none; a refused write leaves none.
@@ -432,10 +470,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
     };
 
     // A fenced transaction rolled back: no mark. Then one that commits: a mark at its guard.
-    let lease = store
-        .acquire("fenced", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let lease = fixture::lease(&store, "fenced").ttl(TTL).await;
     let rolled_back = store
         .fenced(&lease.fence(), "rolled_back", async |_conn| {
             Err::<(), Error>(Error::InvalidInput {
@@ -466,10 +501,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
     assert!(before <= at && at <= after);
 
     // The one-statement guarded write.
-    let lease = store
-        .acquire("one", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let lease = fixture::lease(&store, "one").ttl(TTL).await;
     store
         .guarded_write(
             &lease.fence(),
@@ -483,42 +515,10 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
         .unwrap();
     assert!(last_write("one").await.is_some(), "guarded_write marked");
 
-    // The SQL guard in the caller's own transaction, twice in one second: one mark, the first write's, which
-    // is at most a second before the second's.
-    let lease = store
-        .acquire("sql", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
-    let secret = lease.fence().secret().expose_secret().to_owned();
-    let epoch = lease.epoch().get();
-    let mut times = Vec::new();
-    for _ in 0..2 {
-        let row = client
-            .query_one(
-                "WITH g AS (SELECT outcome FROM pgfence.fence('c1/sql', $1, $2, 'fenced_transaction', NULL, NULL)) \
-                 SELECT (SELECT outcome FROM g), clock_timestamp()",
-                &[&epoch, &secret],
-            )
-            .await
-            .unwrap();
-        assert_eq!(row.get::<_, String>(0), "ok");
-        times.push(chrono::DateTime::<chrono::Utc>::from(
-            row.get::<_, std::time::SystemTime>(1),
-        ));
-    }
-    let mark = last_write("sql").await.expect("SQL guard marked");
-    assert!(
-        mark <= times[1]
-            && times[1] - mark
-                <= chrono::Duration::from_std(pgfence::WRITE_MARK_RESOLUTION).unwrap()
-                    + chrono::Duration::milliseconds(1)
-    );
+    the_sql_guard_marks_its_first_write_of_a_second(&store, &client).await;
 
     // A task write (its event is exact) and a refused write of a superseded epoch (no mark).
-    let lease = store
-        .acquire("tasks", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let lease = fixture::lease(&store, "tasks").ttl(TTL).await;
     let task = store
         .create_task(&lease.fence(), "t1", &serde_json::json!({}))
         .await
@@ -531,10 +531,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
         "a task write is known by its event, not a mark"
     );
     // Superseded: a refused write of the old epoch, from a session that never marked, leaves no mark.
-    store
-        .acquire("tasks", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    fixture::lease(&store, "tasks").ttl(TTL).await;
     let marked_before = store.tenures("tasks").await.unwrap()[0].last_mark_at;
     let fresh = db.client().await;
     let row = fresh
@@ -563,10 +560,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
 async fn a_task_write_that_writes_nothing_leaves_no_mark() {
     let db = TestDb::new().await;
     let store = db.store("c1").await;
-    let lease = store
-        .acquire("nothing", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let lease = fixture::lease(&store, "nothing").ttl(TTL).await;
     let fence = lease.fence();
     let created = store
         .create_task(&fence, "t1", &serde_json::json!({}))
@@ -705,17 +699,10 @@ async fn wait_for_end(store: &Store, name: &str, epoch: pgfence::Epoch) -> pgfen
 async fn beliefs_and_marks_are_read_per_cluster_through_the_history_only() {
     let db = TestDb::new().await;
     let owner = db.store("c1").await;
-    let lease = owner
-        .acquire("private", "pod-a", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let lease = owner.acquire("private", "pod-a", TTL).await.unwrap();
     owner.report_belief_start(&lease).await.unwrap();
-    let (mine, other) = (
-        common::role(&db, "mine").await,
-        common::role(&db, "other").await,
-    );
-    owner.grant_application(&mine, Some("c1")).await.unwrap();
-    owner.grant_application(&other, Some("c2")).await.unwrap();
+    let mine = common::fixture::app_role(&db, &owner, "mine", Some("c1")).await;
+    let other = common::fixture::app_role(&db, &owner, "other", Some("c2")).await;
     for (role, visible) in [(&mine, 1i64), (&other, 0)] {
         let client = common::client_as(&db, role).await;
         let seen: i64 = client

@@ -22,7 +22,7 @@
 mod common;
 
 use std::io::Write;
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpStream};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -30,7 +30,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::{guarded_writes_per_second, median, TestDb};
+use common::{guarded_writes_per_second, median, move_shard, unused_port, TestDb};
 use pgfence::leader::{
     run_with_leadership, Elector, Ended, Health, HeldLease, LeadershipOptions, LeaseOptions,
     PgElector, Wakeups,
@@ -193,7 +193,7 @@ impl Bouncer {
 
         // A port free a moment ago may be taken by the time PgBouncer binds it: try a few.
         for attempt in 0..5 {
-            let port = free_port();
+            let port = unused_port();
             let ini = private(
                 &format!("pgbouncer-{attempt}.ini"),
                 &format!(
@@ -312,14 +312,6 @@ fn read_log(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("pgbouncer.log")).unwrap_or_default()
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 // ------------------------------------------------------------------------------------------------------------
 // pgfence's log lines, captured for the whole test binary.
 
@@ -367,24 +359,6 @@ fn logs() -> String {
 
 // ------------------------------------------------------------------------------------------------------------
 // What every pooler must carry.
-
-/// A fenced transaction on the application's own table: shard 1 belongs to `owner`.
-async fn move_shard(store: &Store, fence: &pgfence::Fence, owner: &str) -> Result<usize, Error> {
-    let owner = owner.to_owned();
-    store
-        .fenced(fence, "move_shard", async move |conn| {
-            use diesel::sql_types::Text;
-            use diesel_async::RunQueryDsl;
-            let n = diesel::sql_query(
-                "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
-            )
-            .bind::<Text, _>(owner)
-            .execute(conn)
-            .await?;
-            Ok::<_, Error>(n)
-        })
-        .await
-}
 
 /// Writers and writes each in [`every_operation_is_correct`]'s concurrent phase.
 const WRITERS: usize = 8;

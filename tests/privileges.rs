@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{client_as, role, url_as, TestDb};
+use common::fixture::{app_role, take_over};
+use common::{client_as, midpoint_median, role, sqlstate, url_as, TestDb};
 use pgfence::{Enforcement, Error, RejectionFilter, Store, StoreConfig};
 use serde_json::json;
 
@@ -23,11 +24,6 @@ const TTL: Duration = Duration::from_secs(60);
 /// run side by side with each other (read) but never with a measurement.
 static MEASURING: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
-/// The password of every role these tests create (the server asks every login for one).
-fn sqlstate(err: &tokio_postgres::Error) -> String {
-    err.code().map(|c| c.code().to_owned()).unwrap_or_default()
-}
-
 /// The application role can lease, write through the guarded functions, run fenced transactions on its own
 /// tables and read everything — and cannot INSERT, UPDATE, DELETE or TRUNCATE any pgfence table, nor
 /// force-release, switch enforcement, prune or migrate. A role without grants cannot even acquire.
@@ -35,9 +31,8 @@ fn sqlstate(err: &tokio_postgres::Error) -> String {
 async fn the_application_role_writes_only_through_the_guarded_functions() {
     let _shared = MEASURING.read().await;
     let db = TestDb::new().await;
-    let app = role(&db, "app").await;
     let owner = db.store("c").await;
-    owner.grant_application(&app, None).await.unwrap();
+    let app = app_role(&db, &owner, "app", None).await;
     db.client()
         .await
         .batch_execute(&format!("CREATE TABLE shards (id int PRIMARY KEY, owner text); ALTER TABLE shards OWNER TO {app}"))
@@ -240,12 +235,7 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
 async fn a_hostile_search_path_cannot_redirect_the_guard() {
     let _shared = MEASURING.read().await;
     let db = TestDb::new().await;
-    let app = role(&db, "sneaky").await;
-    db.store("c")
-        .await
-        .grant_application(&app, None)
-        .await
-        .unwrap();
+    let app = app_role(&db, &db.store("c").await, "sneaky", None).await;
     db.client()
         .await
         .batch_execute(&format!("GRANT CREATE ON DATABASE {} TO {app}", db.name))
@@ -425,8 +415,7 @@ async fn repeated_rejections_are_aggregated_with_an_exact_count() {
         .acquire("sched", "pod-b", Duration::from_millis(100))
         .await
         .unwrap_err();
-    store.force_release("sched").await.unwrap();
-    store.acquire("sched", "pod-b", TTL).await.unwrap();
+    take_over(&store, "sched", "pod-b").await;
     let mut tasks = Vec::new();
     for w in 0..4 {
         let (store, fence) = (store.clone(), old.fence());
@@ -631,16 +620,6 @@ async fn round(
     }
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
-
 /// The leader's throughput alone and with stale writers hammering, side by side.
 struct Measured {
     alone: Vec<Round>,
@@ -656,18 +635,22 @@ impl Measured {
     /// The median over the pairs of (hammered ÷ alone): the two rounds of a pair ran back to back, under the
     /// same load from the rest of the machine.
     fn ratio(&self) -> f64 {
-        median(
-            self.alone
+        midpoint_median(
+            &mut self
+                .alone
                 .iter()
                 .zip(&self.hammered)
                 .map(|(a, h)| h.leader_tps / a.leader_tps)
-                .collect(),
+                .collect::<Vec<_>>(),
         )
     }
 
     fn medians(&self) -> (f64, f64) {
         let tps = |rounds: &[Round]| rounds.iter().map(|r| r.leader_tps).collect::<Vec<_>>();
-        (median(tps(&self.alone)), median(tps(&self.hammered)))
+        (
+            midpoint_median(&mut tps(&self.alone)),
+            midpoint_median(&mut tps(&self.hammered)),
+        )
     }
 
     fn report(&self) -> String {
@@ -802,6 +785,33 @@ async fn a_hammering_stale_writer_is_held_back_and_the_leader_keeps_its_throughp
     measured.check_audit_and_backpressure().await;
 }
 
+/// The leader's writer `w`: `append_event` to `job-<w>` under the current tenure's fence (`current`'s latest),
+/// back to back until `stop`, counting the accepted writes in `accepted`; the refusals it saw (each stale) per
+/// presented epoch.
+async fn leader_writes(
+    store: &Store,
+    w: usize,
+    current: &tokio::sync::watch::Receiver<pgfence::Fence>,
+    stop: &AtomicBool,
+    accepted: &AtomicU64,
+) -> HashMap<i64, u64> {
+    let mut refused: HashMap<i64, u64> = HashMap::new();
+    while !stop.load(Ordering::Relaxed) {
+        let fence = current.borrow().clone();
+        match store
+            .append_event(&fence, &format!("job-{w}"), "tick", &json!({}))
+            .await
+        {
+            Ok(_) => {
+                accepted.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(Error::Stale { .. }) => *refused.entry(fence.epoch().get()).or_default() += 1,
+            Err(other) => panic!("the leader's write failed: {other:?}"),
+        }
+    }
+    refused
+}
+
 /// A takeover is prompt while stale writers hammer: 8 connections retry a superseded epoch in a tight loop and
 /// 2 leader connections write with the current fence (and keep writing with it, stale, until they learn the
 /// new one), while the lease is taken over 10 times (force_release, then an acquisition by another holder).
@@ -823,8 +833,7 @@ async fn a_takeover_is_prompt_while_stale_writers_hammer() {
     let leader = Store::connect(db.config("c").pool_size(2)).await.unwrap();
     let zombies = Store::connect(db.config("c").pool_size(8)).await.unwrap();
     let stale = operator.acquire("sched", "pod-0", TTL).await.unwrap();
-    operator.force_release("sched").await.unwrap();
-    let first = operator.acquire("sched", "pod-1", TTL).await.unwrap();
+    let first = take_over(&operator, "sched", "pod-1").await;
     for w in 0..2 {
         operator
             .create_task(&first.fence(), &format!("job-{w}"), &json!({}))
@@ -847,23 +856,7 @@ async fn a_takeover_is_prompt_while_stale_writers_hammer() {
             accepted.clone(),
         );
         writing.push(tokio::spawn(async move {
-            let mut refused: HashMap<i64, u64> = HashMap::new();
-            while !stop.load(Ordering::Relaxed) {
-                let fence = current.borrow().clone();
-                match store
-                    .append_event(&fence, &format!("job-{w}"), "tick", &json!({}))
-                    .await
-                {
-                    Ok(_) => {
-                        accepted.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(Error::Stale { .. }) => {
-                        *refused.entry(fence.epoch().get()).or_default() += 1
-                    }
-                    Err(other) => panic!("the leader's write failed: {other:?}"),
-                }
-            }
-            refused
+            leader_writes(&store, w, &current, &stop, &accepted).await
         }));
     }
 

@@ -227,9 +227,10 @@ fn guard_lockers_sql(granted: bool) -> String {
     format!(
         "SELECT coalesce(a.application_name, 'gone') \
            FROM pg_locks k LEFT JOIN pg_stat_activity a ON a.pid = k.pid \
-          WHERE k.locktype = 'advisory' AND k.classid = 1885824613 AND k.objsubid = 2 AND k.mode = 'ShareLock' \
+          WHERE k.locktype = 'advisory' AND k.classid = {} AND k.objsubid = 2 AND k.mode = 'ShareLock' \
             AND k.granted = {granted} AND k.pid <> pg_backend_pid() \
-            AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        common::GUARD_LOCK_CLASS
     )
 }
 
@@ -377,18 +378,8 @@ struct Tally {
     queued: usize,
 }
 
-/// Invariants 3, 4, 6 and 7 under real races: stale writers (three tasks, every write path: event append, task
-/// creation, claim, transition, fenced transaction) start at the same barrier as a takeover — an acquisition by
-/// the same holder, a release, or an operator's force-release, in turn. The takeover's own transaction records
-/// the old epoch's committed rows after its takeover statement; once the writers are done the final set must be
-/// exactly that (nothing of the old epoch committed after the takeover) and exactly the acknowledged writes
-/// (no acknowledged write lost, no refused write stored), and every refusal must be counted in the audit. The run
-/// must show races on every write path from both sides: writes past their check when a takeover began and
-/// writes queued behind a takeover.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_stale_write_commits_after_a_takeover_commits() {
-    let db = TestDb::new().await;
-    let store = db.store(CLUSTER).await;
+/// A store per write path, each connection named after its path (so pg_locks tells the paths apart).
+async fn stores_per_write_path(db: &TestDb) -> Arc<BTreeMap<Kind, Store>> {
     let mut stores = BTreeMap::new();
     for kind in KINDS {
         let config = db.config(CLUSTER).application_name(kind.name());
@@ -403,7 +394,168 @@ async fn no_stale_write_commits_after_a_takeover_commits() {
             "{kind:?}"
         );
     }
-    let stores = Arc::new(stores);
+    Arc::new(stores)
+}
+
+/// Stale writer `writer` of round `round`: from `barrier` on (shared with the takeover), up to
+/// `MAX_WRITES_PER_ROUND` writes under the old `fence` until the first refusal, which must be `Stale` for this
+/// very epoch, superseded or released. `claimed`: whether its own task is claimed as the round starts.
+async fn stale_writer(
+    stores: &Arc<BTreeMap<Kind, Store>>,
+    fence: &Fence,
+    (round, writer): (usize, usize),
+    claimed: bool,
+    barrier: &Barrier,
+) -> WriterReport {
+    let mut report = WriterReport {
+        acked: Vec::new(),
+        refused: None,
+        claimed,
+    };
+    barrier.wait().await;
+    for k in 0..MAX_WRITES_PER_ROUND {
+        match write(stores, fence, (round, writer, k), &mut report.claimed).await {
+            (kind, Ok(row)) => report.acked.push((kind, row)),
+            (
+                kind,
+                Err(Error::Stale {
+                    presented, reason, ..
+                }),
+            ) => {
+                assert_eq!(presented, fence.epoch());
+                assert!(
+                    matches!(reason, LossReason::Superseded | LossReason::Released),
+                    "{reason}"
+                );
+                report.refused = Some(kind);
+                break;
+            }
+            (kind, Err(other)) => {
+                panic!(
+                    "round {round}: unexpected error from {}: {other}",
+                    kind.name()
+                )
+            }
+        }
+    }
+    report
+}
+
+/// The takeover of round `round`, the three kinds in turn: the same holder acquiring again, the holder
+/// releasing, an operator force-releasing; after the last two `next_holder` acquires. (what, the takeover's
+/// statement, the acquisition after it).
+fn takeover_of_round(
+    round: usize,
+    holder: &str,
+    next_holder: &str,
+    current: &Fence,
+) -> (&'static str, String, Option<String>) {
+    let old_epoch = current.epoch().get();
+    let acquire = |holder: &str| {
+        format!(
+            "SELECT outcome, epoch, secret FROM pgfence.acquire('{QUALIFIED}', '{holder}', {})",
+            TTL.as_millis()
+        )
+    };
+    match round % 3 {
+        0 => ("acquisition", acquire(holder), None),
+        1 => (
+            "release",
+            format!(
+                "SELECT outcome, epoch FROM pgfence.release('{QUALIFIED}', {old_epoch}, '{}')",
+                current.secret().expose_secret()
+            ),
+            Some(acquire(next_holder)),
+        ),
+        _ => (
+            "force-release",
+            format!("SELECT outcome, epoch FROM pgfence.force_release('{QUALIFIED}')"),
+            Some(acquire(next_holder)),
+        ),
+    }
+}
+
+/// After round `round`'s `what` ended `old_epoch`: the old epoch's committed rows are exactly those the
+/// takeover's transaction saw at its commit (none committed after it) and exactly the acknowledged writes
+/// (`acked`: none lost, none refused stored), and every refusal has exactly one audit count.
+async fn round_commits_exactly_the_acknowledged_writes(
+    client: &tokio_postgres::Client,
+    (round, what, old_epoch): (usize, &str, i64),
+    seen: &Takeover,
+    acked: &BTreeMap<Row, Kind>,
+    refused: &[Kind],
+    run_started: Instant,
+) {
+    let (after, audited) = committed_and_audited(client, old_epoch).await;
+    let late: Vec<_> = after
+        .iter()
+        .filter(|(row, _)| !seen.at_commit.contains_key(row))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "round {round}, {:?} into the run: {} writes of epoch {old_epoch} committed after the {what} that \
+         ended it, first {:?}",
+        run_started.elapsed(),
+        late.len(),
+        &late[..late.len().min(5)]
+    );
+    let missing: Vec<_> = acked.keys().filter(|r| !after.contains_key(r)).collect();
+    assert!(
+        missing.is_empty(),
+        "round {round}: acknowledged writes missing: {missing:?}"
+    );
+    let unacknowledged: BTreeSet<_> = after.keys().filter(|r| !acked.contains_key(r)).collect();
+    assert!(
+        unacknowledged.is_empty(),
+        "round {round}: writes stored but not acknowledged (refused, or lost in the answer): {unacknowledged:?}"
+    );
+    assert_eq!(
+        audited as usize,
+        refused.len(),
+        "round {round}: every refusal has exactly one audit count"
+    );
+}
+
+/// Adds round's outcome to each write path's tally: accepted and refused writes, writes past their check when
+/// the takeover began, writes queued behind it, and writes committed while it ran.
+fn count_round(
+    tally: &mut BTreeMap<Kind, Tally>,
+    acked: &BTreeMap<Row, Kind>,
+    refused: &[Kind],
+    seen: &Takeover,
+) {
+    for kind in acked.values() {
+        tally.get_mut(kind).unwrap().accepted += 1;
+    }
+    for kind in refused {
+        tally.get_mut(kind).unwrap().refused += 1;
+    }
+    for kind in &seen.holding {
+        tally.get_mut(kind).unwrap().holding += 1;
+    }
+    for kind in &seen.queued {
+        tally.get_mut(kind).unwrap().queued += 1;
+    }
+    for (row, kind) in &seen.at_commit {
+        if !seen.at_start.contains_key(row) {
+            tally.get_mut(kind).unwrap().committed_during += 1;
+        }
+    }
+}
+
+/// Invariants 3, 4, 6 and 7 under real races: stale writers (three tasks, every write path: event append, task
+/// creation, claim, transition, fenced transaction) start at the same barrier as a takeover — an acquisition by
+/// the same holder, a release, or an operator's force-release, in turn. The takeover's own transaction records
+/// the old epoch's committed rows after its takeover statement; once the writers are done the final set must be
+/// exactly that (nothing of the old epoch committed after the takeover) and exactly the acknowledged writes
+/// (no acknowledged write lost, no refused write stored), and every refusal must be counted in the audit. The run
+/// must show races on every write path from both sides: writes past their check when a takeover began and
+/// writes queued behind a takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_stale_write_commits_after_a_takeover_commits() {
+    let db = TestDb::new().await;
+    let store = db.store(CLUSTER).await;
+    let stores = stores_per_write_path(&db).await;
     let client = db.client().await;
     let taker = db.client().await;
     client
@@ -439,68 +591,14 @@ async fn no_stale_write_commits_after_a_takeover_commits() {
         for (writer, claimed) in claimed.iter().copied().enumerate() {
             let (stores, fence, barrier) = (stores.clone(), old.clone(), barrier.clone());
             writers.push(tokio::spawn(async move {
-                let mut report = WriterReport {
-                    acked: Vec::new(),
-                    refused: None,
-                    claimed,
-                };
-                barrier.wait().await;
-                for k in 0..MAX_WRITES_PER_ROUND {
-                    match write(&stores, &fence, (round, writer, k), &mut report.claimed).await {
-                        (kind, Ok(row)) => report.acked.push((kind, row)),
-                        (
-                            kind,
-                            Err(Error::Stale {
-                                presented, reason, ..
-                            }),
-                        ) => {
-                            assert_eq!(presented, fence.epoch());
-                            assert!(
-                                matches!(reason, LossReason::Superseded | LossReason::Released),
-                                "{reason}"
-                            );
-                            report.refused = Some(kind);
-                            break;
-                        }
-                        (kind, Err(other)) => {
-                            panic!(
-                                "round {round}: unexpected error from {}: {other}",
-                                kind.name()
-                            )
-                        }
-                    }
-                }
-                report
+                stale_writer(&stores, &fence, (round, writer), claimed, &barrier).await
             }));
         }
 
         barrier.wait().await;
         let started = Instant::now();
-        // Three kinds of takeover in turn: the same holder acquiring again, the holder releasing, an operator
-        // force-releasing; after the last two another holder acquires.
         let next_holder = if holder == "pod-a" { "pod-b" } else { "pod-a" };
-        let acquire = |holder: &str| {
-            format!(
-                "SELECT outcome, epoch, secret FROM pgfence.acquire('{QUALIFIED}', '{holder}', {})",
-                TTL.as_millis()
-            )
-        };
-        let (what, call, then) = match round % 3 {
-            0 => ("acquisition", acquire(&holder), None),
-            1 => (
-                "release",
-                format!(
-                    "SELECT outcome, epoch FROM pgfence.release('{QUALIFIED}', {old_epoch}, '{}')",
-                    current.secret().expose_secret()
-                ),
-                Some(acquire(next_holder)),
-            ),
-            _ => (
-                "force-release",
-                format!("SELECT outcome, epoch FROM pgfence.force_release('{QUALIFIED}')"),
-                Some(acquire(next_holder)),
-            ),
-        };
+        let (what, call, then) = takeover_of_round(round, &holder, next_holder, &current);
         let seen = take_over(&taker, &call, then.as_deref(), old_epoch).await;
         slowest_takeover = slowest_takeover.max(started.elapsed());
         if then.is_none() {
@@ -526,52 +624,17 @@ async fn no_stale_write_commits_after_a_takeover_commits() {
             acked.extend(report.acked.iter().map(|(kind, row)| (*row, *kind)));
             refused.extend(report.refused);
         }
-        let (after, audited) = committed_and_audited(&client, old_epoch).await;
-        let late: Vec<_> = after
-            .iter()
-            .filter(|(row, _)| !seen.at_commit.contains_key(row))
-            .collect();
-        assert!(
-            late.is_empty(),
-            "round {round}, {:?} into the run: {} writes of epoch {old_epoch} committed after the {what} that \
-             ended it, first {:?}",
-            run_started.elapsed(),
-            late.len(),
-            &late[..late.len().min(5)]
-        );
-        let missing: Vec<_> = acked.keys().filter(|r| !after.contains_key(r)).collect();
-        assert!(
-            missing.is_empty(),
-            "round {round}: acknowledged writes missing: {missing:?}"
-        );
-        let unacknowledged: BTreeSet<_> = after.keys().filter(|r| !acked.contains_key(r)).collect();
-        assert!(
-            unacknowledged.is_empty(),
-            "round {round}: writes stored but not acknowledged (refused, or lost in the answer): {unacknowledged:?}"
-        );
-        assert_eq!(
-            audited as usize,
-            refused.len(),
-            "round {round}: every refusal has exactly one audit count"
-        );
+        round_commits_exactly_the_acknowledged_writes(
+            &client,
+            (round, what, old_epoch),
+            &seen,
+            &acked,
+            &refused,
+            run_started,
+        )
+        .await;
 
-        for kind in acked.values() {
-            tally.get_mut(kind).unwrap().accepted += 1;
-        }
-        for kind in &refused {
-            tally.get_mut(kind).unwrap().refused += 1;
-        }
-        for kind in &seen.holding {
-            tally.get_mut(kind).unwrap().holding += 1;
-        }
-        for kind in &seen.queued {
-            tally.get_mut(kind).unwrap().queued += 1;
-        }
-        for (row, kind) in &seen.at_commit {
-            if !seen.at_start.contains_key(row) {
-                tally.get_mut(kind).unwrap().committed_during += 1;
-            }
-        }
+        count_round(&mut tally, &acked, &refused, &seen);
     }
     eprintln!(
         "{rounds} takeovers in {:?}, slowest {slowest_takeover:?}; per write path (accepted, refused, past its \

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::TestDb;
 use pgfence::leader::{
-    Elector, LeadershipOptions, MemoryElector, PgElector, Spread, Supervisor, SupervisorStatus,
-    TenureEnd,
+    Elector, LeaderContext, LeadershipOptions, MemoryElector, PgElector, Spread, Supervisor,
+    SupervisorStatus, TenureEnd,
 };
 use pgfence::{Error, Store};
 use serde_json::json;
@@ -179,6 +179,41 @@ async fn three_replicas_lead_four_each_and_a_fourth_takes_exactly_three() {
     );
 }
 
+/// The overrunning drain of [`a_drained_leader_that_keeps_writing_is_refused_once_its_successor_acquired`]: work
+/// handed the tenure's `fence` that writes a task every 2 ms, noting each write's outcome (accepted, or refused
+/// as stale) and when, until 20 writes were refused; then it notes the end cause its context reports and
+/// cancels `writes_done`.
+async fn overrunning_writes(
+    store: Store,
+    fence: pgfence::Fence,
+    ctx: LeaderContext,
+    outcomes: Arc<Mutex<Vec<(bool, Instant)>>>,
+    end_seen: Arc<Mutex<Option<TenureEnd>>>,
+    writes_done: CancellationToken,
+) {
+    let mut refused = 0;
+    for i in 0.. {
+        let result = store
+            .create_task(&fence, &format!("t{i}"), &json!({}))
+            .await;
+        let ok = match result {
+            Ok(_) => true,
+            Err(Error::Stale { .. }) => false,
+            Err(e) => panic!("{e}"),
+        };
+        outcomes.lock().unwrap().push((ok, Instant::now()));
+        if !ok {
+            refused += 1;
+            if refused == 20 {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    *end_seen.lock().unwrap() = ctx.end_cause();
+    writes_done.cancel();
+}
+
 /// Invariant 3 through a handover: a drained leader whose work keeps writing with its fence after it was told
 /// to stop (a drain that overruns) commits nothing once its successor acquired — every such write is refused
 /// with `superseded` and audited — and the callback saw `TenureEnd::Handover`.
@@ -210,30 +245,14 @@ async fn a_drained_leader_that_keeps_writing_is_refused_once_its_successor_acqui
                 async move {
                     // The overrunning drain: work handed the fence keeps writing after the callback returned.
                     let fence = ctx.fence();
-                    let writer_ctx = ctx.clone();
-                    tokio::spawn(async move {
-                        let mut refused = 0;
-                        for i in 0.. {
-                            let result = store
-                                .create_task(&fence, &format!("t{i}"), &json!({}))
-                                .await;
-                            let ok = match result {
-                                Ok(_) => true,
-                                Err(Error::Stale { .. }) => false,
-                                Err(e) => panic!("{e}"),
-                            };
-                            outcomes.lock().unwrap().push((ok, Instant::now()));
-                            if !ok {
-                                refused += 1;
-                                if refused == 20 {
-                                    break;
-                                }
-                            }
-                            tokio::time::sleep(Duration::from_millis(2)).await;
-                        }
-                        *end_seen.lock().unwrap() = writer_ctx.end_cause();
-                        writes_done.cancel();
-                    });
+                    tokio::spawn(overrunning_writes(
+                        store,
+                        fence,
+                        ctx.clone(),
+                        outcomes,
+                        end_seen,
+                        writes_done,
+                    ));
                     ctx.cancelled().await;
                     Ok(())
                 }

@@ -281,46 +281,82 @@ const LATE_WRITES: &str = "
       JOIN pgfence.tenures t ON t.lease = w.lease AND t.epoch > w.fence
      WHERE pg_xact_commit_timestamp(w.xmin) > pg_xact_commit_timestamp(t.acquired_xid::xid)";
 
-/// Targets of the spreading runtime, with real processes (see the file's header for what each step checks).
-#[test]
-fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let server = {
-        let mut options = EmbeddedOptions::default();
-        options.extra_settings = vec![
-            ("track_commit_timestamp".into(), "on".into()),
-            (
-                "shared_preload_libraries".into(),
-                "pg_stat_statements".into(),
-            ),
-            ("max_connections".into(), "200".into()),
-        ];
-        EmbeddedServer::start_with(options).expect("start a throwaway server")
-    };
-    let url = server.url();
-    let store = runtime.block_on(async {
-        let store = Store::connect(StoreConfig::new(url.clone(), "c"))
-            .await
-            .unwrap();
-        store.migrate().await.unwrap();
-        common::apply_mutant(&url).await;
-        store
-    });
-    let client = runtime.block_on(async {
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        runtime.spawn(connection);
-        client
-            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-            .await
-            .unwrap();
-        client
-    });
-    let query = |sql: &str| -> i64 { runtime.block_on(client.query_one(sql, &[])).unwrap().get(0) };
-    let epochs = || -> BTreeMap<String, i64> {
-        runtime
-            .block_on(client.query(
+/// The replicas' flags for the twelve-name group "g".
+const TWELVE: [&str; 2] = ["--controllers", "12"];
+
+/// The run's shared state, one of each for every step: a throwaway server with commit timestamps and
+/// pg_stat_statements (started once: the steps follow each other on it), the store that migrated it, a raw
+/// client, and the fleet of replica processes.
+struct Scenario {
+    /// The migrating store, kept open to the end of the run.
+    _store: Store,
+    fleet: Fleet,
+    client: tokio_postgres::Client,
+    _server: EmbeddedServer,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Scenario {
+    fn start() -> Scenario {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let server = {
+            let mut options = EmbeddedOptions::default();
+            options.extra_settings = vec![
+                ("track_commit_timestamp".into(), "on".into()),
+                (
+                    "shared_preload_libraries".into(),
+                    "pg_stat_statements".into(),
+                ),
+                ("max_connections".into(), "200".into()),
+            ];
+            EmbeddedServer::start_with(options).expect("start a throwaway server")
+        };
+        let url = server.url();
+        let store = runtime.block_on(async {
+            let store = Store::connect(StoreConfig::new(url.clone(), "c"))
+                .await
+                .unwrap();
+            store.migrate().await.unwrap();
+            common::apply_mutant(&url).await;
+            store
+        });
+        let client = runtime.block_on(async {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            runtime.spawn(connection);
+            client
+                .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                .await
+                .unwrap();
+            client
+        });
+        let fleet = Fleet {
+            url: url.clone(),
+            log: Arc::default(),
+            replicas: Vec::new(),
+        };
+        Scenario {
+            _store: store,
+            fleet,
+            client,
+            _server: server,
+            runtime,
+        }
+    }
+
+    /// The one bigint `sql` answers.
+    fn query(&self, sql: &str) -> i64 {
+        self.runtime
+            .block_on(self.client.query_one(sql, &[]))
+            .unwrap()
+            .get(0)
+    }
+
+    /// The current epoch of each of group "g"'s leases.
+    fn epochs(&self) -> BTreeMap<String, i64> {
+        self.runtime
+            .block_on(self.client.query(
                 "SELECT name, epoch FROM pgfence.leases WHERE name LIKE 'c/controller-%'",
                 &[],
             ))
@@ -328,46 +364,48 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
             .iter()
             .map(|r| (r.get(0), r.get(1)))
             .collect()
-    };
-    let mut fleet = Fleet {
-        url: url.clone(),
-        log: Arc::default(),
-        replicas: Vec::new(),
-    };
-    let twelve = ["--controllers", "12"];
+    }
+}
 
+/// Three members spread twelve names 4/4/4; a fourth joining moves exactly three of them (the minimum).
+/// The index in the log where the handovers that follow begin.
+fn three_members_then_a_fourth(s: &mut Scenario) -> usize {
     // 3 members, 12 names.
     for m in ["a", "b", "c"] {
-        fleet.start(m, "g", &twelve);
+        s.fleet.start(m, "g", &TWELVE);
     }
-    let took = fleet.converge(&[("a", 4), ("b", 4), ("c", 4)], 2 * TTL);
+    let took = s.fleet.converge(&[("a", 4), ("b", 4), ("c", 4)], 2 * TTL);
     println!(
         "3 members x 12 names: 4/4/4 within {took:?} of the last start (target 2 x ttl = {:?})",
         2 * TTL
     );
 
     // A 4th joins: the minimum moves.
-    let before = epochs();
-    let join_index = fleet.log.lock().unwrap().events.len();
-    fleet.start("d", "g", &twelve);
-    let took = fleet.converge(
+    let before = s.epochs();
+    let join_index = s.fleet.log.lock().unwrap().events.len();
+    s.fleet.start("d", "g", &TWELVE);
+    let took = s.fleet.converge(
         &[("a", 3), ("b", 3), ("c", 3), ("d", 3)],
         TTL + Duration::from_secs(1),
     );
-    let after = epochs();
+    let after = s.epochs();
     let moved: Vec<&String> = after.keys().filter(|n| after[*n] != before[*n]).collect();
     println!(
         "a 4th member joined: 3/3/3/3 within {took:?} (target ttl + 1 s); names moved: {}",
         moved.len()
     );
     assert_eq!(moved.len(), 3, "exactly 3 names move: {moved:?}");
+    join_index
+}
 
+/// Graceful handovers: a fifth member joins and leaves in order until at least 50 handovers happened since
+/// `from`, the membership converging after each step.
+fn fifty_graceful_handovers(s: &mut Scenario, from: usize) {
     // Graceful handovers: a 5th member joins and leaves in order, over and over.
-    let handovers_from = join_index;
     let mut cycles = 0;
     while handover_gaps(
-        &fleet.log.lock().unwrap(),
-        handovers_from,
+        &s.fleet.log.lock().unwrap(),
+        from,
         &["handover", "shutdown"],
     )
     .len()
@@ -378,118 +416,127 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
             cycles <= 30,
             "fewer than 50 handovers after 30 join/leave cycles"
         );
-        fleet.start("e", "g", &twelve);
+        s.fleet.start("e", "g", &TWELVE);
         // 12 names over 5 members: 2 or 3 each.
-        fleet.converge_to(
+        s.fleet.converge_to(
             vec!["a", "b", "c", "d", "e"],
             TTL + Duration::from_secs(1),
             "2 or 3 each, 12 in all",
             |have| have.iter().all(|n| (2..=3).contains(n)) && have.iter().sum::<usize>() == 12,
         );
-        fleet.stop("e");
-        fleet.converge(
+        s.fleet.stop("e");
+        s.fleet.converge(
             &[("a", 3), ("b", 3), ("c", 3), ("d", 3)],
             TTL + Duration::from_secs(1),
         );
     }
-    {
-        // The two kinds apart: a name moved to a joining member, and a name handed over at an orderly shutdown.
-        let log = fleet.log.lock().unwrap();
-        for cause in ["handover", "shutdown"] {
-            let mut kind = handover_gaps(&log, handovers_from, &[cause]);
-            if !kind.is_empty() {
-                println!(
-                    "  {cause}: {} handovers, p50 {:.1} ms, p90 {:.1} ms",
-                    kind.len(),
-                    percentile(&mut kind, 0.5),
-                    percentile(&mut kind, 0.9)
-                );
-            }
-        }
-    }
-    {
-        // Where a handover's time goes: the predecessor's drain (stop -> returned), its release (returned -> the
-        // release's commit time by the database clock), the successor's reaction (release -> its acquisition,
-        // database clock) and its callback's start (acquisition -> lead). One machine: the database's clock and
-        // the processes' wall clocks are the same clock here.
-        let tenures: BTreeMap<(String, i64), (i64, Option<i64>)> = runtime
-            .block_on(client.query(
-                "SELECT lease, epoch, (extract(epoch FROM acquired_at) * 1000000)::bigint, \
-                        (extract(epoch FROM ended_at) * 1000000)::bigint FROM pgfence.tenures",
-                &[],
-            ))
-            .unwrap()
-            .iter()
-            .map(|r| {
-                (
-                    (r.get::<_, String>(0), r.get::<_, i64>(1)),
-                    (r.get(2), r.get(3)),
-                )
-            })
-            .collect();
-        let log = fleet.log.lock().unwrap();
-        let mut parts: [Vec<f64>; 4] = Default::default();
-        let mut returned: BTreeMap<(String, i64), i64> = BTreeMap::new();
-        let mut stopped: BTreeMap<String, (i64, i64)> = BTreeMap::new();
-        for e in log.events.iter().skip(handovers_from) {
-            let name = e["name"].as_str().unwrap_or_default().to_owned();
-            let (epoch, at) = (
-                e["epoch"].as_i64().unwrap_or(0),
-                e["at_us"].as_i64().unwrap_or(0),
+}
+
+/// Prints the two kinds of handover since `from` apart: a name moved to a joining member, and a name handed
+/// over at an orderly shutdown.
+fn print_handover_kinds(s: &Scenario, from: usize) {
+    // The two kinds apart: a name moved to a joining member, and a name handed over at an orderly shutdown.
+    let log = s.fleet.log.lock().unwrap();
+    for cause in ["handover", "shutdown"] {
+        let mut kind = handover_gaps(&log, from, &[cause]);
+        if !kind.is_empty() {
+            println!(
+                "  {cause}: {} handovers, p50 {:.1} ms, p90 {:.1} ms",
+                kind.len(),
+                percentile(&mut kind, 0.5),
+                percentile(&mut kind, 0.9)
             );
-            match e["event"].as_str() {
-                Some("stop") => {
-                    stopped.insert(name, (epoch, at));
-                }
-                Some("returned") => {
-                    returned.insert((name, epoch), at);
-                }
-                Some("lead") => {
-                    let Some((old, stop_at)) = stopped.remove(&name) else {
-                        continue;
-                    };
-                    let lease = format!("c/{name}");
-                    let (Some(ret), Some((_, Some(released))), Some((acquired, _))) = (
-                        returned.get(&(name.clone(), old)),
-                        tenures.get(&(lease.clone(), old)),
-                        tenures.get(&(lease, epoch)),
-                    ) else {
-                        continue;
-                    };
-                    for (i, v) in [
-                        ret - stop_at,
-                        released - ret,
-                        acquired - released,
-                        at - acquired,
-                    ]
-                    .into_iter()
-                    .enumerate()
-                    {
-                        parts[i].push(v as f64 / 1000.0);
-                    }
-                }
-                _ => {}
-            }
-        }
-        let labels = [
-            "drain (stop -> returned)",
-            "release (returned -> ended_at)",
-            "reaction (ended_at -> acquired_at)",
-            "start (acquired_at -> lead)",
-        ];
-        for (label, values) in labels.iter().zip(parts.iter_mut()) {
-            if !values.is_empty() {
-                println!(
-                    "  {label}: p50 {:.1} ms, p90 {:.1} ms",
-                    percentile(values, 0.5),
-                    percentile(values, 0.9)
-                );
-            }
         }
     }
+}
+
+/// Prints where a handover's time goes since `from`: the predecessor's drain (stop -> returned), its release
+/// (returned -> the release's commit time by the database clock), the successor's reaction (release -> its
+/// acquisition, database clock) and its callback's start (acquisition -> lead). One machine: the database's clock
+/// and the processes' wall clocks are the same clock here.
+fn print_handover_breakdown(s: &Scenario, from: usize) {
+    let tenures: BTreeMap<(String, i64), (i64, Option<i64>)> = s
+        .runtime
+        .block_on(s.client.query(
+            "SELECT lease, epoch, (extract(epoch FROM acquired_at) * 1000000)::bigint, \
+                    (extract(epoch FROM ended_at) * 1000000)::bigint FROM pgfence.tenures",
+            &[],
+        ))
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                (r.get::<_, String>(0), r.get::<_, i64>(1)),
+                (r.get(2), r.get(3)),
+            )
+        })
+        .collect();
+    let log = s.fleet.log.lock().unwrap();
+    let mut parts: [Vec<f64>; 4] = Default::default();
+    let mut returned: BTreeMap<(String, i64), i64> = BTreeMap::new();
+    let mut stopped: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    for e in log.events.iter().skip(from) {
+        let name = e["name"].as_str().unwrap_or_default().to_owned();
+        let (epoch, at) = (
+            e["epoch"].as_i64().unwrap_or(0),
+            e["at_us"].as_i64().unwrap_or(0),
+        );
+        match e["event"].as_str() {
+            Some("stop") => {
+                stopped.insert(name, (epoch, at));
+            }
+            Some("returned") => {
+                returned.insert((name, epoch), at);
+            }
+            Some("lead") => {
+                let Some((old, stop_at)) = stopped.remove(&name) else {
+                    continue;
+                };
+                let lease = format!("c/{name}");
+                let (Some(ret), Some((_, Some(released))), Some((acquired, _))) = (
+                    returned.get(&(name.clone(), old)),
+                    tenures.get(&(lease.clone(), old)),
+                    tenures.get(&(lease, epoch)),
+                ) else {
+                    continue;
+                };
+                for (i, v) in [
+                    ret - stop_at,
+                    released - ret,
+                    acquired - released,
+                    at - acquired,
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    parts[i].push(v as f64 / 1000.0);
+                }
+            }
+            _ => {}
+        }
+    }
+    let labels = [
+        "drain (stop -> returned)",
+        "release (returned -> ended_at)",
+        "reaction (ended_at -> acquired_at)",
+        "start (acquired_at -> lead)",
+    ];
+    for (label, values) in labels.iter().zip(parts.iter_mut()) {
+        if !values.is_empty() {
+            println!(
+                "  {label}: p50 {:.1} ms, p90 {:.1} ms",
+                percentile(values, 0.5),
+                percentile(values, 0.9)
+            );
+        }
+    }
+}
+
+/// The graceful handovers since `from` stay within the gap bounds (drain start -> the successor's callback).
+fn handover_gaps_are_bounded(s: &Scenario, from: usize) {
     let mut gaps = handover_gaps(
-        &fleet.log.lock().unwrap(),
-        handovers_from,
+        &s.fleet.log.lock().unwrap(),
+        from,
         &["handover", "shutdown"],
     );
     let (p50, p99) = (percentile(&mut gaps, 0.5), percentile(&mut gaps, 0.99));
@@ -498,7 +545,7 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
          (targets 20 ms / 100 ms)",
         gaps.len()
     );
-    let db_gap_p50 = query(
+    let db_gap_p50 = s.query(
         "SELECT (percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM n.acquired_at - p.ended_at)) * 1000000)::bigint \
            FROM pgfence.tenures p JOIN pgfence.tenures n ON n.lease = p.lease AND n.epoch = p.epoch + 1 \
           WHERE p.end_reason = 'released'",
@@ -515,10 +562,12 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
         p50 <= p50_bound && p99 <= p99_bound,
         "handover gap p50 {p50:.1} ms, p99 {p99:.1} ms (bounds {p50_bound} / {p99_bound} ms)"
     );
+}
 
-    // One of 4 killed: its names move within ttl + poll + 1 s, 4/4/4.
-    let killed_at = fleet.kill("d");
-    let took = fleet.converge(
+/// One of four killed (SIGKILL): its names move within ttl + poll + 1 s, 4/4/4.
+fn a_killed_member_s_names_move(s: &mut Scenario) {
+    let killed_at = s.fleet.kill("d");
+    let took = s.fleet.converge(
         &[("a", 4), ("b", 4), ("c", 4)],
         TTL + POLL + Duration::from_secs(1),
     );
@@ -526,62 +575,71 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
         "a member killed (SIGKILL): 4/4/4 within {took:?} (target ttl + poll + 1 s = {:?}); killed at {killed_at}",
         TTL + POLL + Duration::from_secs(1)
     );
+}
 
-    // Every connection of every replica terminated at once (a database restart's worth of broken sessions):
-    // renewals and heartbeats go on over new connections within the ttl, nothing moves.
-    let (leads_before, epochs_before) = (fleet.log.lock().unwrap().count("lead"), epochs());
-    let ended = query(
+/// Every connection of every replica terminated at once (a database restart's worth of broken sessions):
+/// renewals and heartbeats go on over new connections within the ttl, nothing moves.
+fn terminated_connections_move_nothing(s: &Scenario) {
+    let (leads_before, epochs_before) = (s.fleet.log.lock().unwrap().count("lead"), s.epochs());
+    let ended = s.query(
         "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
           WHERE pid <> pg_backend_pid() AND backend_type = 'client backend' AND datname = current_database()) t",
     );
     std::thread::sleep(2 * TTL);
-    let leads = fleet.log.lock().unwrap().count("lead") - leads_before;
+    let leads = s.fleet.log.lock().unwrap().count("lead") - leads_before;
     println!("{ended} replica connections terminated: {leads} names moved in the next 2 ttl");
     assert_eq!(leads, 0, "terminated connections move nothing");
-    assert_eq!(epochs(), epochs_before);
+    assert_eq!(s.epochs(), epochs_before);
+}
 
-    // One member frozen (SIGSTOP) past its ttl: the others take its names; resumed, it joins again as a flap,
-    // is settled one ttl later, and takes its share back. Its writes after the successors' acquisitions are
-    // refused (the history check below).
-    fleet.signal("c", "STOP");
+/// One member frozen (SIGSTOP) past its ttl: the others take its names; resumed, it joins again as a flap, is
+/// settled one ttl later, and takes its share back. Its writes after the successors' acquisitions are refused
+/// (the history check).
+fn a_frozen_member_is_succeeded_and_comes_back(s: &mut Scenario) {
+    s.fleet.signal("c", "STOP");
     // A frozen process reports nothing: what it believes it leads is unknown until it speaks again.
-    fleet
+    s.fleet
         .log
         .lock()
         .unwrap()
         .events
         .push(serde_json::json!({"event": "killed", "member": "c"}));
-    let took = fleet.converge_to(
+    let took = s.fleet.converge_to(
         vec!["a", "b"],
         TTL + POLL + Duration::from_secs(1),
         "6/6",
         |have| have == [6, 6],
     );
     println!("a member frozen (SIGSTOP): a and b lead 6 each within {took:?}");
-    fleet.signal("c", "CONT");
-    let took = fleet.converge(&[("a", 4), ("b", 4), ("c", 4)], 4 * TTL);
+    s.fleet.signal("c", "CONT");
+    let took = s.fleet.converge(&[("a", 4), ("b", 4), ("c", 4)], 4 * TTL);
     println!("the frozen member resumed: 4/4/4 again within {took:?} (settled one ttl after it joined again)");
+}
 
-    // An overrunning drain: `old` leads `x` and its work keeps writing for 2 s after it was told to stop (its
-    // callback is aborted after a 200 ms grace and the tenure released, but the work it started goes on); `new`,
-    // which pins `x`, joins and takes it. Every write of `old` after `new`'s acquisition is refused and audited.
-    fleet.start_with(
+/// An overrunning drain: `old` leads `x` and its work keeps writing for 2 s after it was told to stop (its
+/// callback is aborted after a 200 ms grace and the tenure released, but the work it started goes on); `new`,
+/// which pins `x`, joins and takes it. Writes of `old` after `new`'s acquisition are refused (and, in the history
+/// check, audited).
+fn an_overrunning_drain_is_refused(s: &mut Scenario) {
+    s.fleet.start_with(
         "old",
         "drain",
         &["--names", "x"],
         &["--grace", "200ms", "--drain", "2s", "--write-every", "20ms"],
     );
-    fleet.converge(&[("old", 1)], 2 * TTL);
-    fleet.start_with(
+    s.fleet.converge(&[("old", 1)], 2 * TTL);
+    s.fleet.start_with(
         "new",
         "drain",
         &["--names", "x", "--pin", "x"],
         &["--write-every", "100ms"],
     );
-    fleet.converge(&[("old", 0), ("new", 1)], TTL + Duration::from_secs(2));
+    s.fleet
+        .converge(&[("old", 0), ("new", 1)], TTL + Duration::from_secs(2));
     let drain_until = Instant::now() + Duration::from_secs(3);
     loop {
-        let refused = fleet
+        let refused = s
+            .fleet
             .log
             .lock()
             .unwrap()
@@ -599,24 +657,27 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    fleet.stop("new");
-    fleet.stop("old");
+    s.fleet.stop("new");
+    s.fleet.stop("old");
+}
 
-    // Stable membership: nothing moves.
+/// Stable membership moves nothing, and renewing costs one heartbeat statement per member per tick however
+/// many names each leads (4); then the three members stop.
+fn stable_membership_moves_nothing_and_renews_in_the_heartbeat(s: &mut Scenario) {
     let stable: u64 = std::env::var("PGFENCE_SPREAD_STABLE_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    let (leads_before, epochs_before) = (fleet.log.lock().unwrap().count("lead"), epochs());
-    query("SELECT count(*) FROM (SELECT pg_stat_statements_reset()) r");
+    let (leads_before, epochs_before) = (s.fleet.log.lock().unwrap().count("lead"), s.epochs());
+    s.query("SELECT count(*) FROM (SELECT pg_stat_statements_reset()) r");
     std::thread::sleep(Duration::from_secs(stable));
-    let leads = fleet.log.lock().unwrap().count("lead") - leads_before;
+    let leads = s.fleet.log.lock().unwrap().count("lead") - leads_before;
     println!("{stable} s of stable membership: {leads} handovers");
     assert_eq!(leads, 0);
-    assert_eq!(epochs(), epochs_before, "no tenure changed");
+    assert_eq!(s.epochs(), epochs_before, "no tenure changed");
     // Renewal cost: one heartbeat statement per member per tick, however many names each leads (4).
-    let heartbeats = query("SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE query LIKE '%pgfence.heartbeat(%'");
-    let renewals = query("SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE query LIKE '%renew_many(%' AND query NOT LIKE '%heartbeat%'");
+    let heartbeats = s.query("SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE query LIKE '%pgfence.heartbeat(%'");
+    let renewals = s.query("SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements WHERE query LIKE '%renew_many(%' AND query NOT LIKE '%heartbeat%'");
     let ticks = 3.0 * stable as f64 / (TTL.as_secs_f64() / 3.0);
     println!(
         "renewal statements in {stable} s: {heartbeats} heartbeats (with the leases) + {renewals} other renewals for 3 members \
@@ -633,25 +694,31 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
     );
 
     for m in ["a", "b", "c"] {
-        fleet.stop(m);
+        s.fleet.stop(m);
     }
+}
 
-    // 100 shards over 5 members.
+/// 100 shards spread over five members, 20 each.
+fn a_hundred_shards_over_five_members(s: &mut Scenario) {
     let shards = ["--sharded", "reconciler", "--shards", "100"];
     for m in ["s1", "s2", "s3", "s4", "s5"] {
-        fleet.start(m, "shards", &shards);
+        s.fleet.start(m, "shards", &shards);
     }
-    let took = fleet.converge(
+    let took = s.fleet.converge(
         &[("s1", 20), ("s2", 20), ("s3", 20), ("s4", 20), ("s5", 20)],
         Duration::from_secs(20),
     );
     println!("100 shards over 5 members: 20 each within {took:?}");
     for m in ["s1", "s2", "s3", "s4", "s5"] {
-        fleet.stop(m);
+        s.fleet.stop(m);
     }
+}
 
-    // The history check, through every scenario above.
-    let log = fleet.log.lock().unwrap();
+/// The history check, through every step: no write of an old epoch committed after its successor's
+/// acquisition (invariant 3), every acknowledged write committed, every refusal audited (invariant 4), and
+/// some refused (the drains wrote through their handovers).
+fn the_history_has_no_late_write_and_every_refusal_audited(s: &Scenario) {
+    let log = s.fleet.log.lock().unwrap();
     let writes: Vec<&Value> = log
         .events
         .iter()
@@ -666,13 +733,13 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
     let failed = writes.iter().filter(|e| e["reason"] == "error").count();
     println!("writes that failed without an answer (terminated connections): {failed}");
     let accepted = writes.iter().filter(|e| e["ok"] == true).count() as i64;
-    let late = query(LATE_WRITES);
-    let audited = query("SELECT coalesce(sum(count), 0)::bigint FROM pgfence.rejections");
-    let committed = query("SELECT count(*) FROM pgfence.tasks WHERE lease LIKE 'c/%'");
+    let late = s.query(LATE_WRITES);
+    let audited = s.query("SELECT coalesce(sum(count), 0)::bigint FROM pgfence.rejections");
+    let committed = s.query("SELECT count(*) FROM pgfence.tasks WHERE lease LIKE 'c/%'");
     println!(
         "history: {} tenures, {accepted} writes accepted (committed {committed}), {refused} refused (audited {audited}), \
          {late} writes of an old epoch committed after their successor's acquisition",
-        query("SELECT count(*) FROM pgfence.tenures")
+        s.query("SELECT count(*) FROM pgfence.tenures")
     );
     assert_eq!(late, 0, "invariant 3");
     assert!(committed >= accepted, "an acknowledged write is committed");
@@ -686,5 +753,23 @@ fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
         refused > 0,
         "the drains wrote through their handovers: some writes must have been refused"
     );
-    drop(store);
+}
+
+/// Targets of the spreading runtime, with real processes (see the file's header for what each step checks),
+/// step after step on one server.
+#[test]
+fn replicas_spread_rebalance_and_stay_fenced_as_real_processes() {
+    let mut s = Scenario::start();
+    let handovers_from = three_members_then_a_fourth(&mut s);
+    fifty_graceful_handovers(&mut s, handovers_from);
+    print_handover_kinds(&s, handovers_from);
+    print_handover_breakdown(&s, handovers_from);
+    handover_gaps_are_bounded(&s, handovers_from);
+    a_killed_member_s_names_move(&mut s);
+    terminated_connections_move_nothing(&s);
+    a_frozen_member_is_succeeded_and_comes_back(&mut s);
+    an_overrunning_drain_is_refused(&mut s);
+    stable_membership_moves_nothing_and_renews_in_the_heartbeat(&mut s);
+    a_hundred_shards_over_five_members(&mut s);
+    the_history_has_no_late_write_and_every_refusal_audited(&s);
 }

@@ -10,7 +10,6 @@
 use crate::common;
 
 use std::future::Future;
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use pgfence::embedded::EmbeddedServer;
 use pgfence::{
-    Epoch, Error, Fence, LeaseState, LossReason, RejectionFilter, Released, Store, StoreConfig,
+    Epoch, Error, Fence, Lease, LeaseState, LossReason, RejectionFilter, Released, Store,
+    StoreConfig,
 };
 use serde_json::json;
 
@@ -70,11 +70,6 @@ where
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-fn port_accepts(port: u16) -> bool {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
 }
 
 /// The temporary directory of a server (the parent of its data directory).
@@ -202,7 +197,10 @@ async fn dropping_a_standby_and_its_primary_removes_both_directories() {
         "standby dir {} still exists",
         standby_root.display()
     );
-    assert!(!port_accepts(standby_port), "standby port still accepts");
+    assert!(
+        !common::port_accepts(standby_port),
+        "standby port still accepts"
+    );
     // The primary does not depend on its standby.
     assert!(primary.is_running());
     assert!(primary_root.exists());
@@ -213,7 +211,10 @@ async fn dropping_a_standby_and_its_primary_removes_both_directories() {
         "primary dir {} still exists",
         primary_root.display()
     );
-    assert!(!port_accepts(primary_port), "primary port still accepts");
+    assert!(
+        !common::port_accepts(primary_port),
+        "primary port still accepts"
+    );
 }
 
 /// A standby is read-only, runs on its own port and socket directory (not the
@@ -289,9 +290,12 @@ async fn a_standby_streams_on_its_own_port_and_socket_directory() {
 /// (2 − 1) · 2^32 + 1.
 const FIRST_EPOCH_OF_TIMELINE_2: i64 = (1 << 32) + 1;
 
-/// A fenced transaction that records `owner` for shard 1 in the application's
-/// own table; `ran` tells whether its body ran at all.
-async fn move_shard(
+/// The ttl of [`a_failover_is_a_fencing_boundary`]'s tenures: A's is still unexpired when the promoted server
+/// is asked, so only the failover can end it.
+const TTL: Duration = Duration::from_secs(60);
+
+/// [`common::move_shard`] that also tells, through `ran`, whether the fenced transaction's body ran at all.
+async fn move_shard_noting_run(
     store: &Store,
     fence: &Fence,
     owner: &str,
@@ -300,15 +304,8 @@ async fn move_shard(
     let (owner, ran) = (owner.to_owned(), ran.clone());
     store
         .fenced(fence, "move_shard", async move |conn| {
-            use diesel::sql_types::Text;
-            use diesel_async::RunQueryDsl;
             ran.store(true, Ordering::SeqCst);
-            let n = diesel::sql_query(
-                "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
-            )
-            .bind::<Text, _>(owner)
-            .execute(conn)
-            .await?;
+            let n = common::write_shard_owner(conn, owner).await?;
             Ok::<_, Error>(n as u64)
         })
         .await
@@ -336,23 +333,11 @@ fn assert_stale<T: std::fmt::Debug>(
     }
 }
 
-/// A failover is a fencing boundary (invariant 7: after a promotion no tenure
-/// current before it can write; invariant 1: epochs keep increasing across the
-/// failover; invariant 4: every refusal is a typed error and an audit row).
-///
-/// Holder A acquires on the primary and writes; the standby replays that and is
-/// then stopped, so it misses what follows: A releases, B acquires epoch 2 and
-/// writes (acknowledged). The primary crashes and the standby is promoted, with
-/// A's release and B's tenure lost. On the promoted server A's tenure looks
-/// current in `pgfence.leases` — yet it was granted on the old timeline, so:
-/// A's renewal is `Lost { Failover }`; A's task writes and a fenced transaction
-/// are `Stale { Failover }`, run nothing and are audited with reason
-/// 'failover'; the next acquisition succeeds at once, without a force-release
-/// or waiting for A's ttl, with the epoch 2^32+1, above B's lost epoch 2; and
-/// A's tenure row ends with 'failover'. B's lost epoch 2 can never write there.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failover_is_a_fencing_boundary() {
-    const TTL: Duration = Duration::from_secs(60);
+/// The run-up to [`a_failover_is_a_fencing_boundary`]'s promotion: A leads on the primary and writes, the
+/// standby replays it all and stops; A releases, B acquires epoch 2 and writes (acknowledged); the primary
+/// crashes. Returns (primary, standby, A's lease, B's lease).
+async fn a_tenure_the_standby_replayed_and_one_it_missed(
+) -> (EmbeddedServer, EmbeddedServer, Lease, Lease) {
     let primary = blocking(EmbeddedServer::start).expect("start primary");
     let standby = blocking(|| primary.start_standby()).expect("start standby");
     let store = Store::connect(StoreConfig::new(primary.url(), "f"))
@@ -362,7 +347,7 @@ async fn a_failover_is_a_fencing_boundary() {
     common::apply_mutant(&primary.url()).await;
     client(&primary.url())
         .await
-        .batch_execute("CREATE TABLE shards (id int PRIMARY KEY, owner text NOT NULL)")
+        .batch_execute(common::SHARDS_TABLE)
         .await
         .expect("create the application's table");
 
@@ -399,18 +384,15 @@ async fn a_failover_is_a_fencing_boundary() {
     blocking(|| primary.crash()).expect("crash the primary");
 
     blocking(|| standby.start_again()).expect("start the standby again");
-    let promoting = Instant::now();
-    blocking(|| standby.promote()).expect("promote");
-    eprintln!("promotion took {:?}", promoting.elapsed());
-    let promoted = Store::connect(StoreConfig::new(standby.url(), "f"))
-        .await
-        .expect("connect to the promoted server");
-    let raw = client(&standby.url()).await;
-    let identity = promoted.identity().await.expect("identity");
-    assert_eq!(identity.timeline, Some(2), "{identity:?}");
+    (primary, standby, a, b)
+}
 
-    // What the promoted server shows: A's tenure, current and unexpired, granted on timeline 1; B's
-    // acquisition, its write and A's release were lost with the old primary.
+/// What the promoted server shows: A's tenure, current and unexpired, granted on timeline 1; B's acquisition,
+/// its write and A's release were lost with the old primary.
+async fn the_promoted_server_shows_a_s_tenure_current(
+    promoted: &Store,
+    raw: &tokio_postgres::Client,
+) {
     let status = promoted
         .lease_status("l")
         .await
@@ -435,8 +417,10 @@ async fn a_failover_is_a_fencing_boundary() {
     let tenures = promoted.tenures("l").await.unwrap();
     assert_eq!(tenures.len(), 1, "{tenures:?}");
     assert_eq!(tenures[0].ended_at, None, "{tenures:?}");
+}
 
-    // A's renewal: lost, because of the failover.
+/// A's renewal on the promoted server: lost, because of the failover.
+async fn a_s_renewal_is_lost_to_the_failover(promoted: &Store, a: &Lease) {
     let mut a_after = a.clone();
     match promoted.renew(&mut a_after).await {
         Err(Error::Lost {
@@ -452,34 +436,40 @@ async fn a_failover_is_a_fencing_boundary() {
             panic!("A's renewal after the failover: expected Lost {{ Failover }}, got {other:?}")
         }
     }
+}
 
-    // A's writes: refused as 'failover', whatever their path; nothing of theirs commits.
-    let fence_a = a.fence();
+/// A's writes on the promoted server: refused as 'failover', whatever their path; nothing of theirs commits
+/// (the fenced body does not even run: `ran` stays false).
+async fn a_s_writes_are_refused_as_failover(
+    promoted: &Store,
+    raw: &tokio_postgres::Client,
+    fence_a: &Fence,
+    ran: &Arc<AtomicBool>,
+) {
     for _ in 0..2 {
         assert_stale(
-            promoted.create_task(&fence_a, "a-2", &json!({})).await,
+            promoted.create_task(fence_a, "a-2", &json!({})).await,
             LossReason::Failover,
             1,
             "create_task",
         );
     }
     assert_stale(
-        promoted.claim_task(&fence_a, "a-1", "worker").await,
+        promoted.claim_task(fence_a, "a-1", "worker").await,
         LossReason::Failover,
         1,
         "claim_task",
     );
     assert_stale(
         promoted
-            .append_event(&fence_a, "a-1", "progress", &json!({}))
+            .append_event(fence_a, "a-1", "progress", &json!({}))
             .await,
         LossReason::Failover,
         1,
         "append_event",
     );
-    let ran = Arc::new(AtomicBool::new(false));
     assert_stale(
-        move_shard(&promoted, &fence_a, "a", &ran).await,
+        move_shard_noting_run(promoted, fence_a, "a", ran).await,
         LossReason::Failover,
         1,
         "move_shard",
@@ -488,10 +478,8 @@ async fn a_failover_is_a_fencing_boundary() {
         !ran.load(Ordering::SeqCst),
         "the fenced body ran for a refused fence"
     );
-    let count = |sql: &'static str| {
-        let raw = &raw;
-        async move { raw.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
-    };
+    let count =
+        |sql: &'static str| async move { raw.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) };
     assert_eq!(count("SELECT count(*) FROM shards").await, 0);
     assert_eq!(
         count("SELECT count(*) FROM pgfence.tasks WHERE key = 'a-2'").await,
@@ -503,8 +491,11 @@ async fn a_failover_is_a_fencing_boundary() {
         1,
         "only A's 'created' event from before the failover"
     );
+}
 
-    // Every refusal is audited, aggregated per (lease, presented epoch, operation), with reason 'failover'.
+/// Every refusal of A's writes is audited, aggregated per (lease, presented epoch, operation), with reason
+/// 'failover'.
+async fn a_s_refusals_are_audited_as_failover(promoted: &Store) {
     let mut filter = RejectionFilter::default();
     filter.lease = Some("l".into());
     let rejections = promoted.rejections(&filter).await.unwrap();
@@ -528,19 +519,16 @@ async fn a_failover_is_a_fencing_boundary() {
             ("move_shard".to_owned(), 1),
         ]
     );
+}
 
-    // B's epoch 2 was issued and acknowledged on the old primary but never reached the promoted server: it is
-    // refused there too.
-    let fence_b_lost = b.fence();
-    assert_stale(
-        promoted.create_task(&fence_b_lost, "b-2", &json!({})).await,
-        LossReason::FutureEpoch,
-        2,
-        "create_task",
-    );
-
-    // The next acquisition takes A's tenure over at once (A's ttl has ~a minute left) with an epoch above every
-    // epoch of timeline 1, including B's lost one.
+/// The next acquisition on the promoted server takes A's tenure over at once (A's ttl has ~a minute left) with
+/// an epoch above every epoch of timeline 1, including B's lost one; the tenures record A's as ended by the
+/// failover and each tenure's timeline.
+async fn the_next_acquisition_takes_over_above_every_lost_epoch(
+    promoted: &Store,
+    raw: &tokio_postgres::Client,
+    b: &Lease,
+) {
     let acquiring = Instant::now();
     let next = promoted
         .acquire("l", "b", TTL)
@@ -586,6 +574,52 @@ async fn a_failover_is_a_fencing_boundary() {
         timelines,
         [(1, Some(1)), (FIRST_EPOCH_OF_TIMELINE_2, Some(2))]
     );
+}
+
+/// A failover is a fencing boundary (invariant 7: after a promotion no tenure
+/// current before it can write; invariant 1: epochs keep increasing across the
+/// failover; invariant 4: every refusal is a typed error and an audit row).
+///
+/// Holder A acquires on the primary and writes; the standby replays that and is
+/// then stopped, so it misses what follows: A releases, B acquires epoch 2 and
+/// writes (acknowledged). The primary crashes and the standby is promoted, with
+/// A's release and B's tenure lost. On the promoted server A's tenure looks
+/// current in `pgfence.leases` — yet it was granted on the old timeline, so:
+/// A's renewal is `Lost { Failover }`; A's task writes and a fenced transaction
+/// are `Stale { Failover }`, run nothing and are audited with reason
+/// 'failover'; the next acquisition succeeds at once, without a force-release
+/// or waiting for A's ttl, with the epoch 2^32+1, above B's lost epoch 2; and
+/// A's tenure row ends with 'failover'. B's lost epoch 2 can never write there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_is_a_fencing_boundary() {
+    let (primary, standby, a, b) = a_tenure_the_standby_replayed_and_one_it_missed().await;
+    let promoting = Instant::now();
+    blocking(|| standby.promote()).expect("promote");
+    eprintln!("promotion took {:?}", promoting.elapsed());
+    let promoted = Store::connect(StoreConfig::new(standby.url(), "f"))
+        .await
+        .expect("connect to the promoted server");
+    let raw = client(&standby.url()).await;
+    let identity = promoted.identity().await.expect("identity");
+    assert_eq!(identity.timeline, Some(2), "{identity:?}");
+
+    the_promoted_server_shows_a_s_tenure_current(&promoted, &raw).await;
+    a_s_renewal_is_lost_to_the_failover(&promoted, &a).await;
+    let (fence_a, ran) = (a.fence(), Arc::new(AtomicBool::new(false)));
+    a_s_writes_are_refused_as_failover(&promoted, &raw, &fence_a, &ran).await;
+    a_s_refusals_are_audited_as_failover(&promoted).await;
+
+    // B's epoch 2 was issued and acknowledged on the old primary but never reached the promoted server: it is
+    // refused there too.
+    let fence_b_lost = b.fence();
+    assert_stale(
+        promoted.create_task(&fence_b_lost, "b-2", &json!({})).await,
+        LossReason::FutureEpoch,
+        2,
+        "create_task",
+    );
+
+    the_next_acquisition_takes_over_above_every_lost_epoch(&promoted, &raw, &b).await;
 
     // Both lost epochs stay fenced out after the takeover, now as superseded.
     assert_stale(
@@ -595,7 +629,7 @@ async fn a_failover_is_a_fencing_boundary() {
         "create_task",
     );
     assert_stale(
-        move_shard(&promoted, &fence_a, "a", &ran).await,
+        move_shard_noting_run(&promoted, &fence_a, "a", &ran).await,
         LossReason::Superseded,
         1,
         "move_shard",

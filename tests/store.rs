@@ -12,19 +12,13 @@ use pgfence::{Error, ExpectedIdentity, Store, StoreConfig};
 
 const SENTINEL: &str = "s3cret-Sentinel-pw";
 
-/// A TCP port on loopback that nothing listens on.
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
 /// An unreachable database fails within the connect timeout with the driver's cause, and neither the error nor
 /// the configuration's Debug output contains the password.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_database_reports_the_real_cause_quickly_without_credentials() {
     let url = format!(
         "postgres://app:{SENTINEL}@127.0.0.1:{}/control",
-        closed_port()
+        common::unused_port()
     );
     let config = StoreConfig::new(url, "c");
     assert!(!format!("{config:?}").contains(SENTINEL));

@@ -13,7 +13,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{wait_until_blocked_on_lock, TestDb};
+use common::{median, sqlstate, wait_until_blocked_on_lock, TestDb};
 use pgfence::{Error, Fence, LossReason, Store};
 
 const TTL: Duration = Duration::from_secs(60);
@@ -57,10 +57,6 @@ async fn fence_outcome(
         )
         .await
         .map(|r| (r.get(0), r.get(1)))
-}
-
-fn sqlstate(e: &tokio_postgres::Error) -> String {
-    e.code().map(|c| c.code().to_owned()).unwrap_or_default()
 }
 
 /// Fairness: a takeover that waits for a guarded transaction in flight is not overtaken by a guard of the
@@ -308,6 +304,125 @@ struct StormTally {
     other_errors: Vec<String>,
 }
 
+/// One storm writer: `create_task` of the current tenure (`fence`'s latest) back to back under a 20 ms
+/// statement_timeout, on a session of its own named `storm-<w>`, until `stop`; what became of its writes.
+async fn storm_writer(
+    db: &TestDb,
+    w: usize,
+    rx: &mut tokio::sync::watch::Receiver<Fence>,
+    stop: &std::sync::atomic::AtomicBool,
+) -> StormTally {
+    use std::sync::atomic::Ordering;
+    let mut tally = StormTally::default();
+    let connect = || async {
+        let c = session(db, &format!("storm-{w}")).await;
+        c.batch_execute("SET statement_timeout = '20ms'")
+            .await
+            .unwrap();
+        c
+    };
+    let mut client = connect().await;
+    let mut last_ok = false;
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let fence = rx.borrow_and_update().clone();
+        n += 1;
+        let key = format!("storm-{w}-{n}");
+        let answer = client
+            .query_one(
+                "SELECT outcome FROM pgfence.create_task($1, $2, $3, $4, '{}'::jsonb)",
+                &[
+                    &fence.lease(),
+                    &fence.epoch().get(),
+                    &fence.secret().expose_secret(),
+                    &key,
+                ],
+            )
+            .await;
+        match answer {
+            Ok(row) if row.get::<_, String>(0) == "ok" => {
+                tally.accepted += 1;
+                last_ok = true;
+            }
+            Ok(_) => {
+                tally.refused += 1;
+                last_ok = false;
+            }
+            Err(e) if sqlstate(&e) == "57014" => {
+                tally.timed_out += 1;
+                last_ok = false;
+            }
+            Err(e) if sqlstate(&e) == "57P01" || e.is_closed() => {
+                tally.ended.push(last_ok);
+                client = connect().await;
+                last_ok = false;
+            }
+            Err(e) => {
+                tally.other_errors.push(format!("{e} ({})", sqlstate(&e)));
+                last_ok = false;
+            }
+        }
+    }
+    tally
+}
+
+/// The start of the takeover `taker` runs for `c/storm`, by the database clock (seconds since the epoch): the
+/// first moment `control` sees it holding the intent lock (it waits out the grace for the transaction in
+/// flight, so it is seen); `None` if it finished unseen.
+async fn takeover_start<T>(
+    control: &tokio_postgres::Client,
+    taker: &tokio::task::JoinHandle<T>,
+) -> Option<f64> {
+    let mut start = None;
+    while start.is_none() && !taker.is_finished() {
+        let row = control
+            .query_one(
+                &format!(
+                    "SELECT extract(epoch FROM clock_timestamp())::float8, EXISTS (SELECT 1 FROM pg_locks k \
+                       JOIN pgfence.leases l ON k.objid = (-l.lock_key)::oid AND l.name = 'c/storm' \
+                      WHERE k.locktype = 'advisory' AND k.classid = {} AND k.objsubid = 2 \
+                        AND k.mode = 'ExclusiveLock' AND k.granted)",
+                    common::GUARD_LOCK_CLASS
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        if row.get::<_, bool>(1) {
+            start = Some(row.get::<_, f64>(0));
+        } else {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    start
+}
+
+/// Every accepted storm write of an ended tenure whose commit (created_at, database clock) came later than
+/// `margin` seconds after its takeover began (`started_at`: ended epoch, takeover start).
+async fn accepted_after_their_takeover_began(
+    control: &tokio_postgres::Client,
+    started_at: &[(i64, f64)],
+    margin: f64,
+) -> Vec<String> {
+    let mut slipped = Vec::new();
+    for row in control
+        .query(
+            "SELECT fence, extract(epoch FROM created_at)::float8 FROM pgfence.tasks WHERE key LIKE 'storm-%'",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        let (epoch, at): (i64, f64) = (row.get(0), row.get(1));
+        if let Some((_, start)) = started_at.iter().find(|(e, _)| *e == epoch) {
+            if at > start + margin {
+                slipped.push(format!("epoch {epoch}: accepted {:.3} s after its takeover began", at - start));
+            }
+        }
+    }
+    slipped
+}
+
 /// A takeover under a continuous storm of writes of the ending tenure lets none of them in and completes within
 /// grace + 1 s, every time: `PGFENCE_STORM_ROUNDS` (default 100) takeovers — force_release, the holder's release
 /// and its new acquisition in turn — each behind a guarded transaction left open (so each waits out the grace and
@@ -344,57 +459,7 @@ async fn a_takeover_under_a_write_storm_lets_no_write_in_and_ends_within_its_bou
     for w in 0..WRITERS {
         let (db, mut rx, stop) = (db.clone(), rx.clone(), stop.clone());
         writers.push(tokio::spawn(async move {
-            let mut tally = StormTally::default();
-            let connect = || async {
-                let c = session(&db, &format!("storm-{w}")).await;
-                c.batch_execute("SET statement_timeout = '20ms'")
-                    .await
-                    .unwrap();
-                c
-            };
-            let mut client = connect().await;
-            let mut last_ok = false;
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let fence = rx.borrow_and_update().clone();
-                n += 1;
-                let key = format!("storm-{w}-{n}");
-                let answer = client
-                    .query_one(
-                        "SELECT outcome FROM pgfence.create_task($1, $2, $3, $4, '{}'::jsonb)",
-                        &[
-                            &fence.lease(),
-                            &fence.epoch().get(),
-                            &fence.secret().expose_secret(),
-                            &key,
-                        ],
-                    )
-                    .await;
-                match answer {
-                    Ok(row) if row.get::<_, String>(0) == "ok" => {
-                        tally.accepted += 1;
-                        last_ok = true;
-                    }
-                    Ok(_) => {
-                        tally.refused += 1;
-                        last_ok = false;
-                    }
-                    Err(e) if sqlstate(&e) == "57014" => {
-                        tally.timed_out += 1;
-                        last_ok = false;
-                    }
-                    Err(e) if sqlstate(&e) == "57P01" || e.is_closed() => {
-                        tally.ended.push(last_ok);
-                        client = connect().await;
-                        last_ok = false;
-                    }
-                    Err(e) => {
-                        tally.other_errors.push(format!("{e} ({})", sqlstate(&e)));
-                        last_ok = false;
-                    }
-                }
-            }
-            tally
+            storm_writer(&db, w, &mut rx, &stop).await
         }));
     }
 
@@ -416,24 +481,7 @@ async fn a_takeover_under_a_write_storm_lets_no_write_in_and_ends_within_its_bou
         };
         // The takeover's start, by the database clock: the first moment it is seen holding the intent lock (it
         // waits out the grace for the transaction in flight, so it is seen).
-        let mut start = None;
-        while start.is_none() && !taker.is_finished() {
-            let row = control
-                .query_one(
-                    "SELECT extract(epoch FROM clock_timestamp())::float8, EXISTS (SELECT 1 FROM pg_locks k \
-                       JOIN pgfence.leases l ON k.objid = (-l.lock_key)::oid AND l.name = 'c/storm' \
-                      WHERE k.locktype = 'advisory' AND k.classid = 1885824613 AND k.objsubid = 2 \
-                        AND k.mode = 'ExclusiveLock' AND k.granted)",
-                    &[],
-                )
-                .await
-                .unwrap();
-            if row.get::<_, bool>(1) {
-                start = Some(row.get::<_, f64>(0));
-            } else {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }
+        let start = takeover_start(&control, &taker).await;
         match taker.await.unwrap() {
             Ok(next) => {
                 took.push(t.elapsed());
@@ -457,23 +505,8 @@ async fn a_takeover_under_a_write_storm_lets_no_write_in_and_ends_within_its_bou
     }
 
     // Every accepted write of an ended tenure, against its takeover's start (database clock).
-    let margin = GRACE.as_secs_f64() / 2.0;
-    let mut slipped = Vec::new();
-    for row in control
-        .query(
-            "SELECT fence, extract(epoch FROM created_at)::float8 FROM pgfence.tasks WHERE key LIKE 'storm-%'",
-            &[],
-        )
-        .await
-        .unwrap()
-    {
-        let (epoch, at): (i64, f64) = (row.get(0), row.get(1));
-        if let Some((_, start)) = started_at.iter().find(|(e, _)| *e == epoch) {
-            if at > start + margin {
-                slipped.push(format!("epoch {epoch}: accepted {:.3} s after its takeover began", at - start));
-            }
-        }
-    }
+    let slipped =
+        accepted_after_their_takeover_began(&control, &started_at, GRACE.as_secs_f64() / 2.0).await;
     took.sort();
     let p = |q: f64| took[((took.len() - 1) as f64 * q).round() as usize];
     let accepted: u64 = tallies.iter().map(|t| t.accepted).sum();
@@ -701,8 +734,7 @@ async fn guards_refuse_to_decide_outside_read_committed() {
     rr.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
         .await
         .unwrap();
-    store.force_release("iso").await.unwrap();
-    let second = store.acquire("iso", "b", TTL).await.unwrap();
+    let second = common::fixture::take_over(&store, "iso", "b").await;
     for fence in [first.fence(), second.fence()] {
         let epoch = fence.epoch();
         let err = fence_outcome(&rr, &fence).await.unwrap_err();
@@ -997,11 +1029,6 @@ async fn throughput(guard: Guard, writers: usize, secs: u64) -> (f64, f64) {
     )
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
 /// The README's takeover table. It prints the figures, and asserts only a loose bound for the guard as built
 /// (p99 within twice the in-flight transaction's hold + 20 ms: on 2 cores the longest transaction in flight runs
 /// longer than its nominal hold).
@@ -1052,16 +1079,16 @@ async fn measure_guard_throughput_and_multixacts() {
             r.push(tp);
             rm.push(mx);
         }
-        let ratios: Vec<f64> = a.iter().zip(&r).map(|(a, r)| a / r).collect();
+        let mut ratios: Vec<f64> = a.iter().zip(&r).map(|(a, r)| a / r).collect();
         println!(
             "| {writers} | {:.0} | {:.0} | {:.2} | {:.3} | {:.3} |",
-            median(a),
-            median(r),
-            median(ratios),
-            median(am.clone()),
-            median(rm)
+            median(&mut a),
+            median(&mut r),
+            median(&mut ratios),
+            median(&mut am),
+            median(&mut rm)
         );
-        assert!(median(am) < 0.001, "MultiXacts per guarded write");
+        assert!(median(&mut am) < 0.001, "MultiXacts per guarded write");
     }
 }
 

@@ -8,7 +8,10 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{client_as, guarded_writes_per_second, median, role, store_as, url_as, TestDb};
+use common::fixture::{app_role, app_store, take_over};
+use common::{
+    client_as, guarded_writes_per_second, median, role, sqlstate, store_as, url_as, TestDb,
+};
 use pgfence::{DenyReason, Error, Store, StoreConfig};
 use proptest::prelude::*;
 use serde_json::json;
@@ -18,19 +21,10 @@ const TTL: Duration = Duration::from_secs(60);
 /// A fresh database with two application roles, both granted cluster `c`, and a store of `c` logged in as each.
 async fn two_applications() -> (TestDb, String, String, Store, Store) {
     let db = TestDb::new().await;
-    let (app, app2) = (role(&db, "app").await, role(&db, "app2").await);
     let owner = db.store("c").await;
-    owner.grant_application(&app, Some("c")).await.unwrap();
-    owner.grant_application(&app2, Some("c")).await.unwrap();
-    let (s1, s2) = (
-        store_as(&db, &app, "c").await,
-        store_as(&db, &app2, "c").await,
-    );
+    let (app, s1) = app_store(&db, &owner, "app", "c").await;
+    let (app2, s2) = app_store(&db, &owner, "app2", "c").await;
     (db, app, app2, s1, s2)
-}
-
-fn sqlstate(err: &tokio_postgres::Error) -> String {
-    err.code().map(|c| c.code().to_owned()).unwrap_or_default()
 }
 
 fn denied(result: Result<impl std::fmt::Debug, Error>, expected: DenyReason, what: &str) {
@@ -56,26 +50,9 @@ async fn audit(db: &TestDb) -> Vec<(String, String, String, String, String, i64)
         .collect()
 }
 
-/// A second application role, granted another cluster, cannot acquire, renew, release, write under, fence,
-/// force-release or read the first cluster's leases — even knowing holder, epoch and secret — and every
-/// refusal is a typed error (`Denied { NoGrant }`) and one aggregated audit row under the refused role. Its own
-/// cluster works as usual, and the first role's lease is untouched.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_role_cannot_touch_or_read_another_clusters_leases() {
-    let db = TestDb::new().await;
-    let (app, app2) = (role(&db, "app").await, role(&db, "app2").await);
-    let owner = db.store("a").await;
-    owner.grant_application(&app, Some("a")).await.unwrap();
-    owner.grant_application(&app2, Some("b")).await.unwrap();
-
-    let a = store_as(&db, &app, "a").await;
-    let lease = a.acquire("sched", "pod-a", TTL).await.unwrap();
-    a.create_task(&lease.fence(), "job", &json!({}))
-        .await
-        .unwrap();
-
-    // app2 pointed at cluster a, with everything a leaked fence carries.
-    let intruder = store_as(&db, &app2, "a").await;
+/// Every call of a store of cluster a logged in as a role granted only cluster b, with everything `lease`'s
+/// leaked fence carries, is refused as `Denied { NoGrant }`.
+async fn every_call_of_another_clusters_role_is_denied(intruder: &Store, lease: &pgfence::Lease) {
     let fence = lease.fence();
     denied(
         intruder.acquire("sched", "pod-x", TTL).await,
@@ -94,7 +71,7 @@ async fn a_role_cannot_touch_or_read_another_clusters_leases() {
         "renew",
     );
     denied(
-        intruder.release(&lease).await,
+        intruder.release(lease).await,
         DenyReason::NoGrant,
         "release",
     );
@@ -115,21 +92,15 @@ async fn a_role_cannot_touch_or_read_another_clusters_leases() {
         DenyReason::NoGrant,
         "fenced",
     );
-    // force_release without operator rights: refused like every other call without the right ('no_grant').
-    let raw = client_as(&db, &app2).await;
-    let forced = raw
-        .query_one(
-            "SELECT outcome, reason FROM pgfence.force_release('a/sched')",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        (forced.get::<_, String>(0), forced.get::<_, String>(1)),
-        ("refused".to_owned(), "no_grant".to_owned())
-    );
+}
 
-    // Reads: row-level security shows nothing of cluster a.
+/// Row-level security shows the role `who` (through its raw client and its store of cluster a) nothing of
+/// cluster a — not even through an error raised by its own condition on a view — and no tenure secret at all.
+async fn another_clusters_role_reads_nothing(
+    raw: &tokio_postgres::Client,
+    intruder: &Store,
+    who: &str,
+) {
     for table in [
         "pgfence.leases",
         "pgfence.tenures",
@@ -142,7 +113,7 @@ async fn a_role_cannot_touch_or_read_another_clusters_leases() {
             .await
             .unwrap()
             .get(0);
-        assert_eq!(n, 0, "{table} as {app2}");
+        assert_eq!(n, 0, "{table} as {who}");
     }
     // Not even through an error raised by the caller's own condition on the view (it would quote the row).
     let through_error = raw
@@ -162,6 +133,43 @@ async fn a_role_cannot_touch_or_read_another_clusters_leases() {
         .await
         .unwrap_err();
     assert_eq!(sqlstate(&secrets), "42501");
+}
+
+/// A second application role, granted another cluster, cannot acquire, renew, release, write under, fence,
+/// force-release or read the first cluster's leases — even knowing holder, epoch and secret — and every
+/// refusal is a typed error (`Denied { NoGrant }`) and one aggregated audit row under the refused role. Its own
+/// cluster works as usual, and the first role's lease is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_cannot_touch_or_read_another_clusters_leases() {
+    let db = TestDb::new().await;
+    let owner = db.store("a").await;
+    let app = app_role(&db, &owner, "app", Some("a")).await;
+    let app2 = app_role(&db, &owner, "app2", Some("b")).await;
+
+    let a = store_as(&db, &app, "a").await;
+    let lease = a.acquire("sched", "pod-a", TTL).await.unwrap();
+    a.create_task(&lease.fence(), "job", &json!({}))
+        .await
+        .unwrap();
+
+    // app2 pointed at cluster a, with everything a leaked fence carries.
+    let intruder = store_as(&db, &app2, "a").await;
+    every_call_of_another_clusters_role_is_denied(&intruder, &lease).await;
+    // force_release without operator rights: refused like every other call without the right ('no_grant').
+    let raw = client_as(&db, &app2).await;
+    let forced = raw
+        .query_one(
+            "SELECT outcome, reason FROM pgfence.force_release('a/sched')",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (forced.get::<_, String>(0), forced.get::<_, String>(1)),
+        ("refused".to_owned(), "no_grant".to_owned())
+    );
+
+    another_clusters_role_reads_nothing(&raw, &intruder, &app2).await;
 
     // Nothing moved: the tenure is app's, live, with one task.
     let status = a.lease_status("sched").await.unwrap().unwrap();
@@ -220,51 +228,16 @@ async fn a_role_cannot_touch_or_read_another_clusters_leases() {
     assert_eq!(app_view, 0, "a role-scope row is its role's own");
 }
 
-/// Knowing (lease, epoch) is not enough: a fence with the current epoch and a wrong secret is refused
-/// (`Denied { BadSecret }`, SQL outcome 'refused') for every guarded write, renewal and release, even by the
-/// role that holds the lease, and audited as 'bad_secret'; a missing (NULL) one is bad input (22023, not
-/// audited); the tenure stays live and its real fence still writes.
-/// The secret never shows in Debug, errors or the audit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forged_fence_cannot_write_renew_or_release() {
-    let db = TestDb::new().await;
-    let app = role(&db, "app").await;
-    db.store("c")
-        .await
-        .grant_application(&app, Some("c"))
-        .await
-        .unwrap();
-    let store = store_as(&db, &app, "c").await;
-    let lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
-    let real = lease.fence();
-    store.create_task(&real, "job", &json!({})).await.unwrap();
-    let secret = real.secret().expose_secret().to_owned();
-
-    let forged = pgfence::Fence::new(real.lease(), real.epoch(), common::forged_secret()).unwrap();
-    denied(
-        store.create_task(&forged, "evil", &json!({})).await,
-        DenyReason::BadSecret,
-        "create_task",
-    );
-    denied(
-        store.claim_task(&forged, "job", "evil").await,
-        DenyReason::BadSecret,
-        "claim_task",
-    );
-    denied(
-        store.append_event(&forged, "job", "evil", &json!({})).await,
-        DenyReason::BadSecret,
-        "append_event",
-    );
-    denied(
-        store
-            .fenced(&forged, "evil", async |_conn| Ok::<_, Error>(()))
-            .await,
-        DenyReason::BadSecret,
-        "fenced",
-    );
-    // The one-statement path, on a table of the application's: refused and audited, nothing written — and as an
-    // application role, a statement not gated on the verdict fails whole (PF006), never with a missing privilege.
+/// The one-statement path, on a table of the application's: a forged fence is refused and audited and writes
+/// nothing — and as an application role, a statement not gated on the verdict fails whole (PF006), never with a
+/// missing privilege; the real fence writes.
+async fn a_forged_one_statement_write_is_refused(
+    db: &TestDb,
+    store: &Store,
+    app: &str,
+    forged: &pgfence::Fence,
+    real: &pgfence::Fence,
+) {
     db.client()
         .await
         .batch_execute(&format!(
@@ -279,34 +252,32 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
         )
     };
     denied(
-        store.guarded_write(&forged, "evil", gated()).await,
+        store.guarded_write(forged, "evil", gated()).await,
         DenyReason::BadSecret,
         "guarded_write",
     );
     let ungated = store
         .guarded_write(
-            &forged,
+            forged,
             "evil",
             diesel::sql_query("UPDATE shards SET owner = 'evil' WHERE id = 1 -- pgfence_guard"),
         )
         .await
         .unwrap_err();
     assert_eq!(ungated.sqlstate(), Some("PF006"), "{ungated}");
-    assert_eq!(
-        store.guarded_write(&real, "move", gated()).await.unwrap(),
-        1
-    );
+    assert_eq!(store.guarded_write(real, "move", gated()).await.unwrap(), 1);
     assert_eq!(
         db.scalar("SELECT count(*) FROM shards WHERE owner = 'evil'")
             .await,
         1,
         "only the real fence wrote"
     );
+}
 
-    // Through SQL: a wrong, an empty and an absurdly long secret. (A missing one, NULL, is bad input: 22023,
-    // nothing audited, below.)
-    let raw = client_as(&db, &app).await;
-    let epoch = lease.epoch().get();
+/// Through SQL, as `raw` (the holder's role): a wrong, an empty and an absurdly long secret for `c/sched` at
+/// `epoch` are refused by the guard, renew and release alike; a missing one (NULL) is bad input: 22023, nothing
+/// audited.
+async fn forged_secrets_through_sql_are_refused(raw: &tokio_postgres::Client, epoch: i64) {
     for (label, presented) in [
         ("wrong", "f".repeat(64)),
         ("empty", String::new()),
@@ -350,6 +321,48 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
         let err = raw.query_one(sql, &[&epoch, &missing]).await.unwrap_err();
         assert_eq!(sqlstate(&err), "22023", "{sql}: {err}");
     }
+}
+
+/// Knowing (lease, epoch) is not enough: a fence with the current epoch and a wrong secret is refused
+/// (`Denied { BadSecret }`, SQL outcome 'refused') for every guarded write, renewal and release, even by the
+/// role that holds the lease, and audited as 'bad_secret'; a missing (NULL) one is bad input (22023, not
+/// audited); the tenure stays live and its real fence still writes.
+/// The secret never shows in Debug, errors or the audit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_fence_cannot_write_renew_or_release() {
+    let db = TestDb::new().await;
+    let owner = db.store("c").await;
+    let (app, store) = app_store(&db, &owner, "app", "c").await;
+    let lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
+    let real = lease.fence();
+    store.create_task(&real, "job", &json!({})).await.unwrap();
+    let secret = real.secret().expose_secret().to_owned();
+
+    let forged = pgfence::Fence::new(real.lease(), real.epoch(), common::forged_secret()).unwrap();
+    denied(
+        store.create_task(&forged, "evil", &json!({})).await,
+        DenyReason::BadSecret,
+        "create_task",
+    );
+    denied(
+        store.claim_task(&forged, "job", "evil").await,
+        DenyReason::BadSecret,
+        "claim_task",
+    );
+    denied(
+        store.append_event(&forged, "job", "evil", &json!({})).await,
+        DenyReason::BadSecret,
+        "append_event",
+    );
+    denied(
+        store
+            .fenced(&forged, "evil", async |_conn| Ok::<_, Error>(()))
+            .await,
+        DenyReason::BadSecret,
+        "fenced",
+    );
+    a_forged_one_statement_write_is_refused(&db, &store, &app, &forged, &real).await;
+    forged_secrets_through_sql_are_refused(&client_as(&db, &app).await, lease.epoch().get()).await;
 
     // The tenure is live and the real fence writes.
     let status = store.lease_status("sched").await.unwrap().unwrap();
@@ -674,6 +687,72 @@ async fn grant_refuses_public_pseudo_predefined_and_superuser_roles() {
     assert_eq!(db.scalar("SELECT count(*) FROM pgfence.grants").await, 0);
 }
 
+/// A trigger on a pgfence table would run as the owner inside every pgfence function: TRIGGER (like TRUNCATE
+/// and REFERENCES) is revoked by every grant, and a trigger pgfence did not create is dropped — here the one
+/// `careless` (through `raw`) made after a DBA gave it TRIGGER, at `owner`'s next grant.
+async fn a_grant_drops_a_foreign_trigger_and_its_privileges(
+    db: &TestDb,
+    owner: &Store,
+    raw: &tokio_postgres::Client,
+    careless: &str,
+) {
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "GRANT TRIGGER, TRUNCATE ON pgfence.rejections, pgfence.tenures TO {careless}"
+        ))
+        .await
+        .unwrap();
+    raw.batch_execute(
+        "CREATE FUNCTION pg_temp.evil() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$; \
+         CREATE TRIGGER zz_evil BEFORE INSERT ON pgfence.rejections FOR EACH ROW EXECUTE FUNCTION pg_temp.evil()",
+    )
+    .await
+    .unwrap();
+    app_role(db, owner, "other", Some("c")).await;
+    let left: i64 = db
+        .scalar(&format!(
+            "SELECT (SELECT count(*) FROM pg_trigger WHERE tgname = 'zz_evil') \
+                  + (SELECT count(*) FROM unnest(ARRAY['pgfence.rejections', 'pgfence.tenures']) t \
+                      WHERE has_table_privilege('{careless}', t, 'TRIGGER') \
+                         OR has_table_privilege('{careless}', t, 'TRUNCATE'))"
+        ))
+        .await;
+    assert_eq!(
+        left, 0,
+        "the foreign trigger and the dangerous privileges are gone"
+    );
+}
+
+/// Raw writes (by `careless`, through `raw`) of a cluster the role has no grant on: refused before anything of
+/// it is read, so the refusal names no holder of it.
+async fn a_raw_write_of_another_cluster_is_refused_unread(
+    db: &TestDb,
+    raw: &tokio_postgres::Client,
+    careless: &str,
+) {
+    let foreign = db.store("other").await;
+    foreign.acquire("x", "secret-holder", TTL).await.unwrap();
+    db.client()
+        .await
+        .batch_execute(&format!("GRANT INSERT ON pgfence.tasks TO {careless}"))
+        .await
+        .unwrap();
+    let err = raw
+        .execute(
+            "INSERT INTO pgfence.tasks (lease, key, state, fence) VALUES ('other/x', 'k', 'pending', 1)",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "PF001");
+    let text = format!("{err:?}");
+    assert!(
+        text.contains("no_grant") && !text.contains("secret-holder"),
+        "{text}"
+    );
+}
+
 /// Enforcement covers every pgfence table: a role a DBA gave table privileges on leases, tenures, rejections and
 /// grants cannot roll an epoch back, change a holder, delete tenures or rejections, or grant itself a cluster —
 /// row-level security leaves it no row to change (whatever enforcement says), and with enforcement on its
@@ -681,9 +760,8 @@ async fn grant_refuses_public_pseudo_predefined_and_superuser_roles() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_role_but_the_owner_writes_pgfence_tables() {
     let db = TestDb::new().await;
-    let careless = role(&db, "careless").await;
     let owner = db.store("c").await;
-    owner.grant_application(&careless, Some("c")).await.unwrap();
+    let careless = app_role(&db, &owner, "careless", Some("c")).await;
     let lease = owner.acquire("sched", "pod-a", TTL).await.unwrap();
     owner
         .create_task(&lease.fence(), "job", &json!({}))
@@ -758,57 +836,8 @@ async fn no_role_but_the_owner_writes_pgfence_tables() {
             .unwrap_err();
         assert_eq!(sqlstate(&truncate), "PF001", "{truncate}");
     }
-    // A trigger on a pgfence table would run as the owner inside every pgfence function: TRIGGER (like TRUNCATE
-    // and REFERENCES) is revoked by every grant, and a trigger pgfence did not create is dropped.
-    db.client()
-        .await
-        .batch_execute(&format!(
-            "GRANT TRIGGER, TRUNCATE ON pgfence.rejections, pgfence.tenures TO {careless}"
-        ))
-        .await
-        .unwrap();
-    raw.batch_execute(
-        "CREATE FUNCTION pg_temp.evil() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$; \
-         CREATE TRIGGER zz_evil BEFORE INSERT ON pgfence.rejections FOR EACH ROW EXECUTE FUNCTION pg_temp.evil()",
-    )
-    .await
-    .unwrap();
-    let other = role(&db, "other").await;
-    owner.grant_application(&other, Some("c")).await.unwrap();
-    let left: i64 = db
-        .scalar(&format!(
-            "SELECT (SELECT count(*) FROM pg_trigger WHERE tgname = 'zz_evil') \
-                  + (SELECT count(*) FROM unnest(ARRAY['pgfence.rejections', 'pgfence.tenures']) t \
-                      WHERE has_table_privilege('{careless}', t, 'TRIGGER') \
-                         OR has_table_privilege('{careless}', t, 'TRUNCATE'))"
-        ))
-        .await;
-    assert_eq!(
-        left, 0,
-        "the foreign trigger and the dangerous privileges are gone"
-    );
-
-    // Raw writes of a cluster the role has no grant on: refused before anything of it is read.
-    let foreign = db.store("other").await;
-    foreign.acquire("x", "secret-holder", TTL).await.unwrap();
-    db.client()
-        .await
-        .batch_execute(&format!("GRANT INSERT ON pgfence.tasks TO {careless}"))
-        .await
-        .unwrap();
-    let err = raw
-        .execute(
-            "INSERT INTO pgfence.tasks (lease, key, state, fence) VALUES ('other/x', 'k', 'pending', 1)",
-            &[],
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(sqlstate(&err), "PF001");
-    let text = format!("{err:?}");
-    assert!(
-        text.contains("no_grant") && !text.contains("secret-holder"),
-        "{text}"
-    );
+    a_grant_drops_a_foreign_trigger_and_its_privileges(&db, &owner, &raw, &careless).await;
+    a_raw_write_of_another_cluster_is_refused_unread(&db, &raw, &careless).await;
 
     // With enforcement on the functions still write every table.
     let status = owner.lease_status("sched").await.unwrap().unwrap();
@@ -817,8 +846,7 @@ async fn no_role_but_the_owner_writes_pgfence_tables() {
         .acquire("sched", "pod-b", Duration::from_millis(200))
         .await;
     assert!(matches!(next, Err(Error::Held { .. })));
-    owner.force_release("sched").await.unwrap();
-    let next = owner.acquire("sched", "pod-b", TTL).await.unwrap();
+    let next = take_over(&owner, "sched", "pod-b").await;
     owner
         .create_task(&next.fence(), "job-2", &json!({}))
         .await
@@ -836,12 +864,8 @@ async fn no_role_but_the_owner_writes_pgfence_tables() {
 async fn release_notifications_name_no_lease() {
     use futures_util::StreamExt;
     let db = TestDb::new().await;
-    let outsider = role(&db, "outsider").await;
     let owner = db.store("secret-cluster").await;
-    owner
-        .grant_application(&outsider, Some("other"))
-        .await
-        .unwrap();
+    let outsider = app_role(&db, &owner, "outsider", Some("other")).await;
     let (client, mut connection) =
         tokio_postgres::connect(&url_as(&db, &outsider), tokio_postgres::NoTls)
             .await
@@ -1083,12 +1107,7 @@ async fn measure_trust_boundary_cost() {
         if !patch.is_empty() {
             db.client().await.batch_execute(patch).await.unwrap();
         }
-        let app = role(&db, "app").await;
-        db.store("c")
-            .await
-            .grant_application(&app, Some("c"))
-            .await
-            .unwrap();
+        let app = app_role(&db, &db.store("c").await, "app", Some("c")).await;
         let store =
             Store::connect(StoreConfig::new(url_as(&db, &app), "c").pool_size(writers as u32))
                 .await
@@ -1132,11 +1151,9 @@ async fn measure_bogus_flood() {
     let flood_for = env_secs("PGFENCE_FLOOD_SECS", 60);
     let alone_for = env_secs("PGFENCE_ALONE_SECS", 20);
     let db = TestDb::new().await;
-    let (app, flooder) = (role(&db, "app").await, role(&db, "flooder").await);
     let owner = db.store("c").await;
-    owner.grant_application(&app, Some("c")).await.unwrap();
-    owner.grant_application(&flooder, Some("c")).await.unwrap();
-    let leader = store_as(&db, &app, "c").await;
+    let (_, leader) = app_store(&db, &owner, "app", "c").await;
+    let flooder = app_role(&db, &owner, "flooder", Some("c")).await;
     let fence = leader
         .acquire("hot", "leader", Duration::from_secs(3600))
         .await

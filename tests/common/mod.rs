@@ -3,6 +3,7 @@
 //! migrated once.
 #![allow(dead_code)]
 
+pub mod fixture;
 pub mod proxy;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -578,10 +579,80 @@ pub async fn owned_db() -> (TestDb, String) {
 }
 
 /// The median (the upper one of an even count); sorts `values`.
-#[allow(dead_code)]
 pub fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     values[values.len() / 2]
+}
+
+/// The median as statistics defines it: the mean of the middle pair for an even count (an even number of
+/// paired rounds has no middle round to pick). Sorts `values`.
+pub fn midpoint_median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// The class (first key) of the guard's transaction-level advisory locks: `(GUARD_LOCK_CLASS, lock_key)` is a
+/// lease's guard lock, `(GUARD_LOCK_CLASS, -lock_key)` its takeover-intent lock; the tests find them in
+/// `pg_locks` by it (there it is the `classid`, an oid of the same value). Its four bytes spell "pgfe".
+pub const GUARD_LOCK_CLASS: i32 = 1_885_824_613;
+
+/// The SQLSTATE of a driver error, or "" for an error the server did not send (a broken connection).
+pub fn sqlstate(err: &tokio_postgres::Error) -> String {
+    err.code().map(|c| c.code().to_owned()).unwrap_or_default()
+}
+
+/// A loopback port that nothing listens on (bound, read and released at once): connections to it are refused,
+/// and a server about to start may listen on it.
+pub fn unused_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Whether a TCP connection to `port` on loopback succeeds within 200 ms: a server listens there.
+pub fn port_accepts(port: u16) -> bool {
+    let addr = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port));
+    std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+}
+
+/// The application's own table of the fenced-transaction tests: which owner each shard belongs to.
+pub const SHARDS_TABLE: &str = "CREATE TABLE shards (id int PRIMARY KEY, owner text NOT NULL)";
+
+/// The application's write inside a fenced transaction: shard 1 belongs to `owner` (an upsert on
+/// [`SHARDS_TABLE`]); the row count.
+pub async fn write_shard_owner(
+    conn: &mut diesel_async::AsyncPgConnection,
+    owner: String,
+) -> Result<usize, diesel::result::Error> {
+    use diesel::sql_types::Text;
+    use diesel_async::RunQueryDsl;
+    diesel::sql_query(
+        "INSERT INTO shards VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET owner = EXCLUDED.owner",
+    )
+    .bind::<Text, _>(owner)
+    .execute(conn)
+    .await
+}
+
+/// A fenced transaction that moves shard 1 to `owner` ([`write_shard_owner`]).
+pub async fn move_shard(
+    store: &Store,
+    fence: &pgfence::Fence,
+    owner: &str,
+) -> Result<usize, pgfence::Error> {
+    let owner = owner.to_owned();
+    store
+        .fenced(fence, "move_shard", async move |conn| {
+            Ok::<_, pgfence::Error>(write_shard_owner(conn, owner).await?)
+        })
+        .await
 }
 
 /// Guarded writes (`Store::append_event`, each of `writers` tasks on its own task of one lease) for `duration`:

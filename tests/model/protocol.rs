@@ -270,7 +270,7 @@ pub enum Mode {
     Exclusive,
 }
 
-/// The lease's guard lock: the transaction-level advisory lock (1885824613, lock_key), with PostgreSQL's
+/// The lease's guard lock: the transaction-level advisory lock (`GUARD_LOCK_CLASS`, lock_key), with PostgreSQL's
 /// heavyweight lock queue (a request waits if it conflicts with a granted lock or with an earlier waiter).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct GuardLock {
@@ -484,7 +484,7 @@ pub enum Action {
     /// and `_guard` runs — its unlocked pre-check now, in the same step.
     AdmitFast(Pid),
     /// `_guard`: the intent probe (`pg_try_advisory_lock_shared` + `pg_advisory_unlock_shared` of
-    /// (1885824613, -lock_key)) and `pg_try_advisory_xact_lock_shared` of the guard lock, one expression; both
+    /// (`GUARD_LOCK_CLASS`, -lock_key)) and `pg_try_advisory_xact_lock_shared` of the guard lock, one expression; both
     /// free: the fresh read follows; else `_await_takeover`.
     GuardLockShared(Pid),
     /// `_await_takeover`: `pg_advisory_xact_lock_shared` of the intent lock granted (the takeover ended) and
@@ -1166,7 +1166,7 @@ impl Protocol {
                     };
                     self.finish_control(&mut s, p, reply, sent);
                 } else {
-                    // `_take_guard_lock`: the intent lock EXCLUSIVE first (`pg_try_advisory_xact_lock(1885824613,
+                    // `_take_guard_lock`: the intent lock EXCLUSIVE first (`pg_try_advisory_xact_lock(GUARD_LOCK_CLASS,
                     // -lock_key)`: free, since takeovers hold the row lock first and guards only probe it).
                     if !self.cfg.weak(Weakening::TakeoverWithoutIntentLock) {
                         s.intent = Some(p);

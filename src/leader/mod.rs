@@ -38,6 +38,7 @@
 //! | `assign` | [`assign`](assign()): the balanced assignment every member computes from the same roster; [`shard_of`] |
 
 use std::future::Future;
+use std::pin::Pin;
 
 use crate::error::Result;
 use crate::membership::{MemberSpec, Roster};
@@ -65,6 +66,10 @@ pub use run::{run_with_leadership, Ended, LeaderContext, LeadershipOptions, Tenu
 pub use supervisor::{
     BoxError, GroupStatus, Readiness, Shard, Spread, Supervisor, SupervisorStatus,
 };
+
+/// A boxed, sendable future: what the runtime's object-safe hooks (a held lease's release, a membership's leave,
+/// a supervised controller's factory) return.
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// Gauge `pgfence_leader{lease}`: 1 while this process holds a tenure of the lease, 0 once it ended. Described
 /// by [`describe_metrics`](crate::describe_metrics).

@@ -7,7 +7,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,7 +28,8 @@ use super::{
 use crate::error::{Error, Result};
 use crate::membership::{validate_group, MemberSpec, Roster, MAX_SHARDS};
 
-pub(super) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+/// The leadership module's boxed future, also reachable by this path for the elector modules that name it so.
+pub(super) use super::BoxFuture;
 
 /// The error type of supervised controllers.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -588,7 +588,7 @@ MUTATIONS: list[Mutation] = [
         "assignment-not-sticky",
         "the assignment ignores who holds each name (a plain greedy by score): a join moves more than the "
         "minimum, and names move between members that stay",
-        [Edit("src/leader/assign.rs", "        for (m, names) in held.iter_mut().enumerate() {",
+        [Edit("src/leader/assign/mod.rs", "        for (m, names) in held.iter_mut().enumerate() {",
               "        for (m, names) in held.iter_mut().enumerate().filter(|_| false) {")],
         [cargo_unit_test("leader::assign"),
          cargo_test("spread", "three_replicas_lead_four_each_and_a_fourth_takes_exactly_three")],

@@ -396,8 +396,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "deadline-from-receive-time",
         "the local deadline counts the ttl from when the reply arrived, not from when the statement was sent",
-        [Edit("src/lease.rs", "local_deadline: sent + ttl,", "local_deadline: Instant::now() + ttl,"),
-         Edit("src/lease.rs", "lease.local_deadline = sent + lease.ttl;",
+        [Edit("src/lease/calls.rs", "local_deadline: sent + ttl,", "local_deadline: Instant::now() + ttl,"),
+         Edit("src/lease/calls.rs", "lease.local_deadline = sent + lease.ttl;",
               "lease.local_deadline = Instant::now() + lease.ttl;"),
          Edit("src/leader/pg.rs", "None => member.renewed(sent),", "None => member.renewed(Instant::now()),")],
         [cargo_test("lease"), cargo_test("leader")],

@@ -6,14 +6,12 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use diesel::sql_types::Text;
 
-use super::rows::{
-    sql, ttl_ms, unexpected_reply, LeaseReply, LeaseResultRow, LeaseStatusRow, STATUS_SQL,
-};
+use super::rows::{sql, unexpected_reply, LeaseReply, LeaseResultRow, LeaseStatusRow, STATUS_SQL};
 use super::{ForceReleased, Lease, LeaseStatus, Released};
 use crate::error::{DenyReason, Error, Result};
 use crate::reply::RowsOf;
 use crate::store::Store;
-use crate::validate::{validate_holder, validate_name};
+use crate::validate::{ttl_ms, validate_holder, validate_name};
 
 impl Store {
     /// Acquires `name` for `holder` by compare-and-set: succeeds when the lease is new, released or expired by

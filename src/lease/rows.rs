@@ -10,7 +10,7 @@ use diesel::QueryableByName;
 use super::{LeaseState, LeaseStatus, TenureSecret};
 use crate::error::{DenyReason, Error, Result};
 use crate::reply::{deny_reason, is_denial, loss_reason, unexpected};
-use crate::types::{Epoch, LossReason, MAX_TTL, MIN_TTL};
+use crate::types::{Epoch, LossReason};
 
 /// The lease functions, each called as `SELECT * FROM pgfence.f(…)` ([`RowsOf`]) and answered by one
 /// [`LeaseResultRow`].
@@ -147,16 +147,6 @@ impl LeaseResultRow {
 /// The error for a reply that `pgfence.<function>` gives, but not to this call.
 pub(super) fn unexpected_reply(function: &str, reply: &LeaseReply) -> Error {
     unexpected(function, &format!("outcome {}", reply.outcome()))
-}
-
-pub(super) fn ttl_ms(ttl: Duration) -> Result<i64> {
-    if ttl < MIN_TTL || ttl > MAX_TTL {
-        return Err(Error::invalid(
-            "ttl",
-            format!("must be between {MIN_TTL:?} and {MAX_TTL:?}, got {ttl:?}"),
-        ));
-    }
-    Ok(ttl.as_millis() as i64)
 }
 
 pub(super) fn ms(value: Option<i64>) -> Duration {

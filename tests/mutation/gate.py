@@ -542,7 +542,7 @@ MUTATIONS: list[Mutation] = [
         "review-certain-at-the-latest-placement",
         "the review calls an overlap certain when only the latest placement of the belief's end is after the "
         "successor's acquisition (the clock bounds ignored)",
-        [Edit("src/history.rs", "if end.earliest.is_some_and(|e| e > next.acquired_at)",
+        [Edit("src/history/review.rs", "if end.earliest.is_some_and(|e| e > next.acquired_at)",
               "if end.latest > next.acquired_at")],
         [cargo_unit_test("history::"),
          cargo_test("overlap", "a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_refusals")],
@@ -550,7 +550,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "review-ignores-refusals",
         "the review does not count the audit's refusals after the successor's acquisition as proof of an overlap",
-        [Edit("src/history.rs", "&& r.last_rejected_at >= next.acquired_at", "&& r.last_rejected_at < next.acquired_at")],
+        [Edit("src/history/review.rs", "&& r.last_rejected_at >= next.acquired_at", "&& r.last_rejected_at < next.acquired_at")],
         [cargo_test("overlap", "a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_refusals"),
          cargo_unit_test("history::")],
     ),

@@ -22,7 +22,6 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::lease::TenureSecret;
 use crate::reply::unexpected;
-use crate::types::MAX_TTL;
 use crate::validate::{check_text, validate_name};
 
 mod calls;
@@ -176,7 +175,7 @@ impl Member {
             member: member.to_owned(),
             incarnation,
             secret,
-            ttl: MAX_TTL,
+            ttl: crate::types::MAX_TTL,
             settled: true,
             local_deadline,
         }

@@ -70,9 +70,9 @@ pub enum LossReason {
     UnknownLease,
     /// The presented epoch was never issued.
     FutureEpoch,
-    /// The epoch matches but the holder does not. No pgfence function gives it any more (a renewal or release
-    /// presents the tenure's secret, which identifies the tenure and so its holder); kept so that code matching
-    /// on it still compiles.
+    /// The epoch matches but the holder does not. No pgfence function gives it: a renewal or release presents
+    /// the tenure's secret, which identifies the tenure and so its holder. It stays in the enum for code that
+    /// matches on it.
     HolderMismatch,
     /// The target row was already written by a newer epoch (its fence is higher).
     RowFence,

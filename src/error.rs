@@ -164,7 +164,7 @@ pub enum Error {
         /// The member name.
         member: String,
         /// Why.
-        reason: crate::membership::MemberLoss,
+        reason: crate::types::MemberLoss,
     },
 
     /// The task does not exist under this lease.

@@ -14,19 +14,18 @@
 //! | `rows` | the SQL functions' declarations and their replies, decoded in one place |
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::lease::TenureSecret;
-use crate::reply::unexpected;
 use crate::validate::{check_text, validate_name};
 
 mod calls;
 mod rows;
 
+pub use crate::types::MemberLoss;
 pub(crate) use rows::{MemberReply, MemberResultRow};
 
 /// The largest accepted member weight (capacity); the smallest is 1.
@@ -225,52 +224,6 @@ impl Member {
     pub(crate) fn renewed(&mut self, sent: Instant, settled: bool) {
         self.settled = settled;
         self.local_deadline = sent + self.ttl;
-    }
-}
-
-/// Why the database no longer counts a membership (a heartbeat's refusal).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum MemberLoss {
-    /// The group has no member of this name.
-    UnknownMember,
-    /// A later incarnation of the name joined (this one had expired).
-    Superseded,
-    /// The secret presented is not the incarnation's (audited).
-    BadSecret,
-    /// The member left.
-    Left,
-    /// Its ttl ran out by the database clock: join again.
-    Expired,
-    /// The session's role has no grant on the group's cluster (audited).
-    NoGrant,
-}
-
-impl MemberLoss {
-    fn parse(function: &str, reason: Option<&str>) -> Result<MemberLoss> {
-        Ok(match reason {
-            Some("unknown_member") => MemberLoss::UnknownMember,
-            Some("superseded") => MemberLoss::Superseded,
-            Some("bad_secret") => MemberLoss::BadSecret,
-            Some("left") => MemberLoss::Left,
-            Some("expired") => MemberLoss::Expired,
-            Some("no_grant") => MemberLoss::NoGrant,
-            other => return Err(unexpected(function, &format!("reason {other:?}"))),
-        })
-    }
-}
-
-impl fmt::Display for MemberLoss {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            MemberLoss::UnknownMember => "unknown member",
-            MemberLoss::Superseded => "superseded by a later incarnation",
-            MemberLoss::BadSecret => "wrong secret",
-            MemberLoss::Left => "left",
-            MemberLoss::Expired => "expired",
-            MemberLoss::NoGrant => "no grant on the group's cluster",
-        })
     }
 }
 

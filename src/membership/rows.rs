@@ -104,9 +104,14 @@ impl MemberResultRow {
                     expires_in: Duration::from_millis(self.expires_in_ms.unwrap_or(0).max(0) as u64),
                 }
             }
-            Some("refused") => {
-                MemberReply::Lost(MemberLoss::parse(function, self.reason.as_deref())?)
-            }
+            Some("refused") => MemberReply::Lost(
+                self.reason
+                    .as_deref()
+                    .and_then(MemberLoss::from_sql)
+                    .ok_or_else(|| {
+                        unexpected(function, &format!("reason {:?}", self.reason.as_deref()))
+                    })?,
+            ),
             Some(other) => return Err(unexpected(function, &format!("outcome {other}"))),
             None => return Err(missing("outcome")),
         })
@@ -161,4 +166,55 @@ pub(super) struct GroupMemberRow {
     pub(super) excluded: Vec<String>,
     #[diesel(sql_type = Array<Text>)]
     pub(super) leads: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(reason: Option<&str>) -> MemberResultRow {
+        MemberResultRow {
+            outcome: Some("refused".to_owned()),
+            reason: reason.map(str::to_owned),
+            incarnation: Some(1),
+            secret: None,
+            settled: None,
+            expires_in_ms: Some(1500),
+            roster_digest: None,
+        }
+    }
+
+    /// Every reason a heartbeat or leave is refused for decodes to its own loss, `member_taken` to the live
+    /// member's time left, and a reason the functions never give (or none) is an error, never a default.
+    #[test]
+    fn refusals_decode_exactly() {
+        for loss in [
+            MemberLoss::UnknownMember,
+            MemberLoss::Superseded,
+            MemberLoss::BadSecret,
+            MemberLoss::Left,
+            MemberLoss::Expired,
+            MemberLoss::NoGrant,
+        ] {
+            let name = serde_json::to_value(loss).unwrap();
+            let name = name.as_str().unwrap();
+            assert!(
+                matches!(refused(Some(name)).decode("heartbeat"), Ok(MemberReply::Lost(l)) if l == loss),
+                "{name}"
+            );
+        }
+        assert!(matches!(
+            refused(Some("member_taken")).decode("join_group"),
+            Ok(MemberReply::Taken { expires_in }) if expires_in == Duration::from_millis(1500)
+        ));
+        for reason in [Some("denied"), Some("released"), Some(""), None] {
+            let error = refused(reason).decode("heartbeat").unwrap_err();
+            assert!(
+                error
+                    .to_string()
+                    .contains("unexpected result of pgfence.heartbeat"),
+                "{reason:?}: {error}"
+            );
+        }
+    }
 }

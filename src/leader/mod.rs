@@ -33,9 +33,9 @@
 //! | `memory` | `MemoryElector` (feature `testing`): the in-memory double for users' controller tests |
 //! | `run` | [`run_with_leadership`], [`LeaderContext`], [`LeadershipOptions`], [`Ended`] |
 //! | `backoff` | [`Backoff`] between a supervised controller's campaigns |
-//! | `supervisor` | [`Supervisor`]: several controllers, each with its lease, restarted with backoff, spread over a group's replicas ([`Spread`]) |
+//! | `supervisor` | [`Supervisor`]: several controllers, each with its lease, restarted with backoff, spread over a group's replicas ([`Spread`]); within it, `status` ([`SupervisorStatus`]), `campaign` (one controller without a group) and `spread` (the balancer and the names' loops) |
 //! | `group` | [`Membership`]: a replica group's membership, heartbeated with the member's leases |
-//! | `assign` | [`assign`](assign()): the balanced assignment every member computes from the same roster; [`shard_of`] |
+//! | `assign` | [`assign`](assign()): the balanced assignment every member computes from the same roster; within it, `hash` (the portable hash and [`shard_of`]) |
 
 use std::future::Future;
 use std::pin::Pin;

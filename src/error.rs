@@ -164,7 +164,7 @@ pub enum Error {
         /// The member name.
         member: String,
         /// Why.
-        reason: crate::membership::MemberLoss,
+        reason: crate::types::MemberLoss,
     },
 
     /// The task does not exist under this lease.
@@ -233,10 +233,13 @@ pub enum DenyReason {
 }
 
 impl DenyReason {
-    pub(crate) fn parse(text: &str) -> DenyReason {
+    /// The reason SQL names `text`, or `None` for a text it never gives: an unknown reason is the caller's
+    /// error to report, never read as one of these.
+    pub(crate) fn parse(text: &str) -> Option<DenyReason> {
         match text {
-            "no_grant" => DenyReason::NoGrant,
-            _ => DenyReason::BadSecret,
+            "no_grant" => Some(DenyReason::NoGrant),
+            "bad_secret" => Some(DenyReason::BadSecret),
+            _ => None,
         }
     }
 
@@ -490,5 +493,17 @@ mod tests {
             Some(Error::InvalidInput { field: "role", .. })
         ));
         assert!(argument_refused("pgfence: refusing to grant to x").is_none());
+    }
+
+    /// A denial's reason reads back from its SQL name; any other text, and the name of a loss reason, is no
+    /// denial reason.
+    #[test]
+    fn deny_reasons_parse_exactly() {
+        for reason in [DenyReason::NoGrant, DenyReason::BadSecret] {
+            assert_eq!(DenyReason::parse(reason.as_str()), Some(reason));
+        }
+        for text in ["", "denied", "superseded", "NO_GRANT", "bad_secret "] {
+            assert_eq!(DenyReason::parse(text), None, "{text:?}");
+        }
     }
 }

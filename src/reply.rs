@@ -50,19 +50,17 @@ pub(crate) fn loss_reason(function: &str, reason: Option<&str>) -> Result<LossRe
 /// `bad_secret`: [`Error::Denied`] / [`DenyReason`]) rather than a loss of the tenure ([`LossReason`]). Every SQL
 /// function answers a refusal with the one outcome `refused`; the reason tells the two apart.
 pub(crate) fn is_denial(reason: Option<&str>) -> bool {
-    matches!(reason, Some("no_grant" | "bad_secret"))
+    reason.and_then(DenyReason::parse).is_some()
 }
 
 /// The [`DenyReason`] a `refused` reply of `pgfence.<function>` names (`no_grant` or `bad_secret`).
 pub(crate) fn deny_reason(function: &str, reason: Option<&str>) -> Result<DenyReason> {
-    match reason {
-        // (`DenyReason::parse` takes any other text for `bad_secret`: only the two names reach it.)
-        Some(name @ ("no_grant" | "bad_secret")) => Ok(DenyReason::parse(name)),
-        other => Err(unexpected(
+    reason.and_then(DenyReason::parse).ok_or_else(|| {
+        unexpected(
             function,
-            &format!("denied for reason {}", other.unwrap_or("NULL")),
-        )),
-    }
+            &format!("denied for reason {}", reason.unwrap_or("NULL")),
+        )
+    })
 }
 
 #[cfg(test)]

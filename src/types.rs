@@ -1,7 +1,7 @@
-//! The value types every layer shares — the [`Epoch`], why a tenure ended ([`LossReason`]), where a task is
-//! ([`TaskState`]) — and the input limits. The bottom of the module graph: it imports nothing from pgfence.
-//! Fallible constructors (`Epoch::new`, `TaskState::from_str`) return [`Error`](crate::Error) and live with the
-//! other input checks in `validate`.
+//! The value types every layer shares — the [`Epoch`], why a tenure ended ([`LossReason`]) or a membership
+//! did ([`MemberLoss`]), where a task is ([`TaskState`]) — and the input limits. The bottom of the module graph:
+//! it imports nothing from pgfence. Fallible constructors (`Epoch::new`, `TaskState::from_str`) return
+//! [`Error`](crate::Error) and live with the other input checks in `validate`.
 
 use std::fmt;
 use std::time::Duration;
@@ -70,9 +70,9 @@ pub enum LossReason {
     UnknownLease,
     /// The presented epoch was never issued.
     FutureEpoch,
-    /// The epoch matches but the holder does not. No pgfence function gives it any more (a renewal or release
-    /// presents the tenure's secret, which identifies the tenure and so its holder); kept so that code matching
-    /// on it still compiles.
+    /// The epoch matches but the holder does not. No pgfence function gives it: a renewal or release presents
+    /// the tenure's secret, which identifies the tenure and so its holder. It stays in the enum for code that
+    /// matches on it.
     HolderMismatch,
     /// The target row was already written by a newer epoch (its fence is higher).
     RowFence,
@@ -122,6 +122,53 @@ impl LossReason {
 impl fmt::Display for LossReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// Why the database no longer counts a membership (a heartbeat's refusal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum MemberLoss {
+    /// The group has no member of this name.
+    UnknownMember,
+    /// A later incarnation of the name joined (this one had expired).
+    Superseded,
+    /// The secret presented is not the incarnation's (audited).
+    BadSecret,
+    /// The member left.
+    Left,
+    /// Its ttl ran out by the database clock: join again.
+    Expired,
+    /// The session's role has no grant on the group's cluster (audited).
+    NoGrant,
+}
+
+impl MemberLoss {
+    /// The reason a membership function names `text`, or `None` for a text it never gives.
+    pub(crate) fn from_sql(text: &str) -> Option<MemberLoss> {
+        Some(match text {
+            "unknown_member" => MemberLoss::UnknownMember,
+            "superseded" => MemberLoss::Superseded,
+            "bad_secret" => MemberLoss::BadSecret,
+            "left" => MemberLoss::Left,
+            "expired" => MemberLoss::Expired,
+            "no_grant" => MemberLoss::NoGrant,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for MemberLoss {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MemberLoss::UnknownMember => "unknown member",
+            MemberLoss::Superseded => "superseded by a later incarnation",
+            MemberLoss::BadSecret => "wrong secret",
+            MemberLoss::Left => "left",
+            MemberLoss::Expired => "expired",
+            MemberLoss::NoGrant => "no grant on the group's cluster",
+        })
     }
 }
 

@@ -2,9 +2,12 @@
 //! for names and identities, and the fallible constructors of the shared value types.
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::types::{Epoch, TaskState, MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_LEN};
+use crate::types::{
+    Epoch, TaskState, MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL,
+};
 
 impl Epoch {
     /// An epoch from its number; epochs start at 1.
@@ -119,6 +122,18 @@ impl FromStr for TaskState {
             }
         })
     }
+}
+
+/// `ttl` in whole milliseconds, as the SQL functions take it, once it is within
+/// [`MIN_TTL`]..=[`MAX_TTL`].
+pub(crate) fn ttl_ms(ttl: Duration) -> Result<i64> {
+    if ttl < MIN_TTL || ttl > MAX_TTL {
+        return Err(Error::invalid(
+            "ttl",
+            format!("must be between {MIN_TTL:?} and {MAX_TTL:?}, got {ttl:?}"),
+        ));
+    }
+    Ok(ttl.as_millis() as i64)
 }
 
 mod assigned;

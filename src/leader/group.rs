@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::supervisor::BoxFuture;
+use super::BoxFuture;
 use crate::error::Result;
 use crate::membership::Member;
 

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::supervisor::BoxFuture;
+use super::BoxFuture;
 use super::{METRIC_BELIEF_REPORTS_FAILED, METRIC_LEADER, METRIC_LOSSES, METRIC_TRANSITIONS};
 use crate::error::Result;
 use crate::fence::Fence;

@@ -9,7 +9,7 @@ use tokio::sync::broadcast;
 use super::group::{Leaver, MemberShared, Membership};
 use super::held::{Health, HeldLease, LossCause, Releaser, Shared, Wake, Wakeups};
 use super::options::LeaseOptions;
-use super::supervisor::BoxFuture;
+use super::BoxFuture;
 use super::Elector;
 use crate::error::{Error, Result};
 use crate::lease::{Lease, Released, TenureSecret};

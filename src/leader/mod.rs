@@ -33,11 +33,12 @@
 //! | `memory` | `MemoryElector` (feature `testing`): the in-memory double for users' controller tests |
 //! | `run` | [`run_with_leadership`], [`LeaderContext`], [`LeadershipOptions`], [`Ended`] |
 //! | `backoff` | [`Backoff`] between a supervised controller's campaigns |
-//! | `supervisor` | [`Supervisor`]: several controllers, each with its lease, restarted with backoff, spread over a group's replicas ([`Spread`]) |
+//! | `supervisor` | [`Supervisor`]: several controllers, each with its lease, restarted with backoff, spread over a group's replicas ([`Spread`]); within it, `status` ([`SupervisorStatus`]), `campaign` (one controller without a group) and `spread` (the balancer and the names' loops) |
 //! | `group` | [`Membership`]: a replica group's membership, heartbeated with the member's leases |
-//! | `assign` | [`assign`](assign()): the balanced assignment every member computes from the same roster; [`shard_of`] |
+//! | `assign` | [`assign`](assign()): the balanced assignment every member computes from the same roster; within it, `hash` (the portable hash and [`shard_of`]) |
 
 use std::future::Future;
+use std::pin::Pin;
 
 use crate::error::Result;
 use crate::membership::{MemberSpec, Roster};
@@ -65,6 +66,10 @@ pub use run::{run_with_leadership, Ended, LeaderContext, LeadershipOptions, Tenu
 pub use supervisor::{
     BoxError, GroupStatus, Readiness, Shard, Spread, Supervisor, SupervisorStatus,
 };
+
+/// A boxed, sendable future: what the runtime's object-safe hooks (a held lease's release, a membership's leave,
+/// a supervised controller's factory) return.
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// Gauge `pgfence_leader{lease}`: 1 while this process holds a tenure of the lease, 0 once it ended. Described
 /// by [`describe_metrics`](crate::describe_metrics).

@@ -396,8 +396,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "deadline-from-receive-time",
         "the local deadline counts the ttl from when the reply arrived, not from when the statement was sent",
-        [Edit("src/lease.rs", "local_deadline: sent + ttl,", "local_deadline: Instant::now() + ttl,"),
-         Edit("src/lease.rs", "lease.local_deadline = sent + lease.ttl;",
+        [Edit("src/lease/calls.rs", "local_deadline: sent + ttl,", "local_deadline: Instant::now() + ttl,"),
+         Edit("src/lease/calls.rs", "lease.local_deadline = sent + lease.ttl;",
               "lease.local_deadline = Instant::now() + lease.ttl;"),
          Edit("src/leader/pg.rs", "None => member.renewed(sent),", "None => member.renewed(Instant::now()),")],
         [cargo_test("lease"), cargo_test("leader")],
@@ -542,7 +542,7 @@ MUTATIONS: list[Mutation] = [
         "review-certain-at-the-latest-placement",
         "the review calls an overlap certain when only the latest placement of the belief's end is after the "
         "successor's acquisition (the clock bounds ignored)",
-        [Edit("src/history.rs", "if end.earliest.is_some_and(|e| e > next.acquired_at)",
+        [Edit("src/history/review.rs", "if end.earliest.is_some_and(|e| e > next.acquired_at)",
               "if end.latest > next.acquired_at")],
         [cargo_unit_test("history::"),
          cargo_test("overlap", "a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_refusals")],
@@ -550,7 +550,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "review-ignores-refusals",
         "the review does not count the audit's refusals after the successor's acquisition as proof of an overlap",
-        [Edit("src/history.rs", "&& r.last_rejected_at >= next.acquired_at", "&& r.last_rejected_at < next.acquired_at")],
+        [Edit("src/history/review.rs", "&& r.last_rejected_at >= next.acquired_at", "&& r.last_rejected_at < next.acquired_at")],
         [cargo_test("overlap", "a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_refusals"),
          cargo_unit_test("history::")],
     ),
@@ -588,7 +588,7 @@ MUTATIONS: list[Mutation] = [
         "assignment-not-sticky",
         "the assignment ignores who holds each name (a plain greedy by score): a join moves more than the "
         "minimum, and names move between members that stay",
-        [Edit("src/leader/assign.rs", "        for (m, names) in held.iter_mut().enumerate() {",
+        [Edit("src/leader/assign/mod.rs", "        for (m, names) in held.iter_mut().enumerate() {",
               "        for (m, names) in held.iter_mut().enumerate().filter(|_| false) {")],
         [cargo_unit_test("leader::assign"),
          cargo_test("spread", "three_replicas_lead_four_each_and_a_fourth_takes_exactly_three")],

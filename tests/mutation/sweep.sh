@@ -56,7 +56,7 @@ for module in "$@"; do
             sweep tasks src/tasks.rs --lib --test suite -- "${skip[@]}" \
                 guard:: hostile::payload hostile::task hostile::any_epoch tasks ;;
         lease)
-            sweep lease src/lease.rs --lib --test suite -- "${skip[@]}" \
+            sweep lease 'src/lease/*.rs' --lib --test suite -- "${skip[@]}" \
                 lease:: guard::every_kind guard::stale_write trust::a_forged trust::another_role \
                 hostile::lease_names hostile::ttls hostile::any_epoch store::identity takeover::renew_many lease ;;
         fence)
@@ -65,7 +65,7 @@ for module in "$@"; do
                 trust::a_fence_handed trust::grant_refuses trust::two_applications trust::a_role_cannot \
                 hostile::any_epoch takeover::guards_refuse sqlstate:: fence ;;
         leader)
-            timeout=60 sweep leader 'src/leader/*.rs' --lib --test leader -- ;;
+            timeout=60 sweep leader 'src/leader/**/*.rs' --lib --test leader -- ;;
         *) echo "unknown module: $module (tasks lease fence leader)" >&2; exit 2 ;;
     esac
 done

@@ -1,0 +1,365 @@
+//! Replica groups: a process that spreads its controllers joins a named group as a member, with the names it can
+//! lead, and keeps its membership live by heartbeats (database clock); every member reads the same [`Roster`]
+//! and derives the same balanced assignment from it ([`leader::assign`](crate::leader::assign)). Membership is
+//! no fence: every write stays fenced by its lease's epoch, so members that disagree for a moment about who
+//! should lead a name can delay a handover, never produce a write the database should have refused.
+//!
+//! SQL: `migrations/2026-11-30-000005_membership/up.sql` (`pgfence.join_group`, `pgfence.heartbeat`,
+//! `pgfence.leave_group`, `pgfence.roster`, the view `pgfence.group_members`).
+//!
+//! | file | owns |
+//! |---|---|
+//! | `mod.rs` | what a member declares and holds: [`MemberSpec`], [`Member`], [`MemberLoss`]; what it reads: [`Roster`], [`GroupMember`] |
+//! | `calls` | the [`Store`](crate::Store) methods: join, heartbeat, leave, roster, group members, handover gap |
+//! | `rows` | the SQL functions' declarations and their replies, decoded in one place |
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::lease::TenureSecret;
+use crate::validate::{check_text, validate_name};
+
+mod calls;
+mod rows;
+
+pub use crate::types::MemberLoss;
+pub(crate) use rows::{MemberReply, MemberResultRow};
+
+/// The largest accepted member weight (capacity); the smallest is 1.
+pub const MAX_WEIGHT: u32 = 1000;
+
+/// The most names, pins and exclusions one member may declare in all.
+pub const MAX_GROUP_NAMES: usize = 4096;
+
+/// The most shards one sharded controller may have (its shards are names of the group, within
+/// [`MAX_GROUP_NAMES`]).
+pub const MAX_SHARDS: u32 = 1024;
+
+/// Longest accepted group name, in characters (the cluster prefix is not counted): a lease name's limit.
+pub const MAX_GROUP_LEN: usize = crate::types::MAX_NAME_LEN;
+
+/// What a member declares when it joins: the names it can lead, its weight, and the names it must or must never
+/// lead.
+///
+/// ```
+/// use pgfence::MemberSpec;
+///
+/// let spec = MemberSpec::new(["scheduler", "rollout", "billing"])
+///     .weight(2)
+///     .exclude(["billing"]);
+/// spec.validate()?;
+/// # Ok::<(), pgfence::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct MemberSpec {
+    /// Capacity, 1..=[`MAX_WEIGHT`]: a member of weight 2 is assigned about twice the names of one of weight 1.
+    pub weight: u32,
+    /// The names this member can lead (its controllers, shards expanded).
+    pub names: BTreeSet<String>,
+    /// Names this member leads whenever it is live, whatever the balance (each must be one of `names`).
+    pub pinned: BTreeSet<String>,
+    /// Names this member must never lead.
+    pub excluded: BTreeSet<String>,
+}
+
+impl MemberSpec {
+    /// A member of weight 1 that can lead `names`, with no pins or exclusions.
+    pub fn new(names: impl IntoIterator<Item = impl Into<String>>) -> MemberSpec {
+        MemberSpec {
+            weight: 1,
+            names: names.into_iter().map(Into::into).collect(),
+            pinned: BTreeSet::new(),
+            excluded: BTreeSet::new(),
+        }
+    }
+
+    /// Sets the weight.
+    pub fn weight(mut self, weight: u32) -> MemberSpec {
+        self.weight = weight;
+        self
+    }
+
+    /// Adds pinned names.
+    pub fn pin(mut self, names: impl IntoIterator<Item = impl Into<String>>) -> MemberSpec {
+        self.pinned.extend(names.into_iter().map(Into::into));
+        self
+    }
+
+    /// Adds excluded names.
+    pub fn exclude(mut self, names: impl IntoIterator<Item = impl Into<String>>) -> MemberSpec {
+        self.excluded.extend(names.into_iter().map(Into::into));
+        self
+    }
+
+    /// Checks the spec as the database does (`pgfence._member_problem`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the field: a weight of 0 or above [`MAX_WEIGHT`]; no names; more than
+    /// [`MAX_GROUP_NAMES`] names, pins and exclusions in all; a name that is not a valid lease name; a pin that is
+    /// not one of the names, or is also excluded.
+    pub fn validate(&self) -> Result<()> {
+        if self.weight == 0 || self.weight > MAX_WEIGHT {
+            return Err(Error::invalid(
+                "weight",
+                format!("must be between 1 and {MAX_WEIGHT}, got {}", self.weight),
+            ));
+        }
+        if self.names.is_empty() {
+            return Err(Error::invalid("names", "a member leads at least one name"));
+        }
+        let total = self.names.len() + self.pinned.len() + self.excluded.len();
+        if total > MAX_GROUP_NAMES {
+            return Err(Error::invalid(
+                "names",
+                format!("at most {MAX_GROUP_NAMES} names, pins and exclusions in all, got {total}"),
+            ));
+        }
+        for name in self.names.iter().chain(&self.pinned).chain(&self.excluded) {
+            validate_name(name)?;
+        }
+        if let Some(pin) = self.pinned.iter().find(|p| !self.names.contains(*p)) {
+            return Err(Error::invalid(
+                "pin",
+                format!("{pin:?} is not one of the member's names"),
+            ));
+        }
+        if let Some(pin) = self.pinned.iter().find(|p| self.excluded.contains(*p)) {
+            return Err(Error::invalid("pin", format!("{pin:?} is also excluded")));
+        }
+        Ok(())
+    }
+}
+
+/// Checks a group name (without its cluster): a lease name's rules.
+pub(crate) fn validate_group(group: &str) -> Result<()> {
+    check_text("group", group, MAX_GROUP_LEN)
+}
+
+/// A membership this process holds: the group, the member name, the incarnation the database issued, its secret
+/// and the local deadline before which the database cannot have expired it.
+///
+/// Plain data, like [`Lease`](crate::Lease): it does not heartbeat by itself (the leadership runtime does:
+/// [`Elector::join`](crate::leader::Elector::join)).
+#[derive(Debug, Clone)]
+pub struct Member {
+    group: String,
+    qualified: String,
+    member: String,
+    incarnation: i64,
+    /// `Debug` redacts it.
+    secret: TenureSecret,
+    ttl: Duration,
+    settled: bool,
+    local_deadline: Instant,
+}
+
+impl Member {
+    #[cfg(feature = "testing")]
+    pub(crate) fn from_parts(
+        group: &str,
+        qualified: String,
+        member: &str,
+        incarnation: i64,
+        secret: TenureSecret,
+        local_deadline: Instant,
+    ) -> Member {
+        Member {
+            group: group.to_owned(),
+            qualified,
+            member: member.to_owned(),
+            incarnation,
+            secret,
+            ttl: crate::types::MAX_TTL,
+            settled: true,
+            local_deadline,
+        }
+    }
+
+    /// The group name without its cluster prefix.
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// The cluster-qualified group name (`<cluster>/<group>`).
+    pub fn qualified_group(&self) -> &str {
+        &self.qualified
+    }
+
+    /// The member name.
+    pub fn member(&self) -> &str {
+        &self.member
+    }
+
+    /// How many times this member name has joined the group (this join included).
+    pub fn incarnation(&self) -> i64 {
+        self.incarnation
+    }
+
+    /// The ttl of the join or last heartbeat.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Whether the database counted the member as settled (it may acquire) at the join or last heartbeat.
+    pub fn settled(&self) -> bool {
+        self.settled
+    }
+
+    /// By the monotonic clock: the send time of the join or last heartbeat + ttl. The database cannot have
+    /// expired the member before it.
+    pub fn local_deadline(&self) -> Instant {
+        self.local_deadline
+    }
+
+    pub(crate) fn secret(&self) -> &TenureSecret {
+        &self.secret
+    }
+
+    /// The membership after a heartbeat sent at `sent` answered `renewed`.
+    pub(crate) fn renewed(&mut self, sent: Instant, settled: bool) {
+        self.settled = settled;
+        self.local_deadline = sent + self.ttl;
+    }
+}
+
+/// One live member of a group as the assignment sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RosterMember {
+    /// The member name.
+    pub member: String,
+    /// Capacity, 1..=[`MAX_WEIGHT`]. A member of weight 2 gets about twice the names of one of weight 1.
+    pub weight: u32,
+    /// Counted for acquisition: settled members may acquire; the assignment itself counts every live member,
+    /// settled or not (so that nobody grabs a settling member's share meanwhile).
+    pub settled: bool,
+    /// Names this member can lead (its controllers, shards expanded).
+    pub names: BTreeSet<String>,
+    /// Names this member must lead when it is live (they go to a pinning member whatever the balance).
+    pub pinned: BTreeSet<String>,
+    /// Names this member must never lead.
+    pub excluded: BTreeSet<String>,
+}
+
+impl RosterMember {
+    /// A member with weight 1, settled, no pins or exclusions.
+    pub fn new(
+        member: impl Into<String>,
+        names: impl IntoIterator<Item = impl Into<String>>,
+    ) -> RosterMember {
+        RosterMember {
+            member: member.into(),
+            weight: 1,
+            settled: true,
+            names: names.into_iter().map(Into::into).collect(),
+            pinned: BTreeSet::new(),
+            excluded: BTreeSet::new(),
+        }
+    }
+
+    /// The member with weight, pins and exclusions of `spec`.
+    pub fn from_spec(member: impl Into<String>, spec: &MemberSpec, settled: bool) -> RosterMember {
+        RosterMember {
+            member: member.into(),
+            weight: spec.weight,
+            settled,
+            names: spec.names.clone(),
+            pinned: spec.pinned.clone(),
+            excluded: spec.excluded.clone(),
+        }
+    }
+}
+
+/// The live members of a group and who leads each of its names now: the assignment's one input, read in one
+/// statement (`pgfence.roster`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Roster {
+    /// The live members, in member order.
+    pub members: Vec<RosterMember>,
+    /// Name → the member holding a live tenure of its lease (under the member's name and role) now.
+    pub holders: BTreeMap<String, String>,
+}
+
+/// A row of `pgfence.group_members`: a member of a group as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct GroupMember {
+    /// The cluster-qualified group name.
+    pub group: String,
+    /// The member name.
+    pub member: String,
+    /// How many times the name has joined.
+    pub incarnation: i64,
+    /// Its weight.
+    pub weight: u32,
+    /// Whether it is live now (database clock).
+    pub live: bool,
+    /// Whether it is settled (may acquire).
+    pub settled: bool,
+    /// Whether it left in order (a member that is neither live nor left expired).
+    pub left: bool,
+    /// Time left before it expires (database clock; zero when it has).
+    pub expires_in: Duration,
+    /// Consecutive incarnations that ended by expiry (the hysteresis counter).
+    pub flaps: i32,
+    /// The names it can lead.
+    pub names: Vec<String>,
+    /// Its pinned names.
+    pub pinned: Vec<String>,
+    /// Its excluded names.
+    pub excluded: Vec<String>,
+    /// The names it leads now.
+    pub leads: Vec<String>,
+}
+
+pub(crate) fn member_lost(member: &Member, reason: MemberLoss) -> Error {
+    Error::MemberLost {
+        group: member.qualified.clone(),
+        member: member.member.clone(),
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bad input is refused before anything is sent, with the field named.
+    #[test]
+    fn member_specs_are_checked_as_the_database_checks_them() {
+        let field = |spec: MemberSpec| match spec.validate() {
+            Err(Error::InvalidInput { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(field(MemberSpec::new(["a"]).weight(0)), "weight");
+        assert_eq!(
+            field(MemberSpec::new(["a"]).weight(MAX_WEIGHT + 1)),
+            "weight"
+        );
+        assert_eq!(field(MemberSpec::new(Vec::<String>::new())), "names");
+        assert_eq!(field(MemberSpec::new(["a"]).pin(["b"])), "pin");
+        assert_eq!(
+            field(MemberSpec::new(["a"]).pin(["a"]).exclude(["a"])),
+            "pin"
+        );
+        assert_eq!(field(MemberSpec::new(["a\n"])), "lease name");
+        assert_eq!(
+            field(MemberSpec::new(
+                (0..=MAX_GROUP_NAMES).map(|i| i.to_string())
+            )),
+            "names"
+        );
+        MemberSpec::new(["a", "b"])
+            .weight(MAX_WEIGHT)
+            .pin(["a"])
+            .exclude(["c"])
+            .validate()
+            .unwrap();
+    }
+}

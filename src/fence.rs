@@ -30,7 +30,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{DenyReason, Error, Result};
 use crate::lease::{Lease, TenureSecret};
 use crate::reply::{deny_reason, is_denial, loss_reason, unexpected, RowsOf};
-use crate::store::{LayoutSeverity, Store};
+use crate::store::migrate::LayoutSeverity;
+use crate::store::Store;
 use crate::types::{Epoch, LossReason, TaskState};
 use crate::validate::{validate_holder, validate_qualified};
 

@@ -83,6 +83,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod connect;
 #[cfg(all(unix, feature = "testing"))]
 #[cfg_attr(docsrs, doc(cfg(all(unix, feature = "testing"))))]
 pub mod embedded;
@@ -92,15 +93,19 @@ mod history;
 pub mod leader;
 mod lease;
 mod membership;
-mod pooler;
 mod reply;
 mod store;
 mod tasks;
-mod tls;
 mod types;
 mod validate;
-mod wire;
 
+pub use connect::conninfo::redact;
+pub use connect::identity::{DatabaseIdentity, ExpectedIdentity};
+pub use connect::pooler::PoolerMode;
+pub use connect::sqlstate::code as sqlstate;
+pub use connect::sqlstate::WireStream;
+pub use connect::tls::SslMode;
+pub use connect::{Connection, Connector, TlsStream};
 pub use error::{is_retryable_sqlstate, DenyReason, Error, Result};
 pub use fence::{
     fence_passed, guarded_write_sql, native_guarded_write_sql, Cached, Enforcement, Fence,
@@ -117,18 +122,13 @@ pub use membership::{
     GroupMember, Member, MemberLoss, MemberSpec, Roster, RosterMember, MAX_GROUP_LEN,
     MAX_GROUP_NAMES, MAX_SHARDS, MAX_WEIGHT,
 };
-pub use pooler::PoolerMode;
-pub use store::{
-    DatabaseIdentity, ExpectedIdentity, LayoutProblem, LayoutSeverity, Pool, PooledConnection,
-    Store, StoreConfig, ADVISORY_FUNCTIONS_NEEDED, DEFAULT_MIGRATION_LOCK_WAIT, MIGRATIONS,
-    NATIVE_GUARD_VERSION,
-};
+pub use store::config::{StoreConfig, DEFAULT_MIGRATION_LOCK_WAIT};
+pub use store::migrate::{LayoutProblem, LayoutSeverity, ADVISORY_FUNCTIONS_NEEDED, MIGRATIONS};
+pub use store::{Pool, PooledConnection, Store, NATIVE_GUARD_VERSION};
 pub use tasks::{Task, TaskEvent, TaskWrite, MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH};
-pub use tls::{redact, Connection, Connector, SslMode, TlsStream};
 pub use types::{
     Epoch, LossReason, TaskState, MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL,
 };
-pub use wire::WireStream;
 
 /// The driver crates pgfence is built on, re-exported so that fenced-transaction code uses the same versions.
 pub mod reexports {

@@ -21,7 +21,8 @@ use crate::error::{DenyReason, Error, Result};
 use crate::lease::{Lease, Released};
 use crate::membership::{Member, MemberReply, MemberResultRow, MemberSpec, Roster};
 use crate::reply::{deny_reason, is_denial, loss_reason, unexpected, RowsOf};
-use crate::store::{Checked, Store};
+use crate::store::statement::Checked;
+use crate::store::Store;
 use crate::types::LossReason;
 
 /// The PostgreSQL [`Elector`]: leases in `pgfence.leases`, renewed in batches, woken by LISTEN/NOTIFY.
@@ -196,7 +197,7 @@ async fn listen(
     let mut delay = LISTEN_RETRY_MIN;
     let mut listened_before = false;
     loop {
-        match store.open_dedicated(crate::store::Kind::Listening).await {
+        match store.open_dedicated(crate::connect::Kind::Listening).await {
             // Two statements, the release channel last: what `pg_stat_activity` shows of the listener.
             Ok(mut conn) => match async {
                 conn.batch_execute("LISTEN pgfence_members").await?;

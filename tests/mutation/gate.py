@@ -386,9 +386,9 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "abandoned-statement-not-cancelled",
         "a statement abandoned mid-flight (a dropped future) is not cancelled on the server and completes later",
-        [Edit("src/store.rs", """                let cancelled = match connector {
+        [Edit("src/store/statement.rs", """                let cancelled = match connector {
                     Some(connector) => connector.cancel(&token).await,
-                    None => crate::tls::cancel_unknown(&token).await,
+                    None => cancel_unknown(&token).await,
                 };""", """                let _ = (&connector, &token);
                 let cancelled: Result<()> = Ok(());""")],
         [cargo_test("guard", "an_abandoned_acquire_is_cancelled_on_the_server")],
@@ -413,7 +413,7 @@ MUTATIONS: list[Mutation] = [
         "guarded-write-acknowledged-before-commit",
         "a one-statement guarded write (and every task write) is acknowledged at its first row, before the implicit "
         "commit that follows it",
-        [Edit("src/store.rs", """        let rows: std::result::Result<Vec<U>, diesel::result::Error> =
+        [Edit("src/store/statement.rs", """        let rows: std::result::Result<Vec<U>, diesel::result::Error> =
             query().load(&mut *conn).await;""", """        let rows: std::result::Result<Vec<U>, diesel::result::Error> =
             query().get_result(&mut *conn).await.map(|r| vec![r]);""")],
         [cargo_test("guard", "a_guarded_write_whose_commit_fails_is_an_error_not_an_acknowledgement"),
@@ -438,7 +438,7 @@ MUTATIONS: list[Mutation] = [
         "sqlstate-not-read-off-the-wire",
         "an error's SQLSTATE comes only from diesel's coarse kind, so a server speaking another language loses "
         "deadlock, lock-timeout, privilege and pgfence codes",
-        [Edit("src/error.rs", """    crate::wire::sqlstate_of(info.message(), info.details(), info.hint())
+        [Edit("src/error.rs", """    sqlstate_of(info.message(), info.details(), info.hint())
         .or_else(|| kind_sqlstate(kind).map(str::to_owned))""",
               """    kind_sqlstate(kind).map(str::to_owned)""")],
         [cargo_test("sqlstate")],

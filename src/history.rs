@@ -23,8 +23,8 @@ use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz};
 use diesel::QueryableByName;
 use serde::{Deserialize, Serialize};
 
+use crate::audit::{Rejection, REJECTION_COLUMNS};
 use crate::error::{Error, Result};
-use crate::fence::{Rejection, REJECTION_COLUMNS};
 use crate::lease::Lease;
 use crate::store::Store;
 use crate::types::{Epoch, LossReason};

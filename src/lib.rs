@@ -83,6 +83,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod admin;
+mod audit;
 mod connect;
 #[cfg(all(unix, feature = "testing"))]
 #[cfg_attr(docsrs, doc(cfg(all(unix, feature = "testing"))))]
@@ -99,6 +101,8 @@ mod tasks;
 mod types;
 mod validate;
 
+pub use admin::Enforcement;
+pub use audit::{Rejection, RejectionFilter};
 pub use connect::conninfo::redact;
 pub use connect::identity::{DatabaseIdentity, ExpectedIdentity};
 pub use connect::pooler::PoolerMode;
@@ -107,10 +111,11 @@ pub use connect::sqlstate::WireStream;
 pub use connect::tls::SslMode;
 pub use connect::{Connection, Connector, TlsStream};
 pub use error::{is_retryable_sqlstate, DenyReason, Error, Result};
-pub use fence::{
-    fence_passed, guarded_write_sql, native_guarded_write_sql, Cached, Enforcement, Fence,
-    Rejection, RejectionFilter, FENCE_PASSED, MAX_OPERATION_LEN, METRIC_STALE_WRITES,
+pub use fence::outcome::METRIC_STALE_WRITES;
+pub use fence::write::{
+    fence_passed, guarded_write_sql, native_guarded_write_sql, Cached, FENCE_PASSED,
 };
+pub use fence::{Fence, MAX_OPERATION_LEN};
 pub use history::{
     Belief, BeliefEnd, Interval, OffsetBounds, Overlap, ServerView, Successor, Tenure,
     TenureReview, CLOCK_DRIFT_PPM, WRITE_MARK_RESOLUTION,

@@ -422,7 +422,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "guarded-write-without-its-safety-net",
         "a one-statement guarded write whose statement is not gated commits its rows although the guard refused",
-        [Edit("src/fence.rs", "CASE WHEN g.passed OR w.n = 0 THEN w.n ELSE pgfence.ungated_write(g.outcome, w.n) END",
+        [Edit("src/fence/write.rs", "CASE WHEN g.passed OR w.n = 0 THEN w.n ELSE pgfence.ungated_write(g.outcome, w.n) END",
               "w.n")],
         [cargo_test("guard", "an_ungated_statement_never_commits_under_a_refused_fence")],
     ),
@@ -430,7 +430,7 @@ MUTATIONS: list[Mutation] = [
         "fenced-guard-outside-its-transaction",
         "the fenced transaction's guard runs before (outside) the transaction it guards, so its guard lock is "
         "released before the caller's writes",
-        [Edit("src/fence.rs", 'batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")', 'batch_execute("SELECT 1")')],
+        [Edit("src/fence/guard.rs", 'batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")', 'batch_execute("SELECT 1")')],
         [cargo_test("guard", "guarded_statements_are_prepared_once_and_fenced_guards_run_inside_their_transaction"),
          cargo_test("race", "no_stale_write_commits_after_a_takeover_commits")],
     ),

@@ -356,13 +356,13 @@ impl Store {
     /// Whether this store can open connections of its own outside the pool whose session lasts: every store
     /// can (one built [`from_pool`](Store::from_pool) through the pool's manager), except one behind
     /// [`PoolerMode::Transaction`] without a direct URL.
-    pub(crate) fn can_open_dedicated(&self) -> bool {
+    fn can_open_dedicated(&self) -> bool {
         self.inner.direct.is_some() || self.inner.pooler == PoolerMode::Session
     }
 
     /// A new connection outside the pool (for LISTEN and migrations), secured like the pool's: through the
     /// direct URL when there is one.
-    pub(crate) async fn open_dedicated(&self, kind: Kind) -> Result<AsyncPgConnection> {
+    async fn open_dedicated(&self, kind: Kind) -> Result<AsyncPgConnection> {
         if let Some(direct) = &self.inner.direct {
             return direct.open_checked(kind).await.map(|(conn, _)| conn);
         }
@@ -398,13 +398,14 @@ impl Store {
         }
     }
 
+    /// `name` qualified by this store's cluster (`cluster/name`), as the database stores it.
     pub(crate) fn qualify(&self, name: &str) -> String {
         format!("{}/{}", self.inner.cluster, name)
     }
 
     /// Sends a cancel request for the statement running on the connection `token` belongs to, over TLS when
     /// this store's connections use it.
-    pub(crate) async fn cancel(&self, token: &tokio_postgres::CancelToken) -> Result<()> {
+    async fn cancel(&self, token: &tokio_postgres::CancelToken) -> Result<()> {
         match &self.inner.connect {
             Some(settings) => settings.connector.cancel(token).await,
             None => cancel::cancel_unknown(token).await,
@@ -415,7 +416,7 @@ impl Store {
     /// with the expected identity ([`Error::NotPrimary`], [`Error::WrongDatabase`] otherwise). Bounded by the
     /// connect timeout (and as much again for the identity query). For the leader's renewals, which must not
     /// queue behind the pool's reconnect backoff; through the direct URL when there is one.
-    pub(crate) async fn open_dedicated_checked(&self) -> Result<AsyncPgConnection> {
+    async fn open_dedicated_checked(&self) -> Result<AsyncPgConnection> {
         if let Some(direct) = &self.inner.direct {
             return direct.open_checked(Kind::Coded).await.map(|(conn, _)| conn);
         }

@@ -9,7 +9,7 @@ use diesel_async::AsyncPgConnection;
 use super::{PooledConnection, Store};
 use crate::connect::cancel::cancel_unknown;
 use crate::connect::sqlstate::{sqlstate_of, NOT_READ_COMMITTED};
-use crate::connect::Connector;
+use crate::connect::{Connector, Kind};
 use crate::error::{Error, Result};
 
 /// A pooled connection that is *armed* while a statement is in flight: if it is dropped armed (the caller's
@@ -163,4 +163,153 @@ fn only_row<U>(rows: Vec<U>) -> Result<U> {
         message: "a pgfence function returned no row".to_owned(),
         source: None,
     })
+}
+
+/// The connection a series of statements that must not queue behind the pool goes through: the leader's
+/// renewals.
+///
+/// A store that opens connections of its own ([`Store::connect`]) keeps one, opened again — checked to be the
+/// expected primary, as every pooled connection is — by the first statement after it broke, so every retry
+/// really tries to connect. Through the pool a retry would only wait: after a failed connect, bb8 tries again
+/// 0.4 s later, then 0.8 s, … (up to half the checkout timeout), and a checkout waits for that pending attempt
+/// instead of starting one, so a database down for 0.8 s would cost a lease with a 2 s ttl (the next attempt
+/// would come after the local deadline); it would also wait for an application that has every pooled connection
+/// busy. A store built from an application's pool ([`Store::from_pool`]) goes through that pool.
+pub(crate) struct KeptConnection {
+    dedicated: bool,
+    conn: Option<AsyncPgConnection>,
+}
+
+/// A connection lent to one statement by a [`KeptConnection`].
+pub(crate) enum Lent<'a> {
+    /// Armed (see [`Checked`]): dropped before the answer, its statement is cancelled and it is discarded.
+    Pooled(Checked<'a>),
+    /// The kept connection, or a new one.
+    Dedicated(AsyncPgConnection),
+}
+
+/// Why a [`KeptConnection`] lent no connection.
+#[derive(Debug)]
+pub(crate) enum Unavailable {
+    /// Connecting, or the checkout, failed.
+    Failed(Error),
+    /// `until` came while `doing` was in progress.
+    CutOff {
+        /// What was in progress.
+        doing: &'static str,
+    },
+}
+
+impl Lent<'_> {
+    /// The connection the statement runs on.
+    pub(crate) fn conn(&mut self) -> &mut AsyncPgConnection {
+        match self {
+            Lent::Pooled(conn) => conn,
+            Lent::Dedicated(conn) => conn,
+        }
+    }
+}
+
+impl KeptConnection {
+    /// The way `store`'s renewals go: a connection of its own when it can open one that lasts, else its pool.
+    pub(crate) fn new(store: &Store) -> KeptConnection {
+        KeptConnection {
+            dedicated: store.can_open_dedicated(),
+            conn: None,
+        }
+    }
+
+    /// A connection for one statement, by `until` at the latest: the kept one unless it broke, else a new one.
+    pub(crate) async fn lend<'a>(
+        &mut self,
+        store: &'a Store,
+        until: tokio::time::Instant,
+    ) -> std::result::Result<Lent<'a>, Unavailable> {
+        use diesel_async::pooled_connection::PoolableConnection;
+        if !self.dedicated {
+            return match tokio::time::timeout_at(until, store.checked()).await {
+                Ok(Ok(conn)) => Ok(Lent::Pooled(conn)),
+                Ok(Err(e)) => Err(Unavailable::Failed(e)),
+                Err(_) => Err(Unavailable::CutOff {
+                    doing: "waiting for a pooled connection",
+                }),
+            };
+        }
+        if let Some(mut conn) = self.conn.take() {
+            // Closed by the server (a restart, an idle-session timeout): a statement on it could only fail.
+            if !conn.is_broken() {
+                return Ok(Lent::Dedicated(conn));
+            }
+        }
+        match tokio::time::timeout_at(until, store.open_dedicated_checked()).await {
+            Ok(Ok(conn)) => Ok(Lent::Dedicated(conn)),
+            Ok(Err(e)) => Err(Unavailable::Failed(e)),
+            Err(_) => Err(Unavailable::CutOff {
+                doing: "connecting",
+            }),
+        }
+    }
+
+    /// Takes `lent` back once its statement answered with `result`: a pooled connection is settled (see
+    /// [`Checked::settle`]); the dedicated one is kept unless the error ended its session or broke it.
+    pub(crate) fn settle<T>(
+        &mut self,
+        lent: Lent<'_>,
+        result: &std::result::Result<T, diesel::result::Error>,
+    ) {
+        use diesel_async::pooled_connection::PoolableConnection;
+        match lent {
+            Lent::Pooled(mut conn) => conn.settle(result),
+            Lent::Dedicated(mut conn) => {
+                let ended = result.as_ref().is_err_and(crate::error::ends_the_session);
+                if !ended && (result.is_ok() || !conn.is_broken()) {
+                    self.conn = Some(conn);
+                }
+            }
+        }
+    }
+
+    /// Gives up `lent`, whose statement did not answer in time. A pooled connection is dropped armed (its
+    /// statement is cancelled and it is discarded). The dedicated one is closed, and its statement, which may
+    /// still be queued on the server (behind a lock), is cancelled in the background, so that it cannot take
+    /// effect after its caller gave up on it.
+    pub(crate) fn abandon(store: &Store, mut lent: Lent<'_>) {
+        let cancel = lent.conn().cancel_token();
+        if let Lent::Dedicated(conn) = lent {
+            drop(conn);
+            let store = store.clone();
+            tokio::spawn(async move {
+                // Over TLS like the connection itself, when it used TLS.
+                if let Err(e) = store.cancel(&cancel).await {
+                    tracing::debug!(error = %e, "cancelling a late statement failed");
+                }
+            });
+        }
+    }
+}
+
+impl Store {
+    /// Whether this store can keep a connection LISTENing (see [`Store::listening_connection`]).
+    pub(crate) fn can_listen(&self) -> bool {
+        self.can_open_dedicated()
+    }
+
+    /// A new connection outside the pool, driven by tokio-postgres so that notifications arrive on it: for
+    /// LISTEN. Through the direct URL when there is one.
+    pub(crate) async fn listening_connection(&self) -> Result<AsyncPgConnection> {
+        self.open_dedicated(Kind::Listening).await
+    }
+
+    /// Runs one statement on an armed connection and returns its rows (see [`Checked`]).
+    pub(crate) async fn load_all<Q, U>(&self, query: Q) -> Result<Vec<U>>
+    where
+        Q: diesel_async::methods::LoadQuery<'static, AsyncPgConnection, U> + Send + 'static,
+        U: Send + 'static,
+    {
+        use diesel_async::RunQueryDsl;
+        let mut conn = self.checked().await?;
+        let rows: std::result::Result<Vec<U>, diesel::result::Error> = query.load(&mut *conn).await;
+        conn.settle(&rows);
+        Ok(rows?)
+    }
 }

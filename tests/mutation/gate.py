@@ -399,7 +399,7 @@ MUTATIONS: list[Mutation] = [
         [Edit("src/lease.rs", "local_deadline: sent + ttl,", "local_deadline: Instant::now() + ttl,"),
          Edit("src/lease.rs", "lease.local_deadline = sent + lease.ttl;",
               "lease.local_deadline = Instant::now() + lease.ttl;"),
-         Edit("src/leader/pg.rs", "None => member.renewed(sent),", "None => member.renewed(Instant::now()),")],
+         Edit("src/leader/pg/renew.rs", "None => member.renewed(sent),", "None => member.renewed(Instant::now()),")],
         [cargo_test("lease"), cargo_test("leader")],
     ),
     Mutation(

@@ -220,7 +220,7 @@ mod tests {
             (None, None),
             (Some("refused"), None),
             (Some("refused"), Some("paused")),
-            // The outcomes of the surface before refusals had one name are unknown now.
+            // Outcome names the guard functions never give.
             (Some("stale"), Some("superseded")),
             (Some("denied"), Some("bad_secret")),
             (Some("conflict"), Some("paused")),

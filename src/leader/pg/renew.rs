@@ -570,7 +570,7 @@ mod tests {
             (None, None),
             (Some("refused"), None),
             (Some("refused"), Some("eclipsed")),
-            // Outcomes renew_many never gives.
+            // Outcome names renew_many never gives.
             (Some("lost"), Some("superseded")),
             (Some("denied"), Some("no_grant")),
         ] {

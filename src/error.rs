@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use crate::connect::sqlstate::{self as code, sqlstate_of};
 use crate::types::{Epoch, LossReason, TaskState};
 
 /// Result alias used throughout pgfence.
@@ -310,10 +311,17 @@ impl Error {
 /// failure, deadlock, a lock wait that timed out (`55P03`, and pgfence's `PF003` that names the blockers), and
 /// the connection-exception and operator-intervention classes (`08`, `57P0x`).
 pub fn is_retryable_sqlstate(code: &str) -> bool {
-    matches!(
-        code,
-        "40001" | "40P01" | "55P03" | "57P01" | "57P02" | "57P03" | "PF003"
-    ) || code.starts_with("08")
+    [
+        code::SERIALIZATION_FAILURE,
+        code::DEADLOCK_DETECTED,
+        code::LOCK_NOT_AVAILABLE,
+        code::ADMIN_SHUTDOWN,
+        code::CRASH_SHUTDOWN,
+        code::CANNOT_CONNECT_NOW,
+        code::LOCK_WAIT_ENDED,
+    ]
+    .contains(&code)
+        || code.starts_with(code::CONNECTION_EXCEPTION_CLASS)
 }
 
 impl From<diesel::result::Error> for Error {
@@ -327,17 +335,21 @@ impl From<diesel::result::Error> for Error {
         // table, function or type, named in the pgfence schema (a name is the same in every language; a user's
         // `pgfence_app.x` is not pgfence's). pgfence's own messages (`pgfence: role … does not exist`, 42704
         // from grant and revoke) are about the caller's argument, not the schema.
-        if matches!(
-            sqlstate.as_deref(),
-            Some("3F000" | "42P01" | "42883" | "42704")
-        ) && names_pgfence(&message)
+        let missing = [
+            code::INVALID_SCHEMA_NAME,
+            code::UNDEFINED_TABLE,
+            code::UNDEFINED_FUNCTION,
+            code::UNDEFINED_OBJECT,
+        ];
+        if sqlstate.as_deref().is_some_and(|c| missing.contains(&c))
+            && names_pgfence(&message)
             && !message.starts_with("pgfence: ")
         {
             return Error::SchemaMissing;
         }
         // pgfence's own check of an argument (SQLSTATE 22023, raised before anything is written): the same refusal
         // as the Rust-side check, which leaves some text to it (Unicode newer than the database's tables).
-        if sqlstate.as_deref() == Some(INVALID_ARGUMENT) {
+        if sqlstate.as_deref() == Some(code::INVALID_PARAMETER_VALUE) {
             if let Some(refused) = argument_refused(&message) {
                 return refused;
             }
@@ -349,9 +361,6 @@ impl From<diesel::result::Error> for Error {
         }
     }
 }
-
-/// pgfence's SQLSTATE for an argument its functions refuse (`invalid_parameter_value`).
-const INVALID_ARGUMENT: &str = "22023";
 
 /// The [`Error::InvalidInput`] for the database's check of an argument, `pgfence: invalid <field>: <reason>`
 /// (the argument names of the SQL functions are the Rust API's field names; a role that grants and revokes
@@ -394,23 +403,20 @@ fn names_pgfence(message: &str) -> bool {
     })
 }
 
-/// pgfence's `PF004`: a guarded write outside READ COMMITTED, refused before anything was written.
-pub(crate) const ISOLATION_REFUSAL: &str = "PF004";
-
 /// The SQLSTATEs diesel keeps as a kind of its own (the server's code mapped by diesel-async): for stores built
 /// from an application's pool, whose connections pgfence did not open.
 fn kind_sqlstate(kind: &diesel::result::DatabaseErrorKind) -> Option<&'static str> {
     use diesel::result::DatabaseErrorKind as K;
     match kind {
-        K::SerializationFailure => Some("40001"),
-        K::UniqueViolation => Some("23505"),
-        K::ForeignKeyViolation => Some("23503"),
-        K::NotNullViolation => Some("23502"),
-        K::CheckViolation => Some("23514"),
-        K::ExclusionViolation => Some("23P01"),
-        K::RestrictViolation => Some("23001"),
-        K::ReadOnlyTransaction => Some("25006"),
-        K::ClosedConnection | K::UnableToSendCommand => Some("08006"),
+        K::SerializationFailure => Some(code::SERIALIZATION_FAILURE),
+        K::UniqueViolation => Some(code::UNIQUE_VIOLATION),
+        K::ForeignKeyViolation => Some(code::FOREIGN_KEY_VIOLATION),
+        K::NotNullViolation => Some(code::NOT_NULL_VIOLATION),
+        K::CheckViolation => Some(code::CHECK_VIOLATION),
+        K::ExclusionViolation => Some(code::EXCLUSION_VIOLATION),
+        K::RestrictViolation => Some(code::RESTRICT_VIOLATION),
+        K::ReadOnlyTransaction => Some(code::READ_ONLY_SQL_TRANSACTION),
+        K::ClosedConnection | K::UnableToSendCommand => Some(code::CONNECTION_FAILURE),
         _ => None,
     }
 }
@@ -420,8 +426,11 @@ fn kind_sqlstate(kind: &diesel::result::DatabaseErrorKind) -> Option<&'static st
 /// back to the pool: the driver may not have noticed the closed socket yet, and the next statement — a retry,
 /// typically — would be handed the same dead session.
 pub(crate) fn ends_the_session(err: &diesel::result::Error) -> bool {
-    diesel_sqlstate(err)
-        .is_some_and(|code| code.starts_with("08") || code.starts_with("57P") || code == "25P03")
+    diesel_sqlstate(err).is_some_and(|c| {
+        c.starts_with(code::CONNECTION_EXCEPTION_CLASS)
+            || c.starts_with(code::OPERATOR_INTERVENTION_PREFIX)
+            || c == code::IDLE_IN_TRANSACTION_SESSION_TIMEOUT
+    })
 }
 
 /// The SQLSTATE of a database error: read off the wire (any server language), else from diesel's coarse kind.
@@ -429,7 +438,7 @@ pub(crate) fn diesel_sqlstate(err: &diesel::result::Error) -> Option<String> {
     let diesel::result::Error::DatabaseError(kind, info) = err else {
         return None;
     };
-    crate::wire::sqlstate_of(info.message(), info.details(), info.hint())
+    sqlstate_of(info.message(), info.details(), info.hint())
         .or_else(|| kind_sqlstate(kind).map(str::to_owned))
 }
 

@@ -7,13 +7,16 @@
 //! | module | owns | SQL it calls (`migrations/2026-11-30-…/up.sql`) |
 //! |---|---|---|
 //! | `types` | the shared value types ([`Epoch`], [`LossReason`], [`TaskState`]) and input limits | — |
+//! | `connect::sqlstate` | the SQLSTATEs pgfence tells apart, by name ([`sqlstate`]), and the code of every error read off the wire ([`WireStream`]) | the `PF00x` codes the migrations raise |
 //! | `error` | [`Error`], its codes ([`Error::sqlstate`]) and which are retryable | — |
 //! | `validate` | input checks applied before anything is sent, fallible constructors | the same rules in `pgfence._text_problem` (`000001_schema`) |
 //! | `reply` | how a pgfence SQL function's answer is read: `SELECT * FROM pgfence.f(…)` by column name, the shared reasons, the error for an answer it does not know | — |
-//! | `tls`, `pooler` | [`Connector`] (connection strings, TLS, several hosts), [`PoolerMode`] | — |
-//! | `store` | [`Store`]: the pool, database identity, migrations | applies every migration; `pgfence.identity` (`000001_schema`) |
+//! | `connect` | every connection pgfence opens, one concern per file: [`Connector`] and its one host loop, connection strings, TLS, sockets, cancel requests, the identity a connection must show ([`DatabaseIdentity`]), [`PoolerMode`] | `pgfence.identity` (`000001_schema`) |
+//! | `store` | [`Store`]: the pool; its [`StoreConfig`] (`config`), how one statement runs on it (`statement`), migrations (`migrate`) | applies every migration |
 //! | `lease` | [`Lease`], acquire / renew / release / force-release, status reads | `000002_lease_protocol`: `pgfence.acquire`, `renew`, `release`, `force_release`, `tenure_history` |
-//! | `fence` | [`Fence`], the guard, [`Store::fenced`], [`Store::guarded_write`], the audit, enforcement, grants | `000003_guard`: `pgfence.fence`, `_guard`, `ungated_write`, enforcement, `prune_rejections`; `000006_roles`: `pgfence.grant_*`, `revoke` |
+//! | `fence` | [`Fence`], the guarded statement, the guard's verdict, [`Store::fenced`], [`Store::guarded_write`] | `000003_guard`: `pgfence.fence`, `_guard`, `ungated_write` |
+//! | `audit` | [`Rejection`], [`RejectionFilter`], [`Store::rejections`] | the audit's table and writer `_reject` (`000001_schema`) |
+//! | `admin` | [`Enforcement`], [`Store::prune_rejections`], the grants | `000003_guard`: enforcement, `prune_rejections`; `000006_roles`: `pgfence.grant_*`, `revoke` |
 //! | `membership` | replica groups: [`MemberSpec`], [`Member`], join / heartbeat / leave, the [`Roster`] | `000005_membership`: `pgfence.join_group`, `heartbeat`, `leave_group`, `roster`, `group_members` |
 //! | `tasks` | the guarded task and event writes | `000004_tasks`: `pgfence.create_task`, `claim_task`, `transition_task`, `append_event` |
 //! | `history` | the record of every tenure from both sides ([`Tenure`]), the holder's belief reports, the overlap review ([`Store::review`]) | `000002_lease_protocol`: `pgfence.report_belief`, `tenure_history`; the write marks of `000003_guard` |
@@ -83,6 +86,9 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod admin;
+mod audit;
+mod connect;
 #[cfg(all(unix, feature = "testing"))]
 #[cfg_attr(docsrs, doc(cfg(all(unix, feature = "testing"))))]
 pub mod embedded;
@@ -92,20 +98,27 @@ mod history;
 pub mod leader;
 mod lease;
 mod membership;
-mod pooler;
 mod reply;
 mod store;
 mod tasks;
-mod tls;
 mod types;
 mod validate;
-mod wire;
 
+pub use admin::Enforcement;
+pub use audit::{Rejection, RejectionFilter};
+pub use connect::conninfo::redact;
+pub use connect::identity::{DatabaseIdentity, ExpectedIdentity};
+pub use connect::pooler::PoolerMode;
+pub use connect::sqlstate::code as sqlstate;
+pub use connect::sqlstate::WireStream;
+pub use connect::tls::SslMode;
+pub use connect::{Connection, Connector, TlsStream};
 pub use error::{is_retryable_sqlstate, DenyReason, Error, Result};
-pub use fence::{
-    fence_passed, guarded_write_sql, native_guarded_write_sql, Cached, Enforcement, Fence,
-    Rejection, RejectionFilter, FENCE_PASSED, MAX_OPERATION_LEN, METRIC_STALE_WRITES,
+pub use fence::outcome::METRIC_STALE_WRITES;
+pub use fence::write::{
+    fence_passed, guarded_write_sql, native_guarded_write_sql, Cached, FENCE_PASSED,
 };
+pub use fence::{Fence, MAX_OPERATION_LEN};
 pub use history::{
     Belief, BeliefEnd, Interval, OffsetBounds, Overlap, ServerView, Successor, Tenure,
     TenureReview, CLOCK_DRIFT_PPM, WRITE_MARK_RESOLUTION,
@@ -117,18 +130,13 @@ pub use membership::{
     GroupMember, Member, MemberLoss, MemberSpec, Roster, RosterMember, MAX_GROUP_LEN,
     MAX_GROUP_NAMES, MAX_SHARDS, MAX_WEIGHT,
 };
-pub use pooler::PoolerMode;
-pub use store::{
-    DatabaseIdentity, ExpectedIdentity, LayoutProblem, LayoutSeverity, Pool, PooledConnection,
-    Store, StoreConfig, ADVISORY_FUNCTIONS_NEEDED, DEFAULT_MIGRATION_LOCK_WAIT, MIGRATIONS,
-    NATIVE_GUARD_VERSION,
-};
+pub use store::config::{StoreConfig, DEFAULT_MIGRATION_LOCK_WAIT};
+pub use store::migrate::{LayoutProblem, LayoutSeverity, ADVISORY_FUNCTIONS_NEEDED, MIGRATIONS};
+pub use store::{Pool, PooledConnection, Store, NATIVE_GUARD_VERSION};
 pub use tasks::{Task, TaskEvent, TaskWrite, MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH};
-pub use tls::{redact, Connection, Connector, SslMode, TlsStream};
 pub use types::{
     Epoch, LossReason, TaskState, MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL,
 };
-pub use wire::WireStream;
 
 /// The driver crates pgfence is built on, re-exported so that fenced-transaction code uses the same versions.
 pub mod reexports {

@@ -12,7 +12,9 @@ use diesel::QueryableByName;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::fence::{sql::WriteResult, Fence, WriteOutcome, WriteResultRow};
+use crate::fence::{
+    outcome::sql::WriteResult, outcome::WriteOutcome, outcome::WriteResultRow, Fence,
+};
 use crate::reply::{unexpected, RowsOf};
 use crate::store::Store;
 use crate::types::{Epoch, TaskState};

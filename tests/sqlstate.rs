@@ -195,3 +195,52 @@ async fn pgfence_codes_work_in_german() {
         .await
         .expect("the PF004 refusal is recognised by its code and the write runs in READ COMMITTED");
 }
+
+/// pgfence's own codes by name (`pgfence::sqlstate::PF00x`) are exactly the codes its migrations raise to their
+/// callers (`USING ERRCODE = 'PF…'`; a code the SQL also catches, `WHEN SQLSTATE 'PF…'`, only rolls back a block
+/// and never reaches a client): a code added to the SQL without its constant, or a constant whose code the SQL
+/// does not raise, fails here, so the Rust names cannot drift from the SQL.
+#[test]
+fn the_named_pgfence_codes_are_the_ones_the_migrations_raise() {
+    use pgfence::sqlstate;
+    use std::collections::BTreeSet;
+    let named = [
+        sqlstate::RAW_WRITE_REFUSED,
+        sqlstate::APPEND_ONLY,
+        sqlstate::LOCK_WAIT_ENDED,
+        sqlstate::NOT_READ_COMMITTED,
+        sqlstate::LEASE_ROW_CHANGE_REFUSED,
+        sqlstate::UNGATED_WRITE,
+    ];
+    let named_set: BTreeSet<&str> = named.iter().copied().collect();
+    assert_eq!(
+        named_set.len(),
+        named.len(),
+        "two names for one code: {named:?}"
+    );
+    let migrations = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let (mut raised, mut caught) = (BTreeSet::new(), BTreeSet::new());
+    let codes_after = |sql: &str, prefix: &str| -> Vec<String> {
+        sql.match_indices(prefix)
+            .map(|(at, _)| sql[at + prefix.len() - 2..][..5].to_owned())
+            .collect()
+    };
+    for dir in std::fs::read_dir(&migrations).expect("the migrations folder") {
+        let up = dir.expect("a migration").path().join("up.sql");
+        let Ok(sql) = std::fs::read_to_string(&up) else {
+            continue;
+        };
+        raised.extend(codes_after(&sql, "ERRCODE = 'PF"));
+        caught.extend(codes_after(&sql, "WHEN SQLSTATE 'PF"));
+    }
+    let raised: BTreeSet<&str> = raised.difference(&caught).map(String::as_str).collect();
+    assert!(
+        !raised.is_empty(),
+        "no PF code found in {}",
+        migrations.display()
+    );
+    assert_eq!(
+        named_set, raised,
+        "pgfence::sqlstate's PF codes (left) and the codes the migrations raise (right) differ"
+    );
+}

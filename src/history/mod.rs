@@ -21,7 +21,7 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::fence::Rejection;
+use crate::audit::Rejection;
 use crate::types::{Epoch, LossReason};
 
 mod calls;

@@ -3,7 +3,7 @@
 //! clock alone. Pure: no I/O, no clock.
 
 use super::{Interval, OffsetBounds, Overlap, Successor, Tenure, TenureReview, CLOCK_DRIFT_PPM};
-use crate::fence::Rejection;
+use crate::audit::Rejection;
 
 /// The review of a lease's tenures (oldest first) against its tenure-scope refusals.
 pub(super) fn review(tenures: Vec<Tenure>, refusals: &[Rejection]) -> Vec<TenureReview> {

@@ -386,9 +386,9 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "abandoned-statement-not-cancelled",
         "a statement abandoned mid-flight (a dropped future) is not cancelled on the server and completes later",
-        [Edit("src/store.rs", """                let cancelled = match connector {
+        [Edit("src/store/statement.rs", """                let cancelled = match connector {
                     Some(connector) => connector.cancel(&token).await,
-                    None => crate::tls::cancel_unknown(&token).await,
+                    None => cancel_unknown(&token).await,
                 };""", """                let _ = (&connector, &token);
                 let cancelled: Result<()> = Ok(());""")],
         [cargo_test("guard", "an_abandoned_acquire_is_cancelled_on_the_server")],
@@ -399,7 +399,7 @@ MUTATIONS: list[Mutation] = [
         [Edit("src/lease/calls.rs", "local_deadline: sent + ttl,", "local_deadline: Instant::now() + ttl,"),
          Edit("src/lease/calls.rs", "lease.local_deadline = sent + lease.ttl;",
               "lease.local_deadline = Instant::now() + lease.ttl;"),
-         Edit("src/leader/pg.rs", "None => member.renewed(sent),", "None => member.renewed(Instant::now()),")],
+         Edit("src/leader/pg/renew.rs", "None => member.renewed(sent),", "None => member.renewed(Instant::now()),")],
         [cargo_test("lease"), cargo_test("leader")],
     ),
     Mutation(
@@ -413,7 +413,7 @@ MUTATIONS: list[Mutation] = [
         "guarded-write-acknowledged-before-commit",
         "a one-statement guarded write (and every task write) is acknowledged at its first row, before the implicit "
         "commit that follows it",
-        [Edit("src/store.rs", """        let rows: std::result::Result<Vec<U>, diesel::result::Error> =
+        [Edit("src/store/statement.rs", """        let rows: std::result::Result<Vec<U>, diesel::result::Error> =
             query().load(&mut *conn).await;""", """        let rows: std::result::Result<Vec<U>, diesel::result::Error> =
             query().get_result(&mut *conn).await.map(|r| vec![r]);""")],
         [cargo_test("guard", "a_guarded_write_whose_commit_fails_is_an_error_not_an_acknowledgement"),
@@ -422,7 +422,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "guarded-write-without-its-safety-net",
         "a one-statement guarded write whose statement is not gated commits its rows although the guard refused",
-        [Edit("src/fence.rs", "CASE WHEN g.passed OR w.n = 0 THEN w.n ELSE pgfence.ungated_write(g.outcome, w.n) END",
+        [Edit("src/fence/write.rs", "CASE WHEN g.passed OR w.n = 0 THEN w.n ELSE pgfence.ungated_write(g.outcome, w.n) END",
               "w.n")],
         [cargo_test("guard", "an_ungated_statement_never_commits_under_a_refused_fence")],
     ),
@@ -430,7 +430,7 @@ MUTATIONS: list[Mutation] = [
         "fenced-guard-outside-its-transaction",
         "the fenced transaction's guard runs before (outside) the transaction it guards, so its guard lock is "
         "released before the caller's writes",
-        [Edit("src/fence.rs", 'batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")', 'batch_execute("SELECT 1")')],
+        [Edit("src/fence/guard.rs", 'batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")', 'batch_execute("SELECT 1")')],
         [cargo_test("guard", "guarded_statements_are_prepared_once_and_fenced_guards_run_inside_their_transaction"),
          cargo_test("race", "no_stale_write_commits_after_a_takeover_commits")],
     ),
@@ -438,7 +438,7 @@ MUTATIONS: list[Mutation] = [
         "sqlstate-not-read-off-the-wire",
         "an error's SQLSTATE comes only from diesel's coarse kind, so a server speaking another language loses "
         "deadlock, lock-timeout, privilege and pgfence codes",
-        [Edit("src/error.rs", """    crate::wire::sqlstate_of(info.message(), info.details(), info.hint())
+        [Edit("src/error.rs", """    sqlstate_of(info.message(), info.details(), info.hint())
         .or_else(|| kind_sqlstate(kind).map(str::to_owned))""",
               """    kind_sqlstate(kind).map(str::to_owned)""")],
         [cargo_test("sqlstate")],

@@ -60,7 +60,7 @@ for module in "$@"; do
                 lease:: guard::every_kind guard::stale_write trust::a_forged trust::another_role \
                 hostile::lease_names hostile::ttls hostile::any_epoch store::identity takeover::renew_many lease ;;
         fence)
-            sweep fence src/fence.rs --lib --test suite -- "${skip[@]}" \
+            sweep fence 'src/{fence/*.rs,admin.rs,audit.rs}' --lib --test suite -- "${skip[@]}" \
                 guard:: privileges::repeated privileges::prune privileges::audit_mode trust::a_forged \
                 trust::a_fence_handed trust::grant_refuses trust::two_applications trust::a_role_cannot \
                 hostile::any_epoch takeover::guards_refuse sqlstate:: fence ;;

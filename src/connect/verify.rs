@@ -1,4 +1,4 @@
-//! The rustls side of [`super`]: a client configuration for each kind of verification, and the connector that
+//! The rustls side of [`super::tls`]: a client configuration for each kind of verification, and the connector that
 //! records how far the handshake got (so that errors can say whether TLS was refused, failed, or not involved).
 
 use std::future::Future;
@@ -13,8 +13,8 @@ use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 
+use super::sqlstate::WireStream;
 use crate::error::{Error, Result};
-use crate::wire::WireStream;
 
 /// What the server's certificate must prove.
 pub(super) enum Verify {

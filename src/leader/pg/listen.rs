@@ -1,0 +1,164 @@
+//! The release listener: one connection LISTENing for released leases and roster changes, fanned out to the
+//! elector's waiters, and the cache of lease names its notifications are resolved with.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use diesel::QueryableByName;
+use diesel_async::AsyncPgConnection;
+use tokio::sync::broadcast;
+
+use crate::error::Result;
+use crate::leader::held::Wake;
+use crate::store::Store;
+
+/// First delay before the release listener reconnects; it doubles up to [`LISTEN_RETRY_MAX`].
+const LISTEN_RETRY_MIN: Duration = Duration::from_millis(100);
+/// Longest delay between the release listener's connection attempts. Short: while it is away, releases go unheard
+/// (waiters sleep out their timers, up to `poll_every`), and an attempt against a server that is down costs it
+/// nothing. A cap of 5 s would space the attempts 0.1, 0.3, 0.7, 1.5, 3.1 and 6.3 s after the connection was
+/// lost: a server back after 3.2 s would be listened to again only 3.1 s later.
+const LISTEN_RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// Keeps one dedicated connection LISTENing for released leases and fans the names out. Reconnects after
+/// 100 ms, doubling up to 1 s; while it is down, waiters fall back to their timeouts, and once it LISTENs again
+/// every waiter is woken ([`Wake::Resumed`]) to look for a release it did not hear.
+///
+/// A notification carries the released lease's lock key, not its name (any role may LISTEN): the name is
+/// looked up in `pgfence.leases`, which shows only leases of clusters this role has a grant on, and cached
+/// (lock keys are never reused and names never change). Keys of leases this role cannot see are ignored.
+pub(super) async fn listen(
+    store: Store,
+    names: Arc<Mutex<HashMap<i32, String>>>,
+    tx: broadcast::Sender<Wake>,
+) {
+    use diesel_async::SimpleAsyncConnection;
+    use futures_util::StreamExt;
+    let mut delay = LISTEN_RETRY_MIN;
+    let mut listened_before = false;
+    loop {
+        match store.listening_connection().await {
+            // Two statements, the release channel last: what `pg_stat_activity` shows of the listener.
+            Ok(mut conn) => match async {
+                conn.batch_execute("LISTEN pgfence_members").await?;
+                conn.batch_execute("LISTEN pgfence_lease_free").await
+            }
+            .await
+            {
+                Ok(()) => {
+                    delay = LISTEN_RETRY_MIN;
+                    if listened_before {
+                        let _ = tx.send(Wake::Resumed);
+                    }
+                    listened_before = true;
+                    loop {
+                        // The stream only reads the connection's notification queue: dropping it between
+                        // notifications loses none, and frees the connection for the name lookup.
+                        let next = std::pin::pin!(conn.notifications_stream()).next().await;
+                        match next {
+                            Some(Ok(n)) if n.channel == "pgfence_members" => {
+                                let _ = tx.send(Wake::Members);
+                            }
+                            Some(Ok(n)) => {
+                                let Ok(key) = n.payload.parse::<i32>() else {
+                                    continue;
+                                };
+                                if let Some(name) = lease_name(&mut conn, &names, key).await {
+                                    let _ = tx.send(Wake::Free(name));
+                                }
+                            }
+                            Some(Err(e)) => {
+                                tracing::debug!(error = %e, "release listener connection failed");
+                                break;
+                            }
+                            None => break,
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "LISTEN failed"),
+            },
+            Err(e) => {
+                tracing::debug!(error = %e, "release listener cannot connect")
+            }
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(LISTEN_RETRY_MAX);
+    }
+}
+
+/// The name of the lease with lock key `key`, if this role can see it (cached). Looked up on the listener's own
+/// connection, the one that just proved alive: right after an outage the pool may still hand out connections
+/// that died with the server, or none at all during its reconnect backoff, and the notification would be lost.
+async fn lease_name(
+    conn: &mut AsyncPgConnection,
+    names: &Mutex<HashMap<i32, String>>,
+    key: i32,
+) -> Option<String> {
+    use diesel::OptionalExtension;
+    use diesel_async::RunQueryDsl;
+    if let Some(name) = names.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Some(name.clone());
+    }
+    let name: Option<String> = diesel::select(
+        diesel::dsl::sql::<diesel::sql_types::Nullable<diesel::sql_types::Text>>(
+            "(SELECT name FROM pgfence.leases WHERE lock_key = ",
+        )
+        .bind::<diesel::sql_types::Integer, _>(key)
+        .sql(")"),
+    )
+    .get_result::<Option<String>>(conn)
+    .await
+    .optional()
+    .ok()
+    .flatten()
+    .flatten();
+    if let Some(name) = &name {
+        names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, name.clone());
+    }
+    name
+}
+
+/// The lock key and name of every lease of `qualified` that the listener does not know yet, read in one
+/// statement into its cache. Called after a roster read, off the path of any release: so that the release of a
+/// name that changes hands wakes its successor at once, not after a lookup of the key on the listener's
+/// connection (one statement more on the path of every handover of a name this process never saw released).
+pub(super) async fn warm_lease_names(
+    store: &Store,
+    names: &Mutex<HashMap<i32, String>>,
+    qualified: Vec<String>,
+) {
+    let missing: Vec<String> = {
+        let names = names.lock().unwrap_or_else(|p| p.into_inner());
+        let known: std::collections::HashSet<&String> = names.values().collect();
+        qualified
+            .into_iter()
+            .filter(|n| !known.contains(n))
+            .collect()
+    };
+    if missing.is_empty() {
+        return;
+    }
+    #[derive(QueryableByName)]
+    struct KeyRow {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        lock_key: i32,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        name: String,
+    }
+    let rows: Result<Vec<KeyRow>> = store
+        .load_all(
+            diesel::sql_query("SELECT lock_key, name FROM pgfence.leases WHERE name = ANY($1)")
+                .bind::<diesel::sql_types::Array<diesel::sql_types::Text>, _>(missing),
+        )
+        .await;
+    if let Ok(rows) = rows {
+        let mut names = names.lock().unwrap_or_else(|p| p.into_inner());
+        for row in rows {
+            names.insert(row.lock_key, row.name);
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! The PostgreSQL [`Elector`](super::Elector): acquisition, batched renewal on a connection of its own
+//! (`renew`), and release announcements through LISTEN/NOTIFY (`listen`).
+//!
+//! SQL: `pgfence.renew_many` and the `pgfence_lease_free` notification of `pgfence.release` and
+//! `pgfence.force_release`, in `migrations/2026-11-30-000002_lease_protocol/up.sql`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+
+use super::group::{Leaver, MemberShared, Membership};
+use super::held::{BeliefReporter, Health, HeldLease, Releaser, Shared, Wake, Wakeups};
+use super::options::LeaseOptions;
+use super::supervisor::BoxFuture;
+use super::Elector;
+use crate::error::{Error, Result};
+use crate::lease::{Lease, Released};
+use crate::membership::{Member, MemberSpec, Roster};
+use crate::store::Store;
+use listen::{listen, warm_lease_names};
+use renew::{GroupKey, Renewals};
+
+mod listen;
+mod renew;
+
+/// The PostgreSQL [`Elector`]: leases in `pgfence.leases`, renewed in batches, woken by LISTEN/NOTIFY.
+/// Create one per process and clone it.
+#[derive(Clone, Debug)]
+pub struct PgElector {
+    inner: Arc<PgInner>,
+}
+
+#[derive(Debug)]
+struct PgInner {
+    store: Store,
+    /// Lock key → lease name, for the release listener (a notification carries the key); shared so that a
+    /// roster read can warm it (`warm_lease_names`) and a release is never waited on behind a lookup.
+    lease_names: Arc<Mutex<HashMap<i32, String>>>,
+    renewals: Arc<Renewals>,
+    notifications: OnceLock<broadcast::Sender<Wake>>,
+    listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for PgInner {
+    fn drop(&mut self) {
+        if let Some(task) = self
+            .listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            task.abort();
+        }
+    }
+}
+
+impl PgElector {
+    /// An elector on `store`.
+    pub fn new(store: Store) -> PgElector {
+        PgElector {
+            inner: Arc::new(PgInner {
+                renewals: Arc::new(Renewals::new(store.clone())),
+                store,
+                lease_names: Arc::default(),
+                notifications: OnceLock::new(),
+                listener: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// The store behind it.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    fn join_group(&self, key: GroupKey, member: Arc<Shared>) {
+        self.inner.renewals.join_group(key, member);
+    }
+
+    fn attach_membership(&self, key: GroupKey, membership: Arc<MemberShared>) -> Result<()> {
+        self.inner.renewals.attach_membership(key, membership)
+    }
+
+    fn notifications(&self) -> &broadcast::Sender<Wake> {
+        self.inner.notifications.get_or_init(|| {
+            let (tx, _) = broadcast::channel(1024);
+            if self.inner.store.can_listen() {
+                let task = tokio::spawn(listen(
+                    self.inner.store.clone(),
+                    self.inner.lease_names.clone(),
+                    tx.clone(),
+                ));
+                *self
+                    .inner
+                    .listener
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(task);
+            }
+            tx
+        })
+    }
+}
+
+#[derive(Debug)]
+struct PgReleaser {
+    store: Store,
+}
+
+impl Releaser for PgReleaser {
+    fn release(&self, lease: Lease) -> BoxFuture<Result<Released>> {
+        let store = self.store.clone();
+        Box::pin(async move {
+            // Release is idempotent, so a transient failure (a connection that died under us) is retried once on
+            // a fresh connection; if that fails too, the lease simply expires after its ttl.
+            match store.release(&lease).await {
+                Err(e) if e.is_transient() => store.release(&lease).await,
+                other => other,
+            }
+        })
+    }
+}
+
+#[derive(Debug)]
+struct PgLeaver {
+    store: Store,
+}
+
+impl Leaver for PgLeaver {
+    fn leave(&self, member: Member) -> BoxFuture<Result<bool>> {
+        let store = self.store.clone();
+        Box::pin(async move {
+            // Idempotent, like a release: retried once on a fresh connection; if that fails too, the membership
+            // expires after its ttl.
+            match store.leave_group(&member).await {
+                Err(e) if e.is_transient() => store.leave_group(&member).await,
+                other => other,
+            }
+        })
+    }
+}
+
+impl Elector for PgElector {
+    fn qualify(&self, name: &str) -> String {
+        self.inner.store.qualify(name)
+    }
+
+    async fn acquire(&self, name: &str, holder: &str, options: &LeaseOptions) -> Result<HeldLease> {
+        options.validate()?;
+        let lease = self.inner.store.acquire(name, holder, options.ttl).await?;
+        let deadline = lease.local_deadline();
+        let reporter = options.report_beliefs.then(|| BeliefReporter {
+            store: self.inner.store.clone(),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        let shared = Shared::new(lease, options.safety_margin, deadline, reporter);
+        self.join_group(
+            GroupKey {
+                holder: holder.to_owned(),
+                ttl: options.ttl,
+                renew_every: options.renew_every,
+                retry_every: options.retry_every,
+            },
+            shared.clone(),
+        );
+        Ok(HeldLease::new(
+            shared,
+            Arc::new(PgReleaser {
+                store: self.inner.store.clone(),
+            }),
+        ))
+    }
+
+    fn wakeups(&self) -> Wakeups {
+        Wakeups {
+            rx: Some(self.notifications().subscribe()),
+        }
+    }
+
+    async fn join(
+        &self,
+        group: &str,
+        member: &str,
+        spec: &MemberSpec,
+        options: &LeaseOptions,
+    ) -> Result<Membership> {
+        options.validate()?;
+        // Listening before the join: a change of the roster right after it is not missed.
+        self.notifications();
+        let joined = self
+            .inner
+            .store
+            .join_group(group, member, spec, options.ttl)
+            .await?;
+        let shared = MemberShared::new(joined, options.safety_margin);
+        let key = GroupKey {
+            holder: member.to_owned(),
+            ttl: options.ttl,
+            renew_every: options.renew_every,
+            retry_every: options.retry_every,
+        };
+        let leaver = Arc::new(PgLeaver {
+            store: self.inner.store.clone(),
+        });
+        if let Err(e) = self.attach_membership(key, shared.clone()) {
+            // Not heartbeated: leave at once rather than leave a member the others would count for a ttl.
+            let _ = leaver.leave(shared.member()).await;
+            return Err(e);
+        }
+        Ok(Membership::new(shared, leaver))
+    }
+
+    async fn roster(&self, group: &str) -> Result<Roster> {
+        let roster = self.inner.store.roster(group).await?;
+        let names: std::collections::BTreeSet<String> = roster
+            .members
+            .iter()
+            .flat_map(|m| m.names.iter().map(|n| self.qualify(n)))
+            .collect();
+        // In the background: the roster goes to the balancer at once.
+        let store = self.inner.store.clone();
+        let cache = self.inner.lease_names.clone();
+        tokio::spawn(
+            async move { warm_lease_names(&store, &cache, names.into_iter().collect()).await },
+        );
+        Ok(roster)
+    }
+
+    async fn handover_gap(&self, name: &str, epoch: crate::types::Epoch) -> Option<Duration> {
+        self.inner
+            .store
+            .handover_gap(name, epoch)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::debug!(error = %e, "reading the handover gap failed");
+                None
+            })
+    }
+
+    async fn health(&self) -> Health {
+        match self.inner.store.verify_identity().await {
+            Ok(_) => Health {
+                database_reachable: true,
+                primary: Some(true),
+                identity_as_expected: Some(true),
+                error: None,
+            },
+            Err(e @ Error::NotPrimary { .. }) => Health {
+                database_reachable: true,
+                primary: Some(false),
+                identity_as_expected: None,
+                error: Some(e.to_string()),
+            },
+            Err(e @ Error::WrongDatabase { .. }) => Health {
+                database_reachable: true,
+                primary: Some(true),
+                identity_as_expected: Some(false),
+                error: Some(e.to_string()),
+            },
+            Err(e) => Health {
+                database_reachable: false,
+                primary: None,
+                identity_as_expected: None,
+                error: Some(e.to_string()),
+            },
+        }
+    }
+}

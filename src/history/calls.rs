@@ -6,8 +6,8 @@ use diesel::QueryableByName;
 
 use super::review::review;
 use super::{Belief, BeliefEnd, ServerView, Tenure, TenureReview};
-use crate::error::{Error, Result};
 use crate::audit::{Rejection, REJECTION_COLUMNS};
+use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::store::Store;
 use crate::types::Epoch;

@@ -3,7 +3,7 @@
 //! guarded writes each), an operator (force_release) and a promotion of an asynchronous standby.
 //!
 //! Every action names the SQL function and the lock it stands for (`migrations/…_lease_protocol/up.sql` and
-//! `migrations/…_guard/up.sql`, and `src/lease.rs` / `src/leader/` for the holder side). A change to the guard or to the lease protocol changes
+//! `migrations/…_guard/up.sql`, and `src/lease/` / `src/leader/` for the holder side). A change to the guard or to the lease protocol changes
 //! this file in the same commit.
 //!
 //! Granularity: one action is one SQL statement (or one indivisible part of a function between two lock

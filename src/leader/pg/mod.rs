@@ -13,7 +13,7 @@ use tokio::sync::broadcast;
 use super::group::{Leaver, MemberShared, Membership};
 use super::held::{BeliefReporter, Health, HeldLease, Releaser, Shared, Wake, Wakeups};
 use super::options::LeaseOptions;
-use super::supervisor::BoxFuture;
+use super::BoxFuture;
 use super::Elector;
 use crate::error::{Error, Result};
 use crate::lease::{Lease, Released};

@@ -32,9 +32,6 @@ use spread::{AbortOnDrop, Balancer, NameLoop, View};
 use status::{lock, Status};
 pub use status::{GroupStatus, Readiness, SupervisorStatus};
 
-/// The leadership module's boxed future, also reachable by this path for the elector modules that name it so.
-pub(super) use super::BoxFuture;
-
 /// One shard of a sharded controller ([`Supervisor::sharded`]): its callback runs once per shard this replica
 /// leads, with that shard's fence (the lease `<name>/<index>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

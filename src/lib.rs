@@ -126,7 +126,8 @@ pub use store::{
 pub use tasks::{Task, TaskEvent, TaskWrite, MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH};
 pub use tls::{redact, Connection, Connector, SslMode, TlsStream};
 pub use types::{
-    Epoch, LossReason, TaskState, MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL,
+    Epoch, LossReason, TaskState, GUARD_LOCK_CLASS, MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_LEN,
+    MAX_TTL, MIN_TTL,
 };
 pub use wire::WireStream;
 

@@ -50,7 +50,7 @@ END;
 $$;
 
 -- Takes a lease's intent lock, then its guard lock, EXCLUSIVE for a change of who may write. The intent lock
--- (1885824613, -lock_key) first, held to the end of the transaction: from then on no guard of the lease passes its
+-- (_guard_lock_class(), -lock_key) first, held to the end of the transaction: from then on no guard of the lease passes its
 -- check (each probes the intent lock before it takes the guard lock, and one that finds it taken waits for this
 -- takeover to end: pgfence._await_takeover), whatever this function does next — wait for the guard lock, let its
 -- wait run out after the grace, end the holders, queue again. Then the guard lock: waits for the guarded
@@ -70,27 +70,28 @@ DECLARE
 BEGIN
     -- Nobody holds the intent lock but a takeover (the caller's row lock keeps others out) and guards probing it
     -- for an instant, so this wait is short; bounded all the same.
-    IF NOT pg_catalog.pg_try_advisory_xact_lock(1885824613, -p_lock_key) THEN
+    IF NOT pg_catalog.pg_try_advisory_xact_lock(pgfence._guard_lock_class(), -p_lock_key) THEN
         wait_ms := pgfence._lock_wait_ms();
         BEGIN
             PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
-            PERFORM pg_catalog.pg_advisory_xact_lock(1885824613, -p_lock_key);
+            PERFORM pg_catalog.pg_advisory_xact_lock(pgfence._guard_lock_class(), -p_lock_key);
         EXCEPTION WHEN lock_not_available THEN
             RAISE EXCEPTION 'pgfence: takeover of lease % waited % ms for its intent lock; held by %',
                 pgfence._printable(p_lease), wait_ms,
                 pgfence._describe_backends(pgfence._intent_lockers(p_lock_key, true))
                 USING ERRCODE = 'PF003',
-                      HINT = 'Only a takeover holds it for longer than an instant: a session holding advisory key (1885824613, -lock_key) outside pgfence blocks takeovers (see the hardened layout in docs/security.md).';
+                      HINT = format('Only a takeover holds it for longer than an instant: a session holding advisory key (%s, -lock_key) outside pgfence blocks takeovers (see the hardened layout in docs/security.md).',
+                                    pgfence._guard_lock_class());
         END;
     END IF;
-    IF pg_catalog.pg_try_advisory_xact_lock(1885824613, p_lock_key) THEN
+    IF pg_catalog.pg_try_advisory_xact_lock(pgfence._guard_lock_class(), p_lock_key) THEN
         RETURN;
     END IF;
     SELECT i.takeover_grace_ms INTO grace_ms FROM pgfence.instance i;
     BEGIN
         -- lock_timeout 0 would mean "wait forever".
         PERFORM set_config('lock_timeout', greatest(grace_ms, 1) || 'ms', true);
-        PERFORM pg_catalog.pg_advisory_xact_lock(1885824613, p_lock_key);
+        PERFORM pg_catalog.pg_advisory_xact_lock(pgfence._guard_lock_class(), p_lock_key);
         RETURN;
     EXCEPTION WHEN lock_not_available THEN
         NULL;
@@ -114,7 +115,7 @@ BEGIN
         BEGIN
             -- A terminated backend exits and releases its locks within milliseconds.
             PERFORM set_config('lock_timeout', '1000ms', true);
-            PERFORM pg_catalog.pg_advisory_xact_lock(1885824613, p_lock_key);
+            PERFORM pg_catalog.pg_advisory_xact_lock(pgfence._guard_lock_class(), p_lock_key);
             RETURN;
         EXCEPTION WHEN lock_not_available THEN
             NULL;
@@ -238,7 +239,7 @@ DECLARE
     denied pgfence.lease_result;
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, 1);
-    PERFORM pgfence._check_text('holder', p_holder, 256);
+    PERFORM pgfence._check_text('holder', p_holder, pgfence._max_holder_len());
     PERFORM pgfence._check_ttl(p_ttl_ms);
     denied := pgfence._deny_lease_call(p_lease, 0, 'acquire');
     IF denied.outcome IS NOT NULL THEN
@@ -681,7 +682,7 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     IF p_endpoint IS NOT NULL THEN
-        PERFORM pgfence._check_text('endpoint', p_endpoint, 512);
+        PERFORM pgfence._check_text('endpoint', p_endpoint, pgfence._max_endpoint_len());
     END IF;
     IF p_event = 'start' AND (p_cause IS NOT NULL OR p_detail IS NOT NULL) THEN
         RAISE EXCEPTION 'pgfence: invalid belief cause: a start has none' USING ERRCODE = '22023';
@@ -692,7 +693,7 @@ BEGIN
             pgfence._printable(p_cause) USING ERRCODE = '22023';
     END IF;
     IF p_detail IS NOT NULL THEN
-        PERFORM pgfence._check_text('belief detail', p_detail, 64);
+        PERFORM pgfence._check_text('belief detail', p_detail, pgfence._max_label_len());
     END IF;
     IF NOT pgfence._may_use(pgfence._cluster_of(p_lease)) THEN
         PERFORM pgfence._reject(p_lease, p_epoch, NULL, NULL, 'no_grant', 'report_belief', NULL, NULL,

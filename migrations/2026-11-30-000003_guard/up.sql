@@ -33,7 +33,7 @@ DECLARE
 BEGIN
     IF (coalesce(current_setting(pgfence._fence_setting(p_lock_key), true), '') <> ''
         OR coalesce(current_setting('pgfence.guard_held_' || p_lock_key, true), '') <> '')
-       AND pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, p_lock_key) THEN
+       AND pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), p_lock_key) THEN
         RETURN;
     END IF;
     LOOP
@@ -44,7 +44,7 @@ BEGIN
         PERFORM set_config('lock_timeout', left_ms || 'ms', true);
         BEGIN
             -- The takeover's end: the intent lock shared, given back as this block is rolled back.
-            PERFORM pg_catalog.pg_advisory_xact_lock_shared(1885824613, -p_lock_key);
+            PERFORM pg_catalog.pg_advisory_xact_lock_shared(pgfence._guard_lock_class(), -p_lock_key);
             RAISE EXCEPTION USING ERRCODE = 'PF900';
         EXCEPTION WHEN SQLSTATE 'PF900' THEN
             NULL;
@@ -52,10 +52,10 @@ BEGIN
         BEGIN
             -- The guard lock shared, kept (this block commits into the transaction) only if no takeover has
             -- begun since: the intent probe of _guard (CASE: its two calls run in this order, both or none).
-            got := pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, p_lock_key);
+            got := pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), p_lock_key);
             IF got THEN
-                got := CASE WHEN pg_catalog.pg_try_advisory_lock_shared(1885824613, -p_lock_key)
-                            THEN pg_catalog.pg_advisory_unlock_shared(1885824613, -p_lock_key)
+                got := CASE WHEN pg_catalog.pg_try_advisory_lock_shared(pgfence._guard_lock_class(), -p_lock_key)
+                            THEN pg_catalog.pg_advisory_unlock_shared(pgfence._guard_lock_class(), -p_lock_key)
                             ELSE false END;
                 IF NOT got THEN
                     RAISE EXCEPTION USING ERRCODE = 'PF900';
@@ -112,7 +112,7 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- The guard lock of a lease, taken SHARED without waiting and only if no takeover of the lease is in flight: a
--- takeover holds the intent lock (1885824613, -lock_key) exclusive from its start to its end; the probe takes it
+-- takeover holds the intent lock (_guard_lock_class(), -lock_key) exclusive from its start to its end; the probe takes it
 -- shared and gives it back in the same expression (CASE fixes the order; no interrupt is served between the two
 -- calls, so the session-level lock cannot be left behind). Free: no takeover had started at the probe, and from
 -- there the guard lock held makes every later takeover wait for this transaction. Taken, or the guard lock not
@@ -120,9 +120,9 @@ $$;
 -- nothing is held. (IS TRUE: a NULL could only ever mean "not taken".) An SQL function, inlined where it is used.
 CREATE FUNCTION pgfence._try_guard_lock(p_lock_key integer) RETURNS boolean
 LANGUAGE sql VOLATILE AS $$
-    SELECT (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(1885824613, -p_lock_key)
-                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(1885824613, -p_lock_key)
-                           THEN pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, p_lock_key) END
+    SELECT (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(pgfence._guard_lock_class(), -p_lock_key)
+                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(pgfence._guard_lock_class(), -p_lock_key)
+                           THEN pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), p_lock_key) END
                  ELSE false END) IS TRUE
 $$;
 
@@ -276,7 +276,7 @@ BEGIN
                                p_may_wait => true);
     END IF;
     -- The intent probe, then the guard lock shared, in one expression and without waiting. A takeover holds the
-    -- intent lock (1885824613, -lock_key) exclusive from its start to its end; the probe takes it shared and
+    -- intent lock (_guard_lock_class(), -lock_key) exclusive from its start to its end; the probe takes it shared and
     -- gives it back in the same expression (CASE fixes the order; no interrupt is served between the two calls,
     -- so the session-level lock cannot be left behind). Free: no takeover had started at the probe, and from here
     -- the guard lock held makes every later takeover wait for this transaction (one whose intent lock fell
@@ -284,9 +284,9 @@ BEGIN
     -- past its check). Taken, or the guard lock not free (a takeover holds or waits for it; a try-lock fails
     -- behind a queued request, so this is fair): pgfence._await_takeover waits for the takeover to end, holding
     -- nothing meanwhile. (IS NOT TRUE: a NULL could only ever mean "not taken".)
-    IF (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(1885824613, -l.lock_key)
-             THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(1885824613, -l.lock_key)
-                       THEN pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) END
+    IF (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(pgfence._guard_lock_class(), -l.lock_key)
+             THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(pgfence._guard_lock_class(), -l.lock_key)
+                       THEN pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), l.lock_key) END
              ELSE false END) IS NOT TRUE THEN
         PERFORM pgfence._await_takeover(p_lease, l.lock_key);
     END IF;
@@ -345,9 +345,11 @@ BEGIN
     -- The labels first, by the cheap test (the lease and the epoch need none on the fast path: it admits only
     -- the name and the epoch of a held tenure, which were checked when it was acquired).
     IF pgfence._plain_labels(p_operation, p_table, p_key) IS NOT TRUE THEN
-        problem := coalesce(pgfence._arg_problem('operation', p_operation, 64),
-                            pgfence._arg_problem('target table', p_table, 64, p_optional => true),
-                            pgfence._arg_problem('target key', p_key, 256, p_optional => true));
+        problem := coalesce(pgfence._arg_problem('operation', p_operation, pgfence._max_label_len()),
+                            pgfence._arg_problem('target table', p_table, pgfence._max_label_len(),
+                                                 p_optional => true),
+                            pgfence._arg_problem('target key', p_key, pgfence._max_holder_len(),
+                                                 p_optional => true));
         IF problem IS NOT NULL THEN
             RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
         END IF;
@@ -463,9 +465,9 @@ BEGIN
             RAISE EXCEPTION 'pgfence: writes to pgfence.% need READ COMMITTED isolation; this transaction is %',
                 TG_TABLE_NAME, upper(current_setting('transaction_isolation')) USING ERRCODE = 'PF004';
         END IF;
-        IF (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(1885824613, -l.lock_key)
-                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(1885824613, -l.lock_key)
-                           THEN pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) END
+        IF (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(pgfence._guard_lock_class(), -l.lock_key)
+                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(pgfence._guard_lock_class(), -l.lock_key)
+                           THEN pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), l.lock_key) END
                  ELSE false END) IS NOT TRUE THEN
             PERFORM pgfence._await_takeover(target, l.lock_key);
         END IF;

@@ -183,6 +183,18 @@ LANGUAGE sql STABLE AS $$
      WHERE s.lease = p_lease
 $$;
 
+-- Ends tenure (p_lease, p_epoch) in the history (pgfence.tenures), unless it has ended already: at p_ended_at, for
+-- p_reason. The one writer of a tenure's end, called by each change of who may write that ends one (acquire ends the
+-- tenure it takes over, release and force_release the current one) in its own transaction, after the guard lock.
+CREATE FUNCTION pgfence._end_tenure(p_lease text, p_epoch bigint, p_ended_at timestamptz, p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE pgfence.tenures SET ended_at = p_ended_at, end_reason = p_reason
+     WHERE lease = p_lease AND epoch = p_epoch AND ended_at IS NULL;
+END;
+$$;
+
 -- Refuses a call of a role without a grant on the lease's cluster (p_operator: operator rights needed): records
 -- it and returns the lease_result 'refused' / 'no_grant'; NULL when the role may go on. Every role with a grant
 -- may execute every lease function (force_release included), so a missing right on a cluster is this one answer
@@ -267,12 +279,11 @@ BEGIN
     ts := clock_timestamp();
 
     IF l.epoch > 0 THEN
-        UPDATE pgfence.tenures
-           SET ended_at = CASE WHEN l.state = 'held' AND l.expires_at <= ts THEN l.expires_at ELSE ts END,
-               end_reason = CASE WHEN l.state = 'held' AND l.timeline < tl THEN 'failover'
-                                 WHEN l.state = 'held' AND l.expires_at <= ts THEN 'expired'
-                                 ELSE 'reacquired' END
-         WHERE lease = p_lease AND epoch = l.epoch AND ended_at IS NULL;
+        PERFORM pgfence._end_tenure(p_lease, l.epoch,
+                                    CASE WHEN l.state = 'held' AND l.expires_at <= ts THEN l.expires_at ELSE ts END,
+                                    CASE WHEN l.state = 'held' AND l.timeline < tl THEN 'failover'
+                                         WHEN l.state = 'held' AND l.expires_at <= ts THEN 'expired'
+                                         ELSE 'reacquired' END);
     END IF;
 
     -- Failover safety: after a promotion the server writes WAL on a new timeline, and an asynchronous standby
@@ -523,11 +534,9 @@ BEGIN
     ts := clock_timestamp();
 
     UPDATE pgfence.leases SET state = 'released', expires_at = LEAST(expires_at, ts) WHERE name = p_lease;
-    UPDATE pgfence.tenures
-       SET ended_at = LEAST(l.expires_at, ts),
-           end_reason = CASE WHEN why = 'failover' THEN 'failover'
-                             WHEN l.expires_at <= ts THEN 'expired' ELSE 'released' END
-     WHERE lease = p_lease AND epoch = p_epoch AND ended_at IS NULL;
+    PERFORM pgfence._end_tenure(p_lease, p_epoch, LEAST(l.expires_at, ts),
+                                CASE WHEN why = 'failover' THEN 'failover'
+                                     WHEN l.expires_at <= ts THEN 'expired' ELSE 'released' END);
     -- Wake waiting candidates (delivered at commit) so a successor acquires in milliseconds, not a poll later.
     -- The payload is the lease's lock key, not its name: any role may LISTEN, and only roles that can read the
     -- lease row (a grant on its cluster) can tell which lease it is.
@@ -568,9 +577,7 @@ BEGIN
     why := CASE WHEN l.timeline < pgfence._timeline() THEN 'failover'
                 WHEN l.expires_at <= ts THEN 'expired' ELSE 'forced' END;
     UPDATE pgfence.leases SET state = 'released', expires_at = LEAST(expires_at, ts) WHERE name = p_lease;
-    UPDATE pgfence.tenures
-       SET ended_at = LEAST(l.expires_at, ts), end_reason = why
-     WHERE lease = p_lease AND epoch = l.epoch AND ended_at IS NULL;
+    PERFORM pgfence._end_tenure(p_lease, l.epoch, LEAST(l.expires_at, ts), why);
     PERFORM pg_notify('pgfence_lease_free', l.lock_key::text);
     RETURN ROW('released', why, l.epoch, l.holder, 0, NULL)::pgfence.lease_result;
 END;

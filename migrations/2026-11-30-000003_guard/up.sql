@@ -32,7 +32,7 @@ DECLARE
     got      boolean := false;
 BEGIN
     IF (coalesce(current_setting(pgfence._fence_setting(p_lock_key), true), '') <> ''
-        OR coalesce(current_setting('pgfence.guard_held_' || p_lock_key, true), '') <> '')
+        OR coalesce(current_setting(pgfence._guard_held_setting(p_lock_key), true), '') <> '')
        AND pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), p_lock_key) THEN
         RETURN;
     END IF;
@@ -84,6 +84,13 @@ $$;
 CREATE FUNCTION pgfence._fence_setting(p_lock_key integer) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT 'pgfence.tenure_secret_' || p_lock_key::text
+$$;
+
+-- The name of the transaction-local setting a guard leaves when it holds the lease's guard lock without having
+-- accepted the write (the marker by which _await_takeover knows the transaction holds the lock).
+CREATE FUNCTION pgfence._guard_held_setting(p_lock_key integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'pgfence.guard_held_' || p_lock_key::text
 $$;
 
 -- ---------------------------------------------------------------------------------------------------------
@@ -152,6 +159,30 @@ LANGUAGE sql STABLE AS $$
      WHERE l.name = p_lease
 $$;
 
+-- The verdict of a guard, on the lease row read after its guard lock was granted — in a statement of its own, so
+-- under READ COMMITTED on a new snapshot, in which every takeover that held the intent or the guard lock before
+-- has committed: the row (all NULL when there is no such lease), and why tenure (p_lease, p_epoch) may not write at
+-- p_now on timeline p_timeline (NULL when it may): its loss reason, else 'bad_secret' when p_secret is not the
+-- secret of the lease's current tenure. The secret is not checked again when the row still names p_matched_epoch,
+-- the epoch whose secret the caller matched p_secret with before the lock (a tenure's secret never changes; NULL:
+-- none matched). When a takeover committed between that match and this read, tenure_secrets names the new epoch
+-- and the old secret is refused too: a second check of what _loss_reason decides (an error in its epoch
+-- comparison would be refused as bad_secret, not let through). Both guards decide by it: _guard and the raw-SQL
+-- enforcement (_enforce_epoch). A set-returning SQL function so that the statement naming it in its FROM clause
+-- gets it inlined (one executor run; the clock is an argument, read before, since a volatile argument would keep
+-- it from being inlined); _secret_check runs only when the secret is checked.
+CREATE FUNCTION pgfence._verdict(p_lease text, p_epoch bigint, p_secret text, p_now timestamptz,
+                                 p_timeline bigint, p_matched_epoch bigint)
+RETURNS TABLE (lease pgfence.leases, why text)
+LANGUAGE sql STABLE AS $$
+    SELECT l, coalesce(pgfence._loss_reason(l, NULL, p_epoch, p_now, p_timeline),
+                       CASE WHEN l.epoch IS DISTINCT FROM p_matched_epoch
+                                 AND pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok'
+                            THEN 'bad_secret' END)
+      FROM (SELECT) AS one
+      LEFT JOIN pgfence.leases l ON l.name = p_lease
+$$;
+
 -- The write mark (pgfence.write_marks: see the table for what a mark stands for): the session's first admitted
 -- write of tenure (p_lease, p_epoch) in each second, by the clock after the guard admitted it, is recorded in the
 -- transaction of the write; p_mark is the text that names that second (_admits'), remembered by the session so
@@ -206,7 +237,7 @@ BEGIN
         END IF;
         RETURN true;
     END IF;
-    kept := pg_catalog.set_config('pgfence.guard_held_' || k, 'on', true);
+    kept := pg_catalog.set_config(pgfence._guard_held_setting(k), 'on', true);
     RETURN false;
 END;
 $$;
@@ -228,6 +259,8 @@ DECLARE
     pre record;
     secret_ok boolean;
     seen bigint;     -- the epoch the pre-check read
+    now timestamptz;
+    v record;
     kept text;
 BEGIN
     -- What makes a presented epoch stale is permanent: epochs only grow, a released tenure stays released, an
@@ -275,35 +308,22 @@ BEGIN
         RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key,
                                p_may_wait => true);
     END IF;
-    -- The intent probe, then the guard lock shared, in one expression and without waiting. A takeover holds the
-    -- intent lock (_guard_lock_class(), -lock_key) exclusive from its start to its end; the probe takes it shared and
-    -- gives it back in the same expression (CASE fixes the order; no interrupt is served between the two calls,
-    -- so the session-level lock cannot be left behind). Free: no takeover had started at the probe, and from here
-    -- the guard lock held makes every later takeover wait for this transaction (one whose intent lock fell
-    -- between the probe and the try finds this write holding the guard lock and waits for it, like for any write
-    -- past its check). Taken, or the guard lock not free (a takeover holds or waits for it; a try-lock fails
-    -- behind a queued request, so this is fair): pgfence._await_takeover waits for the takeover to end, holding
-    -- nothing meanwhile. (IS NOT TRUE: a NULL could only ever mean "not taken".)
-    IF (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(pgfence._guard_lock_class(), -l.lock_key)
-             THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(pgfence._guard_lock_class(), -l.lock_key)
-                       THEN pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), l.lock_key) END
-             ELSE false END) IS NOT TRUE THEN
+    -- The intent probe, then the guard lock shared, without waiting (_try_guard_lock, inlined: an expression, no
+    -- call). From here the guard lock held makes every later takeover wait for this transaction (one whose intent
+    -- lock fell between the probe and the try finds this write holding the guard lock and waits for it, like for
+    -- any write past its check). Taken, or the guard lock not free: pgfence._await_takeover waits for the takeover
+    -- to end, holding nothing meanwhile.
+    IF NOT pgfence._try_guard_lock(l.lock_key) THEN
         PERFORM pgfence._await_takeover(p_lease, l.lock_key);
     END IF;
-    -- A new statement, so a new snapshot under READ COMMITTED: every takeover that held the intent or the guard
-    -- lock before we were granted the guard lock has committed (a transaction's locks are released after its
-    -- commit is visible) and shows here.
-    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
-    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), pre.tl);
-    -- The secret again, unless the pre-check matched it and the row still names the epoch it read (a tenure's
-    -- secret never changes). When a takeover committed between the pre-check and this read, tenure_secrets names
-    -- the new epoch and the old secret is refused too: a second check of what _loss_reason decides (an error in
-    -- its epoch comparison would be refused as bad_secret, not let through), at no cost to a write no takeover
-    -- met (and none to one refused as superseded above).
-    IF why IS NULL AND (secret_ok IS NOT TRUE OR l.epoch IS DISTINCT FROM seen)
-       AND pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok' THEN
-        why := 'bad_secret';
-    END IF;
+    -- The verdict on a fresh read (a new statement: every takeover that held the intent or the guard lock before
+    -- we were granted the guard lock has committed — a transaction's locks are released after its commit is
+    -- visible — and shows here). The secret again only if the pre-check did not match it for the epoch the row
+    -- still names: no cost to a write no takeover met.
+    now := clock_timestamp();
+    SELECT * INTO v FROM pgfence._verdict(p_lease, p_epoch, p_secret, now, pre.tl, CASE WHEN secret_ok THEN seen END);
+    l := v.lease;
+    why := v.why;
     IF why IS NULL THEN
         -- For the rest of the transaction, raw writes of this tenure pass the raw-SQL enforcement. An assignment,
         -- not PERFORM: a plpgsql expression without an executor run.
@@ -318,7 +338,7 @@ BEGIN
     -- Refused after the lock, which stays held to the end of the transaction: the marker _await_takeover reads
     -- when the same transaction calls a guard of this lease again. The session forgets the lease's lock key: its
     -- next write of this lease is judged by the unlocked pre-check first.
-    kept := pg_catalog.set_config('pgfence.guard_held_' || l.lock_key, 'on', true);
+    kept := pg_catalog.set_config(pgfence._guard_held_setting(l.lock_key), 'on', true);
     kept := pg_catalog.set_config(pgfence._known_slot(p_lease), '', false);
     RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key);
 END;
@@ -410,6 +430,9 @@ DECLARE
     target    text;
     key       text;
     l   pgfence.leases;
+    v   record;
+    now timestamptz;
+    tl  bigint;
     why text;
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
@@ -458,31 +481,30 @@ BEGIN
                                                  true)) = 'bad' THEN
         why := 'bad_secret';
     END IF;
-    -- The guard's protocol: the lease's guard lock shared, then the row read in a new snapshot.
+    -- The guard's protocol (as _guard's): the lease's guard lock shared (_try_guard_lock, else _await_takeover),
+    -- then the verdict on the row read in a new snapshot (_verdict). Knowing the epoch is not enough: the
+    -- transaction must have presented the tenure's secret to the guard (the setting pgfence.fence left).
     SELECT * INTO l FROM pgfence.leases WHERE name = target;
     IF FOUND AND why IS DISTINCT FROM 'bad_secret' THEN
         IF current_setting('transaction_isolation') <> 'read committed' THEN
             RAISE EXCEPTION 'pgfence: writes to pgfence.% need READ COMMITTED isolation; this transaction is %',
                 TG_TABLE_NAME, upper(current_setting('transaction_isolation')) USING ERRCODE = 'PF004';
         END IF;
-        IF (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(pgfence._guard_lock_class(), -l.lock_key)
-                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(pgfence._guard_lock_class(), -l.lock_key)
-                           THEN pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), l.lock_key) END
-                 ELSE false END) IS NOT TRUE THEN
+        IF NOT pgfence._try_guard_lock(l.lock_key) THEN
             PERFORM pgfence._await_takeover(target, l.lock_key);
         END IF;
         -- Held to the end of the transaction, whatever is decided below (the marker of _await_takeover).
-        PERFORM set_config('pgfence.guard_held_' || l.lock_key, 'on', true);
-        SELECT * INTO l FROM pgfence.leases WHERE name = target;
-    END IF;
-    IF why IS NULL THEN
+        PERFORM set_config(pgfence._guard_held_setting(l.lock_key), 'on', true);
+        -- (The clock and the timeline are read into variables so that _verdict is inlined.)
+        now := clock_timestamp();
+        tl := pgfence._timeline();
+        SELECT * INTO v
+          FROM pgfence._verdict(target, presented, current_setting(pgfence._fence_setting(l.lock_key), true), now,
+                                tl, NULL);
+        l := v.lease;
+        why := coalesce(why, v.why);
+    ELSIF why IS NULL THEN
         why := pgfence._loss_reason(l, NULL, presented, clock_timestamp(), pgfence._timeline());
-    END IF;
-    -- Knowing the epoch is not enough: the transaction must have presented the tenure's secret to the guard.
-    IF why IS NULL AND pgfence._secret_check(target, presented,
-                                             current_setting(pgfence._fence_setting(l.lock_key), true))
-                       IS DISTINCT FROM 'ok' THEN
-        why := 'bad_secret';
     END IF;
     IF why IS NULL THEN
         RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;

@@ -85,10 +85,7 @@ def cargo_unit_test(filter: str) -> tuple[str, list[str]]:
 ISOLATION = ("tests/isolation/run.sh", ["bash", "tests/isolation/run.sh"])
 
 # Texts of the migrations that several mutations edit.
-GUARD_FAST_PATH = """    IF (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(pgfence._guard_lock_class(), -l.lock_key)
-             THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(pgfence._guard_lock_class(), -l.lock_key)
-                       THEN pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), l.lock_key) END
-             ELSE false END) IS NOT TRUE THEN"""
+GUARD_FAST_PATH = """    IF NOT pgfence._try_guard_lock(l.lock_key) THEN"""
 GUARD_LOCK_STEP = GUARD_FAST_PATH + """
         PERFORM pgfence._await_takeover(p_lease, l.lock_key);
     END IF;

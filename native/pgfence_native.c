@@ -632,6 +632,7 @@ pgfence_native_fence(PG_FUNCTION_ARGS)
 	UnregisterSnapshot(snap);
 	if (!admit)
 	{
+		/* The name pgfence._guard_held_setting(lock_key) gives. */
 		snprintf(setting, sizeof(setting), "pgfence.guard_held_%d", r->lock_key);
 		set_local(setting, "on");
 		forget(lease_name);

@@ -138,6 +138,8 @@ async fn every_function_has_its_current_text_in_sql_dir() {
 
 /// Every limit the database checks and the guard lock's class are the Rust API's constants, so that neither side
 /// can change alone: the SQL names each once (pgfence._max_name_len() …), the library exports each as a constant.
+/// (`MAX_PAYLOAD_BYTES`, `MAX_PAYLOAD_DEPTH` and `MAX_SHARDS` are the library's alone: the database checks no
+/// payload depth or shard count, and stores up to 16 MiB of jsonb as a backstop, `pgfence._payload_problem`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sql_constants_are_the_rust_constants() {
     let db = TestDb::new().await;

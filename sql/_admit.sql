@@ -17,7 +17,7 @@ BEGIN
     k := CASE WHEN right(known, length(tail)) = tail AND length(known) - length(tail) BETWEEN 1 AND 9
                    AND ltrim(left(known, length(known) - length(tail)), '0123456789') = ''
               THEN left(known, length(known) - length(tail))::integer END;
-    IF k IS NULL OR current_setting('transaction_isolation') <> 'read committed'
+    IF k IS NULL OR NOT pgfence._read_committed()
        OR NOT pgfence._try_guard_lock(k) THEN
         RETURN false;
     END IF;

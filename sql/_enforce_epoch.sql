@@ -67,7 +67,7 @@ BEGIN
     -- transaction must have presented the tenure's secret to the guard (the setting pgfence.fence left).
     SELECT * INTO l FROM pgfence.leases WHERE name = target;
     IF FOUND AND why IS DISTINCT FROM 'bad_secret' THEN
-        IF current_setting('transaction_isolation') <> 'read committed' THEN
+        IF NOT pgfence._read_committed() THEN
             RAISE EXCEPTION 'pgfence: writes to pgfence.% need READ COMMITTED isolation; this transaction is %',
                 TG_TABLE_NAME, upper(current_setting('transaction_isolation')) USING ERRCODE = 'PF004';
         END IF;

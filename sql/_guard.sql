@@ -24,7 +24,7 @@ BEGIN
     -- is fresh, so 'future_epoch' too is decided: that epoch has not been issued.)
     -- First, before any read: under REPEATABLE READ or SERIALIZABLE even a refusal could misreport (an old
     -- snapshot's current epoch) or fail with a bare 40001 on the aggregated audit row.
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
+    IF NOT pgfence._read_committed() THEN
         RAISE EXCEPTION 'pgfence: guarded writes need READ COMMITTED isolation; this transaction is %',
             upper(current_setting('transaction_isolation'))
             USING ERRCODE = 'PF004',

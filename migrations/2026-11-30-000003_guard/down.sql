@@ -29,5 +29,6 @@ DROP FUNCTION pgfence._admits(text, bigint, text, integer, timestamptz, bigint, 
 DROP FUNCTION pgfence._try_guard_lock(integer);
 DROP FUNCTION pgfence._known_slot(text);
 DROP FUNCTION pgfence._guard_held_setting(integer);
+DROP FUNCTION pgfence._read_committed();
 DROP FUNCTION pgfence._fence_setting(integer);
 DROP FUNCTION pgfence._await_takeover(text, integer);

@@ -86,6 +86,15 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT 'pgfence.tenure_secret_' || p_lock_key::text
 $$;
 
+-- Whether the transaction runs under READ COMMITTED, the one isolation every guard decides under: each statement
+-- reads a new snapshot, so the read after the guard lock sees every takeover that committed before the lock was
+-- granted; under REPEATABLE READ or SERIALIZABLE the transaction's snapshot may predate it. (An SQL function,
+-- inlined where it is used: each guard raises its own PF004.)
+CREATE FUNCTION pgfence._read_committed() RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT pg_catalog.current_setting('transaction_isolation') = 'read committed'
+$$;
+
 -- The name of the transaction-local setting a guard leaves when it holds the lease's guard lock without having
 -- accepted the write (the marker by which _await_takeover knows the transaction holds the lock).
 CREATE FUNCTION pgfence._guard_held_setting(p_lock_key integer) RETURNS text
@@ -220,7 +229,7 @@ BEGIN
     k := CASE WHEN right(known, length(tail)) = tail AND length(known) - length(tail) BETWEEN 1 AND 9
                    AND ltrim(left(known, length(known) - length(tail)), '0123456789') = ''
               THEN left(known, length(known) - length(tail))::integer END;
-    IF k IS NULL OR current_setting('transaction_isolation') <> 'read committed'
+    IF k IS NULL OR NOT pgfence._read_committed()
        OR NOT pgfence._try_guard_lock(k) THEN
         RETURN false;
     END IF;
@@ -273,7 +282,7 @@ BEGIN
     -- is fresh, so 'future_epoch' too is decided: that epoch has not been issued.)
     -- First, before any read: under REPEATABLE READ or SERIALIZABLE even a refusal could misreport (an old
     -- snapshot's current epoch) or fail with a bare 40001 on the aggregated audit row.
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
+    IF NOT pgfence._read_committed() THEN
         RAISE EXCEPTION 'pgfence: guarded writes need READ COMMITTED isolation; this transaction is %',
             upper(current_setting('transaction_isolation'))
             USING ERRCODE = 'PF004',
@@ -486,7 +495,7 @@ BEGIN
     -- transaction must have presented the tenure's secret to the guard (the setting pgfence.fence left).
     SELECT * INTO l FROM pgfence.leases WHERE name = target;
     IF FOUND AND why IS DISTINCT FROM 'bad_secret' THEN
-        IF current_setting('transaction_isolation') <> 'read committed' THEN
+        IF NOT pgfence._read_committed() THEN
             RAISE EXCEPTION 'pgfence: writes to pgfence.% need READ COMMITTED isolation; this transaction is %',
                 TG_TABLE_NAME, upper(current_setting('transaction_isolation')) USING ERRCODE = 'PF004';
         END IF;

@@ -198,7 +198,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "admit-any-isolation",
         "the fast path decides under REPEATABLE READ from a snapshot that may predate a takeover",
-        [Edit("sql:_admit", " OR current_setting('transaction_isolation') <> 'read committed'", "")],
+        [Edit("sql:_admit", " OR NOT pgfence._read_committed()", "")],
         [cargo_test("guard", "the_fast_path_admits_nothing_the_full_guard_refuses")],
     ),
     Mutation(
@@ -213,7 +213,7 @@ MUTATIONS: list[Mutation] = [
         "guard-any-isolation",
         "the guard decides under REPEATABLE READ from a snapshot that may predate a takeover",
         [Edit("sql:_guard",
-              "IF current_setting('transaction_isolation') <> 'read committed' THEN",
+              "IF NOT pgfence._read_committed() THEN",
               "IF false THEN")],
         [cargo_test("takeover", "guards_refuse_to_decide_outside_read_committed"), ISOLATION],
     ),

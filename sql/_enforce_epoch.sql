@@ -11,9 +11,6 @@ DECLARE
     target    text;
     key       text;
     l   pgfence.leases;
-    v   record;
-    now timestamptz;
-    tl  bigint;
     why text;
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
@@ -63,7 +60,7 @@ BEGIN
         why := 'bad_secret';
     END IF;
     -- The guard's protocol (as _guard's): the lease's guard lock shared (_try_guard_lock, else _await_takeover),
-    -- then the verdict on the row read in a new snapshot (_verdict). Knowing the epoch is not enough: the
+    -- then the row read in a new snapshot and the verdict on it (_verdict). Knowing the epoch is not enough: the
     -- transaction must have presented the tenure's secret to the guard (the setting pgfence.fence left).
     SELECT * INTO l FROM pgfence.leases WHERE name = target;
     IF FOUND AND why IS DISTINCT FROM 'bad_secret' THEN
@@ -76,16 +73,11 @@ BEGIN
         END IF;
         -- Held to the end of the transaction, whatever is decided below (the marker of _await_takeover).
         PERFORM set_config(pgfence._guard_held_setting(l.lock_key), 'on', true);
-        -- (The clock and the timeline are read into variables so that _verdict is inlined.)
-        now := clock_timestamp();
-        tl := pgfence._timeline();
-        SELECT * INTO v
-          FROM pgfence._verdict(target, presented, current_setting(pgfence._fence_setting(l.lock_key), true), now,
-                                tl, NULL);
-        l := v.lease;
-        why := coalesce(why, v.why);
-    ELSIF why IS NULL THEN
-        why := pgfence._loss_reason(l, NULL, presented, clock_timestamp(), pgfence._timeline());
+        SELECT * INTO l FROM pgfence.leases WHERE name = target;
+    END IF;
+    IF why IS NULL THEN
+        why := pgfence._verdict(l, presented, current_setting(pgfence._fence_setting(l.lock_key), true),
+                                clock_timestamp(), pgfence._timeline(), NULL);
     END IF;
     IF why IS NULL THEN
         RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;

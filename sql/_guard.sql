@@ -10,8 +10,6 @@ DECLARE
     pre record;
     secret_ok boolean;
     seen bigint;     -- the epoch the pre-check read
-    now timestamptz;
-    v record;
     kept text;
 BEGIN
     -- What makes a presented epoch stale is permanent: epochs only grow, a released tenure stays released, an
@@ -67,14 +65,12 @@ BEGIN
     IF NOT pgfence._try_guard_lock(l.lock_key) THEN
         PERFORM pgfence._await_takeover(p_lease, l.lock_key);
     END IF;
-    -- The verdict on a fresh read (a new statement: every takeover that held the intent or the guard lock before
-    -- we were granted the guard lock has committed — a transaction's locks are released after its commit is
-    -- visible — and shows here). The secret again only if the pre-check did not match it for the epoch the row
-    -- still names: no cost to a write no takeover met.
-    now := clock_timestamp();
-    SELECT * INTO v FROM pgfence._verdict(p_lease, p_epoch, p_secret, now, pre.tl, CASE WHEN secret_ok THEN seen END);
-    l := v.lease;
-    why := v.why;
+    -- A new statement, so a new snapshot under READ COMMITTED: every takeover that held the intent or the guard
+    -- lock before we were granted the guard lock has committed (a transaction's locks are released after its
+    -- commit is visible) and shows here. The verdict on it: the secret again only if the pre-check did not match
+    -- it for the epoch the row still names (no cost to a write no takeover met).
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+    why := pgfence._verdict(l, p_epoch, p_secret, clock_timestamp(), pre.tl, CASE WHEN secret_ok THEN seen END);
     IF why IS NULL THEN
         -- For the rest of the transaction, raw writes of this tenure pass the raw-SQL enforcement. An assignment,
         -- not PERFORM: a plpgsql expression without an executor run.

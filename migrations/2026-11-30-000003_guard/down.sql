@@ -24,7 +24,7 @@ DROP FUNCTION pgfence.fence(text, bigint, text, text, text, text);
 DROP FUNCTION pgfence._guard(text, bigint, text, text, text, text);
 DROP FUNCTION pgfence._admit(text, bigint, text, boolean);
 DROP FUNCTION pgfence._mark(text, bigint, text);
-DROP FUNCTION pgfence._verdict(text, bigint, text, timestamptz, bigint, bigint);
+DROP FUNCTION pgfence._verdict(pgfence.leases, bigint, text, timestamptz, bigint, bigint);
 DROP FUNCTION pgfence._admits(text, bigint, text, integer, timestamptz, bigint, boolean);
 DROP FUNCTION pgfence._try_guard_lock(integer);
 DROP FUNCTION pgfence._known_slot(text);

@@ -168,28 +168,25 @@ LANGUAGE sql STABLE AS $$
      WHERE l.name = p_lease
 $$;
 
--- The verdict of a guard, on the lease row read after its guard lock was granted — in a statement of its own, so
--- under READ COMMITTED on a new snapshot, in which every takeover that held the intent or the guard lock before
--- has committed: the row (all NULL when there is no such lease), and why tenure (p_lease, p_epoch) may not write at
--- p_now on timeline p_timeline (NULL when it may): its loss reason, else 'bad_secret' when p_secret is not the
--- secret of the lease's current tenure. The secret is not checked again when the row still names p_matched_epoch,
--- the epoch whose secret the caller matched p_secret with before the lock (a tenure's secret never changes; NULL:
--- none matched). When a takeover committed between that match and this read, tenure_secrets names the new epoch
--- and the old secret is refused too: a second check of what _loss_reason decides (an error in its epoch
--- comparison would be refused as bad_secret, not let through). Both guards decide by it: _guard and the raw-SQL
--- enforcement (_enforce_epoch). A set-returning SQL function so that the statement naming it in its FROM clause
--- gets it inlined (one executor run; the clock is an argument, read before, since a volatile argument would keep
--- it from being inlined); _secret_check runs only when the secret is checked.
-CREATE FUNCTION pgfence._verdict(p_lease text, p_epoch bigint, p_secret text, p_now timestamptz,
+-- The verdict of a guard on l, the lease row it read after its guard lock was granted (in a statement of its own,
+-- so under READ COMMITTED on a new snapshot, in which every takeover that held the intent or the guard lock before
+-- has committed; all NULL when there is no such lease): why tenure (l.name, p_epoch) may not write at p_now on
+-- timeline p_timeline, NULL when it may — its loss reason, else 'bad_secret' when p_secret is not the secret of
+-- the lease's current tenure. The secret is not checked again when the row still names p_matched_epoch, the
+-- epoch whose secret the caller matched p_secret with before the lock (a tenure's secret never changes; NULL: none
+-- matched). When a takeover committed between that match and the read, tenure_secrets names the new epoch and
+-- the old secret is refused too: a second check of what _loss_reason decides (an error in its epoch comparison
+-- would be refused as bad_secret, not let through). Both guards decide by it: _guard and the raw-SQL enforcement
+-- (_enforce_epoch). An SQL expression, inlined where it is used (no call); _secret_check runs only when the
+-- secret is checked.
+CREATE FUNCTION pgfence._verdict(l pgfence.leases, p_epoch bigint, p_secret text, p_now timestamptz,
                                  p_timeline bigint, p_matched_epoch bigint)
-RETURNS TABLE (lease pgfence.leases, why text)
+RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT l, coalesce(pgfence._loss_reason(l, NULL, p_epoch, p_now, p_timeline),
-                       CASE WHEN l.epoch IS DISTINCT FROM p_matched_epoch
-                                 AND pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok'
-                            THEN 'bad_secret' END)
-      FROM (SELECT) AS one
-      LEFT JOIN pgfence.leases l ON l.name = p_lease
+    SELECT coalesce(pgfence._loss_reason(l, NULL, p_epoch, p_now, p_timeline),
+                    CASE WHEN l.epoch IS DISTINCT FROM p_matched_epoch
+                              AND pgfence._secret_check(l.name, p_epoch, p_secret) IS DISTINCT FROM 'ok'
+                         THEN 'bad_secret' END)
 $$;
 
 -- The write mark (pgfence.write_marks: see the table for what a mark stands for): the session's first admitted
@@ -268,8 +265,6 @@ DECLARE
     pre record;
     secret_ok boolean;
     seen bigint;     -- the epoch the pre-check read
-    now timestamptz;
-    v record;
     kept text;
 BEGIN
     -- What makes a presented epoch stale is permanent: epochs only grow, a released tenure stays released, an
@@ -325,14 +320,12 @@ BEGIN
     IF NOT pgfence._try_guard_lock(l.lock_key) THEN
         PERFORM pgfence._await_takeover(p_lease, l.lock_key);
     END IF;
-    -- The verdict on a fresh read (a new statement: every takeover that held the intent or the guard lock before
-    -- we were granted the guard lock has committed — a transaction's locks are released after its commit is
-    -- visible — and shows here). The secret again only if the pre-check did not match it for the epoch the row
-    -- still names: no cost to a write no takeover met.
-    now := clock_timestamp();
-    SELECT * INTO v FROM pgfence._verdict(p_lease, p_epoch, p_secret, now, pre.tl, CASE WHEN secret_ok THEN seen END);
-    l := v.lease;
-    why := v.why;
+    -- A new statement, so a new snapshot under READ COMMITTED: every takeover that held the intent or the guard
+    -- lock before we were granted the guard lock has committed (a transaction's locks are released after its
+    -- commit is visible) and shows here. The verdict on it: the secret again only if the pre-check did not match
+    -- it for the epoch the row still names (no cost to a write no takeover met).
+    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
+    why := pgfence._verdict(l, p_epoch, p_secret, clock_timestamp(), pre.tl, CASE WHEN secret_ok THEN seen END);
     IF why IS NULL THEN
         -- For the rest of the transaction, raw writes of this tenure pass the raw-SQL enforcement. An assignment,
         -- not PERFORM: a plpgsql expression without an executor run.
@@ -439,9 +432,6 @@ DECLARE
     target    text;
     key       text;
     l   pgfence.leases;
-    v   record;
-    now timestamptz;
-    tl  bigint;
     why text;
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN
@@ -491,7 +481,7 @@ BEGIN
         why := 'bad_secret';
     END IF;
     -- The guard's protocol (as _guard's): the lease's guard lock shared (_try_guard_lock, else _await_takeover),
-    -- then the verdict on the row read in a new snapshot (_verdict). Knowing the epoch is not enough: the
+    -- then the row read in a new snapshot and the verdict on it (_verdict). Knowing the epoch is not enough: the
     -- transaction must have presented the tenure's secret to the guard (the setting pgfence.fence left).
     SELECT * INTO l FROM pgfence.leases WHERE name = target;
     IF FOUND AND why IS DISTINCT FROM 'bad_secret' THEN
@@ -504,16 +494,11 @@ BEGIN
         END IF;
         -- Held to the end of the transaction, whatever is decided below (the marker of _await_takeover).
         PERFORM set_config(pgfence._guard_held_setting(l.lock_key), 'on', true);
-        -- (The clock and the timeline are read into variables so that _verdict is inlined.)
-        now := clock_timestamp();
-        tl := pgfence._timeline();
-        SELECT * INTO v
-          FROM pgfence._verdict(target, presented, current_setting(pgfence._fence_setting(l.lock_key), true), now,
-                                tl, NULL);
-        l := v.lease;
-        why := coalesce(why, v.why);
-    ELSIF why IS NULL THEN
-        why := pgfence._loss_reason(l, NULL, presented, clock_timestamp(), pgfence._timeline());
+        SELECT * INTO l FROM pgfence.leases WHERE name = target;
+    END IF;
+    IF why IS NULL THEN
+        why := pgfence._verdict(l, presented, current_setting(pgfence._fence_setting(l.lock_key), true),
+                                clock_timestamp(), pgfence._timeline(), NULL);
     END IF;
     IF why IS NULL THEN
         RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;

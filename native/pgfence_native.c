@@ -79,7 +79,8 @@ PG_MODULE_MAGIC;
 PG_FUNCTION_INFO_V1(pgfence_native_fence);
 PG_FUNCTION_INFO_V1(pgfence_native_remembered);
 
-/* The advisory lock class of every pgfence lock (pgfence's migrations write the same number). */
+/* The advisory lock class of every pgfence lock: pgfence._guard_lock_class() of the migrations, and
+ * pgfence::GUARD_LOCK_CLASS of the library (tests/sql_source.rs compares those two). */
 #define PGFENCE_LOCK_CLASS 1885824613
 /* A lease name is at most 63 + 1 + 200 bytes (pgfence._lease_problem); a secret at most 128. */
 #define LEASE_MAX 272
@@ -631,6 +632,7 @@ pgfence_native_fence(PG_FUNCTION_ARGS)
 	UnregisterSnapshot(snap);
 	if (!admit)
 	{
+		/* The name pgfence._guard_held_setting(lock_key) gives. */
 		snprintf(setting, sizeof(setting), "pgfence.guard_held_%d", r->lock_key);
 		set_local(setting, "on");
 		forget(lease_name);

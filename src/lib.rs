@@ -135,7 +135,8 @@ pub use store::migrate::{LayoutProblem, LayoutSeverity, ADVISORY_FUNCTIONS_NEEDE
 pub use store::{Pool, PooledConnection, Store, NATIVE_GUARD_VERSION};
 pub use tasks::{Task, TaskEvent, TaskWrite, MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH};
 pub use types::{
-    Epoch, LossReason, TaskState, MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL,
+    Epoch, LossReason, TaskState, GUARD_LOCK_CLASS, MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_LEN,
+    MAX_TTL, MIN_TTL,
 };
 
 /// The driver crates pgfence is built on, re-exported so that fenced-transaction code uses the same versions.

@@ -209,3 +209,10 @@ impl fmt::Display for TaskState {
         f.write_str(self.as_str())
     }
 }
+
+/// The first key of every guard lock's two-integer advisory key: a lease's guard lock is
+/// `(GUARD_LOCK_CLASS, lock_key)` and its intent lock `(GUARD_LOCK_CLASS, -lock_key)` (0x70676665, "pgfe").
+/// Operators see it as `classid` in `pg_locks` (`locktype = 'advisory'`, the lock key as `objid`, `objsubid` 2);
+/// applications must not take advisory locks with this first key. The schema names it
+/// `pgfence._guard_lock_class()`, the native guard `PGFENCE_LOCK_CLASS`.
+pub const GUARD_LOCK_CLASS: i32 = 1_885_824_613;

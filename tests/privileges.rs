@@ -156,6 +156,12 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
     let application = [
         "_cluster_problem",
         "_lease_problem",
+        "_max_cluster_len",
+        "_max_endpoint_len",
+        "_max_holder_len",
+        "_max_kind_len",
+        "_max_label_len",
+        "_max_name_len",
         "_readable_clusters",
         "_reads_all",
         "_text_problem",
@@ -179,9 +185,19 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
         "ungated_write",
     ];
     let operator = ["prune_rejections", "set_enforcement", "set_takeover_grace"];
-    // Every executable function runs as the owner with a pinned search_path, except the three pure text checks
-    // (IMMUTABLE SQL with qualified names: no rights of their own to lend).
-    let plain = ["_cluster_problem", "_lease_problem", "_text_problem"];
+    // Every executable function runs as the owner with a pinned search_path, except the pure text checks and
+    // the limits they name (IMMUTABLE SQL with qualified names: no rights of their own to lend).
+    let plain = [
+        "_cluster_problem",
+        "_lease_problem",
+        "_max_cluster_len",
+        "_max_endpoint_len",
+        "_max_holder_len",
+        "_max_kind_len",
+        "_max_label_len",
+        "_max_name_len",
+        "_text_problem",
+    ];
     let pinned = |names: &[&str]| {
         let mut all: Vec<(String, bool)> = names
             .iter()

@@ -34,6 +34,8 @@ mod privileges;
 mod regress;
 #[path = "spread.rs"]
 mod spread;
+#[path = "sql_source.rs"]
+mod sql_source;
 #[path = "sqlstate.rs"]
 mod sqlstate;
 #[path = "standby.rs"]

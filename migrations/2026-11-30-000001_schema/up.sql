@@ -15,7 +15,7 @@
 -- statement), never `now()` (the transaction start) and never a client's clock.
 --
 -- Locking protocol (why the guard is linearizable against takeovers, and why a takeover is never starved):
---   * every lease has a *guard lock*: the transaction-level advisory lock (1885824613, lock_key) in the
+--   * every lease has a *guard lock*: the transaction-level advisory lock (_guard_lock_class(), lock_key) in the
 --     two-integer key space (1885824613 = 0x70676665, "pgfe"; lock_key is unique per lease and never reused).
 --     Applications must not use advisory locks with that first key;
 --   * every guarded write takes the guard lock SHARED, then reads the lease row in a new statement — a new
@@ -125,6 +125,34 @@ END;
 $$;
 
 -- ---------------------------------------------------------------------------------------------------------
+-- The constants: each limit and the guard lock's class, one function each, named at every place that uses it.
+-- IMMUTABLE SQL returning a literal: PostgreSQL inlines the call and folds it to the constant when it plans the
+-- statement, so a named limit costs what the literal did. The Rust API has the same values as public constants
+-- (pgfence::MAX_NAME_LEN, …, pgfence::GUARD_LOCK_CLASS); tests/sql_source.rs compares them with these on a
+-- migrated database. The limits that table CHECK constraints name are executable by the granted roles (a
+-- constraint runs as the role that writes the row; see _granted_privileges).
+
+-- The first key of every guard lock and intent lock: the guard lock of a lease is the transaction-level advisory
+-- lock (_guard_lock_class(), lock_key), its intent lock (_guard_lock_class(), -lock_key), in the two-integer key
+-- space (0x70676665, "pgfe"; pg_locks shows it as classid). native/pgfence_native.c names it PGFENCE_LOCK_CLASS.
+CREATE FUNCTION pgfence._guard_lock_class() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 1885824613';
+-- Longest cluster name, in characters.
+CREATE FUNCTION pgfence._max_cluster_len() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 63';
+-- Longest lease (and group) name after its cluster, in characters.
+CREATE FUNCTION pgfence._max_name_len() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 200';
+-- Longest holder, member, task key, assignee and audited target key, in characters.
+CREATE FUNCTION pgfence._max_holder_len() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 256';
+-- Longest label: an operation, a target table, a refusal reason, a belief's detail, in characters.
+CREATE FUNCTION pgfence._max_label_len() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 64';
+-- Longest task event kind, in characters.
+CREATE FUNCTION pgfence._max_kind_len() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 64';
+-- Longest endpoint a holder reports with its belief, in characters.
+CREATE FUNCTION pgfence._max_endpoint_len() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 512';
+-- Shortest and longest ttl of a tenure, in milliseconds.
+CREATE FUNCTION pgfence._min_ttl_ms() RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 100::bigint';
+CREATE FUNCTION pgfence._max_ttl_ms() RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 86400000::bigint';
+
+-- ---------------------------------------------------------------------------------------------------------
 -- What pgfence stores: the one definition, shared by the table constraints and the functions' argument checks,
 -- and mirrored exactly by the Rust API (src/validate.rs, check_text). A text is 1 to max characters, has no
 -- control character (Unicode category Cc: U+0001-U+001F, U+007F-U+009F; PostgreSQL text cannot hold U+0000) and
@@ -150,15 +178,15 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     END
 $$;
 
--- Why p_cluster is not a cluster name (1 to 63 characters, no '/'), NULL when it is.
+-- Why p_cluster is not a cluster name (1 to _max_cluster_len() characters, no '/'), NULL when it is.
 CREATE FUNCTION pgfence._cluster_problem(p_cluster text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT coalesce(pgfence._text_problem(p_cluster, 63),
+    SELECT coalesce(pgfence._text_problem(p_cluster, pgfence._max_cluster_len()),
                                CASE WHEN pg_catalog.strpos(p_cluster, '/') OPERATOR(pg_catalog.>) 0
                                     THEN 'must not contain ''/''' END)
 $$;
 
--- Why p_lease is not a cluster-qualified lease name ('<cluster>/<name>', the name 1 to 200 characters and split
+-- Why p_lease is not a cluster-qualified lease name ('<cluster>/<name>', the name 1 to _max_name_len() characters and split
 -- at the first '/'), NULL when it is.
 CREATE FUNCTION pgfence._lease_problem(p_lease text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -168,7 +196,8 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         ELSE coalesce(
             'cluster ' OPERATOR(pg_catalog.||) pgfence._cluster_problem(pg_catalog.split_part(p_lease, '/', 1)),
             'lease name ' OPERATOR(pg_catalog.||)
-                pgfence._text_problem(pg_catalog.substr(p_lease, pg_catalog.strpos(p_lease, '/') OPERATOR(pg_catalog.+) 1), 200))
+                pgfence._text_problem(pg_catalog.substr(p_lease, pg_catalog.strpos(p_lease, '/') OPERATOR(pg_catalog.+) 1),
+                                      pgfence._max_name_len()))
     END
 $$;
 
@@ -203,8 +232,8 @@ INSERT INTO pgfence.instance DEFAULT VALUES;
 CREATE TABLE pgfence.leases (
     name        text PRIMARY KEY CHECK (pgfence._lease_problem(name) IS NULL),
     -- The second key of the lease's guard lock (see the locking protocol above).
-    lock_key    integer GENERATED ALWAYS AS IDENTITY UNIQUE CHECK (lock_key > 0),  -- (1885824613, -lock_key) is the intent lock
-    holder      text CHECK (holder IS NULL OR pgfence._text_problem(holder, 256) IS NULL),
+    lock_key    integer GENERATED ALWAYS AS IDENTITY UNIQUE CHECK (lock_key > 0),  -- (_guard_lock_class(), -lock_key) is the intent lock
+    holder      text CHECK (holder IS NULL OR pgfence._text_problem(holder, pgfence._max_holder_len()) IS NULL),
     epoch       bigint NOT NULL DEFAULT 0 CHECK (epoch >= 0),
     state       text NOT NULL DEFAULT 'released' CHECK (state IN ('held', 'released')),
     ttl_ms      bigint,
@@ -225,7 +254,7 @@ CREATE TABLE pgfence.leases (
 CREATE TABLE pgfence.tenures (
     lease       text NOT NULL REFERENCES pgfence.leases (name),
     epoch       bigint NOT NULL CHECK (epoch >= 1),
-    holder      text NOT NULL CHECK (pgfence._text_problem(holder, 256) IS NULL),
+    holder      text NOT NULL CHECK (pgfence._text_problem(holder, pgfence._max_holder_len()) IS NULL),
     acquired_at timestamptz NOT NULL,
     ended_at    timestamptz,
     end_reason  text CHECK (end_reason IN ('released', 'expired', 'forced', 'reacquired', 'failover')),
@@ -258,13 +287,13 @@ CREATE TABLE pgfence.beliefs (
     epoch             bigint NOT NULL,
     -- SHA-256 of the tenure's secret, as in tenure_secrets, kept after the tenure ends.
     report_hash       bytea NOT NULL CHECK (length(report_hash) = 32),
-    endpoint          text CHECK (endpoint IS NULL OR pgfence._text_problem(endpoint, 512) IS NULL),
+    endpoint          text CHECK (endpoint IS NULL OR pgfence._text_problem(endpoint, pgfence._max_endpoint_len()) IS NULL),
     believed_from     timestamptz,
     start_sent_at     timestamptz,
     start_received_at timestamptz,
     believed_until    timestamptz,
     end_cause         text CHECK (end_cause IN ('released', 'lost', 'deadline', 'write_refused', 'shutdown')),
-    end_detail        text CHECK (end_detail IS NULL OR pgfence._text_problem(end_detail, 64) IS NULL),
+    end_detail        text CHECK (end_detail IS NULL OR pgfence._text_problem(end_detail, pgfence._max_label_len()) IS NULL),
     end_sent_at       timestamptz,
     end_received_at   timestamptz,
     PRIMARY KEY (lease, epoch),
@@ -295,9 +324,9 @@ CREATE TABLE pgfence.write_marks (
 CREATE TABLE pgfence.tasks (
     id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     lease      text NOT NULL REFERENCES pgfence.leases (name),
-    key        text NOT NULL CHECK (pgfence._text_problem(key, 256) IS NULL),
+    key        text NOT NULL CHECK (pgfence._text_problem(key, pgfence._max_holder_len()) IS NULL),
     state      text NOT NULL CHECK (state IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled')),
-    assignee   text CHECK (assignee IS NULL OR pgfence._text_problem(assignee, 256) IS NULL),
+    assignee   text CHECK (assignee IS NULL OR pgfence._text_problem(assignee, pgfence._max_holder_len()) IS NULL),
     payload    jsonb NOT NULL DEFAULT '{}',
     -- the highest epoch that ever wrote this row: a write presenting a lower epoch is stale
     fence      bigint NOT NULL CHECK (fence >= 1),
@@ -313,7 +342,7 @@ CREATE TABLE pgfence.task_events (
     task_id    bigint NOT NULL REFERENCES pgfence.tasks (id),
     lease      text NOT NULL,
     epoch      bigint NOT NULL CHECK (epoch >= 1),
-    kind       text NOT NULL CHECK (pgfence._text_problem(kind, 64) IS NULL),
+    kind       text NOT NULL CHECK (pgfence._text_problem(kind, pgfence._max_kind_len()) IS NULL),
     payload    jsonb NOT NULL DEFAULT '{}',
     created_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
@@ -343,16 +372,16 @@ CREATE TABLE pgfence.rejections (
     lease            text NOT NULL CHECK (pgfence._lease_problem(lease) IS NULL),
     presented_epoch  bigint NOT NULL,
     current_epoch    bigint,
-    current_holder   text CHECK (current_holder IS NULL OR pgfence._text_problem(current_holder, 256) IS NULL),
-    reason           text NOT NULL CHECK (pgfence._text_problem(reason, 64) IS NULL),
-    operation        text NOT NULL CHECK (pgfence._text_problem(operation, 64) IS NULL),
-    target_table     text CHECK (target_table IS NULL OR pgfence._text_problem(target_table, 64) IS NULL),
-    target_key       text CHECK (target_key IS NULL OR pgfence._text_problem(target_key, 256) IS NULL),
+    current_holder   text CHECK (current_holder IS NULL OR pgfence._text_problem(current_holder, pgfence._max_holder_len()) IS NULL),
+    reason           text NOT NULL CHECK (pgfence._text_problem(reason, pgfence._max_label_len()) IS NULL),
+    operation        text NOT NULL CHECK (pgfence._text_problem(operation, pgfence._max_label_len()) IS NULL),
+    target_table     text CHECK (target_table IS NULL OR pgfence._text_problem(target_table, pgfence._max_label_len()) IS NULL),
+    target_key       text CHECK (target_key IS NULL OR pgfence._text_problem(target_key, pgfence._max_holder_len()) IS NULL),
     rejected_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
     last_rejected_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     count            bigint NOT NULL DEFAULT 1,
     last_lease       text CHECK (last_lease IS NULL OR pgfence._lease_problem(last_lease) IS NULL),
-    last_target_key  text CHECK (last_target_key IS NULL OR pgfence._text_problem(last_target_key, 256) IS NULL),
+    last_target_key  text CHECK (last_target_key IS NULL OR pgfence._text_problem(last_target_key, pgfence._max_holder_len()) IS NULL),
     -- PostgreSQL keeps application_name to printable ASCII and 63 bytes.
     application_name text DEFAULT current_setting('application_name', true),
     client_addr      inet DEFAULT inet_client_addr(),
@@ -470,17 +499,19 @@ $$;
 -- audit) pass their _arg_problem checks for certain: one regular expression over the three, not one each.
 CREATE FUNCTION pgfence._plain_labels(p_operation text, p_table text, p_key text) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT octet_length(p_operation) BETWEEN 1 AND 64 AND coalesce(octet_length(p_table) BETWEEN 1 AND 64, true)
-           AND coalesce(octet_length(p_key) BETWEEN 1 AND 256, true)
+    SELECT octet_length(p_operation) BETWEEN 1 AND pgfence._max_label_len()
+           AND coalesce(octet_length(p_table) BETWEEN 1 AND pgfence._max_label_len(), true)
+           AND coalesce(octet_length(p_key) BETWEEN 1 AND pgfence._max_holder_len(), true)
            AND (p_operation || coalesce(p_table, '') || coalesce(p_key, '')) ~ '^[ -~]+$'
 $$;
 
--- Whether (p_lease, p_epoch) pass _lease_args_problem for certain: a cluster of 1 to 63 printable ASCII
--- characters other than '/', a '/', a name of 1 to 200 printable ASCII characters, and an epoch of at least 1.
+-- Whether (p_lease, p_epoch) pass _lease_args_problem for certain: a cluster of 1 to _max_cluster_len() printable
+-- ASCII characters other than '/', a '/', a name of 1 to _max_name_len() printable ASCII characters, and an epoch
+-- of at least 1.
 CREATE FUNCTION pgfence._plain_lease_args(p_lease text, p_epoch bigint) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT p_lease ~ '^[ -.0-~]+/[ -~]+$' AND strpos(p_lease, '/') <= 64
-           AND octet_length(p_lease) - strpos(p_lease, '/') <= 200 AND p_epoch >= 1
+    SELECT p_lease ~ '^[ -.0-~]+/[ -~]+$' AND strpos(p_lease, '/') <= pgfence._max_cluster_len() + 1
+           AND octet_length(p_lease) - strpos(p_lease, '/') <= pgfence._max_name_len() AND p_epoch >= 1
 $$;
 
 -- Why p_value is not a valid p_what argument of at most p_max characters; NULL when it is, and when it is NULL
@@ -551,8 +582,9 @@ $$;
 CREATE FUNCTION pgfence._check_ttl(p_ttl_ms bigint) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF p_ttl_ms IS NULL OR p_ttl_ms < 100 OR p_ttl_ms > 86400000 THEN
-        RAISE EXCEPTION 'pgfence: ttl must be between 100 ms and 24 h, got % ms', p_ttl_ms USING ERRCODE = '22023';
+    IF p_ttl_ms IS NULL OR p_ttl_ms < pgfence._min_ttl_ms() OR p_ttl_ms > pgfence._max_ttl_ms() THEN
+        RAISE EXCEPTION 'pgfence: ttl must be between % ms and % h, got % ms', pgfence._min_ttl_ms(),
+            pgfence._max_ttl_ms() / 3600000, p_ttl_ms USING ERRCODE = '22023';
     END IF;
 END;
 $$;
@@ -598,18 +630,18 @@ CREATE FUNCTION pgfence._guard_lockers(p_lock_key integer, p_granted boolean) RE
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(array_agg(DISTINCT k.pid), '{}')
       FROM pg_catalog.pg_locks k
-     WHERE k.locktype = 'advisory' AND k.classid = 1885824613::oid AND k.objid = p_lock_key::oid
+     WHERE k.locktype = 'advisory' AND k.classid = pgfence._guard_lock_class()::oid AND k.objid = p_lock_key::oid
        AND k.objsubid = 2 AND k.granted = p_granted AND k.pid <> pg_catalog.pg_backend_pid()
        AND k.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
 $$;
 
 -- The backends other than this one that hold (p_granted) or wait for (NOT p_granted) a lease's intent lock
--- (1885824613, -lock_key): a takeover of the lease holds it exclusive from its start to its end.
+-- (_guard_lock_class(), -lock_key): a takeover of the lease holds it exclusive from its start to its end.
 CREATE FUNCTION pgfence._intent_lockers(p_lock_key integer, p_granted boolean) RETURNS integer[]
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(array_agg(DISTINCT k.pid), '{}')
       FROM pg_catalog.pg_locks k
-     WHERE k.locktype = 'advisory' AND k.classid = 1885824613::oid AND k.objid = (-p_lock_key)::oid
+     WHERE k.locktype = 'advisory' AND k.classid = pgfence._guard_lock_class()::oid AND k.objid = (-p_lock_key)::oid
        AND k.objsubid = 2 AND k.granted = p_granted AND k.pid <> pg_catalog.pg_backend_pid()
        AND k.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
 $$;

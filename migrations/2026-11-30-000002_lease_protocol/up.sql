@@ -50,7 +50,7 @@ END;
 $$;
 
 -- Takes a lease's intent lock, then its guard lock, EXCLUSIVE for a change of who may write. The intent lock
--- (1885824613, -lock_key) first, held to the end of the transaction: from then on no guard of the lease passes its
+-- (_guard_lock_class(), -lock_key) first, held to the end of the transaction: from then on no guard of the lease passes its
 -- check (each probes the intent lock before it takes the guard lock, and one that finds it taken waits for this
 -- takeover to end: pgfence._await_takeover), whatever this function does next — wait for the guard lock, let its
 -- wait run out after the grace, end the holders, queue again. Then the guard lock: waits for the guarded
@@ -70,27 +70,28 @@ DECLARE
 BEGIN
     -- Nobody holds the intent lock but a takeover (the caller's row lock keeps others out) and guards probing it
     -- for an instant, so this wait is short; bounded all the same.
-    IF NOT pg_catalog.pg_try_advisory_xact_lock(1885824613, -p_lock_key) THEN
+    IF NOT pg_catalog.pg_try_advisory_xact_lock(pgfence._guard_lock_class(), -p_lock_key) THEN
         wait_ms := pgfence._lock_wait_ms();
         BEGIN
             PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
-            PERFORM pg_catalog.pg_advisory_xact_lock(1885824613, -p_lock_key);
+            PERFORM pg_catalog.pg_advisory_xact_lock(pgfence._guard_lock_class(), -p_lock_key);
         EXCEPTION WHEN lock_not_available THEN
             RAISE EXCEPTION 'pgfence: takeover of lease % waited % ms for its intent lock; held by %',
                 pgfence._printable(p_lease), wait_ms,
                 pgfence._describe_backends(pgfence._intent_lockers(p_lock_key, true))
                 USING ERRCODE = 'PF003',
-                      HINT = 'Only a takeover holds it for longer than an instant: a session holding advisory key (1885824613, -lock_key) outside pgfence blocks takeovers (see the hardened layout in docs/security.md).';
+                      HINT = format('Only a takeover holds it for longer than an instant: a session holding advisory key (%s, -lock_key) outside pgfence blocks takeovers (see the hardened layout in docs/security.md).',
+                                    pgfence._guard_lock_class());
         END;
     END IF;
-    IF pg_catalog.pg_try_advisory_xact_lock(1885824613, p_lock_key) THEN
+    IF pg_catalog.pg_try_advisory_xact_lock(pgfence._guard_lock_class(), p_lock_key) THEN
         RETURN;
     END IF;
     SELECT i.takeover_grace_ms INTO grace_ms FROM pgfence.instance i;
     BEGIN
         -- lock_timeout 0 would mean "wait forever".
         PERFORM set_config('lock_timeout', greatest(grace_ms, 1) || 'ms', true);
-        PERFORM pg_catalog.pg_advisory_xact_lock(1885824613, p_lock_key);
+        PERFORM pg_catalog.pg_advisory_xact_lock(pgfence._guard_lock_class(), p_lock_key);
         RETURN;
     EXCEPTION WHEN lock_not_available THEN
         NULL;
@@ -114,7 +115,7 @@ BEGIN
         BEGIN
             -- A terminated backend exits and releases its locks within milliseconds.
             PERFORM set_config('lock_timeout', '1000ms', true);
-            PERFORM pg_catalog.pg_advisory_xact_lock(1885824613, p_lock_key);
+            PERFORM pg_catalog.pg_advisory_xact_lock(pgfence._guard_lock_class(), p_lock_key);
             RETURN;
         EXCEPTION WHEN lock_not_available THEN
             NULL;
@@ -182,6 +183,18 @@ LANGUAGE sql STABLE AS $$
      WHERE s.lease = p_lease
 $$;
 
+-- Ends tenure (p_lease, p_epoch) in the history (pgfence.tenures), unless it has ended already: at p_ended_at, for
+-- p_reason. The one writer of a tenure's end, called by each change of who may write that ends one (acquire ends the
+-- tenure it takes over, release and force_release the current one) in its own transaction, after the guard lock.
+CREATE FUNCTION pgfence._end_tenure(p_lease text, p_epoch bigint, p_ended_at timestamptz, p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE pgfence.tenures SET ended_at = p_ended_at, end_reason = p_reason
+     WHERE lease = p_lease AND epoch = p_epoch AND ended_at IS NULL;
+END;
+$$;
+
 -- Refuses a call of a role without a grant on the lease's cluster (p_operator: operator rights needed): records
 -- it and returns the lease_result 'refused' / 'no_grant'; NULL when the role may go on. Every role with a grant
 -- may execute every lease function (force_release included), so a missing right on a cluster is this one answer
@@ -238,7 +251,7 @@ DECLARE
     denied pgfence.lease_result;
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, 1);
-    PERFORM pgfence._check_text('holder', p_holder, 256);
+    PERFORM pgfence._check_text('holder', p_holder, pgfence._max_holder_len());
     PERFORM pgfence._check_ttl(p_ttl_ms);
     denied := pgfence._deny_lease_call(p_lease, 0, 'acquire');
     IF denied.outcome IS NOT NULL THEN
@@ -266,12 +279,11 @@ BEGIN
     ts := clock_timestamp();
 
     IF l.epoch > 0 THEN
-        UPDATE pgfence.tenures
-           SET ended_at = CASE WHEN l.state = 'held' AND l.expires_at <= ts THEN l.expires_at ELSE ts END,
-               end_reason = CASE WHEN l.state = 'held' AND l.timeline < tl THEN 'failover'
-                                 WHEN l.state = 'held' AND l.expires_at <= ts THEN 'expired'
-                                 ELSE 'reacquired' END
-         WHERE lease = p_lease AND epoch = l.epoch AND ended_at IS NULL;
+        PERFORM pgfence._end_tenure(p_lease, l.epoch,
+                                    CASE WHEN l.state = 'held' AND l.expires_at <= ts THEN l.expires_at ELSE ts END,
+                                    CASE WHEN l.state = 'held' AND l.timeline < tl THEN 'failover'
+                                         WHEN l.state = 'held' AND l.expires_at <= ts THEN 'expired'
+                                         ELSE 'reacquired' END);
     END IF;
 
     -- Failover safety: after a promotion the server writes WAL on a new timeline, and an asynchronous standby
@@ -522,11 +534,9 @@ BEGIN
     ts := clock_timestamp();
 
     UPDATE pgfence.leases SET state = 'released', expires_at = LEAST(expires_at, ts) WHERE name = p_lease;
-    UPDATE pgfence.tenures
-       SET ended_at = LEAST(l.expires_at, ts),
-           end_reason = CASE WHEN why = 'failover' THEN 'failover'
-                             WHEN l.expires_at <= ts THEN 'expired' ELSE 'released' END
-     WHERE lease = p_lease AND epoch = p_epoch AND ended_at IS NULL;
+    PERFORM pgfence._end_tenure(p_lease, p_epoch, LEAST(l.expires_at, ts),
+                                CASE WHEN why = 'failover' THEN 'failover'
+                                     WHEN l.expires_at <= ts THEN 'expired' ELSE 'released' END);
     -- Wake waiting candidates (delivered at commit) so a successor acquires in milliseconds, not a poll later.
     -- The payload is the lease's lock key, not its name: any role may LISTEN, and only roles that can read the
     -- lease row (a grant on its cluster) can tell which lease it is.
@@ -567,9 +577,7 @@ BEGIN
     why := CASE WHEN l.timeline < pgfence._timeline() THEN 'failover'
                 WHEN l.expires_at <= ts THEN 'expired' ELSE 'forced' END;
     UPDATE pgfence.leases SET state = 'released', expires_at = LEAST(expires_at, ts) WHERE name = p_lease;
-    UPDATE pgfence.tenures
-       SET ended_at = LEAST(l.expires_at, ts), end_reason = why
-     WHERE lease = p_lease AND epoch = l.epoch AND ended_at IS NULL;
+    PERFORM pgfence._end_tenure(p_lease, l.epoch, LEAST(l.expires_at, ts), why);
     PERFORM pg_notify('pgfence_lease_free', l.lock_key::text);
     RETURN ROW('released', why, l.epoch, l.holder, 0, NULL)::pgfence.lease_result;
 END;
@@ -681,7 +689,7 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     IF p_endpoint IS NOT NULL THEN
-        PERFORM pgfence._check_text('endpoint', p_endpoint, 512);
+        PERFORM pgfence._check_text('endpoint', p_endpoint, pgfence._max_endpoint_len());
     END IF;
     IF p_event = 'start' AND (p_cause IS NOT NULL OR p_detail IS NOT NULL) THEN
         RAISE EXCEPTION 'pgfence: invalid belief cause: a start has none' USING ERRCODE = '22023';
@@ -692,7 +700,7 @@ BEGIN
             pgfence._printable(p_cause) USING ERRCODE = '22023';
     END IF;
     IF p_detail IS NOT NULL THEN
-        PERFORM pgfence._check_text('belief detail', p_detail, 64);
+        PERFORM pgfence._check_text('belief detail', p_detail, pgfence._max_label_len());
     END IF;
     IF NOT pgfence._may_use(pgfence._cluster_of(p_lease)) THEN
         PERFORM pgfence._reject(p_lease, p_epoch, NULL, NULL, 'no_grant', 'report_belief', NULL, NULL,

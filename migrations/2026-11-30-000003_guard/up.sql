@@ -32,8 +32,8 @@ DECLARE
     got      boolean := false;
 BEGIN
     IF (coalesce(current_setting(pgfence._fence_setting(p_lock_key), true), '') <> ''
-        OR coalesce(current_setting('pgfence.guard_held_' || p_lock_key, true), '') <> '')
-       AND pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, p_lock_key) THEN
+        OR coalesce(current_setting(pgfence._guard_held_setting(p_lock_key), true), '') <> '')
+       AND pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), p_lock_key) THEN
         RETURN;
     END IF;
     LOOP
@@ -44,7 +44,7 @@ BEGIN
         PERFORM set_config('lock_timeout', left_ms || 'ms', true);
         BEGIN
             -- The takeover's end: the intent lock shared, given back as this block is rolled back.
-            PERFORM pg_catalog.pg_advisory_xact_lock_shared(1885824613, -p_lock_key);
+            PERFORM pg_catalog.pg_advisory_xact_lock_shared(pgfence._guard_lock_class(), -p_lock_key);
             RAISE EXCEPTION USING ERRCODE = 'PF900';
         EXCEPTION WHEN SQLSTATE 'PF900' THEN
             NULL;
@@ -52,10 +52,10 @@ BEGIN
         BEGIN
             -- The guard lock shared, kept (this block commits into the transaction) only if no takeover has
             -- begun since: the intent probe of _guard (CASE: its two calls run in this order, both or none).
-            got := pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, p_lock_key);
+            got := pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), p_lock_key);
             IF got THEN
-                got := CASE WHEN pg_catalog.pg_try_advisory_lock_shared(1885824613, -p_lock_key)
-                            THEN pg_catalog.pg_advisory_unlock_shared(1885824613, -p_lock_key)
+                got := CASE WHEN pg_catalog.pg_try_advisory_lock_shared(pgfence._guard_lock_class(), -p_lock_key)
+                            THEN pg_catalog.pg_advisory_unlock_shared(pgfence._guard_lock_class(), -p_lock_key)
                             ELSE false END;
                 IF NOT got THEN
                     RAISE EXCEPTION USING ERRCODE = 'PF900';
@@ -86,6 +86,22 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT 'pgfence.tenure_secret_' || p_lock_key::text
 $$;
 
+-- Whether the transaction runs under READ COMMITTED, the one isolation every guard decides under: each statement
+-- reads a new snapshot, so the read after the guard lock sees every takeover that committed before the lock was
+-- granted; under REPEATABLE READ or SERIALIZABLE the transaction's snapshot may predate it. (An SQL function,
+-- inlined where it is used: each guard raises its own PF004.)
+CREATE FUNCTION pgfence._read_committed() RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT pg_catalog.current_setting('transaction_isolation') = 'read committed'
+$$;
+
+-- The name of the transaction-local setting a guard leaves when it holds the lease's guard lock without having
+-- accepted the write (the marker by which _await_takeover knows the transaction holds the lock).
+CREATE FUNCTION pgfence._guard_held_setting(p_lock_key integer) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'pgfence.guard_held_' || p_lock_key::text
+$$;
+
 -- ---------------------------------------------------------------------------------------------------------
 -- The guard's fast path (_admit): the common case — a live tenure presented with its secret by a granted role, on
 -- the current timeline, no takeover in flight — decided by the guard lock and ONE read, with nothing else around
@@ -112,7 +128,7 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- The guard lock of a lease, taken SHARED without waiting and only if no takeover of the lease is in flight: a
--- takeover holds the intent lock (1885824613, -lock_key) exclusive from its start to its end; the probe takes it
+-- takeover holds the intent lock (_guard_lock_class(), -lock_key) exclusive from its start to its end; the probe takes it
 -- shared and gives it back in the same expression (CASE fixes the order; no interrupt is served between the two
 -- calls, so the session-level lock cannot be left behind). Free: no takeover had started at the probe, and from
 -- there the guard lock held makes every later takeover wait for this transaction. Taken, or the guard lock not
@@ -120,9 +136,9 @@ $$;
 -- nothing is held. (IS TRUE: a NULL could only ever mean "not taken".) An SQL function, inlined where it is used.
 CREATE FUNCTION pgfence._try_guard_lock(p_lock_key integer) RETURNS boolean
 LANGUAGE sql VOLATILE AS $$
-    SELECT (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(1885824613, -p_lock_key)
-                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(1885824613, -p_lock_key)
-                           THEN pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, p_lock_key) END
+    SELECT (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(pgfence._guard_lock_class(), -p_lock_key)
+                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(pgfence._guard_lock_class(), -p_lock_key)
+                           THEN pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), p_lock_key) END
                  ELSE false END) IS TRUE
 $$;
 
@@ -150,6 +166,27 @@ LANGUAGE sql STABLE AS $$
            LATERAL (SELECT p_epoch::text || ':' || pg_catalog.date_part('epoch', p_now)::bigint::text || ':'
                            || p_lease AS mark) m
      WHERE l.name = p_lease
+$$;
+
+-- The verdict of a guard on l, the lease row it read after its guard lock was granted (in a statement of its own,
+-- so under READ COMMITTED on a new snapshot, in which every takeover that held the intent or the guard lock before
+-- has committed; all NULL when there is no such lease): why tenure (l.name, p_epoch) may not write at p_now on
+-- timeline p_timeline, NULL when it may — its loss reason, else 'bad_secret' when p_secret is not the secret of
+-- the lease's current tenure. The secret is not checked again when the row still names p_matched_epoch, the
+-- epoch whose secret the caller matched p_secret with before the lock (a tenure's secret never changes; NULL: none
+-- matched). When a takeover committed between that match and the read, tenure_secrets names the new epoch and
+-- the old secret is refused too: a second check of what _loss_reason decides (an error in its epoch comparison
+-- would be refused as bad_secret, not let through). Both guards decide by it: _guard and the raw-SQL enforcement
+-- (_enforce_epoch). An SQL expression, inlined where it is used (no call); _secret_check runs only when the
+-- secret is checked.
+CREATE FUNCTION pgfence._verdict(l pgfence.leases, p_epoch bigint, p_secret text, p_now timestamptz,
+                                 p_timeline bigint, p_matched_epoch bigint)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(pgfence._loss_reason(l, NULL, p_epoch, p_now, p_timeline),
+                    CASE WHEN l.epoch IS DISTINCT FROM p_matched_epoch
+                              AND pgfence._secret_check(l.name, p_epoch, p_secret) IS DISTINCT FROM 'ok'
+                         THEN 'bad_secret' END)
 $$;
 
 -- The write mark (pgfence.write_marks: see the table for what a mark stands for): the session's first admitted
@@ -189,7 +226,7 @@ BEGIN
     k := CASE WHEN right(known, length(tail)) = tail AND length(known) - length(tail) BETWEEN 1 AND 9
                    AND ltrim(left(known, length(known) - length(tail)), '0123456789') = ''
               THEN left(known, length(known) - length(tail))::integer END;
-    IF k IS NULL OR current_setting('transaction_isolation') <> 'read committed'
+    IF k IS NULL OR NOT pgfence._read_committed()
        OR NOT pgfence._try_guard_lock(k) THEN
         RETURN false;
     END IF;
@@ -206,7 +243,7 @@ BEGIN
         END IF;
         RETURN true;
     END IF;
-    kept := pg_catalog.set_config('pgfence.guard_held_' || k, 'on', true);
+    kept := pg_catalog.set_config(pgfence._guard_held_setting(k), 'on', true);
     RETURN false;
 END;
 $$;
@@ -240,7 +277,7 @@ BEGIN
     -- is fresh, so 'future_epoch' too is decided: that epoch has not been issued.)
     -- First, before any read: under REPEATABLE READ or SERIALIZABLE even a refusal could misreport (an old
     -- snapshot's current epoch) or fail with a bare 40001 on the aggregated audit row.
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
+    IF NOT pgfence._read_committed() THEN
         RAISE EXCEPTION 'pgfence: guarded writes need READ COMMITTED isolation; this transaction is %',
             upper(current_setting('transaction_isolation'))
             USING ERRCODE = 'PF004',
@@ -275,35 +312,20 @@ BEGIN
         RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key,
                                p_may_wait => true);
     END IF;
-    -- The intent probe, then the guard lock shared, in one expression and without waiting. A takeover holds the
-    -- intent lock (1885824613, -lock_key) exclusive from its start to its end; the probe takes it shared and
-    -- gives it back in the same expression (CASE fixes the order; no interrupt is served between the two calls,
-    -- so the session-level lock cannot be left behind). Free: no takeover had started at the probe, and from here
-    -- the guard lock held makes every later takeover wait for this transaction (one whose intent lock fell
-    -- between the probe and the try finds this write holding the guard lock and waits for it, like for any write
-    -- past its check). Taken, or the guard lock not free (a takeover holds or waits for it; a try-lock fails
-    -- behind a queued request, so this is fair): pgfence._await_takeover waits for the takeover to end, holding
-    -- nothing meanwhile. (IS NOT TRUE: a NULL could only ever mean "not taken".)
-    IF (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(1885824613, -l.lock_key)
-             THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(1885824613, -l.lock_key)
-                       THEN pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) END
-             ELSE false END) IS NOT TRUE THEN
+    -- The intent probe, then the guard lock shared, without waiting (_try_guard_lock, inlined: an expression, no
+    -- call). From here the guard lock held makes every later takeover wait for this transaction (one whose intent
+    -- lock fell between the probe and the try finds this write holding the guard lock and waits for it, like for
+    -- any write past its check). Taken, or the guard lock not free: pgfence._await_takeover waits for the takeover
+    -- to end, holding nothing meanwhile.
+    IF NOT pgfence._try_guard_lock(l.lock_key) THEN
         PERFORM pgfence._await_takeover(p_lease, l.lock_key);
     END IF;
     -- A new statement, so a new snapshot under READ COMMITTED: every takeover that held the intent or the guard
     -- lock before we were granted the guard lock has committed (a transaction's locks are released after its
-    -- commit is visible) and shows here.
+    -- commit is visible) and shows here. The verdict on it: the secret again only if the pre-check did not match
+    -- it for the epoch the row still names (no cost to a write no takeover met).
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
-    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), pre.tl);
-    -- The secret again, unless the pre-check matched it and the row still names the epoch it read (a tenure's
-    -- secret never changes). When a takeover committed between the pre-check and this read, tenure_secrets names
-    -- the new epoch and the old secret is refused too: a second check of what _loss_reason decides (an error in
-    -- its epoch comparison would be refused as bad_secret, not let through), at no cost to a write no takeover
-    -- met (and none to one refused as superseded above).
-    IF why IS NULL AND (secret_ok IS NOT TRUE OR l.epoch IS DISTINCT FROM seen)
-       AND pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok' THEN
-        why := 'bad_secret';
-    END IF;
+    why := pgfence._verdict(l, p_epoch, p_secret, clock_timestamp(), pre.tl, CASE WHEN secret_ok THEN seen END);
     IF why IS NULL THEN
         -- For the rest of the transaction, raw writes of this tenure pass the raw-SQL enforcement. An assignment,
         -- not PERFORM: a plpgsql expression without an executor run.
@@ -318,7 +340,7 @@ BEGIN
     -- Refused after the lock, which stays held to the end of the transaction: the marker _await_takeover reads
     -- when the same transaction calls a guard of this lease again. The session forgets the lease's lock key: its
     -- next write of this lease is judged by the unlocked pre-check first.
-    kept := pg_catalog.set_config('pgfence.guard_held_' || l.lock_key, 'on', true);
+    kept := pg_catalog.set_config(pgfence._guard_held_setting(l.lock_key), 'on', true);
     kept := pg_catalog.set_config(pgfence._known_slot(p_lease), '', false);
     RETURN pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, why, p_operation, p_table, p_key);
 END;
@@ -345,9 +367,11 @@ BEGIN
     -- The labels first, by the cheap test (the lease and the epoch need none on the fast path: it admits only
     -- the name and the epoch of a held tenure, which were checked when it was acquired).
     IF pgfence._plain_labels(p_operation, p_table, p_key) IS NOT TRUE THEN
-        problem := coalesce(pgfence._arg_problem('operation', p_operation, 64),
-                            pgfence._arg_problem('target table', p_table, 64, p_optional => true),
-                            pgfence._arg_problem('target key', p_key, 256, p_optional => true));
+        problem := coalesce(pgfence._arg_problem('operation', p_operation, pgfence._max_label_len()),
+                            pgfence._arg_problem('target table', p_table, pgfence._max_label_len(),
+                                                 p_optional => true),
+                            pgfence._arg_problem('target key', p_key, pgfence._max_holder_len(),
+                                                 p_optional => true));
         IF problem IS NOT NULL THEN
             RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
         END IF;
@@ -456,31 +480,25 @@ BEGIN
                                                  true)) = 'bad' THEN
         why := 'bad_secret';
     END IF;
-    -- The guard's protocol: the lease's guard lock shared, then the row read in a new snapshot.
+    -- The guard's protocol (as _guard's): the lease's guard lock shared (_try_guard_lock, else _await_takeover),
+    -- then the row read in a new snapshot and the verdict on it (_verdict). Knowing the epoch is not enough: the
+    -- transaction must have presented the tenure's secret to the guard (the setting pgfence.fence left).
     SELECT * INTO l FROM pgfence.leases WHERE name = target;
     IF FOUND AND why IS DISTINCT FROM 'bad_secret' THEN
-        IF current_setting('transaction_isolation') <> 'read committed' THEN
+        IF NOT pgfence._read_committed() THEN
             RAISE EXCEPTION 'pgfence: writes to pgfence.% need READ COMMITTED isolation; this transaction is %',
                 TG_TABLE_NAME, upper(current_setting('transaction_isolation')) USING ERRCODE = 'PF004';
         END IF;
-        IF (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(1885824613, -l.lock_key)
-                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(1885824613, -l.lock_key)
-                           THEN pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) END
-                 ELSE false END) IS NOT TRUE THEN
+        IF NOT pgfence._try_guard_lock(l.lock_key) THEN
             PERFORM pgfence._await_takeover(target, l.lock_key);
         END IF;
         -- Held to the end of the transaction, whatever is decided below (the marker of _await_takeover).
-        PERFORM set_config('pgfence.guard_held_' || l.lock_key, 'on', true);
+        PERFORM set_config(pgfence._guard_held_setting(l.lock_key), 'on', true);
         SELECT * INTO l FROM pgfence.leases WHERE name = target;
     END IF;
     IF why IS NULL THEN
-        why := pgfence._loss_reason(l, NULL, presented, clock_timestamp(), pgfence._timeline());
-    END IF;
-    -- Knowing the epoch is not enough: the transaction must have presented the tenure's secret to the guard.
-    IF why IS NULL AND pgfence._secret_check(target, presented,
-                                             current_setting(pgfence._fence_setting(l.lock_key), true))
-                       IS DISTINCT FROM 'ok' THEN
-        why := 'bad_secret';
+        why := pgfence._verdict(l, presented, current_setting(pgfence._fence_setting(l.lock_key), true),
+                                clock_timestamp(), pgfence._timeline(), NULL);
     END IF;
     IF why IS NULL THEN
         RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;

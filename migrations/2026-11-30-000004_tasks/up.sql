@@ -45,11 +45,11 @@ LANGUAGE plpgsql AS $$
 DECLARE
     problem text;
 BEGIN
-    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND p_secret IS NOT NULL AND pgfence._plain_arg(p_key, 256)
+    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND p_secret IS NOT NULL AND pgfence._plain_arg(p_key, pgfence._max_holder_len())
         AND pgfence._plain_arg(p_text, p_max, p_optional => p_what IS NULL)
         AND pgfence._payload_problem(p_payload) IS NULL) IS NOT TRUE THEN
         problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch), pgfence._secret_problem(p_secret),
-                            pgfence._arg_problem('task key', p_key, 256),
+                            pgfence._arg_problem('task key', p_key, pgfence._max_holder_len()),
                             pgfence._arg_problem(p_what, p_text, p_max, p_optional => p_what IS NULL),
                             pgfence._payload_problem(p_payload));
         IF problem IS NOT NULL THEN
@@ -106,7 +106,7 @@ DECLARE
     ev bigint;
 BEGIN
     r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'claim_task', 'tasks', 'assignee', p_assignee,
-                                  256, NULL);
+                                  pgfence._max_holder_len(), NULL);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
     END IF;
@@ -172,7 +172,7 @@ DECLARE
     ev bigint;
 BEGIN
     r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'append_event', 'task_events', 'event kind',
-                                  p_kind, 64, p_payload);
+                                  p_kind, pgfence._max_kind_len(), p_payload);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
     END IF;

@@ -7,7 +7,8 @@
 -- src/leader/pg.rs sends the heartbeat in the statement that renews the member's leases). Roles read
 -- pgfence.group_members (filtered by cluster).
 
--- Limits, also in src/membership.rs (MAX_WEIGHT, MAX_GROUP_NAMES).
+-- The limits of membership (see the constants in 000001_schema), also in src/membership.rs (MAX_WEIGHT,
+-- MAX_GROUP_NAMES; tests/sql_source.rs compares them).
 CREATE FUNCTION pgfence._max_member_weight() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 1000';
 CREATE FUNCTION pgfence._max_group_names() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 4096';
 
@@ -16,11 +17,11 @@ CREATE FUNCTION pgfence._max_group_names() RETURNS integer LANGUAGE sql IMMUTABL
 -- is kept as its SHA-256 only, and no role but the owner reads this table (roles read pgfence.group_members).
 CREATE TABLE pgfence.members (
     grp         text NOT NULL CHECK (pgfence._lease_problem(grp) IS NULL),
-    member      text NOT NULL CHECK (pgfence._text_problem(member, 256) IS NULL),
+    member      text NOT NULL CHECK (pgfence._text_problem(member, pgfence._max_holder_len()) IS NULL),
     -- How many joins this name has seen: a heartbeat presents its incarnation, so an earlier incarnation's
     -- heartbeat is answered 'superseded', not audited as a forgery.
     incarnation bigint NOT NULL DEFAULT 1 CHECK (incarnation >= 1),
-    weight      integer NOT NULL CHECK (weight BETWEEN 1 AND 1000),
+    weight      integer NOT NULL CHECK (weight BETWEEN 1 AND pgfence._max_member_weight()),
     names       text[] NOT NULL,
     pinned      text[] NOT NULL,
     excluded    text[] NOT NULL,
@@ -48,7 +49,7 @@ RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(
         'invalid group: ' || pgfence._lease_problem(p_group),
-        pgfence._arg_problem('member', p_member, 256),
+        pgfence._arg_problem('member', p_member, pgfence._max_holder_len()),
         CASE WHEN p_weight IS NULL OR p_weight < 1 OR p_weight > pgfence._max_member_weight()
              THEN format('invalid weight: must be between 1 and %s, got %s', pgfence._max_member_weight(),
                          coalesce(p_weight::text, 'NULL')) END,
@@ -60,10 +61,11 @@ LANGUAGE sql STABLE AS $$
                          pgfence._max_group_names(),
                          cardinality(p_names) + cardinality(p_pinned) + cardinality(p_excluded)) END,
         (SELECT format('invalid %s %s of %s: %s', k.kind, n.ord, cardinality(k.arr),
-                       CASE WHEN n.name IS NULL THEN 'must not be NULL' ELSE pgfence._text_problem(n.name, 200) END)
+                       CASE WHEN n.name IS NULL THEN 'must not be NULL'
+                            ELSE pgfence._text_problem(n.name, pgfence._max_name_len()) END)
            FROM (VALUES ('name', p_names), ('pin', p_pinned), ('exclusion', p_excluded)) AS k(kind, arr),
                 unnest(k.arr) WITH ORDINALITY AS n(name, ord)
-          WHERE n.name IS NULL OR pgfence._text_problem(n.name, 200) IS NOT NULL
+          WHERE n.name IS NULL OR pgfence._text_problem(n.name, pgfence._max_name_len()) IS NOT NULL
           LIMIT 1),
         (SELECT format('invalid %s: %s is listed twice', k.kind, pgfence._printable(d.name))
            FROM (VALUES ('names', p_names), ('pins', p_pinned), ('exclusions', p_excluded)) AS k(kind, arr),
@@ -290,7 +292,7 @@ BEGIN
     IF pgfence._lease_problem(p_group) IS NOT NULL THEN
         RAISE EXCEPTION 'pgfence: invalid group: %', pgfence._lease_problem(p_group) USING ERRCODE = '22023';
     END IF;
-    PERFORM pgfence._check_text('member', p_member, 256);
+    PERFORM pgfence._check_text('member', p_member, pgfence._max_holder_len());
     IF p_incarnation IS NULL OR p_incarnation < 1 THEN
         RAISE EXCEPTION 'pgfence: invalid incarnation: must be at least 1' USING ERRCODE = '22023';
     END IF;

@@ -221,7 +221,9 @@ LANGUAGE sql STABLE AS $$
                         'pgfence._readable_clusters()',
                         -- Row-level security policies and CHECK constraints run as the querying role.
                         'pgfence._text_problem(text, integer)', 'pgfence._cluster_problem(text)',
-                        'pgfence._lease_problem(text)']::regprocedure[]) AS f(o)
+                        'pgfence._lease_problem(text)', 'pgfence._max_cluster_len()', 'pgfence._max_name_len()',
+                        'pgfence._max_holder_len()', 'pgfence._max_label_len()', 'pgfence._max_kind_len()',
+                        'pgfence._max_endpoint_len()']::regprocedure[]) AS f(o)
     UNION ALL
     SELECT 'FUNCTION', f.o, 'EXECUTE', true
       FROM unnest(ARRAY['pgfence.set_enforcement(boolean, text)',
@@ -423,6 +425,7 @@ CREATE FUNCTION pgfence._refuse_role(p_role text) RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r pg_roles;
+    -- 63: PostgreSQL's longest identifier (NAMEDATALEN - 1), not a limit of pgfence's.
     problem text := pgfence._text_problem(p_role, 63);
 BEGIN
     IF problem IS NULL AND (lower(p_role) IN ('public', 'current_user', 'current_role', 'session_user', 'user', 'none')

@@ -85,17 +85,14 @@ def cargo_unit_test(filter: str) -> tuple[str, list[str]]:
 ISOLATION = ("tests/isolation/run.sh", ["bash", "tests/isolation/run.sh"])
 
 # Texts of the migrations that several mutations edit.
-GUARD_FAST_PATH = """    IF (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(1885824613, -l.lock_key)
-             THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(1885824613, -l.lock_key)
-                       THEN pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) END
-             ELSE false END) IS NOT TRUE THEN"""
+GUARD_FAST_PATH = """    IF NOT pgfence._try_guard_lock(l.lock_key) THEN"""
 GUARD_LOCK_STEP = GUARD_FAST_PATH + """
         PERFORM pgfence._await_takeover(p_lease, l.lock_key);
     END IF;
 """
-TAKE_INTENT_LOCK = """    IF NOT pg_catalog.pg_try_advisory_xact_lock(1885824613, -p_lock_key) THEN
+TAKE_INTENT_LOCK = """    IF NOT pg_catalog.pg_try_advisory_xact_lock(pgfence._guard_lock_class(), -p_lock_key) THEN
         wait_ms := pgfence._lock_wait_ms();"""
-TAKE_LOCK_FAST_PATH = """    IF pg_catalog.pg_try_advisory_xact_lock(1885824613, p_lock_key) THEN
+TAKE_LOCK_FAST_PATH = """    IF pg_catalog.pg_try_advisory_xact_lock(pgfence._guard_lock_class(), p_lock_key) THEN
         RETURN;
     END IF;"""
 
@@ -153,7 +150,7 @@ MUTATIONS: list[Mutation] = [
         "the guard's fast path takes the guard lock without probing the intent lock: a write arriving while a "
         "takeover ends the holders gets in, is answered ok, and is ended",
         [Edit("sql:_guard", GUARD_FAST_PATH,
-              """    IF pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, l.lock_key) IS NOT TRUE THEN""")],
+              """    IF pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), l.lock_key) IS NOT TRUE THEN""")],
         [cargo_test("guard", "a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either_path")],
     ),
     Mutation(
@@ -166,11 +163,11 @@ MUTATIONS: list[Mutation] = [
         "admit-lock-without-intent-probe",
         "the fast path's guard lock is taken without probing the intent lock: a write arriving while a takeover "
         "ends the holders gets in, is answered ok, and is ended",
-        [Edit("sql:_try_guard_lock", """    SELECT (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(1885824613, -p_lock_key)
-                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(1885824613, -p_lock_key)
-                           THEN pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, p_lock_key) END
+        [Edit("sql:_try_guard_lock", """    SELECT (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(pgfence._guard_lock_class(), -p_lock_key)
+                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(pgfence._guard_lock_class(), -p_lock_key)
+                           THEN pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), p_lock_key) END
                  ELSE false END) IS TRUE""",
-              "    SELECT pg_catalog.pg_try_advisory_xact_lock_shared(1885824613, p_lock_key)")],
+              "    SELECT pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), p_lock_key)")],
         [cargo_test("guard", "a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either_path")],
     ),
     Mutation(
@@ -201,7 +198,7 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "admit-any-isolation",
         "the fast path decides under REPEATABLE READ from a snapshot that may predate a takeover",
-        [Edit("sql:_admit", " OR current_setting('transaction_isolation') <> 'read committed'", "")],
+        [Edit("sql:_admit", " OR NOT pgfence._read_committed()", "")],
         [cargo_test("guard", "the_fast_path_admits_nothing_the_full_guard_refuses")],
     ),
     Mutation(
@@ -216,7 +213,7 @@ MUTATIONS: list[Mutation] = [
         "guard-any-isolation",
         "the guard decides under REPEATABLE READ from a snapshot that may predate a takeover",
         [Edit("sql:_guard",
-              "IF current_setting('transaction_isolation') <> 'read committed' THEN",
+              "IF NOT pgfence._read_committed() THEN",
               "IF false THEN")],
         [cargo_test("takeover", "guards_refuse_to_decide_outside_read_committed"), ISOLATION],
     ),
@@ -309,8 +306,8 @@ MUTATIONS: list[Mutation] = [
         "argument-shortcut-too-wide",
         "the cheap argument tests of the write path pass arguments the full checks refuse (too long, epoch 0)",
         [Edit("sql:_plain_arg", "(p_value ~ '^[ -~]+$' AND octet_length(p_value) <= p_max)", "true"),
-         Edit("sql:_plain_labels", "SELECT octet_length(p_operation) BETWEEN 1 AND 64",
-              "SELECT true OR octet_length(p_operation) BETWEEN 1 AND 64"),
+         Edit("sql:_plain_labels", "SELECT octet_length(p_operation) BETWEEN 1 AND pgfence._max_label_len()",
+              "SELECT true OR octet_length(p_operation) BETWEEN 1 AND pgfence._max_label_len()"),
          Edit("sql:_plain_lease_args", " AND p_epoch >= 1", "")],
         [cargo_test("trust", "audit_rows_are_per_role_and_bounded"),
          cargo_test("hostile", "sql_functions_refuse_hostile_arguments_cleanly")],

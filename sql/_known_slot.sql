@@ -1,0 +1,9 @@
+-- pgfence._known_slot as the migrations leave it; defined last in migrations/2026-11-30-000003_guard/up.sql.
+-- Generated from the database (see README.md): edit the migrations, then bless.
+CREATE OR REPLACE FUNCTION pgfence._known_slot(p_lease text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT 'pgfence.known_' || (pg_catalog.hashtext(p_lease) & 15)::text
+$function$

@@ -1,0 +1,13 @@
+-- pgfence._secret_check as the migrations leave it; defined last in migrations/2026-11-30-000002_lease_protocol/up.sql.
+-- Generated from the database (see README.md): edit the migrations, then bless.
+CREATE OR REPLACE FUNCTION pgfence._secret_check(p_lease text, p_epoch bigint, p_secret text)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT CASE WHEN s.epoch <> p_epoch THEN NULL
+                WHEN pgfence._secret_matches(s.hash, p_secret) THEN 'ok'
+                ELSE 'bad' END
+      FROM pgfence.tenure_secrets s
+     WHERE s.lease = p_lease
+$function$

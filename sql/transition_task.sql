@@ -1,0 +1,38 @@
+-- pgfence.transition_task as the migrations leave it; defined last in migrations/2026-11-30-000004_tasks/up.sql.
+-- Generated from the database (see README.md): edit the migrations, then bless.
+CREATE OR REPLACE FUNCTION pgfence.transition_task(p_lease text, p_epoch bigint, p_secret text, p_key text, p_from text, p_to text, p_payload jsonb)
+ RETURNS pgfence.write_result
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    r pgfence.write_result;
+    t pgfence.tasks;
+    ev bigint;
+BEGIN
+    -- First: the shared opening runs the guard right after the other checks, and a bad state is refused before
+    -- the guard, writing nothing.
+    IF p_from IS NULL OR p_to IS NULL
+       OR p_from NOT IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled')
+       OR p_to NOT IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled') THEN
+        RAISE EXCEPTION 'pgfence: unknown task state % -> %', p_from, p_to USING ERRCODE = '22023';
+    END IF;
+    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'transition_task', 'tasks', NULL, NULL, NULL,
+                                  p_payload);
+    IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
+        RETURN r;
+    END IF;
+    UPDATE pgfence.tasks
+       SET state = p_to, fence = p_epoch, version = version + 1, updated_at = clock_timestamp(),
+           assignee = CASE WHEN p_to = 'pending' THEN NULL ELSE assignee END
+     WHERE lease = p_lease AND key = p_key AND state = p_from AND fence <= p_epoch
+    RETURNING * INTO t;
+    IF NOT FOUND THEN
+        RETURN pgfence._explain_miss(p_lease, p_epoch, p_key, 'transition_task');
+    END IF;
+    INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
+    VALUES (t.id, p_lease, p_epoch, p_to, coalesce(p_payload, '{}')) RETURNING id INTO ev;
+    RETURN pgfence._task_result(t, 'ok', NULL, p_epoch, false, ev);
+END;
+$function$

@@ -1,0 +1,190 @@
+//! The SQL as the migrations leave it: `sql/` holds one file per function of the schema `pgfence`, its whole
+//! definition as PostgreSQL prints it (`pg_get_functiondef`) on a freshly migrated database. A migration that
+//! changes a function changes its file (`PGFENCE_BLESS=1 cargo test --test suite sql_source::` rewrites them), so
+//! the diff in `sql/` shows the function's whole new text in one place, whichever migration changed it. And the
+//! limits and the guard lock's class, named once in the SQL, are the values of the Rust constants.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::common::TestDb;
+
+/// The repository's root.
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The directory of the functions' sources.
+fn sql_dir() -> PathBuf {
+    repo().join("sql")
+}
+
+/// Whether this run rewrites `sql/` instead of comparing with it.
+fn blessing() -> bool {
+    std::env::var("PGFENCE_BLESS").is_ok_and(|v| v == "1")
+}
+
+/// The migration (its directory name) whose `up.sql` defines `pgfence.<name>` last, in the order they apply: the
+/// one to read, or to follow with a new migration, when the function is to change.
+fn defined_in(name: &str) -> Option<String> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(repo().join("migrations"))
+        .expect("read migrations/")
+        .map(|e| e.expect("a migrations/ entry").path())
+        .filter(|p| p.join("up.sql").is_file())
+        .collect();
+    dirs.sort();
+    let patterns = [
+        format!("CREATE FUNCTION pgfence.{name}("),
+        format!("CREATE OR REPLACE FUNCTION pgfence.{name}("),
+    ];
+    dirs.iter()
+        .rev()
+        .find(|dir| {
+            let up = std::fs::read_to_string(dir.join("up.sql")).expect("read up.sql");
+            patterns.iter().any(|p| up.contains(p.as_str()))
+        })
+        .map(|dir| dir.file_name().unwrap().to_string_lossy().into_owned())
+}
+
+/// Every function of the schema `pgfence` on a freshly migrated database, by name, as its file in `sql/` reads.
+async fn functions_as_migrated() -> BTreeMap<String, String> {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let rows = client
+        .query(
+            "SELECT p.proname::text, pg_catalog.pg_get_functiondef(p.oid) \
+               FROM pg_catalog.pg_proc p \
+              WHERE p.pronamespace = 'pgfence'::regnamespace \
+              ORDER BY 1",
+            &[],
+        )
+        .await
+        .expect("read the functions' definitions");
+    let mut functions = BTreeMap::new();
+    for row in rows {
+        let name: String = row.get(0);
+        let definition: String = row.get(1);
+        let migration = defined_in(&name)
+            .unwrap_or_else(|| panic!("no migration has CREATE FUNCTION pgfence.{name}("));
+        let text = format!(
+            "-- pgfence.{name} as the migrations leave it; defined last in migrations/{migration}/up.sql.\n\
+             -- Generated from the database (see README.md): edit the migrations, then bless.\n{definition}"
+        );
+        assert!(
+            functions.insert(name.clone(), text).is_none(),
+            "pgfence.{name} is overloaded: sql/ has one file per name"
+        );
+    }
+    functions
+}
+
+/// The `.sql` files in `sql/`, by function name.
+fn files_in_sql_dir() -> BTreeMap<String, String> {
+    let Ok(entries) = std::fs::read_dir(sql_dir()) else {
+        return BTreeMap::new();
+    };
+    entries
+        .map(|e| e.expect("an sql/ entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sql"))
+        .map(|p| {
+            let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+            let text =
+                std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            (name, text)
+        })
+        .collect()
+}
+
+/// Each function of the schema has its file in `sql/`, with its definition as the migrations leave it; no file
+/// names a function the migrations do not create. `PGFENCE_BLESS=1` rewrites the files (and removes the extra ones)
+/// instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_function_has_its_current_text_in_sql_dir() {
+    let migrated = functions_as_migrated().await;
+    let files = files_in_sql_dir();
+    if blessing() {
+        std::fs::create_dir_all(sql_dir()).expect("create sql/");
+        for name in files.keys().filter(|n| !migrated.contains_key(*n)) {
+            std::fs::remove_file(sql_dir().join(format!("{name}.sql")))
+                .expect("remove a stale file");
+        }
+        for (name, text) in &migrated {
+            if files.get(name) != Some(text) {
+                std::fs::write(sql_dir().join(format!("{name}.sql")), text).expect("write sql/");
+            }
+        }
+        return;
+    }
+    let missing: Vec<&String> = migrated
+        .keys()
+        .filter(|n| !files.contains_key(*n))
+        .collect();
+    let extra: Vec<&String> = files
+        .keys()
+        .filter(|n| !migrated.contains_key(*n))
+        .collect();
+    let differ: Vec<&String> = migrated
+        .iter()
+        .filter(|(n, text)| files.get(*n).is_some_and(|f| f != *text))
+        .map(|(n, _)| n)
+        .collect();
+    assert!(
+        missing.is_empty() && extra.is_empty() && differ.is_empty(),
+        "sql/ is not the migrations' SQL (run PGFENCE_BLESS=1 cargo test --test suite sql_source:: and review \
+         the diff): no file for {missing:?}; a file but no such function for {extra:?}; a different text for \
+         {differ:?}"
+    );
+}
+
+/// Every limit the database checks and the guard lock's class are the Rust API's constants, so that neither side
+/// can change alone: the SQL names each once (pgfence._max_name_len() …), the library exports each as a constant.
+/// (`MAX_PAYLOAD_BYTES`, `MAX_PAYLOAD_DEPTH` and `MAX_SHARDS` are the library's alone: the database checks no
+/// payload depth or shard count, and stores up to 16 MiB of jsonb as a backstop, `pgfence._payload_problem`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_constants_are_the_rust_constants() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let row = client
+        .query_one(
+            "SELECT pgfence._max_name_len()::bigint, pgfence._max_cluster_len()::bigint, \
+                    pgfence._max_holder_len()::bigint, pgfence._max_label_len()::bigint, \
+                    pgfence._max_kind_len()::bigint, pgfence._min_ttl_ms(), pgfence._max_ttl_ms(), \
+                    pgfence._max_member_weight()::bigint, pgfence._max_group_names()::bigint, \
+                    pgfence._guard_lock_class()",
+            &[],
+        )
+        .await
+        .expect("read the SQL constants");
+    let sql = |i: usize| row.get::<_, i64>(i);
+    assert_eq!(sql(0), pgfence::MAX_NAME_LEN as i64, "MAX_NAME_LEN");
+    assert_eq!(sql(0), pgfence::MAX_GROUP_LEN as i64, "MAX_GROUP_LEN");
+    assert_eq!(sql(1), pgfence::MAX_CLUSTER_LEN as i64, "MAX_CLUSTER_LEN");
+    assert_eq!(sql(2), pgfence::MAX_HOLDER_LEN as i64, "MAX_HOLDER_LEN");
+    assert_eq!(
+        sql(3),
+        pgfence::MAX_OPERATION_LEN as i64,
+        "MAX_OPERATION_LEN"
+    );
+    assert_eq!(sql(4), pgfence::MAX_KIND_LEN as i64, "MAX_KIND_LEN");
+    assert_eq!(sql(5), pgfence::MIN_TTL.as_millis() as i64, "MIN_TTL");
+    assert_eq!(sql(6), pgfence::MAX_TTL.as_millis() as i64, "MAX_TTL");
+    assert_eq!(sql(7), i64::from(pgfence::MAX_WEIGHT), "MAX_WEIGHT");
+    assert_eq!(sql(8), pgfence::MAX_GROUP_NAMES as i64, "MAX_GROUP_NAMES");
+    assert_eq!(
+        row.get::<_, i32>(9),
+        pgfence::GUARD_LOCK_CLASS,
+        "GUARD_LOCK_CLASS"
+    );
+    // The secret has no limit function: its length is what acquire issues.
+    let secret: String = client
+        .query_one(
+            "SELECT secret FROM pgfence.acquire('c/sql-constants', 'h', 60000)",
+            &[],
+        )
+        .await
+        .expect("acquire")
+        .get(0);
+    assert_eq!(secret.len(), pgfence::SECRET_LEN, "SECRET_LEN");
+    // The shards of a sharded controller are names of its group: within the group's limit.
+    assert!(pgfence::MAX_SHARDS as usize <= pgfence::MAX_GROUP_NAMES);
+}

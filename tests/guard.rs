@@ -9,7 +9,8 @@ use crate::common;
 use std::time::Duration;
 
 use common::fixture::take_over;
-use common::{move_shard, wait_until_blocked_on_lock, TestDb, GUARD_LOCK_CLASS};
+use common::{move_shard, wait_until_blocked_on_lock, TestDb};
+use pgfence::GUARD_LOCK_CLASS;
 use pgfence::{Error, Fence, LossReason, RejectionFilter, Store, TaskState};
 use serde_json::json;
 

@@ -7,7 +7,8 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{client_as, owned_db, role, sqlstate, store_as, url_as, TestDb, GUARD_LOCK_CLASS};
+use common::{client_as, owned_db, role, sqlstate, store_as, url_as, TestDb};
+use pgfence::GUARD_LOCK_CLASS;
 use pgfence::{Error, ForceReleased, LayoutSeverity, Store, StoreConfig};
 use serde_json::json;
 

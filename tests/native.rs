@@ -575,7 +575,7 @@ async fn a_native_admission_holds_the_guard_lock_to_its_commit_and_marks_the_wri
                     "SELECT count(*) FROM pg_locks k JOIN pgfence.leases l ON k.objid = l.lock_key::oid \
                       WHERE k.locktype = 'advisory' AND k.classid = {}::oid AND k.objsubid = 2 \
                         AND k.mode = 'ShareLock' AND k.granted AND k.pid = $1 AND l.name = 'c/l'",
-                    common::GUARD_LOCK_CLASS
+                    pgfence::GUARD_LOCK_CLASS
                 ),
                 &[&pid],
             )

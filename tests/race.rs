@@ -230,7 +230,7 @@ fn guard_lockers_sql(granted: bool) -> String {
           WHERE k.locktype = 'advisory' AND k.classid = {} AND k.objsubid = 2 AND k.mode = 'ShareLock' \
             AND k.granted = {granted} AND k.pid <> pg_backend_pid() \
             AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        common::GUARD_LOCK_CLASS
+        pgfence::GUARD_LOCK_CLASS
     )
 }
 

@@ -382,7 +382,7 @@ async fn takeover_start<T>(
                        JOIN pgfence.leases l ON k.objid = (-l.lock_key)::oid AND l.name = 'c/storm' \
                       WHERE k.locktype = 'advisory' AND k.classid = {} AND k.objsubid = 2 \
                         AND k.mode = 'ExclusiveLock' AND k.granted)",
-                    common::GUARD_LOCK_CLASS
+                    pgfence::GUARD_LOCK_CLASS
                 ),
                 &[],
             )

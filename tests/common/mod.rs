@@ -596,11 +596,6 @@ pub fn midpoint_median(values: &mut [f64]) -> f64 {
     }
 }
 
-/// The class (first key) of the guard's transaction-level advisory locks: `(GUARD_LOCK_CLASS, lock_key)` is a
-/// lease's guard lock, `(GUARD_LOCK_CLASS, -lock_key)` its takeover-intent lock; the tests find them in
-/// `pg_locks.classid` (tests/sql_source.rs checks the library's constant against the SQL's).
-pub use pgfence::GUARD_LOCK_CLASS;
-
 /// The SQLSTATE of a driver error, or "" for an error the server did not send (a broken connection).
 pub fn sqlstate(err: &tokio_postgres::Error) -> String {
     err.code().map(|c| c.code().to_owned()).unwrap_or_default()

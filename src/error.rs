@@ -442,8 +442,14 @@ pub(crate) fn diesel_sqlstate(err: &diesel::result::Error) -> Option<String> {
         .or_else(|| kind_sqlstate(kind).map(str::to_owned))
 }
 
-/// A driver error with its sources ("error connecting to server: Connection refused (os error 111)").
-pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
+/// An error with its sources, each once ("error connecting to server: Connection refused (os error 111)"):
+/// drivers keep the cause of an error in its [`source`](std::error::Error::source), out of its `Display`.
+///
+/// ```
+/// let err = std::io::Error::other("connection refused");
+/// assert_eq!(pgfence::error_chain(&err), "connection refused");
+/// ```
+pub fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {

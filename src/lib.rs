@@ -106,14 +106,14 @@ mod validate;
 
 pub use admin::Enforcement;
 pub use audit::{Rejection, RejectionFilter};
-pub use connect::conninfo::redact;
+pub use connect::conninfo::{redact, with_database};
 pub use connect::identity::{DatabaseIdentity, ExpectedIdentity};
 pub use connect::pooler::PoolerMode;
 pub use connect::sqlstate::code as sqlstate;
 pub use connect::sqlstate::WireStream;
 pub use connect::tls::SslMode;
 pub use connect::{Connection, Connector, TlsStream};
-pub use error::{is_retryable_sqlstate, DenyReason, Error, Result};
+pub use error::{error_chain, is_retryable_sqlstate, DenyReason, Error, Result};
 pub use fence::outcome::METRIC_STALE_WRITES;
 pub use fence::write::{
     fence_passed, guarded_write_sql, native_guarded_write_sql, Cached, FENCE_PASSED,

@@ -114,6 +114,58 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
     assert_eq!(sqlstate(&err), "42501");
 }
 
+/// The functions `grant_application` lets a role execute. The row-level security helpers and the text checks of
+/// the CHECK constraints run in the application role's own statements (policies and constraints are evaluated as
+/// the querying role): plain SQL, no definer rights.
+const APPLICATION: [&str; 29] = [
+    "_cluster_problem",
+    "_lease_problem",
+    "_max_cluster_len",
+    "_max_endpoint_len",
+    "_max_holder_len",
+    "_max_kind_len",
+    "_max_label_len",
+    "_max_name_len",
+    "_readable_clusters",
+    "_reads_all",
+    "_text_problem",
+    "acquire",
+    "append_event",
+    "claim_task",
+    "create_task",
+    "enforcement",
+    "fence",
+    "force_release",
+    "heartbeat",
+    "identity",
+    "join_group",
+    "leave_group",
+    "release",
+    "renew",
+    "renew_many",
+    "report_belief",
+    "roster",
+    "transition_task",
+    "ungated_write",
+];
+
+/// What `grant_operator` adds to [`APPLICATION`].
+const OPERATOR: [&str; 3] = ["prune_rejections", "set_enforcement", "set_takeover_grace"];
+
+/// The executable functions that do not run as the owner with a pinned search_path: the pure text checks and the
+/// limits they name (IMMUTABLE SQL with qualified names: no rights of their own to lend).
+const PLAIN: [&str; 9] = [
+    "_cluster_problem",
+    "_lease_problem",
+    "_max_cluster_len",
+    "_max_endpoint_len",
+    "_max_holder_len",
+    "_max_kind_len",
+    "_max_label_len",
+    "_max_name_len",
+    "_text_problem",
+];
+
 /// Every function a granted role may execute — the application's and the operator's, found from the effective
 /// privileges of roles granted through `grant_application` and `grant_operator`, not from a list that could
 /// miss one — is SECURITY DEFINER with its search_path pinned to `pg_catalog, pg_temp`, and the two sets are
@@ -151,65 +203,18 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
                 .collect::<Vec<_>>()
         }
     };
-    // The row-level security helpers and the text checks of the CHECK constraints run in the application role's
-    // own statements (policies and constraints are evaluated as the querying role): plain SQL, no definer rights.
-    let application = [
-        "_cluster_problem",
-        "_lease_problem",
-        "_max_cluster_len",
-        "_max_endpoint_len",
-        "_max_holder_len",
-        "_max_kind_len",
-        "_max_label_len",
-        "_max_name_len",
-        "_readable_clusters",
-        "_reads_all",
-        "_text_problem",
-        "acquire",
-        "append_event",
-        "claim_task",
-        "create_task",
-        "enforcement",
-        "fence",
-        "force_release",
-        "heartbeat",
-        "identity",
-        "join_group",
-        "leave_group",
-        "release",
-        "renew",
-        "renew_many",
-        "report_belief",
-        "roster",
-        "transition_task",
-        "ungated_write",
-    ];
-    let operator = ["prune_rejections", "set_enforcement", "set_takeover_grace"];
-    // Every executable function runs as the owner with a pinned search_path, except the pure text checks and
-    // the limits they name (IMMUTABLE SQL with qualified names: no rights of their own to lend).
-    let plain = [
-        "_cluster_problem",
-        "_lease_problem",
-        "_max_cluster_len",
-        "_max_endpoint_len",
-        "_max_holder_len",
-        "_max_kind_len",
-        "_max_label_len",
-        "_max_name_len",
-        "_text_problem",
-    ];
     let pinned = |names: &[&str]| {
         let mut all: Vec<(String, bool)> = names
             .iter()
-            .map(|n| (n.to_string(), !plain.contains(n)))
+            .map(|n| (n.to_string(), !PLAIN.contains(n)))
             .collect();
         all.sort();
         all
     };
-    assert_eq!(executable(app).await, pinned(&application));
+    assert_eq!(executable(app).await, pinned(&APPLICATION));
     assert_eq!(
         executable(ops).await,
-        pinned(&[&application[..], &operator[..]].concat())
+        pinned(&[&APPLICATION[..], &OPERATOR[..]].concat())
     );
     assert_eq!(executable(stranger).await, []);
     // The grant functions themselves run as the owner too.

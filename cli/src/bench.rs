@@ -111,16 +111,7 @@ pub(super) fn new_histogram() -> Histogram<u64> {
 /// A failure of the benchmark's own statements, with the error's sources (tokio-postgres shows "db error" and
 /// keeps the server's message as its source).
 pub(super) fn db_error(context: &str, e: impl std::error::Error) -> Failure {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text = format!("{text}: {cause_text}");
-        }
-        source = cause.source();
-    }
-    Failure::new(1, format!("{context}: {text}"))
+    Failure::new(1, format!("{context}: {}", pgfence::error_chain(&e)))
 }
 
 /// What the command was asked to measure.
@@ -282,29 +273,6 @@ struct Server {
     prefix: String,
 }
 
-/// `url` with its database replaced by `database`.
-fn url_with_database(url: &str, database: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => {
-            let (before_query, query) = match rest.split_once('?') {
-                Some((a, q)) => (a, Some(q)),
-                None => (rest, None),
-            };
-            let authority = before_query.split('/').next().unwrap_or(before_query);
-            let query: Vec<&str> = query
-                .map(|q| q.split('&').filter(|p| !p.starts_with("dbname=")).collect())
-                .unwrap_or_default();
-            let mut out = format!("{scheme}://{authority}/{database}");
-            if !query.is_empty() {
-                out.push('?');
-                out.push_str(&query.join("&"));
-            }
-            out
-        }
-        None => format!("{url} dbname='{database}'"),
-    }
-}
-
 async fn connect_admin(url: &str) -> Result<tokio_postgres::Client, Failure> {
     // TLS as for every pgfence connection: the URL's sslmode/sslrootcert/…, else PGSSLMODE/PGSSLROOTCERT/….
     let mut connector = pgfence::Connector::new(url)?;
@@ -393,7 +361,7 @@ impl Server {
     fn url_for(&self, database: &str) -> String {
         match &self.embedded {
             Some(server) => server.url_for(database),
-            None => url_with_database(&self.url, database),
+            None => pgfence::with_database(&self.url, database),
         }
     }
 

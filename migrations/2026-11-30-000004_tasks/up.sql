@@ -35,9 +35,9 @@ $$;
 -- fails (see the argument checks in 000001_schema) — then the guard. Besides the lease, epoch and task key, a
 -- write checks one text argument of its own (p_what, p_text, p_max; p_what NULL: none) and a payload (NULL:
 -- none). Raises 22023 on a bad argument; returns the guard's refusal, or NULL when the write may go on.
--- One plpgsql call more per write than the four copies this replaces: measured +1.1–2.0 % of append_event's
--- server time, 3–5 µs of 220–300 µs (benches/append_event_side_by_side.sh 5343df0; the same script comparing
--- identical definitions reads 1.001–1.004), below the 2 % for which the copies would have been kept.
+-- Sharing it costs one plpgsql call per write against a copy in each of the four writes: measured +1.1–2.0 % of
+-- append_event's server time, 3–5 µs of 220–300 µs (benches/append_event_side_by_side.sh 5343df0; the same script
+-- comparing identical definitions reads 1.001–1.004), below the 2 % at which four copies would be worth it.
 CREATE FUNCTION pgfence._open_task_write(p_lease text, p_epoch bigint, p_secret text, p_key text, p_operation text,
                                          p_table text, p_what text, p_text text, p_max integer, p_payload jsonb)
 RETURNS pgfence.write_result

@@ -171,6 +171,44 @@ fn keyword_pairs(text: &str) -> Option<Vec<(&str, String, std::ops::Range<usize>
     }
 }
 
+/// `conninfo` (a `postgres://` URL or a `key=value` string) naming `database` instead of its own database.
+///
+/// In a URL the path becomes `database` (percent-encoded) and a `dbname` query parameter, which would override the
+/// path, is dropped; the rest (credentials, hosts, parameters) is kept as written. A `key=value` string gets a
+/// quoted `dbname` after its own parameters, which the last occurrence wins.
+///
+/// ```
+/// assert_eq!(
+///     pgfence::with_database("postgres://u@h:5433/app?sslmode=require&dbname=x", "scratch db"),
+///     "postgres://u@h:5433/scratch%20db?sslmode=require"
+/// );
+/// assert_eq!(pgfence::with_database("host=h user=u", "o'k"), r"host=h user=u dbname='o\'k'");
+/// ```
+pub fn with_database(conninfo: &str, database: &str) -> String {
+    use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+    let Some((scheme, rest)) = conninfo.split_once("://") else {
+        let quoted = database.replace('\\', "\\\\").replace('\'', "\\'");
+        return format!("{conninfo} dbname='{quoted}'");
+    };
+    let (before_query, query) = match rest.split_once('?') {
+        Some((a, q)) => (a, Some(q)),
+        None => (rest, None),
+    };
+    let authority = before_query.split('/').next().unwrap_or(before_query);
+    let kept: Vec<&str> = query
+        .map(|q| q.split('&').filter(|p| !p.starts_with("dbname=")).collect())
+        .unwrap_or_default();
+    let mut out = format!(
+        "{scheme}://{authority}/{}",
+        utf8_percent_encode(database, NON_ALPHANUMERIC)
+    );
+    if !kept.is_empty() {
+        out.push('?');
+        out.push_str(&kept.join("&"));
+    }
+    out
+}
+
 /// The libpq environment of this process.
 pub(super) fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok()

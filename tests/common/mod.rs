@@ -55,24 +55,6 @@ pub fn pgfence_bin() -> &'static std::path::Path {
 }
 static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
 
-/// Replaces the database of a `postgres://` URL.
-pub fn url_with_database(url: &str, database: &str) -> String {
-    let (scheme, rest) = url
-        .split_once("://")
-        .expect("DATABASE_URL must be a postgres:// URL");
-    let (before_query, query) = match rest.split_once('?') {
-        Some((a, q)) => (a, Some(q)),
-        None => (rest, None),
-    };
-    let authority = before_query.split('/').next().unwrap_or(before_query);
-    let mut out = format!("{scheme}://{authority}/{database}");
-    if let Some(q) = query {
-        out.push('?');
-        out.push_str(q);
-    }
-    out
-}
-
 /// Replaces the user and password of a `postgres://` URL with `user:password` (both inserted as given, so they
 /// must not need percent-encoding).
 pub fn url_with_credentials(url: &str, user: &str, password: &str) -> String {
@@ -134,17 +116,18 @@ fn base() -> &'static Base {
                 .expect("runtime");
             runtime.block_on(async {
                 admin_exec(&url, &format!("CREATE DATABASE {tpl}")).await;
-                let store = Store::connect(StoreConfig::new(url_with_database(&url, &tpl), "tpl"))
-                    .await
-                    .expect("connect to the template database");
+                let store =
+                    Store::connect(StoreConfig::new(pgfence::with_database(&url, &tpl), "tpl"))
+                        .await
+                        .expect("connect to the template database");
                 store
                     .migrate()
                     .await
                     .expect("migrate the template database");
                 if native_everywhere() {
-                    admin_exec(&url_with_database(&url, &tpl), NATIVE_SQL).await;
+                    admin_exec(&pgfence::with_database(&url, &tpl), NATIVE_SQL).await;
                 }
-                apply_mutant(&url_with_database(&url, &tpl)).await;
+                apply_mutant(&pgfence::with_database(&url, &tpl)).await;
             });
             // Dropping the runtime closes every connection to the template, which CREATE DATABASE … TEMPLATE
             // needs.
@@ -222,7 +205,7 @@ impl TestDb {
         )
         .await;
         TestDb {
-            url: url_with_database(&base.admin_url, &name),
+            url: pgfence::with_database(&base.admin_url, &name),
             name,
         }
     }
@@ -237,7 +220,7 @@ impl TestDb {
         );
         admin_exec(&base.admin_url, &format!("CREATE DATABASE {name}")).await;
         TestDb {
-            url: url_with_database(&base.admin_url, &name),
+            url: pgfence::with_database(&base.admin_url, &name),
             name,
         }
     }

@@ -209,6 +209,19 @@ pub fn with_database(conninfo: &str, database: &str) -> String {
     out
 }
 
+/// A libpq environment of the given variables only, for tests of what the environment completes.
+#[cfg(test)]
+pub(crate) fn env_of(
+    pairs: &'static [(&'static str, &'static str)],
+) -> impl Fn(&str) -> Option<String> {
+    move |name| {
+        pairs
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| (*v).to_owned())
+    }
+}
+
 /// The libpq environment of this process.
 pub(super) fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok()

@@ -356,15 +356,8 @@ impl Connector {
                 |mut config, tls| async move {
                     let progress = tls::progress(&tls);
                     config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::Any);
-                    match config.connect(tls).await {
-                        Ok(connected) => {
-                            self.tls.note_plaintext(&self.target, &progress);
-                            self.check_session(connected)
-                                .await
-                                .map_err(Attempt::Session)
-                        }
-                        Err(e) => Err(self.tls.failed_attempt(&config, &progress, &e)),
-                    }
+                    let connected = config.connect(tls).await;
+                    self.settle(&config, &progress, connected).await
                 },
             )
             .await
@@ -397,18 +390,10 @@ impl Connector {
                         server_name(&host),
                     )
                     .map_err(|e| Attempt::Handshake(e.to_string()))?;
-                    match config
+                    let connected = config
                         .connect_raw(WireStream::socket(socket), handshake)
-                        .await
-                    {
-                        Ok(connected) => {
-                            self.tls.note_plaintext(&self.target, &progress);
-                            self.check_session(connected)
-                                .await
-                                .map_err(Attempt::Session)
-                        }
-                        Err(e) => Err(self.tls.failed_attempt(&config, &progress, &e)),
-                    }
+                        .await;
+                    self.settle(&config, &progress, connected).await
                 },
             )
             .await
@@ -435,6 +420,32 @@ impl Connector {
             addrs.first().copied(),
             ports.first().copied().unwrap_or(5432),
         ))
+    }
+
+    /// One attempt's end, whichever socket it used: a session that started is checked against
+    /// `target_session_attrs` (a plaintext `prefer` session noted); a failure is classified for the host loop.
+    async fn settle<S, T>(
+        &self,
+        config: &tokio_postgres::Config,
+        progress: &tls::Progress,
+        connected: std::result::Result<
+            (tokio_postgres::Client, tokio_postgres::Connection<S, T>),
+            tokio_postgres::Error,
+        >,
+    ) -> std::result::Result<(tokio_postgres::Client, tokio_postgres::Connection<S, T>), Attempt>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        match connected {
+            Ok(connected) => {
+                self.tls.note_plaintext(&self.target, progress);
+                self.check_session(connected)
+                    .await
+                    .map_err(Attempt::Session)
+            }
+            Err(e) => Err(self.tls.failed_attempt(config, progress, &e)),
+        }
     }
 
     /// `target_session_attrs=read-write` (or `read-only`), checked as tokio-postgres does on a connection it opens:
@@ -507,15 +518,7 @@ fn drive(mut connection: PoolConnection, target: String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |name| {
-            pairs
-                .iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| (*v).to_owned())
-        }
-    }
+    use crate::connect::conninfo::env_of;
 
     #[test]
     fn an_application_configuration_reads_only_the_mode_from_the_environment() {

@@ -564,16 +564,7 @@ fn handshake_cause(err: &tokio_postgres::Error, roots: &Roots) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::connect::conninfo::split_tls_parameters;
-
-    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |name| {
-            pairs
-                .iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| (*v).to_owned())
-        }
-    }
+    use crate::connect::conninfo::{env_of, split_tls_parameters};
 
     #[test]
     fn the_connection_string_wins_over_the_environment_and_prefer_is_the_default() {

@@ -707,7 +707,10 @@ impl WriteSetup {
 
 fn store_config(url: &str, plan: &Plan, global: &Global) -> StoreConfig {
     StoreConfig::new(url, "bench")
-        .pool_size(plan.max_concurrency())
+        // The takeover measurement's busy writers, its zombie write and its acquisition each hold a connection
+        // at once. The pool's check-out is not first come, first served (a returned connection goes to whoever
+        // asks next), so with fewer connections than writers one writer can wait out the whole measurement.
+        .pool_size(plan.max_concurrency().max(takeover::CONNECTIONS))
         .connect_timeout(global.connect_timeout)
         .checkout_timeout(Duration::from_secs(60))
         .application_name("pgfence-bench")

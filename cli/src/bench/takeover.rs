@@ -22,6 +22,8 @@ use super::{db_error, new_histogram, Failure};
 
 /// Busy writers per takeover measurement.
 pub(super) const WRITERS: usize = 6;
+/// Connections the measurement holds at once: the writers', the zombie write's and the acquisition's.
+pub(super) const CONNECTIONS: u32 = WRITERS as u32 + 2;
 /// The row of the zombie writes (the writers write rows 0 to [`WRITERS`] − 1).
 pub(super) const ZOMBIE_ROW: usize = WRITERS;
 /// The guards measured, when selected.
@@ -76,6 +78,148 @@ pub(super) async fn measure(
     Ok(out)
 }
 
+/// What one busy writer has done so far, read by the measurement while it writes.
+#[derive(Default)]
+struct WriterState {
+    accepted: AtomicU64,
+    refused: AtomicU64,
+    /// The epoch of the writer's latest accepted write.
+    accepted_epoch: AtomicU64,
+    /// When the write in flight began (milliseconds since the writers started, plus one), or 0 between writes.
+    in_write_since: AtomicU64,
+}
+
+/// The busy writers of one guard: each writes back to back under the newest fence it was handed.
+struct Writers {
+    states: Arc<Vec<WriterState>>,
+    started: Instant,
+    stop: Arc<AtomicBool>,
+    errors: Arc<AtomicU64>,
+    first_error: Arc<std::sync::Mutex<Option<String>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Writers {
+    fn spawn(
+        guard: Workload,
+        store: &Store,
+        fences: &tokio::sync::watch::Receiver<pgfence::Fence>,
+    ) -> Writers {
+        let mut writers = Writers {
+            states: Arc::new((0..WRITERS).map(|_| WriterState::default()).collect()),
+            started: Instant::now(),
+            stop: Arc::default(),
+            errors: Arc::default(),
+            first_error: Arc::default(),
+            tasks: Vec::new(),
+        };
+        for i in 0..WRITERS {
+            let (store, mut fences, stop) = (store.clone(), fences.clone(), writers.stop.clone());
+            let (states, started) = (writers.states.clone(), writers.started);
+            let (errors, first_error) = (writers.errors.clone(), writers.first_error.clone());
+            writers.tasks.push(tokio::spawn(async move {
+                let state = &states[i];
+                let mut writer = Writer::new(guard, i, 1, store, fences.borrow().clone(), None, 0);
+                while !stop.load(Ordering::Relaxed) {
+                    let fence = fences.borrow_and_update().clone();
+                    let epoch = fence.epoch().get() as u64;
+                    writer.set_fence(fence);
+                    state
+                        .in_write_since
+                        .store(started.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+                    let outcome = writer.attempt().await;
+                    state.in_write_since.store(0, Ordering::Relaxed);
+                    match outcome {
+                        Ok(true) => {
+                            state.accepted.fetch_add(1, Ordering::Relaxed);
+                            state.accepted_epoch.fetch_max(epoch, Ordering::Relaxed);
+                        }
+                        Ok(false) => {
+                            state.refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                            let mut first = first_error.lock().expect("not poisoned");
+                            first.get_or_insert_with(|| e.message.clone());
+                        }
+                    }
+                }
+            }));
+        }
+        writers
+    }
+
+    /// Waits until every writer had a write accepted under `epoch`, at most [`SETTLE`]; past it, the error
+    /// names each writer still behind and what it is doing (in one write since when, or refused how often).
+    async fn settle(&self, name: &str, epoch: u64) -> Result<(), Failure> {
+        let deadline = Instant::now() + SETTLE;
+        let behind = || {
+            self.states
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.accepted_epoch.load(Ordering::Relaxed) < epoch)
+        };
+        while behind().next().is_some() {
+            if Instant::now() >= deadline {
+                let now = self.started.elapsed().as_millis() as u64;
+                let said: Vec<String> = behind()
+                    .map(|(i, s)| {
+                        let since = s.in_write_since.load(Ordering::Relaxed);
+                        format!(
+                            "writer {i}: last accepted at epoch {}, {} refusals, {}",
+                            s.accepted_epoch.load(Ordering::Relaxed),
+                            s.refused.load(Ordering::Relaxed),
+                            if since == 0 {
+                                "between writes".to_owned()
+                            } else {
+                                format!("in one write for {} ms", (now + 1).saturating_sub(since))
+                            }
+                        )
+                    })
+                    .collect();
+                let first = self.first_error.lock().expect("not poisoned").clone();
+                return Err(Failure::new(
+                    1,
+                    format!(
+                        "takeovers of {name}: the writers were not accepted under epoch {epoch} within {SETTLE:?} \
+                         ({}; first writer error: {})",
+                        said.join("; "),
+                        first.as_deref().unwrap_or("none")
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Ok(())
+    }
+
+    /// Stops the writers and waits for their last writes.
+    async fn stop(&mut self) -> Result<(), Failure> {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks.drain(..) {
+            task.await
+                .map_err(|e| Failure::new(1, format!("a takeover writer panicked: {e}")))?;
+        }
+        Ok(())
+    }
+
+    fn total(&self, count: impl Fn(&WriterState) -> &AtomicU64) -> u64 {
+        self.states
+            .iter()
+            .map(|s| count(s).load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+/// What the takeovers measured (the busy writers' counts are read afterwards).
+struct Takeovers {
+    took: Histogram<u64>,
+    failed: u32,
+    first_failure: Option<String>,
+    zombies_accepted: u32,
+    multixacts: u64,
+}
+
 async fn one_guard(
     store: &Store,
     admin: &tokio_postgres::Client,
@@ -92,133 +236,81 @@ async fn one_guard(
         )
         .await
         .map_err(|e| db_error("resetting the rows' fences", e))?;
-    let mut lease = store.acquire(&name, HOLDER, TTL).await?;
+    let lease = store.acquire(&name, HOLDER, TTL).await?;
     let (tx, rx) = tokio::sync::watch::channel(lease.fence());
-    let stop = Arc::new(AtomicBool::new(false));
-    // Accepted writes per writer and the epoch of each writer's latest accepted write.
-    let accepted: Arc<Vec<AtomicU64>> = Arc::new((0..WRITERS).map(|_| AtomicU64::new(0)).collect());
-    let accepted_epoch: Arc<Vec<AtomicU64>> =
-        Arc::new((0..WRITERS).map(|_| AtomicU64::new(0)).collect());
-    let errors = Arc::new(AtomicU64::new(0));
-    let first_error: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
-    let mut tasks = Vec::new();
-    for i in 0..WRITERS {
-        let (store, mut rx, stop) = (store.clone(), rx.clone(), stop.clone());
-        let (accepted, accepted_epoch) = (accepted.clone(), accepted_epoch.clone());
-        let (errors, first_error) = (errors.clone(), first_error.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut writer = Writer::new(guard, i, 1, store, rx.borrow().clone(), None, 0);
-            let mut refused = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let fence = rx.borrow_and_update().clone();
-                let epoch = fence.epoch().get() as u64;
-                writer.set_fence(fence);
-                match writer.attempt().await {
-                    Ok(true) => {
-                        accepted[i].fetch_add(1, Ordering::Relaxed);
-                        accepted_epoch[i].fetch_max(epoch, Ordering::Relaxed);
-                    }
-                    Ok(false) => refused += 1,
-                    Err(e) => {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                        let mut first = first_error.lock().expect("not poisoned");
-                        first.get_or_insert_with(|| e.message.clone());
-                    }
-                }
-            }
-            refused
-        }));
-    }
-    let settle = |epoch: u64| {
-        let accepted_epoch = accepted_epoch.clone();
-        let name = name.clone();
-        let first_error = first_error.clone();
-        async move {
-            let deadline = Instant::now() + SETTLE;
-            while accepted_epoch
-                .iter()
-                .any(|e| e.load(Ordering::Relaxed) < epoch)
-            {
-                if Instant::now() >= deadline {
-                    let first = first_error.lock().expect("not poisoned").clone();
-                    return Err(Failure::new(
-                        1,
-                        format!(
-                            "takeovers of {name}: the writers were not accepted under epoch {epoch} within \
-                             {SETTLE:?} (first writer error: {})",
-                            first.as_deref().unwrap_or("none")
-                        ),
-                    ));
-                }
-                tokio::task::yield_now().await;
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            Ok(())
-        }
-    };
-    let result = async {
-        settle(lease.epoch().get() as u64).await?;
-        let before = server.counters().await?;
-        let mut took: Histogram<u64> = new_histogram();
-        let (mut failed, mut first_failure, mut zombies_accepted) = (0u32, None, 0u32);
-        for _ in 0..takeovers {
-            let ended = lease.fence();
-            let t = Instant::now();
-            match store.acquire(lease.name(), HOLDER, TTL).await {
-                Ok(next) => {
-                    took.saturating_record(t.elapsed().as_micros().max(1) as u64);
-                    lease = next;
-                    tx.send_replace(lease.fence());
-                }
-                Err(e) => {
-                    took.saturating_record(t.elapsed().as_micros().max(1) as u64);
-                    failed += 1;
-                    first_failure.get_or_insert_with(|| e.to_string());
-                    continue;
-                }
-            }
-            let mut zombie = Writer::new(guard, ZOMBIE_ROW, 1, store.clone(), ended, None, 0);
-            if zombie.attempt().await? {
-                zombies_accepted += 1;
-            }
-            settle(lease.epoch().get() as u64).await?;
-        }
-        let after = server.counters().await?;
-        Ok::<_, Failure>((
-            took,
-            failed,
-            first_failure,
-            zombies_accepted,
-            after.0 - before.0,
-        ))
-    }
-    .await;
-    stop.store(true, Ordering::Relaxed);
-    let mut refused = 0;
-    for task in tasks {
-        refused += task
-            .await
-            .map_err(|e| Failure::new(1, format!("a takeover writer panicked: {e}")))?;
-    }
-    let (took, failed, first_failure, zombies_accepted, multixacts) = result?;
-    let first_writer_error = first_error.lock().expect("not poisoned").clone();
-    let ms = |q: f64| took.value_at_quantile(q) as f64 / 1000.0;
+    let mut writers = Writers::spawn(guard, store, &rx);
+    let result = take_over(store, server, guard, takeovers, lease, &tx, &writers).await;
+    writers.stop().await?;
+    let t = result?;
+    let ms = |q: f64| t.took.value_at_quantile(q) as f64 / 1000.0;
+    let first_writer_error = writers.first_error.lock().expect("not poisoned").clone();
     Ok(TakeoverCost {
         guard: guard.name(),
         writers: WRITERS,
         takeovers,
-        failed,
-        first_failure,
+        failed: t.failed,
+        first_failure: t.first_failure,
         p50_ms: ms(0.5),
         p99_ms: ms(0.99),
-        max_ms: took.max() as f64 / 1000.0,
-        accepted: accepted.iter().map(|a| a.load(Ordering::Relaxed)).sum(),
-        refused,
-        writer_errors: errors.load(Ordering::Relaxed),
+        max_ms: t.took.max() as f64 / 1000.0,
+        accepted: writers.total(|s| &s.accepted),
+        refused: writers.total(|s| &s.refused),
+        writer_errors: writers.errors.load(Ordering::Relaxed),
         first_writer_error,
-        zombies_accepted,
-        multixacts,
+        zombies_accepted: t.zombies_accepted,
+        multixacts: t.multixacts,
     })
+}
+
+/// The takeovers themselves, each followed by a zombie write of the ended tenure and a wait for every writer
+/// to be accepted under the new one.
+async fn take_over(
+    store: &Store,
+    server: &super::Server,
+    guard: Workload,
+    takeovers: u32,
+    mut lease: pgfence::Lease,
+    fences: &tokio::sync::watch::Sender<pgfence::Fence>,
+    writers: &Writers,
+) -> Result<Takeovers, Failure> {
+    writers
+        .settle(lease.name(), lease.epoch().get() as u64)
+        .await?;
+    let before = server.counters().await?;
+    let mut t = Takeovers {
+        took: new_histogram(),
+        failed: 0,
+        first_failure: None,
+        zombies_accepted: 0,
+        multixacts: 0,
+    };
+    for _ in 0..takeovers {
+        let ended = lease.fence();
+        let started = Instant::now();
+        let next = store.acquire(lease.name(), HOLDER, TTL).await;
+        t.took
+            .saturating_record(started.elapsed().as_micros().max(1) as u64);
+        match next {
+            Ok(next) => {
+                lease = next;
+                fences.send_replace(lease.fence());
+            }
+            Err(e) => {
+                t.failed += 1;
+                t.first_failure.get_or_insert_with(|| e.to_string());
+                continue;
+            }
+        }
+        let mut zombie = Writer::new(guard, ZOMBIE_ROW, 1, store.clone(), ended, None, 0);
+        if zombie.attempt().await? {
+            t.zombies_accepted += 1;
+        }
+        writers
+            .settle(lease.name(), lease.epoch().get() as u64)
+            .await?;
+    }
+    t.multixacts = server.counters().await?.0 - before.0;
+    Ok(t)
 }
 
 /// The table on stdout.

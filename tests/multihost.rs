@@ -121,3 +121,107 @@ async fn standbys_are_skipped_or_refused_and_every_host_is_named() {
         "credentials: {text}"
     );
 }
+
+/// A TestDb's URL with a refused host listed before the real one: every connection reaches the second host.
+fn behind_a_refused_host(db: &common::TestDb) -> String {
+    multi(
+        &db.url,
+        &[
+            format!("127.0.0.1:{}", common::unused_port()),
+            format!("127.0.0.1:{}", db.port()),
+        ],
+    )
+}
+
+/// Waits (at most 10 s) until no backend of `db` waits for a lock, while the lock it waited for is still held:
+/// only a cancel request delivered to the server it runs on can end that wait so soon.
+async fn until_no_lock_wait(db: &common::TestDb, what: &str) {
+    let observer = db.client().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} is still waiting for the lock: its cancel request did not reach the host it runs on"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Invariant: a cancel request goes to the host the connection reached, not to the first host of the
+/// connection string. With a refused host listed first, a pooled statement abandoned while it waits for a lock
+/// (a timeout around `acquire`) is cancelled on the second host, where it runs. The function's own bounded lock
+/// wait is raised to over a minute first, so that within the 10 s allowed only the cancel request can end it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_pooled_statement_is_cancelled_on_the_host_it_runs_on() {
+    let db = common::TestDb::new().await;
+    db.scalar("SELECT count(*) FROM (SELECT pgfence.set_takeover_grace('60 seconds')) g")
+        .await;
+    let store = Store::connect(
+        StoreConfig::new(behind_a_refused_host(&db), "c")
+            .pool_size(1)
+            .connect_timeout(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    let first = store
+        .acquire("sched", "pod-a", Duration::from_secs(30))
+        .await
+        .unwrap();
+    store.release(&first).await.unwrap();
+
+    let blocker = common::RowLock::take(&db, "c/sched").await;
+    let store2 = store.clone();
+    let attempt = tokio::spawn(async move {
+        store2
+            .acquire("sched", "pod-b", Duration::from_secs(30))
+            .await
+    });
+    common::wait_until_blocked_on_lock(&db, 1).await;
+    attempt.abort();
+    assert!(attempt.await.unwrap_err().is_cancelled());
+    until_no_lock_wait(&db, "the abandoned acquire").await;
+    blocker.release().await;
+    let status = store.lease_status("sched").await.unwrap().unwrap();
+    assert_eq!(status.state, pgfence::LeaseState::Released, "{status:?}");
+}
+
+/// Invariant: the leader's renewal connection (opened outside the pool) sends its cancel request to the host it
+/// reached. With a refused host listed first, a renewal blocked on the lease row past the local deadline is
+/// given up — the tenure is declared lost — and its statement is cancelled on the second host while the row
+/// stays locked, so it cannot renew the tenure behind the loss already declared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_renewal_is_cancelled_on_the_host_it_runs_on() {
+    use pgfence::leader::{Elector, LeaseOptions, PgElector};
+    let db = common::TestDb::new().await;
+    db.scalar("SELECT count(*) FROM (SELECT pgfence.set_takeover_grace('60 seconds')) g")
+        .await;
+    let store = Store::connect(
+        StoreConfig::new(behind_a_refused_host(&db), "c").connect_timeout(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    let elector = PgElector::new(store);
+    let mut options = LeaseOptions::new(Duration::from_secs(2));
+    options.renew_every = Duration::from_millis(300);
+    let held = elector.acquire("renewed", "pod-a", &options).await.unwrap();
+    let blocker = common::RowLock::take(&db, "c/renewed").await;
+    common::wait_until_blocked_on_lock(&db, 1).await;
+    let loss = tokio::time::timeout(Duration::from_secs(10), held.lost())
+        .await
+        .expect("the tenure is declared lost at its local deadline");
+    assert!(loss.is_some(), "a loss, not an orderly end");
+    until_no_lock_wait(&db, "the late renewal").await;
+    blocker.release().await;
+}

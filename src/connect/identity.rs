@@ -81,6 +81,9 @@ pub(crate) struct ConnectSettings {
     pub(crate) connector: Arc<Connector>,
     pub(crate) target: String,
     pub(crate) expected: ExpectedIdentity,
+    /// The host the latest connection checked through these settings reached (shared by every clone: the
+    /// pool's setup is one), for the cancel requests of pooled connections.
+    reached: Arc<std::sync::Mutex<Option<Arc<Connector>>>>,
 }
 
 impl ConnectSettings {
@@ -102,17 +105,22 @@ impl ConnectSettings {
         ) {
             config.connect_timeout(timeout);
         }
-        let target = connector.target().to_owned();
+        let expected = ExpectedIdentity {
+            system_identifier: (self.expected.system_identifier.clone())
+                .or_else(|| seen.system_identifier.clone()),
+            instance_id: (self.expected.instance_id.clone()).or_else(|| seen.instance_id.clone()),
+            database: Some(seen.database.clone()),
+        };
+        ConnectSettings::new(connector, expected)
+    }
+
+    /// Settings for `connector`, whose connections must show `expected`.
+    pub(crate) fn new(connector: Connector, expected: ExpectedIdentity) -> ConnectSettings {
         ConnectSettings {
+            target: connector.target().to_owned(),
             connector: Arc::new(connector),
-            target,
-            expected: ExpectedIdentity {
-                system_identifier: (self.expected.system_identifier.clone())
-                    .or_else(|| seen.system_identifier.clone()),
-                instance_id: (self.expected.instance_id.clone())
-                    .or_else(|| seen.instance_id.clone()),
-                database: Some(seen.database.clone()),
-            },
+            expected,
+            reached: Arc::default(),
         }
     }
 
@@ -121,18 +129,32 @@ impl ConnectSettings {
         self.connector.open(kind).await.map(|(conn, _)| conn)
     }
 
-    /// Opens a connection and reads the identity, both within the connect timeout.
+    /// Where to send the cancel request of a statement on a pooled connection: the host the newest checked
+    /// connection reached. A pooled connection does not carry its host, but each was checked to be the primary
+    /// when it was opened, so they differ only across a failover — and then the newest host is the one whose
+    /// statements matter (before any connection, the connection string's first host).
+    pub(crate) fn pooled_host(&self) -> Arc<Connector> {
+        self.reached
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .unwrap_or_else(|| self.connector.clone())
+    }
+
+    /// Opens a connection and reads the identity, both within the connect timeout; returns them with the
+    /// connector of the host it reached (the one its cancel requests go to).
     pub(crate) async fn open_checked(
         &self,
         kind: Kind,
-    ) -> Result<(AsyncPgConnection, DatabaseIdentity)> {
+    ) -> Result<(AsyncPgConnection, DatabaseIdentity, Arc<Connector>)> {
         let limit = self
             .connector
             .config()
             .get_connect_timeout()
             .copied()
             .unwrap_or(Duration::from_secs(5));
-        let (mut conn, reached) = self.connector.open(kind).await?;
+        let (mut conn, host) = self.connector.open(kind).await?;
+        let reached = host.target().to_owned();
         let started = tokio::time::Instant::now();
         let identity = tokio::time::timeout_at(started + limit, read_identity(&mut conn))
             .await
@@ -146,7 +168,12 @@ impl ConnectSettings {
             return Err(Error::NotPrimary { target: reached });
         }
         identity.verify(&self.expected)?;
-        Ok((conn, identity))
+        let host = Arc::new(host);
+        *self
+            .reached
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(host.clone());
+        Ok((conn, identity, host))
     }
 }
 

@@ -259,19 +259,20 @@ impl Connector {
             .map(|(connected, _)| connected)
     }
 
-    /// Opens a diesel-async connection of `kind` and says which host it reached.
-    pub(crate) async fn open(&self, kind: Kind) -> Result<(AsyncPgConnection, String)> {
+    /// Opens a diesel-async connection of `kind`; returns it with the connector of the host it reached (the one
+    /// its cancel requests must go to).
+    pub(crate) async fn open(&self, kind: Kind) -> Result<(AsyncPgConnection, Connector)> {
         self.reach(|host| async move { host.open_one(kind).await })
             .await
     }
 
     /// Tries the hosts of a multi-host connection string in order, opening each with `open` (given that host's
-    /// connector) until one succeeds; returns what it opened and the host it reached. Each host's whole attempt
+    /// connector) until one succeeds; returns what it opened and the connector of the host it reached. Each host's whole attempt
     /// (socket, TLS, startup, authentication, `target_session_attrs`) is bounded by the connect timeout, as in
     /// libpq: a first host that accepts TCP and never answers costs one timeout, not the whole attempt. When every
     /// host failed, the error names each with its cause, and it is [`Error::NotPrimary`] when a host was refused
     /// only for being read-only; a single host's error is returned as it is.
-    pub(crate) async fn reach<T, F>(&self, open: impl Fn(Connector) -> F) -> Result<(T, String)>
+    pub(crate) async fn reach<T, F>(&self, open: impl Fn(Connector) -> F) -> Result<(T, Connector)>
     where
         F: std::future::Future<Output = Result<T>>,
     {
@@ -283,7 +284,7 @@ impl Connector {
         let mut all_tls = true;
         for host in hosts {
             let target = host.target.clone();
-            let attempt = open(host);
+            let attempt = open(host.clone());
             let outcome = match limit {
                 Some(limit) => tokio::time::timeout(limit, attempt)
                     .await
@@ -296,7 +297,7 @@ impl Connector {
                 None => attempt.await,
             };
             let error = match outcome {
-                Ok(opened) => return Ok((opened, target)),
+                Ok(opened) => return Ok((opened, host)),
                 Err(e) => e,
             };
             if single {

@@ -154,11 +154,7 @@ impl StoreConfig {
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(self.connect_timeout);
         }
-        Ok(ConnectSettings {
-            target: connector.target().to_owned(),
-            connector: Arc::new(connector),
-            expected: self.expected.clone(),
-        })
+        Ok(ConnectSettings::new(connector, self.expected.clone()))
     }
 
     /// The way to the direct URL, when there is one: its connections must reach the database `seen` through

@@ -14,7 +14,7 @@ use crate::connect::identity::{
     read_identity, ConnectSettings, DatabaseIdentity, ExpectedIdentity,
 };
 use crate::connect::pooler::{check_transaction_pooler, PoolerMode};
-use crate::connect::{cancel, Kind};
+use crate::connect::{Connector, Kind};
 use crate::error::{error_chain, Error, Result};
 use crate::validate::validate_cluster;
 use config::{StoreConfig, DEFAULT_MIGRATION_LOCK_WAIT};
@@ -142,7 +142,7 @@ impl Store {
             .filter(|e| crate::validate::check_text("endpoint", e, 512).is_ok());
         // One direct connection first: its error is the real cause, and the identity is checked before a pool
         // (and anything that writes) exists.
-        let (mut first, identity) = settings.open_checked(Kind::Coded).await?;
+        let (mut first, identity, _) = settings.open_checked(Kind::Coded).await?;
         tracing::info!(database = %target, cluster = %config.cluster,
             sslmode = %settings.connector.ssl_mode(),
             system_identifier = ?identity.system_identifier, instance_id = ?identity.instance_id, "connected");
@@ -364,7 +364,7 @@ impl Store {
     /// direct URL when there is one.
     async fn open_dedicated(&self, kind: Kind) -> Result<AsyncPgConnection> {
         if let Some(direct) = &self.inner.direct {
-            return direct.open_checked(kind).await.map(|(conn, _)| conn);
+            return direct.open_checked(kind).await.map(|(conn, ..)| conn);
         }
         match &self.inner.connect {
             Some(settings) if self.inner.pooler == PoolerMode::Session => {
@@ -403,31 +403,25 @@ impl Store {
         format!("{}/{}", self.inner.cluster, name)
     }
 
-    /// Sends a cancel request for the statement running on the connection `token` belongs to, over TLS when
-    /// this store's connections use it.
-    async fn cancel(&self, token: &tokio_postgres::CancelToken) -> Result<()> {
-        match &self.inner.connect {
-            Some(settings) => settings.connector.cancel(token).await,
-            None => cancel::cancel_unknown(token).await,
-        }
-    }
-
     /// A new connection outside the pool, checked as every pooled connection is when it is created: a primary
     /// with the expected identity ([`Error::NotPrimary`], [`Error::WrongDatabase`] otherwise). Bounded by the
     /// connect timeout (and as much again for the identity query). For the leader's renewals, which must not
-    /// queue behind the pool's reconnect backoff; through the direct URL when there is one.
-    async fn open_dedicated_checked(&self) -> Result<AsyncPgConnection> {
-        if let Some(direct) = &self.inner.direct {
-            return direct.open_checked(Kind::Coded).await.map(|(conn, _)| conn);
-        }
-        match &self.inner.connect {
-            Some(settings) => Ok(settings.open_checked(Kind::Coded).await?.0),
-            None => Err(Error::Connect {
-                target: self.inner.target.clone(),
-                cause: "a store built from an application pool opens no connections of its own"
-                    .to_owned(),
-            }),
-        }
+    /// queue behind the pool's reconnect backoff; through the direct URL when there is one. Returned with the
+    /// connector of the host it reached, where its cancel requests go.
+    async fn open_dedicated_checked(&self) -> Result<(AsyncPgConnection, Arc<Connector>)> {
+        let settings = match (&self.inner.direct, &self.inner.connect) {
+            (Some(direct), _) => direct,
+            (None, Some(settings)) => settings,
+            (None, None) => {
+                return Err(Error::Connect {
+                    target: self.inner.target.clone(),
+                    cause: "a store built from an application pool opens no connections of its own"
+                        .to_owned(),
+                })
+            }
+        };
+        let (conn, _, host) = settings.open_checked(Kind::Coded).await?;
+        Ok((conn, host))
     }
 }
 
@@ -443,7 +437,7 @@ async fn check_pooler(
         return Ok(None);
     }
     let target = &settings.target;
-    let (mut second, _) = settings.open_checked(Kind::Coded).await?;
+    let (mut second, ..) = settings.open_checked(Kind::Coded).await?;
     let shared =
         check_transaction_pooler(first, &mut second, target, config.connect_timeout).await?;
     match direct {
@@ -477,7 +471,7 @@ fn build_pool(
         Box::pin(async move {
             // Every new connection re-checks primary and identity: after a failover or a DNS change the
             // pool must not quietly start writing elsewhere.
-            let (conn, _) = setup
+            let (conn, ..) = setup
                 .open_checked(Kind::Coded)
                 .await
                 .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use diesel_async::AsyncPgConnection;
 
 use super::{PooledConnection, Store};
-use crate::connect::cancel::cancel_unknown;
+use crate::connect::cancel::cancel_in_background;
 use crate::connect::sqlstate::{sqlstate_of, NOT_READ_COMMITTED};
 use crate::connect::{Connector, Kind};
 use crate::error::{Error, Result};
@@ -19,8 +19,8 @@ use crate::error::{Error, Result};
 pub(crate) struct Checked<'a> {
     conn: PooledConnection<'a>,
     armed: bool,
-    /// How to reach the server for a cancel request (`None`: an application's pool).
-    connector: Option<Arc<Connector>>,
+    /// The host a cancel request goes to (`None`: an application's pool).
+    host: Option<Arc<Connector>>,
 }
 
 impl Checked<'_> {
@@ -66,19 +66,7 @@ impl Drop for Checked<'_> {
         }
         let token = self.conn.cancel_token();
         self.discard_on_check_in();
-        let connector = self.connector.clone();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                // Over TLS like the connection itself, when it used TLS.
-                let cancelled = match connector {
-                    Some(connector) => connector.cancel(&token).await,
-                    None => cancel_unknown(&token).await,
-                };
-                if let Err(e) = cancelled {
-                    tracing::debug!(error = %e, "cancelling an abandoned statement failed");
-                }
-            });
-        }
+        cancel_in_background(self.host.take(), token, "an abandoned statement");
     }
 }
 
@@ -88,11 +76,7 @@ impl Store {
         Ok(Checked {
             conn: self.conn().await?,
             armed: true,
-            connector: self
-                .inner
-                .connect
-                .as_ref()
-                .map(|settings| settings.connector.clone()),
+            host: self.inner.connect.as_ref().map(|s| s.pooled_host()),
         })
     }
 
@@ -177,15 +161,17 @@ fn only_row<U>(rows: Vec<U>) -> Result<U> {
 /// busy. A store built from an application's pool ([`Store::from_pool`]) goes through that pool.
 pub(crate) struct KeptConnection {
     dedicated: bool,
-    conn: Option<AsyncPgConnection>,
+    /// The kept connection, with the connector of the host it reached.
+    conn: Option<(AsyncPgConnection, Arc<Connector>)>,
 }
 
 /// A connection lent to one statement by a [`KeptConnection`].
 pub(crate) enum Lent<'a> {
     /// Armed (see [`Checked`]): dropped before the answer, its statement is cancelled and it is discarded.
     Pooled(Checked<'a>),
-    /// The kept connection, or a new one.
-    Dedicated(AsyncPgConnection),
+    /// The kept connection, or a new one, with the connector of the host it reached (where a cancel request
+    /// for its statement goes).
+    Dedicated(AsyncPgConnection, Arc<Connector>),
 }
 
 /// Why a [`KeptConnection`] lent no connection.
@@ -205,7 +191,7 @@ impl Lent<'_> {
     pub(crate) fn conn(&mut self) -> &mut AsyncPgConnection {
         match self {
             Lent::Pooled(conn) => conn,
-            Lent::Dedicated(conn) => conn,
+            Lent::Dedicated(conn, _) => conn,
         }
     }
 }
@@ -235,14 +221,14 @@ impl KeptConnection {
                 }),
             };
         }
-        if let Some(mut conn) = self.conn.take() {
+        if let Some((mut conn, host)) = self.conn.take() {
             // Closed by the server (a restart, an idle-session timeout): a statement on it could only fail.
             if !conn.is_broken() {
-                return Ok(Lent::Dedicated(conn));
+                return Ok(Lent::Dedicated(conn, host));
             }
         }
         match tokio::time::timeout_at(until, store.open_dedicated_checked()).await {
-            Ok(Ok(conn)) => Ok(Lent::Dedicated(conn)),
+            Ok(Ok((conn, host))) => Ok(Lent::Dedicated(conn, host)),
             Ok(Err(e)) => Err(Unavailable::Failed(e)),
             Err(_) => Err(Unavailable::CutOff {
                 doing: "connecting",
@@ -260,10 +246,10 @@ impl KeptConnection {
         use diesel_async::pooled_connection::PoolableConnection;
         match lent {
             Lent::Pooled(mut conn) => conn.settle(result),
-            Lent::Dedicated(mut conn) => {
+            Lent::Dedicated(mut conn, host) => {
                 let ended = result.as_ref().is_err_and(crate::error::ends_the_session);
                 if !ended && (result.is_ok() || !conn.is_broken()) {
-                    self.conn = Some(conn);
+                    self.conn = Some((conn, host));
                 }
             }
         }
@@ -272,18 +258,12 @@ impl KeptConnection {
     /// Gives up `lent`, whose statement did not answer in time. A pooled connection is dropped armed (its
     /// statement is cancelled and it is discarded). The dedicated one is closed, and its statement, which may
     /// still be queued on the server (behind a lock), is cancelled in the background, so that it cannot take
-    /// effect after its caller gave up on it.
-    pub(crate) fn abandon(store: &Store, mut lent: Lent<'_>) {
-        let cancel = lent.conn().cancel_token();
-        if let Lent::Dedicated(conn) = lent {
+    /// effect after its caller gave up on it — at the host that connection reached.
+    pub(crate) fn abandon(lent: Lent<'_>) {
+        if let Lent::Dedicated(conn, host) = lent {
+            let token = conn.cancel_token();
             drop(conn);
-            let store = store.clone();
-            tokio::spawn(async move {
-                // Over TLS like the connection itself, when it used TLS.
-                if let Err(e) = store.cancel(&cancel).await {
-                    tracing::debug!(error = %e, "cancelling a late statement failed");
-                }
-            });
+            cancel_in_background(Some(host), token, "a late statement");
         }
     }
 }

@@ -383,12 +383,27 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "abandoned-statement-not-cancelled",
         "a statement abandoned mid-flight (a dropped future) is not cancelled on the server and completes later",
-        [Edit("src/store/statement.rs", """                let cancelled = match connector {
-                    Some(connector) => connector.cancel(&token).await,
-                    None => cancel_unknown(&token).await,
-                };""", """                let _ = (&connector, &token);
-                let cancelled: Result<()> = Ok(());""")],
+        [Edit("src/connect/cancel.rs", """        let cancelled = match host {
+            Some(host) => host.cancel(&token).await,
+            None => cancel_unknown(&token).await,
+        };""", """        let _ = (&host, &token);
+        let cancelled: Result<()> = Ok(());""")],
         [cargo_test("guard", "an_abandoned_acquire_is_cancelled_on_the_server")],
+    ),
+    Mutation(
+        "pooled-cancel-at-the-first-host",
+        "a pooled statement's cancel request goes to the first host of a multi-host connection string, not to the "
+        "host the pool's connections reached: a statement abandoned there keeps waiting",
+        [Edit("src/connect/identity.rs", ".unwrap_or_else(|| self.connector.clone())",
+              ".map_or_else(|| self.connector.clone(), |_| self.connector.clone())")],
+        [cargo_test("multihost", "an_abandoned_pooled_statement_is_cancelled_on_the_host_it_runs_on")],
+    ),
+    Mutation(
+        "renewal-cancel-at-the-first-host",
+        "the renewal connection's cancel request goes to the first host of a multi-host connection string, not to "
+        "the host it reached: a late renewal keeps waiting behind the loss already declared",
+        [Edit("src/store/mod.rs", "Ok((conn, host))", "Ok((conn, settings.connector.clone()))")],
+        [cargo_test("multihost", "a_late_renewal_is_cancelled_on_the_host_it_runs_on")],
     ),
     Mutation(
         "deadline-from-receive-time",
@@ -827,7 +842,17 @@ def run_mutation(mutation: Mutation) -> dict:
             output += "\n(timed out after 600 s)"
         elapsed = time.monotonic() - t0
         if code != 0:
-            return {"caught": True, "by": label, "tests": failed_tests(output) or ["(the run failed; see log)"],
+            tests = failed_tests(output)
+            if code == -1:
+                tests = tests or ["(timed out)"]
+            elif re.search(r"process didn't exit successfully: .*\(signal: ", output):
+                tests = tests or ["(the test process died of a signal)"]
+            elif not tests:
+                # A command that fails without a failing test (a wrong filter, an unknown option, a build error)
+                # proves nothing about the mutation: the gate itself is wrong, and says so.
+                raise SystemExit(f"gate: `{label}` exited {code} without a failing test, so it caught nothing; "
+                                 f"fix the command:\n{output[-2000:]}")
+            return {"caught": True, "by": label, "tests": tests,
                     "seconds": elapsed, "total": time.monotonic() - started, "log": output}
     return {"caught": False, "by": None, "tests": [], "seconds": 0.0, "total": time.monotonic() - started,
             "log": ""}

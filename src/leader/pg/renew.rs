@@ -288,7 +288,7 @@ async fn renew(
             result
         }
         Err(_) => {
-            KeptConnection::abandon(store, lent);
+            KeptConnection::abandon(lent);
             return Attempt::CutOff {
                 doing: "the renewal statement",
             };

@@ -6,7 +6,7 @@
 //! role with table privileges, or a bug elsewhere, can store any text, and a raw ESC, OSC or CR in it would
 //! let that text clear the screen, retitle the window, write to the clipboard or overwrite what the operator
 //! reads. `--json` output applies the same rule ([`is_terminal_control`]) as JSON `\uXXXX` escapes, which
-//! decode to the exact stored text (`TerminalJson` in the `cli` module).
+//! decode to the exact stored text (`TerminalJson` in the `output` module).
 
 mod history;
 mod terminal;

@@ -1005,9 +1005,9 @@ pub(super) async fn run(
         verdict,
     };
     if json {
-        crate::print_json(&report)?;
+        crate::output::print_json(&report)?;
     } else {
-        crate::emit(&report_text(&report))?;
+        crate::output::emit(&report_text(&report))?;
     }
     drop(fleet);
     drop(server);

@@ -12,7 +12,8 @@ use super::{escape, time, value};
 const LABEL_WIDTH: usize = 14;
 
 /// The most characters of a stored value in the database column of a tenure's block, so that a long one
-/// does not push the holder's column off the screen (the holder's column is last, and shows [`VALUE_CHARS`](super::VALUE_CHARS)).
+/// does not push the holder's column off the screen (the holder's column is last, and shows
+/// [`VALUE_CHARS`](super::VALUE_CHARS)).
 const COLUMN_CHARS: usize = 64;
 
 /// The overlap review of one lease (`pgfence history`): a block per tenure, oldest first, then a summary.

@@ -339,9 +339,9 @@ async fn takeover(
     )
     .await?;
     if json {
-        super::print_json(&report)?;
+        crate::output::print_json(&report)?;
     } else {
-        super::emit(&report_text(&report, &qualified))?;
+        crate::output::emit(&report_text(&report, &qualified))?;
     }
     drop(server);
     if report.verdict {

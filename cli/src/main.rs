@@ -7,10 +7,12 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod commands;
 mod demo;
 #[cfg(test)]
 mod fixtures;
 mod groups;
+mod output;
 mod replica;
 mod svg;
 mod table;
@@ -21,7 +23,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand};
-use pgfence::{Error, ExpectedIdentity, ForceReleased, RejectionFilter, Store, StoreConfig};
+use pgfence::{Error, ExpectedIdentity, Store, StoreConfig};
 
 /// Fencing-token leases on PostgreSQL rows: epochs that the database checks on every write, and an audit of
 /// the stale writes it refused.
@@ -316,27 +318,6 @@ impl From<pgfence::embedded::EmbeddedError> for Failure {
 
 type CliResult = Result<(), Failure>;
 
-/// Prints to stderr what the database's advisory-lock and role layout lacks (docs/security.md), one escaped
-/// line each; what would stop pgfence is refused by `migrate` and `grant` themselves.
-async fn warn_layout(store: &Store) -> CliResult {
-    for problem in store.layout_problems().await? {
-        let line = format!("{}. To fix: {}", problem.problem, problem.fix);
-        eprintln!(
-            "pgfence: warning: {}",
-            table::escape(&line, table::MESSAGE_CHARS)
-        );
-    }
-    Ok(())
-}
-
-/// Splits `CLUSTER/NAME`; a bare `NAME` belongs to `default_cluster`.
-fn split_lease(lease: &str, default_cluster: &str) -> (String, String) {
-    match lease.split_once('/') {
-        Some((cluster, name)) if !cluster.is_empty() => (cluster.to_owned(), name.to_owned()),
-        _ => (default_cluster.to_owned(), lease.to_owned()),
-    }
-}
-
 impl Global {
     fn url(&self) -> Result<&str, Failure> {
         self.database_url.as_deref().ok_or_else(|| {
@@ -365,319 +346,44 @@ impl Global {
         Ok(Store::connect(self.config(url, cluster)).await?)
     }
 }
-
-/// Writes human output to standard output. A reader that went away (`pgfence status | head -1`) ends the
-/// output quietly, where `println!` would panic; any other write error is exit 1.
-fn emit(text: &str) -> CliResult {
-    let mut stdout = std::io::stdout().lock();
-    match stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        Err(e) => Err(Failure::new(
-            1,
-            format!("cannot write to standard output: {e}"),
-        )),
-    }
-}
-
-/// `--json` output: pretty JSON that parses back to exactly the values read, with no character in it that a
-/// terminal would act on.
-fn print_json<T: serde::Serialize>(value: &T) -> CliResult {
-    let mut text = Vec::new();
-    let mut serializer = serde_json::Serializer::with_formatter(
-        &mut text,
-        TerminalJson(serde_json::ser::PrettyFormatter::new()),
-    );
-    value
-        .serialize(&mut serializer)
-        .map_err(|e| Failure::new(1, e.to_string()))?;
-    text.push(b'\n');
-    // serde_json writes UTF-8 only.
-    emit(&String::from_utf8_lossy(&text))
-}
-
-/// `value` as one line of JSON (no newline in it), escaped for terminals as `--json` output is: the event lines
-/// of `pgfence replica`.
-pub(crate) fn json_line<T: serde::Serialize>(value: &T) -> Result<String, Failure> {
-    let mut text = Vec::new();
-    let mut serializer = serde_json::Serializer::with_formatter(
-        &mut text,
-        TerminalJson(serde_json::ser::CompactFormatter),
-    );
-    value
-        .serialize(&mut serializer)
-        .map_err(|e| Failure::new(1, e.to_string()))?;
-    // serde_json writes UTF-8 only.
-    Ok(String::from_utf8_lossy(&text).into_owned())
-}
-
-/// A serde_json formatter (pretty for `--json`, compact for event lines), escaping for terminals: serde_json
-/// itself writes the C0 controls, `"` and `\` as escapes; this writes every other terminal control (DEL, C1,
-/// the bidirectional controls: see [`table::is_terminal_control`]) as `\uXXXX` too. JSON decodes those
-/// escapes, so the strings stay exact.
-struct TerminalJson<F>(F);
-
-impl<F: serde_json::ser::Formatter> serde_json::ser::Formatter for TerminalJson<F> {
-    fn write_string_fragment<W: ?Sized + Write>(
-        &mut self,
-        writer: &mut W,
-        fragment: &str,
-    ) -> std::io::Result<()> {
-        let mut start = 0;
-        for (at, c) in fragment.char_indices() {
-            if table::is_terminal_control(c) {
-                writer.write_all(&fragment.as_bytes()[start..at])?;
-                for unit in c.encode_utf16(&mut [0; 2]) {
-                    write!(writer, "\\u{unit:04x}")?;
-                }
-                start = at + c.len_utf8();
-            }
-        }
-        writer.write_all(&fragment.as_bytes()[start..])
-    }
-
-    // The layout is the inner formatter's.
-    fn begin_array<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
-        self.0.begin_array(writer)
-    }
-    fn end_array<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
-        self.0.end_array(writer)
-    }
-    fn begin_array_value<W: ?Sized + Write>(
-        &mut self,
-        writer: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        self.0.begin_array_value(writer, first)
-    }
-    fn end_array_value<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
-        self.0.end_array_value(writer)
-    }
-    fn begin_object<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
-        self.0.begin_object(writer)
-    }
-    fn end_object<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
-        self.0.end_object(writer)
-    }
-    fn begin_object_key<W: ?Sized + Write>(
-        &mut self,
-        writer: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        self.0.begin_object_key(writer, first)
-    }
-    fn end_object_key<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
-        self.0.end_object_key(writer)
-    }
-    fn begin_object_value<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
-        self.0.begin_object_value(writer)
-    }
-    fn end_object_value<W: ?Sized + Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
-        self.0.end_object_value(writer)
-    }
-}
-
-/// `pgfence status --json`: every lease, then every replica group the role can read.
-#[derive(serde::Serialize)]
-struct StatusReport {
-    leases: Vec<pgfence::LeaseStatus>,
-    groups: Vec<groups::GroupView>,
-}
-
-/// Fails with exit code 6 unless the lease exists.
-async fn require_lease(store: &Store, name: &str) -> CliResult {
-    if store.lease_status(name).await?.is_none() {
-        return Err(Failure::new(
-            6,
-            format!("unknown lease {}/{name}", store.cluster()),
-        ));
-    }
-    Ok(())
-}
-
 async fn run(cli: Cli) -> CliResult {
     let global = &cli.global;
     match cli.command {
         Command::Demo { scenario, json } => demo::run(global, scenario, json).await,
         Command::Bench(args) => bench::run(global, args).await,
         Command::Replica(args) => replica::run(global, args).await,
-        Command::Status { json } => {
-            let store = global.store(&global.cluster).await?;
-            let leases = store.all_leases().await?;
-            let groups = groups::read(&store).await?;
-            if json {
-                return print_json(&StatusReport { leases, groups });
-            }
-            let mut text = table::leases(&leases);
-            for group in &groups {
-                text.push('\n');
-                text.push_str(&table::group(group));
-            }
-            emit(&text)
-        }
+        Command::Status { json } => commands::status(global, json).await,
         Command::Audit {
             action: Some(AuditAction::Prune { older_than, batch }),
             ..
-        } => {
-            let store = global.store(&global.cluster).await?;
-            let deleted = store.prune_rejections(older_than, batch).await?;
-            emit(&format!(
-                "deleted {deleted} audit rows last seen more than {older_than:?} ago\n"
-            ))
-        }
+        } => commands::audit_prune(global, older_than, batch).await,
         Command::Grant {
             role,
             clusters,
             all_clusters,
             operator,
-        } => {
-            let store = global.store(&global.cluster).await?;
-            let targets: Vec<Option<&str>> = if all_clusters {
-                vec![None]
-            } else {
-                clusters.iter().map(|c| Some(c.as_str())).collect()
-            };
-            let rights = if operator { "operator" } else { "application" };
-            for cluster in targets {
-                if operator {
-                    store.grant_operator(&role, cluster).await?;
-                } else {
-                    store.grant_application(&role, cluster).await?;
-                }
-                println!(
-                    "granted {} the {rights} rights on {}",
-                    role,
-                    cluster
-                        .map_or_else(|| "every cluster".to_owned(), |c| format!("cluster {}", c))
-                );
-            }
-            warn_layout(&store).await
-        }
+        } => commands::grant(global, role, clusters, all_clusters, operator).await,
         Command::Revoke {
             role,
             clusters,
             all_clusters,
-        } => {
-            let store = global.store(&global.cluster).await?;
-            let targets: Vec<Option<&str>> = if all_clusters {
-                vec![None]
-            } else {
-                clusters.iter().map(|c| Some(c.as_str())).collect()
-            };
-            for cluster in targets {
-                let removed = store.revoke(&role, cluster).await?;
-                let on = cluster
-                    .map_or_else(|| "every cluster".to_owned(), |c| format!("cluster {}", c));
-                if removed {
-                    println!("revoked {}'s grant on {on}", role);
-                } else {
-                    println!("{} had no grant on {on}", role);
-                }
-            }
-            Ok(())
-        }
+        } => commands::revoke(global, role, clusters, all_clusters).await,
         Command::Audit {
             action: None,
             lease,
             since,
             limit,
             json,
-        } => {
-            if limit < 1 {
-                return Err(Failure::new(2, "--limit must be at least 1"));
-            }
-            let (cluster, name) = match &lease {
-                Some(lease) => {
-                    let (cluster, name) = split_lease(lease, &global.cluster);
-                    (cluster, Some(name))
-                }
-                None => (global.cluster.clone(), None),
-            };
-            let store = global.store(&cluster).await?;
-            if let Some(name) = &name {
-                require_lease(&store, name).await?;
-            }
-            let mut filter = RejectionFilter::default();
-            filter.all_clusters = name.is_none();
-            filter.lease = name;
-            filter.since = since;
-            filter.limit = Some(limit);
-            let rows = store.rejections(&filter).await?;
-            if json {
-                return print_json(&rows);
-            }
-            emit(&table::rejections(&rows))
-        }
+        } => commands::audit(global, lease, since, limit, json).await,
         Command::History {
             lease,
             json,
             svg: picture,
-        } => {
-            let (cluster, name) = split_lease(&lease, &global.cluster);
-            let store = global.store(&cluster).await?;
-            require_lease(&store, &name).await?;
-            let reviews = store.review(&name).await?;
-            let qualified = format!("{cluster}/{name}");
-            if let Some(path) = &picture {
-                std::fs::write(path, svg::timeline(&qualified, &reviews)).map_err(|e| {
-                    Failure::new(1, format!("cannot write {}: {e}", path.display()))
-                })?;
-            }
-            if json {
-                return print_json(&reviews);
-            }
-            emit(&table::review(&qualified, &reviews))
-        }
-        Command::Identity { json } => {
-            let store = global.store(&global.cluster).await?;
-            let identity = store.identity().await?;
-            if json {
-                return print_json(&identity);
-            }
-            emit(&table::identity(&identity, store.target()))
-        }
-        Command::Migrate => {
-            let store = global.store(&global.cluster).await?;
-            let applied = store.migrate().await?;
-            warn_layout(&store).await?;
-            let target = table::value(store.target());
-            emit(&if applied.is_empty() {
-                format!("pgfence schema is up to date on {target}\n")
-            } else {
-                format!(
-                    "applied migrations on {target}: {}\n",
-                    table::value(&applied.join(", "))
-                )
-            })
-        }
+        } => commands::history(global, lease, json, picture).await,
+        Command::Identity { json } => commands::identity(global, json).await,
+        Command::Migrate => commands::migrate(global).await,
         Command::ForceRelease { name, yes, json } => {
-            let (cluster, name) = split_lease(&name, &global.cluster);
-            if !yes {
-                return Err(Failure::new(
-                    2,
-                    format!("force-release cuts off the current holder of {cluster}/{name}: repeat with --yes"),
-                ));
-            }
-            let store = global.store(&cluster).await?;
-            let outcome = store.force_release(&name).await?;
-            if matches!(outcome, ForceReleased::Unknown) {
-                return Err(Failure::new(6, format!("unknown lease {cluster}/{name}")));
-            }
-            if json {
-                return print_json(&outcome);
-            }
-            let lease = table::value(&format!("{cluster}/{name}"));
-            emit(&match outcome {
-                ForceReleased::Ended { epoch, holder } => format!(
-                    "ended epoch {epoch} of {lease} (held by {}); writes presenting it are refused now, \
-                     and the next acquisition issues a larger epoch\n",
-                    table::value(&holder)
-                ),
-                _ => format!("{lease} was not held; nothing changed\n"),
-            })
+            commands::force_release(global, name, yes, json).await
         }
     }
 }

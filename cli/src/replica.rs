@@ -38,7 +38,8 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::{json_line, parse_duration, CliResult, Failure, Global};
+use super::output::json_line;
+use super::{parse_duration, CliResult, Failure, Global};
 
 /// `pgfence replica`'s flags.
 #[derive(Debug, Args)]

@@ -65,9 +65,9 @@ pub(super) struct TakeoverCost {
 
 /// Measures `takeovers` takeovers for each guard of [`GUARDS`] in `selected`.
 pub(super) async fn measure(
-    setup: &super::WriteSetup,
+    setup: &super::writes::WriteSetup,
     admin: &tokio_postgres::Client,
-    server: &super::Server,
+    server: &super::server::Server,
     selected: &[Workload],
     takeovers: u32,
 ) -> Result<Vec<TakeoverCost>, Failure> {
@@ -223,7 +223,7 @@ struct Takeovers {
 async fn one_guard(
     store: &Store,
     admin: &tokio_postgres::Client,
-    server: &super::Server,
+    server: &super::server::Server,
     guard: Workload,
     takeovers: u32,
 ) -> Result<TakeoverCost, Failure> {
@@ -266,7 +266,7 @@ async fn one_guard(
 /// to be accepted under the new one.
 async fn take_over(
     store: &Store,
-    server: &super::Server,
+    server: &super::server::Server,
     guard: Workload,
     takeovers: u32,
     mut lease: pgfence::Lease,

@@ -1,0 +1,239 @@
+//! The operator commands, one function each: the reads (`status`, `audit`, `history`, `identity`) and the writes
+//! (`audit prune`, `migrate`, `grant`, `revoke`, `force-release`), on a store connected as the global options
+//! say, printing for people or, with `--json`, as JSON.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use pgfence::{ForceReleased, RejectionFilter, Store};
+
+use crate::output::{emit, print_json};
+use crate::{groups, svg, table, CliResult, Failure, Global};
+
+/// Prints to stderr what the database's advisory-lock and role layout lacks (docs/security.md), one escaped
+/// line each; what would stop pgfence is refused by `migrate` and `grant` themselves.
+async fn warn_layout(store: &Store) -> CliResult {
+    for problem in store.layout_problems().await? {
+        let line = format!("{}. To fix: {}", problem.problem, problem.fix);
+        eprintln!(
+            "pgfence: warning: {}",
+            table::escape(&line, table::MESSAGE_CHARS)
+        );
+    }
+    Ok(())
+}
+
+/// Splits `CLUSTER/NAME`; a bare `NAME` belongs to `default_cluster`.
+fn split_lease(lease: &str, default_cluster: &str) -> (String, String) {
+    match lease.split_once('/') {
+        Some((cluster, name)) if !cluster.is_empty() => (cluster.to_owned(), name.to_owned()),
+        _ => (default_cluster.to_owned(), lease.to_owned()),
+    }
+}
+
+/// `pgfence status --json`: every lease, then every replica group the role can read.
+#[derive(serde::Serialize)]
+struct StatusReport {
+    leases: Vec<pgfence::LeaseStatus>,
+    groups: Vec<groups::GroupView>,
+}
+
+/// Fails with exit code 6 unless the lease exists.
+async fn require_lease(store: &Store, name: &str) -> CliResult {
+    if store.lease_status(name).await?.is_none() {
+        return Err(Failure::new(
+            6,
+            format!("unknown lease {}/{name}", store.cluster()),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) async fn status(global: &Global, json: bool) -> CliResult {
+    let store = global.store(&global.cluster).await?;
+    let leases = store.all_leases().await?;
+    let groups = groups::read(&store).await?;
+    if json {
+        return print_json(&StatusReport { leases, groups });
+    }
+    let mut text = table::leases(&leases);
+    for group in &groups {
+        text.push('\n');
+        text.push_str(&table::group(group));
+    }
+    emit(&text)
+}
+
+pub(super) async fn audit_prune(global: &Global, older_than: Duration, batch: u32) -> CliResult {
+    let store = global.store(&global.cluster).await?;
+    let deleted = store.prune_rejections(older_than, batch).await?;
+    emit(&format!(
+        "deleted {deleted} audit rows last seen more than {older_than:?} ago\n"
+    ))
+}
+
+pub(super) async fn grant(
+    global: &Global,
+    role: String,
+    clusters: Vec<String>,
+    all_clusters: bool,
+    operator: bool,
+) -> CliResult {
+    let store = global.store(&global.cluster).await?;
+    let targets: Vec<Option<&str>> = if all_clusters {
+        vec![None]
+    } else {
+        clusters.iter().map(|c| Some(c.as_str())).collect()
+    };
+    let rights = if operator { "operator" } else { "application" };
+    for cluster in targets {
+        if operator {
+            store.grant_operator(&role, cluster).await?;
+        } else {
+            store.grant_application(&role, cluster).await?;
+        }
+        println!(
+            "granted {} the {rights} rights on {}",
+            role,
+            cluster.map_or_else(|| "every cluster".to_owned(), |c| format!("cluster {}", c))
+        );
+    }
+    warn_layout(&store).await
+}
+
+pub(super) async fn revoke(
+    global: &Global,
+    role: String,
+    clusters: Vec<String>,
+    all_clusters: bool,
+) -> CliResult {
+    let store = global.store(&global.cluster).await?;
+    let targets: Vec<Option<&str>> = if all_clusters {
+        vec![None]
+    } else {
+        clusters.iter().map(|c| Some(c.as_str())).collect()
+    };
+    for cluster in targets {
+        let removed = store.revoke(&role, cluster).await?;
+        let on = cluster.map_or_else(|| "every cluster".to_owned(), |c| format!("cluster {}", c));
+        if removed {
+            println!("revoked {}'s grant on {on}", role);
+        } else {
+            println!("{} had no grant on {on}", role);
+        }
+    }
+    Ok(())
+}
+
+pub(super) async fn audit(
+    global: &Global,
+    lease: Option<String>,
+    since: Option<DateTime<Utc>>,
+    limit: i64,
+    json: bool,
+) -> CliResult {
+    if limit < 1 {
+        return Err(Failure::new(2, "--limit must be at least 1"));
+    }
+    let (cluster, name) = match &lease {
+        Some(lease) => {
+            let (cluster, name) = split_lease(lease, &global.cluster);
+            (cluster, Some(name))
+        }
+        None => (global.cluster.clone(), None),
+    };
+    let store = global.store(&cluster).await?;
+    if let Some(name) = &name {
+        require_lease(&store, name).await?;
+    }
+    let mut filter = RejectionFilter::default();
+    filter.all_clusters = name.is_none();
+    filter.lease = name;
+    filter.since = since;
+    filter.limit = Some(limit);
+    let rows = store.rejections(&filter).await?;
+    if json {
+        return print_json(&rows);
+    }
+    emit(&table::rejections(&rows))
+}
+
+pub(super) async fn history(
+    global: &Global,
+    lease: String,
+    json: bool,
+    picture: Option<PathBuf>,
+) -> CliResult {
+    let (cluster, name) = split_lease(&lease, &global.cluster);
+    let store = global.store(&cluster).await?;
+    require_lease(&store, &name).await?;
+    let reviews = store.review(&name).await?;
+    let qualified = format!("{cluster}/{name}");
+    if let Some(path) = &picture {
+        std::fs::write(path, svg::timeline(&qualified, &reviews))
+            .map_err(|e| Failure::new(1, format!("cannot write {}: {e}", path.display())))?;
+    }
+    if json {
+        return print_json(&reviews);
+    }
+    emit(&table::review(&qualified, &reviews))
+}
+
+pub(super) async fn identity(global: &Global, json: bool) -> CliResult {
+    let store = global.store(&global.cluster).await?;
+    let identity = store.identity().await?;
+    if json {
+        return print_json(&identity);
+    }
+    emit(&table::identity(&identity, store.target()))
+}
+
+pub(super) async fn migrate(global: &Global) -> CliResult {
+    let store = global.store(&global.cluster).await?;
+    let applied = store.migrate().await?;
+    warn_layout(&store).await?;
+    let target = table::value(store.target());
+    emit(&if applied.is_empty() {
+        format!("pgfence schema is up to date on {target}\n")
+    } else {
+        format!(
+            "applied migrations on {target}: {}\n",
+            table::value(&applied.join(", "))
+        )
+    })
+}
+
+pub(super) async fn force_release(
+    global: &Global,
+    name: String,
+    yes: bool,
+    json: bool,
+) -> CliResult {
+    let (cluster, name) = split_lease(&name, &global.cluster);
+    if !yes {
+        return Err(Failure::new(
+            2,
+            format!(
+                "force-release cuts off the current holder of {cluster}/{name}: repeat with --yes"
+            ),
+        ));
+    }
+    let store = global.store(&cluster).await?;
+    let outcome = store.force_release(&name).await?;
+    if matches!(outcome, ForceReleased::Unknown) {
+        return Err(Failure::new(6, format!("unknown lease {cluster}/{name}")));
+    }
+    if json {
+        return print_json(&outcome);
+    }
+    let lease = table::value(&format!("{cluster}/{name}"));
+    emit(&match outcome {
+        ForceReleased::Ended { epoch, holder } => format!(
+            "ended epoch {epoch} of {lease} (held by {}); writes presenting it are refused now, \
+             and the next acquisition issues a larger epoch\n",
+            table::value(&holder)
+        ),
+        _ => format!("{lease} was not held; nothing changed\n"),
+    })
+}

@@ -1,7 +1,7 @@
 //! Replica groups as an operator reads them (`pgfence status`, the spread demo): each group's member rows, the
 //! assignment the group's members derive from its live rows, and where the names led now differ from it.
 //!
-//! The assignment is recomputed here with the library's own pure function ([`assign`]) from the same inputs the
+//! The assignment is recomputed here with the library's own pure function ([`assign()`]) from the same inputs the
 //! members read (`pgfence.roster` is `pgfence.group_members` filtered to live rows): so what `status` calls
 //! desired is what every live member computes, not a second opinion.
 

@@ -415,7 +415,7 @@ pub(super) mod sql {
     /// makes of it ([`pgfence::guarded_write_sql`]).
     pub(in super::super) const GATED_UPDATE: &str =
         "UPDATE pgfence_bench.rows SET v = v + 1 WHERE id >= $1 AND id < $2 AND (SELECT passed FROM pgfence_guard)";
-    /// As [`GUARDED_UPDATE`] with the prototype advisory-lock guard.
+    /// As [`GATED_UPDATE`] with the prototype advisory-lock guard.
     pub(in super::super) const ADVISORY_UPDATE: &str =
         "WITH g AS (SELECT pgfence_bench.fence_advisory($3, $4) AS outcome), \
               u AS (UPDATE pgfence_bench.rows SET v = v + 1 \

@@ -1011,25 +1011,13 @@ async fn an_abandoned_acquire_is_cancelled_on_the_server() {
     // The cancel request travels asynchronously: wait until the server has dropped the waiting statement
     // (without the cancel it would wait on the lock until the blocker lets go, then commit).
     let observer = db.client().await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: i64 = observer
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if waiting == 0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the abandoned acquire is still waiting for the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    common::wait_for_lock_waiters(
+        &observer,
+        Duration::from_secs(10),
+        |n| n == 0,
+        "the abandoned acquire is still waiting for the lock",
+    )
+    .await;
     blocker.batch_execute("ROLLBACK").await.unwrap();
 
     // Wait until no acquisition is running any more, then look at the outcome.

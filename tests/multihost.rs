@@ -136,27 +136,13 @@ fn behind_a_refused_host(db: &common::TestDb) -> String {
 /// Waits (at most 10 s) until no backend of `db` waits for a lock, while the lock it waited for is still held:
 /// only a cancel request delivered to the server it runs on can end that wait so soon.
 async fn until_no_lock_wait(db: &common::TestDb, what: &str) {
-    let observer = db.client().await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let waiting: i64 = observer
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                   AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if waiting == 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what} is still waiting for the lock: its cancel request did not reach the host it runs on"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    common::wait_for_lock_waiters(
+        &db.client().await,
+        Duration::from_secs(10),
+        |n| n == 0,
+        &format!("{what} is still waiting for the lock: its cancel request did not reach the host it runs on"),
+    )
+    .await;
 }
 
 /// Invariant: a cancel request goes to the host the connection reached, not to the first host of the

@@ -646,35 +646,20 @@ async fn an_abandoned_statement_is_cancelled_over_tls() {
         .unwrap();
     let (observer, connection) = admin.connect().await.unwrap();
     tokio::spawn(connection);
-    let waiting = || async {
-        observer
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                 AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-    };
     let store2 = store.clone();
     let attempt = tokio::spawn(async move { store2.acquire("sched", "pod-b", TTL).await });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while waiting().await == 0 {
-        assert!(Instant::now() < deadline, "the acquire never waited");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let secs = Duration::from_secs;
+    common::wait_for_lock_waiters(&observer, secs(10), |n| n > 0, "the acquire never waited").await;
     attempt.abort();
     assert!(attempt.await.unwrap_err().is_cancelled());
     // Well within the functions' own bound on lock waits (several seconds), which would end the wait too.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while waiting().await != 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the abandoned acquire is still waiting: the cancel request did not arrive"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    common::wait_for_lock_waiters(
+        &observer,
+        secs(2),
+        |n| n == 0,
+        "the abandoned acquire is still waiting: the cancel request did not arrive",
+    )
+    .await;
     blocker.batch_execute("ROLLBACK").await.unwrap();
 }
 

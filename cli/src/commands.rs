@@ -81,11 +81,7 @@ pub(super) async fn grant(
     operator: bool,
 ) -> CliResult {
     let store = global.store(&global.cluster).await?;
-    let targets: Vec<Option<&str>> = if all_clusters {
-        vec![None]
-    } else {
-        clusters.iter().map(|c| Some(c.as_str())).collect()
-    };
+    let targets = cluster_targets(&clusters, all_clusters);
     let rights = if operator { "operator" } else { "application" };
     for cluster in targets {
         if operator {
@@ -109,11 +105,7 @@ pub(super) async fn revoke(
     all_clusters: bool,
 ) -> CliResult {
     let store = global.store(&global.cluster).await?;
-    let targets: Vec<Option<&str>> = if all_clusters {
-        vec![None]
-    } else {
-        clusters.iter().map(|c| Some(c.as_str())).collect()
-    };
+    let targets = cluster_targets(&clusters, all_clusters);
     for cluster in targets {
         let removed = store.revoke(&role, cluster).await?;
         let on = cluster.map_or_else(|| "every cluster".to_owned(), |c| format!("cluster {}", c));
@@ -236,4 +228,13 @@ pub(super) async fn force_release(
         ),
         _ => format!("{lease} was not held; nothing changed\n"),
     })
+}
+
+/// The clusters a grant or revocation names: each given one, or `None` (every cluster) for `--all-clusters`.
+fn cluster_targets(clusters: &[String], all_clusters: bool) -> Vec<Option<&str>> {
+    if all_clusters {
+        vec![None]
+    } else {
+        clusters.iter().map(|c| Some(c.as_str())).collect()
+    }
 }

@@ -331,31 +331,52 @@ pub async fn database_expiry(client: &tokio_postgres::Client, qualified: &str) -
     }
 }
 
-/// Waits until some backend of this database is blocked on a lock (`wait_event_type = 'Lock'`), polling
-/// pg_stat_activity. This observes the server's own state instead of guessing with a sleep.
-pub async fn wait_until_blocked_on_lock(db: &TestDb, backends: i64) {
-    let client = db.client().await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+/// Backends of `client`'s database waiting for a lock (`wait_event_type = 'Lock'` in pg_stat_activity).
+pub async fn lock_waiters(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+               AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .await
+        .expect("read pg_stat_activity")
+        .get(0)
+}
+
+/// Waits until the number of `client`'s database's backends waiting for a lock satisfies `done`, polling
+/// pg_stat_activity for at most `within`; past it, fails saying `what` did not happen. This observes the
+/// server's own state instead of guessing with a sleep.
+pub async fn wait_for_lock_waiters(
+    client: &tokio_postgres::Client,
+    within: Duration,
+    done: impl Fn(i64) -> bool,
+    what: &str,
+) {
+    let deadline = std::time::Instant::now() + within;
     loop {
-        let n: i64 = client
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                   AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .expect("read pg_stat_activity")
-            .get(0);
-        if n >= backends {
+        let n = lock_waiters(client).await;
+        if done(n) {
             return;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "no backend blocked on a lock within 20 s"
+            "{what} (within {within:?}; {n} backends waiting for a lock)"
         );
         tokio::task::yield_now().await;
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+}
+
+/// Waits until at least `backends` backends of this database are blocked on a lock.
+pub async fn wait_until_blocked_on_lock(db: &TestDb, backends: i64) {
+    wait_for_lock_waiters(
+        &db.client().await,
+        Duration::from_secs(20),
+        |n| n >= backends,
+        "no backend blocked on a lock",
+    )
+    .await;
 }
 
 /// Waits until `lease` (a qualified name) has expired by the database clock — the clock every expiry is judged

@@ -1,6 +1,7 @@
 //! [`StoreConfig`]: how a store reaches its database and what it expects of it.
 
 use std::fmt;
+#[cfg(feature = "tls")]
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -56,14 +56,16 @@ pub enum Error {
     },
 
     /// No pooled connection became available in time.
-    #[error("no database connection to {target} within {waited:?}{}", last_error.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    #[error("no database connection to {target} within {waited:?}{}", cause.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
     PoolTimeout {
         /// `user@host:port/database`, without credentials.
         target: String,
         /// How long the checkout waited.
         waited: Duration,
-        /// The last connection error the pool saw, if any: usually the real cause.
-        last_error: Option<String>,
+        /// What the checkout waited for, when known: every connection of the pool checked out by other tasks
+        /// for the whole wait, or the last connection error the pool saw (the real cause when the database
+        /// cannot be reached).
+        cause: Option<String>,
     },
 
     /// The server is a standby (`pg_is_in_recovery()`): pgfence only writes to a primary.

@@ -28,8 +28,9 @@
 //! Every fallible function returns [`Error`]; its `# Errors` section names the variants that belong to the
 //! operation. Any call that reaches the database can also fail for reasons of its own, listed here once:
 //!
-//! - [`Error::Connect`], [`Error::Tls`], [`Error::PoolTimeout`]: no connection (a pool timeout names the last
-//!   connection error the pool saw). Transient, except `Tls`.
+//! - [`Error::Connect`], [`Error::Tls`], [`Error::PoolTimeout`]: no connection (a pool timeout names what it
+//!   waited for: every connection checked out by others, or the last connection error the pool saw).
+//!   Transient, except `Tls`.
 //! - [`Error::NotPrimary`], [`Error::WrongDatabase`]: a connection pgfence opened reached a standby or another
 //!   database than the store expects (every new connection is checked).
 //! - [`Error::SchemaMissing`]: the pgfence schema is not installed in this database ([`Store::migrate`]).

@@ -177,10 +177,9 @@ impl StoreConfig {
 
     /// Maximum number of pooled connections (default 16).
     ///
-    /// Size it for the tasks that write at once. A check-out is not first come, first served: a connection
-    /// given back goes to whichever task asks next, so a task that gives back and asks again in a loop can
-    /// keep a waiting task out until the [checkout timeout](Self::checkout_timeout). The leader's renewals
-    /// do not queue here (they keep a connection of their own).
+    /// Size it for the tasks that write at once; the others wait their turn, first come, first served, up to
+    /// the [checkout timeout](Self::checkout_timeout). The leader's renewals do not queue here (they keep a
+    /// connection of their own).
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size.max(1);
         self

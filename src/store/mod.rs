@@ -26,9 +26,38 @@ pub(crate) mod statement;
 /// The bb8 pool type pgfence uses; bring your own with [`Store::from_pool`].
 pub type Pool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
 
-/// A connection checked out of the [`Pool`].
-pub type PooledConnection<'a> =
-    bb8::PooledConnection<'a, AsyncDieselConnectionManager<AsyncPgConnection>>;
+/// A connection checked out of the store's [`Pool`] by [`Store::conn`]; it derefs to the diesel-async
+/// connection and goes back to the pool when dropped.
+///
+/// It also holds the checkout's turn: a store that built its pool ([`Store::connect`]) hands its connections
+/// out in the order they were asked for, so that a task that gives its connection back and asks again at once
+/// cannot keep a waiting task out (bb8 alone gives a returned connection to whichever task asks next).
+pub struct PooledConnection<'a> {
+    // Declared first, so dropped first: the connection is back in the pool before the next turn begins.
+    conn: bb8::PooledConnection<'a, AsyncDieselConnectionManager<AsyncPgConnection>>,
+    _turn: Option<tokio::sync::SemaphorePermit<'a>>,
+}
+
+impl std::fmt::Debug for PooledConnection<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PooledConnection")
+            .field("turn", &self._turn.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::ops::Deref for PooledConnection<'_> {
+    type Target = AsyncPgConnection;
+    fn deref(&self) -> &AsyncPgConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for PooledConnection<'_> {
+    fn deref_mut(&mut self) -> &mut AsyncPgConnection {
+        &mut self.conn
+    }
+}
 
 /// Remembers the last connection error bb8 saw, so that a checkout timeout can report the real cause
 /// ("connection refused") instead of only "timed out".
@@ -68,6 +97,11 @@ struct Inner {
     /// Where connections outside the pool go when they must not go through the pooler.
     direct: Option<ConnectSettings>,
     native: NativeGuard,
+    /// One turn per connection of a pool the store built, taken first come, first served by every checkout
+    /// (tokio's semaphore is fair); `None` for an application's pool, whose other users take no turns.
+    turns: Option<tokio::sync::Semaphore>,
+    /// The pool's size, as the turns count it (for the timeout's message).
+    pool_size: u32,
 }
 
 /// Whether the store's guarded writes go through `pgfence_native.fence`: allowed by the configuration, and
@@ -164,6 +198,8 @@ impl Store {
                 pooler: config.pooler,
                 direct,
                 native: NativeGuard::new(config.native_guard),
+                turns: Some(tokio::sync::Semaphore::new(config.pool_size as usize)),
+                pool_size: config.pool_size,
             }),
         })
     }
@@ -175,7 +211,9 @@ impl Store {
     /// manager outside the pool ([`bb8::Pool::dedicated_connection`]), so they are set up exactly like the
     /// application's. Cancel requests for abandoned statements cannot know the application's TLS settings: they
     /// use TLS when the connection did, without verifying the server's certificate (the request carries only
-    /// that backend's cancel key); a server that refuses them just lets the statement finish.
+    /// that backend's cancel key); a server that refuses them just lets the statement finish. Checkouts go
+    /// through the pool as the application's own do, in whatever order bb8 hands connections out: pgfence
+    /// cannot queue the application's other users of the pool.
     ///
     /// # Errors
     ///
@@ -212,6 +250,8 @@ impl Store {
                 pooler: PoolerMode::Session,
                 direct: None,
                 native: NativeGuard::new(true),
+                turns: None,
+                pool_size: 0,
             }),
         };
         let identity = store.identity().await?;
@@ -242,39 +282,66 @@ impl Store {
         &self.inner.target
     }
 
-    /// The underlying pool, for the application's own queries.
+    /// The underlying pool, for the application's own queries. A checkout straight from it takes no turn:
+    /// [`conn`](Self::conn) does.
     pub fn pool(&self) -> &Pool {
         &self.inner.pool
     }
 
-    /// Checks a connection out of the pool; a timeout reports the last connection error the pool saw.
+    /// Checks a connection out of the pool, first come, first served (see [`PooledConnection`]); waits at most
+    /// the checkout timeout in all.
     ///
     /// # Errors
     ///
-    /// [`Error::PoolTimeout`] after the checkout timeout, naming the last connection error the pool saw;
-    /// [`Error::Connect`] when the pool's attempt to open a connection failed. Both are transient.
+    /// [`Error::PoolTimeout`] after the checkout timeout, naming what it waited for: every connection
+    /// checked out by others the whole time, or the last connection error the pool saw; [`Error::Connect`] when
+    /// the pool's attempt to open a connection failed. Both are transient.
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future gives up the wait; no connection is lost.
+    /// Dropping the future gives up the wait (and its place in the queue); no connection is lost.
     pub async fn conn(&self) -> Result<PooledConnection<'_>> {
-        self.inner.pool.get().await.map_err(|e| match e {
-            bb8::RunError::User(err) => Error::Connect {
-                target: self.inner.target.clone(),
-                cause: err.to_string(),
+        let deadline = tokio::time::Instant::now() + self.inner.checkout_timeout;
+        let turn = match &self.inner.turns {
+            Some(turns) => match tokio::time::timeout_at(deadline, turns.acquire()).await {
+                Ok(turn) => Some(turn.expect("the store never closes its turns")),
+                Err(_) => {
+                    return Err(self.pool_timeout(Some(format!(
+                        "all {} of the pool's connections stayed checked out by other tasks",
+                        self.inner.pool_size
+                    ))))
+                }
             },
-            bb8::RunError::TimedOut => Error::PoolTimeout {
-                target: self.inner.target.clone(),
-                waited: self.inner.checkout_timeout,
-                last_error: self
-                    .inner
-                    .last_error
-                    .0
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone(),
-            },
-        })
+            None => None,
+        };
+        let conn = match tokio::time::timeout_at(deadline, self.inner.pool.get()).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(bb8::RunError::User(err))) => {
+                return Err(Error::Connect {
+                    target: self.inner.target.clone(),
+                    cause: err.to_string(),
+                })
+            }
+            Ok(Err(bb8::RunError::TimedOut)) | Err(_) => return Err(self.pool_timeout(None)),
+        };
+        Ok(PooledConnection { conn, _turn: turn })
+    }
+
+    /// The checkout timeout's error: what it waited for, else the last connection error the pool saw.
+    fn pool_timeout(&self, waited_for: Option<String>) -> Error {
+        let last_error = || {
+            self.inner
+                .last_error
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        };
+        Error::PoolTimeout {
+            target: self.inner.target.clone(),
+            waited: self.inner.checkout_timeout,
+            cause: waited_for.or_else(last_error),
+        }
     }
 
     /// Reads the database's identity now (a fresh query, not a cached value).

@@ -391,6 +391,14 @@ MUTATIONS: list[Mutation] = [
         [cargo_test("guard", "an_abandoned_acquire_is_cancelled_on_the_server")],
     ),
     Mutation(
+        "checkout-without-turns",
+        "checkouts are handed out by bb8 alone, not first come, first served: a task that gives its connection "
+        "back and asks again at once keeps a waiting task out until its checkout times out",
+        [Edit("src/store/mod.rs", "turns: Some(tokio::sync::Semaphore::new(config.pool_size as usize)),",
+              "turns: None,")],
+        [cargo_test("store", "checkouts_are_served_in_the_order_they_were_asked_for")],
+    ),
+    Mutation(
         "pooled-cancel-at-the-first-host",
         "a pooled statement's cancel request goes to the first host of a multi-host connection string, not to the "
         "host the pool's connections reached: a statement abandoned there keeps waiting",

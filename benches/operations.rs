@@ -1,6 +1,6 @@
 //! One criterion benchmark per pgfence operation, so that a regression in one of them shows up in
-//! `cargo bench`: acquire, renew, release, a task write (`append_event`), a one-statement guarded UPDATE
-//! (`guarded_write`) and a fenced transaction.
+//! `cargo bench`: acquire, renew, release, a pooled checkout (`checkout`), a task write (`append_event`), a
+//! one-statement guarded UPDATE (`guarded_write`) and a fenced transaction.
 //!
 //! Each runs one operation at a time against a throwaway server (or `DATABASE_URL` with `PGFENCE_BENCH_YES=1`,
 //! since it writes). For ratios between guarded and unguarded writes, raw statements and pgbench at several
@@ -136,6 +136,13 @@ fn operations(c: &mut Criterion) {
                 timed
             }
         })
+    });
+
+    // A pooled connection checked out and given back, no statement: the checkout's own cost (its turn included),
+    // which every operation above pays once.
+    group.bench_function("checkout", |b| {
+        b.to_async(&s.runtime)
+            .iter(|| async { drop(s.store.conn().await.expect("checkout")) })
     });
 
     group.bench_function("append_event", |b| {

@@ -188,3 +188,50 @@ async fn the_sql_constants_are_the_rust_constants() {
     // The shards of a sharded controller are names of its group: within the group's limit.
     assert!(pgfence::MAX_SHARDS as usize <= pgfence::MAX_GROUP_NAMES);
 }
+
+/// Invariant: the native guard (`native/pgfence_native.c`, which cannot call SQL for them) uses the names the SQL
+/// uses: the advisory lock class (`PGFENCE_LOCK_CLASS`, as `pgfence._guard_lock_class()`) and the marker setting
+/// a native admission leaves (`pgfence._guard_held_setting(lock_key)`, which `pgfence._await_takeover` reads), for
+/// every kind of lock key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_guard_names_what_the_sql_names() {
+    let source = std::fs::read_to_string(repo().join("native/pgfence_native.c"))
+        .expect("read the native guard");
+    let after = |marker: &str| {
+        let at = source
+            .find(marker)
+            .unwrap_or_else(|| panic!("no {marker:?} in native/pgfence_native.c"));
+        source[at + marker.len()..].to_owned()
+    };
+    let class: i32 = after("#define PGFENCE_LOCK_CLASS ")
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("PGFENCE_LOCK_CLASS is a number");
+    let format = after("snprintf(setting, sizeof(setting), \"")
+        .split('"')
+        .next()
+        .expect("the marker's format")
+        .to_owned();
+    assert_eq!(format.matches("%d").count(), 1, "{format}");
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let sql_class: i32 = client
+        .query_one("SELECT pgfence._guard_lock_class()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(class, sql_class, "PGFENCE_LOCK_CLASS");
+    for key in [i32::MIN, -1, 0, 7, i32::MAX] {
+        let sql: String = client
+            .query_one("SELECT pgfence._guard_held_setting($1)", &[&key])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            format.replace("%d", &key.to_string()),
+            sql,
+            "the marker of lock key {key}"
+        );
+    }
+}

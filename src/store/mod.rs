@@ -301,30 +301,44 @@ impl Store {
     ///
     /// Dropping the future gives up the wait (and its place in the queue); no connection is lost.
     pub async fn conn(&self) -> Result<PooledConnection<'_>> {
-        let deadline = tokio::time::Instant::now() + self.inner.checkout_timeout;
-        let turn = match &self.inner.turns {
-            Some(turns) => match tokio::time::timeout_at(deadline, turns.acquire()).await {
-                Ok(turn) => Some(turn.expect("the store never closes its turns")),
+        // A free turn is taken at once (none is free while a task waits: the semaphore hands released turns to
+        // the waiters in order); only a wait for one needs the deadline, which the pool's wait then shares.
+        let (turn, deadline) = match &self.inner.turns {
+            None => (None, None),
+            Some(turns) => match turns.try_acquire() {
+                Ok(turn) => (Some(turn), None),
                 Err(_) => {
-                    return Err(self.pool_timeout(Some(format!(
-                        "all {} of the pool's connections stayed checked out by other tasks",
-                        self.inner.pool_size
-                    ))))
+                    let deadline = tokio::time::Instant::now() + self.inner.checkout_timeout;
+                    match tokio::time::timeout_at(deadline, turns.acquire()).await {
+                        Ok(turn) => (
+                            Some(turn.expect("the store never closes its turns")),
+                            Some(deadline),
+                        ),
+                        Err(_) => {
+                            return Err(self.pool_timeout(Some(format!(
+                            "all {} of the pool's connections stayed checked out by other tasks",
+                            self.inner.pool_size
+                        ))))
+                        }
+                    }
                 }
             },
-            None => None,
         };
-        let conn = match tokio::time::timeout_at(deadline, self.inner.pool.get()).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(bb8::RunError::User(err))) => {
-                return Err(Error::Connect {
-                    target: self.inner.target.clone(),
-                    cause: err.to_string(),
-                })
-            }
-            Ok(Err(bb8::RunError::TimedOut)) | Err(_) => return Err(self.pool_timeout(None)),
+        // The pool's own wait is bounded by the checkout timeout (its connection timeout).
+        let got = match deadline {
+            None => self.inner.pool.get().await,
+            Some(deadline) => tokio::time::timeout_at(deadline, self.inner.pool.get())
+                .await
+                .unwrap_or(Err(bb8::RunError::TimedOut)),
         };
-        Ok(PooledConnection { conn, _turn: turn })
+        match got {
+            Ok(conn) => Ok(PooledConnection { conn, _turn: turn }),
+            Err(bb8::RunError::User(err)) => Err(Error::Connect {
+                target: self.inner.target.clone(),
+                cause: err.to_string(),
+            }),
+            Err(bb8::RunError::TimedOut) => Err(self.pool_timeout(None)),
+        }
     }
 
     /// The checkout timeout's error: what it waited for, else the last connection error the pool saw.

@@ -8,6 +8,7 @@ use diesel_async::AsyncPgConnection;
 
 use super::{PooledConnection, Store};
 use crate::connect::cancel::cancel_in_background;
+use crate::connect::identity::ConnectSettings;
 use crate::connect::sqlstate::{sqlstate_of, NOT_READ_COMMITTED};
 use crate::connect::{Connector, Kind};
 use crate::error::{Error, Result};
@@ -19,8 +20,9 @@ use crate::error::{Error, Result};
 pub(crate) struct Checked<'a> {
     conn: PooledConnection<'a>,
     armed: bool,
-    /// The host a cancel request goes to (`None`: an application's pool).
-    host: Option<Arc<Connector>>,
+    /// How the store reaches its database, for the host a cancel request goes to — looked up only when one is
+    /// sent (`None`: an application's pool).
+    settings: Option<&'a ConnectSettings>,
 }
 
 impl Checked<'_> {
@@ -66,7 +68,8 @@ impl Drop for Checked<'_> {
         }
         let token = self.conn.cancel_token();
         self.discard_on_check_in();
-        cancel_in_background(self.host.take(), token, "an abandoned statement");
+        let host = self.settings.map(ConnectSettings::pooled_host);
+        cancel_in_background(host, token, "an abandoned statement");
     }
 }
 
@@ -76,7 +79,7 @@ impl Store {
         Ok(Checked {
             conn: self.conn().await?,
             armed: true,
-            host: self.inner.connect.as_ref().map(|s| s.pooled_host()),
+            settings: self.inner.connect.as_ref(),
         })
     }
 

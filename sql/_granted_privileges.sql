@@ -10,7 +10,8 @@ AS $function$
     SELECT 'TABLE', t.o, 'SELECT', false
       FROM unnest(ARRAY['pgfence.instance', 'pgfence.leases', 'pgfence.tenures', 'pgfence.tasks',
                         'pgfence.task_events', 'pgfence.rejections', 'pgfence.grants',
-                        'pgfence.tenure_history', 'pgfence.group_members']::regclass[]) AS t(o)
+                        'pgfence.tenure_history', 'pgfence.group_members', 'pgfence.effects',
+                        'pgfence.effect_reports']::regclass[]) AS t(o)
     UNION ALL
     SELECT 'FUNCTION', f.o, 'EXECUTE', false
       FROM unnest(ARRAY['pgfence.acquire(text, text, bigint)', 'pgfence.renew(text, bigint, text, bigint)',
@@ -24,6 +25,10 @@ AS $function$
                         'pgfence.claim_task(text, bigint, text, text, text)',
                         'pgfence.transition_task(text, bigint, text, text, text, text, jsonb)',
                         'pgfence.append_event(text, bigint, text, text, text, jsonb)', 'pgfence.enforcement()',
+                        'pgfence.record_intent(text, bigint, text, text, text, jsonb)',
+                        'pgfence.record_outcome(text, bigint, text, text, text, jsonb)',
+                        'pgfence.settle_effect(text, bigint, text, text, text, jsonb)',
+                        'pgfence.in_doubt_effects(text)',
                         'pgfence.report_belief(text, bigint, text, text, timestamptz, timestamptz, text, text, text)',
                         'pgfence.ungated_write(text, bigint)', 'pgfence.identity()', 'pgfence._reads_all()',
                         'pgfence.join_group(text, text, integer, text[], text[], text[], bigint)',

@@ -7,6 +7,7 @@ CREATE OR REPLACE FUNCTION pgfence.claim_task(p_lease text, p_epoch bigint, p_se
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
+    e pgfence.effects;
     r pgfence.write_result;
     t pgfence.tasks;
     ev bigint;
@@ -15,6 +16,12 @@ BEGIN
                                   pgfence._max_holder_len(), NULL);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
+    END IF;
+    -- Tasks follow their effects: not moved while an ended tenure's effect is unsettled (the duplicate a re-run
+    -- would make is refused here, not guessed).
+    SELECT * INTO e FROM pgfence._task_in_doubt(p_lease, p_key, p_epoch);
+    IF FOUND THEN
+        RETURN pgfence._in_doubt_result(e, p_key);
     END IF;
     UPDATE pgfence.tasks
        SET state = 'claimed', assignee = p_assignee, fence = p_epoch, version = version + 1,

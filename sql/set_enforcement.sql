@@ -22,7 +22,7 @@ BEGIN
     PERFORM pgfence._harden(p_on);
     -- Lock both task tables up front, in the order readers join them (tasks, then task_events).
     LOCK TABLE pgfence.tasks, pgfence.task_events IN SHARE ROW EXCLUSIVE MODE;
-    FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'beliefs', 'write_marks', 'rejections', 'grants', 'instance'] LOOP
+    FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'beliefs', 'write_marks', 'rejections', 'grants', 'instance', 'effects', 'effect_reports'] LOOP
         EXECUTE format('ALTER TABLE pgfence.%I %s TRIGGER enforce_owner', t,
                        CASE WHEN p_on THEN 'ENABLE' ELSE 'DISABLE' END);
     END LOOP;

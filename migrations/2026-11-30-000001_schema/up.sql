@@ -349,6 +349,64 @@ CREATE TABLE pgfence.task_events (
 CREATE INDEX task_events_task_idx ON pgfence.task_events (task_id, id);
 CREATE INDEX task_events_epoch_idx ON pgfence.task_events (lease, epoch, id);
 
+-- The effect ledger: what a tenure was about to do outside the database for a task (an external call: launch a
+-- workload, call a runtime), recorded under its fence BEFORE the call (the intent), and what came of it AFTER (the
+-- outcome: 'done' with the external system's answer, 'failed', or 'unknown' after a timeout). One row per attempt
+-- of an effect key, the idempotency key the external system is asked about: stable across retries and successors,
+-- unique per lease, one task's. An attempt without an outcome whose tenure ended, or whose outcome is 'unknown', is
+-- in doubt until one tenure settles it, once (settlement): 'confirmed' (the effect happened: settle_detail says what
+-- was observed), 'retried' (the next attempt of the same key, under the settling epoch) or 'abandoned' (a reason).
+-- Written only by the pgfence functions (000004_tasks: record_intent, record_outcome, settle_effect).
+CREATE TABLE pgfence.effects (
+    id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    task_id        bigint NOT NULL REFERENCES pgfence.tasks (id),
+    lease          text NOT NULL,
+    effect_key     text NOT NULL CHECK (pgfence._text_problem(effect_key, pgfence._max_holder_len()) IS NULL),
+    attempt        integer NOT NULL CHECK (attempt >= 1),
+    -- The tenure that recorded the intent, and the SHA-256 of its secret (as in tenure_secrets, kept after the
+    -- tenure ends): a late outcome is kept as evidence only from that tenure.
+    epoch          bigint NOT NULL CHECK (epoch >= 1),
+    tenure_hash    bytea NOT NULL CHECK (length(tenure_hash) = 32),
+    intent         jsonb NOT NULL,
+    intended_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
+    outcome        text CHECK (outcome IN ('done', 'failed', 'unknown')),
+    outcome_detail jsonb,
+    outcome_at     timestamptz,
+    settlement     text CHECK (settlement IN ('confirmed', 'retried', 'abandoned')),
+    settled_epoch  bigint,
+    settle_detail  jsonb,
+    settled_at     timestamptz,
+    UNIQUE (lease, effect_key, attempt),
+    CHECK ((outcome IS NULL) = (outcome_at IS NULL) AND (outcome IS NULL) = (outcome_detail IS NULL)),
+    CHECK ((settlement IS NULL) = (settled_epoch IS NULL) AND (settlement IS NULL) = (settled_at IS NULL)
+           AND (settlement IS NULL) = (settle_detail IS NULL)),
+    CHECK (settled_epoch IS NULL OR settled_epoch >= epoch)
+);
+CREATE INDEX effects_task_idx ON pgfence.effects (task_id, id);
+-- The unsettled attempts without a final outcome, the only ones that can be in doubt: by task (what a task write
+-- checks) and by lease (what a successor lists).
+CREATE INDEX effects_open_task_idx ON pgfence.effects (task_id)
+    WHERE settlement IS NULL AND (outcome IS NULL OR outcome = 'unknown');
+CREATE INDEX effects_open_lease_idx ON pgfence.effects (lease, id)
+    WHERE settlement IS NULL AND (outcome IS NULL OR outcome = 'unknown');
+
+-- Late reports: an outcome that an attempt's own tenure sent after the tenure had ended. Refused as a write
+-- (audited in pgfence.rejections like every stale write) and kept here as evidence for the successor, which it
+-- may spare a question to the external system; it changes nothing else. One row per attempt: a final answer
+-- ('done', 'failed') replaces an earlier 'unknown', never the reverse; repeats are counted.
+CREATE TABLE pgfence.effect_reports (
+    effect_id bigint PRIMARY KEY REFERENCES pgfence.effects (id),
+    lease     text NOT NULL,
+    epoch     bigint NOT NULL,
+    outcome   text NOT NULL CHECK (outcome IN ('done', 'failed', 'unknown')),
+    detail    jsonb NOT NULL,
+    role      name NOT NULL DEFAULT session_user,
+    first_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    last_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    count     bigint NOT NULL DEFAULT 1 CHECK (count >= 1)
+);
+CREATE INDEX effect_reports_lease_idx ON pgfence.effect_reports (lease, effect_id);
+
 -- The audit of refusals: writes, renewals and releases refused because they presented a stale epoch or a wrong
 -- tenure secret, and calls refused because the role has no grant on the cluster. Every row names the refused
 -- login role (`role`, the session_user) and aggregates repeats, so a caller retrying in a tight loop grows a
@@ -449,8 +507,10 @@ CREATE TYPE pgfence.lease_result AS (
 );
 
 -- outcome: 'ok' | 'refused' (not written, audited) | 'not_found' | 'conflict' (not written, not audited: business
---          answers of a tenure that may write)
--- reason  (for 'refused'): as in lease_result, or 'row_fence'; (for 'conflict'): the task's actual state
+--          answers of a tenure that may write) | 'in_doubt' (claim_task, transition_task: not written, the task
+--          has an unsettled effect of an ended tenure, or one whose outcome is 'unknown': settle it first)
+-- reason  (for 'refused'): as in lease_result, or 'row_fence'; (for 'conflict'): the task's actual state; (for
+--          'in_doubt'): the effect key in doubt, and current_epoch the epoch of the tenure that recorded it
 CREATE TYPE pgfence.write_result AS (
     outcome        text,
     reason         text,
@@ -465,6 +525,42 @@ CREATE TYPE pgfence.write_result AS (
     version        bigint,
     created        boolean,
     event_id       bigint
+);
+
+-- The answer of the effect ledger's writes (record_intent, record_outcome, settle_effect): the attempt after the
+-- write, or why nothing was written.
+-- outcome: 'ok' | 'refused' (not written, audited; reason as in write_result) | 'not_found' (no such task or effect
+--          key: nothing written) | 'conflict' (not written, not audited; reason: 'done' — the key's effect is done
+--          or confirmed, 'intent_differs' — in flight under this tenure with another intent, 'other_task' — the
+--          key is another task's, 'settled' — settled already (settled_epoch says by whom), 'not_in_doubt' — it
+--          has a final outcome, 'in_flight' — its own tenure is the current one and has not reported,
+--          'not_this_tenure' — an outcome for an attempt of another tenure, 'outcome_recorded' — another outcome
+--          stands) | 'in_doubt' (not written: the task has an unsettled effect of an ended tenure, or one whose
+--          outcome is 'unknown'; effect_key names it, epoch and attempt are its)
+-- state: the attempt's state — 'open' (no outcome yet), 'done', 'failed', 'unknown', 'confirmed', 'retried',
+--        'abandoned'; detail: its outcome's or settlement's detail. For a settle 'retried' the answer is the new
+--        attempt (open, under the settling epoch); waited_ms: how long the settled attempt had been in doubt, from
+--        the end of its tenure (or its 'unknown' outcome) to the settle, by the database clock.
+-- late_report: for a refused record_outcome, whether it was kept as the attempt's late report.
+CREATE TYPE pgfence.effect_result AS (
+    outcome        text,
+    reason         text,
+    current_epoch  bigint,
+    current_holder text,
+    effect_id      bigint,
+    task_id        bigint,
+    task_key       text,
+    effect_key     text,
+    attempt        integer,
+    epoch          bigint,
+    intent         jsonb,
+    state          text,
+    detail         jsonb,
+    settled_epoch  bigint,
+    created        boolean,
+    event_id       bigint,
+    late_report    boolean,
+    waited_ms      bigint
 );
 
 -- ---------------------------------------------------------------------------------------------------------

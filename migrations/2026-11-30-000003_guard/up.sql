@@ -418,7 +418,7 @@ $$;
 -- `epoch` (and name its task's lease), in a transaction that presented that tenure's secret to pgfence.fence
 -- (or another guarded function) first; DELETE/TRUNCATE of tasks and moving a task to another lease are
 -- refused; and every other pgfence table (leases, tenures, tenure_secrets, beliefs, write_marks, rejections,
--- grants, instance) may be written only by the schema owner — that is, through the pgfence functions — whatever
+-- grants, instance, effects, effect_reports) may be written only by the schema owner — that is, through the pgfence functions — whatever
 -- table privileges a role was given. The pgfence functions satisfy this by construction. Two modes for the task tables:
 --   'error': the statement fails with SQLSTATE PF001 (its transaction aborts, so nothing can be recorded);
 --   'audit': the offending row is skipped, the refusal is recorded in pgfence.rejections (operation
@@ -553,7 +553,7 @@ DO $$
 DECLARE
     t text;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'beliefs', 'write_marks', 'rejections', 'grants', 'instance'] LOOP
+    FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'beliefs', 'write_marks', 'rejections', 'grants', 'instance', 'effects', 'effect_reports'] LOOP
         EXECUTE format('CREATE TRIGGER enforce_owner BEFORE INSERT OR UPDATE OR DELETE ON pgfence.%I '
                        'FOR EACH ROW EXECUTE FUNCTION pgfence._owner_writes_only()', t);
         EXECUTE format('CREATE TRIGGER enforce_owner_truncate BEFORE TRUNCATE ON pgfence.%I '
@@ -583,7 +583,7 @@ BEGIN
     PERFORM pgfence._harden(p_on);
     -- Lock both task tables up front, in the order readers join them (tasks, then task_events).
     LOCK TABLE pgfence.tasks, pgfence.task_events IN SHARE ROW EXCLUSIVE MODE;
-    FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'beliefs', 'write_marks', 'rejections', 'grants', 'instance'] LOOP
+    FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'beliefs', 'write_marks', 'rejections', 'grants', 'instance', 'effects', 'effect_reports'] LOOP
         EXECUTE format('ALTER TABLE pgfence.%I %s TRIGGER enforce_owner', t,
                        CASE WHEN p_on THEN 'ENABLE' ELSE 'DISABLE' END);
     END LOOP;

@@ -1,7 +1,8 @@
 -- pgfence migration 4 of 6, tasks: the guarded task writes (create_task, claim_task, transition_task,
--- append_event: each one statement that checks the fence, writes the task row and appends its event) and the
--- trigger that keeps pgfence.task_events append-only.
--- Called from Rust by src/tasks.rs.
+-- append_event: each one statement that checks the fence, writes the task row and appends its event), the
+-- trigger that keeps pgfence.task_events append-only, and the effect ledger of the tasks' external calls
+-- (record_intent, record_outcome, settle_effect, in_doubt_effects).
+-- Called from Rust by src/tasks.rs and src/effects/.
 
 CREATE FUNCTION pgfence._task_result(t pgfence.tasks, p_outcome text, p_reason text, p_epoch bigint,
                                      p_created boolean, p_event_id bigint)
@@ -101,6 +102,7 @@ CREATE FUNCTION pgfence.claim_task(p_lease text, p_epoch bigint, p_secret text, 
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    e pgfence.effects;
     r pgfence.write_result;
     t pgfence.tasks;
     ev bigint;
@@ -109,6 +111,12 @@ BEGIN
                                   pgfence._max_holder_len(), NULL);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
+    END IF;
+    -- Tasks follow their effects: not moved while an ended tenure's effect is unsettled (the duplicate a re-run
+    -- would make is refused here, not guessed).
+    SELECT * INTO e FROM pgfence._task_in_doubt(p_lease, p_key, p_epoch);
+    IF FOUND THEN
+        RETURN pgfence._in_doubt_result(e, p_key);
     END IF;
     UPDATE pgfence.tasks
        SET state = 'claimed', assignee = p_assignee, fence = p_epoch, version = version + 1,
@@ -130,6 +138,7 @@ CREATE FUNCTION pgfence.transition_task(p_lease text, p_epoch bigint, p_secret t
 RETURNS pgfence.write_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    e pgfence.effects;
     r pgfence.write_result;
     t pgfence.tasks;
     ev bigint;
@@ -145,6 +154,12 @@ BEGIN
                                   p_payload);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
+    END IF;
+    -- Tasks follow their effects: not moved while an ended tenure's effect is unsettled (the duplicate a re-run
+    -- would make is refused here, not guessed).
+    SELECT * INTO e FROM pgfence._task_in_doubt(p_lease, p_key, p_epoch);
+    IF FOUND THEN
+        RETURN pgfence._in_doubt_result(e, p_key);
     END IF;
     UPDATE pgfence.tasks
        SET state = p_to, fence = p_epoch, version = version + 1, updated_at = clock_timestamp(),
@@ -198,3 +213,411 @@ CREATE TRIGGER append_only BEFORE UPDATE OR DELETE ON pgfence.task_events
     FOR EACH ROW EXECUTE FUNCTION pgfence._append_only();
 CREATE TRIGGER append_only_truncate BEFORE TRUNCATE ON pgfence.task_events
     FOR EACH STATEMENT EXECUTE FUNCTION pgfence._append_only();
+
+-- ---------------------------------------------------------------------------------------------------------
+-- The effect ledger (pgfence.effects, 000001_schema): a tenure records the intent of an external call under its
+-- fence before it makes the call (record_intent) and its outcome after (record_outcome); a later tenure lists what
+-- an ended tenure left in doubt (in_doubt_effects), asks the external system by the effect key, and settles each,
+-- once (settle_effect). Every write is one guarded statement like the task writes: the guard, the task's row
+-- fence raised, the attempt written and the task's event appended. Called from Rust by src/effects/.
+
+-- The unsettled effect of task p_key of lease p_lease that tenure p_epoch (the current one: its guard admitted
+-- it) must settle before the task moves on: an attempt of an earlier tenure without an outcome, or any attempt
+-- whose outcome is 'unknown' (the oldest; no row: none).
+CREATE FUNCTION pgfence._task_in_doubt(p_lease text, p_key text, p_epoch bigint) RETURNS SETOF pgfence.effects
+LANGUAGE sql STABLE AS $$
+    SELECT e.* FROM pgfence.tasks t JOIN pgfence.effects e ON e.task_id = t.id
+     WHERE t.lease = p_lease AND t.key = p_key AND e.settlement IS NULL
+       AND (e.outcome = 'unknown' OR (e.outcome IS NULL AND e.epoch < p_epoch))
+     ORDER BY e.id LIMIT 1
+$$;
+
+-- A task write's answer when the task has effect e in doubt.
+CREATE FUNCTION pgfence._in_doubt_result(e pgfence.effects, p_key text) RETURNS pgfence.write_result
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ROW('in_doubt', e.effect_key, e.epoch, NULL::text, e.task_id, p_key, NULL::text, NULL::text, NULL::jsonb,
+               NULL::bigint, NULL::bigint, NULL::boolean, NULL::bigint)::pgfence.write_result
+$$;
+
+-- The ledger's answer for attempt e after a write (or for a write that wrote nothing: p_created false, no event).
+CREATE FUNCTION pgfence._effect_result(e pgfence.effects, p_outcome text, p_reason text, p_task_key text,
+                                       p_created boolean, p_event_id bigint, p_waited_ms bigint)
+RETURNS pgfence.effect_result
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ROW(p_outcome, p_reason, NULL::bigint, NULL::text, e.id, e.task_id, p_task_key, e.effect_key, e.attempt,
+               e.epoch, e.intent, coalesce(e.settlement, e.outcome, 'open'),
+               coalesce(e.settle_detail, e.outcome_detail), e.settled_epoch, p_created, p_event_id, false,
+               p_waited_ms)::pgfence.effect_result
+$$;
+
+-- The ledger's answer for a write that the guard refused, or that found no task (a pgfence.write_result r of
+-- the guard or _explain_miss); p_late: whether a refused outcome was kept as a late report.
+CREATE FUNCTION pgfence._effect_refusal(r pgfence.write_result, p_task_key text, p_effect_key text, p_late boolean)
+RETURNS pgfence.effect_result
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ROW(r.outcome, r.reason, r.current_epoch, r.current_holder, NULL::bigint, r.task_id,
+               coalesce(r.task_key, p_task_key), p_effect_key, NULL::integer, NULL::bigint, NULL::jsonb, NULL::text,
+               NULL::jsonb, NULL::bigint, false, NULL::bigint, p_late, NULL::bigint)::pgfence.effect_result
+$$;
+
+-- The opening every ledger write shares (as _open_task_write for the task writes): the lease, epoch and secret,
+-- the effect key, one text argument of the write's own (p_what, p_text, p_max: the task key of an intent, NULL:
+-- none) and its jsonb argument checked, then the guard, whose refusal names ('effects', effect key). Raises 22023
+-- on a bad argument; returns the guard's refusal, or NULL when the write may go on.
+CREATE FUNCTION pgfence._open_effect_write(p_lease text, p_epoch bigint, p_secret text, p_effect_key text,
+                                           p_operation text, p_what text, p_text text, p_max integer,
+                                           p_detail jsonb)
+RETURNS pgfence.write_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    problem text;
+BEGIN
+    problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch), pgfence._secret_problem(p_secret),
+                        pgfence._arg_problem('effect key'::text, p_effect_key, pgfence._max_holder_len()),
+                        pgfence._arg_problem(p_what, p_text, p_max, p_optional => p_what IS NULL),
+                        CASE WHEN p_detail IS NULL THEN 'a jsonb argument is required (''{}'' for none)' END,
+                        pgfence._payload_problem(p_detail));
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+    END IF;
+    IF pgfence._admit(p_lease, p_epoch, p_secret, false) THEN
+        RETURN NULL;
+    END IF;
+    RETURN pgfence._guard(p_lease, p_epoch, p_secret, p_operation, 'effects'::text, p_effect_key);
+END;
+$$;
+
+-- The last attempt of effect key p_effect_key of lease p_lease (no row: the key was never used).
+CREATE FUNCTION pgfence._last_attempt(p_lease text, p_effect_key text) RETURNS SETOF pgfence.effects
+LANGUAGE sql STABLE AS $$
+    SELECT e.* FROM pgfence.effects e WHERE e.lease = p_lease AND e.effect_key = p_effect_key
+     ORDER BY e.attempt DESC LIMIT 1
+$$;
+
+-- Records, under tenure (p_lease, p_epoch), the intent of an effect of task p_task_key BEFORE the external call:
+-- p_effect_key, the idempotency key the external system will be asked about, and p_intent, what is about to be
+-- done. A tenure that has ended is refused here (audited), before it calls anything. The attempt recorded is
+--   * 1 for a key never used;
+--   * the same one again, created = false and nothing written, for a retry of this call by the same tenure with
+--     the same intent (its reply was lost);
+--   * the next one when the key's last attempt failed or was abandoned.
+-- Writes nothing and answers 'in_doubt' while the task has an unsettled effect of an ended tenure (or one whose
+-- outcome is 'unknown'): settle it first (settle_effect); 'conflict' when the key's effect is done or confirmed
+-- ('done'), in flight under this tenure with another intent ('intent_differs'), or the key is another task's
+-- ('other_task'); 'not_found' for an unknown task.
+CREATE FUNCTION pgfence.record_intent(p_lease text, p_epoch bigint, p_secret text, p_task_key text,
+                                      p_effect_key text, p_intent jsonb)
+RETURNS pgfence.effect_result
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r pgfence.write_result;
+    t pgfence.tasks;
+    e pgfence.effects;
+    next_attempt integer := 1;
+    ev bigint;
+BEGIN
+    r := pgfence._open_effect_write(p_lease, p_epoch, p_secret, p_effect_key, 'record_intent'::text,
+                                    'task key'::text, p_task_key, pgfence._max_holder_len(), p_intent);
+    IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
+        RETURN pgfence._effect_refusal(r, p_task_key, p_effect_key, false);
+    END IF;
+    SELECT * INTO t FROM pgfence.tasks WHERE lease = p_lease AND key = p_task_key;
+    IF NOT FOUND OR t.fence > p_epoch THEN
+        RETURN pgfence._effect_refusal(pgfence._explain_miss(p_lease, p_epoch, p_task_key, 'record_intent'::text),
+                                       p_task_key, p_effect_key, false);
+    END IF;
+    SELECT * INTO e FROM pgfence._task_in_doubt(p_lease, p_task_key, p_epoch);
+    IF FOUND THEN
+        RETURN pgfence._effect_result(e, 'in_doubt'::text, e.effect_key, p_task_key, false, NULL::bigint,
+                                      NULL::bigint);
+    END IF;
+    SELECT * INTO e FROM pgfence._last_attempt(p_lease, p_effect_key);
+    IF FOUND THEN
+        IF e.task_id <> t.id THEN
+            RETURN pgfence._effect_result(e, 'conflict'::text, 'other_task'::text, NULL::text, false, NULL::bigint,
+                                          NULL::bigint);
+        ELSIF e.outcome = 'done' OR e.settlement = 'confirmed' THEN
+            RETURN pgfence._effect_result(e, 'conflict'::text, 'done'::text, p_task_key, false, NULL::bigint,
+                                          NULL::bigint);
+        ELSIF e.outcome IS NULL AND e.settlement IS NULL THEN
+            -- Not in doubt (checked above), so this tenure's own attempt in flight: a retry of this call.
+            RETURN pgfence._effect_result(e, CASE WHEN e.intent = p_intent THEN 'ok' ELSE 'conflict' END,
+                                          CASE WHEN e.intent = p_intent THEN NULL ELSE 'intent_differs' END,
+                                          p_task_key, false, NULL::bigint, NULL::bigint);
+        END IF;
+        next_attempt := e.attempt + 1;  -- failed, or abandoned
+    END IF;
+    UPDATE pgfence.tasks SET fence = p_epoch, updated_at = clock_timestamp()
+     WHERE id = t.id AND fence <= p_epoch;
+    INSERT INTO pgfence.effects (task_id, lease, effect_key, attempt, epoch, tenure_hash, intent)
+    SELECT t.id, p_lease, p_effect_key, next_attempt, p_epoch, s.hash, p_intent
+      FROM pgfence.tenure_secrets s WHERE s.lease = p_lease AND s.epoch = p_epoch
+    ON CONFLICT (lease, effect_key, attempt) DO NOTHING
+    RETURNING * INTO e;
+    IF NOT FOUND THEN
+        -- Another call of this tenure recorded the same attempt meanwhile (committed: the unique index waited for
+        -- it): answered as a retry.
+        SELECT * INTO e FROM pgfence._last_attempt(p_lease, p_effect_key);
+        RETURN pgfence._effect_result(e, CASE WHEN e.intent = p_intent AND e.epoch = p_epoch THEN 'ok' ELSE 'conflict' END,
+                                      CASE WHEN e.intent = p_intent AND e.epoch = p_epoch THEN NULL ELSE 'intent_differs' END,
+                                      p_task_key, false, NULL::bigint, NULL::bigint);
+    END IF;
+    INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
+    VALUES (t.id, p_lease, p_epoch, 'effect_intent',
+            jsonb_build_object('effect_key', p_effect_key, 'attempt', e.attempt, 'intent', p_intent))
+    RETURNING id INTO ev;
+    RETURN pgfence._effect_result(e, 'ok'::text, NULL::text, p_task_key, true, ev, NULL::bigint);
+END;
+$$;
+
+-- Keeps outcome p_outcome (p_detail) that tenure (p_lease, p_epoch) sent for its attempt of p_effect_key after
+-- the tenure ended (its write was refused) as the attempt's late report, when p_secret is that tenure's (the
+-- attempt keeps its hash: knowing the epoch is not enough to leave evidence). True when kept (or counted again).
+-- Waits at most _lock_wait_ms() for another report of the same attempt in an open transaction, then PF003.
+CREATE FUNCTION pgfence._keep_late_report(p_lease text, p_epoch bigint, p_secret text, p_effect_key text,
+                                          p_outcome text, p_detail jsonb)
+RETURNS boolean
+LANGUAGE plpgsql SET lock_timeout = '10min' AS $$
+DECLARE
+    e pgfence.effects;
+    wait_ms bigint := pgfence._lock_wait_ms();
+BEGIN
+    SELECT * INTO e FROM pgfence.effects x
+     WHERE x.lease = p_lease AND x.effect_key = p_effect_key AND x.epoch = p_epoch
+     ORDER BY x.attempt DESC LIMIT 1;
+    IF NOT FOUND OR NOT pgfence._secret_matches(e.tenure_hash, p_secret) THEN
+        RETURN false;
+    END IF;
+    PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+    INSERT INTO pgfence.effect_reports AS k (effect_id, lease, epoch, outcome, detail)
+    VALUES (e.id, p_lease, p_epoch, p_outcome, p_detail)
+    ON CONFLICT (effect_id) DO UPDATE
+       SET count = k.count + 1, last_at = clock_timestamp(),
+           outcome = CASE WHEN k.outcome = 'unknown' THEN EXCLUDED.outcome ELSE k.outcome END,
+           detail = CASE WHEN k.outcome = 'unknown' THEN EXCLUDED.detail ELSE k.detail END;
+    RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION 'pgfence: the late report of % attempt % waited % ms for another report of it; blocked by %',
+        pgfence._printable(p_effect_key), e.attempt, wait_ms,
+        pgfence._describe_backends((SELECT coalesce(array_agg(DISTINCT k.pid), '{}') FROM pg_catalog.pg_locks k
+                                     WHERE k.locktype = 'relation' AND k.granted
+                                       AND k.relation = 'pgfence.effect_reports'::regclass
+                                       AND k.mode = 'RowExclusiveLock'
+                                       AND k.pid <> pg_catalog.pg_backend_pid()))
+        USING ERRCODE = 'PF003';
+END;
+$$;
+
+-- Records, under tenure (p_lease, p_epoch), the outcome of its attempt of p_effect_key AFTER the external call:
+-- p_outcome 'done' (p_detail: the external system's answer), 'failed', or 'unknown' (no answer: a timeout; the
+-- attempt is then in doubt until settled). 'unknown' may later become 'done' or 'failed' by the same tenure; a
+-- final outcome stands (the same one again: created = false, nothing written). Refused (audited) when the tenure
+-- has ended — and then kept as the attempt's late report (pgfence.effect_reports) when the secret is the one
+-- that recorded the intent, for the successor to see: evidence, not a write. 'conflict' when the key's last
+-- attempt is another tenure's ('not_this_tenure': settle it), settled ('settled') or has another final outcome
+-- ('outcome_recorded'); 'not_found' for an unknown key.
+CREATE FUNCTION pgfence.record_outcome(p_lease text, p_epoch bigint, p_secret text, p_effect_key text,
+                                       p_outcome text, p_detail jsonb)
+RETURNS pgfence.effect_result
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r pgfence.write_result;
+    e pgfence.effects;
+    task_key text;
+    ev bigint;
+BEGIN
+    IF p_outcome IS NULL OR p_outcome NOT IN ('done', 'failed', 'unknown') THEN
+        RAISE EXCEPTION 'pgfence: invalid outcome: must be ''done'', ''failed'' or ''unknown'', got %',
+            pgfence._printable(p_outcome) USING ERRCODE = '22023';
+    END IF;
+    r := pgfence._open_effect_write(p_lease, p_epoch, p_secret, p_effect_key, 'record_outcome'::text, NULL::text,
+                                    NULL::text, NULL::integer, p_detail);
+    IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
+        -- (A role without a grant leaves no evidence, whatever it presents.)
+        IF r.reason = 'no_grant' THEN
+            RETURN pgfence._effect_refusal(r, NULL::text, p_effect_key, false);
+        END IF;
+        RETURN pgfence._effect_refusal(r, NULL::text, p_effect_key,
+                                       pgfence._keep_late_report(p_lease, p_epoch, p_secret, p_effect_key,
+                                                                 p_outcome, p_detail));
+    END IF;
+    SELECT * INTO e FROM pgfence._last_attempt(p_lease, p_effect_key);
+    IF NOT FOUND THEN
+        RETURN pgfence._effect_refusal(ROW('not_found', NULL, p_epoch, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                           NULL, NULL, NULL)::pgfence.write_result,
+                                       NULL::text, p_effect_key, false);
+    END IF;
+    SELECT t.key INTO task_key FROM pgfence.tasks t WHERE t.id = e.task_id;
+    IF e.epoch <> p_epoch THEN
+        RETURN pgfence._effect_result(e, 'conflict'::text, 'not_this_tenure'::text, task_key, false, NULL::bigint,
+                                      NULL::bigint);
+    ELSIF e.settlement IS NOT NULL THEN
+        RETURN pgfence._effect_result(e, 'conflict'::text, 'settled'::text, task_key, false, NULL::bigint,
+                                      NULL::bigint);
+    ELSIF e.outcome IS NOT NULL AND (e.outcome <> 'unknown' OR p_outcome = 'unknown') THEN
+        RETURN pgfence._effect_result(e,
+                   CASE WHEN e.outcome = p_outcome AND e.outcome_detail = p_detail THEN 'ok' ELSE 'conflict' END,
+                   CASE WHEN e.outcome = p_outcome AND e.outcome_detail = p_detail THEN NULL ELSE 'outcome_recorded' END,
+                   task_key, false, NULL::bigint, NULL::bigint);
+    END IF;
+    UPDATE pgfence.tasks SET fence = p_epoch, updated_at = clock_timestamp()
+     WHERE id = e.task_id AND fence <= p_epoch;
+    IF NOT FOUND THEN
+        RETURN pgfence._effect_refusal(pgfence._explain_miss(p_lease, p_epoch, task_key, 'record_outcome'::text),
+                                       task_key, p_effect_key, false);
+    END IF;
+    UPDATE pgfence.effects SET outcome = p_outcome, outcome_detail = p_detail, outcome_at = clock_timestamp()
+     WHERE id = e.id AND settlement IS NULL AND (outcome IS NULL OR outcome = 'unknown')
+    RETURNING * INTO e;
+    IF NOT FOUND THEN
+        -- Settled or reported by another call of this tenure meanwhile (committed: the row lock waited for it).
+        SELECT * INTO e FROM pgfence.effects WHERE id = e.id;
+        RETURN pgfence._effect_result(e, 'conflict'::text,
+                                      CASE WHEN e.settlement IS NOT NULL THEN 'settled' ELSE 'outcome_recorded' END,
+                                      task_key, false, NULL::bigint, NULL::bigint);
+    END IF;
+    INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
+    VALUES (e.task_id, p_lease, p_epoch, 'effect_' || p_outcome,
+            jsonb_build_object('effect_key', p_effect_key, 'attempt', e.attempt, 'detail', p_detail))
+    RETURNING id INTO ev;
+    RETURN pgfence._effect_result(e, 'ok'::text, NULL::text, task_key, true, ev, NULL::bigint);
+END;
+$$;
+
+-- Settles, under tenure (p_lease, p_epoch), the last attempt of p_effect_key, which must be in doubt: no outcome
+-- and recorded by an ended tenure (an earlier epoch), or outcome 'unknown' (of any tenure, this one included). The
+-- caller has asked the external system by the effect key first; p_resolution says what it found:
+--   'confirmed': the effect happened (p_detail: what was observed);
+--   'retried':   it did not, and is attempted again under the same key: the next attempt is recorded as this
+--                tenure's intent, with the same intent, and answered (open) — call the external system, then
+--                record_outcome for it;
+--   'abandoned': it is given up (p_detail must carry a non-empty text 'reason').
+-- Exactly once: an attempt is settled by one call only — a second settle, by this tenure or a later one, answers
+-- 'conflict'/'settled' naming the epoch that settled it, and a tenure that has ended is refused by the guard. The
+-- settle is the task's event 'effect_confirmed' / 'effect_retried' / 'effect_abandoned' with this epoch. Other
+-- answers, writing nothing: 'conflict' — 'not_in_doubt' (it has a final outcome) or 'in_flight' (its tenure is
+-- this one and has not reported); 'not_found' for an unknown key.
+CREATE FUNCTION pgfence.settle_effect(p_lease text, p_epoch bigint, p_secret text, p_effect_key text,
+                                      p_resolution text, p_detail jsonb)
+RETURNS pgfence.effect_result
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r pgfence.write_result;
+    e pgfence.effects;
+    retry pgfence.effects;
+    task_key text;
+    ev bigint;
+    waited bigint;
+BEGIN
+    IF p_resolution IS NULL OR p_resolution NOT IN ('confirmed', 'retried', 'abandoned') THEN
+        RAISE EXCEPTION 'pgfence: invalid resolution: must be ''confirmed'', ''retried'' or ''abandoned'', got %',
+            pgfence._printable(p_resolution) USING ERRCODE = '22023';
+    END IF;
+    IF p_resolution = 'abandoned' AND (jsonb_typeof(p_detail -> 'reason') IS DISTINCT FROM 'string'
+                                       OR length(p_detail ->> 'reason') = 0) THEN
+        RAISE EXCEPTION 'pgfence: invalid detail: abandoning an effect needs a non-empty text ''reason'''
+            USING ERRCODE = '22023';
+    END IF;
+    r := pgfence._open_effect_write(p_lease, p_epoch, p_secret, p_effect_key, 'settle_effect'::text, NULL::text,
+                                    NULL::text, NULL::integer, p_detail);
+    IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
+        RETURN pgfence._effect_refusal(r, NULL::text, p_effect_key, false);
+    END IF;
+    SELECT * INTO e FROM pgfence._last_attempt(p_lease, p_effect_key);
+    IF NOT FOUND THEN
+        RETURN pgfence._effect_refusal(ROW('not_found', NULL, p_epoch, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                           NULL, NULL, NULL)::pgfence.write_result,
+                                       NULL::text, p_effect_key, false);
+    END IF;
+    SELECT t.key INTO task_key FROM pgfence.tasks t WHERE t.id = e.task_id;
+    IF e.settlement IS NOT NULL THEN
+        RETURN pgfence._effect_result(e, 'conflict'::text, 'settled'::text, task_key, false, NULL::bigint,
+                                      NULL::bigint);
+    ELSIF e.outcome IN ('done', 'failed') THEN
+        RETURN pgfence._effect_result(e, 'conflict'::text, 'not_in_doubt'::text, task_key, false, NULL::bigint,
+                                      NULL::bigint);
+    ELSIF e.outcome IS NULL AND e.epoch >= p_epoch THEN
+        RETURN pgfence._effect_result(e, 'conflict'::text, 'in_flight'::text, task_key, false, NULL::bigint,
+                                      NULL::bigint);
+    END IF;
+    UPDATE pgfence.tasks SET fence = p_epoch, updated_at = clock_timestamp()
+     WHERE id = e.task_id AND fence <= p_epoch;
+    IF NOT FOUND THEN
+        RETURN pgfence._effect_refusal(pgfence._explain_miss(p_lease, p_epoch, task_key, 'settle_effect'::text),
+                                       task_key, p_effect_key, false);
+    END IF;
+    -- Exactly once: a concurrent settle of the same attempt (another call of this tenure; a later tenure's waits
+    -- for this one at its acquisition) holds the row until it commits, and then this finds it settled.
+    UPDATE pgfence.effects
+       SET settlement = p_resolution, settled_epoch = p_epoch, settle_detail = p_detail,
+           settled_at = clock_timestamp()
+     WHERE id = e.id AND settlement IS NULL
+    RETURNING * INTO e;
+    IF NOT FOUND THEN
+        SELECT * INTO e FROM pgfence.effects WHERE id = e.id;
+        RETURN pgfence._effect_result(e, 'conflict'::text, 'settled'::text, task_key, false, NULL::bigint,
+                                      NULL::bigint);
+    END IF;
+    -- In doubt since its tenure ended (an attempt with no outcome) or since its 'unknown' outcome.
+    SELECT ceil(extract(epoch FROM e.settled_at
+                        - CASE WHEN e.outcome = 'unknown' THEN e.outcome_at ELSE coalesce(h.ended_at, h.expires) END)
+                * 1000)::bigint
+      INTO waited
+      FROM (SELECT (SELECT t.ended_at FROM pgfence.tenures t WHERE t.lease = p_lease AND t.epoch = e.epoch) AS ended_at,
+                   (SELECT CASE WHEN l.epoch = e.epoch THEN l.expires_at END FROM pgfence.leases l
+                     WHERE l.name = p_lease) AS expires) h;
+    IF p_resolution = 'retried' THEN
+        INSERT INTO pgfence.effects (task_id, lease, effect_key, attempt, epoch, tenure_hash, intent)
+        SELECT e.task_id, p_lease, p_effect_key, e.attempt + 1, p_epoch, s.hash, e.intent
+          FROM pgfence.tenure_secrets s WHERE s.lease = p_lease AND s.epoch = p_epoch
+        RETURNING * INTO retry;
+    END IF;
+    INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
+    VALUES (e.task_id, p_lease, p_epoch, 'effect_' || p_resolution,
+            jsonb_build_object('effect_key', p_effect_key, 'attempt', e.attempt, 'attempt_epoch', e.epoch,
+                               'detail', p_detail, 'waited_ms', waited)
+            || CASE WHEN retry.id IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('next_attempt', retry.attempt) END)
+    RETURNING id INTO ev;
+    IF retry.id IS NOT NULL THEN
+        e := retry;
+    END IF;
+    RETURN pgfence._effect_result(e, 'ok'::text, NULL::text, task_key, true, ev, waited);
+END;
+$$;
+
+-- The effects of lease p_lease in doubt as its current tenure sees them: each unsettled attempt whose outcome is
+-- 'unknown', or that has no outcome and whose tenure has ended (an earlier epoch, or the lease's current tenure
+-- released or expired) — with its task, the ended tenure as pgfence.tenure_history tells it (holder, how and
+-- when it ended, when it was last heard from: its last accepted write and its last belief report) and its late
+-- report, if any. Oldest first; rows of clusters the role may read only (row-level security, as every read).
+-- Raises 22023 for a malformed lease name.
+CREATE FUNCTION pgfence.in_doubt_effects(p_lease text)
+RETURNS TABLE (effect_id bigint, task_id bigint, task_key text, effect_key text, attempt integer, epoch bigint,
+               intent jsonb, intended_at timestamptz, outcome text, outcome_detail jsonb, holder text,
+               end_reason text, ended_at timestamptz, last_write_at timestamptz, belief_end_cause text,
+               last_belief_at timestamptz, late_outcome text, late_detail jsonb, late_reported_at timestamptz,
+               late_count bigint)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    problem text := pgfence._lease_problem(p_lease);
+BEGIN
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+    END IF;
+    RETURN QUERY
+    SELECT e.id, e.task_id, t.key, e.effect_key, e.attempt, e.epoch, e.intent, e.intended_at, e.outcome,
+           e.outcome_detail, h.holder, h.end_reason, h.ended_at, h.last_write_at, h.end_cause,
+           greatest(h.start_received_at, h.end_received_at), k.outcome, k.detail, k.last_at, k.count
+      FROM pgfence.effects e
+      JOIN pgfence.tasks t ON t.id = e.task_id
+      LEFT JOIN pgfence.leases l ON l.name = e.lease
+      LEFT JOIN pgfence.tenure_history h ON h.lease = e.lease AND h.epoch = e.epoch
+      LEFT JOIN pgfence.effect_reports k ON k.effect_id = e.id
+     WHERE e.lease = p_lease AND e.settlement IS NULL
+       AND (e.outcome = 'unknown'
+            OR (e.outcome IS NULL
+                AND (l.epoch IS DISTINCT FROM e.epoch OR l.state <> 'held'
+                     OR l.expires_at <= clock_timestamp())))
+     ORDER BY e.id;
+END;
+$$;

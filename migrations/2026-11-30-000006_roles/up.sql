@@ -17,6 +17,8 @@ ALTER TABLE pgfence.tenure_secrets ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.beliefs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.write_marks ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.members ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.effects ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.effect_reports ENABLE ROW LEVEL SECURITY;
 CREATE POLICY granted_clusters ON pgfence.leases FOR SELECT
     USING ((SELECT pgfence._reads_all()) OR split_part(name, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]));
 CREATE POLICY granted_clusters ON pgfence.tenures FOR SELECT
@@ -32,6 +34,11 @@ CREATE POLICY granted_clusters ON pgfence.task_events FOR ALL
     USING ((SELECT pgfence._reads_all()) OR split_part(lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]))
     WITH CHECK ((SELECT pgfence._reads_all())
                 OR split_part(lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]));
+-- The effect ledger and its late reports: read by cluster, written by the pgfence functions only.
+CREATE POLICY granted_clusters ON pgfence.effects FOR SELECT
+    USING ((SELECT pgfence._reads_all()) OR split_part(lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]));
+CREATE POLICY granted_clusters ON pgfence.effect_reports FOR SELECT
+    USING ((SELECT pgfence._reads_all()) OR split_part(lease, '/', 1) = ANY ((SELECT pgfence._readable_clusters())::text[]));
 -- Tenure-scope refusals of the session's clusters, and the session's own refusals of any scope.
 CREATE POLICY granted_clusters ON pgfence.rejections FOR SELECT
     USING ((SELECT pgfence._reads_all()) OR role = session_user
@@ -199,7 +206,8 @@ LANGUAGE sql STABLE AS $$
     SELECT 'TABLE', t.o, 'SELECT', false
       FROM unnest(ARRAY['pgfence.instance', 'pgfence.leases', 'pgfence.tenures', 'pgfence.tasks',
                         'pgfence.task_events', 'pgfence.rejections', 'pgfence.grants',
-                        'pgfence.tenure_history', 'pgfence.group_members']::regclass[]) AS t(o)
+                        'pgfence.tenure_history', 'pgfence.group_members', 'pgfence.effects',
+                        'pgfence.effect_reports']::regclass[]) AS t(o)
     UNION ALL
     SELECT 'FUNCTION', f.o, 'EXECUTE', false
       FROM unnest(ARRAY['pgfence.acquire(text, text, bigint)', 'pgfence.renew(text, bigint, text, bigint)',
@@ -213,6 +221,10 @@ LANGUAGE sql STABLE AS $$
                         'pgfence.claim_task(text, bigint, text, text, text)',
                         'pgfence.transition_task(text, bigint, text, text, text, text, jsonb)',
                         'pgfence.append_event(text, bigint, text, text, text, jsonb)', 'pgfence.enforcement()',
+                        'pgfence.record_intent(text, bigint, text, text, text, jsonb)',
+                        'pgfence.record_outcome(text, bigint, text, text, text, jsonb)',
+                        'pgfence.settle_effect(text, bigint, text, text, text, jsonb)',
+                        'pgfence.in_doubt_effects(text)',
                         'pgfence.report_belief(text, bigint, text, text, timestamptz, timestamptz, text, text, text)',
                         'pgfence.ungated_write(text, bigint)', 'pgfence.identity()', 'pgfence._reads_all()',
                         'pgfence.join_group(text, text, integer, text[], text[], text[], bigint)',

@@ -3,7 +3,8 @@
 CREATE OR REPLACE FUNCTION pgfence.in_doubt_effects(p_lease text)
  RETURNS TABLE(effect_id bigint, task_id bigint, task_key text, effect_key text, attempt integer, epoch bigint, intent jsonb, intended_at timestamp with time zone, outcome text, outcome_detail jsonb, holder text, end_reason text, ended_at timestamp with time zone, last_write_at timestamp with time zone, belief_end_cause text, last_belief_at timestamp with time zone, late_outcome text, late_detail jsonb, late_reported_at timestamp with time zone, late_count bigint)
  LANGUAGE plpgsql
- STABLE
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     problem text := pgfence._lease_problem(p_lease);
@@ -21,6 +22,7 @@ BEGIN
       LEFT JOIN pgfence.tenure_history h ON h.lease = e.lease AND h.epoch = e.epoch
       LEFT JOIN pgfence.effect_reports k ON k.effect_id = e.id
      WHERE e.lease = p_lease AND e.settlement IS NULL
+       AND (pgfence._reads_all() OR pgfence._cluster_of(p_lease) = ANY (pgfence._readable_clusters()))
        AND (e.outcome = 'unknown'
             OR (e.outcome IS NULL
                 AND (l.epoch IS DISTINCT FROM e.epoch OR l.state <> 'held'

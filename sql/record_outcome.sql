@@ -7,6 +7,7 @@ CREATE OR REPLACE FUNCTION pgfence.record_outcome(p_lease text, p_epoch bigint, 
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
+    attempt_id bigint;
     r pgfence.write_result;
     e pgfence.effects;
     task_key text;
@@ -52,12 +53,13 @@ BEGIN
         RETURN pgfence._effect_refusal(pgfence._explain_miss(p_lease, p_epoch, task_key, 'record_outcome'::text),
                                        task_key, p_effect_key, false);
     END IF;
+    attempt_id := e.id;
     UPDATE pgfence.effects SET outcome = p_outcome, outcome_detail = p_detail, outcome_at = clock_timestamp()
-     WHERE id = e.id AND settlement IS NULL AND (outcome IS NULL OR outcome = 'unknown')
+     WHERE id = attempt_id AND settlement IS NULL AND (outcome IS NULL OR outcome = 'unknown')
     RETURNING * INTO e;
     IF NOT FOUND THEN
         -- Settled or reported by another call of this tenure meanwhile (committed: the row lock waited for it).
-        SELECT * INTO e FROM pgfence.effects WHERE id = e.id;
+        SELECT * INTO e FROM pgfence.effects WHERE id = attempt_id;
         RETURN pgfence._effect_result(e, 'conflict'::text,
                                       CASE WHEN e.settlement IS NOT NULL THEN 'settled' ELSE 'outcome_recorded' END,
                                       task_key, false, NULL::bigint, NULL::bigint);

@@ -7,6 +7,7 @@ CREATE OR REPLACE FUNCTION pgfence.settle_effect(p_lease text, p_epoch bigint, p
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
+    attempt_id bigint;
     r pgfence.write_result;
     e pgfence.effects;
     retry pgfence.effects;
@@ -53,13 +54,14 @@ BEGIN
     END IF;
     -- Exactly once: a concurrent settle of the same attempt (another call of this tenure; a later tenure's waits
     -- for this one at its acquisition) holds the row until it commits, and then this finds it settled.
+    attempt_id := e.id;
     UPDATE pgfence.effects
        SET settlement = p_resolution, settled_epoch = p_epoch, settle_detail = p_detail,
            settled_at = clock_timestamp()
-     WHERE id = e.id AND settlement IS NULL
+     WHERE id = attempt_id AND settlement IS NULL
     RETURNING * INTO e;
     IF NOT FOUND THEN
-        SELECT * INTO e FROM pgfence.effects WHERE id = e.id;
+        SELECT * INTO e FROM pgfence.effects WHERE id = attempt_id;
         RETURN pgfence._effect_result(e, 'conflict'::text, 'settled'::text, task_key, false, NULL::bigint,
                                       NULL::bigint);
     END IF;

@@ -193,6 +193,43 @@ pub enum Error {
         actual: TaskState,
     },
 
+    /// The task has an effect in doubt — an intent of an ended tenure without an outcome, or an outcome that is
+    /// unknown — so it may not move on, and no new effect of it is recorded, until that effect is settled
+    /// ([`Effects::settle`](crate::effects::Effects::settle), after asking the external system by its key).
+    /// Nothing was written; not audited.
+    #[error("task {task_key} under {lease} has effect {effect_key} in doubt (recorded by epoch {epoch}): settle it first")]
+    InDoubt {
+        /// The cluster-qualified lease name.
+        lease: String,
+        /// The task's key.
+        task_key: String,
+        /// The effect key in doubt.
+        effect_key: String,
+        /// The tenure that recorded its intent.
+        epoch: Epoch,
+    },
+
+    /// An effect ledger write that does not apply to the effect as it stands (settled already, not in doubt, in
+    /// flight, done, …). Nothing was written; not audited.
+    #[error("effect {effect_key} under {lease}: {reason}")]
+    EffectConflict {
+        /// The cluster-qualified lease name.
+        lease: String,
+        /// The effect key.
+        effect_key: String,
+        /// Why.
+        reason: crate::effects::EffectConflict,
+    },
+
+    /// No effect of that key was ever recorded under the lease.
+    #[error("effect {effect_key} not found under lease {lease}")]
+    EffectNotFound {
+        /// The cluster-qualified lease name.
+        lease: String,
+        /// The effect key.
+        effect_key: String,
+    },
+
     /// Applying the embedded migrations failed.
     #[error("migration failed: {reason}")]
     Migration {

@@ -19,6 +19,7 @@
 //! | `admin` | [`Enforcement`], [`Store::prune_rejections`], the grants | `000003_guard`: enforcement, `prune_rejections`; `000006_roles`: `pgfence.grant_*`, `revoke` |
 //! | `membership` | replica groups: [`MemberSpec`], [`Member`], join / heartbeat / leave, the [`Roster`] | `000005_membership`: `pgfence.join_group`, `heartbeat`, `leave_group`, `roster`, `group_members` |
 //! | `tasks` | the guarded task and event writes | `000004_tasks`: `pgfence.create_task`, `claim_task`, `transition_task`, `append_event` |
+//! | [`effects`] | the effect ledger: intents and outcomes of external calls, what an ended tenure left in doubt, settling it ([`Store::effects`]) | `000004_tasks`: `pgfence.record_intent`, `record_outcome`, `settle_effect`, `in_doubt_effects` |
 //! | `history` | the record of every tenure from both sides ([`Tenure`]), the holder's belief reports, the overlap review ([`Store::review`]) | `000002_lease_protocol`: `pgfence.report_belief`, `tenure_history`; the write marks of `000003_guard` |
 //! | [`leader`] | the leadership runtime, one file per concern; replicas spread over a group ([`leader::Spread`], [`leader::assign()`]) | `000002_lease_protocol`: `pgfence.renew_many`; `000005_membership`: `pgfence.heartbeat` (in the renewal statement), `join_group`, `leave_group`, `roster` |
 //! | `embedded` | a throwaway PostgreSQL server (feature `testing`, Unix) | — |
@@ -90,6 +91,7 @@
 mod admin;
 mod audit;
 mod connect;
+pub mod effects;
 #[cfg(all(unix, feature = "testing"))]
 #[cfg_attr(docsrs, doc(cfg(all(unix, feature = "testing"))))]
 pub mod embedded;
@@ -241,5 +243,17 @@ pub fn describe_metrics() {
         Unit::Count,
         "Reports of when this process started or stopped believing it led a tenure that failed or timed out \
          (the overlap review shows such a belief as unknown)"
+    );
+    describe_gauge!(
+        effects::METRIC_EFFECTS_IN_DOUBT,
+        Unit::Count,
+        "Effects of the lease in doubt (an ended tenure's intent without an outcome, or an unknown outcome) at \
+         this process's last listing"
+    );
+    describe_histogram!(
+        effects::METRIC_EFFECT_SETTLE_SECONDS,
+        Unit::Seconds,
+        "How long each effect this process settled had been in doubt: from the end of the tenure that left it \
+         (or its unknown outcome) to the settle, database clock"
     );
 }

@@ -192,6 +192,12 @@ impl Store {
                 lease: fence.lease().to_owned(),
                 key: key.to_owned(),
             }),
+            WriteOutcome::InDoubt { effect_key, epoch } => Err(Error::InDoubt {
+                lease: fence.lease().to_owned(),
+                task_key: key.to_owned(),
+                effect_key,
+                epoch,
+            }),
             WriteOutcome::Conflict { actual } => Err(Error::Conflict {
                 lease: fence.lease().to_owned(),
                 key: key.to_owned(),
@@ -257,6 +263,8 @@ impl Store {
     /// # Errors
     ///
     /// - [`Error::Conflict`] when the task is not pending (a business outcome, not audited).
+    /// - [`Error::InDoubt`] when the task has an effect in doubt (an ended tenure's intent without an outcome, or
+    ///   an unknown outcome): settle it first ([`Effects::settle`](crate::effects::Effects::settle)).
     /// - [`Error::TaskNotFound`] when the lease has no task `key`.
     /// - [`Error::Stale`] or [`Error::Denied`] when the fence is refused (audited; nothing else written).
     /// - [`Error::InvalidInput`] for a malformed `key` or `assignee`; nothing was sent.
@@ -292,6 +300,8 @@ impl Store {
     /// # Errors
     ///
     /// - [`Error::Conflict`] when the task is not in `from`.
+    /// - [`Error::InDoubt`] when the task has an effect in doubt (an ended tenure's intent without an outcome, or
+    ///   an unknown outcome): settle it first ([`Effects::settle`](crate::effects::Effects::settle)).
     /// - [`Error::TaskNotFound`] when the lease has no task `key`.
     /// - [`Error::Stale`] or [`Error::Denied`] when the fence is refused (audited; nothing else written).
     /// - [`Error::InvalidInput`] for a malformed `key` or a refused payload; nothing was sent.

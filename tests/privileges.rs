@@ -117,7 +117,7 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
 /// The functions `grant_application` lets a role execute. The row-level security helpers and the text checks of
 /// the CHECK constraints run in the application role's own statements (policies and constraints are evaluated as
 /// the querying role): plain SQL, no definer rights.
-const APPLICATION: [&str; 29] = [
+const APPLICATION: [&str; 33] = [
     "_cluster_problem",
     "_lease_problem",
     "_max_cluster_len",
@@ -138,13 +138,17 @@ const APPLICATION: [&str; 29] = [
     "force_release",
     "heartbeat",
     "identity",
+    "in_doubt_effects",
     "join_group",
     "leave_group",
+    "record_intent",
+    "record_outcome",
     "release",
     "renew",
     "renew_many",
     "report_belief",
     "roster",
+    "settle_effect",
     "transition_task",
     "ungated_write",
 ];

@@ -6,6 +6,8 @@
 
 mod common;
 
+#[path = "effects.rs"]
+mod effects;
 #[path = "embedded.rs"]
 mod embedded;
 #[path = "guard.rs"]

@@ -6,7 +6,7 @@ DO $$
 DECLARE
     t text;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'beliefs', 'write_marks', 'rejections', 'grants', 'instance'] LOOP
+    FOREACH t IN ARRAY ARRAY['leases', 'tenures', 'tenure_secrets', 'beliefs', 'write_marks', 'rejections', 'grants', 'instance', 'effects', 'effect_reports'] LOOP
         EXECUTE format('DROP TRIGGER enforce_owner_truncate ON pgfence.%I', t);
         EXECUTE format('DROP TRIGGER enforce_owner ON pgfence.%I', t);
     END LOOP;

@@ -421,6 +421,7 @@ CREATE FUNCTION pgfence.record_outcome(p_lease text, p_epoch bigint, p_secret te
 RETURNS pgfence.effect_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    attempt_id bigint;
     r pgfence.write_result;
     e pgfence.effects;
     task_key text;
@@ -466,12 +467,13 @@ BEGIN
         RETURN pgfence._effect_refusal(pgfence._explain_miss(p_lease, p_epoch, task_key, 'record_outcome'::text),
                                        task_key, p_effect_key, false);
     END IF;
+    attempt_id := e.id;
     UPDATE pgfence.effects SET outcome = p_outcome, outcome_detail = p_detail, outcome_at = clock_timestamp()
-     WHERE id = e.id AND settlement IS NULL AND (outcome IS NULL OR outcome = 'unknown')
+     WHERE id = attempt_id AND settlement IS NULL AND (outcome IS NULL OR outcome = 'unknown')
     RETURNING * INTO e;
     IF NOT FOUND THEN
         -- Settled or reported by another call of this tenure meanwhile (committed: the row lock waited for it).
-        SELECT * INTO e FROM pgfence.effects WHERE id = e.id;
+        SELECT * INTO e FROM pgfence.effects WHERE id = attempt_id;
         RETURN pgfence._effect_result(e, 'conflict'::text,
                                       CASE WHEN e.settlement IS NOT NULL THEN 'settled' ELSE 'outcome_recorded' END,
                                       task_key, false, NULL::bigint, NULL::bigint);
@@ -502,6 +504,7 @@ CREATE FUNCTION pgfence.settle_effect(p_lease text, p_epoch bigint, p_secret tex
 RETURNS pgfence.effect_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    attempt_id bigint;
     r pgfence.write_result;
     e pgfence.effects;
     retry pgfence.effects;
@@ -548,13 +551,14 @@ BEGIN
     END IF;
     -- Exactly once: a concurrent settle of the same attempt (another call of this tenure; a later tenure's waits
     -- for this one at its acquisition) holds the row until it commits, and then this finds it settled.
+    attempt_id := e.id;
     UPDATE pgfence.effects
        SET settlement = p_resolution, settled_epoch = p_epoch, settle_detail = p_detail,
            settled_at = clock_timestamp()
-     WHERE id = e.id AND settlement IS NULL
+     WHERE id = attempt_id AND settlement IS NULL
     RETURNING * INTO e;
     IF NOT FOUND THEN
-        SELECT * INTO e FROM pgfence.effects WHERE id = e.id;
+        SELECT * INTO e FROM pgfence.effects WHERE id = attempt_id;
         RETURN pgfence._effect_result(e, 'conflict'::text, 'settled'::text, task_key, false, NULL::bigint,
                                       NULL::bigint);
     END IF;
@@ -589,15 +593,15 @@ $$;
 -- 'unknown', or that has no outcome and whose tenure has ended (an earlier epoch, or the lease's current tenure
 -- released or expired) — with its task, the ended tenure as pgfence.tenure_history tells it (holder, how and
 -- when it ended, when it was last heard from: its last accepted write and its last belief report) and its late
--- report, if any. Oldest first; rows of clusters the role may read only (row-level security, as every read).
--- Raises 22023 for a malformed lease name.
+-- report, if any. Oldest first; nothing for a lease of a cluster the session's role may not read (the rule of
+-- row-level security: _reads_all, _readable_clusters). Raises 22023 for a malformed lease name.
 CREATE FUNCTION pgfence.in_doubt_effects(p_lease text)
 RETURNS TABLE (effect_id bigint, task_id bigint, task_key text, effect_key text, attempt integer, epoch bigint,
                intent jsonb, intended_at timestamptz, outcome text, outcome_detail jsonb, holder text,
                end_reason text, ended_at timestamptz, last_write_at timestamptz, belief_end_cause text,
                last_belief_at timestamptz, late_outcome text, late_detail jsonb, late_reported_at timestamptz,
                late_count bigint)
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     problem text := pgfence._lease_problem(p_lease);
 BEGIN
@@ -614,6 +618,7 @@ BEGIN
       LEFT JOIN pgfence.tenure_history h ON h.lease = e.lease AND h.epoch = e.epoch
       LEFT JOIN pgfence.effect_reports k ON k.effect_id = e.id
      WHERE e.lease = p_lease AND e.settlement IS NULL
+       AND (pgfence._reads_all() OR pgfence._cluster_of(p_lease) = ANY (pgfence._readable_clusters()))
        AND (e.outcome = 'unknown'
             OR (e.outcome IS NULL
                 AND (l.epoch IS DISTINCT FROM e.epoch OR l.state <> 'held'

@@ -100,12 +100,15 @@ pub(crate) enum WriteOutcome {
     NotFound,
     /// `conflict`: the task is not in the state the write requires.
     Conflict { actual: TaskState },
+    /// `in_doubt` (claim_task, transition_task): the task has an effect in doubt — the effect key, and the epoch
+    /// of the tenure that recorded it. Not written, not audited.
+    InDoubt { effect_key: String, epoch: Epoch },
 }
 
 impl WriteOutcome {
     /// The verdict `pgfence.<function>` answered with `outcome` and `reason` (`current_epoch`: the lease's, or
     /// for `row_fence` the row's); an outcome or reason it never gives is an error.
-    pub(super) fn decode(
+    pub(crate) fn decode(
         function: &str,
         outcome: Option<&str>,
         reason: Option<&str>,
@@ -121,6 +124,13 @@ impl WriteOutcome {
                 current: Epoch::from_db(current_epoch),
             },
             Some("not_found") => WriteOutcome::NotFound,
+            Some("in_doubt") => WriteOutcome::InDoubt {
+                effect_key: reason
+                    .ok_or_else(|| unexpected(function, "in_doubt without its effect key"))?
+                    .to_owned(),
+                epoch: Epoch::from_db(current_epoch)
+                    .ok_or_else(|| unexpected(function, "in_doubt without its epoch"))?,
+            },
             Some("conflict") => WriteOutcome::Conflict {
                 actual: reason.and_then(|state| state.parse().ok()).ok_or_else(|| {
                     unexpected(
@@ -177,6 +187,7 @@ impl WriteOutcome {
             WriteOutcome::Denied(_) => "refused",
             WriteOutcome::NotFound => "not_found",
             WriteOutcome::Conflict { .. } => "conflict",
+            WriteOutcome::InDoubt { .. } => "in_doubt",
         }
     }
 }

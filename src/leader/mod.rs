@@ -182,6 +182,22 @@ pub trait Elector: Clone + Send + Sync + 'static {
         }
     }
 
+    /// The effects lease `name` has in doubt (see [`Effects::in_doubt`](crate::effects::Effects::in_doubt)):
+    /// read by the leadership runtime when a tenure begins, before its callback runs, and handed to it as
+    /// [`LeaderContext::in_doubt`]. It only reads. The default implementation (an elector with no effect ledger,
+    /// such as the in-memory one) answers none.
+    ///
+    /// # Errors
+    ///
+    /// As [`Effects::in_doubt`](crate::effects::Effects::in_doubt).
+    fn in_doubt(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Vec<crate::effects::InDoubt>>> + Send {
+        let _ = name;
+        async { Ok(Vec::new()) }
+    }
+
     /// How long `name` had no holder before tenure `epoch` began, when the tenure before it was released (a
     /// handover), by the store's clock; `None` otherwise or when unknown. It only reads.
     fn handover_gap(

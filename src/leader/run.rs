@@ -12,6 +12,7 @@ use tracing::Instrument;
 use super::held::{LossCause, Shared, Standing};
 use super::options::LeaseOptions;
 use super::{Elector, METRIC_CALLBACKS_NOT_STOPPED};
+use crate::effects::InDoubt;
 use crate::error::{Error, Result};
 use crate::fence::Fence;
 use crate::types::{Epoch, LossReason};
@@ -34,6 +35,8 @@ pub struct LeaderContext {
     shutdown: Arc<AtomicBool>,
     /// Set by a spreading [`Supervisor`](super::Supervisor) before it cancels the parent to hand the name over.
     handover: Option<Arc<AtomicBool>>,
+    /// What earlier tenures left in doubt when this one began.
+    in_doubt: Arc<[InDoubt]>,
 }
 
 /// Why the leadership a [`LeaderContext`] stands for ended (or, for [`Shutdown`](Self::Shutdown), is ending).
@@ -79,6 +82,15 @@ impl LeaderContext {
     /// The epoch of this tenure.
     pub fn epoch(&self) -> Epoch {
         self.fence.epoch()
+    }
+
+    /// The effects earlier tenures of this lease left in doubt, as they stood when this tenure began (read before
+    /// the callback started; see [`Effects::in_doubt`](crate::effects::Effects::in_doubt)): intents whose tenure
+    /// ended without an outcome, and unknown outcomes. Settle each — after asking the external system by its
+    /// effect key — before repeating its work: a task with an effect in doubt refuses to move on
+    /// ([`Error::InDoubt`](crate::Error::InDoubt)). Empty for an elector without an effect ledger.
+    pub fn in_doubt(&self) -> &[InDoubt] {
+        &self.in_doubt
     }
 
     /// Whether this process still believes it holds the tenure — the same answer as [`HeldLease::is_held`](super::HeldLease::is_held) for
@@ -358,6 +370,39 @@ where
     tracing::Span::current().record("epoch", lease.epoch().get());
     tracing::info!(lease = %qualified, epoch = %lease.epoch(), holder, "leading");
 
+    // What the tenures before this one left in doubt, read before the callback runs, so that a controller
+    // settles it before its first write instead of remembering to look. A transient failure is retried while
+    // the tenure lasts; any other ends the run with the error (the tenure released).
+    let in_doubt = loop {
+        match elector.in_doubt(name).await {
+            Ok(list) => break list,
+            Err(e) if e.is_transient() => {
+                tracing::warn!(lease = %qualified, error = %e, "listing the effects in doubt failed; retrying");
+                tokio::select! {
+                    cause = lease.lost() => return Ok(Ended::Lost {
+                        cause: cause.unwrap_or(LossCause::Definitive { reason: LossReason::Released }),
+                        callback_stopped: true,
+                    }),
+                    _ = parent.cancelled() => {
+                        lease.release().await?;
+                        return Ok(Ended::Cancelled { callback_stopped: true });
+                    }
+                    _ = tokio::time::sleep(jittered(options.poll_every)) => {}
+                }
+            }
+            Err(e) => {
+                if let Err(release) = lease.release().await {
+                    tracing::warn!(lease = %qualified, error = %release, "releasing after a failed listing failed");
+                }
+                return Err(e);
+            }
+        }
+    };
+    if !in_doubt.is_empty() {
+        tracing::info!(lease = %qualified, epoch = %lease.epoch(), count = in_doubt.len(),
+            "effects in doubt left by earlier tenures");
+    }
+
     let token = lease.cancellation_token().child_token();
     let shutdown = Arc::new(AtomicBool::new(false));
     let context = LeaderContext {
@@ -366,6 +411,7 @@ where
         tenure: lease.shared.clone(),
         shutdown: shutdown.clone(),
         handover,
+        in_doubt: in_doubt.into(),
     };
     // The callback's events carry the tenure: its task runs in a span of its own, a child of this one.
     let mut task = tokio::spawn(callback(context).instrument(tracing::info_span!("leader")));

@@ -227,6 +227,11 @@ impl Elector for PgElector {
         Ok(roster)
     }
 
+    async fn in_doubt(&self, name: &str) -> Result<Vec<crate::effects::InDoubt>> {
+        let store = &self.inner.store;
+        store.effects().in_doubt_of(&store.qualify(name)).await
+    }
+
     async fn handover_gap(&self, name: &str, epoch: crate::types::Epoch) -> Option<Duration> {
         self.inner
             .store

@@ -190,7 +190,11 @@ impl Store {
     ///
     /// A statement already sent takes effect even if the future is dropped; granting again is harmless. See
     /// [cancel safety](crate#cancel-safety).
-    pub async fn grant_application(&self, role: &str, cluster: Option<&str>) -> Result<Vec<String>> {
+    pub async fn grant_application(
+        &self,
+        role: &str,
+        cluster: Option<&str>,
+    ) -> Result<Vec<String>> {
         self.grant("grant_application", role, cluster).await
     }
 
@@ -254,7 +258,12 @@ impl Store {
         })
     }
 
-    async fn grant(&self, function: &str, role: &str, cluster: Option<&str>) -> Result<Vec<String>> {
+    async fn grant(
+        &self,
+        function: &str,
+        role: &str,
+        cluster: Option<&str>,
+    ) -> Result<Vec<String>> {
         use diesel_async::RunQueryDsl;
         check_role(role)?;
         if let Some(cluster) = cluster {

@@ -1397,7 +1397,8 @@ async fn functions_planted_during_a_careless_schema_grant_never_run_and_are_drop
     assert_eq!(foreign_objects(&db).await, Vec::<String>::new());
     let said = repairs.join("\n");
     for expected in [
-        "dropped function 'pgfence._reject(p_lease text, p_epoch bigint, p_current_epoch text".to_owned(),
+        "dropped function 'pgfence._reject(p_lease text, p_epoch bigint, p_current_epoch text"
+            .to_owned(),
         "dropped operator 'pgfence.=(text, text)'".to_owned(),
         "dropped table 'pgfence.planted_table'".to_owned(),
         "dropped type 'pgfence.planted_enum'".to_owned(),

@@ -504,7 +504,10 @@ async fn grant_revoke_and_migrate_print_what_the_repair_did() {
     ] {
         assert!(said.contains(&expected), "{expected} not in {said}");
     }
-    assert!(!said.contains('\u{1b}'), "a raw escape reached the terminal: {said:?}");
+    assert!(
+        !said.contains('\u{1b}'),
+        "a raw escape reached the terminal: {said:?}"
+    );
     let foreign: i64 = admin
         .query_one(
             "SELECT count(*) FROM pg_proc WHERE pronamespace = 'pgfence'::regnamespace \
@@ -519,7 +522,9 @@ async fn grant_revoke_and_migrate_print_what_the_repair_did() {
     // Another careless grant: revoke repairs it and says so; then migrate.
     for (command, grant) in [("revoke", "SELECT"), ("migrate", "UPDATE")] {
         admin
-            .batch_execute(&format!("GRANT {grant} ON pgfence.tenure_secrets TO {planter}"))
+            .batch_execute(&format!(
+                "GRANT {grant} ON pgfence.tenure_secrets TO {planter}"
+            ))
             .await
             .unwrap();
         let args: &[&str] = if command == "revoke" {
@@ -529,9 +534,14 @@ async fn grant_revoke_and_migrate_print_what_the_repair_did() {
         };
         let run = pgfence(args, Some(&as_owner)).await;
         assert_eq!(run.code, 0, "{command}: {}", run.stderr);
-        let expected =
-            format!("pgfence: warning: revoked {grant} on TABLE pgfence.tenure_secrets from '{planter}'");
-        assert!(run.stderr.contains(&expected), "{command}: {expected} not in {}", run.stderr);
+        let expected = format!(
+            "pgfence: warning: revoked {grant} on TABLE pgfence.tenure_secrets from '{planter}'"
+        );
+        assert!(
+            run.stderr.contains(&expected),
+            "{command}: {expected} not in {}",
+            run.stderr
+        );
     }
 }
 

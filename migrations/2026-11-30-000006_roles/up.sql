@@ -375,9 +375,8 @@ BEGIN
         LOOP
             BEGIN
                 EXECUTE format('DROP %s %s', r.kind, r.name);
-                said := format('dropped %s %s, owned by %s: another role''s object in the schema pgfence (created '
-                               'while it could create there); pgfence''s own code never calls it, but the owner '
-                               'must not either', lower(r.kind), quote_literal(regexp_replace(left(r.name, 500), '[[:cntrl:]]', '?', 'g')),
+                said := format('dropped %s %s, owned by %s: another role''s object in the schema pgfence, made '
+                               'while that role could create there; nothing may call it as the owner', lower(r.kind), quote_literal(regexp_replace(left(r.name, 500), '[[:cntrl:]]', '?', 'g')),
                                pgfence._printable(pg_get_userbyid(r.owner)::text));
                 repairs := repairs || said;
                 RAISE WARNING 'pgfence: %', said;

@@ -8,7 +8,7 @@ BEGIN
     IF pgfence._may_use(pgfence._cluster_of(p_lease), p_operator) THEN
         RETURN NULL;
     END IF;
-    PERFORM pgfence._reject(p_lease, coalesce(p_epoch, 0), NULL, NULL, 'no_grant', p_operation, NULL, NULL,
+    PERFORM pgfence._reject(p_lease, coalesce(p_epoch, 0), NULL::bigint, NULL::text, 'no_grant'::text, p_operation, NULL::text, NULL::text,
                             p_may_wait => true);
     RETURN ROW('refused', 'no_grant', NULL, NULL, NULL, NULL)::pgfence.lease_result;
 END;

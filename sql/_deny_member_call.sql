@@ -8,7 +8,7 @@ BEGIN
     IF pgfence._may_use(pgfence._cluster_of(p_group)) THEN
         RETURN NULL;
     END IF;
-    PERFORM pgfence._reject(p_group, 0, NULL, NULL, 'no_grant', p_operation, NULL, NULL, p_may_wait => true,
+    PERFORM pgfence._reject(p_group, 0::bigint, NULL::bigint, NULL::text, 'no_grant'::text, p_operation, NULL::text, NULL::text, p_may_wait => true,
                             p_by_role => true);
     RETURN ROW('refused', 'no_grant', NULL, NULL, NULL, NULL, NULL)::pgfence.member_result;
 END;

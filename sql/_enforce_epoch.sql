@@ -43,8 +43,8 @@ BEGIN
     END IF;
     IF why IN ('no_grant', 'future_epoch') THEN
         IF TG_NARGS > 0 AND TG_ARGV[0] = 'audit' THEN
-            PERFORM pgfence._reject(target, coalesce(presented, 0), NULL, NULL, why, 'raw_' || lower(TG_OP),
-                                    TG_TABLE_NAME, key);
+            PERFORM pgfence._reject(target, coalesce(presented, 0), NULL::bigint, NULL::text, why, 'raw_' || lower(TG_OP),
+                                    TG_TABLE_NAME::text, key);
             RAISE WARNING 'pgfence: refused raw % on pgfence.% (%); recorded in pgfence.rejections',
                 TG_OP, TG_TABLE_NAME, why;
             RETURN NULL;
@@ -77,7 +77,7 @@ BEGIN
     END IF;
     IF why IS NULL THEN
         why := pgfence._verdict(l, presented, current_setting(pgfence._fence_setting(l.lock_key), true),
-                                clock_timestamp(), pgfence._timeline(), NULL);
+                                clock_timestamp(), pgfence._timeline(), NULL::bigint);
     END IF;
     IF why IS NULL THEN
         RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;

@@ -13,8 +13,8 @@ BEGIN
                ::pgfence.write_result;
     END IF;
     IF t.fence > p_epoch THEN
-        RETURN pgfence._reject(p_lease, p_epoch, t.fence, NULL, 'row_fence', p_operation, 'tasks', p_key);
+        RETURN pgfence._reject(p_lease, p_epoch, t.fence, NULL::text, 'row_fence'::text, p_operation, 'tasks'::text, p_key);
     END IF;
-    RETURN pgfence._task_result(t, 'conflict', t.state, p_epoch, false, NULL);
+    RETURN pgfence._task_result(t, 'conflict'::text, t.state, p_epoch, false, NULL::bigint);
 END;
 $function$

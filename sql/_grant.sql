@@ -1,7 +1,7 @@
 -- pgfence._grant as the migrations leave it; defined last in migrations/2026-11-30-000006_roles/up.sql.
 -- Generated from the database (see README.md): edit the migrations, then bless.
 CREATE OR REPLACE FUNCTION pgfence._grant(p_role text, p_cluster text, p_operator boolean)
- RETURNS void
+ RETURNS text[]
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -22,7 +22,8 @@ BEGIN
         EXECUTE format('GRANT %s ON %s TO %I', privilege.privilege,
                        pgfence._privilege_target(privilege.kind, privilege.object), p_role);
     END LOOP;
-    -- After the grant: what the role holds beyond it (and everything else pgfence did not make) goes.
-    PERFORM pgfence._harden();
+    -- After the grant: what the role holds beyond it (and everything else pgfence did not make) goes; what
+    -- went is the answer.
+    RETURN pgfence._harden(NULL::boolean);
 END;
 $function$

@@ -38,12 +38,12 @@ BEGIN
       LEFT JOIN pgfence.tenure_secrets s ON s.lease = p_lease;
     IF NOT pre.granted THEN
         kept := pg_catalog.set_config(pgfence._known_slot(p_lease), '', false);
-        RETURN pgfence._reject(p_lease, p_epoch, NULL, NULL, 'no_grant', p_operation, p_table, p_key,
+        RETURN pgfence._reject(p_lease, p_epoch, NULL::bigint, NULL::text, 'no_grant'::text, p_operation, p_table, p_key,
                                p_may_wait => true);
     END IF;
     l := pre.lease;
     seen := l.epoch;
-    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), pre.tl);
+    why := pgfence._loss_reason(l, NULL::text, p_epoch, clock_timestamp(), pre.tl);
     IF why IS NULL AND pre.secret_epoch = p_epoch THEN
         -- A forged fence is refused before it takes the guard lock, like a stale one (a tenure's secret never
         -- changes, so the answer is final either way).

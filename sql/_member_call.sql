@@ -12,7 +12,7 @@ BEGIN
     IF pgfence._lease_problem(p_group) IS NOT NULL THEN
         RAISE EXCEPTION 'pgfence: invalid group: %', pgfence._lease_problem(p_group) USING ERRCODE = '22023';
     END IF;
-    PERFORM pgfence._check_text('member', p_member, pgfence._max_holder_len());
+    PERFORM pgfence._check_text('member'::text, p_member, pgfence._max_holder_len());
     IF p_incarnation IS NULL OR p_incarnation < 1 THEN
         RAISE EXCEPTION 'pgfence: invalid incarnation: must be at least 1' USING ERRCODE = '22023';
     END IF;
@@ -24,7 +24,7 @@ BEGIN
     SELECT * INTO m FROM pgfence.members x WHERE x.grp = p_group AND x.member = p_member;
     why := pgfence._member_loss(m, p_incarnation, p_secret, clock_timestamp());
     IF why = 'bad_secret' THEN
-        PERFORM pgfence._reject(p_group, p_incarnation, NULL, NULL, 'bad_secret', p_operation, NULL, p_member,
+        PERFORM pgfence._reject(p_group, p_incarnation, NULL::bigint, NULL::text, 'bad_secret'::text, p_operation, NULL::text, p_member,
                                 p_may_wait => true, p_by_role => true);
     END IF;
     IF why IS NOT NULL THEN

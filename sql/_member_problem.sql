@@ -7,7 +7,7 @@ CREATE OR REPLACE FUNCTION pgfence._member_problem(p_group text, p_member text, 
 AS $function$
     SELECT coalesce(
         'invalid group: ' || pgfence._lease_problem(p_group),
-        pgfence._arg_problem('member', p_member, pgfence._max_holder_len()),
+        pgfence._arg_problem('member'::text, p_member, pgfence._max_holder_len()),
         CASE WHEN p_weight IS NULL OR p_weight < 1 OR p_weight > pgfence._max_member_weight()
              THEN format('invalid weight: must be between 1 and %s, got %s', pgfence._max_member_weight(),
                          coalesce(p_weight::text, 'NULL')) END,

@@ -11,7 +11,7 @@ BEGIN
         AND pgfence._plain_arg(p_text, p_max, p_optional => p_what IS NULL)
         AND pgfence._payload_problem(p_payload) IS NULL) IS NOT TRUE THEN
         problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch), pgfence._secret_problem(p_secret),
-                            pgfence._arg_problem('task key', p_key, pgfence._max_holder_len()),
+                            pgfence._arg_problem('task key'::text, p_key, pgfence._max_holder_len()),
                             pgfence._arg_problem(p_what, p_text, p_max, p_optional => p_what IS NULL),
                             pgfence._payload_problem(p_payload));
         IF problem IS NOT NULL THEN

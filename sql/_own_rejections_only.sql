@@ -24,7 +24,7 @@ BEGIN
                                 o.reason, o.operation, o.target_table, o.target_key, o.rejected_at, o.slot))
                 OR (SELECT count(*) FROM changed_new) <> (SELECT count(*) FROM changed_old);
     ELSE
-        bent := NOT pgfence._may_use(NULL, p_operator => true);
+        bent := NOT pgfence._may_use(NULL::text, p_operator => true);
     END IF;
     IF bent THEN
         RAISE EXCEPTION 'pgfence: % of audit rows refused: the audit only grows by the refused role''s own refusals (this session logged in as %)',

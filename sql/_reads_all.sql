@@ -6,5 +6,5 @@ CREATE OR REPLACE FUNCTION pgfence._reads_all()
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    SELECT pgfence._may_use(NULL)
+    SELECT pgfence._may_use(NULL::text)
 $function$

@@ -9,7 +9,7 @@ AS $function$
 DECLARE
     r pg_roles;
     -- 63: PostgreSQL's longest identifier (NAMEDATALEN - 1), not a limit of pgfence's.
-    problem text := pgfence._text_problem(p_role, 63);
+    problem text := pgfence._text_problem(p_role, 63::integer);
 BEGIN
     IF problem IS NULL AND (lower(p_role) IN ('public', 'current_user', 'current_role', 'session_user', 'user', 'none')
                             OR starts_with(p_role, 'pg_')) THEN

@@ -6,7 +6,7 @@ CREATE OR REPLACE FUNCTION pgfence._require_instance_operator(p_function text)
  STABLE
 AS $function$
 BEGIN
-    IF NOT pgfence._may_use(NULL, p_operator => true) THEN
+    IF NOT pgfence._may_use(NULL::text, p_operator => true) THEN
         RAISE EXCEPTION 'pgfence: % needs operator rights on every cluster; role % has none', p_function,
             pgfence._printable(session_user::text)
             USING ERRCODE = '42501',

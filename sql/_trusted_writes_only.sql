@@ -17,7 +17,7 @@ BEGIN
     IF TG_TABLE_NAME = 'instance' AND TG_OP = 'UPDATE' THEN
         IF (NEW.singleton, NEW.instance_id, NEW.created_at)
                IS NOT DISTINCT FROM (OLD.singleton, OLD.instance_id, OLD.created_at)
-           AND pgfence._may_use(NULL, p_operator => true) THEN
+           AND pgfence._may_use(NULL::text, p_operator => true) THEN
             RETURN NEW;
         END IF;
     ELSIF TG_TABLE_NAME = 'grants' AND TG_OP = 'DELETE' THEN

@@ -5,7 +5,7 @@ CREATE OR REPLACE FUNCTION pgfence._verdict(l pgfence.leases, p_epoch bigint, p_
  LANGUAGE sql
  STABLE
 AS $function$
-    SELECT coalesce(pgfence._loss_reason(l, NULL, p_epoch, p_now, p_timeline),
+    SELECT coalesce(pgfence._loss_reason(l, NULL::text, p_epoch, p_now, p_timeline),
                     CASE WHEN l.epoch IS DISTINCT FROM p_matched_epoch
                               AND pgfence._secret_check(l.name, p_epoch, p_secret) IS DISTINCT FROM 'ok'
                          THEN 'bad_secret' END)

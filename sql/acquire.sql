@@ -15,10 +15,10 @@ DECLARE
     secret_hash bytea;
     denied pgfence.lease_result;
 BEGIN
-    PERFORM pgfence._check_lease_args(p_lease, 1);
-    PERFORM pgfence._check_text('holder', p_holder, pgfence._max_holder_len());
+    PERFORM pgfence._check_lease_args(p_lease, 1::bigint);
+    PERFORM pgfence._check_text('holder'::text, p_holder, pgfence._max_holder_len());
     PERFORM pgfence._check_ttl(p_ttl_ms);
-    denied := pgfence._deny_lease_call(p_lease, 0, 'acquire');
+    denied := pgfence._deny_lease_call(p_lease, 0::bigint, 'acquire'::text);
     IF denied.outcome IS NOT NULL THEN
         RETURN denied;
     END IF;

@@ -11,7 +11,7 @@ DECLARE
     t pgfence.tasks;
     ev bigint;
 BEGIN
-    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'append_event', 'task_events', 'event kind',
+    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'append_event'::text, 'task_events'::text, 'event kind'::text,
                                   p_kind, pgfence._max_kind_len(), p_payload);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
@@ -20,10 +20,10 @@ BEGIN
      WHERE lease = p_lease AND key = p_key AND fence <= p_epoch
     RETURNING * INTO t;
     IF NOT FOUND THEN
-        RETURN pgfence._explain_miss(p_lease, p_epoch, p_key, 'append_event');
+        RETURN pgfence._explain_miss(p_lease, p_epoch, p_key, 'append_event'::text);
     END IF;
     INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
     VALUES (t.id, p_lease, p_epoch, p_kind, coalesce(p_payload, '{}')) RETURNING id INTO ev;
-    RETURN pgfence._task_result(t, 'ok', NULL, p_epoch, false, ev);
+    RETURN pgfence._task_result(t, 'ok'::text, NULL::text, p_epoch, false, ev);
 END;
 $function$

@@ -12,8 +12,8 @@ DECLARE
     t pgfence.tasks;
     ev bigint;
 BEGIN
-    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'claim_task', 'tasks', 'assignee', p_assignee,
-                                  pgfence._max_holder_len(), NULL);
+    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'claim_task'::text, 'tasks'::text, 'assignee'::text, p_assignee,
+                                  pgfence._max_holder_len(), NULL::jsonb);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
     END IF;
@@ -29,10 +29,10 @@ BEGIN
      WHERE lease = p_lease AND key = p_key AND state = 'pending' AND fence <= p_epoch
     RETURNING * INTO t;
     IF NOT FOUND THEN
-        RETURN pgfence._explain_miss(p_lease, p_epoch, p_key, 'claim_task');
+        RETURN pgfence._explain_miss(p_lease, p_epoch, p_key, 'claim_task'::text);
     END IF;
     INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
     VALUES (t.id, p_lease, p_epoch, 'claimed', jsonb_build_object('assignee', p_assignee)) RETURNING id INTO ev;
-    RETURN pgfence._task_result(t, 'ok', NULL, p_epoch, false, ev);
+    RETURN pgfence._task_result(t, 'ok'::text, NULL::text, p_epoch, false, ev);
 END;
 $function$

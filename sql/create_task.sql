@@ -11,7 +11,7 @@ DECLARE
     t pgfence.tasks;
     ev bigint;
 BEGIN
-    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'create_task', 'tasks', NULL, NULL, NULL,
+    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'create_task'::text, 'tasks'::text, NULL::text, NULL::text, NULL::integer,
                                   p_payload);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
@@ -22,10 +22,10 @@ BEGIN
     RETURNING * INTO t;
     IF NOT FOUND THEN
         SELECT * INTO t FROM pgfence.tasks WHERE lease = p_lease AND key = p_key;
-        RETURN pgfence._task_result(t, 'ok', NULL, p_epoch, false, NULL);
+        RETURN pgfence._task_result(t, 'ok'::text, NULL::text, p_epoch, false, NULL::bigint);
     END IF;
     INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
     VALUES (t.id, p_lease, p_epoch, 'created', t.payload) RETURNING id INTO ev;
-    RETURN pgfence._task_result(t, 'ok', NULL, p_epoch, true, ev);
+    RETURN pgfence._task_result(t, 'ok'::text, NULL::text, p_epoch, true, ev);
 END;
 $function$

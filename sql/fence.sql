@@ -14,10 +14,10 @@ BEGIN
     -- The labels first, by the cheap test (the lease and the epoch need none on the fast path: it admits only
     -- the name and the epoch of a held tenure, which were checked when it was acquired).
     IF pgfence._plain_labels(p_operation, p_table, p_key) IS NOT TRUE THEN
-        problem := coalesce(pgfence._arg_problem('operation', p_operation, pgfence._max_label_len()),
-                            pgfence._arg_problem('target table', p_table, pgfence._max_label_len(),
+        problem := coalesce(pgfence._arg_problem('operation'::text, p_operation, pgfence._max_label_len()),
+                            pgfence._arg_problem('target table'::text, p_table, pgfence._max_label_len(),
                                                  p_optional => true),
-                            pgfence._arg_problem('target key', p_key, pgfence._max_holder_len(),
+                            pgfence._arg_problem('target key'::text, p_key, pgfence._max_holder_len(),
                                                  p_optional => true));
         IF problem IS NOT NULL THEN
             RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';

@@ -12,8 +12,8 @@ DECLARE
     why text;
     denied pgfence.lease_result;
 BEGIN
-    PERFORM pgfence._check_lease_args(p_lease, 1);
-    denied := pgfence._deny_lease_call(p_lease, 0, 'force_release', p_operator => true);
+    PERFORM pgfence._check_lease_args(p_lease, 1::bigint);
+    denied := pgfence._deny_lease_call(p_lease, 0::bigint, 'force_release'::text, p_operator => true);
     IF denied.outcome IS NOT NULL THEN
         RETURN denied;
     END IF;

@@ -16,7 +16,7 @@ DECLARE
     newly_settled boolean;
 BEGIN
     PERFORM pgfence._check_ttl(p_ttl_ms);
-    refused := pgfence._member_call(p_group, p_member, p_incarnation, p_secret, 'heartbeat');
+    refused := pgfence._member_call(p_group, p_member, p_incarnation, p_secret, 'heartbeat'::text);
     IF refused.outcome IS NOT NULL THEN
         RETURN refused;
     END IF;

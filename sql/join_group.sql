@@ -19,7 +19,7 @@ BEGIN
         RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
     END IF;
     PERFORM pgfence._check_ttl(p_ttl_ms);
-    denied := pgfence._deny_member_call(p_group, 'join_group');
+    denied := pgfence._deny_member_call(p_group, 'join_group'::text);
     IF denied.outcome IS NOT NULL THEN
         RETURN denied;
     END IF;

@@ -12,7 +12,7 @@ DECLARE
     wait_ms bigint := pgfence._lock_wait_ms();
     n bigint;
 BEGIN
-    refused := pgfence._member_call(p_group, p_member, p_incarnation, p_secret, 'leave_group');
+    refused := pgfence._member_call(p_group, p_member, p_incarnation, p_secret, 'leave_group'::text);
     IF refused.outcome IS NOT NULL THEN
         RETURN refused;
     END IF;

@@ -15,30 +15,30 @@ DECLARE
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, p_epoch);
     PERFORM pgfence._check_secret(p_secret);
-    denied := pgfence._deny_lease_call(p_lease, p_epoch, 'release');
+    denied := pgfence._deny_lease_call(p_lease, p_epoch, 'release'::text);
     IF denied.outcome IS NOT NULL THEN
         RETURN denied;
     END IF;
     tl := pgfence._timeline();
 
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
-    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
+    why := pgfence._loss_reason(l, NULL::text, p_epoch, clock_timestamp(), tl);
     IF why IS NOT NULL AND why NOT IN ('expired', 'failover') THEN
         RETURN ROW('not_held', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
     END IF;
     -- Decided for good ('bad' is final), before any lock.
     IF pgfence._secret_check(p_lease, p_epoch, p_secret) = 'bad' THEN
-        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'release', NULL, NULL,
+        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret'::text, 'release'::text, NULL::text, NULL::text,
                                 p_may_wait => true);
         RETURN ROW('refused', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
     END IF;
     l := pgfence._lock_lease_row(p_lease);
-    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
+    why := pgfence._loss_reason(l, NULL::text, p_epoch, clock_timestamp(), tl);
     IF why IS NOT NULL AND why NOT IN ('expired', 'failover') THEN
         RETURN ROW('not_held', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
     END IF;
     IF pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok' THEN
-        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'release', NULL, NULL);
+        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret'::text, 'release'::text, NULL::text, NULL::text);
         RETURN ROW('refused', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
     END IF;
     PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);

@@ -17,7 +17,7 @@ BEGIN
     PERFORM pgfence._check_lease_args(p_lease, p_epoch);
     PERFORM pgfence._check_secret(p_secret);
     PERFORM pgfence._check_ttl(p_ttl_ms);
-    denied := pgfence._deny_lease_call(p_lease, p_epoch, 'renew');
+    denied := pgfence._deny_lease_call(p_lease, p_epoch, 'renew'::text);
     IF denied.outcome IS NOT NULL THEN
         RETURN denied;
     END IF;
@@ -34,9 +34,9 @@ BEGIN
         -- Not the live tenure's secret: a loss stays the answer (epochs only grow, a released or expired tenure
         -- stays over; NULL: superseded between the two reads); a live tenure presented with a wrong secret is
         -- refused and audited.
-        why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
+        why := pgfence._loss_reason(l, NULL::text, p_epoch, clock_timestamp(), tl);
         IF why IS NULL AND secret = 'bad' THEN
-            PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'renew', NULL, NULL,
+            PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret'::text, 'renew'::text, NULL::text, NULL::text,
                                     p_may_wait => true);
             RETURN ROW('refused', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
         END IF;
@@ -47,7 +47,7 @@ BEGIN
     ts := clock_timestamp();
     -- Judged again on the locked row: a takeover may have committed while we waited. The secret was 'ok' for
     -- this epoch, and a tenure's secret never changes.
-    why := pgfence._loss_reason(l, NULL, p_epoch, ts, tl);
+    why := pgfence._loss_reason(l, NULL::text, p_epoch, ts, tl);
     IF why IS NOT NULL THEN
         RETURN ROW('refused', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
     END IF;

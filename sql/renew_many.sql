@@ -25,7 +25,7 @@ BEGIN
     -- A NULL secret is bad input, as renew's: 22023 before anything is written (not an audited bad_secret).
     IF array_position(p_secrets, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'pgfence: renew_many: secret % of %: %', array_position(p_secrets, NULL),
-            cardinality(p_secrets), pgfence._secret_problem(NULL) USING ERRCODE = '22023';
+            cardinality(p_secrets), pgfence._secret_problem(NULL::text) USING ERRCODE = '22023';
     END IF;
     PERFORM pgfence._check_lease_args(i.lease, i.epoch) FROM unnest(p_leases, p_epochs) AS i(lease, epoch);
     tl := pgfence._timeline();
@@ -39,7 +39,7 @@ BEGIN
     whys := ARRAY(
         SELECT CASE WHEN pgfence._cluster_of(i.lease) = ANY (refused) THEN 'no_grant'
                     WHEN s.secret = 'ok' THEN NULL
-                    ELSE coalesce(pgfence._loss_reason(l, NULL, i.epoch, clock_timestamp(), tl),
+                    ELSE coalesce(pgfence._loss_reason(l, NULL::text, i.epoch, clock_timestamp(), tl),
                                   CASE s.secret WHEN 'bad' THEN 'bad_secret' ELSE 'superseded' END) END
           FROM unnest(p_leases, p_epochs, p_secrets) WITH ORDINALITY AS i(lease, epoch, secret, ord)
           LEFT JOIN pgfence.leases l ON l.name = i.lease
@@ -61,7 +61,7 @@ BEGIN
               GROUP BY i.lease, i.epoch, i.why ORDER BY i.lease, i.epoch)
     LOOP
         PERFORM pgfence._reject(r.lease, r.epoch, CASE WHEN r.why = 'bad_secret' THEN l.epoch END,
-                                CASE WHEN r.why = 'bad_secret' THEN l.holder END, r.why, 'renew', NULL, NULL,
+                                CASE WHEN r.why = 'bad_secret' THEN l.holder END, r.why, 'renew'::text, NULL::text, NULL::text,
                                 p_may_wait => first, p_count => r.n)
            FROM (SELECT NULL) AS one LEFT JOIN pgfence.leases l ON l.name = r.lease;
         first := false;
@@ -88,7 +88,7 @@ BEGIN
         -- secrets were 'ok' for these epochs, and a tenure's secret never changes); the others keep their
         -- unlocked judgment.
         SELECT i.lease, i.ord, l.epoch AS current_epoch,
-               coalesce(i.why, pgfence._loss_reason(l, NULL, i.epoch, ts, tl)) AS why
+               coalesce(i.why, pgfence._loss_reason(l, NULL::text, i.epoch, ts, tl)) AS why
           FROM unnest(p_leases, p_epochs, whys) WITH ORDINALITY AS i(lease, epoch, why, ord)
           LEFT JOIN pgfence.leases l ON l.name = i.lease
     ), renewed AS (

@@ -25,7 +25,7 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     IF p_endpoint IS NOT NULL THEN
-        PERFORM pgfence._check_text('endpoint', p_endpoint, pgfence._max_endpoint_len());
+        PERFORM pgfence._check_text('endpoint'::text, p_endpoint, pgfence._max_endpoint_len());
     END IF;
     IF p_event = 'start' AND (p_cause IS NOT NULL OR p_detail IS NOT NULL) THEN
         RAISE EXCEPTION 'pgfence: invalid belief cause: a start has none' USING ERRCODE = '22023';
@@ -36,10 +36,10 @@ BEGIN
             pgfence._printable(p_cause) USING ERRCODE = '22023';
     END IF;
     IF p_detail IS NOT NULL THEN
-        PERFORM pgfence._check_text('belief detail', p_detail, pgfence._max_label_len());
+        PERFORM pgfence._check_text('belief detail'::text, p_detail, pgfence._max_label_len());
     END IF;
     IF NOT pgfence._may_use(pgfence._cluster_of(p_lease)) THEN
-        PERFORM pgfence._reject(p_lease, p_epoch, NULL, NULL, 'no_grant', 'report_belief', NULL, NULL,
+        PERFORM pgfence._reject(p_lease, p_epoch, NULL::bigint, NULL::text, 'no_grant'::text, 'report_belief'::text, NULL::text, NULL::text,
                                 p_may_wait => true);
         outcome := 'refused'; reason := 'no_grant';
         RETURN;
@@ -49,13 +49,13 @@ BEGIN
     -- aggregated per role (a flood of bogus names or epochs costs one row), like an unknown lease's.
     SELECT * INTO b FROM pgfence.beliefs WHERE lease = p_lease AND epoch = p_epoch;
     IF NOT FOUND THEN
-        PERFORM pgfence._reject(p_lease, p_epoch, NULL, NULL, 'bad_secret', 'report_belief', NULL, NULL,
+        PERFORM pgfence._reject(p_lease, p_epoch, NULL::bigint, NULL::text, 'bad_secret'::text, 'report_belief'::text, NULL::text, NULL::text,
                                 p_may_wait => true, p_by_role => true);
         outcome := 'refused'; reason := 'bad_secret';
         RETURN;
     END IF;
     IF NOT pgfence._secret_matches(b.report_hash, p_secret) THEN
-        PERFORM pgfence._reject(p_lease, p_epoch, NULL, NULL, 'bad_secret', 'report_belief', NULL, NULL,
+        PERFORM pgfence._reject(p_lease, p_epoch, NULL::bigint, NULL::text, 'bad_secret'::text, 'report_belief'::text, NULL::text, NULL::text,
                                 p_may_wait => true);
         outcome := 'refused'; reason := 'bad_secret';
         RETURN;

@@ -1,7 +1,7 @@
 -- pgfence.revoke as the migrations leave it; defined last in migrations/2026-11-30-000006_roles/up.sql.
 -- Generated from the database (see README.md): edit the migrations, then bless.
-CREATE OR REPLACE FUNCTION pgfence.revoke(p_role text, p_cluster text)
- RETURNS integer
+CREATE OR REPLACE FUNCTION pgfence.revoke(p_role text, p_cluster text, OUT removed integer, OUT repairs text[])
+ RETURNS record
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -22,7 +22,7 @@ BEGIN
        OR NOT EXISTS (SELECT 1 FROM pgfence.grants g WHERE g.role = oid_::regrole) THEN
         PERFORM pgfence._refuse_role(p_role);
     END IF;
-    PERFORM pgfence._harden();
+    repairs := pgfence._harden(NULL::boolean);
     DELETE FROM pgfence.grants g WHERE g.role = oid_::regrole AND g.cluster IS NOT DISTINCT FROM p_cluster;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF NOT EXISTS (SELECT 1 FROM pgfence.grants g WHERE g.role = oid_::regrole) THEN
@@ -35,6 +35,6 @@ BEGIN
                            pgfence._privilege_target(privilege.kind, privilege.object), p_role);
         END LOOP;
     END IF;
-    RETURN n;
+    removed := n;
 END;
 $function$

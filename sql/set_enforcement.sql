@@ -12,7 +12,7 @@ DECLARE
     wait_ms bigint := pgfence._lock_wait_ms();
 BEGIN
     PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
-    PERFORM pgfence._require_instance_operator('set_enforcement');
+    PERFORM pgfence._require_instance_operator('set_enforcement'::text);
     IF p_mode IS NULL OR p_mode NOT IN ('error', 'audit') THEN
         RAISE EXCEPTION 'pgfence: enforcement mode must be ''error'' or ''audit'', got %', pgfence._printable(p_mode)
             USING ERRCODE = '22023';

@@ -9,7 +9,7 @@ AS $function$
 DECLARE
     ms bigint;
 BEGIN
-    PERFORM pgfence._require_instance_operator('set_takeover_grace');
+    PERFORM pgfence._require_instance_operator('set_takeover_grace'::text);
     IF p_grace IS NULL OR p_grace < interval '0' OR p_grace > interval '10 minutes' THEN
         RAISE EXCEPTION 'pgfence: takeover grace must be between 0 and 10 minutes' USING ERRCODE = '22023';
     END IF;

@@ -19,7 +19,7 @@ BEGIN
        OR p_to NOT IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled') THEN
         RAISE EXCEPTION 'pgfence: unknown task state % -> %', p_from, p_to USING ERRCODE = '22023';
     END IF;
-    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'transition_task', 'tasks', NULL, NULL, NULL,
+    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'transition_task'::text, 'tasks'::text, NULL::text, NULL::text, NULL::integer,
                                   p_payload);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
@@ -36,10 +36,10 @@ BEGIN
      WHERE lease = p_lease AND key = p_key AND state = p_from AND fence <= p_epoch
     RETURNING * INTO t;
     IF NOT FOUND THEN
-        RETURN pgfence._explain_miss(p_lease, p_epoch, p_key, 'transition_task');
+        RETURN pgfence._explain_miss(p_lease, p_epoch, p_key, 'transition_task'::text);
     END IF;
     INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
     VALUES (t.id, p_lease, p_epoch, p_to, coalesce(p_payload, '{}')) RETURNING id INTO ev;
-    RETURN pgfence._task_result(t, 'ok', NULL, p_epoch, false, ev);
+    RETURN pgfence._task_result(t, 'ok'::text, NULL::text, p_epoch, false, ev);
 END;
 $function$

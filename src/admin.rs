@@ -6,7 +6,7 @@
 //! `pgfence.grant_application`, `pgfence.grant_operator` and `pgfence.revoke` in
 //! `migrations/2026-11-30-000006_roles/up.sql`.
 
-use diesel::sql_types::{Bool, Integer, Nullable, Text};
+use diesel::sql_types::{Array, Bool, Integer, Nullable, Text};
 use serde::{Deserialize, Serialize};
 
 use crate::connect::sqlstate::INSUFFICIENT_PRIVILEGE;
@@ -29,7 +29,47 @@ pub enum Enforcement {
     Audit,
 }
 
+/// What [`Store::revoke`] did: whether a grant was removed, and what the repair it ran changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Revoked {
+    /// Whether the role had the grant (and lost it).
+    pub removed: bool,
+    /// What the repair changed, one sentence each (see [`Store::harden`]).
+    pub repairs: Vec<String>,
+}
+
 impl Store {
+    /// Repairs the schema `pgfence`, its privileges and its grant rows to what pgfence made
+    /// (`pgfence._harden()`, docs/security.md): drops triggers pgfence did not create and every object in the schema
+    /// that another role owns (a function planted during a careless `GRANT CREATE ON SCHEMA`, say), revokes every
+    /// privilege pgfence did not grant, enables its protective triggers again. Returns what it changed, one
+    /// sentence each (the server's WARNINGs say the same; names in them are quoted and stripped of control
+    /// characters, but they are another role's text: escape them before a terminal shows them). Empty when
+    /// nothing needed repair. Every grant and revoke runs it too; run it as the owner after a migration or on a
+    /// schedule.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] with SQLSTATE `42501` when the session is not the owner, `PF003` when a foreign
+    /// object's table stayed locked past the lock-wait bound; the [errors of every database call](crate#errors).
+    ///
+    /// # Cancel safety
+    ///
+    /// A statement already sent takes effect even if the future is dropped; repairing again is harmless. See
+    /// [cancel safety](crate#cancel-safety).
+    pub async fn harden(&self) -> Result<Vec<String>> {
+        use diesel_async::RunQueryDsl;
+        let mut conn = self.conn().await?;
+        let repairs: Vec<String> = diesel::select(diesel::dsl::sql::<Array<Text>>(
+            "pgfence._harden(NULL::boolean)",
+        ))
+        .get_result(&mut *conn)
+        .await?;
+        log_repairs(&repairs);
+        Ok(repairs)
+    }
+
     /// Sets raw-SQL enforcement. While on, the database checks raw SQL on its tables as it checks pgfence's own
     /// writes: any INSERT or UPDATE of `pgfence.tasks` whose `fence` is not the lease's current, held, unexpired
     /// epoch, any INSERT into `pgfence.task_events` whose `epoch` is not (or that names another lease than its
@@ -144,11 +184,17 @@ impl Store {
     /// names them and the GRANT to run; nothing was granted); the [errors of every database call](crate#errors).
     /// The rest of [`Store::layout_problems`] is logged as warnings.
     ///
+    /// Returns what the repair every grant runs changed ([`Store::harden`]); empty when nothing needed it.
+    ///
     /// # Cancel safety
     ///
     /// A statement already sent takes effect even if the future is dropped; granting again is harmless. See
     /// [cancel safety](crate#cancel-safety).
-    pub async fn grant_application(&self, role: &str, cluster: Option<&str>) -> Result<()> {
+    pub async fn grant_application(
+        &self,
+        role: &str,
+        cluster: Option<&str>,
+    ) -> Result<Vec<String>> {
         self.grant("grant_application", role, cluster).await
     }
 
@@ -162,12 +208,13 @@ impl Store {
     /// # Cancel safety
     ///
     /// As [`grant_application`](Self::grant_application).
-    pub async fn grant_operator(&self, role: &str, cluster: Option<&str>) -> Result<()> {
+    pub async fn grant_operator(&self, role: &str, cluster: Option<&str>) -> Result<Vec<String>> {
         self.grant("grant_operator", role, cluster).await
     }
 
     /// Removes `role`'s grant of `cluster` (`None`: its every-cluster grant); once it has none left, also its
-    /// privileges on pgfence's objects. Returns whether a grant was removed. Refuses the roles
+    /// privileges on pgfence's objects. Returns whether a grant was removed and what the repair it runs first
+    /// changed ([`Store::harden`]). Refuses the roles
     /// [`grant_application`](Self::grant_application) refuses, revoking nothing: in particular the owner, whose
     /// own privileges a revoke would take (every pgfence call would then fail `42501`).
     ///
@@ -178,33 +225,45 @@ impl Store {
     /// # Cancel safety
     ///
     /// A statement already sent takes effect even if the future is dropped; revoking again is harmless (it then
-    /// returns `false`). See [cancel safety](crate#cancel-safety).
-    pub async fn revoke(&self, role: &str, cluster: Option<&str>) -> Result<bool> {
+    /// answers `removed: false`). See [cancel safety](crate#cancel-safety).
+    pub async fn revoke(&self, role: &str, cluster: Option<&str>) -> Result<Revoked> {
         use diesel_async::RunQueryDsl;
         check_role(role)?;
         if let Some(cluster) = cluster {
             crate::validate::validate_cluster(cluster)?;
         }
+        #[derive(diesel::QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = Integer)]
+            removed: i32,
+            #[diesel(sql_type = Array<Text>)]
+            repairs: Vec<String>,
+        }
         let mut conn = self.conn().await?;
-        let removed: i32 = diesel::select(
-            diesel::dsl::sql::<Integer>("pgfence.revoke(")
-                .bind::<Text, _>(role)
-                .sql(", ")
-                .bind::<Nullable<Text>, _>(cluster)
-                .sql(")"),
-        )
-        .get_result(&mut *conn)
-        .await?;
+        let row: Row = diesel::sql_query("SELECT removed, repairs FROM pgfence.revoke($1, $2)")
+            .bind::<Text, _>(role)
+            .bind::<Nullable<Text>, _>(cluster)
+            .get_result(&mut *conn)
+            .await?;
+        log_repairs(&row.repairs);
         tracing::info!(
             role,
             cluster = cluster.unwrap_or("*"),
-            removed,
+            removed = row.removed,
             "grant revoked"
         );
-        Ok(removed > 0)
+        Ok(Revoked {
+            removed: row.removed > 0,
+            repairs: row.repairs,
+        })
     }
 
-    async fn grant(&self, function: &str, role: &str, cluster: Option<&str>) -> Result<()> {
+    async fn grant(
+        &self,
+        function: &str,
+        role: &str,
+        cluster: Option<&str>,
+    ) -> Result<Vec<String>> {
         use diesel_async::RunQueryDsl;
         check_role(role)?;
         if let Some(cluster) = cluster {
@@ -227,18 +286,30 @@ impl Store {
                 "the database's role layout leaves a gap (docs/security.md)");
         }
         let mut conn = self.conn().await?;
-        diesel::sql_query(format!("SELECT pgfence.{function}($1, $2)"))
-            .bind::<Text, _>(role)
-            .bind::<Nullable<Text>, _>(cluster)
-            .execute(&mut *conn)
-            .await?;
+        let repairs: Vec<String> = diesel::select(
+            diesel::dsl::sql::<Array<Text>>(&format!("pgfence.{function}("))
+                .bind::<Text, _>(role)
+                .sql(", ")
+                .bind::<Nullable<Text>, _>(cluster)
+                .sql(")"),
+        )
+        .get_result(&mut *conn)
+        .await?;
+        log_repairs(&repairs);
         tracing::info!(
             role,
             cluster = cluster.unwrap_or("*"),
             function,
             "grant recorded"
         );
-        Ok(())
+        Ok(repairs)
+    }
+}
+
+/// Logs what `_harden` repaired, one warning each.
+fn log_repairs(repairs: &[String]) {
+    for repair in repairs {
+        tracing::warn!(repair = %repair, "pgfence repaired the schema (docs/security.md)");
     }
 }
 

@@ -107,7 +107,7 @@ mod tasks;
 mod types;
 mod validate;
 
-pub use admin::Enforcement;
+pub use admin::{Enforcement, Revoked};
 pub use audit::{Rejection, RejectionFilter};
 pub use connect::conninfo::{redact, with_database};
 pub use connect::identity::{DatabaseIdentity, ExpectedIdentity};

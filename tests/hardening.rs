@@ -1161,3 +1161,260 @@ async fn every_refused_path_answers_a_repeat_later() {
         );
     }
 }
+
+/// Plants, as the role running it, an overload of every function of the schema pgfence (read from the catalog, so
+/// a function added later is covered without a change here): for each parameter, one copy per type of
+/// `text, integer, bigint, numeric, name, boolean` (other than the parameter's own), with the other parameters,
+/// their names and (after that parameter) their defaults as the original has them. An untyped NULL or `'…'`
+/// literal resolves to the `text` copy, an integer literal or an `integer` value passed to a `bigint` parameter to
+/// the `integer` copy, a `name` (a catalog column) passed to a `text` parameter to the `name` copy. Each copy
+/// records that it ran in `plant.hits` and bumps the sequence `plant.hit_count`, which no rollback undoes.
+const PLANT_OVERLOADS: &str = r#"
+DO $plant$
+DECLARE
+    f record;
+    args text[];
+    t text;
+    made int := 0;
+BEGIN
+    FOR f IN SELECT p.proname, ARRAY(SELECT unnest(p.proargtypes::regtype[]::text[])) AS types, p.pronargs AS n,
+                    p.pronargdefaults AS ndefaults, pg_get_function_result(p.oid) AS result,
+                    coalesce((SELECT array_agg(a.name ORDER BY a.i)
+                                FROM unnest(p.proargnames, coalesce(p.proargmodes,
+                                            array_fill('i'::"char", ARRAY[cardinality(p.proargnames)])))
+                                     WITH ORDINALITY AS a(name, mode, i)
+                               WHERE a.mode IN ('i', 'b', 'v')), array_fill(''::text, ARRAY[p.pronargs])) AS names
+               FROM pg_proc p
+              WHERE p.pronamespace = 'pgfence'::regnamespace AND p.prokind = 'f' AND p.pronargs > 0
+                AND p.prorettype <> 'trigger'::regtype
+    LOOP
+        FOR i IN 1..f.n LOOP
+            FOREACH t IN ARRAY ARRAY['text', 'integer', 'bigint', 'numeric', 'name', 'boolean'] LOOP
+                CONTINUE WHEN f.types[i] = t;
+                args := ARRAY[]::text[];
+                FOR j IN 1..f.n LOOP
+                    args := args || format('%s %s%s', CASE WHEN f.names[j] <> '' THEN quote_ident(f.names[j]) END,
+                                           CASE WHEN j = i THEN t ELSE f.types[j] END,
+                                           CASE WHEN j > i AND j > f.n - f.ndefaults THEN ' DEFAULT NULL' ELSE '' END);
+                END LOOP;
+                BEGIN
+                    EXECUTE format('CREATE FUNCTION pgfence.%I(%s) RETURNS %s LANGUAGE plpgsql AS %L',
+                        f.proname, array_to_string(args, ', '), f.result,
+                        format($b$BEGIN
+                                      INSERT INTO plant.hits VALUES (%L, session_user, current_user);
+                                      PERFORM nextval('plant.hit_count');
+                                      %s
+                                  END$b$,
+                               format('pgfence.%I(%s)', f.proname, array_to_string(args, ', ')),
+                               CASE WHEN f.result ~ '^(TABLE|SETOF)' OR f.result = 'void' THEN 'RETURN;'
+                                    ELSE 'RETURN NULL;' END));
+                    made := made + 1;
+                EXCEPTION WHEN duplicate_function THEN NULL;
+                END;
+            END LOOP;
+        END LOOP;
+    END LOOP;
+    INSERT INTO plant.planted VALUES (made);
+END
+$plant$;
+-- And one of every other kind a role with CREATE on the schema can make there.
+CREATE OPERATOR pgfence.= (LEFTARG = text, RIGHTARG = text, FUNCTION = plant.loud_texteq);
+CREATE OPERATOR pgfence.|| (LEFTARG = text, RIGHTARG = text, FUNCTION = textcat);
+CREATE TYPE pgfence.planted_enum AS ENUM ('a');
+CREATE DOMAIN pgfence.planted_domain AS text;
+CREATE TABLE pgfence.planted_table (a pgfence.planted_enum, b serial);
+CREATE VIEW pgfence.planted_view AS SELECT * FROM pgfence.planted_table;
+CREATE FUNCTION pgfence.planted_function(pgfence.planted_domain) RETURNS int LANGUAGE sql AS 'SELECT 1';
+CREATE PROCEDURE pgfence.planted_procedure() LANGUAGE sql AS 'SELECT 1';
+CREATE AGGREGATE pgfence.planted_aggregate(int) (SFUNC = int4pl, STYPE = int);
+CREATE COLLATION pgfence.planted_collation FROM "C";
+CREATE TEXT SEARCH CONFIGURATION pgfence.planted_search (COPY = simple);
+CREATE STATISTICS pgfence.planted_statistics ON a, b FROM pgfence.planted_table;
+"#;
+
+/// The objects in the schema pgfence that a role other than its owner owns, as `kind name (owner)`.
+async fn foreign_objects(db: &TestDb) -> Vec<String> {
+    db.client()
+        .await
+        .query(
+            "WITH s AS (SELECT oid, nspowner FROM pg_namespace WHERE nspname = 'pgfence') \
+             SELECT format('function %s (%s)', p.oid::regprocedure, p.proowner::regrole) FROM pg_proc p, s \
+              WHERE p.pronamespace = s.oid AND p.proowner <> s.nspowner \
+             UNION ALL SELECT format('relation %s (%s)', c.oid::regclass, c.relowner::regrole) FROM pg_class c, s \
+              WHERE c.relnamespace = s.oid AND c.relowner <> s.nspowner \
+             UNION ALL SELECT format('type %s (%s)', t.oid::regtype, t.typowner::regrole) FROM pg_type t, s \
+              WHERE t.typnamespace = s.oid AND t.typowner <> s.nspowner \
+             UNION ALL SELECT format('operator %s (%s)', o.oid::regoperator, o.oprowner::regrole) FROM pg_operator o, s \
+              WHERE o.oprnamespace = s.oid AND o.oprowner <> s.nspowner \
+             UNION ALL SELECT format('collation %s', c.collname) FROM pg_collation c, s \
+              WHERE c.collnamespace = s.oid AND c.collowner <> s.nspowner \
+             UNION ALL SELECT format('text search configuration %s', c.cfgname) FROM pg_ts_config c, s \
+              WHERE c.cfgnamespace = s.oid AND c.cfgowner <> s.nspowner \
+             UNION ALL SELECT format('statistics %s', x.stxname) FROM pg_statistic_ext x, s \
+              WHERE x.stxnamespace = s.oid AND x.stxowner <> s.nspowner",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Which planted overloads ran, in whose session and as which role (`plant.hits`), and whether any ran at all
+/// even in a transaction that rolled back (`plant.hit_count`).
+async fn planted_runs(db: &TestDb) -> (Vec<String>, bool) {
+    let client = db.client().await;
+    let hits = client
+        .query(
+            "SELECT format('%s in a session of %s as %s', fn, session_role, as_role) FROM plant.hits",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let called: bool = client
+        .query_one("SELECT is_called FROM plant.hit_count", &[])
+        .await
+        .unwrap()
+        .get(0);
+    (hits, called)
+}
+
+/// The calls a granted role (`app1`, cluster c1) and a role granted another cluster (`app3`) make: an acquisition,
+/// a guarded write, a stale one, a renewal, a forged fence, renewal, release and belief report (typed as the
+/// library sends them), a release, and app3's refused acquisition and write on c1 (`refused` / `no_grant`).
+async fn everyday_calls(db: &TestDb, app1: &str, app3: &str) {
+    let store = store_as(db, app1, "c1").await;
+    let old = store.acquire("x", "pod-a", TTL).await.unwrap();
+    let mut lease = store.acquire("x", "pod-a", TTL).await.unwrap();
+    store
+        .create_task(&lease.fence(), "job", &serde_json::json!({}))
+        .await
+        .unwrap();
+    assert!(store
+        .create_task(&old.fence(), "late", &serde_json::json!({}))
+        .await
+        .is_err());
+    store.renew(&mut lease).await.unwrap();
+    let raw = client_as(db, app1).await;
+    let forged = "f".repeat(64);
+    for sql in [
+        "SELECT outcome::text FROM pgfence.fence('c1/x'::text, $1::bigint, $2::text, 'hold'::text, NULL::text, NULL::text)",
+        "SELECT outcome::text FROM pgfence.renew('c1/x'::text, $1::bigint, $2::text, 60000::bigint)",
+        "SELECT outcome::text FROM pgfence.release('c1/x'::text, $1::bigint, $2::text)",
+        "SELECT pgfence.report_belief('c1/x'::text, $1::bigint, $2::text, 'end'::text, now(), now(), NULL::text, \
+         'released'::text, NULL::text)::text",
+    ] {
+        let answer: Option<String> = raw
+            .query_one(sql, &[&lease.epoch().get(), &forged])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .get(0);
+        assert!(answer.is_some(), "{sql}: no answer");
+    }
+    store.release(&lease).await.unwrap();
+    let outsider = store_as(db, app3, "c1").await;
+    let refused = outsider.acquire("x", "pod-b", TTL).await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            pgfence::Error::Denied {
+                reason: pgfence::DenyReason::NoGrant,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    let refused = outsider
+        .create_task(&old.fence(), "intruder", &serde_json::json!({}))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            pgfence::Error::Denied {
+                reason: pgfence::DenyReason::NoGrant,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+}
+
+/// Invariant 8 against a careless `GRANT ALL ON SCHEMA pgfence` (CREATE on the trust root): a role that plants an
+/// overload of every pgfence function (generated from the catalog, each writing a side table) and one object of
+/// every other kind never gets its code run by pgfence — not in the window, in another role's refused calls, nor
+/// during the repair — and the next grant drops every object of another role in the schema and says so in what
+/// it returns (what the CLI prints). Fails when one internal call passes an untyped NULL or literal, or a value
+/// of another type than the parameter's (the planted copy then runs as the owner), and on a `_harden` that leaves
+/// foreign functions in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_planted_during_a_careless_schema_grant_never_run_and_are_dropped() {
+    let (db, _owner, owner_store) = owned_installation().await;
+    let app1 = app_role(&db, &owner_store, "app1", Some("c1")).await;
+    let app3 = app_role(&db, &owner_store, "app3", Some("c3")).await;
+    let app2 = role(&db, "app2").await;
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "GRANT ALL ON SCHEMA pgfence TO {app2}; CREATE SCHEMA plant AUTHORIZATION {app2}"
+        ))
+        .await
+        .unwrap();
+    let planter = client_as(&db, &app2).await;
+    planter
+        .batch_execute(
+            "CREATE TABLE plant.hits (fn text, session_role name, as_role name); \
+             CREATE TABLE plant.planted (n int); \
+             CREATE SEQUENCE plant.hit_count; \
+             CREATE FUNCTION plant.loud_texteq(text, text) RETURNS boolean LANGUAGE plpgsql AS $$ \
+                 BEGIN INSERT INTO plant.hits VALUES ('operator =', session_user, current_user); \
+                       PERFORM nextval('plant.hit_count'); RETURN $1 OPERATOR(pg_catalog.=) $2; END $$; \
+             GRANT USAGE ON SCHEMA plant TO PUBLIC; GRANT INSERT ON plant.hits TO PUBLIC; \
+             GRANT USAGE, UPDATE ON SEQUENCE plant.hit_count TO PUBLIC; \
+             GRANT EXECUTE ON FUNCTION plant.loud_texteq(text, text) TO PUBLIC;",
+        )
+        .await
+        .unwrap();
+    planter.batch_execute(PLANT_OVERLOADS).await.unwrap();
+    let planted = db.scalar("SELECT n::bigint FROM plant.planted").await;
+    assert!(planted > 1000, "planted only {planted} overloads");
+    assert!(foreign_objects(&db).await.len() as i64 > planted);
+
+    // The window: the planted copies exist, and everyday calls (refused ones in another role's session among
+    // them) never run one.
+    everyday_calls(&db, &app1, &app3).await;
+    assert_eq!(planted_runs(&db).await, (vec![], false), "in the window");
+
+    // The next grant repairs: no object of another role is left, and what it dropped is in its answer.
+    let repairs = owner_store
+        .grant_application(&app3, Some("c4"))
+        .await
+        .unwrap();
+    assert_eq!(foreign_objects(&db).await, Vec::<String>::new());
+    let said = repairs.join("\n");
+    for expected in [
+        "dropped function 'pgfence._reject(p_lease text, p_epoch bigint, p_current_epoch text"
+            .to_owned(),
+        "dropped operator 'pgfence.=(text, text)'".to_owned(),
+        "dropped table 'pgfence.planted_table'".to_owned(),
+        "dropped type 'pgfence.planted_enum'".to_owned(),
+        format!("revoked CREATE on SCHEMA pgfence from '{app2}'"),
+    ] {
+        assert!(said.contains(&expected), "{expected} not in {said}");
+    }
+    assert!(said.contains(&format!("owned by '{app2}'")), "{said}");
+    assert_eq!(
+        repairs.iter().filter(|r| r.starts_with("dropped ")).count() as i64,
+        planted + 12,
+        "one repair per object dropped"
+    );
+    assert!(!said.contains("EXECUTE on FUNCTION"), "{said}");
+
+    // After it, the same calls again; the side table stays empty throughout.
+    everyday_calls(&db, &app1, &app3).await;
+    assert_eq!(planted_runs(&db).await, (vec![], false), "after the repair");
+}

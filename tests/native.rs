@@ -349,7 +349,7 @@ async fn the_native_memory_admits_no_role_the_grant_does_not() {
             ok()
         );
     }
-    assert!(owner_store.revoke(&app, Some("c")).await.unwrap());
+    assert!(owner_store.revoke(&app, Some("c")).await.unwrap().removed);
     assert_eq!(
         call(&a, "pgfence.fence", "c/l", epoch, s, "op").await,
         refused("no_grant")

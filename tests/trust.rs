@@ -599,10 +599,10 @@ async fn revoke_removes_one_grant_and_says_whether_it_did() {
         Err(Error::InvalidInput { field: "role", .. })
     ));
     assert_eq!(db.scalar("SELECT count(*) FROM pgfence.grants").await, 2);
-    assert!(owner.revoke(&app, Some("a")).await.unwrap());
-    assert!(!owner.revoke(&app, Some("a")).await.unwrap());
+    assert!(owner.revoke(&app, Some("a")).await.unwrap().removed);
+    assert!(!owner.revoke(&app, Some("a")).await.unwrap().removed);
     assert!(
-        !owner.revoke(&app, None).await.unwrap(),
+        !owner.revoke(&app, None).await.unwrap().removed,
         "no every-cluster grant"
     );
     denied(
@@ -611,7 +611,7 @@ async fn revoke_removes_one_grant_and_says_whether_it_did() {
         "acquire after its grant was revoked",
     );
     b.acquire("sched", "pod", TTL).await.unwrap();
-    assert!(owner.revoke(&app, Some("b")).await.unwrap());
+    assert!(owner.revoke(&app, Some("b")).await.unwrap().removed);
     let err = b.acquire("other", "pod", TTL).await.unwrap_err();
     assert_eq!(err.sqlstate(), Some("42501"), "{err}");
     assert_eq!(db.scalar("SELECT count(*) FROM pgfence.grants").await, 0);

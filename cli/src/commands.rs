@@ -24,6 +24,18 @@ async fn warn_layout(store: &Store) -> CliResult {
     Ok(())
 }
 
+/// Prints to stderr what the schema repair (`pgfence._harden`, run by every grant and revoke, and by `migrate`)
+/// changed, one escaped line each: the names in it are other roles' text. Among them the advice to acquire again
+/// after a dropped trigger, which would otherwise reach only the server's log.
+fn warn_repairs(repairs: &[String]) {
+    for repair in repairs {
+        eprintln!(
+            "pgfence: warning: {}",
+            table::escape(repair, table::MESSAGE_CHARS)
+        );
+    }
+}
+
 /// Splits `CLUSTER/NAME`; a bare `NAME` belongs to `default_cluster`.
 fn split_lease(lease: &str, default_cluster: &str) -> (String, String) {
     match lease.split_once('/') {
@@ -84,11 +96,12 @@ pub(super) async fn grant(
     let targets = cluster_targets(&clusters, all_clusters);
     let rights = if operator { "operator" } else { "application" };
     for cluster in targets {
-        if operator {
-            store.grant_operator(&role, cluster).await?;
+        let repairs = if operator {
+            store.grant_operator(&role, cluster).await?
         } else {
-            store.grant_application(&role, cluster).await?;
-        }
+            store.grant_application(&role, cluster).await?
+        };
+        warn_repairs(&repairs);
         println!(
             "granted {} the {rights} rights on {}",
             role,
@@ -107,9 +120,10 @@ pub(super) async fn revoke(
     let store = global.store(&global.cluster).await?;
     let targets = cluster_targets(&clusters, all_clusters);
     for cluster in targets {
-        let removed = store.revoke(&role, cluster).await?;
+        let revoked = store.revoke(&role, cluster).await?;
+        warn_repairs(&revoked.repairs);
         let on = cluster.map_or_else(|| "every cluster".to_owned(), |c| format!("cluster {}", c));
-        if removed {
+        if revoked.removed {
             println!("revoked {}'s grant on {on}", role);
         } else {
             println!("{} had no grant on {on}", role);
@@ -184,6 +198,9 @@ pub(super) async fn identity(global: &Global, json: bool) -> CliResult {
 pub(super) async fn migrate(global: &Global) -> CliResult {
     let store = global.store(&global.cluster).await?;
     let applied = store.migrate().await?;
+    // The repair, once the schema is known to be the owner's (migrate refuses it otherwise): what a careless
+    // grant left since the last grant, revoke or migration goes, and the operator is told.
+    warn_repairs(&store.harden().await?);
     warn_layout(&store).await?;
     let target = table::value(store.target());
     emit(&if applied.is_empty() {

@@ -438,6 +438,113 @@ async fn grant_and_revoke_refuse_every_role_a_grant_cannot_bound() {
     }
 }
 
+/// Invariant 8's repair is shown to the operator who runs it: after a careless `GRANT ALL` on the schema and its
+/// tables, in which another role planted a trigger on a pgfence table and a function in the schema (its name
+/// carrying a terminal escape), `pgfence grant` prints on stderr, escaped, what the repair did — the dropped trigger
+/// with the advice to acquire again, the dropped function and its owner, the revoked privileges — and the objects
+/// are gone; `revoke` and `migrate` print theirs the same way. Before, these went to the server's log only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grant_revoke_and_migrate_print_what_the_repair_did() {
+    let db = TestDb::empty().await;
+    let owner = format!("{}_owner", db.name);
+    let (app, planter) = (format!("{}_app", db.name), format!("{}_planter", db.name));
+    let password = common::ROLE_PASSWORD;
+    let admin = db.client().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {owner} LOGIN PASSWORD '{password}'; ALTER DATABASE {0} OWNER TO {owner}; \
+             CREATE ROLE {app} LOGIN PASSWORD '{password}'; GRANT CONNECT ON DATABASE {0} TO {app}; \
+             CREATE ROLE {planter} LOGIN PASSWORD '{password}'; GRANT CONNECT ON DATABASE {0} TO {planter}",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let as_owner = common::url_with_credentials(&db.url, &owner, password);
+    let migrated = pgfence(&["migrate"], Some(&as_owner)).await;
+    assert_eq!(migrated.code, 0, "{}", migrated.stderr);
+    assert!(!migrated.stderr.contains("repair"), "{}", migrated.stderr);
+
+    // The careless grant, and what the planter makes of it.
+    admin
+        .batch_execute(&format!(
+            "GRANT ALL ON SCHEMA pgfence TO {planter}; GRANT ALL ON ALL TABLES IN SCHEMA pgfence TO {planter}"
+        ))
+        .await
+        .unwrap();
+    let (client, connection) = tokio_postgres::connect(
+        &common::url_with_credentials(&db.url, &planter, password),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(
+            "CREATE FUNCTION pgfence.noop() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END'; \
+             CREATE TRIGGER zz_listen AFTER INSERT ON pgfence.tasks FOR EACH ROW EXECUTE FUNCTION pgfence.noop(); \
+             CREATE FUNCTION pgfence.U&\"evil\\001B[2J\"(bigint) RETURNS int LANGUAGE sql AS 'SELECT 1';",
+        )
+        .await
+        .unwrap();
+
+    let granted = pgfence(
+        &["grant", "--role", &app, "--on-cluster", "c"],
+        Some(&as_owner),
+    )
+    .await;
+    assert_eq!(granted.code, 0, "{}", granted.stderr);
+    let said = &granted.stderr;
+    for expected in [
+        "pgfence: warning: dropped trigger 'zz_listen' on pgfence.tasks".to_owned(),
+        "(acquire again)".to_owned(),
+        format!("pgfence: warning: dropped function 'pgfence.noop()', owned by '{planter}'"),
+        "pgfence: warning: dropped function 'pgfence.\"evil?[2J\"(bigint)'".to_owned(),
+        format!("pgfence: warning: revoked CREATE on SCHEMA pgfence from '{planter}'"),
+        format!("pgfence: warning: revoked INSERT on TABLE pgfence.tasks from '{planter}'"),
+    ] {
+        assert!(said.contains(&expected), "{expected} not in {said}");
+    }
+    assert!(
+        !said.contains('\u{1b}'),
+        "a raw escape reached the terminal: {said:?}"
+    );
+    let foreign: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_proc WHERE pronamespace = 'pgfence'::regnamespace \
+              AND proowner <> (SELECT nspowner FROM pg_namespace WHERE nspname = 'pgfence')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(foreign, 0, "a foreign function is left");
+
+    // Another careless grant: revoke repairs it and says so; then migrate.
+    for (command, grant) in [("revoke", "SELECT"), ("migrate", "UPDATE")] {
+        admin
+            .batch_execute(&format!(
+                "GRANT {grant} ON pgfence.tenure_secrets TO {planter}"
+            ))
+            .await
+            .unwrap();
+        let args: &[&str] = if command == "revoke" {
+            &["revoke", "--role", &app, "--on-cluster", "c"]
+        } else {
+            &["migrate"]
+        };
+        let run = pgfence(args, Some(&as_owner)).await;
+        assert_eq!(run.code, 0, "{command}: {}", run.stderr);
+        let expected = format!(
+            "pgfence: warning: revoked {grant} on TABLE pgfence.tenure_secrets from '{planter}'"
+        );
+        assert!(
+            run.stderr.contains(&expected),
+            "{command}: {expected} not in {}",
+            run.stderr
+        );
+    }
+}
+
 /// force-release needs --yes (exit 2), fences the holder, and an unknown lease is exit 6.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_release_needs_confirmation_and_fences_the_holder() {

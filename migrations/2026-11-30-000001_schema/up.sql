@@ -792,7 +792,7 @@ $$;
 -- SECURITY DEFINER (pgfence.grants is the owner's); each is called once per query, as an InitPlan.
 CREATE FUNCTION pgfence._reads_all() RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT pgfence._may_use(NULL)
+    SELECT pgfence._may_use(NULL::text)
 $$;
 CREATE FUNCTION pgfence._readable_clusters() RETURNS text[]
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -806,7 +806,7 @@ $$;
 CREATE FUNCTION pgfence._require_instance_operator(p_function text) RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    IF NOT pgfence._may_use(NULL, p_operator => true) THEN
+    IF NOT pgfence._may_use(NULL::text, p_operator => true) THEN
         RAISE EXCEPTION 'pgfence: % needs operator rights on every cluster; role % has none', p_function,
             pgfence._printable(session_user::text)
             USING ERRCODE = '42501',

@@ -207,7 +207,7 @@ BEGIN
     IF pgfence._may_use(pgfence._cluster_of(p_lease), p_operator) THEN
         RETURN NULL;
     END IF;
-    PERFORM pgfence._reject(p_lease, coalesce(p_epoch, 0), NULL, NULL, 'no_grant', p_operation, NULL, NULL,
+    PERFORM pgfence._reject(p_lease, coalesce(p_epoch, 0), NULL::bigint, NULL::text, 'no_grant'::text, p_operation, NULL::text, NULL::text,
                             p_may_wait => true);
     RETURN ROW('refused', 'no_grant', NULL, NULL, NULL, NULL)::pgfence.lease_result;
 END;
@@ -250,10 +250,10 @@ DECLARE
     secret_hash bytea;
     denied pgfence.lease_result;
 BEGIN
-    PERFORM pgfence._check_lease_args(p_lease, 1);
-    PERFORM pgfence._check_text('holder', p_holder, pgfence._max_holder_len());
+    PERFORM pgfence._check_lease_args(p_lease, 1::bigint);
+    PERFORM pgfence._check_text('holder'::text, p_holder, pgfence._max_holder_len());
     PERFORM pgfence._check_ttl(p_ttl_ms);
-    denied := pgfence._deny_lease_call(p_lease, 0, 'acquire');
+    denied := pgfence._deny_lease_call(p_lease, 0::bigint, 'acquire'::text);
     IF denied.outcome IS NOT NULL THEN
         RETURN denied;
     END IF;
@@ -332,7 +332,7 @@ BEGIN
     PERFORM pgfence._check_lease_args(p_lease, p_epoch);
     PERFORM pgfence._check_secret(p_secret);
     PERFORM pgfence._check_ttl(p_ttl_ms);
-    denied := pgfence._deny_lease_call(p_lease, p_epoch, 'renew');
+    denied := pgfence._deny_lease_call(p_lease, p_epoch, 'renew'::text);
     IF denied.outcome IS NOT NULL THEN
         RETURN denied;
     END IF;
@@ -349,9 +349,9 @@ BEGIN
         -- Not the live tenure's secret: a loss stays the answer (epochs only grow, a released or expired tenure
         -- stays over; NULL: superseded between the two reads); a live tenure presented with a wrong secret is
         -- refused and audited.
-        why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
+        why := pgfence._loss_reason(l, NULL::text, p_epoch, clock_timestamp(), tl);
         IF why IS NULL AND secret = 'bad' THEN
-            PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'renew', NULL, NULL,
+            PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret'::text, 'renew'::text, NULL::text, NULL::text,
                                     p_may_wait => true);
             RETURN ROW('refused', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
         END IF;
@@ -362,7 +362,7 @@ BEGIN
     ts := clock_timestamp();
     -- Judged again on the locked row: a takeover may have committed while we waited. The secret was 'ok' for
     -- this epoch, and a tenure's secret never changes.
-    why := pgfence._loss_reason(l, NULL, p_epoch, ts, tl);
+    why := pgfence._loss_reason(l, NULL::text, p_epoch, ts, tl);
     IF why IS NOT NULL THEN
         RETURN ROW('refused', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
     END IF;
@@ -402,7 +402,7 @@ BEGIN
     -- A NULL secret is bad input, as renew's: 22023 before anything is written (not an audited bad_secret).
     IF array_position(p_secrets, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'pgfence: renew_many: secret % of %: %', array_position(p_secrets, NULL),
-            cardinality(p_secrets), pgfence._secret_problem(NULL) USING ERRCODE = '22023';
+            cardinality(p_secrets), pgfence._secret_problem(NULL::text) USING ERRCODE = '22023';
     END IF;
     PERFORM pgfence._check_lease_args(i.lease, i.epoch) FROM unnest(p_leases, p_epochs) AS i(lease, epoch);
     tl := pgfence._timeline();
@@ -416,7 +416,7 @@ BEGIN
     whys := ARRAY(
         SELECT CASE WHEN pgfence._cluster_of(i.lease) = ANY (refused) THEN 'no_grant'
                     WHEN s.secret = 'ok' THEN NULL
-                    ELSE coalesce(pgfence._loss_reason(l, NULL, i.epoch, clock_timestamp(), tl),
+                    ELSE coalesce(pgfence._loss_reason(l, NULL::text, i.epoch, clock_timestamp(), tl),
                                   CASE s.secret WHEN 'bad' THEN 'bad_secret' ELSE 'superseded' END) END
           FROM unnest(p_leases, p_epochs, p_secrets) WITH ORDINALITY AS i(lease, epoch, secret, ord)
           LEFT JOIN pgfence.leases l ON l.name = i.lease
@@ -438,7 +438,7 @@ BEGIN
               GROUP BY i.lease, i.epoch, i.why ORDER BY i.lease, i.epoch)
     LOOP
         PERFORM pgfence._reject(r.lease, r.epoch, CASE WHEN r.why = 'bad_secret' THEN l.epoch END,
-                                CASE WHEN r.why = 'bad_secret' THEN l.holder END, r.why, 'renew', NULL, NULL,
+                                CASE WHEN r.why = 'bad_secret' THEN l.holder END, r.why, 'renew'::text, NULL::text, NULL::text,
                                 p_may_wait => first, p_count => r.n)
            FROM (SELECT NULL) AS one LEFT JOIN pgfence.leases l ON l.name = r.lease;
         first := false;
@@ -465,7 +465,7 @@ BEGIN
         -- secrets were 'ok' for these epochs, and a tenure's secret never changes); the others keep their
         -- unlocked judgment.
         SELECT i.lease, i.ord, l.epoch AS current_epoch,
-               coalesce(i.why, pgfence._loss_reason(l, NULL, i.epoch, ts, tl)) AS why
+               coalesce(i.why, pgfence._loss_reason(l, NULL::text, i.epoch, ts, tl)) AS why
           FROM unnest(p_leases, p_epochs, whys) WITH ORDINALITY AS i(lease, epoch, why, ord)
           LEFT JOIN pgfence.leases l ON l.name = i.lease
     ), renewed AS (
@@ -504,30 +504,30 @@ DECLARE
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, p_epoch);
     PERFORM pgfence._check_secret(p_secret);
-    denied := pgfence._deny_lease_call(p_lease, p_epoch, 'release');
+    denied := pgfence._deny_lease_call(p_lease, p_epoch, 'release'::text);
     IF denied.outcome IS NOT NULL THEN
         RETURN denied;
     END IF;
     tl := pgfence._timeline();
 
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
-    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
+    why := pgfence._loss_reason(l, NULL::text, p_epoch, clock_timestamp(), tl);
     IF why IS NOT NULL AND why NOT IN ('expired', 'failover') THEN
         RETURN ROW('not_held', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
     END IF;
     -- Decided for good ('bad' is final), before any lock.
     IF pgfence._secret_check(p_lease, p_epoch, p_secret) = 'bad' THEN
-        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'release', NULL, NULL,
+        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret'::text, 'release'::text, NULL::text, NULL::text,
                                 p_may_wait => true);
         RETURN ROW('refused', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
     END IF;
     l := pgfence._lock_lease_row(p_lease);
-    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), tl);
+    why := pgfence._loss_reason(l, NULL::text, p_epoch, clock_timestamp(), tl);
     IF why IS NOT NULL AND why NOT IN ('expired', 'failover') THEN
         RETURN ROW('not_held', why, l.epoch, l.holder, NULL, NULL)::pgfence.lease_result;
     END IF;
     IF pgfence._secret_check(p_lease, p_epoch, p_secret) IS DISTINCT FROM 'ok' THEN
-        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret', 'release', NULL, NULL);
+        PERFORM pgfence._reject(p_lease, p_epoch, l.epoch, l.holder, 'bad_secret'::text, 'release'::text, NULL::text, NULL::text);
         RETURN ROW('refused', 'bad_secret', NULL, NULL, NULL, NULL)::pgfence.lease_result;
     END IF;
     PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
@@ -557,8 +557,8 @@ DECLARE
     why text;
     denied pgfence.lease_result;
 BEGIN
-    PERFORM pgfence._check_lease_args(p_lease, 1);
-    denied := pgfence._deny_lease_call(p_lease, 0, 'force_release', p_operator => true);
+    PERFORM pgfence._check_lease_args(p_lease, 1::bigint);
+    denied := pgfence._deny_lease_call(p_lease, 0::bigint, 'force_release'::text, p_operator => true);
     IF denied.outcome IS NOT NULL THEN
         RETURN denied;
     END IF;
@@ -621,7 +621,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     ms bigint;
 BEGIN
-    PERFORM pgfence._require_instance_operator('set_takeover_grace');
+    PERFORM pgfence._require_instance_operator('set_takeover_grace'::text);
     IF p_grace IS NULL OR p_grace < interval '0' OR p_grace > interval '10 minutes' THEN
         RAISE EXCEPTION 'pgfence: takeover grace must be between 0 and 10 minutes' USING ERRCODE = '22023';
     END IF;
@@ -689,7 +689,7 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     IF p_endpoint IS NOT NULL THEN
-        PERFORM pgfence._check_text('endpoint', p_endpoint, pgfence._max_endpoint_len());
+        PERFORM pgfence._check_text('endpoint'::text, p_endpoint, pgfence._max_endpoint_len());
     END IF;
     IF p_event = 'start' AND (p_cause IS NOT NULL OR p_detail IS NOT NULL) THEN
         RAISE EXCEPTION 'pgfence: invalid belief cause: a start has none' USING ERRCODE = '22023';
@@ -700,10 +700,10 @@ BEGIN
             pgfence._printable(p_cause) USING ERRCODE = '22023';
     END IF;
     IF p_detail IS NOT NULL THEN
-        PERFORM pgfence._check_text('belief detail', p_detail, pgfence._max_label_len());
+        PERFORM pgfence._check_text('belief detail'::text, p_detail, pgfence._max_label_len());
     END IF;
     IF NOT pgfence._may_use(pgfence._cluster_of(p_lease)) THEN
-        PERFORM pgfence._reject(p_lease, p_epoch, NULL, NULL, 'no_grant', 'report_belief', NULL, NULL,
+        PERFORM pgfence._reject(p_lease, p_epoch, NULL::bigint, NULL::text, 'no_grant'::text, 'report_belief'::text, NULL::text, NULL::text,
                                 p_may_wait => true);
         outcome := 'refused'; reason := 'no_grant';
         RETURN;
@@ -713,13 +713,13 @@ BEGIN
     -- aggregated per role (a flood of bogus names or epochs costs one row), like an unknown lease's.
     SELECT * INTO b FROM pgfence.beliefs WHERE lease = p_lease AND epoch = p_epoch;
     IF NOT FOUND THEN
-        PERFORM pgfence._reject(p_lease, p_epoch, NULL, NULL, 'bad_secret', 'report_belief', NULL, NULL,
+        PERFORM pgfence._reject(p_lease, p_epoch, NULL::bigint, NULL::text, 'bad_secret'::text, 'report_belief'::text, NULL::text, NULL::text,
                                 p_may_wait => true, p_by_role => true);
         outcome := 'refused'; reason := 'bad_secret';
         RETURN;
     END IF;
     IF NOT pgfence._secret_matches(b.report_hash, p_secret) THEN
-        PERFORM pgfence._reject(p_lease, p_epoch, NULL, NULL, 'bad_secret', 'report_belief', NULL, NULL,
+        PERFORM pgfence._reject(p_lease, p_epoch, NULL::bigint, NULL::text, 'bad_secret'::text, 'report_belief'::text, NULL::text, NULL::text,
                                 p_may_wait => true);
         outcome := 'refused'; reason := 'bad_secret';
         RETURN;

@@ -183,7 +183,7 @@ CREATE FUNCTION pgfence._verdict(l pgfence.leases, p_epoch bigint, p_secret text
                                  p_timeline bigint, p_matched_epoch bigint)
 RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(pgfence._loss_reason(l, NULL, p_epoch, p_now, p_timeline),
+    SELECT coalesce(pgfence._loss_reason(l, NULL::text, p_epoch, p_now, p_timeline),
                     CASE WHEN l.epoch IS DISTINCT FROM p_matched_epoch
                               AND pgfence._secret_check(l.name, p_epoch, p_secret) IS DISTINCT FROM 'ok'
                          THEN 'bad_secret' END)
@@ -293,12 +293,12 @@ BEGIN
       LEFT JOIN pgfence.tenure_secrets s ON s.lease = p_lease;
     IF NOT pre.granted THEN
         kept := pg_catalog.set_config(pgfence._known_slot(p_lease), '', false);
-        RETURN pgfence._reject(p_lease, p_epoch, NULL, NULL, 'no_grant', p_operation, p_table, p_key,
+        RETURN pgfence._reject(p_lease, p_epoch, NULL::bigint, NULL::text, 'no_grant'::text, p_operation, p_table, p_key,
                                p_may_wait => true);
     END IF;
     l := pre.lease;
     seen := l.epoch;
-    why := pgfence._loss_reason(l, NULL, p_epoch, clock_timestamp(), pre.tl);
+    why := pgfence._loss_reason(l, NULL::text, p_epoch, clock_timestamp(), pre.tl);
     IF why IS NULL AND pre.secret_epoch = p_epoch THEN
         -- A forged fence is refused before it takes the guard lock, like a stale one (a tenure's secret never
         -- changes, so the answer is final either way).
@@ -367,10 +367,10 @@ BEGIN
     -- The labels first, by the cheap test (the lease and the epoch need none on the fast path: it admits only
     -- the name and the epoch of a held tenure, which were checked when it was acquired).
     IF pgfence._plain_labels(p_operation, p_table, p_key) IS NOT TRUE THEN
-        problem := coalesce(pgfence._arg_problem('operation', p_operation, pgfence._max_label_len()),
-                            pgfence._arg_problem('target table', p_table, pgfence._max_label_len(),
+        problem := coalesce(pgfence._arg_problem('operation'::text, p_operation, pgfence._max_label_len()),
+                            pgfence._arg_problem('target table'::text, p_table, pgfence._max_label_len(),
                                                  p_optional => true),
-                            pgfence._arg_problem('target key', p_key, pgfence._max_holder_len(),
+                            pgfence._arg_problem('target key'::text, p_key, pgfence._max_holder_len(),
                                                  p_optional => true));
         IF problem IS NOT NULL THEN
             RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
@@ -464,8 +464,8 @@ BEGIN
     END IF;
     IF why IN ('no_grant', 'future_epoch') THEN
         IF TG_NARGS > 0 AND TG_ARGV[0] = 'audit' THEN
-            PERFORM pgfence._reject(target, coalesce(presented, 0), NULL, NULL, why, 'raw_' || lower(TG_OP),
-                                    TG_TABLE_NAME, key);
+            PERFORM pgfence._reject(target, coalesce(presented, 0), NULL::bigint, NULL::text, why, 'raw_' || lower(TG_OP),
+                                    TG_TABLE_NAME::text, key);
             RAISE WARNING 'pgfence: refused raw % on pgfence.% (%); recorded in pgfence.rejections',
                 TG_OP, TG_TABLE_NAME, why;
             RETURN NULL;
@@ -498,7 +498,7 @@ BEGIN
     END IF;
     IF why IS NULL THEN
         why := pgfence._verdict(l, presented, current_setting(pgfence._fence_setting(l.lock_key), true),
-                                clock_timestamp(), pgfence._timeline(), NULL);
+                                clock_timestamp(), pgfence._timeline(), NULL::bigint);
     END IF;
     IF why IS NULL THEN
         RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
@@ -573,7 +573,7 @@ DECLARE
     wait_ms bigint := pgfence._lock_wait_ms();
 BEGIN
     PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
-    PERFORM pgfence._require_instance_operator('set_enforcement');
+    PERFORM pgfence._require_instance_operator('set_enforcement'::text);
     IF p_mode IS NULL OR p_mode NOT IN ('error', 'audit') THEN
         RAISE EXCEPTION 'pgfence: enforcement mode must be ''error'' or ''audit'', got %', pgfence._printable(p_mode)
             USING ERRCODE = '22023';
@@ -628,7 +628,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n integer;
 BEGIN
-    PERFORM pgfence._require_instance_operator('prune_rejections');
+    PERFORM pgfence._require_instance_operator('prune_rejections'::text);
     IF p_older_than IS NULL OR p_older_than < interval '0' OR p_batch IS NULL OR p_batch < 1 OR p_batch > 1000000 THEN
         RAISE EXCEPTION 'pgfence: prune needs a non-negative age and a batch of 1 to 1000000 rows'
             USING ERRCODE = '22023';

@@ -26,9 +26,9 @@ BEGIN
                ::pgfence.write_result;
     END IF;
     IF t.fence > p_epoch THEN
-        RETURN pgfence._reject(p_lease, p_epoch, t.fence, NULL, 'row_fence', p_operation, 'tasks', p_key);
+        RETURN pgfence._reject(p_lease, p_epoch, t.fence, NULL::text, 'row_fence'::text, p_operation, 'tasks'::text, p_key);
     END IF;
-    RETURN pgfence._task_result(t, 'conflict', t.state, p_epoch, false, NULL);
+    RETURN pgfence._task_result(t, 'conflict'::text, t.state, p_epoch, false, NULL::bigint);
 END;
 $$;
 
@@ -50,7 +50,7 @@ BEGIN
         AND pgfence._plain_arg(p_text, p_max, p_optional => p_what IS NULL)
         AND pgfence._payload_problem(p_payload) IS NULL) IS NOT TRUE THEN
         problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch), pgfence._secret_problem(p_secret),
-                            pgfence._arg_problem('task key', p_key, pgfence._max_holder_len()),
+                            pgfence._arg_problem('task key'::text, p_key, pgfence._max_holder_len()),
                             pgfence._arg_problem(p_what, p_text, p_max, p_optional => p_what IS NULL),
                             pgfence._payload_problem(p_payload));
         IF problem IS NOT NULL THEN
@@ -78,7 +78,7 @@ DECLARE
     t pgfence.tasks;
     ev bigint;
 BEGIN
-    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'create_task', 'tasks', NULL, NULL, NULL,
+    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'create_task'::text, 'tasks'::text, NULL::text, NULL::text, NULL::integer,
                                   p_payload);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
@@ -89,11 +89,11 @@ BEGIN
     RETURNING * INTO t;
     IF NOT FOUND THEN
         SELECT * INTO t FROM pgfence.tasks WHERE lease = p_lease AND key = p_key;
-        RETURN pgfence._task_result(t, 'ok', NULL, p_epoch, false, NULL);
+        RETURN pgfence._task_result(t, 'ok'::text, NULL::text, p_epoch, false, NULL::bigint);
     END IF;
     INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
     VALUES (t.id, p_lease, p_epoch, 'created', t.payload) RETURNING id INTO ev;
-    RETURN pgfence._task_result(t, 'ok', NULL, p_epoch, true, ev);
+    RETURN pgfence._task_result(t, 'ok'::text, NULL::text, p_epoch, true, ev);
 END;
 $$;
 
@@ -107,8 +107,8 @@ DECLARE
     t pgfence.tasks;
     ev bigint;
 BEGIN
-    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'claim_task', 'tasks', 'assignee', p_assignee,
-                                  pgfence._max_holder_len(), NULL);
+    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'claim_task'::text, 'tasks'::text, 'assignee'::text, p_assignee,
+                                  pgfence._max_holder_len(), NULL::jsonb);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
     END IF;
@@ -124,11 +124,11 @@ BEGIN
      WHERE lease = p_lease AND key = p_key AND state = 'pending' AND fence <= p_epoch
     RETURNING * INTO t;
     IF NOT FOUND THEN
-        RETURN pgfence._explain_miss(p_lease, p_epoch, p_key, 'claim_task');
+        RETURN pgfence._explain_miss(p_lease, p_epoch, p_key, 'claim_task'::text);
     END IF;
     INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
     VALUES (t.id, p_lease, p_epoch, 'claimed', jsonb_build_object('assignee', p_assignee)) RETURNING id INTO ev;
-    RETURN pgfence._task_result(t, 'ok', NULL, p_epoch, false, ev);
+    RETURN pgfence._task_result(t, 'ok'::text, NULL::text, p_epoch, false, ev);
 END;
 $$;
 
@@ -150,7 +150,7 @@ BEGIN
        OR p_to NOT IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled') THEN
         RAISE EXCEPTION 'pgfence: unknown task state % -> %', p_from, p_to USING ERRCODE = '22023';
     END IF;
-    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'transition_task', 'tasks', NULL, NULL, NULL,
+    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'transition_task'::text, 'tasks'::text, NULL::text, NULL::text, NULL::integer,
                                   p_payload);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
@@ -167,11 +167,11 @@ BEGIN
      WHERE lease = p_lease AND key = p_key AND state = p_from AND fence <= p_epoch
     RETURNING * INTO t;
     IF NOT FOUND THEN
-        RETURN pgfence._explain_miss(p_lease, p_epoch, p_key, 'transition_task');
+        RETURN pgfence._explain_miss(p_lease, p_epoch, p_key, 'transition_task'::text);
     END IF;
     INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
     VALUES (t.id, p_lease, p_epoch, p_to, coalesce(p_payload, '{}')) RETURNING id INTO ev;
-    RETURN pgfence._task_result(t, 'ok', NULL, p_epoch, false, ev);
+    RETURN pgfence._task_result(t, 'ok'::text, NULL::text, p_epoch, false, ev);
 END;
 $$;
 
@@ -186,7 +186,7 @@ DECLARE
     t pgfence.tasks;
     ev bigint;
 BEGIN
-    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'append_event', 'task_events', 'event kind',
+    r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'append_event'::text, 'task_events'::text, 'event kind'::text,
                                   p_kind, pgfence._max_kind_len(), p_payload);
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN r;
@@ -195,11 +195,11 @@ BEGIN
      WHERE lease = p_lease AND key = p_key AND fence <= p_epoch
     RETURNING * INTO t;
     IF NOT FOUND THEN
-        RETURN pgfence._explain_miss(p_lease, p_epoch, p_key, 'append_event');
+        RETURN pgfence._explain_miss(p_lease, p_epoch, p_key, 'append_event'::text);
     END IF;
     INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
     VALUES (t.id, p_lease, p_epoch, p_kind, coalesce(p_payload, '{}')) RETURNING id INTO ev;
-    RETURN pgfence._task_result(t, 'ok', NULL, p_epoch, false, ev);
+    RETURN pgfence._task_result(t, 'ok'::text, NULL::text, p_epoch, false, ev);
 END;
 $$;
 

@@ -49,7 +49,7 @@ RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(
         'invalid group: ' || pgfence._lease_problem(p_group),
-        pgfence._arg_problem('member', p_member, pgfence._max_holder_len()),
+        pgfence._arg_problem('member'::text, p_member, pgfence._max_holder_len()),
         CASE WHEN p_weight IS NULL OR p_weight < 1 OR p_weight > pgfence._max_member_weight()
              THEN format('invalid weight: must be between 1 and %s, got %s', pgfence._max_member_weight(),
                          coalesce(p_weight::text, 'NULL')) END,
@@ -111,7 +111,7 @@ BEGIN
     IF pgfence._may_use(pgfence._cluster_of(p_group)) THEN
         RETURN NULL;
     END IF;
-    PERFORM pgfence._reject(p_group, 0, NULL, NULL, 'no_grant', p_operation, NULL, NULL, p_may_wait => true,
+    PERFORM pgfence._reject(p_group, 0::bigint, NULL::bigint, NULL::text, 'no_grant'::text, p_operation, NULL::text, NULL::text, p_may_wait => true,
                             p_by_role => true);
     RETURN ROW('refused', 'no_grant', NULL, NULL, NULL, NULL, NULL)::pgfence.member_result;
 END;
@@ -212,7 +212,7 @@ BEGIN
         RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
     END IF;
     PERFORM pgfence._check_ttl(p_ttl_ms);
-    denied := pgfence._deny_member_call(p_group, 'join_group');
+    denied := pgfence._deny_member_call(p_group, 'join_group'::text);
     IF denied.outcome IS NOT NULL THEN
         RETURN denied;
     END IF;
@@ -292,7 +292,7 @@ BEGIN
     IF pgfence._lease_problem(p_group) IS NOT NULL THEN
         RAISE EXCEPTION 'pgfence: invalid group: %', pgfence._lease_problem(p_group) USING ERRCODE = '22023';
     END IF;
-    PERFORM pgfence._check_text('member', p_member, pgfence._max_holder_len());
+    PERFORM pgfence._check_text('member'::text, p_member, pgfence._max_holder_len());
     IF p_incarnation IS NULL OR p_incarnation < 1 THEN
         RAISE EXCEPTION 'pgfence: invalid incarnation: must be at least 1' USING ERRCODE = '22023';
     END IF;
@@ -304,7 +304,7 @@ BEGIN
     SELECT * INTO m FROM pgfence.members x WHERE x.grp = p_group AND x.member = p_member;
     why := pgfence._member_loss(m, p_incarnation, p_secret, clock_timestamp());
     IF why = 'bad_secret' THEN
-        PERFORM pgfence._reject(p_group, p_incarnation, NULL, NULL, 'bad_secret', p_operation, NULL, p_member,
+        PERFORM pgfence._reject(p_group, p_incarnation, NULL::bigint, NULL::text, 'bad_secret'::text, p_operation, NULL::text, p_member,
                                 p_may_wait => true, p_by_role => true);
     END IF;
     IF why IS NOT NULL THEN
@@ -332,7 +332,7 @@ DECLARE
     newly_settled boolean;
 BEGIN
     PERFORM pgfence._check_ttl(p_ttl_ms);
-    refused := pgfence._member_call(p_group, p_member, p_incarnation, p_secret, 'heartbeat');
+    refused := pgfence._member_call(p_group, p_member, p_incarnation, p_secret, 'heartbeat'::text);
     IF refused.outcome IS NOT NULL THEN
         RETURN refused;
     END IF;
@@ -378,7 +378,7 @@ DECLARE
     wait_ms bigint := pgfence._lock_wait_ms();
     n bigint;
 BEGIN
-    refused := pgfence._member_call(p_group, p_member, p_incarnation, p_secret, 'leave_group');
+    refused := pgfence._member_call(p_group, p_member, p_incarnation, p_secret, 'leave_group'::text);
     IF refused.outcome IS NOT NULL THEN
         RETURN refused;
     END IF;

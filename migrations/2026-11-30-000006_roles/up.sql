@@ -105,7 +105,7 @@ BEGIN
     IF TG_TABLE_NAME = 'instance' AND TG_OP = 'UPDATE' THEN
         IF (NEW.singleton, NEW.instance_id, NEW.created_at)
                IS NOT DISTINCT FROM (OLD.singleton, OLD.instance_id, OLD.created_at)
-           AND pgfence._may_use(NULL, p_operator => true) THEN
+           AND pgfence._may_use(NULL::text, p_operator => true) THEN
             RETURN NEW;
         END IF;
     ELSIF TG_TABLE_NAME = 'grants' AND TG_OP = 'DELETE' THEN
@@ -158,7 +158,7 @@ BEGIN
                                 o.reason, o.operation, o.target_table, o.target_key, o.rejected_at, o.slot))
                 OR (SELECT count(*) FROM changed_new) <> (SELECT count(*) FROM changed_old);
     ELSE
-        bent := NOT pgfence._may_use(NULL, p_operator => true);
+        bent := NOT pgfence._may_use(NULL::text, p_operator => true);
     END IF;
     IF bent THEN
         RAISE EXCEPTION 'pgfence: % of audit rows refused: the audit only grows by the refused role''s own refusals (this session logged in as %)',
@@ -251,37 +251,170 @@ LANGUAGE sql STABLE AS $$
                        ELSE p_kind || ' ' || p_object::regclass::text END
 $$;
 
--- Repairs the privileges and rows of pgfence's objects to what pgfence made, and says what it removed (a
--- WARNING each). Run by every grant, revoke and enforcement change, and at the end of the migration. It removes:
+-- Repairs the schema, its privileges and pgfence's rows to what pgfence made, and says what it changed: each
+-- change is a WARNING and an element of the array it returns (the same text without the "pgfence: " prefix), so
+-- that the CLI can show the operator what the server log alone would otherwise hold. Run by every grant, revoke
+-- and enforcement change, and at the end of the migration (the CLI's migrate runs it again and prints it). It
+-- removes:
+--   * triggers on pgfence tables that pgfence did not create (a trigger runs as the owner inside every pgfence
+--     function that writes its table);
+--   * every object in the schema that another role owns — function, procedure, aggregate, operator, table, view,
+--     sequence, type, domain, collation, conversion, text search configuration or dictionary, statistics
+--     object, operator class or family — created while that role had CREATE on the schema: pgfence's own
+--     SECURITY DEFINER code must never run it (it calls its functions with arguments of exactly their
+--     parameters' types, so no overload is picked, but the owner may call one by hand). Plain DROP, never
+--     CASCADE: what depends on such an object is dropped with it only when it is foreign too and in the list;
+--     an object something else depends on stays and is named with what blocks it;
 --   * grant rows pgfence did not make (written in a session whose login role is not trusted, which the
 --     trusted_writes trigger refuses, or of a role that was dropped: its oid could one day be reused);
 --   * every privilege on the schema, its tables, views, sequences and functions that is not the owner's and not
 --     on _granted_privileges' list for a role with a grant — a careless GRANT ALL, DML, TRIGGER, TRUNCATE,
 --     REFERENCES, EXECUTE on a function not meant for roles, CREATE on the schema, PUBLIC's — with CASCADE, so
 --     whatever a role passed on WITH GRANT OPTION goes too, and every grant option (pgfence grants none);
---   * triggers on pgfence tables that pgfence did not create (a trigger runs as the owner inside every pgfence
---     function that writes its table), and it enables pgfence's own protective triggers again if someone
---     disabled them;
--- and it keeps the owner's default privileges from making a function created later executable by PUBLIC (so by
--- every granted role, which has USAGE on the schema).
+-- and it enables pgfence's own protective triggers again if someone disabled them, and keeps the owner's
+-- default privileges from making a function created later executable by PUBLIC (so by every granted role,
+-- which has USAGE on the schema).
 -- What it cannot undo, and what it therefore cannot prevent in the window between a careless GRANT and its next
 -- run: what code of another role did while it ran as the owner through such a trigger (docs/security.md).
--- Its DROP TRIGGER waits at most _lock_wait_ms() for the table (PF003 naming who holds it).
+-- Its DROPs wait at most _lock_wait_ms() for a table (PF003 naming who holds it).
 -- p_raw_writes: whether the raw-SQL enforcement is (about to be) on; NULL: as it is now.
-CREATE FUNCTION pgfence._harden(p_raw_writes boolean DEFAULT NULL) RETURNS void
+CREATE FUNCTION pgfence._harden(p_raw_writes boolean DEFAULT NULL) RETURNS text[]
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '10min'
 -- Its catalog queries are planned with large row estimates (set-returning functions), which would have them
 -- JIT-compiled: measured 2.6 s of compilation for 3 ms of work.
 SET jit = off AS $$
 DECLARE
     r record;
-    -- Whether granted roles may keep raw DML on the task tables: while the raw-SQL enforcement is on (p_raw_writes:
-    -- what set_enforcement is about to switch it to).
-    raw_writes boolean := coalesce(p_raw_writes, pgfence.enforcement() <> 'off');
+    raw_writes boolean;
     wait_ms bigint := pgfence._lock_wait_ms();
     owner_oid oid := (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgfence');
+    repairs text[] := ARRAY[]::text[];
+    said text;
+    blocked text[];
+    dropped boolean;
 BEGIN
     PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+
+    FOR r IN SELECT c.relname, t.tgname
+               FROM pg_trigger t
+               JOIN pg_class c ON c.oid = t.tgrelid
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = 'pgfence' AND NOT t.tgisinternal AND c.relowner = owner_oid
+                -- pgfence's own: one of its names, calling one of its functions (a name alone can be borrowed).
+                AND NOT (t.tgname IN ('lease_change', 'lease_delete', 'lease_truncate', 'enforce_epoch',
+                                      'enforce_audit', 'enforce_truncate', 'append_only', 'append_only_truncate',
+                                      'enforce_owner', 'enforce_owner_truncate', 'trusted_writes',
+                                      'trusted_writes_truncate', 'own_rejections_insert', 'own_rejections_update',
+                                      'own_rejections_delete')
+                         AND EXISTS (SELECT 1 FROM pg_proc f
+                                      WHERE f.oid = t.tgfoid AND f.pronamespace = n.oid AND f.proowner = owner_oid
+                                        AND f.proname IN ('_lease_change', '_enforce_epoch', '_append_only',
+                                                          '_owner_writes_only', '_trusted_writes_only',
+                                                          '_own_rejections_only')))
+    LOOP
+        EXECUTE format('DROP TRIGGER %I ON pgfence.%I', r.tgname, r.relname);
+        said := format('dropped trigger %s on pgfence.%s: a trigger on a pgfence table runs as its owner; every '
+                       'tenure secret presented while it existed may be known to its author (acquire again)',
+                       pgfence._printable(r.tgname::text), r.relname);
+        repairs := repairs || said;
+        RAISE WARNING 'pgfence: %', said;
+    END LOOP;
+
+    -- Objects of other roles, in passes: a drop that another foreign object blocks (a function whose type is
+    -- foreign too, a view on a foreign table) succeeds once that one is gone. Objects that exist only as a part
+    -- of another (an array or row type, a range's constructors, an extension's members: an internal or extension
+    -- dependency) go with it and are not listed.
+    FOR pass IN 1..10 LOOP
+        dropped := false;
+        blocked := ARRAY[]::text[];
+        FOR r IN WITH s AS (SELECT n.oid FROM pg_namespace n WHERE n.nspname = 'pgfence'),
+                 objects(catalog, object, owner, rank, kind, name) AS (
+                     SELECT 'pg_statistic_ext'::regclass, x.oid, x.stxowner, 0, 'STATISTICS',
+                            format('pgfence.%I', x.stxname)
+                       FROM pg_statistic_ext x, s WHERE x.stxnamespace = s.oid
+                     UNION ALL
+                     SELECT 'pg_proc'::regclass, p.oid, p.proowner, 1,
+                            CASE p.prokind WHEN 'a' THEN 'AGGREGATE' WHEN 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END,
+                            format('pgfence.%I(%s)', p.proname, pg_get_function_identity_arguments(p.oid))
+                       FROM pg_proc p, s WHERE p.pronamespace = s.oid
+                     UNION ALL
+                     SELECT 'pg_operator'::regclass, o.oid, o.oprowner, 1, 'OPERATOR',
+                            format('pgfence.%s(%s, %s)', o.oprname,
+                                   CASE WHEN o.oprleft = 0 THEN 'NONE' ELSE format_type(o.oprleft, NULL) END,
+                                   format_type(o.oprright, NULL))
+                       FROM pg_operator o, s WHERE o.oprnamespace = s.oid
+                     UNION ALL
+                     SELECT 'pg_opclass'::regclass, c.oid, c.opcowner, 1, 'OPERATOR CLASS',
+                            format('pgfence.%I USING %I', c.opcname, a.amname)
+                       FROM pg_opclass c JOIN pg_am a ON a.oid = c.opcmethod, s WHERE c.opcnamespace = s.oid
+                     UNION ALL
+                     SELECT 'pg_opfamily'::regclass, f.oid, f.opfowner, 2, 'OPERATOR FAMILY',
+                            format('pgfence.%I USING %I', f.opfname, a.amname)
+                       FROM pg_opfamily f JOIN pg_am a ON a.oid = f.opfmethod, s WHERE f.opfnamespace = s.oid
+                     UNION ALL
+                     SELECT 'pg_class'::regclass, c.oid, c.relowner, CASE WHEN c.relkind IN ('v', 'm') THEN 2 ELSE 3 END,
+                            CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW'
+                                           WHEN 'S' THEN 'SEQUENCE' WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END,
+                            format('pgfence.%I', c.relname)
+                       FROM pg_class c, s WHERE c.relnamespace = s.oid AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+                     UNION ALL
+                     SELECT 'pg_type'::regclass, t.oid, t.typowner, 4,
+                            CASE WHEN t.typtype = 'd' THEN 'DOMAIN' ELSE 'TYPE' END, format('pgfence.%I', t.typname)
+                       FROM pg_type t, s WHERE t.typnamespace = s.oid
+                     UNION ALL
+                     SELECT 'pg_collation'::regclass, c.oid, c.collowner, 5, 'COLLATION',
+                            format('pgfence.%I', c.collname)
+                       FROM pg_collation c, s WHERE c.collnamespace = s.oid
+                     UNION ALL
+                     SELECT 'pg_conversion'::regclass, c.oid, c.conowner, 5, 'CONVERSION',
+                            format('pgfence.%I', c.conname)
+                       FROM pg_conversion c, s WHERE c.connamespace = s.oid
+                     UNION ALL
+                     SELECT 'pg_ts_config'::regclass, c.oid, c.cfgowner, 5, 'TEXT SEARCH CONFIGURATION',
+                            format('pgfence.%I', c.cfgname)
+                       FROM pg_ts_config c, s WHERE c.cfgnamespace = s.oid
+                     UNION ALL
+                     SELECT 'pg_ts_dict'::regclass, d.oid, d.dictowner, 6, 'TEXT SEARCH DICTIONARY',
+                            format('pgfence.%I', d.dictname)
+                       FROM pg_ts_dict d, s WHERE d.dictnamespace = s.oid
+                 )
+                 SELECT o.kind, o.name, o.owner
+                   FROM objects o
+                  WHERE o.owner <> owner_oid
+                    AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                                     WHERE d.classid = o.catalog AND d.objid = o.object AND d.deptype IN ('i', 'e'))
+                  ORDER BY o.rank, o.name
+        LOOP
+            BEGIN
+                EXECUTE format('DROP %s %s', r.kind, r.name);
+                said := format('dropped %s %s, owned by %s: another role''s object in the schema pgfence, made '
+                               'while that role could create there; nothing may call it as the owner', lower(r.kind), quote_literal(regexp_replace(left(r.name, 500), '[[:cntrl:]]', '?', 'g')),
+                               pgfence._printable(pg_get_userbyid(r.owner)::text));
+                repairs := repairs || said;
+                RAISE WARNING 'pgfence: %', said;
+                dropped := true;
+            EXCEPTION
+                WHEN dependent_objects_still_exist THEN
+                    blocked := blocked || format('could not drop %s %s, owned by %s: %s; drop it as its owner or a '
+                                                 'superuser once you have checked what depends on it',
+                                                 lower(r.kind),
+                                                 quote_literal(regexp_replace(left(r.name, 500), '[[:cntrl:]]', '?', 'g')),
+                                                 pgfence._printable(pg_get_userbyid(r.owner)::text),
+                                                 quote_literal(regexp_replace(left(SQLERRM, 500), '[[:cntrl:]]', '?', 'g')));
+                -- Gone with an object dropped before it in this pass.
+                WHEN undefined_object OR undefined_function OR undefined_table THEN NULL;
+            END;
+        END LOOP;
+        EXIT WHEN NOT dropped OR cardinality(blocked) = 0;
+    END LOOP;
+    FOREACH said IN ARRAY blocked LOOP
+        repairs := repairs || said;
+        RAISE WARNING 'pgfence: %', said;
+    END LOOP;
+
+    -- Whether granted roles may keep raw DML on the task tables: while the raw-SQL enforcement is on (p_raw_writes:
+    -- what set_enforcement is about to switch it to).
+    raw_writes := coalesce(p_raw_writes, pgfence.enforcement() <> 'off'::text);
     DELETE FROM pgfence.grants g WHERE NOT pgfence._grant_is_valid(g);
     -- A row written in a session that is not trusted (now) can only have got in while someone with the owner's
     -- rights had the trusted_writes trigger disabled (or a trusted administrator was demoted since): said, for the
@@ -289,11 +422,14 @@ BEGIN
     FOR r IN SELECT g.role::oid AS role_oid, g.cluster, g.operator, g.granted_by FROM pgfence.grants g
               WHERE NOT pgfence._trusted(g.granted_by)
     LOOP
-        RAISE WARNING 'pgfence: the grant of % on % was written in a session of %, which is not trusted: revoke it unless you made it',
-            pgfence._printable(pg_get_userbyid(r.role_oid)),
-            CASE WHEN r.cluster IS NULL THEN 'every cluster' ELSE 'cluster ' || pgfence._printable(r.cluster) END
-                || CASE WHEN r.operator THEN ' (operator)' ELSE '' END,
-            pgfence._printable(r.granted_by::text);
+        said := format('the grant of %s on %s was written in a session of %s, which is not trusted: revoke it '
+                       'unless you made it', pgfence._printable(pg_get_userbyid(r.role_oid)::text),
+                       CASE WHEN r.cluster IS NULL THEN 'every cluster'
+                            ELSE 'cluster ' || pgfence._printable(r.cluster) END
+                           || CASE WHEN r.operator THEN ' (operator)' ELSE '' END,
+                       pgfence._printable(r.granted_by::text));
+        repairs := repairs || said;
+        RAISE WARNING 'pgfence: %', said;
     END LOOP;
 
     -- Grant options first (revoking one with CASCADE takes what was passed on with it), then the rest; a
@@ -310,11 +446,14 @@ BEGIN
                        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                       CROSS JOIN LATERAL aclexplode(c.relacl) a
                       WHERE n.nspname = 'pgfence' AND c.relkind IN ('r', 'v', 'p', 'S', 'm', 'f')
+                        AND c.relowner = owner_oid
                      UNION ALL
+                     -- (Of the owner's objects only: what another role owns that the drops above could not
+                     -- remove is its own to grant, and was named.)
                      SELECT 'FUNCTION', p.oid, a.grantor, a.grantee, a.privilege_type, a.is_grantable
                        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
                       CROSS JOIN LATERAL aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
-                      WHERE n.nspname = 'pgfence'
+                      WHERE n.nspname = 'pgfence' AND p.proowner = owner_oid
                  ), granted AS (
                      SELECT g.role::oid AS grantee, bool_or(g.operator) AS operator FROM pgfence.grants g
                       GROUP BY g.role
@@ -351,10 +490,13 @@ BEGIN
                            pgfence._privilege_target(r.kind, r.object),
                            CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.grantee)) END);
             IF r.grantee <> 0 OR r.kind <> 'FUNCTION' OR r.privilege_type <> 'EXECUTE' THEN
-                RAISE WARNING 'pgfence: revoked % on % from %: pgfence did not grant it',
-                    CASE WHEN r.option_only THEN 'the grant option of ' ELSE '' END || r.privilege_type,
-                    pgfence._privilege_target(r.kind, r.object),
-                    CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE pgfence._printable(pg_get_userbyid(r.grantee)) END;
+                said := format('revoked %s on %s from %s: pgfence did not grant it',
+                               CASE WHEN r.option_only THEN 'the grant option of ' ELSE '' END || r.privilege_type,
+                               pgfence._privilege_target(r.kind, r.object),
+                               CASE WHEN r.grantee = 0 THEN 'PUBLIC'
+                                    ELSE pgfence._printable(pg_get_userbyid(r.grantee)::text) END);
+                repairs := repairs || said;
+                RAISE WARNING 'pgfence: %', said;
             END IF;
         END LOOP;
     END LOOP;
@@ -365,36 +507,18 @@ BEGIN
                JOIN pg_namespace n ON n.oid = c.relnamespace
               CROSS JOIN LATERAL aclexplode(a.attacl) x
               WHERE n.nspname = 'pgfence' AND a.attacl IS NOT NULL AND x.grantee <> owner_oid
+                AND c.relowner = owner_oid
     LOOP
         EXECUTE format('REVOKE %s (%I) ON TABLE %s FROM %s CASCADE', r.privilege_type, r.attname,
                        r.object::regclass, CASE WHEN r.grantee = 0 THEN 'PUBLIC'
                                                 ELSE quote_ident(pg_get_userbyid(r.grantee)) END);
-        RAISE WARNING 'pgfence: revoked % (%) on TABLE % from %: pgfence did not grant it', r.privilege_type,
-            r.attname, r.object::regclass,
-            CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE pgfence._printable(pg_get_userbyid(r.grantee)) END;
+        said := format('revoked %s (%s) on TABLE %s from %s: pgfence did not grant it', r.privilege_type,
+                       pgfence._printable(r.attname::text), r.object::regclass,
+                       CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE pgfence._printable(pg_get_userbyid(r.grantee)::text) END);
+        repairs := repairs || said;
+        RAISE WARNING 'pgfence: %', said;
     END LOOP;
 
-    FOR r IN SELECT c.relname, t.tgname
-               FROM pg_trigger t
-               JOIN pg_class c ON c.oid = t.tgrelid
-               JOIN pg_namespace n ON n.oid = c.relnamespace
-              WHERE n.nspname = 'pgfence' AND NOT t.tgisinternal
-                -- pgfence's own: one of its names, calling one of its functions (a name alone can be borrowed).
-                AND NOT (t.tgname IN ('lease_change', 'lease_delete', 'lease_truncate', 'enforce_epoch',
-                                      'enforce_audit', 'enforce_truncate', 'append_only', 'append_only_truncate',
-                                      'enforce_owner', 'enforce_owner_truncate', 'trusted_writes',
-                                      'trusted_writes_truncate', 'own_rejections_insert', 'own_rejections_update',
-                                      'own_rejections_delete')
-                         AND EXISTS (SELECT 1 FROM pg_proc f
-                                      WHERE f.oid = t.tgfoid AND f.pronamespace = n.oid AND f.proowner = owner_oid
-                                        AND f.proname IN ('_lease_change', '_enforce_epoch', '_append_only',
-                                                          '_owner_writes_only', '_trusted_writes_only',
-                                                          '_own_rejections_only')))
-    LOOP
-        EXECUTE format('DROP TRIGGER %I ON pgfence.%I', r.tgname, r.relname);
-        RAISE WARNING 'pgfence: dropped trigger % on pgfence.%: a trigger on a pgfence table runs as its owner; every tenure secret presented while it existed may be known to its author (acquire again)',
-            pgfence._printable(r.tgname), r.relname;
-    END LOOP;
     -- pgfence's protective triggers are always on (the enforcement triggers are switched by set_enforcement).
     FOR r IN SELECT c.relname, t.tgname
                FROM pg_trigger t
@@ -407,8 +531,10 @@ BEGIN
                                  'own_rejections_delete')
     LOOP
         EXECUTE format('ALTER TABLE pgfence.%I ENABLE TRIGGER %I', r.relname, r.tgname);
-        RAISE WARNING 'pgfence: enabled trigger % on pgfence.% again: someone with the owner''s rights disabled it',
-            pgfence._printable(r.tgname), r.relname;
+        said := format('enabled trigger %s on pgfence.%s again: someone with the owner''s rights disabled it',
+                       pgfence._printable(r.tgname::text), r.relname);
+        repairs := repairs || said;
+        RAISE WARNING 'pgfence: %', said;
     END LOOP;
 
     -- Functions the owner creates later (a new migration) are executable by nobody but the owner until a grant
@@ -421,8 +547,9 @@ BEGIN
             ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
         END IF;
     END IF;
+    RETURN repairs;
 EXCEPTION WHEN lock_not_available THEN
-    RAISE EXCEPTION 'pgfence: dropping a foreign trigger waited % ms for its table; blocked by %', wait_ms,
+    RAISE EXCEPTION 'pgfence: dropping a foreign trigger or object waited % ms for its table; blocked by %', wait_ms,
         pgfence._describe_backends(pgfence._table_lockers())
         USING ERRCODE = 'PF003', HINT = 'A long transaction on pgfence tables holds them: let it finish and retry.';
 END;
@@ -438,7 +565,7 @@ LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r pg_roles;
     -- 63: PostgreSQL's longest identifier (NAMEDATALEN - 1), not a limit of pgfence's.
-    problem text := pgfence._text_problem(p_role, 63);
+    problem text := pgfence._text_problem(p_role, 63::integer);
 BEGIN
     IF problem IS NULL AND (lower(p_role) IN ('public', 'current_user', 'current_role', 'session_user', 'user', 'none')
                             OR starts_with(p_role, 'pg_')) THEN
@@ -465,9 +592,9 @@ BEGIN
 END;
 $$;
 
--- Records a grant of p_cluster (NULL: every cluster) to p_role and gives it the object privileges. Refuses the
--- roles _refuse_role refuses.
-CREATE FUNCTION pgfence._grant(p_role text, p_cluster text, p_operator boolean) RETURNS void
+-- Records a grant of p_cluster (NULL: every cluster) to p_role and gives it the object privileges; returns what
+-- _harden repaired. Refuses the roles _refuse_role refuses.
+CREATE FUNCTION pgfence._grant(p_role text, p_cluster text, p_operator boolean) RETURNS text[]
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r pg_roles;
@@ -485,29 +612,30 @@ BEGIN
         EXECUTE format('GRANT %s ON %s TO %I', privilege.privilege,
                        pgfence._privilege_target(privilege.kind, privilege.object), p_role);
     END LOOP;
-    -- After the grant: what the role holds beyond it (and everything else pgfence did not make) goes.
-    PERFORM pgfence._harden();
+    -- After the grant: what the role holds beyond it (and everything else pgfence did not make) goes; what
+    -- went is the answer.
+    RETURN pgfence._harden(NULL::boolean);
 END;
 $$;
 
 -- Grants p_role the application rights on cluster p_cluster (NULL: every cluster): acquire, renew, release
--- and guarded writes of that cluster's leases, and reading its rows.
-CREATE FUNCTION pgfence.grant_application(p_role text, p_cluster text) RETURNS void
+-- and guarded writes of that cluster's leases, and reading its rows. Returns what _harden repaired (empty: nothing).
+CREATE FUNCTION pgfence.grant_application(p_role text, p_cluster text) RETURNS text[]
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT pgfence._grant(p_role, p_cluster, false)
+    SELECT pgfence._grant(p_role, p_cluster, false::boolean)
 $$;
 
 -- Grants p_role the application and operator rights on cluster p_cluster (NULL: every cluster, which adds the
--- instance settings and audit retention).
-CREATE FUNCTION pgfence.grant_operator(p_role text, p_cluster text) RETURNS void
+-- instance settings and audit retention). Returns what _harden repaired.
+CREATE FUNCTION pgfence.grant_operator(p_role text, p_cluster text) RETURNS text[]
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT pgfence._grant(p_role, p_cluster, true)
+    SELECT pgfence._grant(p_role, p_cluster, true::boolean)
 $$;
 
 -- Removes p_role's grant of p_cluster (NULL: its every-cluster grant); once the role has no grant left, also
--- its object privileges. Returns how many grants it removed (0 or 1). Refuses (changing nothing) a malformed
--- cluster and the roles _refuse_role refuses, as _grant does.
-CREATE FUNCTION pgfence.revoke(p_role text, p_cluster text) RETURNS integer
+-- its object privileges. Returns how many grants it removed (0 or 1) and what _harden repaired. Refuses
+-- (changing nothing) a malformed cluster and the roles _refuse_role refuses, as _grant does.
+CREATE FUNCTION pgfence.revoke(p_role text, p_cluster text, OUT removed integer, OUT repairs text[])
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n integer;
@@ -525,7 +653,7 @@ BEGIN
        OR NOT EXISTS (SELECT 1 FROM pgfence.grants g WHERE g.role = oid_::regrole) THEN
         PERFORM pgfence._refuse_role(p_role);
     END IF;
-    PERFORM pgfence._harden();
+    repairs := pgfence._harden(NULL::boolean);
     DELETE FROM pgfence.grants g WHERE g.role = oid_::regrole AND g.cluster IS NOT DISTINCT FROM p_cluster;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF NOT EXISTS (SELECT 1 FROM pgfence.grants g WHERE g.role = oid_::regrole) THEN
@@ -538,7 +666,7 @@ BEGIN
                            pgfence._privilege_target(privilege.kind, privilege.object), p_role);
         END LOOP;
     END IF;
-    RETURN n;
+    removed := n;
 END;
 $$;
 
@@ -601,4 +729,4 @@ $$;
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pgfence FROM PUBLIC;
 
-SELECT pgfence._harden();
+SELECT pgfence._harden(NULL::boolean);

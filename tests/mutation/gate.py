@@ -362,8 +362,8 @@ MUTATIONS: list[Mutation] = [
     Mutation(
         "renew-ignores-expiry",
         "a renewal extends a tenure whose ttl already ran out by the database clock",
-        [Edit("sql:renew", "why := pgfence._loss_reason(l, NULL, p_epoch, ts, tl);",
-              "why := pgfence._loss_reason(l, NULL, p_epoch, '-infinity', tl);")],
+        [Edit("sql:renew", "why := pgfence._loss_reason(l, NULL::text, p_epoch, ts, tl);",
+              "why := pgfence._loss_reason(l, NULL::text, p_epoch, '-infinity'::timestamptz, tl);")],
         [cargo_test("lease")],
     ),
     Mutation(
@@ -530,6 +530,20 @@ MUTATIONS: list[Mutation] = [
         "_harden only prevents: it revokes no privilege it did not grant (DML, grant options, what was passed on)",
         [Edit("sql:_harden", "    FOR pass IN 1..2 LOOP", "    FOR pass IN 1..0 LOOP")],
         [cargo_test("hardening", "harden_repairs_a_careless_grant_all")],
+    ),
+    Mutation(
+        "untyped-null-in-guard-reject",
+        "_guard passes untyped NULLs to _reject again, so an overload with text where _reject has bigint, planted "
+        "during a careless schema grant, runs as the owner in every refused write",
+        [Edit("sql:_guard", "NULL::bigint, NULL::text, 'no_grant'::text", "NULL, NULL, 'no_grant'")],
+        [cargo_test("hardening", "functions_planted_during_a_careless_schema_grant_never_run_and_are_dropped")],
+    ),
+    Mutation(
+        "harden-keeps-foreign-functions",
+        "_harden drops no function of another role in the schema, so a planted overload survives the repair",
+        [Edit("sql:_harden", "                  WHERE o.owner <> owner_oid\n",
+              "                  WHERE o.owner <> owner_oid AND o.catalog <> 'pg_proc'::regclass\n")],
+        [cargo_test("hardening", "functions_planted_during_a_careless_schema_grant_never_run_and_are_dropped")],
     ),
     Mutation(
         "audit-bent-by-owner-code",

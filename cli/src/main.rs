@@ -14,6 +14,7 @@ mod fixtures;
 mod groups;
 mod output;
 mod replica;
+mod rescue;
 mod svg;
 mod table;
 
@@ -196,6 +197,10 @@ enum Command {
     /// group's assignment gives it and prints one JSON event per line on stdout (joined, lead, stop, write,
     /// returned, exit). For trying pgfence and for tests that need real processes; see docs/cli.md.
     Replica(replica::ReplicaArgs),
+    /// One controller process of the rescue story and its fault test: leads a lease and calls the workload
+    /// engine for each task under the effect ledger (see `pgfence demo --scenario rescue`).
+    #[command(hide = true)]
+    RescueWorker(rescue::RescueWorkerArgs),
     /// End the current tenure of a lease so its epoch can no longer write (the holder is fenced).
     ForceRelease {
         /// The lease (`CLUSTER/NAME`, or `NAME` in --cluster).
@@ -352,6 +357,7 @@ async fn run(cli: Cli) -> CliResult {
         Command::Demo { scenario, json } => demo::run(global, scenario, json).await,
         Command::Bench(args) => bench::run(global, args).await,
         Command::Replica(args) => replica::run(global, args).await,
+        Command::RescueWorker(args) => rescue::run(global, args).await,
         Command::Status { json } => commands::status(global, json).await,
         Command::Audit {
             action: Some(AuditAction::Prune { older_than, batch }),
@@ -400,7 +406,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     // A replica handles SIGINT itself, as an orderly stop (exit 0); every other command ends at once (130).
-    let interruptible = !matches!(cli.command, Command::Replica(_));
+    let interruptible = !matches!(cli.command, Command::Replica(_) | Command::RescueWorker(_));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -6,7 +6,8 @@
 //! frozen one wakes, still believing it leads, and writes with its old epoch: the database refuses and records
 //! it. The report reads the tenures and the audit back from the database and checks the invariants.
 //!
-//! `--scenario spread` ([`spread`]) tells the other story: replica processes sharing controllers.
+//! `--scenario spread` ([`spread`]) tells another story: replica processes sharing controllers; `--scenario rescue`
+//! ([`rescue`]) the work in flight when leadership moves.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -19,6 +20,7 @@ use serde_json::json;
 
 use super::{table, CliResult, Failure, Global};
 
+mod rescue;
 mod spread;
 
 /// The demo's stories.
@@ -28,6 +30,9 @@ pub(crate) enum Scenario {
     Takeover,
     /// Replica processes spreading six controllers: a split, a join, a kill, an overrunning drain.
     Spread,
+    /// Work in flight when leadership moves: leaders frozen between an engine call and its outcome, successors
+    /// that ask the engine by the effect key and confirm or retry, late outcomes refused and kept.
+    Rescue,
 }
 
 const LEASE: &str = "scheduler";
@@ -114,7 +119,12 @@ async fn campaign(
     }
 }
 
-pub(super) async fn run(global: &Global, scenario: Scenario, json: bool) -> CliResult {
+pub(super) async fn run(
+    global: &Global,
+    scenario: Scenario,
+    json: bool,
+    handovers: u32,
+) -> CliResult {
     let story = Narrator {
         started: Instant::now(),
         to_stderr: json,
@@ -122,6 +132,9 @@ pub(super) async fn run(global: &Global, scenario: Scenario, json: bool) -> CliR
     let (server, url, cluster) = database(global, &story).await?;
     if scenario == Scenario::Spread {
         return spread::run(global, &story, server, url, cluster, json).await;
+    }
+    if scenario == Scenario::Rescue {
+        return rescue::run(global, &story, server, url, cluster, json, handovers).await;
     }
     takeover(global, &story, server, url, cluster, json).await
 }

@@ -89,13 +89,17 @@ enum Command {
     /// `--scenario spread` instead runs replica processes (`pgfence replica`) that spread six controllers over
     /// their group: a split, a replica joining, one killed, and a drain that overruns its handover.
     Demo {
-        /// Which story: `takeover` (a frozen leader and its successor) or `spread` (replicas sharing
-        /// controllers).
+        /// Which story: `takeover` (a frozen leader and its successor), `spread` (replicas sharing
+        /// controllers) or `rescue` (work in flight when leadership moves).
         #[arg(long, value_enum, default_value_t = demo::Scenario::Takeover)]
         scenario: demo::Scenario,
         /// Print the closing report as JSON instead of tables.
         #[arg(long)]
         json: bool,
+        /// `rescue` only: after the story, throw faults at the leaders of several leases until this many
+        /// handovers happened, then judge everything (0: the story alone).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        handovers: u32,
     },
     /// Every lease: holder, epoch, held/expired/released, time left (database clock), transitions, last write;
     /// then every replica group: its members, the names each leads and the names the group's assignment gives
@@ -354,7 +358,11 @@ impl Global {
 async fn run(cli: Cli) -> CliResult {
     let global = &cli.global;
     match cli.command {
-        Command::Demo { scenario, json } => demo::run(global, scenario, json).await,
+        Command::Demo {
+            scenario,
+            json,
+            handovers,
+        } => demo::run(global, scenario, json, handovers).await,
         Command::Bench(args) => bench::run(global, args).await,
         Command::Replica(args) => replica::run(global, args).await,
         Command::RescueWorker(args) => rescue::run(global, args).await,

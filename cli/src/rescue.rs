@@ -81,8 +81,8 @@ pub(crate) struct RescueWorkerArgs {
     /// This worker's holder name (also its connections' application_name).
     #[arg(long)]
     member: String,
-    /// The workload engine's database.
-    #[arg(long)]
+    /// The workload engine's database (a connection URL; never shown by `ps` when given in the environment).
+    #[arg(long, env = "PGFENCE_ENGINE_URL", hide_env_values = true)]
     engine_url: String,
     /// How many tasks the lease has: task-00000 … (created as the work reaches them).
     #[arg(long, default_value_t = 1000)]
@@ -397,7 +397,9 @@ pub(super) async fn run(global: &Global, args: RescueWorkerArgs) -> CliResult {
         .map_err(|e| Failure::new(1, e))?;
     let mut options = LeadershipOptions::new(args.ttl);
     options.poll_every = args.poll.unwrap_or(args.ttl / 4);
-    options.grace = args.ttl;
+    // A tenure that ended mid-call still reports its outcome (refused, kept as a late report) before its callback
+    // returns: the callback is never aborted for that.
+    options.grace = Duration::from_secs(30);
     let worker = Arc::new(Worker {
         store: store.clone(),
         engine,

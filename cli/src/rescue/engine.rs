@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 /// The engine's tables, created by [`Engine::install`].
 const SCHEMA: &str = "
@@ -44,16 +44,11 @@ pub(crate) struct Applied {
 }
 
 impl Engine {
-    /// Connects to the engine's database (`url`, without TLS: the story's engine runs beside a throwaway server).
+    /// Connects to the engine's database (`url`: TLS, hosts and timeouts as every pgfence connection reads them).
     pub(crate) async fn connect(url: &str) -> Result<Engine, String> {
-        let (client, connection) = tokio_postgres::connect(url, NoTls)
-            .await
-            .map_err(|e| format!("cannot reach the engine's database: {e}"))?;
-        tokio::spawn(async move {
-            // The connection ends with the client; its error is the next call's.
-            let _ = connection.await;
-        });
-        Ok(Engine { client })
+        Ok(Engine {
+            client: client(url).await?,
+        })
     }
 
     /// Creates the engine's tables (idempotent).
@@ -61,7 +56,7 @@ impl Engine {
         self.client
             .batch_execute(SCHEMA)
             .await
-            .map_err(|e| format!("cannot create the engine's tables: {e}"))
+            .map_err(|e| format!("cannot create the engine's tables: {}", describe(&e)))
     }
 
     /// Applies the effect `key` of `task` now (once per key: a repeat is counted, not applied again) and answers
@@ -81,7 +76,7 @@ impl Engine {
                 &[&key, &task, payload],
             )
             .await
-            .map_err(|e| format!("the engine failed to apply {key}: {e}"))?;
+            .map_err(|e| format!("the engine failed to apply {key}: {}", describe(&e)))?;
         Ok(row.get(0))
     }
 
@@ -101,7 +96,7 @@ impl Engine {
                 &[&key, &task, payload, &ms],
             )
             .await
-            .map_err(|e| format!("the engine refused a request for {key}: {e}"))?;
+            .map_err(|e| format!("the engine refused a request for {key}: {}", describe(&e)))?;
         Ok(())
     }
 
@@ -119,7 +114,7 @@ impl Engine {
                 &[&all],
             )
             .await
-            .map_err(|e| format!("the engine failed to deliver: {e}"))
+            .map_err(|e| format!("the engine failed to deliver: {}", describe(&e)))
     }
 
     /// What the engine knows of `key`: applied (and how often delivered), or nothing.
@@ -131,7 +126,7 @@ impl Engine {
                 &[&key],
             )
             .await
-            .map_err(|e| format!("cannot ask the engine about {key}: {e}"))?;
+            .map_err(|e| format!("cannot ask the engine about {key}: {}", describe(&e)))?;
         Ok(row.map(|r| Applied {
             key: r.get(0),
             task: r.get(1),
@@ -145,7 +140,7 @@ impl Engine {
             .client
             .query("SELECT key, task, deliveries FROM applied ORDER BY key", &[])
             .await
-            .map_err(|e| format!("cannot read the engine: {e}"))?;
+            .map_err(|e| format!("cannot read the engine: {}", describe(&e)))?;
         Ok(rows
             .into_iter()
             .map(|r| Applied {
@@ -154,5 +149,28 @@ impl Engine {
                 deliveries: r.get(2),
             })
             .collect())
+    }
+}
+
+/// A plain client of `url` (the engine's database, or the story's reads for its verdict), driven in the
+/// background until dropped.
+pub(crate) async fn client(url: &str) -> Result<Client, String> {
+    let connector = pgfence::Connector::new(url).map_err(|e| e.to_string())?;
+    let (client, connection) = connector
+        .connect()
+        .await
+        .map_err(|e| format!("cannot connect: {e}"))?;
+    tokio::spawn(async move {
+        // The connection ends with the client; its error is the next call's.
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// A driver error with the server's message (tokio-postgres's own text says only "db error").
+pub(crate) fn describe(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => error.to_string(),
     }
 }

@@ -143,21 +143,27 @@ fn task_key(i: u32) -> String {
     format!("task-{i:05}")
 }
 
-fn effect_key(task: &str) -> String {
-    format!("{task}/launch")
+/// The effect key of `task`'s launch: stable across retries and successors, and unique in the engine, which
+/// every lease shares (so it names the lease too).
+fn effect_key(lease: &str, task: &str) -> String {
+    format!("{lease}:{task}/launch")
 }
 
 /// A ledger or task error: a refusal ends the tenure's work (reported), anything else is the run's failure.
 fn refused(member: &str, op: &str, key: &str, fence: &Fence, error: &Error) -> Option<Stop> {
     match error {
         Error::Stale { reason, .. } => {
-            emit(json!({"event": "refused", "member": member, "op": op, "key": key,
-                        "epoch": fence.epoch().get(), "reason": reason.as_str()}));
+            emit(
+                json!({"event": "refused", "member": member, "op": op, "key": key,
+                        "epoch": fence.epoch().get(), "reason": reason.as_str()}),
+            );
             Some(Stop::Lost)
         }
         Error::Denied { reason, .. } => {
-            emit(json!({"event": "refused", "member": member, "op": op, "key": key,
-                        "epoch": fence.epoch().get(), "reason": reason.as_str()}));
+            emit(
+                json!({"event": "refused", "member": member, "op": op, "key": key,
+                        "epoch": fence.epoch().get(), "reason": reason.as_str()}),
+            );
             Some(Stop::Lost)
         }
         _ => None,
@@ -168,10 +174,17 @@ type Work<T> = Result<T, Stop>;
 
 impl Worker {
     async fn pause(&self, point: Point, task: &str) {
-        if !self.args.pause_at.iter().any(|(p, t)| *p == point && t == task) {
+        if !self
+            .args
+            .pause_at
+            .iter()
+            .any(|(p, t)| *p == point && t == task)
+        {
             return;
         }
-        emit(json!({"event": "paused", "member": self.args.member, "point": point.as_str(), "task": task}));
+        emit(
+            json!({"event": "paused", "member": self.args.member, "point": point.as_str(), "task": task}),
+        );
         // A closed stdin goes on at once.
         let _ = self.stdin.lock().await.next_line().await;
     }
@@ -181,16 +194,23 @@ impl Worker {
         if let Some(stop) = refused(&self.args.member, op, key, fence, error) {
             return stop;
         }
-        emit(json!({"event": "error", "member": self.args.member, "op": op, "key": key,
-                    "epoch": fence.epoch().get(), "error": error.to_string()}));
+        emit(
+            json!({"event": "error", "member": self.args.member, "op": op, "key": key,
+                    "epoch": fence.epoch().get(), "error": error.to_string()}),
+        );
         Stop::Lost
     }
 
     /// One call to the engine under `key`, with the faults the flags ask for: the outcome to record.
     async fn call(&self, task: &str, key: &str, faults: bool) -> Outcome {
         let payload = json!({"task": task, "image": "api:1.7"});
+        let task = &format!("{}:{task}", self.args.lease);
         if faults && fastrand::u8(0..100) < self.args.late {
-            return match self.engine.send_late(key, task, &payload, self.args.late_by).await {
+            return match self
+                .engine
+                .send_late(key, task, &payload, self.args.late_by)
+                .await
+            {
                 Ok(()) => Outcome::Unknown(json!({"timeout": "no reply"})),
                 Err(e) => Outcome::Unknown(json!({ "error": e })),
             };
@@ -210,11 +230,14 @@ impl Worker {
     /// key otherwise (and reports the retry's outcome).
     async fn settle(&self, fence: &Fence, doubt: &InDoubt) -> Work<()> {
         let key = &doubt.effect.key;
-        self.pause(Point::BeforeSettle, &doubt.effect.task_key).await;
+        self.pause(Point::BeforeSettle, &doubt.effect.task_key)
+            .await;
         let known = match self.engine.inquire(key).await {
             Ok(known) => known,
             Err(e) => {
-                emit(json!({"event": "error", "member": self.args.member, "op": "inquire", "error": e}));
+                emit(
+                    json!({"event": "error", "member": self.args.member, "op": "inquire", "error": e}),
+                );
                 return Err(Stop::Lost);
             }
         };
@@ -234,12 +257,14 @@ impl Worker {
             }) => return Ok(()),
             Err(e) => return Err(self.trouble("settle_effect", key, fence, &e)),
         };
-        emit(json!({"event": "settled", "member": self.args.member, "key": key,
+        emit(
+            json!({"event": "settled", "member": self.args.member, "key": key,
                     "attempt": doubt.effect.attempt, "from_epoch": doubt.effect.epoch.get(),
                     "resolution": if known.is_some() { "confirmed" } else { "retried" },
                     "epoch": fence.epoch().get(),
                     "in_doubt_ms": written.in_doubt_for.map(|d| d.as_millis() as u64),
-                    "late_report": doubt.late_report.as_ref().map(|r| r.state.as_str())}));
+                    "late_report": doubt.late_report.as_ref().map(|r| r.state.as_str())}),
+        );
         if known.is_none() {
             // The retry is this tenure's attempt: call under the same key, report its outcome.
             let task = &doubt.effect.task_key;
@@ -250,7 +275,12 @@ impl Worker {
     }
 
     async fn record(&self, fence: &Fence, key: &str, outcome: &Outcome) -> Work<()> {
-        match self.store.effects().record_outcome(fence, key, outcome).await {
+        match self
+            .store
+            .effects()
+            .record_outcome(fence, key, outcome)
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) => Err(self.trouble("record_outcome", key, fence, &e)),
         }
@@ -275,11 +305,16 @@ impl Worker {
     /// The task's effect, from the intent to the recorded outcome; `Ok(false)` when the key's effect was done
     /// already.
     async fn effect(&self, fence: &Fence, task: &str) -> Work<()> {
-        let key = effect_key(task);
+        let key = effect_key(&self.args.lease, task);
         let intent = json!({"launch": task, "image": "api:1.7"});
         let mut blocked_by = None;
         loop {
-            match self.store.effects().intend(fence, task, &key, &intent).await {
+            match self
+                .store
+                .effects()
+                .intend(fence, task, &key, &intent)
+                .await
+            {
                 Ok(_) => break,
                 Err(Error::EffectConflict {
                     reason: EffectConflict::Done,
@@ -292,8 +327,10 @@ impl Worker {
                     {
                         // The ledger says the task waits for an effect that the in-doubt list does not show (or
                         // that settling did not clear): work would stop here for good.
-                        emit(json!({"event": "stuck", "member": self.args.member, "task": task,
-                                    "key": effect_key, "epoch": fence.epoch().get()}));
+                        emit(
+                            json!({"event": "stuck", "member": self.args.member, "task": task,
+                                    "key": effect_key, "epoch": fence.epoch().get()}),
+                        );
                         return Err(Stop::Lost);
                     }
                     blocked_by = Some(effect_key);
@@ -316,10 +353,15 @@ impl Worker {
     /// A tenure's work: settle what is in doubt, then the tasks in order.
     async fn lead(&self, ctx: &LeaderContext) -> Work<()> {
         let fence = ctx.fence();
-        emit(json!({"event": "lead", "member": self.args.member, "epoch": fence.epoch().get(),
-                    "in_doubt": ctx.in_doubt().len()}));
+        emit(
+            json!({"event": "lead", "member": self.args.member, "epoch": fence.epoch().get(),
+                    "in_doubt": ctx.in_doubt().len()}),
+        );
         self.settle_all(&fence, ctx.in_doubt()).await?;
-        let mut i = self.first_unfinished().await.map_err(|e| self.trouble("read", "-", &fence, &e))?;
+        let mut i = self
+            .first_unfinished()
+            .await
+            .map_err(|e| self.trouble("read", "-", &fence, &e))?;
         while i < self.args.tasks {
             if !ctx.is_held() {
                 return Err(Stop::Lost);
@@ -346,7 +388,13 @@ impl Worker {
             self.effect(&fence, &task).await?;
             match self
                 .store
-                .transition_task(&fence, &task, TaskState::Pending, TaskState::Succeeded, &json!({}))
+                .transition_task(
+                    &fence,
+                    &task,
+                    TaskState::Pending,
+                    TaskState::Succeeded,
+                    &json!({}),
+                )
                 .await
             {
                 Ok(_)
@@ -356,7 +404,9 @@ impl Worker {
                 }) => {}
                 Err(e) => return Err(self.trouble("transition_task", &task, &fence, &e)),
             }
-            emit(json!({"event": "done", "member": self.args.member, "task": task, "epoch": fence.epoch().get()}));
+            emit(
+                json!({"event": "done", "member": self.args.member, "task": task, "epoch": fence.epoch().get()}),
+            );
             i += 1;
         }
         Err(Stop::Finished)

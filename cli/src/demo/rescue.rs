@@ -73,10 +73,19 @@ async fn engine_database(url: &str, cluster: &str) -> Result<String, Failure> {
     let admin = engine::client(url).await.map_err(|e| Failure::new(1, e))?;
     let name: String = format!("pgfence_engine_{cluster}")
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
         .take(63)
         .collect();
-    for statement in [format!("DROP DATABASE IF EXISTS {name}"), format!("CREATE DATABASE {name}")] {
+    for statement in [
+        format!("DROP DATABASE IF EXISTS {name}"),
+        format!("CREATE DATABASE {name}"),
+    ] {
         admin.batch_execute(&statement).await.map_err(|e| {
             Failure::new(
                 1,
@@ -102,7 +111,9 @@ pub(super) async fn run(
     let started = Instant::now();
     let admin = admin_store(global, &url, &cluster).await?;
     let engine_url = engine_database(&url, &cluster).await?;
-    let engine = Engine::connect(&engine_url).await.map_err(|e| Failure::new(1, e))?;
+    let engine = Engine::connect(&engine_url)
+        .await
+        .map_err(|e| Failure::new(1, e))?;
     engine.install().await.map_err(|e| Failure::new(1, e))?;
     story.say(
         "setup",
@@ -115,7 +126,12 @@ pub(super) async fn run(
     // The engine delivers requests in transit when they are due, on its own clock, until the end.
     let stop = pgfence::reexports::tokio_util::sync::CancellationToken::new();
     let courier = {
-        let (engine, stop) = (Engine::connect(&engine_url).await.map_err(|e| Failure::new(1, e))?, stop.clone());
+        let (engine, stop) = (
+            Engine::connect(&engine_url)
+                .await
+                .map_err(|e| Failure::new(1, e))?,
+            stop.clone(),
+        );
         tokio::spawn(async move {
             while !stop.is_cancelled() {
                 let _ = engine.deliver_due(false).await;
@@ -129,7 +145,12 @@ pub(super) async fn run(
     let exe = std::env::current_exe()
         .map_err(|e| Failure::new(1, format!("cannot find this program to start workers: {e}")))?;
     // Declared after `server`: dropped first, so the workers are gone before the server is removed.
-    let mut workers = Workers::new(exe, url.clone(), engine_url.clone(), worker_flags(global, &cluster));
+    let mut workers = Workers::new(
+        exe,
+        url.clone(),
+        engine_url.clone(),
+        worker_flags(global, &cluster),
+    );
     let outcome = async {
         let steps = tell(story, &mut workers).await?;
         let chaos = if handovers > 0 {
@@ -143,10 +164,16 @@ pub(super) async fn run(
     let killed = workers.finish(STEP).await;
     stop.cancel();
     let _ = courier.await;
-    engine.deliver_due(true).await.map_err(|e| Failure::new(1, e))?;
+    engine
+        .deliver_due(true)
+        .await
+        .map_err(|e| Failure::new(1, e))?;
     let (mut checks, chaos) = outcome?;
     if !killed.is_empty() {
-        story.say("verdict", format!("workers still running at the end, killed: {killed:?}"));
+        story.say(
+            "verdict",
+            format!("workers still running at the end, killed: {killed:?}"),
+        );
     }
 
     let db = engine::client(&url).await.map_err(|e| Failure::new(1, e))?;
@@ -175,7 +202,10 @@ pub(super) async fn run(
     if held {
         Ok(())
     } else {
-        Err(Failure::new(1, "rescue: an invariant failed (see the checks above)"))
+        Err(Failure::new(
+            1,
+            "rescue: an invariant failed (see the checks above)",
+        ))
     }
 }
 
@@ -201,13 +231,20 @@ fn print_report(story: &Narrator, report: &Report, json: bool) -> Result<(), Fai
     }
     for check in &report.checks {
         let mark = if check.held { "held" } else { "FAILED" };
-        story.say("verdict", format!("{mark}: {} ({})", check.invariant, check.detail));
+        story.say(
+            "verdict",
+            format!("{mark}: {} ({})", check.invariant, check.detail),
+        );
     }
     story.say(
         "verdict",
         format!(
             "{} in {:.1} s",
-            if report.verdict { "every invariant held" } else { "AN INVARIANT FAILED" },
+            if report.verdict {
+                "every invariant held"
+            } else {
+                "AN INVARIANT FAILED"
+            },
             report.seconds
         ),
     );
@@ -229,56 +266,98 @@ async fn tell(story: &Narrator, w: &mut Workers) -> Result<Vec<Check>, Failure> 
     let mut checks = Vec::new();
 
     w.spawn(LEASE, "worker-a", &spec(&["after-call@task-00000"]))?;
-    w.wait_for("worker-a calls the engine", STEP, |e| is(e, "paused", "worker-a")).await?;
+    w.wait_for("worker-a calls the engine", STEP, |e| {
+        is(e, "paused", "worker-a")
+    })
+    .await?;
     w.signal("worker-a", "STOP").await?;
     story.say(
         "worker-a",
-        "recorded the intent for task-00000, called the engine (key task-00000/launch) and froze before recording \
+        "recorded the intent for task-00000, called the engine (key rescue:task-00000/launch) and froze before recording \
          the outcome — did the launch happen?",
     );
 
     w.spawn(LEASE, "worker-b", &spec(&["after-intent@task-00001"]))?;
-    let lead = w.wait_for("worker-b takes over", STEP, |e| is(e, "lead", "worker-b")).await?;
+    let lead = w
+        .wait_for("worker-b takes over", STEP, |e| is(e, "lead", "worker-b"))
+        .await?;
     story.say(
         "worker-b",
-        format!("leads with epoch {}; {} effect in doubt", lead["epoch"], lead["in_doubt"]),
+        format!(
+            "leads with epoch {}; {} effect in doubt",
+            lead["epoch"], lead["in_doubt"]
+        ),
     );
-    let settled = w.wait_for("worker-b settles task-00000", STEP, |e| is(e, "settled", "worker-b")).await?;
+    let settled = w
+        .wait_for("worker-b settles task-00000", STEP, |e| {
+            is(e, "settled", "worker-b")
+        })
+        .await?;
     story.say(
         "worker-b",
-        format!("asked the engine about {}: {} (no second launch)", settled["key"], settled["resolution"]),
+        format!(
+            "asked the engine about {}: {} (no second launch)",
+            text(&settled["key"]),
+            text(&settled["resolution"])
+        ),
     );
     checks.push(Check {
         invariant: "a successor confirms an effect the engine applied (never launches it again)",
-        held: settled["resolution"] == "confirmed" && settled["key"] == "task-00000/launch",
+        held: settled["resolution"] == "confirmed" && settled["key"] == "rescue:task-00000/launch",
         detail: format!("worker-b: {settled}"),
     });
-    w.wait_for("worker-b records its next intent", STEP, |e| is(e, "paused", "worker-b")).await?;
+    w.wait_for("worker-b records its next intent", STEP, |e| {
+        is(e, "paused", "worker-b")
+    })
+    .await?;
     w.signal("worker-b", "STOP").await?;
-    story.say("worker-b", "recorded the intent for task-00001 and froze before calling the engine");
+    story.say(
+        "worker-b",
+        "recorded the intent for task-00001 and froze before calling the engine",
+    );
 
     w.spawn(LEASE, "worker-c", &spec(&["before-settle@task-00001"]))?;
-    let lead = w.wait_for("worker-c takes over", STEP, |e| is(e, "lead", "worker-c")).await?;
-    w.wait_for("worker-c lists the doubt", STEP, |e| is(e, "paused", "worker-c")).await?;
+    let lead = w
+        .wait_for("worker-c takes over", STEP, |e| is(e, "lead", "worker-c"))
+        .await?;
+    w.wait_for("worker-c lists the doubt", STEP, |e| {
+        is(e, "paused", "worker-c")
+    })
+    .await?;
     w.signal("worker-c", "STOP").await?;
     story.say(
         "worker-c",
-        format!("leads with epoch {}, found task-00001/launch in doubt, and froze before settling it", lead["epoch"]),
+        format!("leads with epoch {}, found rescue:task-00001/launch in doubt, and froze before settling it", lead["epoch"]),
     );
 
     w.spawn(LEASE, "worker-d", &spec(&["before-settle@task-00001"]))?;
-    let lead = w.wait_for("worker-d takes over", STEP, |e| is(e, "lead", "worker-d")).await?;
-    w.wait_for("worker-d lists the doubt", STEP, |e| is(e, "paused", "worker-d")).await?;
-    story.say("worker-d", format!("leads with epoch {}, found task-00001/launch in doubt", lead["epoch"]));
+    let lead = w
+        .wait_for("worker-d takes over", STEP, |e| is(e, "lead", "worker-d"))
+        .await?;
+    w.wait_for("worker-d lists the doubt", STEP, |e| {
+        is(e, "paused", "worker-d")
+    })
+    .await?;
+    story.say(
+        "worker-d",
+        format!(
+            "leads with epoch {}, found rescue:task-00001/launch in doubt",
+            lead["epoch"]
+        ),
+    );
 
     w.signal("worker-c", "CONT").await?;
     w.go("worker-c").await?;
     let stale = w
         .wait_for("worker-c's settle is answered", STEP, |e| {
-            (is(e, "refused", "worker-c") && e["op"] == "settle_effect") || is(e, "settled", "worker-c")
+            (is(e, "refused", "worker-c") && e["op"] == "settle_effect")
+                || is(e, "settled", "worker-c")
         })
         .await?;
-    story.say("worker-c", format!("woke and tried to settle it: {}", describe(&stale)));
+    story.say(
+        "worker-c",
+        format!("woke and tried to settle it: {}", describe(&stale)),
+    );
     checks.push(Check {
         invariant: "an ended tenure's settle is refused (a stale successor settles nothing)",
         held: stale["event"] == "refused",
@@ -286,17 +365,28 @@ async fn tell(story: &Narrator, w: &mut Workers) -> Result<Vec<Check>, Failure> 
     });
 
     w.go("worker-d").await?;
-    let settled = w.wait_for("worker-d settles task-00001", STEP, |e| is(e, "settled", "worker-d")).await?;
+    let settled = w
+        .wait_for("worker-d settles task-00001", STEP, |e| {
+            is(e, "settled", "worker-d")
+        })
+        .await?;
     story.say(
         "worker-d",
-        format!("asked the engine about {}: {}, under the same key", settled["key"], settled["resolution"]),
+        format!(
+            "asked the engine about {}: {}, under the same key",
+            text(&settled["key"]),
+            text(&settled["resolution"])
+        ),
     );
     checks.push(Check {
         invariant: "a successor retries an effect the engine never received, under the same key",
-        held: settled["resolution"] == "retried" && settled["key"] == "task-00001/launch",
+        held: settled["resolution"] == "retried" && settled["key"] == "rescue:task-00001/launch",
         detail: format!("worker-d: {settled}"),
     });
-    w.wait_for("worker-d finishes the tasks", STEP, |e| is(e, "exit", "worker-d")).await?;
+    w.wait_for("worker-d finishes the tasks", STEP, |e| {
+        is(e, "exit", "worker-d")
+    })
+    .await?;
 
     for (member, task) in [("worker-b", "task-00001"), ("worker-a", "task-00000")] {
         w.signal(member, "CONT").await?;
@@ -308,16 +398,34 @@ async fn tell(story: &Narrator, w: &mut Workers) -> Result<Vec<Check>, Failure> 
             .await?;
         story.say(
             member,
-            format!("woke, reported the outcome of {task}: {} — kept as a late report", describe(&late)),
+            format!(
+                "woke, reported the outcome of {task}: {} — kept as a late report",
+                describe(&late)
+            ),
         );
     }
     Ok(checks)
 }
 
+/// A text field of an event as it reads (a non-text value as JSON).
+fn text(value: &Value) -> String {
+    value
+        .as_str()
+        .map_or_else(|| value.to_string(), str::to_owned)
+}
+
 fn describe(event: &Value) -> String {
     match event["event"].as_str() {
-        Some("refused") => format!("refused ({}, epoch {})", event["reason"], event["epoch"]),
-        Some("settled") => format!("ACCEPTED ({} by epoch {})", event["resolution"], event["epoch"]),
+        Some("refused") => format!(
+            "refused ({}, epoch {})",
+            text(&event["reason"]),
+            event["epoch"]
+        ),
+        Some("settled") => format!(
+            "ACCEPTED ({} by epoch {})",
+            text(&event["resolution"]),
+            event["epoch"]
+        ),
         _ => event.to_string(),
     }
 }

@@ -138,7 +138,10 @@ impl Engine {
     pub(crate) async fn all_applied(&self) -> Result<Vec<Applied>, String> {
         let rows = self
             .client
-            .query("SELECT key, task, deliveries FROM applied ORDER BY key", &[])
+            .query(
+                "SELECT key, task, deliveries FROM applied ORDER BY key",
+                &[],
+            )
             .await
             .map_err(|e| format!("cannot read the engine: {}", describe(&e)))?;
         Ok(rows

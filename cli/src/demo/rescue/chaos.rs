@@ -97,7 +97,10 @@ pub(super) async fn run(
         lease.spawn(w)?;
         lease.spawn(w)?;
     }
-    let qualified: Vec<String> = leases.iter().map(|l| format!("{cluster}/{}", l.name)).collect();
+    let qualified: Vec<String> = leases
+        .iter()
+        .map(|l| format!("{cluster}/{}", l.name))
+        .collect();
     story.say(
         "chaos",
         format!(
@@ -136,7 +139,11 @@ pub(super) async fn run(
         if started.elapsed() > STEP * 20 {
             return Err(Failure::new(
                 1,
-                format!("rescue: the fault run made {} of {target} handovers in {:?}", summary.handovers, STEP * 20),
+                format!(
+                    "rescue: the fault run made {} of {target} handovers in {:?}",
+                    summary.handovers,
+                    STEP * 20
+                ),
             ));
         }
         for lease in &mut leases {
@@ -151,7 +158,8 @@ pub(super) async fn run(
                         summary.without_handover += 1;
                     }
                     lease.waiting = None;
-                    lease.quiet_until = Instant::now() + Duration::from_millis(fastrand::u64(0..300));
+                    lease.quiet_until =
+                        Instant::now() + Duration::from_millis(fastrand::u64(0..300));
                 }
                 continue;
             }
@@ -228,7 +236,7 @@ pub(super) async fn run(
     }
     for lease in &leases {
         let member = format!("{}-last", lease.name);
-        w.wait_for(&format!("{member} finishes"), STEP, |e| {
+        w.seen_or_wait(&format!("{member} finishes"), STEP, |e| {
             e["event"] == "exit" && e["member"] == member.as_str()
         })
         .await?;

@@ -138,7 +138,8 @@ pub(super) async fn judge(
         .collect();
     let succeeded_tasks: Vec<String> = db
         .query(
-            "SELECT t.key FROM pgfence.tasks t WHERE t.lease = ANY($1) AND t.state = 'succeeded'",
+            "SELECT split_part(t.lease, '/', 2) || ':' || t.key FROM pgfence.tasks t \
+              WHERE t.lease = ANY($1) AND t.state = 'succeeded'",
             &[&leases],
         )
         .await
@@ -186,18 +187,20 @@ pub(super) async fn judge(
 
     let settled_twice = count(
         db,
-        "SELECT count(*) FROM (SELECT e.payload ->> 'effect_key', e.payload ->> 'attempt' \
+        "SELECT count(*) FROM (SELECT e.lease, e.payload ->> 'effect_key', e.payload ->> 'attempt' \
                                  FROM pgfence.task_events e \
                                 WHERE e.lease = ANY($1) \
                                   AND e.kind IN ('effect_confirmed', 'effect_retried', 'effect_abandoned') \
-                                GROUP BY 1, 2 HAVING count(*) > 1) twice",
+                                GROUP BY 1, 2, 3 HAVING count(*) > 1) twice",
         leases,
     )
     .await?;
     checks.push(Check {
         invariant: "no attempt settled twice",
         held: settled_twice == 0,
-        detail: format!("{settled_twice} attempts with more than one settle in their task's history"),
+        detail: format!(
+            "{settled_twice} attempts with more than one settle in their task's history"
+        ),
     });
 
     // A ledger write of tenure e holds the guard lock until it commits, and the next acquisition takes the

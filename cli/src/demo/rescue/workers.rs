@@ -47,7 +47,12 @@ pub(super) struct Spec {
 }
 
 impl Workers {
-    pub(super) fn new(exe: std::path::PathBuf, url: String, engine_url: String, flags: Vec<String>) -> Workers {
+    pub(super) fn new(
+        exe: std::path::PathBuf,
+        url: String,
+        engine_url: String,
+        flags: Vec<String>,
+    ) -> Workers {
         let (sender, receiver) = mpsc::unbounded_channel();
         Workers {
             exe,
@@ -144,10 +149,21 @@ impl Workers {
             let event = match tokio::time::timeout(left, self.receiver.recv()).await {
                 Ok(Some(event)) => event,
                 Ok(None) | Err(_) => {
+                    let last: Vec<String> = self
+                        .log
+                        .iter()
+                        .rev()
+                        .take(8)
+                        .rev()
+                        .map(Value::to_string)
+                        .collect();
                     return Err(Failure::new(
                         1,
-                        format!("rescue: {what}: not seen within {within:?}"),
-                    ))
+                        format!(
+                            "rescue: {what}: not seen within {within:?}; the last events: {}",
+                            last.join(" | ")
+                        ),
+                    ));
                 }
             };
             self.log.push(event.clone());
@@ -165,6 +181,20 @@ impl Workers {
                 return Ok(event);
             }
         }
+    }
+
+    /// [`wait_for`](Self::wait_for), answering at once with an event already read that `wanted` holds for.
+    pub(super) async fn seen_or_wait(
+        &mut self,
+        what: &str,
+        within: Duration,
+        wanted: impl Fn(&Value) -> bool,
+    ) -> Result<Value, Failure> {
+        self.drain();
+        if let Some(event) = self.log.iter().find(|e| wanted(e)) {
+            return Ok(event.clone());
+        }
+        self.wait_for(what, within, wanted).await
     }
 
     /// Lets a paused worker go on.

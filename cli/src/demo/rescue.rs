@@ -44,6 +44,8 @@ const STEP: Duration = Duration::from_secs(30);
 /// The closing report.
 #[derive(Debug, Serialize)]
 struct Report {
+    scenario: &'static str,
+    lease: String,
     story: verdict::Account,
     chaos: Option<chaos::Summary>,
     checks: Vec<Check>,
@@ -191,6 +193,8 @@ pub(super) async fn run(
     checks.append(&mut judged);
     let held = checks.iter().all(|c| c.held);
     let report = Report {
+        scenario: "rescue",
+        lease: format!("{cluster}/{LEASE}"),
         story: account,
         chaos,
         checks,

@@ -266,8 +266,9 @@ impl Worker {
                     "late_report": doubt.late_report.as_ref().map(|r| r.state.as_str())}),
         );
         if known.is_none() {
-            // The retry is this tenure's attempt: call under the same key, report its outcome.
-            let task = &doubt.effect.task_key;
+            // The retry is this tenure's attempt, as the ledger answered it (the same key): call the engine with
+            // it, report its outcome.
+            let (task, key) = (&written.effect.task_key, &written.effect.key);
             let outcome = self.call(task, key, false).await;
             self.record(fence, key, &outcome).await?;
         }

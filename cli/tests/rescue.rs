@@ -7,18 +7,23 @@
 //! (confirmed, retried under the same key, or abandoned), and an ended tenure's late outcome is refused as a write
 //! and kept as evidence; with 3 (no ledger write of an ended tenure commits) and 4 (each refusal is typed).
 
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
 use std::time::Instant;
 
 use serde_json::{json, Value};
 
-/// Runs `pgfence demo --scenario rescue --json` with `extra` flags on a throwaway server; answers the exit code,
-/// the report and the story (stderr).
+/// Runs `pgfence demo --scenario rescue --json` with `extra` flags on a fresh test database (migrated from the
+/// template: a weakened copy of the SQL that the mutation gate applies there is what the workers run on); answers
+/// the exit code, the report and the story (stderr).
 async fn rescue(extra: &[&str]) -> (i32, Value, String) {
+    let db = common::TestDb::new().await;
     let started = Instant::now();
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgfence"))
         .args(["demo", "--scenario", "rescue", "--json"])
         .args(extra)
-        .env_remove("DATABASE_URL")
+        .env("DATABASE_URL", &db.url)
         .env_remove("PGFENCE_CLUSTER")
         .output()
         .await

@@ -83,6 +83,10 @@ def cargo_unit_test(filter: str) -> tuple[str, list[str]]:
 
 
 ISOLATION = ("tests/isolation/run.sh", ["bash", "tests/isolation/run.sh"])
+# The rescue story of the effect ledger: worker processes and a workload engine, faults placed exactly.
+RESCUE_STORY = ("cargo test -p pgfence-cli --test rescue the_rescue_story_confirms_retries_and_keeps_late_outcomes",
+                ["cargo", "test", "-p", "pgfence-cli", "--test", "rescue",
+                 "the_rescue_story_confirms_retries_and_keeps_late_outcomes"])
 
 # Texts of the migrations that several mutations edit.
 GUARD_FAST_PATH = """    IF NOT pgfence._try_guard_lock(l.lock_key) THEN"""
@@ -714,6 +718,37 @@ MUTATIONS: list[Mutation] = [
         [Edit("native/pgfence_native.c", "c == NULL || c->leases != r->leases_relid", "c == NULL"),
          Edit("native/pgfence_native.c", "\t\t&& !row.acquired_null && row.acquired_at == r->acquired_at", "\t\t&& !row.acquired_null")],
         [cargo_test("native", "a_recreated_schema_does_not_revive_a_remembered_tenure")],
+    ),
+    # The effect ledger (issue: in-doubt work). Each is caught by the rescue story over real worker processes,
+    # whose faults are placed exactly (a worker paused at a named point, then frozen): deterministic.
+    Mutation(
+        "settle-without-fence",
+        "settle_effect skips the guard: a successor whose tenure ended settles an effect its own successor is "
+        "about to settle",
+        [Edit("sql:settle_effect",
+              """    r := pgfence._open_effect_write(p_lease, p_epoch, p_secret, p_effect_key, 'settle_effect'::text, NULL::text,
+                                    NULL::text, NULL::integer, p_detail);""",
+              """    r := NULL;""")],
+        [RESCUE_STORY],
+    ),
+    Mutation(
+        "in-doubt-omits-the-last-intent",
+        "the in-doubt list leaves out each ended tenure's last intent (the one most likely in flight when it ended)",
+        [Edit("sql:in_doubt_effects",
+              """     WHERE e.lease = p_lease AND e.settlement IS NULL""",
+              """     WHERE e.lease = p_lease AND e.settlement IS NULL
+       AND e.id < (SELECT max(x.id) FROM pgfence.effects x WHERE x.lease = e.lease AND x.epoch = e.epoch)""")],
+        [RESCUE_STORY],
+    ),
+    Mutation(
+        "retry-mints-a-new-key",
+        "a retry records its attempt under a new effect key: the engine cannot tell it from the first attempt, "
+        "which may still arrive",
+        [Edit("sql:settle_effect",
+              """        SELECT e.task_id, p_lease, p_effect_key, e.attempt + 1, p_epoch, s.hash, e.intent""",
+              """        SELECT e.task_id, p_lease, p_effect_key || '#' || (e.attempt + 1), e.attempt + 1, p_epoch, s.hash,
+               e.intent""")],
+        [RESCUE_STORY],
     ),
 ]
 

@@ -218,7 +218,7 @@ pub enum Error {
         /// The effect key.
         effect_key: String,
         /// Why.
-        reason: crate::effects::EffectConflict,
+        reason: EffectConflict,
     },
 
     /// No effect of that key was ever recorded under the lease.
@@ -257,6 +257,73 @@ pub enum Error {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
     },
+}
+
+/// Why a ledger write did not apply to the effect as it stands ([`Error::EffectConflict`]; also [`pgfence::effects::EffectConflict`](crate::effects::EffectConflict)): nothing was
+/// written, and nothing audited (the tenure may write; the effect is elsewhere).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum EffectConflict {
+    /// The key's effect is done or confirmed: it is not attempted again.
+    Done,
+    /// An intent of this tenure under the key is in flight with another intent.
+    IntentDiffers,
+    /// The key belongs to another task.
+    OtherTask,
+    /// The attempt is settled already, by this epoch.
+    Settled {
+        /// The tenure that settled it.
+        by: Option<Epoch>,
+    },
+    /// The attempt has a final outcome: nothing to settle.
+    NotInDoubt,
+    /// The attempt's tenure is the current one and has not reported its outcome: not in doubt yet.
+    InFlight,
+    /// An outcome for an attempt another tenure recorded (settle it instead).
+    NotThisTenure,
+    /// Another final outcome is recorded for the attempt.
+    OutcomeRecorded,
+}
+
+impl EffectConflict {
+    pub(crate) fn from_sql(reason: &str, settled_by: Option<Epoch>) -> Option<EffectConflict> {
+        Some(match reason {
+            "done" => EffectConflict::Done,
+            "intent_differs" => EffectConflict::IntentDiffers,
+            "other_task" => EffectConflict::OtherTask,
+            "settled" => EffectConflict::Settled { by: settled_by },
+            "not_in_doubt" => EffectConflict::NotInDoubt,
+            "in_flight" => EffectConflict::InFlight,
+            "not_this_tenure" => EffectConflict::NotThisTenure,
+            "outcome_recorded" => EffectConflict::OutcomeRecorded,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for EffectConflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EffectConflict::Done => f.write_str("its effect is done already"),
+            EffectConflict::IntentDiffers => {
+                f.write_str("an intent of this tenure with another intent is in flight")
+            }
+            EffectConflict::OtherTask => f.write_str("the key belongs to another task"),
+            EffectConflict::Settled { by: Some(epoch) } => {
+                write!(f, "settled already by epoch {epoch}")
+            }
+            EffectConflict::Settled { by: None } => f.write_str("settled already"),
+            EffectConflict::NotInDoubt => f.write_str("it has a final outcome: not in doubt"),
+            EffectConflict::InFlight => f.write_str(
+                "its tenure is the current one and has not reported: in flight, not in doubt",
+            ),
+            EffectConflict::NotThisTenure => {
+                f.write_str("its last attempt is another tenure's: settle it instead")
+            }
+            EffectConflict::OutcomeRecorded => f.write_str("another outcome is recorded"),
+        }
+    }
 }
 
 /// Why the database refused a call because of who made it ([`Error::Denied`]).

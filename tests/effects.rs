@@ -481,24 +481,15 @@ async fn settling_what_is_not_in_doubt_or_with_bad_input_writes_nothing() {
         ),
         "{final_outcome:?}"
     );
+}
 
-    let client = db.client().await;
-    let (epoch, secret) = (
-        fence.epoch().get(),
-        fence.secret().expose_secret().to_owned(),
-    );
-    for (sql, what) in [
-        ("SELECT * FROM pgfence.record_outcome('c/sched', $1, $2, 'job/launch', 'maybe', '{}')", "outcome"),
-        ("SELECT * FROM pgfence.settle_effect('c/sched', $1, $2, 'job/launch', 'skipped', '{}')", "resolution"),
-        ("SELECT * FROM pgfence.settle_effect('c/sched', $1, $2, 'job/launch', 'abandoned', '{}')", "reason"),
-        ("SELECT * FROM pgfence.record_intent('c/sched', $1, $2, 'job', 'job/x', NULL)", "jsonb"),
-    ] {
-        let err = client.query(sql, &[&epoch, &secret]).await.unwrap_err();
-        assert_eq!(common::sqlstate(&err), "22023", "{sql}: {err}");
-        assert!(format!("{err:?}").contains(what), "{sql}: {err:?}");
-    }
-    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.effects").await, 1);
-
+/// Invariants 3 and 4 for the settle: a tenure that has ended cannot settle (refused as stale, audited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_tenure_cannot_settle_and_is_audited() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let old = fixture::lease(&store, "sched").await;
+    let (fence, ledger) = (old.fence(), store.effects());
     let new = take_over(&store, "sched", "pod-b").await;
     task(&store, &new, "next").await;
     ledger
@@ -520,6 +511,38 @@ async fn settling_what_is_not_in_doubt_or_with_bad_input_writes_nothing() {
         audit.iter().any(|r| r.operation == "settle_effect"),
         "{audit:?}"
     );
+}
+
+/// Bad input through SQL (psql, psycopg) gets 22023 naming the argument and writes nothing: an unknown outcome or
+/// resolution, an abandon without a reason, an intent without its jsonb.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_ledger_input_through_sql_is_refused_and_writes_nothing() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let lease = fixture::lease(&store, "sched").await;
+    let fence = lease.fence();
+    task(&store, &lease, "job").await;
+    store
+        .effects()
+        .intend(&fence, "job", "job/launch", &json!({}))
+        .await
+        .unwrap();
+    let client = db.client().await;
+    let (epoch, secret) = (
+        fence.epoch().get(),
+        fence.secret().expose_secret().to_owned(),
+    );
+    for (sql, what) in [
+        ("SELECT * FROM pgfence.record_outcome('c/sched', $1, $2, 'job/launch', 'maybe', '{}')", "outcome"),
+        ("SELECT * FROM pgfence.settle_effect('c/sched', $1, $2, 'job/launch', 'skipped', '{}')", "resolution"),
+        ("SELECT * FROM pgfence.settle_effect('c/sched', $1, $2, 'job/launch', 'abandoned', '{}')", "reason"),
+        ("SELECT * FROM pgfence.record_intent('c/sched', $1, $2, 'job', 'job/x', NULL)", "jsonb"),
+    ] {
+        let err = client.query(sql, &[&epoch, &secret]).await.unwrap_err();
+        assert_eq!(common::sqlstate(&err), "22023", "{sql}: {err}");
+        assert!(format!("{err:?}").contains(what), "{sql}: {err:?}");
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM pgfence.effects").await, 1);
 }
 
 /// Invariant 8: knowing an ended tenure's lease and epoch is not enough to leave evidence — a late outcome with a
@@ -663,4 +686,47 @@ async fn a_role_sees_and_settles_the_effects_of_its_own_clusters_only() {
         )
         .await
         .unwrap();
+}
+
+/// Invariant 9, by default: the leadership runtime hands a new tenure's callback what earlier tenures left in
+/// doubt (read before the callback runs), so a controller written from the README settles it before its first
+/// write without remembering to look.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_tenure_s_callback_is_handed_the_effects_in_doubt() {
+    use pgfence::leader::{run_with_leadership, Ended, LeadershipOptions, PgElector};
+    use pgfence::reexports::tokio_util::sync::CancellationToken;
+
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let old = fixture::lease(&store, "ctl").await;
+    task(&store, &old, "job").await;
+    store
+        .effects()
+        .intend(&old.fence(), "job", "job/launch", &json!({"n": 1}))
+        .await
+        .unwrap();
+    store.release(&old).await.unwrap();
+
+    let elector = PgElector::new(store.clone());
+    let (sender, handed) = tokio::sync::oneshot::channel();
+    let options = LeadershipOptions::new(std::time::Duration::from_secs(30));
+    let ended = run_with_leadership(
+        &elector,
+        "ctl",
+        "pod-b",
+        &options,
+        &CancellationToken::new(),
+        move |ctx| async move {
+            let _ = sender.send((ctx.epoch(), ctx.in_doubt().to_vec()));
+            Ok::<(), std::convert::Infallible>(())
+        },
+    )
+    .await
+    .unwrap();
+    assert!(matches!(ended, Ended::Returned), "{ended:?}");
+    let (epoch, doubts) = handed.await.unwrap();
+    assert!(epoch > old.epoch());
+    assert_eq!(doubts.len(), 1, "{doubts:?}");
+    assert_eq!(doubts[0].effect.key, "job/launch");
+    assert_eq!(doubts[0].tenure.end_reason.as_deref(), Some("released"));
 }

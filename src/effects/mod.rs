@@ -28,6 +28,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+pub use crate::error::EffectConflict;
 use crate::error::{Error, Result};
 use crate::fence::Fence;
 use crate::reply::RowsOf;
@@ -207,73 +208,6 @@ impl Settlement {
             Settlement::Abandon { reason } => {
                 ("abandoned", serde_json::json!({ "reason": reason }))
             }
-        }
-    }
-}
-
-/// Why a ledger write did not apply to the effect as it stands ([`Error::EffectConflict`]): nothing was
-/// written, and nothing audited (the tenure may write; the effect is elsewhere).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum EffectConflict {
-    /// The key's effect is done or confirmed: it is not attempted again.
-    Done,
-    /// An intent of this tenure under the key is in flight with another intent.
-    IntentDiffers,
-    /// The key belongs to another task.
-    OtherTask,
-    /// The attempt is settled already, by this epoch.
-    Settled {
-        /// The tenure that settled it.
-        by: Option<Epoch>,
-    },
-    /// The attempt has a final outcome: nothing to settle.
-    NotInDoubt,
-    /// The attempt's tenure is the current one and has not reported its outcome: not in doubt yet.
-    InFlight,
-    /// An outcome for an attempt another tenure recorded (settle it instead).
-    NotThisTenure,
-    /// Another final outcome is recorded for the attempt.
-    OutcomeRecorded,
-}
-
-impl EffectConflict {
-    fn from_sql(reason: &str, settled_by: Option<Epoch>) -> Option<EffectConflict> {
-        Some(match reason {
-            "done" => EffectConflict::Done,
-            "intent_differs" => EffectConflict::IntentDiffers,
-            "other_task" => EffectConflict::OtherTask,
-            "settled" => EffectConflict::Settled { by: settled_by },
-            "not_in_doubt" => EffectConflict::NotInDoubt,
-            "in_flight" => EffectConflict::InFlight,
-            "not_this_tenure" => EffectConflict::NotThisTenure,
-            "outcome_recorded" => EffectConflict::OutcomeRecorded,
-            _ => return None,
-        })
-    }
-}
-
-impl std::fmt::Display for EffectConflict {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            EffectConflict::Done => f.write_str("its effect is done already"),
-            EffectConflict::IntentDiffers => {
-                f.write_str("an intent of this tenure with another intent is in flight")
-            }
-            EffectConflict::OtherTask => f.write_str("the key belongs to another task"),
-            EffectConflict::Settled { by: Some(epoch) } => {
-                write!(f, "settled already by epoch {epoch}")
-            }
-            EffectConflict::Settled { by: None } => f.write_str("settled already"),
-            EffectConflict::NotInDoubt => f.write_str("it has a final outcome: not in doubt"),
-            EffectConflict::InFlight => f.write_str(
-                "its tenure is the current one and has not reported: in flight, not in doubt",
-            ),
-            EffectConflict::NotThisTenure => {
-                f.write_str("its last attempt is another tenure's: settle it instead")
-            }
-            EffectConflict::OutcomeRecorded => f.write_str("another outcome is recorded"),
         }
     }
 }

@@ -92,7 +92,7 @@ impl Config {
         }
     }
 
-    /// `two_tasks` with two faults (about 3.6 M states, 160 s on a loaded machine: not in every run).
+    /// `two_tasks` with two faults (3.5 M unique states, about 140 s on a loaded machine: not in every run).
     pub fn two_tasks_large() -> Config {
         Config {
             faults: 2,
@@ -991,7 +991,7 @@ pub fn describe(action: &Action) -> String {
         Action::Intend(e, t) => format!("tenure {e}: pgfence.record_intent task {t} (guarded)"),
         Action::Call(e, t) => format!("tenure {e}: calls the engine for task {t} with the attempt's effect key"),
         Action::Timeout(e, t) => format!("tenure {e}: no reply for task {t}: times out (outcome 'unknown')"),
-        Action::Report(e, t) => format!("tenure {e}: pgfence.record_outcome task {t} (guarded; refused: _keep_late_report)"),
+        Action::Report(e, t) => format!("tenure {e}: pgfence.record_outcome task {t} (guarded; if refused: _keep_late_report)"),
         Action::Ask(e, t, r) => format!("tenure {e}: asks the engine by task {t}'s key: decides '{}'", res(r)),
         Action::SettleCheck(e, t) => format!("tenure {e}: pgfence.settle_effect task {t}: guard, _last_attempt, in doubt?"),
         Action::SettleCommit(e, t) => format!("tenure {e}: settle_effect task {t}: UPDATE … WHERE settlement IS NULL (+ retry INSERT); COMMIT"),

@@ -12,7 +12,13 @@
 //! live set, the holder that drains and releases, the successor that acquires only a free lease, pauses and
 //! crashes mid-drain, writes in flight (docs/model.md, "The balanced handover"); `-- --ignored` also explores
 //! its two larger configurations.
+//!
+//! A third model (`tests/model/effects.rs`) checks the effect ledger: intents, external calls to an engine
+//! that dedupes by effect key, outcomes, late reports and the successors' settles across a succession of
+//! tenures, with the engine's state as the ground truth (docs/model.md, "The effect ledger").
 
+#[path = "model/effects.rs"]
+mod effects;
 #[path = "model/handover.rs"]
 mod handover;
 #[path = "model/properties.rs"]
@@ -548,5 +554,174 @@ fn a_successor_that_never_takes_an_expired_lease_is_found() {
         handover::Config::two(),
         &[handover::Weakening::AcquireOnlyReleased],
         handover::CONVERGES,
+    );
+}
+
+// The effect ledger (tests/model/effects.rs).
+
+/// Explores the effect ledger configuration `cfg` in full (breadth first) and asserts that no `always`
+/// property fails and that the `examples` are reached.
+fn check_effects(name: &str, cfg: effects::Config, examples: &[&str]) {
+    let started = Instant::now();
+    let checker = effects::Effects { cfg }
+        .checker()
+        .threads(threads())
+        .spawn_bfs()
+        .join();
+    println!(
+        "model {name}: {} states ({} unique), max depth {}, {:.1?} (complete)",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        started.elapsed(),
+    );
+    let discoveries = checker.discoveries();
+    let mut failed = Vec::new();
+    for p in checker.model().properties() {
+        match (p.expectation, discoveries.get(p.name)) {
+            (Expectation::Always, Some(path)) | (Expectation::Eventually, Some(path)) => {
+                let steps = effects::until_broken(checker.model(), path, p.name);
+                failed.push(format!("VIOLATED: {}\n{}", p.name, effects::render(&steps)))
+            }
+            (Expectation::Sometimes, None) if examples.contains(&p.name) => {
+                failed.push(format!("NEVER REACHED: {}", p.name))
+            }
+            _ => {}
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// Explores the effect ledger configuration `cfg` with `weakenings` until `expected` fails, and prints the
+/// counterexample (breadth first, cut at its first violating state).
+fn find_in_effects(
+    cfg: effects::Config,
+    weakenings: &[effects::Weakening],
+    expected: &'static str,
+) {
+    let started = Instant::now();
+    let checker = effects::Effects {
+        cfg: cfg.with(weakenings),
+    }
+    .checker()
+    .threads(threads())
+    .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([expected])))
+    .timeout(Duration::from_secs(300))
+    .spawn_bfs()
+    .join();
+    let discoveries = checker.discoveries();
+    let broken: Vec<_> = effects::safety_names(checker.model())
+        .into_iter()
+        .filter(|n| discoveries.contains_key(n))
+        .collect();
+    let Some(path) = discoveries.get(expected) else {
+        panic!("{weakenings:?}: no counterexample for {expected:?} (broken: {broken:?})");
+    };
+    let steps = effects::until_broken(checker.model(), path, expected);
+    println!(
+        "{weakenings:?} breaks {expected:?} in {} steps ({} states, {:.1?}); also broken so far: {broken:?}\n{}",
+        steps.len() - 1,
+        checker.unique_state_count(),
+        started.elapsed(),
+        effects::render(&steps)
+    );
+}
+
+#[test]
+fn effects_across_two_successors_keep_every_property() {
+    check_effects(
+        "effects (one task, two handovers)",
+        effects::Config::one_task(),
+        &[
+            effects::S_LATE_AFTER_SETTLE,
+            effects::S_RETRY_APPLIED,
+            effects::S_TWO_SUCCESSORS,
+            effects::S_LATE_APPLY,
+            effects::S_DEDUPED,
+            effects::S_CONFIRMED,
+            effects::S_OWN_UNKNOWN,
+            effects::S_ABANDONED_APPLIED,
+        ],
+    );
+}
+
+#[test]
+fn effects_of_two_tasks_keep_every_property() {
+    check_effects(
+        "effects (two tasks, one handover)",
+        effects::Config::two_tasks(),
+        &[
+            effects::S_LATE_AFTER_SETTLE,
+            effects::S_RETRY_APPLIED,
+            effects::S_LATE_APPLY,
+            effects::S_DEDUPED,
+            effects::S_CONFIRMED,
+        ],
+    );
+}
+
+/// Two tasks with two faults (a few minutes):
+/// `cargo test --test model -- --ignored --nocapture effects`.
+#[test]
+#[ignore = "the larger effect ledger configuration: cargo test --test model -- --ignored --nocapture effects"]
+fn effects_of_two_tasks_with_two_faults_keep_every_property() {
+    check_effects(
+        "effects (two tasks, one handover, two faults)",
+        effects::Config::two_tasks_large(),
+        &[effects::S_RETRY_APPLIED, effects::S_OWN_UNKNOWN],
+    );
+}
+
+#[test]
+fn effects_settled_by_two_workers_keep_every_property() {
+    check_effects(
+        "effects (two workers settle)",
+        effects::Config::double_settle(),
+        &[effects::S_CONFIRMED],
+    );
+}
+
+#[test]
+fn effects_a_settle_without_the_fence_is_found() {
+    find_in_effects(
+        effects::Config::one_task(),
+        &[effects::Weakening::SettleWithoutFence],
+        effects::FENCED,
+    );
+}
+
+#[test]
+fn effects_an_in_doubt_list_omitting_the_last_intent_is_found() {
+    find_in_effects(
+        effects::Config::one_task(),
+        &[effects::Weakening::InDoubtOmitsLast],
+        effects::NO_LOST_INTENT,
+    );
+}
+
+#[test]
+fn effects_a_retry_minting_a_new_key_is_found() {
+    find_in_effects(
+        effects::Config::one_task(),
+        &[effects::Weakening::RetryMintsNewKey],
+        effects::ONE_KEY,
+    );
+}
+
+#[test]
+fn effects_a_settle_without_its_null_condition_is_found() {
+    find_in_effects(
+        effects::Config::double_settle(),
+        &[effects::Weakening::SettleWithoutNullCheck],
+        effects::SETTLED_ONCE,
+    );
+}
+
+#[test]
+fn effects_a_late_report_taken_as_the_outcome_is_found() {
+    find_in_effects(
+        effects::Config::one_task(),
+        &[effects::Weakening::LateReportWrites],
+        effects::LATE_INERT,
     );
 }

@@ -91,6 +91,10 @@ pub(super) struct Measurement {
     /// ÷ the peer guard of the same shape (`peer-for-share` for `fenced`, `peer-for-share-update` for
     /// `guarded-update`).
     pub(super) vs_peer: Option<Ratio>,
+    /// ÷ the same number of guarded `append_event`s on the same task (`effect-pair` ÷ `event-pair`): the
+    /// effect ledger's cost, as throughput (its inverse is the time an intent+outcome pair takes per two events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) vs_events: Option<Ratio>,
 }
 
 /// Collects rounds as they are measured.
@@ -186,6 +190,7 @@ impl Collector {
                     .then(|| ratio(key, Key { batch: 1, ..*key }, f64::from(key.batch)))
                     .flatten(),
                 vs_peer: beside(w.peer_of_same_shape()),
+                vs_events: beside(w.events()),
             });
         }
         out
@@ -608,6 +613,7 @@ pub(super) fn print_tables(
             &table,
         );
     }
+    ledger_cost(all);
     if let Some(r) = renewal {
         println!();
         println!(
@@ -653,6 +659,56 @@ pub(super) fn print_tables(
             }
         }
     }
+}
+
+/// The effect ledger's cost (`effect-pair` beside `event-pair`), per concurrency, when both ran.
+fn ledger_cost(all: &[Measurement]) {
+    let pairs: Vec<(&Measurement, &Measurement, &Ratio)> = all
+        .iter()
+        .filter_map(|m| {
+            let ratio = m.vs_events.as_ref()?;
+            let events = all.iter().find(|e| {
+                e.workload == Workload::EventPair.name()
+                    && e.concurrency == m.concurrency
+                    && e.batch == m.batch
+            })?;
+            Some((m, events, ratio))
+        })
+        .collect();
+    if pairs.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "Effect ledger: an intent+outcome pair beside two append_events on the same task (medians over rounds; \
+         ratios paired round by round)"
+    );
+    let table: Vec<Vec<String>> = pairs
+        .iter()
+        .map(|(m, e, r)| {
+            vec![
+                m.concurrency.to_string(),
+                rate(m.tx_per_s),
+                rate(e.tx_per_s),
+                format!("{:.3}", m.latency_ms.p50),
+                format!("{:.3}", e.latency_ms.p50),
+                format!("{:.2}", r.value),
+                format!("{:.2}", 1.0 / r.value),
+            ]
+        })
+        .collect();
+    super::super::table::print(
+        &[
+            "C",
+            "PAIRS/S",
+            "EVENT PAIRS/S",
+            "P50 MS",
+            "EVENTS P50 MS",
+            "THROUGHPUT ÷EVENTS",
+            "COST ×EVENTS",
+        ],
+        &table,
+    );
 }
 
 /// Which paths a workload list covers, for the header.

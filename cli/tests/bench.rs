@@ -199,7 +199,10 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
     assert_eq!(ledger["vs_events"]["baseline"], "event-pair c=2 batch=1");
     assert!(ledger["vs_events"]["paired"].as_bool().unwrap());
     assert!(ledger["vs_events"]["value"].as_f64().unwrap() > 0.0);
-    assert!(find("event-pair", 1, None).unwrap().get("vs_events").is_none());
+    assert!(find("event-pair", 1, None)
+        .unwrap()
+        .get("vs_events")
+        .is_none());
 
     let renewal = &doc["renewal"];
     assert_eq!(renewal["leases"], 5);

@@ -78,7 +78,9 @@ impl Effects<'_> {
             .bind::<Text, _>(&lease)
             .load(&mut *conn)
             .await?;
-        rows.into_iter().map(|row| row.into_attempt(&lease)).collect()
+        rows.into_iter()
+            .map(|row| row.into_attempt(&lease))
+            .collect()
     }
 
     /// Every attempt of every effect of task `task_key` of lease `name`, oldest first (empty for an unknown
@@ -100,7 +102,9 @@ impl Effects<'_> {
                 .bind::<Text, _>(task_key)
                 .load(&mut *conn)
                 .await?;
-        rows.into_iter().map(|row| row.into_attempt(&lease)).collect()
+        rows.into_iter()
+            .map(|row| row.into_attempt(&lease))
+            .collect()
     }
 
     /// The effects in doubt of every lease of every cluster the session's role may read, by lease name and then

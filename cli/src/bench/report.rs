@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::workload::{Path, Workload};
 
+mod ledger;
+
 /// One round of one workload.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct Round {
@@ -613,7 +615,7 @@ pub(super) fn print_tables(
             &table,
         );
     }
-    ledger_cost(all);
+    ledger::print_cost(all);
     if let Some(r) = renewal {
         println!();
         println!(
@@ -659,56 +661,6 @@ pub(super) fn print_tables(
             }
         }
     }
-}
-
-/// The effect ledger's cost (`effect-pair` beside `event-pair`), per concurrency, when both ran.
-fn ledger_cost(all: &[Measurement]) {
-    let pairs: Vec<(&Measurement, &Measurement, &Ratio)> = all
-        .iter()
-        .filter_map(|m| {
-            let ratio = m.vs_events.as_ref()?;
-            let events = all.iter().find(|e| {
-                e.workload == Workload::EventPair.name()
-                    && e.concurrency == m.concurrency
-                    && e.batch == m.batch
-            })?;
-            Some((m, events, ratio))
-        })
-        .collect();
-    if pairs.is_empty() {
-        return;
-    }
-    println!();
-    println!(
-        "Effect ledger: an intent+outcome pair beside two append_events on the same task (medians over rounds; \
-         ratios paired round by round)"
-    );
-    let table: Vec<Vec<String>> = pairs
-        .iter()
-        .map(|(m, e, r)| {
-            vec![
-                m.concurrency.to_string(),
-                rate(m.tx_per_s),
-                rate(e.tx_per_s),
-                format!("{:.3}", m.latency_ms.p50),
-                format!("{:.3}", e.latency_ms.p50),
-                format!("{:.2}", r.value),
-                format!("{:.2}", 1.0 / r.value),
-            ]
-        })
-        .collect();
-    super::super::table::print(
-        &[
-            "C",
-            "PAIRS/S",
-            "EVENT PAIRS/S",
-            "P50 MS",
-            "EVENTS P50 MS",
-            "THROUGHPUT ÷EVENTS",
-            "COST ×EVENTS",
-        ],
-        &table,
-    );
 }
 
 /// Which paths a workload list covers, for the header.

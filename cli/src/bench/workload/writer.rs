@@ -347,9 +347,7 @@ impl Writer {
                 let task = append_key(self.index);
                 let key = format!("e{}", EFFECT_KEYS.fetch_add(1, Ordering::Relaxed));
                 let effects = self.store.effects();
-                effects
-                    .intend(&self.fence, &task, &key, &json!({}))
-                    .await?;
+                effects.intend(&self.fence, &task, &key, &json!({})).await?;
                 effects
                     .record_outcome(&self.fence, &key, &Outcome::Done(json!({})))
                     .await?;

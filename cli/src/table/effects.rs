@@ -261,6 +261,7 @@ mod tests {
     use super::super::terminal::is_terminal_control_but_newline;
     use super::*;
 
+    /// An intent cell is cut at its bound, and the cut says how much was left out.
     #[test]
     fn clip_cuts_long_text_and_marks_it() {
         assert_eq!(clip("abc", 3), "abc");
@@ -291,5 +292,35 @@ mod tests {
             block.contains("      late report: done ×2, last "),
             "{block}"
         );
+    }
+
+    /// A tenure's block lists every attempt that needs attention and only the latest few plainly done ones, and
+    /// counts the rest, so a busy tenure's history stays readable and nothing in doubt is hidden.
+    #[test]
+    fn tenure_lines_fold_plainly_done_attempts_but_never_one_in_doubt() {
+        let fixture = crate::fixtures::attempts();
+        let epoch = Epoch::new(1).unwrap();
+        let mut attempts = vec![fixture[0].clone()];
+        for i in 0..8 {
+            let mut done = fixture[1].clone();
+            done.effect.epoch = epoch;
+            done.effect.key = format!("done-{i}");
+            attempts.push(done);
+        }
+        let mut text = String::new();
+        tenure_lines(&mut text, epoch, &attempts);
+        assert!(
+            text.starts_with("  effects       9 attempts intended, 0 in doubt, 1 late report\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(" #1 (task job\\u{7}): unknown; retried by epoch 2"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("done-2 ") && text.contains("done-3 #2") && text.contains("done-7 #2"),
+            "{text}"
+        );
+        assert!(text.contains("    … and 3 earlier done attempts (--json, or `pgfence tasks --task`, lists every one)\n"), "{text}");
     }
 }

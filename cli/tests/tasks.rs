@@ -282,7 +282,8 @@ async fn tasks_task_lists_every_attempt_of_a_tasks_effects() {
     .await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     let attempts: Vec<Attempt> = serde_json::from_str(&run.stdout).unwrap();
-    let seen: Vec<(&str, u32, i64, EffectState, Option<i64>, bool)> = attempts
+    type Seen<'a> = (&'a str, u32, i64, EffectState, Option<i64>, bool);
+    let seen: Vec<Seen> = attempts
         .iter()
         .map(|a| {
             let e = &a.effect;

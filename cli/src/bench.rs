@@ -66,8 +66,9 @@ pub(super) struct BenchArgs {
     lease_rows: Vec<u32>,
 
     /// Only these workloads (comma-separated): update, update-ping, tx, fenced, raw-fenced,
-    /// raw-fenced-pipelined, raw-guarded-update, guarded-update, raw-advisory-update, pgbench-fenced, append, append-unguarded, claim-transition, append-own-lease,
-    /// raw-append, pgbench-append, acquire, renew. Default: all.
+    /// raw-fenced-pipelined, raw-guarded-update, guarded-update, raw-advisory-update, pgbench-fenced, append,
+    /// append-unguarded, claim-transition, append-own-lease, raw-append, pgbench-append, effect-pair,
+    /// event-pair, acquire, renew. Default: all.
     #[arg(long, value_delimiter = ',')]
     workloads: Option<Vec<String>>,
 

@@ -1,6 +1,6 @@
-//! The operator commands, one function each: the reads (`status`, `audit`, `history`, `identity`) and the writes
-//! (`audit prune`, `migrate`, `grant`, `revoke`, `force-release`), on a store connected as the global options
-//! say, printing for people or, with `--json`, as JSON.
+//! The operator commands, one function each: the reads (`status`, `audit`, `history`, `identity`; `tasks` has a
+//! module of its own) and the writes (`audit prune`, `migrate`, `grant`, `revoke`, `force-release`), on a store
+//! connected as the global options say, printing for people or, with `--json`, as JSON.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -37,7 +37,7 @@ fn warn_repairs(repairs: &[String]) {
 }
 
 /// Splits `CLUSTER/NAME`; a bare `NAME` belongs to `default_cluster`.
-fn split_lease(lease: &str, default_cluster: &str) -> (String, String) {
+pub(crate) fn split_lease(lease: &str, default_cluster: &str) -> (String, String) {
     match lease.split_once('/') {
         Some((cluster, name)) if !cluster.is_empty() => (cluster.to_owned(), name.to_owned()),
         _ => (default_cluster.to_owned(), lease.to_owned()),
@@ -52,7 +52,7 @@ struct StatusReport {
 }
 
 /// Fails with exit code 6 unless the lease exists.
-async fn require_lease(store: &Store, name: &str) -> CliResult {
+pub(crate) async fn require_lease(store: &Store, name: &str) -> CliResult {
     if store.lease_status(name).await?.is_none() {
         return Err(Failure::new(
             6,
@@ -175,15 +175,16 @@ pub(super) async fn history(
     let store = global.store(&cluster).await?;
     require_lease(&store, &name).await?;
     let reviews = store.review(&name).await?;
+    let attempts = store.effects().ledger(&name).await?;
     let qualified = format!("{cluster}/{name}");
     if let Some(path) = &picture {
         std::fs::write(path, svg::timeline(&qualified, &reviews))
             .map_err(|e| Failure::new(1, format!("cannot write {}: {e}", path.display())))?;
     }
     if json {
-        return print_json(&reviews);
+        return print_json(&crate::tasks::history_entries(&reviews, &attempts));
     }
-    emit(&table::review(&qualified, &reviews))
+    emit(&table::review(&qualified, &reviews, &attempts))
 }
 
 pub(super) async fn identity(global: &Global, json: bool) -> CliResult {

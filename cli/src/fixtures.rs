@@ -168,3 +168,35 @@ pub(crate) fn review() -> Vec<TenureReview> {
     ]);
     serde_json::from_value(reviews).expect("the fixture matches the library's JSON")
 }
+
+/// Two attempts of one effect of `demo/scheduler` with a hostile key, task and intent: attempt 1, recorded by
+/// epoch 1, reported `unknown`, was retried by epoch 2 and has a late report; attempt 2, epoch 2's, is done.
+pub(crate) fn attempts() -> Vec<pgfence::effects::Attempt> {
+    let attempt = |n: u32, epoch: i64, state: &str| {
+        json!({
+            "effect": {
+                "id": n, "task_id": 7, "task_key": "job\u{7}", "lease": "demo/scheduler",
+                "key": "key\u{1b}[2J", "attempt": n, "epoch": epoch,
+                "intent": {"launch": "\u{1b}]0;pwned\u{7}", "replicas": 3},
+                "state": state, "detail": null, "settled_by": null,
+            },
+            "intended_at": "2026-11-30T04:41:49.000Z",
+            "outcome": null, "outcome_detail": null, "outcome_at": null,
+            "settlement": null, "settled_at": null, "in_doubt": false, "late_report": null,
+        })
+    };
+    let mut first = attempt(1, 1, "retried");
+    first["effect"]["settled_by"] = json!(2);
+    first["outcome"] = json!("unknown");
+    first["outcome_at"] = json!("2026-11-30T04:41:50.000Z");
+    first["settlement"] = json!("retried");
+    first["settled_at"] = json!("2026-11-30T04:41:53.000Z");
+    first["late_report"] = json!({
+        "state": "done", "detail": {"workload": "w-1\u{9b}"},
+        "reported_at": "2026-11-30T04:41:54.000Z", "count": 2,
+    });
+    let mut second = attempt(2, 2, "done");
+    second["outcome"] = json!("done");
+    second["outcome_at"] = json!("2026-11-30T04:41:55.000Z");
+    serde_json::from_value(json!([first, second])).expect("attempts from JSON")
+}

@@ -17,6 +17,7 @@ mod replica;
 mod rescue;
 mod svg;
 mod table;
+mod tasks;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -135,7 +136,8 @@ enum Command {
     /// as each side saw it, where the belief's end lies on the database's clock, the clock offset bounds, the
     /// last accepted write and the verdict: CERTAIN, POSSIBLE, none or UNKNOWN. Overlaps are flagged (`!!`)
     /// with the writes the database accepted in the window (0, or FENCE BROKEN) and the refusals it audited.
-    /// All times UTC. See docs/cli.md.
+    /// Under each tenure, the effects it intended (outcome, settlement, in doubt, late reports) and those it
+    /// settled, when the effect ledger has any. All times UTC. See docs/cli.md.
     History {
         /// The lease (`CLUSTER/NAME`, or `NAME` in --cluster).
         #[arg(long)]
@@ -146,6 +148,30 @@ enum Command {
         /// Also write a timeline picture of the tenures to this SVG file.
         #[arg(long, value_name = "FILE")]
         svg: Option<std::path::PathBuf>,
+    },
+    /// The effect ledger: the effects in doubt that a successor has to settle (`--in-doubt`), or every attempt
+    /// of one task's effects (`--lease L --task K`).
+    ///
+    /// An effect is in doubt when a tenure recorded its intent (before calling an external system) and ended
+    /// without recording its outcome, or recorded `unknown`: the call may or may not have happened. Each row
+    /// shows the lease, task, effect key (the idempotency key to ask the external system about), attempt, the
+    /// epoch and holder of the tenure that left it, how and when that tenure ended, its last accepted write,
+    /// any late report (an outcome the old tenure sent after it ended: refused as a write, kept as evidence)
+    /// and the intent. Times UTC, database clock. See docs/cli.md.
+    #[command(group(clap::ArgGroup::new("listing").required(true).args(["in_doubt", "task"])))]
+    Tasks {
+        /// List the effects in doubt: of --lease, or else of every lease of every cluster the role may read.
+        #[arg(long)]
+        in_doubt: bool,
+        /// Only this lease (`CLUSTER/NAME`, or `NAME` in --cluster); required with --task.
+        #[arg(long)]
+        lease: Option<String>,
+        /// List every attempt of this task's effects (settled or not), oldest first; needs --lease.
+        #[arg(long, requires = "lease", value_name = "KEY")]
+        task: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// The database identity: system identifier, database, pgfence instance id, primary or standby.
     Identity {
@@ -394,6 +420,21 @@ async fn run(cli: Cli) -> CliResult {
             json,
             svg: picture,
         } => commands::history(global, lease, json, picture).await,
+        Command::Tasks {
+            in_doubt,
+            lease,
+            task,
+            json,
+        } => {
+            let listing = match task {
+                Some(task) if !in_doubt => tasks::Listing::Task {
+                    lease: lease.unwrap_or_default(),
+                    task,
+                },
+                _ => tasks::Listing::InDoubt { lease },
+            };
+            tasks::tasks(global, listing, json).await
+        }
         Command::Identity { json } => commands::identity(global, json).await,
         Command::Migrate => commands::migrate(global).await,
         Command::ForceRelease { name, yes, json } => {

@@ -8,6 +8,7 @@
 //! reads. `--json` output applies the same rule ([`is_terminal_control`]) as JSON `\uXXXX` escapes, which
 //! decode to the exact stored text (`TerminalJson` in the `output` module).
 
+mod effects;
 mod history;
 mod terminal;
 
@@ -17,6 +18,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use pgfence::{DatabaseIdentity, LeaseStatus, Rejection, Tenure};
 
+pub(super) use self::effects::{in_doubt, ledger};
 pub(super) use self::history::review;
 pub(super) use self::terminal::{escape, is_terminal_control, value, MESSAGE_CHARS, VALUE_CHARS};
 

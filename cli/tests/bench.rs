@@ -88,6 +88,7 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
         "Writes, 1 row per round trip",
         "Writes, 3 rows per round trip",
         "Leases: acquire and renew",
+        "Effect ledger: an intent+outcome pair beside two append_events",
         "Renewal of 5 leases held by one process",
         "Targets",
         "reproduce: pgfence bench",
@@ -137,6 +138,8 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
         ("claim-transition", 1, None),
         ("append-own-lease", 1, None),
         ("raw-append", 1, None),
+        ("effect-pair", 1, None),
+        ("event-pair", 1, None),
         ("acquire", 1, Some(1)),
         ("acquire", 1, Some(20)),
         ("renew", 1, Some(1)),
@@ -191,6 +194,15 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
     );
     assert!(find("fenced", 3, None).unwrap()["vs_batch1"]["value"].is_f64());
     assert!(find("update", 1, None).unwrap()["vs_unguarded"].is_null());
+    // The effect ledger's cost: its pair beside two append_events, paired round by round.
+    let ledger = find("effect-pair", 1, None).unwrap();
+    assert_eq!(ledger["vs_events"]["baseline"], "event-pair c=2 batch=1");
+    assert!(ledger["vs_events"]["paired"].as_bool().unwrap());
+    assert!(ledger["vs_events"]["value"].as_f64().unwrap() > 0.0);
+    assert!(find("event-pair", 1, None)
+        .unwrap()
+        .get("vs_events")
+        .is_none());
 
     let renewal = &doc["renewal"];
     assert_eq!(renewal["leases"], 5);

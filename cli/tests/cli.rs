@@ -743,6 +743,7 @@ async fn every_command_has_help() {
         "status",
         "audit",
         "history",
+        "tasks",
         "identity",
         "migrate",
         "force-release",

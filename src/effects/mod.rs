@@ -19,8 +19,10 @@
 //! which the stable key lets it provide.
 //!
 //! SQL: `migrations/2026-11-30-000004_tasks/up.sql` (`pgfence.record_intent`, `record_outcome`, `settle_effect`,
-//! `in_doubt_effects`); the tables `pgfence.effects` and `pgfence.effect_reports` (`000001_schema`).
+//! `in_doubt_effects`); the tables `pgfence.effects` and `pgfence.effect_reports` (`000001_schema`). The operator's
+//! reads ([`Effects::ledger`], [`Effects::task_ledger`], [`Effects::all_in_doubt`]) read those tables directly.
 
+mod ledger;
 mod rows;
 
 use std::time::Duration;
@@ -36,6 +38,7 @@ use crate::store::Store;
 use crate::tasks::validate_payload;
 use crate::types::Epoch;
 use crate::validate::{validate_holder, validate_name};
+pub use ledger::Attempt;
 use rows::{sql, Answer, EffectResultRow, InDoubtRow};
 
 /// Gauge `pgfence_effects_in_doubt{lease}`: the effects of the lease in doubt at the last

@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::workload::{Path, Workload};
 
+mod ledger;
+
 /// One round of one workload.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct Round {
@@ -91,6 +93,10 @@ pub(super) struct Measurement {
     /// ÷ the peer guard of the same shape (`peer-for-share` for `fenced`, `peer-for-share-update` for
     /// `guarded-update`).
     pub(super) vs_peer: Option<Ratio>,
+    /// ÷ the same number of guarded `append_event`s on the same task (`effect-pair` ÷ `event-pair`): the
+    /// effect ledger's cost, as throughput (its inverse is the time an intent+outcome pair takes per two events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) vs_events: Option<Ratio>,
 }
 
 /// Collects rounds as they are measured.
@@ -186,6 +192,7 @@ impl Collector {
                     .then(|| ratio(key, Key { batch: 1, ..*key }, f64::from(key.batch)))
                     .flatten(),
                 vs_peer: beside(w.peer_of_same_shape()),
+                vs_events: beside(w.events()),
             });
         }
         out
@@ -608,6 +615,7 @@ pub(super) fn print_tables(
             &table,
         );
     }
+    ledger::print_cost(all);
     if let Some(r) = renewal {
         println!();
         println!(

@@ -7,6 +7,8 @@
 //!   other's rows;
 //! * **task** (`append`, `append-unguarded`, `claim-transition`, `append-own-lease`, `raw-append`,
 //!   `pgbench-append`): the writer's own task row and one appended event;
+//! * **effect ledger** (`effect-pair`, `event-pair`): the writer's own task, two guarded writes per transaction
+//!   counted — an intent and its outcome (`Effects::intend`, `record_outcome`), or two `append_event`s;
 //! * **lease** (`acquire`, `renew`): one lease row in a table of `lease_rows` leases.
 //!
 //! The **peers** (`peer-*`) are the guards a user would otherwise pick, on the same rows through the same pool:
@@ -67,12 +69,14 @@ pub(super) enum Workload {
     AppendOwnLease,
     RawAppend,
     PgbenchAppend,
+    EffectPair,
+    EventPair,
     Acquire,
     Renew,
 }
 
 /// The write workloads, in the order each round runs them.
-pub(super) const WRITES: [Workload; 22] = [
+pub(super) const WRITES: [Workload; 24] = [
     Workload::Update,
     Workload::UpdatePing,
     Workload::Tx,
@@ -95,6 +99,8 @@ pub(super) const WRITES: [Workload; 22] = [
     Workload::AppendOwnLease,
     Workload::RawAppend,
     Workload::PgbenchAppend,
+    Workload::EffectPair,
+    Workload::EventPair,
 ];
 
 /// The lease workloads, in the order each round runs them (for every lease table size).
@@ -129,6 +135,8 @@ impl Workload {
             Workload::AppendOwnLease => "append-own-lease",
             Workload::RawAppend => "raw-append",
             Workload::PgbenchAppend => "pgbench-append",
+            Workload::EffectPair => "effect-pair",
+            Workload::EventPair => "event-pair",
             Workload::Acquire => "acquire",
             Workload::Renew => "renew",
         }
@@ -200,6 +208,14 @@ impl Workload {
             Workload::AppendOwnLease => "Store::append_event, every writer on a lease of its own",
             Workload::RawAppend => "tokio-postgres, prepared: SELECT * FROM pgfence.append_event(..)",
             Workload::PgbenchAppend => "pgbench -M prepared: SELECT * FROM pgfence.append_event(..)",
+            Workload::EffectPair => {
+                "the effect ledger around one external call (none made): Effects::intend under a new effect key, \
+                 then Effects::record_outcome(Done) — two guarded writes, counted as one transaction"
+            }
+            Workload::EventPair => {
+                "two Store::append_event on the same task, counted as one transaction: what effect-pair is \
+                 compared with"
+            }
             Workload::Acquire => "Store::acquire of a random lease (a new epoch each time)",
             Workload::Renew => "Store::renew of the writer's lease",
         }
@@ -307,6 +323,15 @@ impl Workload {
             Workload::GuardedUpdateNative => Some(Workload::RawGuardedUpdateNative),
             Workload::Fenced => Some(Workload::RawFenced),
             Workload::Append => Some(Workload::RawAppend),
+            _ => None,
+        }
+    }
+
+    /// The workload of the same number of guarded writes on the same task that the effect ledger's pair is
+    /// compared with: what the ratio to it isolates is the ledger's cost beyond a guarded event.
+    pub(super) fn events(self) -> Option<Workload> {
+        match self {
+            Workload::EffectPair => Some(Workload::EventPair),
             _ => None,
         }
     }

@@ -4,9 +4,10 @@
 use std::fmt::Write as _;
 
 use chrono::{DateTime, Utc};
+use pgfence::effects::Attempt;
 use pgfence::{Overlap, Tenure, TenureReview};
 
-use super::{escape, time, value};
+use super::{effects, escape, time, value};
 
 /// The width of the labels in a tenure's block of the overlap review.
 const LABEL_WIDTH: usize = 14;
@@ -23,8 +24,10 @@ const COLUMN_CHARS: usize = 64;
 /// it, where the belief's end lies on the database's clock, the clock offset bounds, the last accepted write
 /// and the verdict. An overlap (certain or possible) is flagged with `!!` lines: when the successor's
 /// acquisition committed, the writes accepted in the window (none, or a loud FENCE BROKEN) and the refusals
-/// the audit recorded. Every stored string is escaped ([`value`]).
-pub(crate) fn review(lease: &str, reviews: &[TenureReview]) -> String {
+/// the audit recorded. Then, from the lease's effect ledger (`attempts`), the effects each tenure intended
+/// (outcome, settlement, in doubt, late reports) and those it settled, and a second summary line — nothing of
+/// either where the ledger has nothing. Every stored string is escaped ([`value`]).
+pub(crate) fn review(lease: &str, reviews: &[TenureReview], attempts: &[Attempt]) -> String {
     let mut out = format!(
         "Overlap review of {}: times UTC, by the database clock unless marked (holder clock)\n",
         value(lease)
@@ -32,9 +35,11 @@ pub(crate) fn review(lease: &str, reviews: &[TenureReview]) -> String {
     for review in reviews {
         out.push('\n');
         tenure_block(&mut out, review);
+        effects::tenure_lines(&mut out, review.tenure.epoch, attempts);
     }
     out.push('\n');
     out.push_str(&review_summary(lease, reviews));
+    out.push_str(&effects::summary(lease, attempts));
     out
 }
 
@@ -360,7 +365,7 @@ mod tests {
 
     #[test]
     fn review_flags_a_certain_overlap_with_its_window_and_refusals() {
-        let text = review("demo/scheduler", &crate::fixtures::review());
+        let text = review("demo/scheduler", &crate::fixtures::review(), &[]);
         let first = block(&text, 1);
         assert!(first.contains(
             "  overlap       CERTAIN: the database refused a write of epoch 1 at 2026-11-30 04:41:52.490Z, \
@@ -391,7 +396,7 @@ mod tests {
         let mut reviews = crate::fixtures::review();
         // Epoch 1's session marked a write 0.3 s before epoch 2's acquisition committed.
         reviews[0].tenure.last_mark_at = Some("2026-11-30T04:41:50.949Z".parse().unwrap());
-        let text = review("demo/scheduler", &reviews);
+        let text = review("demo/scheduler", &reviews, &[]);
         assert!(block(&text, 1).contains(
             "\n  !! accepted writes in the window: 0 recorded (the last write mark, 2026-11-30 04:41:50.949Z, is \
              less than 1 s before the acquisition: a later write of its session in that second leaves no mark)\n"
@@ -400,7 +405,7 @@ mod tests {
 
     #[test]
     fn review_says_an_unreported_end_is_unknown() {
-        let text = review("demo/scheduler", &crate::fixtures::review());
+        let text = review("demo/scheduler", &crate::fixtures::review(), &[]);
         let second = block(&text, 2);
         assert!(second.contains("unknown end (no report)"), "{second}");
         assert!(
@@ -428,7 +433,7 @@ mod tests {
 
     #[test]
     fn review_shouts_a_broken_fence() {
-        let text = review("demo/scheduler", &crate::fixtures::review());
+        let text = review("demo/scheduler", &crate::fixtures::review(), &[]);
         let third = block(&text, 3);
         assert!(third.contains("  overlap       POSSIBLE: "), "{third}");
         assert!(third.contains(
@@ -446,7 +451,7 @@ mod tests {
 
     #[test]
     fn review_escapes_hostile_text() {
-        let text = review("demo/\u{1b}[2Jscheduler", &crate::fixtures::review());
+        let text = review("demo/\u{1b}[2Jscheduler", &crate::fixtures::review(), &[]);
         assert!(!text.chars().any(is_terminal_control_but_newline), "{text}");
         assert!(text.contains("Overlap review of demo/\\u{1b}[2Jscheduler:"));
         let second = block(&text, 2);

@@ -1,10 +1,12 @@
 //! The writers: what one writer of a workload does, step after step, through the pool, the raw client or the
 //! library's API, and the answer of one guarded attempt.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use diesel::pg::sql_types::Jsonb;
 use diesel::sql_types::{BigInt, Text};
+use pgfence::effects::Outcome;
 use pgfence::{Fence, Lease, Store, TaskState};
 use serde_json::json;
 use tokio_postgres::types::Json;
@@ -28,6 +30,9 @@ fn refused_or(result: Result<bool, pgfence::Error>) -> Result<bool, Failure> {
         Err(e) => Err(e.into()),
     }
 }
+
+/// The effect keys of `effect-pair`: a done key is never intended again, so every pair takes a new one.
+static EFFECT_KEYS: AtomicU64 = AtomicU64::new(0);
 
 /// The epoch `peer-for-share` reads under its share lock.
 #[derive(diesel::QueryableByName)]
@@ -337,6 +342,23 @@ impl Writer {
                         &json!({}),
                     )
                     .await?;
+            }
+            Workload::EffectPair => {
+                let task = append_key(self.index);
+                let key = format!("e{}", EFFECT_KEYS.fetch_add(1, Ordering::Relaxed));
+                let effects = self.store.effects();
+                effects.intend(&self.fence, &task, &key, &json!({})).await?;
+                effects
+                    .record_outcome(&self.fence, &key, &Outcome::Done(json!({})))
+                    .await?;
+            }
+            Workload::EventPair => {
+                let task = append_key(self.index);
+                for _ in 0..2 {
+                    self.store
+                        .append_event(&self.fence, &task, OPERATION, &json!({}))
+                        .await?;
+                }
             }
             Workload::AppendUnguarded => {
                 let mut conn = self.store.conn().await?;

@@ -7,6 +7,7 @@ CREATE OR REPLACE FUNCTION pgfence.record_outcome(p_lease text, p_epoch bigint, 
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
+    got record;
     attempt_id bigint;
     r pgfence.write_result;
     e pgfence.effects;
@@ -28,13 +29,18 @@ BEGIN
                                        pgfence._keep_late_report(p_lease, p_epoch, p_secret, p_effect_key,
                                                                  p_outcome, p_detail));
     END IF;
-    SELECT * INTO e FROM pgfence._last_attempt(p_lease, p_effect_key);
+    -- One read: the key's last attempt and its task's key.
+    SELECT y AS attempt, x.key AS task_key, x.fence AS task_fence INTO got
+      FROM pgfence.effects y JOIN pgfence.tasks x ON x.id = y.task_id
+     WHERE y.lease = p_lease AND y.effect_key = p_effect_key
+     ORDER BY y.attempt DESC LIMIT 1;
     IF NOT FOUND THEN
         RETURN pgfence._effect_refusal(ROW('not_found', NULL, p_epoch, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                                            NULL, NULL, NULL)::pgfence.write_result,
                                        NULL::text, p_effect_key, false);
     END IF;
-    SELECT t.key INTO task_key FROM pgfence.tasks t WHERE t.id = e.task_id;
+    e := got.attempt;
+    task_key := got.task_key;
     IF e.epoch <> p_epoch THEN
         RETURN pgfence._effect_result(e, 'conflict'::text, 'not_this_tenure'::text, task_key, false, NULL::bigint,
                                       NULL::bigint);
@@ -47,9 +53,9 @@ BEGIN
                    CASE WHEN e.outcome = p_outcome AND e.outcome_detail = p_detail THEN NULL ELSE 'outcome_recorded' END,
                    task_key, false, NULL::bigint, NULL::bigint);
     END IF;
-    UPDATE pgfence.tasks SET fence = p_epoch, updated_at = clock_timestamp()
-     WHERE id = e.task_id AND fence <= p_epoch;
-    IF NOT FOUND THEN
+    -- The attempt's intent raised the task's row fence to this epoch, so the row is not written again; a fence
+    -- above it (a newer epoch wrote the task) is refused as row_fence.
+    IF got.task_fence > p_epoch THEN
         RETURN pgfence._effect_refusal(pgfence._explain_miss(p_lease, p_epoch, task_key, 'record_outcome'::text),
                                        task_key, p_effect_key, false);
     END IF;

@@ -272,13 +272,19 @@ LANGUAGE plpgsql AS $$
 DECLARE
     problem text;
 BEGIN
-    problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch), pgfence._secret_problem(p_secret),
-                        pgfence._arg_problem('effect key'::text, p_effect_key, pgfence._max_holder_len()),
-                        pgfence._arg_problem(p_what, p_text, p_max, p_optional => p_what IS NULL),
-                        CASE WHEN p_detail IS NULL THEN 'a jsonb argument is required (''{}'' for none)' END,
-                        pgfence._payload_problem(p_detail));
-    IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+    -- The cheap test first, the full checks (which name the problem) only when it fails, as the task writes do.
+    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND p_secret IS NOT NULL
+        AND pgfence._plain_arg(p_effect_key, pgfence._max_holder_len())
+        AND pgfence._plain_arg(p_text, p_max, p_optional => p_what IS NULL)
+        AND p_detail IS NOT NULL AND pgfence._payload_problem(p_detail) IS NULL) IS NOT TRUE THEN
+        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch), pgfence._secret_problem(p_secret),
+                            pgfence._arg_problem('effect key'::text, p_effect_key, pgfence._max_holder_len()),
+                            pgfence._arg_problem(p_what, p_text, p_max, p_optional => p_what IS NULL),
+                            CASE WHEN p_detail IS NULL THEN 'a jsonb argument is required (''{}'' for none)' END,
+                            pgfence._payload_problem(p_detail));
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        END IF;
     END IF;
     IF pgfence._admit(p_lease, p_epoch, p_secret, false) THEN
         RETURN NULL;
@@ -313,6 +319,9 @@ DECLARE
     r pgfence.write_result;
     t pgfence.tasks;
     e pgfence.effects;
+    doubt pgfence.effects;
+    hash bytea;
+    got record;
     next_attempt integer := 1;
     ev bigint;
 BEGIN
@@ -321,18 +330,34 @@ BEGIN
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN pgfence._effect_refusal(r, p_task_key, p_effect_key, false);
     END IF;
-    SELECT * INTO t FROM pgfence.tasks WHERE lease = p_lease AND key = p_task_key;
+    -- One read for what the write decides on: the task, an effect of it in doubt (_task_in_doubt's rule), the
+    -- key's last attempt, and the tenure's secret hash (kept with the attempt; the guard admitted this epoch, so
+    -- tenure_secrets names it until this transaction ends).
+    SELECT x AS task, d AS doubt, a AS last, s.hash AS hash INTO got
+      FROM pgfence.tasks x
+      LEFT JOIN LATERAL (SELECT y.* FROM pgfence.effects y
+                          WHERE y.task_id = x.id AND y.settlement IS NULL
+                            AND (y.outcome = 'unknown' OR (y.outcome IS NULL AND y.epoch < p_epoch))
+                          ORDER BY y.id LIMIT 1) d ON true
+      LEFT JOIN LATERAL (SELECT y.* FROM pgfence.effects y WHERE y.lease = p_lease AND y.effect_key = p_effect_key
+                          ORDER BY y.attempt DESC LIMIT 1) a ON true
+      LEFT JOIN pgfence.tenure_secrets s ON s.lease = p_lease AND s.epoch = p_epoch
+     WHERE x.lease = p_lease AND x.key = p_task_key;
+    IF FOUND THEN
+        t := got.task;
+        doubt := got.doubt;
+        e := got.last;
+        hash := got.hash;
+    END IF;
     IF NOT FOUND OR t.fence > p_epoch THEN
         RETURN pgfence._effect_refusal(pgfence._explain_miss(p_lease, p_epoch, p_task_key, 'record_intent'::text),
                                        p_task_key, p_effect_key, false);
     END IF;
-    SELECT * INTO e FROM pgfence._task_in_doubt(p_lease, p_task_key, p_epoch);
-    IF FOUND THEN
-        RETURN pgfence._effect_result(e, 'in_doubt'::text, e.effect_key, p_task_key, false, NULL::bigint,
+    IF doubt.id IS NOT NULL THEN
+        RETURN pgfence._effect_result(doubt, 'in_doubt'::text, doubt.effect_key, p_task_key, false, NULL::bigint,
                                       NULL::bigint);
     END IF;
-    SELECT * INTO e FROM pgfence._last_attempt(p_lease, p_effect_key);
-    IF FOUND THEN
+    IF e.id IS NOT NULL THEN
         IF e.task_id <> t.id THEN
             RETURN pgfence._effect_result(e, 'conflict'::text, 'other_task'::text, NULL::text, false, NULL::bigint,
                                           NULL::bigint);
@@ -347,11 +372,20 @@ BEGIN
         END IF;
         next_attempt := e.attempt + 1;  -- failed, or abandoned
     END IF;
-    UPDATE pgfence.tasks SET fence = p_epoch, updated_at = clock_timestamp()
-     WHERE id = t.id AND fence <= p_epoch;
+    IF hash IS NULL THEN
+        -- Unreachable while the guard holds (it admitted this epoch, whose secret tenure_secrets names): said loudly
+        -- rather than recording an intent no late report could ever be matched against.
+        RAISE EXCEPTION 'pgfence: no secret of tenure % of lease % to record the intent with', p_epoch,
+            pgfence._printable(p_lease) USING ERRCODE = 'XX000';
+    END IF;
+    -- The task's row fence raised to this epoch, unless this epoch raised it already (the row is not written
+    -- again for nothing: a hot task row is the write's main cost).
+    IF t.fence < p_epoch THEN
+        UPDATE pgfence.tasks SET fence = p_epoch, updated_at = clock_timestamp()
+         WHERE id = t.id AND fence <= p_epoch;
+    END IF;
     INSERT INTO pgfence.effects (task_id, lease, effect_key, attempt, epoch, tenure_hash, intent)
-    SELECT t.id, p_lease, p_effect_key, next_attempt, p_epoch, s.hash, p_intent
-      FROM pgfence.tenure_secrets s WHERE s.lease = p_lease AND s.epoch = p_epoch
+    VALUES (t.id, p_lease, p_effect_key, next_attempt, p_epoch, hash, p_intent)
     ON CONFLICT (lease, effect_key, attempt) DO NOTHING
     RETURNING * INTO e;
     IF NOT FOUND THEN
@@ -421,6 +455,7 @@ CREATE FUNCTION pgfence.record_outcome(p_lease text, p_epoch bigint, p_secret te
 RETURNS pgfence.effect_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    got record;
     attempt_id bigint;
     r pgfence.write_result;
     e pgfence.effects;
@@ -442,13 +477,18 @@ BEGIN
                                        pgfence._keep_late_report(p_lease, p_epoch, p_secret, p_effect_key,
                                                                  p_outcome, p_detail));
     END IF;
-    SELECT * INTO e FROM pgfence._last_attempt(p_lease, p_effect_key);
+    -- One read: the key's last attempt and its task's key.
+    SELECT y AS attempt, x.key AS task_key, x.fence AS task_fence INTO got
+      FROM pgfence.effects y JOIN pgfence.tasks x ON x.id = y.task_id
+     WHERE y.lease = p_lease AND y.effect_key = p_effect_key
+     ORDER BY y.attempt DESC LIMIT 1;
     IF NOT FOUND THEN
         RETURN pgfence._effect_refusal(ROW('not_found', NULL, p_epoch, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                                            NULL, NULL, NULL)::pgfence.write_result,
                                        NULL::text, p_effect_key, false);
     END IF;
-    SELECT t.key INTO task_key FROM pgfence.tasks t WHERE t.id = e.task_id;
+    e := got.attempt;
+    task_key := got.task_key;
     IF e.epoch <> p_epoch THEN
         RETURN pgfence._effect_result(e, 'conflict'::text, 'not_this_tenure'::text, task_key, false, NULL::bigint,
                                       NULL::bigint);
@@ -461,9 +501,9 @@ BEGIN
                    CASE WHEN e.outcome = p_outcome AND e.outcome_detail = p_detail THEN NULL ELSE 'outcome_recorded' END,
                    task_key, false, NULL::bigint, NULL::bigint);
     END IF;
-    UPDATE pgfence.tasks SET fence = p_epoch, updated_at = clock_timestamp()
-     WHERE id = e.task_id AND fence <= p_epoch;
-    IF NOT FOUND THEN
+    -- The attempt's intent raised the task's row fence to this epoch, so the row is not written again; a fence
+    -- above it (a newer epoch wrote the task) is refused as row_fence.
+    IF got.task_fence > p_epoch THEN
         RETURN pgfence._effect_refusal(pgfence._explain_miss(p_lease, p_epoch, task_key, 'record_outcome'::text),
                                        task_key, p_effect_key, false);
     END IF;

@@ -1286,6 +1286,32 @@ async fn planted_runs(db: &TestDb) -> (Vec<String>, bool) {
 /// The calls a granted role (`app1`, cluster c1) and a role granted another cluster (`app3`) make: an acquisition,
 /// a guarded write, a stale one, a renewal, a forged fence, renewal, release and belief report (typed as the
 /// library sends them), a release, and app3's refused acquisition and write on c1 (`refused` / `no_grant`).
+/// Every path of the effect ledger once (intent, unknown outcome, the in-doubt list, a retry, a stale outcome
+/// kept or not as a late report, a task write that checks for doubt), as the role of `store`.
+async fn ledger_calls(store: &Store, old: &pgfence::Lease, lease: &pgfence::Lease) {
+    use pgfence::effects::{Outcome, Settlement};
+    let (ledger, fence, empty) = (store.effects(), lease.fence(), serde_json::json!({}));
+    // A task and key of this tenure's own (the calls run once in the window and once after the repair).
+    let task = format!("effects-{}", lease.epoch());
+    let key = format!("{task}/x");
+    store.create_task(&fence, &task, &empty).await.unwrap();
+    ledger.intend(&fence, &task, &key, &empty).await.unwrap();
+    let unknown = Outcome::Unknown(empty.clone());
+    ledger.record_outcome(&fence, &key, &unknown).await.unwrap();
+    assert_eq!(ledger.in_doubt("x").await.unwrap().len(), 1);
+    let retry = Settlement::Retry {
+        observed: empty.clone(),
+    };
+    ledger.settle(&fence, &key, &retry).await.unwrap();
+    let late = Outcome::Done(empty.clone());
+    assert!(ledger
+        .record_outcome(&old.fence(), &key, &late)
+        .await
+        .is_err());
+    ledger.record_outcome(&fence, &key, &late).await.unwrap();
+    store.claim_task(&fence, &task, "w").await.unwrap();
+}
+
 async fn everyday_calls(db: &TestDb, app1: &str, app3: &str) {
     let store = store_as(db, app1, "c1").await;
     let old = store.acquire("x", "pod-a", TTL).await.unwrap();
@@ -1298,6 +1324,7 @@ async fn everyday_calls(db: &TestDb, app1: &str, app3: &str) {
         .create_task(&old.fence(), "late", &serde_json::json!({}))
         .await
         .is_err());
+    ledger_calls(&store, &old, &lease).await;
     store.renew(&mut lease).await.unwrap();
     let raw = client_as(db, app1).await;
     let forged = "f".repeat(64);

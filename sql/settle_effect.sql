@@ -78,6 +78,12 @@ BEGIN
         SELECT e.task_id, p_lease, p_effect_key, e.attempt + 1, p_epoch, s.hash, e.intent
           FROM pgfence.tenure_secrets s WHERE s.lease = p_lease AND s.epoch = p_epoch
         RETURNING * INTO retry;
+        IF retry.id IS NULL THEN
+            -- Unreachable while the guard holds (it admitted this epoch, whose secret tenure_secrets names): said
+            -- loudly rather than committing a retry with no attempt to make.
+            RAISE EXCEPTION 'pgfence: no secret of tenure % of lease % to record the retry with', p_epoch,
+                pgfence._printable(p_lease) USING ERRCODE = 'XX000';
+        END IF;
     END IF;
     INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
     VALUES (e.task_id, p_lease, p_epoch, 'effect_' || p_resolution,

@@ -533,7 +533,9 @@ $$;
 --   'retried':   it did not, and is attempted again under the same key: the next attempt is recorded as this
 --                tenure's intent, with the same intent, and answered (open) — call the external system, then
 --                record_outcome for it;
---   'abandoned': it is given up (p_detail must carry a non-empty text 'reason').
+--   'abandoned': it is given up (p_detail must carry a non-empty text 'reason'). Abandoning says what was seen,
+--                not what will be: a request still in transit may yet be applied — abandon only what the
+--                external system will refuse from now on (its key cancelled, or past its delivery deadline).
 -- Exactly once: an attempt is settled by one call only — a second settle, by this tenure or a later one, answers
 -- 'conflict'/'settled' naming the epoch that settled it, and a tenure that has ended is refused by the guard. The
 -- settle is the task's event 'effect_confirmed' / 'effect_retried' / 'effect_abandoned' with this epoch. Other
@@ -615,6 +617,12 @@ BEGIN
         SELECT e.task_id, p_lease, p_effect_key, e.attempt + 1, p_epoch, s.hash, e.intent
           FROM pgfence.tenure_secrets s WHERE s.lease = p_lease AND s.epoch = p_epoch
         RETURNING * INTO retry;
+        IF retry.id IS NULL THEN
+            -- Unreachable while the guard holds (it admitted this epoch, whose secret tenure_secrets names): said
+            -- loudly rather than committing a retry with no attempt to make.
+            RAISE EXCEPTION 'pgfence: no secret of tenure % of lease % to record the retry with', p_epoch,
+                pgfence._printable(p_lease) USING ERRCODE = 'XX000';
+        END IF;
     END IF;
     INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
     VALUES (e.task_id, p_lease, p_epoch, 'effect_' || p_resolution,

@@ -196,7 +196,9 @@ pub enum Settlement {
         /// What was observed (e.g. the external system has no record of the key).
         observed: serde_json::Value,
     },
-    /// Give it up.
+    /// Give it up. This records what was seen, not what will be: a request still in transit may yet be applied
+    /// by the external system — abandon only an effect it will refuse from now on (its key cancelled there, or
+    /// past the request's delivery deadline); otherwise retry under the same key.
     Abandon {
         /// Why (non-empty).
         reason: String,
@@ -367,6 +369,10 @@ impl Effects<'_> {
     ///
     /// When the tenure has ended, the outcome is refused as a write (audited, [`Error::Stale`]) and kept as the
     /// attempt's [`LateReport`] for the successor — evidence, which changes nothing by itself.
+    ///
+    /// The outcome is recorded on the key's last attempt (which must be this tenure's): after this tenure
+    /// retried its own `unknown` attempt, a late answer to the first attempt lands on the retry — the same key,
+    /// so the same effect for an external system that deduplicates by key.
     ///
     /// # Errors
     ///

@@ -171,8 +171,11 @@ async fn pgfence_codes_work_in_german() {
     store.set_enforcement(Enforcement::Error).await.unwrap();
     let mut conn = store.conn().await.unwrap();
     let error = database_error(
-        conn.batch_execute("TRUNCATE pgfence.tasks, pgfence.task_events")
-            .await,
+        // (Every table that references the tasks: a TRUNCATE that leaves one out fails its foreign key first.)
+        conn.batch_execute(
+            "TRUNCATE pgfence.tasks, pgfence.task_events, pgfence.effects, pgfence.effect_reports",
+        )
+        .await,
     );
     assert_eq!(error.sqlstate(), Some("PF001"), "{error}");
     drop(conn);

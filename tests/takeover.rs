@@ -89,8 +89,20 @@ async fn a_waiting_takeover_is_not_overtaken_by_later_guards() {
         later.batch_execute("COMMIT").await.unwrap();
         outcome
     });
-    // Both the takeover and the later guard wait: the later guard did not overtake the queued takeover.
-    wait_until_blocked_on_lock(&db, 2).await;
+    // Both the takeover and the later guard wait: the later guard did not overtake the queued takeover. A guard
+    // that overtakes it is answered and commits at once, which ends this wait (no timeout needed to see it).
+    let probe = db.client().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while common::lock_waiters(&probe).await < 2 {
+        if later_guard.is_finished() {
+            panic!(
+                "the later guard overtook the queued takeover: {:?}",
+                later_guard.await.unwrap()
+            );
+        }
+        assert!(Instant::now() < deadline, "the later guard never queued");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     assert!(!later_guard.is_finished() && !taker.is_finished());
 
     in_flight.batch_execute("COMMIT").await.unwrap();

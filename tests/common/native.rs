@@ -153,6 +153,8 @@ fn find_or_build() -> Result<NativeInstall, String> {
     let mut hash = Fnv::default();
     hash.add(version.to_string_lossy().as_bytes());
     hash.add(bindir.to_string_lossy().as_bytes());
+    // The layout of the copy: a change here must not reuse copies made the old way.
+    hash.add(b"layout 2: bin, share, lib, locale");
     for name in SOURCES {
         hash.add(name.as_bytes());
         hash.add(&std::fs::read(source.join(name)).map_err(|e| format!("{name}: {e}"))?);
@@ -236,6 +238,31 @@ fn mirror_paths(
     Ok((rel(bindir)?, [rel(sharedir)?, rel(pkglibdir)?]))
 }
 
+/// `pg_config <flag>`'s path.
+fn pg_config_path(pg_config: &Path, flag: &str) -> Option<PathBuf> {
+    let out = Command::new(pg_config).arg(flag).output().ok()?;
+    out.status
+        .success()
+        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// Where `dir` goes in the copy (see [`mirror_paths`]), if it lies under the same parent as the others.
+fn mirror_rel(
+    bindir: &Path,
+    sharedir: &Path,
+    pkglibdir: &Path,
+    dir: &Path,
+) -> Result<PathBuf, String> {
+    let (bin_rel, _) = mirror_paths(bindir, sharedir, pkglibdir)?;
+    let common = bin_rel.components().fold(bindir.to_path_buf(), |mut p, _| {
+        p.pop();
+        p
+    });
+    dir.strip_prefix(&common)
+        .map(Path::to_path_buf)
+        .map_err(|e| e.to_string())
+}
+
 fn build(
     source: &Path,
     scratch: &Path,
@@ -297,6 +324,16 @@ fn build(
     for name in ["pgfence_native.control", "pgfence_native--0.1.sql"] {
         std::fs::copy(src.join(name), share.join("extension").join(name))
             .map_err(io("copying", &src.join(name)))?;
+    }
+    // The message translations (lc_messages): PostgreSQL looks for them relative to its binary too.
+    if let Some(localedir) = pg_config_path(pg_config, "--localedir") {
+        if let Ok(rel) = mirror_rel(bindir, sharedir, pkglibdir, &localedir) {
+            let to = root.join(rel);
+            if !to.exists() && localedir.is_dir() {
+                std::os::unix::fs::symlink(&localedir, &to)
+                    .map_err(|e| format!("linking {}: {e}", localedir.display()))?;
+            }
+        }
     }
     let lib = root.join(&lib_rel);
     mirror(pkglibdir, &lib, &["pgfence_native"])?;

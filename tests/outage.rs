@@ -249,14 +249,15 @@ async fn watch_is_held(
 /// Round `round` of [`leadership_survives_brief_outages_inside_the_ttl`]: `server` stopped `STOP_AFTER_RENEWAL`
 /// after a renewal and started again `START_AFTER_STOP` after the stop began; the holder (`ctx`) renews again
 /// before its local deadline, never lost, and every failed renewal attempt of `holder` meanwhile was logged with
-/// its cause.
+/// its cause. `false` when no renewal attempt met the outage (on a loaded machine the tick may fall before the
+/// server is down or after it is back): the round proved nothing.
 async fn survive_a_brief_outage(
     round: usize,
     events: &mut broadcast::Receiver<Event>,
     server: &EmbeddedServer,
     ctx: &pgfence::leader::LeaderContext,
     holder: &str,
-) {
+) -> bool {
     // A renewal answered from now on (not one queued since the last round): its effect is already visible,
     // it is logged after the deadline moved.
     let from = Instant::now();
@@ -321,16 +322,19 @@ async fn survive_a_brief_outage(
         "round {round}: renewed after the local deadline"
     );
     assert!(ctx.is_held(), "round {round}: lost: {:?}", ctx.end_cause());
-    assert!(
-        !retries.is_empty(),
-        "round {round}: no failed renewal attempt was logged during the outage"
-    );
+    if retries.is_empty() {
+        // Renewed without a failed attempt: no attempt met the outage (or failures go unlogged, which the
+        // caller's bound on unproven rounds catches).
+        eprintln!("round {round}: no renewal attempt met the outage; not counted");
+        return false;
+    }
     for retry in &retries {
         assert!(
             !retry.field("error").is_empty(),
             "round {round}: a failed attempt logged without its cause: {retry:?}"
         );
     }
+    true
 }
 
 /// The server is stopped 0.55 s after a renewal and is back about 0.85 s later, about 0.4 s before the holder's
@@ -355,8 +359,19 @@ async fn leadership_survives_brief_outages_inside_the_ttl() {
         async move { watch_is_held(&ctx, &watching).await }
     });
 
-    for round in 1..=ROUNDS {
-        survive_a_brief_outage(round, &mut events, &server, &ctx, HOLDER).await;
+    // ROUNDS rounds in which a renewal attempt met the outage; a round none met is made again, a few times at
+    // most (a holder whose failed attempts are never logged fails here).
+    let (mut proven, mut round) = (0, 0);
+    while proven < ROUNDS {
+        round += 1;
+        assert!(
+            round <= 3 * ROUNDS,
+            "only {proven} of {} rounds logged a failed renewal attempt during the outage",
+            round - 1
+        );
+        if survive_a_brief_outage(round, &mut events, &server, &ctx, HOLDER).await {
+            proven += 1;
+        }
     }
 
     watching.cancel();

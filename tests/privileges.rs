@@ -810,6 +810,63 @@ async fn a_hammering_stale_writer_is_held_back_and_the_leader_keeps_its_throughp
     measured.check_audit_and_backpressure().await;
 }
 
+/// The backpressure itself, seen in the server: a stale writer that retries at once is answered only after a
+/// wait in `pg_sleep` (the 10 ms of `pgfence._reject`), and the probe sees its backend in that wait
+/// (`wait_event = 'PgSleep'` in pg_stat_activity; nothing else of this test's database sleeps). Deterministic
+/// both ways: with the backpressure every repeat sleeps 10 ms of its ~11, so a probe polling throughout sees one
+/// at once; without it no refusal ever sleeps, and 300 refusals end the wait unseen. The throughput it buys is
+/// `a_hammering_stale_writer_is_held_back_and_the_leader_keeps_its_throughput`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_stale_write_is_answered_after_a_wait_in_the_server() {
+    let _shared = MEASURING.read().await;
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let stale = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
+    let current = take_over(&store, "sched", "pod-b").await;
+    store
+        .create_task(&current.fence(), "job-0", &json!({}))
+        .await
+        .unwrap();
+    let hammer = Store::connect(db.config("c").pool_size(1)).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            for _ in 0..300 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                match hammer
+                    .append_event(&stale, "job-0", "stale", &json!({}))
+                    .await
+                {
+                    Err(Error::Stale { .. }) => {}
+                    other => panic!("a stale writer got {other:?}"),
+                }
+            }
+        }
+    });
+    let probe = db.client().await;
+    let mut seen = false;
+    while !seen && !writer.is_finished() {
+        seen = probe
+            .query_one(
+                "SELECT count(*) > 0 FROM pg_stat_activity \
+                  WHERE datname = current_database() AND wait_event = 'PgSleep'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    assert!(
+        seen,
+        "300 refusals of a stale writer retrying at once, and none waited in the server before its answer"
+    );
+}
+
 /// The leader's writer `w`: `append_event` to `job-<w>` under the current tenure's fence (`current`'s latest),
 /// back to back until `stop`, counting the accepted writes in `accepted`; the refusals it saw (each stale) per
 /// presented epoch.

@@ -5,6 +5,10 @@ use std::process::Command;
 
 use serde_json::Value;
 
+/// The native guard built for the test run (the library's tests' helper).
+#[path = "../../tests/common/native.rs"]
+mod native;
+
 struct Run {
     code: i32,
     stdout: String,
@@ -14,6 +18,10 @@ struct Run {
 fn pgfence(args: &[&str], url: Option<&str>) -> Run {
     let mut command = Command::new(env!("CARGO_BIN_EXE_pgfence"));
     command.args(args).env_remove("DATABASE_URL");
+    // The server the command starts has the native guard when this run could build it (its workloads run then).
+    if let Ok(install) = native::install() {
+        command.env("PG_BIN", &install.bin_dir);
+    }
     if let Some(url) = url {
         command.env("DATABASE_URL", url);
     }
@@ -30,32 +38,13 @@ fn pgbench_installed() -> bool {
         || pgfence::embedded::find_bin_dir().is_ok_and(|bin| bin.join("pgbench").is_file())
 }
 
-/// Whether the server the command starts has the pgfence_native extension (native/) to create.
-fn native_installed() -> bool {
-    let Ok(bin) = pgfence::embedded::find_bin_dir() else {
-        return false;
-    };
-    Command::new(bin.join("pg_config"))
-        .arg("--sharedir")
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .is_some_and(|o| {
-            std::path::Path::new(String::from_utf8_lossy(&o.stdout).trim())
-                .join("extension/pgfence_native.control")
-                .is_file()
-        })
-}
-
 /// Every workload once, tiny: the command exits 0, prints the tables and the targets, and its JSON has a
 /// measurement for every (workload, concurrency, batch) it ran, with the environment that produced them.
 #[test]
 fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
-    // CI installs the native guard and requires its workloads here.
-    assert!(
-        native_installed() || std::env::var_os("PGFENCE_REQUIRE_NATIVE").is_none(),
-        "PGFENCE_REQUIRE_NATIVE is set but pgfence_native is not installed (make -C native install)"
-    );
+    // CI can build the native guard and requires its workloads here.
+    let native =
+        native::for_test("a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg").is_some();
     let dir = tempfile::tempdir().unwrap();
     let json_path = dir.path().join("bench.json");
     let svg_path = dir.path().join("bench.svg");
@@ -145,7 +134,7 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
         ("renew", 1, Some(1)),
         ("renew", 1, Some(20)),
     ];
-    if native_installed() {
+    if native {
         expected.extend([
             ("fenced-native", 1, None),
             ("guarded-update-native", 3, None),
@@ -224,7 +213,7 @@ fn a_tiny_run_prints_tables_and_writes_well_formed_json_and_svg() {
         "peer-for-share",
         "peer-for-share-update",
     ];
-    if native_installed() {
+    if native {
         guards.extend(["fenced-native", "guarded-update-native"]);
     }
     for name in guards {

@@ -125,15 +125,20 @@ pub struct EmbeddedOptions {
     /// are relative to the data directory) together with `ssl = on`. A name
     /// is a plain file name that `initdb` did not create.
     pub data_files: Vec<(String, Vec<u8>)>,
+    /// The directory of the server binaries (`initdb`, `pg_ctl`, `postgres`) to run instead of the one
+    /// [`find_bin_dir`] finds: for example a copy of an installation that also has extensions not installed
+    /// on the system (PostgreSQL finds its `share` and `lib` directories relative to its own binary).
+    pub bin_dir: Option<PathBuf>,
 }
 
 impl Default for EmbeddedOptions {
-    /// `fsync` off, no extra settings, no extra files.
+    /// `fsync` off, no extra settings, no extra files, the binaries [`find_bin_dir`] finds.
     fn default() -> Self {
         Self {
             fsync: false,
             extra_settings: Vec::new(),
             data_files: Vec::new(),
+            bin_dir: None,
         }
     }
 }
@@ -204,7 +209,10 @@ impl EmbeddedServer {
     /// As for [`start`](Self::start).
     pub fn start_with(options: EmbeddedOptions) -> Result<Self, EmbeddedError> {
         let started = Instant::now();
-        let bin_dir = find_bin_dir()?;
+        let bin_dir = match &options.bin_dir {
+            Some(dir) => dir.clone(),
+            None => find_bin_dir()?,
+        };
         let run_as = resolve_run_as()?;
         let password = Password::generate()?;
         let mut server = Self::prepare(bin_dir, run_as, options, password)?;

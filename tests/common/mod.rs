@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod fixture;
+pub mod native;
 pub mod proxy;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -89,6 +90,15 @@ fn base() -> &'static Base {
             Ok(url) if !url.is_empty() => (None, url),
             _ => {
                 let mut options = pgfence::embedded::EmbeddedOptions::default();
+                // A copy of the server's installation with the native guard built from native/ (no `make
+                // install`): every test server can create the extension. Without it, the tests that need it skip.
+                match native::install() {
+                    Ok(install) => options.bin_dir = Some(install.bin_dir.clone()),
+                    Err(why) if native_everywhere() => {
+                        panic!("PGFENCE_TEST_NATIVE=1, but the native guard cannot be built: {why}")
+                    }
+                    Err(_) => {}
+                }
                 // A build of pgfence_native other than the installed one (the mutation gate's): found first.
                 if let Some(dir) = std::env::var("PGFENCE_NATIVE_LIB_DIR")
                     .ok()
@@ -148,9 +158,28 @@ pub fn native_everywhere() -> bool {
     std::env::var("PGFENCE_TEST_NATIVE").is_ok_and(|v| v == "1")
 }
 
-/// Creates the pgfence_native extension (native/; `make -C native install` puts it on the server) in a migrated
-/// database, if it is not there yet.
+/// Creates the pgfence_native extension (native/; the test servers have it when [`native::install`] could build
+/// it) in a migrated database, if it is not there yet.
 pub const NATIVE_SQL: &str = "CREATE EXTENSION IF NOT EXISTS pgfence_native";
+
+/// Creates the pgfence_native extension in `client`'s database for a test that needs it, and says whether it did:
+/// `false` when this run has no native guard (after one line on stderr naming the test and what to install; a
+/// failure instead under `PGFENCE_REQUIRE_NATIVE`). Against a server of `DATABASE_URL`, the extension must be
+/// installed there.
+pub async fn create_native(client: &tokio_postgres::Client) -> bool {
+    let external = std::env::var("DATABASE_URL").is_ok_and(|url| !url.is_empty());
+    if !external {
+        let thread = std::thread::current();
+        if native::for_test(thread.name().unwrap_or("a test")).is_none() {
+            return false;
+        }
+    }
+    client
+        .batch_execute(NATIVE_SQL)
+        .await
+        .expect("CREATE EXTENSION pgfence_native");
+    true
+}
 
 /// The mutation hook of the proofs: when `PGFENCE_MUTANT_SQL` names a file, its SQL (typically a `CREATE OR
 /// REPLACE FUNCTION` of a deliberately weakened copy of a pgfence function) is run on a freshly migrated

@@ -2,8 +2,10 @@
 """The mutation gate: every proof of pgfence's protocol must be able to fail.
 
 Each mutation below weakens one thing the protocol or the runtime relies on — one named edit of the SQL in
-migrations/*/up.sql or of a Rust source — and names the suites that must catch it. The gate applies each
-mutation, runs those suites in order until one fails, and fails itself unless every mutation is caught.
+migrations/*/up.sql or of a Rust source — and names the tests that must catch it (exact test names; a catcher
+whose catch depends on timing forces its interleaving instead). The gate applies each mutation, runs only those
+tests, in order until one fails, and fails itself unless every mutation is caught. The test binaries are built
+once up front (`cargo test --no-run`) and run directly, with `--exact`: an SQL or C mutation rebuilds no Rust.
 
 * SQL mutations are generated from the migrations as they are now (the function's definition is cut out of the
   migrations — the last one, in the order they apply, when a later migration replaces it — edited, and applied
@@ -11,17 +13,20 @@ mutation, runs those suites in order until one fails, and fails itself unless ev
   edit that no longer applies (the text it names is gone or ambiguous) fails the gate, so the mutations follow
   the code or are updated with it.
 * C mutations (of native/, the pgfence_native extension) are applied to a copy of native/ under
-  target/mutants/native, built there (PGXS), and loaded by the test servers through PGFENCE_NATIVE_LIB_DIR
-  (dynamic_library_path, ahead of the installed build); PGFENCE_TEST_NATIVE=1 gives every test database the
-  extension, so the suites run on the native guard.
-* Rust mutations are applied to a copy of the source tree under target/mutants/tree (one copy reused, so only
-  pgfence itself recompiles after the first), built in a target directory of its own (target/mutants/target):
-  never in the repository's, whose test binaries it would replace.
+  <target>/mutants/native, built there (PGXS; nothing else is rebuilt), and loaded by the test servers through
+  PGFENCE_NATIVE_LIB_DIR (dynamic_library_path, ahead of the tests' own build of native/, see
+  tests/common/native.rs); PGFENCE_TEST_NATIVE=1 gives every test database the extension, so the suites run on
+  the native guard.
+* Rust mutations are applied to a copy of the source tree under <target>/mutants/tree (one copy reused, so only
+  pgfence itself recompiles after the first), built in a target directory of its own shared by every Rust mutant
+  (<target>/mutants/target): never in the repository's, whose test binaries it would replace.
+<target> is cargo's target directory (CARGO_TARGET_DIR when set), so a warm one stays warm for the mutants too.
 
 Usage (from the repository root):
     python3 tests/mutation/gate.py                 # every mutation; writes docs/mutation-gate.md
     python3 tests/mutation/gate.py NAME...         # only these
-    python3 tests/mutation/gate.py --list          # the mutations and their catching suites
+    python3 tests/mutation/gate.py --list          # the mutations and their catching tests
+    python3 tests/mutation/gate.py --repeat 5 NAME...  # each of these 5 times (is every catch deterministic?)
     python3 tests/mutation/gate.py --emit DIR      # write each SQL mutant to DIR/NAME.sql and stop
 Exit status: 0 when every mutation selected was caught, 1 otherwise, 2 on a mutation that no longer applies.
 """
@@ -29,6 +34,7 @@ Exit status: 0 when every mutation selected was caught, 1 otherwise, 2 on a muta
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -40,7 +46,19 @@ from dataclasses import dataclass, field
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 # In the order diesel applies them (the directory names start with the version).
 MIGRATIONS = sorted(glob.glob(os.path.join(ROOT, "migrations", "*", "up.sql")))
-WORK = os.path.join(ROOT, "target", "mutants")
+
+
+def _target_dir() -> str:
+    """Cargo's target directory for the repository (CARGO_TARGET_DIR, a cargo config, or target/)."""
+    try:
+        out = subprocess.run(["cargo", "metadata", "--format-version", "1", "--no-deps"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+        return json.loads(out)["target_directory"]
+    except (OSError, subprocess.CalledProcessError, ValueError, KeyError):
+        return os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+
+
+WORK = os.path.join(_target_dir(), "mutants")
 REPORT = os.path.join(ROOT, "docs", "mutation-gate.md")
 
 
@@ -73,20 +91,24 @@ def cargo_test(test: str, *filters: str) -> tuple[str, list[str]]:
     if test in SUITE_MODULES:
         filters = tuple(f"{test}::{f}" for f in filters) or (f"{test}::",)
         test = "suite"
-    label = f"cargo test --test {test}" + (f" {' '.join(filters)}" if filters else "")
+    # The label is the cargo command that runs the same tests (the gate runs the built binary itself).
+    exact = " --exact" if filters and not any(f.endswith("::") for f in filters) else ""
+    label = f"cargo test --test {test}" + (f" --{exact} {' '.join(filters)}" if filters else "")
     return label, ["cargo", "test", "--test", test, *filters]
 
 
 def cargo_unit_test(filter: str) -> tuple[str, list[str]]:
     """The library's own unit tests matching `filter`."""
-    return f"cargo test --lib {filter}", ["cargo", "test", "--lib", filter]
+    exact = "" if filter.endswith("::") else " --exact"
+    return f"cargo test --lib --{exact} {filter}", ["cargo", "test", "--lib", filter]
 
 
 ISOLATION = ("tests/isolation/run.sh", ["bash", "tests/isolation/run.sh"])
 # The rescue story of the effect ledger: worker processes and a workload engine, faults placed exactly.
+# (A test of the command line's package: run through cargo, which builds nothing new for an SQL mutant.)
 RESCUE_STORY = ("cargo test -p pgfence-cli --test rescue the_rescue_story_confirms_retries_and_keeps_late_outcomes",
-                ["cargo", "test", "-p", "pgfence-cli", "--test", "rescue",
-                 "the_rescue_story_confirms_retries_and_keeps_late_outcomes"])
+                ["cargo", "test", "-p", "pgfence-cli", "--test", "rescue", "--",
+                 "the_rescue_story_confirms_retries_and_keeps_late_outcomes", "--exact"])
 
 # Texts of the migrations that several mutations edit.
 GUARD_FAST_PATH = """    IF NOT pgfence._try_guard_lock(l.lock_key) THEN"""
@@ -106,7 +128,7 @@ MUTATIONS: list[Mutation] = [
         "the guard reads the lease without taking its shared guard lock",
         [Edit("sql:_guard",
               GUARD_LOCK_STEP, "")],
-        [cargo_test("race"), ISOLATION],
+        [ISOLATION, cargo_test("race", "no_stale_write_commits_after_a_takeover_commits")],
     ),
     Mutation(
         "guard-without-precheck-or-lock",
@@ -120,7 +142,7 @@ MUTATIONS: list[Mutation] = [
 """, ""),
          Edit("sql:_guard",
               GUARD_LOCK_STEP, "")],
-        [cargo_test("race"), ISOLATION],
+        [ISOLATION, cargo_test("race", "no_stale_write_commits_after_a_takeover_commits")],
     ),
     Mutation(
         "guard-row-lock",
@@ -138,7 +160,7 @@ MUTATIONS: list[Mutation] = [
         "acquire, release, force_release and the lease-row trigger never take the exclusive guard lock",
         [Edit("sql:_take_guard_lock",
               TAKE_LOCK_FAST_PATH, "    RETURN;")],
-        [cargo_test("race"), ISOLATION],
+        [ISOLATION, cargo_test("race", "no_stale_write_commits_after_a_takeover_commits")],
     ),
     Mutation(
         "grace-lets-writes-in",
@@ -161,7 +183,7 @@ MUTATIONS: list[Mutation] = [
         "admit-without-lock",
         "the guard's fast path reads the lease without taking its guard lock (it only reads the remembered key)",
         [Edit("sql:_admit", "\n       OR NOT pgfence._try_guard_lock(k) THEN", " THEN")],
-        [cargo_test("race"), ISOLATION],
+        [ISOLATION, cargo_test("race", "no_stale_write_commits_after_a_takeover_commits")],
     ),
     Mutation(
         "admit-lock-without-intent-probe",
@@ -226,7 +248,8 @@ MUTATIONS: list[Mutation] = [
         "an epoch one below the current one is taken for current",
         [Edit("sql:_loss_reason", "WHEN p_epoch < l.epoch THEN 'superseded'",
               "WHEN p_epoch < l.epoch - 1 THEN 'superseded'")],
-        [cargo_test("guard"), cargo_test("race")],
+        [cargo_test("guard", "guarded_write_writes_under_the_current_fence_and_refuses_a_stale_one_with_audit"),
+         cargo_test("race", "no_stale_write_commits_after_a_takeover_commits")],
     ),
     Mutation(
         "refusal-without-audit",
@@ -237,7 +260,7 @@ MUTATIONS: list[Mutation] = [
               "                        p_key, p_lease, p_key, p_count, coalesce(free, pgfence._tenure_reason_slot(p_reason)))\n",
               "SELECT 'tenure', p_lease, p_epoch, p_current_epoch, p_current_holder, p_reason, op, p_table,\n"
               "                        p_key, p_lease, p_key, p_count, coalesce(free, pgfence._tenure_reason_slot(p_reason)) WHERE false\n")],
-        [cargo_test("guard"), cargo_test("race")],
+        [cargo_test("guard", "every_kind_of_stale_epoch_is_refused_with_its_reason"), cargo_test("race", "no_stale_write_commits_after_a_takeover_commits")],
     ),
     Mutation(
         "grant-not-checked",
@@ -345,7 +368,8 @@ MUTATIONS: list[Mutation] = [
         "refusal-without-backpressure",
         "a stale writer retrying in a tight loop is answered at once (no 10 ms wait on repeats)",
         [Edit("sql:_reject", "        PERFORM pg_sleep(0.01);\n", "")],
-        [cargo_test("privileges", "a_hammering_stale_writer_is_held_back_and_the_leader_keeps_its_throughput")],
+        [cargo_test("privileges", "a_repeated_stale_write_is_answered_after_a_wait_in_the_server"),
+         cargo_test("privileges", "a_hammering_stale_writer_is_held_back_and_the_leader_keeps_its_throughput")],
     ),
     Mutation(
         "row-fence-removed",
@@ -361,21 +385,21 @@ MUTATIONS: list[Mutation] = [
         [Edit("sql:_open_task_write",
               "    RETURN pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);",
               "    RETURN NULL;")],
-        [cargo_test("guard", "stale_write_after_takeover_is_rejected_and_audited"), cargo_test("race")],
+        [cargo_test("guard", "stale_write_after_takeover_is_rejected_and_audited"), cargo_test("race", "no_stale_write_commits_after_a_takeover_commits")],
     ),
     Mutation(
         "renew-ignores-expiry",
         "a renewal extends a tenure whose ttl already ran out by the database clock",
         [Edit("sql:renew", "why := pgfence._loss_reason(l, NULL::text, p_epoch, ts, tl);",
               "why := pgfence._loss_reason(l, NULL::text, p_epoch, '-infinity'::timestamptz, tl);")],
-        [cargo_test("lease")],
+        [cargo_test("lease", "expired_lease_can_be_taken_over_and_its_renewal_is_lost")],
     ),
     Mutation(
         "release-frees-successor",
         "releasing a superseded epoch ends the successor's tenure",
         [Edit("sql:release", "why NOT IN ('expired', 'failover')", "why NOT IN ('expired', 'failover', 'superseded')",
               count=2)],
-        [cargo_test("lease")],
+        [cargo_test("lease", "release_is_immediate_idempotent_and_never_frees_a_successor")],
     ),
     Mutation(
         "failover-boundary-removed",
@@ -424,14 +448,16 @@ MUTATIONS: list[Mutation] = [
          Edit("src/lease/calls.rs", "lease.local_deadline = sent + lease.ttl;",
               "lease.local_deadline = Instant::now() + lease.ttl;"),
          Edit("src/leader/pg/renew.rs", "None => member.renewed(sent),", "None => member.renewed(Instant::now()),")],
-        [cargo_test("lease"), cargo_test("leader")],
+        [cargo_test("lease", "an_acquisitions_local_deadline_is_never_later_than_the_database_expiry",
+                    "renew_extends_a_live_tenure")],
     ),
     Mutation(
         "deadline-without-margin",
         "a holder believes it leads until send time + ttl, without the safety margin",
         [Edit("src/leader/held.rs", "*self.deadline.lock().unwrap_or_else(|p| p.into_inner()) - self.margin",
               "*self.deadline.lock().unwrap_or_else(|p| p.into_inner())")],
-        [cargo_test("leader")],
+        [cargo_test("leader", "the_holder_stops_trusting_a_margin_before_the_database_could_grant_a_successor",
+                    "unreachable_database_makes_the_holder_give_up_at_its_local_deadline")],
     ),
     Mutation(
         "guarded-write-acknowledged-before-commit",
@@ -465,7 +491,7 @@ MUTATIONS: list[Mutation] = [
         [Edit("src/error.rs", """    sqlstate_of(info.message(), info.details(), info.hint())
         .or_else(|| kind_sqlstate(kind).map(str::to_owned))""",
               """    kind_sqlstate(kind).map(str::to_owned)""")],
-        [cargo_test("sqlstate")],
+        [cargo_test("sqlstate", "a_german_server_error_keeps_its_sqlstate")],
     ),
     Mutation(
         "guard-without-write-marks",
@@ -582,7 +608,7 @@ MUTATIONS: list[Mutation] = [
         "successor's acquisition (the clock bounds ignored)",
         [Edit("src/history/review.rs", "if end.earliest.is_some_and(|e| e > next.acquired_at)",
               "if end.latest > next.acquired_at")],
-        [cargo_unit_test("history::"),
+        [cargo_unit_test("history::review::tests::beliefs_are_placed_on_the_database_time_line_through_the_offset_bounds"),
          cargo_test("overlap", "a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_refusals")],
     ),
     Mutation(
@@ -620,7 +646,7 @@ MUTATIONS: list[Mutation] = [
         "roster-counts-gone-members",
         "the roster counts members that left or expired (their names are never reassigned)",
         [Edit("sql:roster", """     WHERE g."group" = p_group AND g.live""", """     WHERE g."group" = p_group""")],
-        [cargo_test("membership")],
+        [cargo_test("membership", "a_member_joins_heartbeats_and_leaves_and_the_roster_shows_what_it_leads")],
     ),
     Mutation(
         "assignment-not-sticky",
@@ -628,7 +654,7 @@ MUTATIONS: list[Mutation] = [
         "minimum, and names move between members that stay",
         [Edit("src/leader/assign/mod.rs", "        for (m, names) in held.iter_mut().enumerate() {",
               "        for (m, names) in held.iter_mut().enumerate().filter(|_| false) {")],
-        [cargo_unit_test("leader::assign"),
+        [cargo_unit_test("leader::assign::tests::four_members_less_one_keep_their_names_and_get_ten_each"),
          cargo_test("spread", "three_replicas_lead_four_each_and_a_fourth_takes_exactly_three")],
     ),
     # The native guard (native/pgfence_native.c): each suite runs with the mutated extension in every test database.
@@ -637,7 +663,7 @@ MUTATIONS: list[Mutation] = [
         "the native fast path reads the lease without taking its guard lock, so a takeover does not wait for the "
         "writes it admits",
         [Edit("native/pgfence_native.c", "|| !try_guard_lock(r->lock_key))", "|| (false && !try_guard_lock(r->lock_key)))")],
-        [cargo_test("native", "a_native_admission_holds_the_guard_lock_to_its_commit_and_marks_the_write"), cargo_test("race")],
+        [cargo_test("native", "a_native_admission_holds_the_guard_lock_to_its_commit_and_marks_the_write"), cargo_test("race", "no_stale_write_commits_after_a_takeover_commits")],
     ),
     Mutation(
         "native-without-intent-probe",
@@ -820,9 +846,13 @@ def native_build(mutation: Mutation) -> str | None:
     return out
 
 
+def rust_tree_edits(mutation: Mutation) -> list[Edit]:
+    return [e for e in mutation.edits if not e.target.startswith(("sql:", "native/"))]
+
+
 def rust_tree(mutation: Mutation) -> str | None:
     """A copy of the source tree with the mutation's Rust edits, or None if it has none."""
-    edits = [e for e in mutation.edits if not e.target.startswith(("sql:", "native/"))]
+    edits = rust_tree_edits(mutation)
     if not edits:
         return None
     tree = os.path.join(WORK, "tree")
@@ -853,7 +883,86 @@ def failed_tests(output: str) -> list[str]:
     return sorted(set(names))
 
 
-def run_mutation(mutation: Mutation) -> dict:
+def test_target(command: list[str]) -> tuple[str, list[str]] | None:
+    """The test target ("lib" for the library's unit tests) and the filters of a `cargo test --test T …` or
+    `cargo test --lib …` command; None for any other command."""
+    if command[:3] == ["cargo", "test", "--test"] and len(command) > 3:
+        return command[3], command[4:]
+    if command[:3] == ["cargo", "test", "--lib"]:
+        return "lib", command[3:]
+    return None
+
+
+def build_tests(cwd: str, env: dict, targets: set[str]) -> dict[str, str]:
+    """Builds the test binaries of `targets` in `cwd` (one cargo call) and returns each one's executable."""
+    args = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics"]
+    for target in sorted(targets):
+        args += ["--lib"] if target == "lib" else ["--test", target]
+    build = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+    if build.returncode != 0:
+        # A toolchain killed by a signal or out of disk says nothing about the mutation: say so, not "stale".
+        if re.search(r"terminated with signal|No space left on device|Bus error", build.stderr):
+            raise SystemExit(f"gate: a build failed for want of resources (disk full?), not because of a "
+                             f"mutation:\n{build.stderr[-1500:]}")
+        raise Stale(f"the tree does not build:\n{build.stderr[-3000:]}")
+    found: dict[str, str] = {}
+    for line in build.stdout.splitlines():
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        if message.get("reason") != "compiler-artifact" or not message.get("executable"):
+            continue
+        if not message.get("profile", {}).get("test"):
+            continue
+        kind, name = message["target"]["kind"], message["target"]["name"]
+        found["lib" if "lib" in kind and name == "pgfence" else name] = message["executable"]
+    missing = targets - set(found)
+    if missing:
+        raise SystemExit(f"gate: cargo built no test binary for {', '.join(sorted(missing))}")
+    return found
+
+
+_LISTED: dict[str, set[str]] = {}
+
+
+def listed_tests(executable: str, cwd: str, env: dict) -> set[str]:
+    """The names of the tests in a test binary (`--list`)."""
+    key = f"{executable}@{os.path.getmtime(executable)}"
+    if key not in _LISTED:
+        out = subprocess.run([executable, "--list", "--format", "terse"], cwd=cwd, env=env, capture_output=True,
+                             text=True, check=True).stdout
+        _LISTED[key] = {line.rsplit(": ", 1)[0] for line in out.splitlines() if line.endswith(": test")}
+    return _LISTED[key]
+
+
+def catcher_command(command: list[str], binaries: dict[str, str], cwd: str, env: dict) -> list[str]:
+    """The command that runs a catcher: a test binary built up front, run directly with its tests' exact names
+    (no cargo, no rebuild); other commands (the isolation specs) as they are."""
+    parsed = test_target(command)
+    if parsed is None:
+        return command
+    target, filters = parsed
+    executable = binaries[target]
+    names = listed_tests(executable, cwd, env)
+    if not filters:
+        raise SystemExit(f"gate: `{' '.join(command)}` names no test: name the tests that catch the mutation")
+    unknown = [f for f in filters if not any(name.startswith(f) or f in name for name in names)]
+    if unknown:
+        raise SystemExit(f"gate: `{' '.join(command)}`: no test in {target} is named {', '.join(unknown)}")
+    # Exact names run only those tests; a prefix (a whole module) runs every test under it.
+    exact = ["--exact"] if all(f in names for f in filters) else []
+    return [executable, *filters, *exact]
+
+
+def needed_targets(mutations: list[Mutation]) -> set[str]:
+    return {parsed[0] for m in mutations for _, command in m.suites
+            if (parsed := test_target(command)) is not None}
+
+
+def run_mutation(mutation: Mutation, binaries: dict[str, str]) -> dict:
+    """Applies one mutation and runs its catchers in order until one fails. `binaries`: the test binaries of the
+    unmutated tree, built once by the caller (SQL and C mutations run them as they are)."""
     env = dict(os.environ)
     env.pop("PGFENCE_MUTANT_SQL", None)
     os.makedirs(WORK, exist_ok=True)
@@ -863,6 +972,7 @@ def run_mutation(mutation: Mutation) -> dict:
         with open(path, "w") as f:
             f.write(sql)
         env["PGFENCE_MUTANT_SQL"] = path
+    built = time.monotonic()
     native = native_build(mutation)
     if native is not None:
         env["PGFENCE_NATIVE_LIB_DIR"] = native
@@ -871,27 +981,26 @@ def run_mutation(mutation: Mutation) -> dict:
     tree = rust_tree(mutation)
     if tree is not None:
         cwd = tree
-        # A target directory of its own: cargo names a path package's artifacts independently of where the
-        # package lies, so building the copy in the repository's target directory would replace the real test
-        # binaries with mutated ones (and a later `cargo test` could run them without rebuilding).
+        # A target directory of its own, shared by every Rust mutant (only pgfence itself recompiles after the
+        # first): cargo names a path package's artifacts independently of where the package lies, so building
+        # the copy in the repository's target directory would replace the real test binaries with mutated ones.
         env["CARGO_TARGET_DIR"] = os.path.join(WORK, "target")
         # The copy must build before its tests mean anything: a mutant that does not compile is no proof.
-        tests = [arg for _, command in mutation.suites if command[:2] == ["cargo", "test"]
-                 for arg in command[2:4] if command[2] == "--test"]
-        build = subprocess.run(["cargo", "test", "--no-run", "--quiet", *tests], cwd=cwd, env=env,
-                               capture_output=True, text=True)
-        if build.returncode != 0:
-            # A toolchain killed by a signal or out of disk says nothing about the mutation: say so, not "stale".
-            if re.search(r"terminated with signal|No space left on device|Bus error", build.stderr):
-                raise SystemExit(f"gate: the build of the mutated tree failed for want of resources "
-                                 f"(disk full?), not because of the mutation:\n{build.stderr[-1500:]}")
-            raise Stale(f"the mutated tree does not build:\n{build.stderr[-3000:]}")
+        try:
+            binaries = build_tests(cwd, env, needed_targets([mutation]))
+        except Stale as e:
+            raise Stale(f"the mutated tree does not build: {e}") from None
+    build_seconds = time.monotonic() - built
+    # What a test binary run by cargo would find in its environment.
+    env["CARGO_MANIFEST_DIR"] = cwd
+    env.setdefault("CARGO", shutil.which("cargo") or "cargo")
     started = time.monotonic()
     for label, command in mutation.suites:
         t0 = time.monotonic()
+        run = catcher_command(command, binaries, cwd, env)
         # A mutant may make a wait unbounded: a suite that hangs past its limit counts as caught (by timeout).
         try:
-            result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+            result = subprocess.run(run, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
             code, output = result.returncode, result.stdout + result.stderr
         except subprocess.TimeoutExpired as e:
             code = -1
@@ -902,34 +1011,41 @@ def run_mutation(mutation: Mutation) -> dict:
             tests = failed_tests(output)
             if code == -1:
                 tests = tests or ["(timed out)"]
-            elif re.search(r"process didn't exit successfully: .*\(signal: ", output):
+            elif code < 0 or re.search(r"process didn't exit successfully: .*\(signal: ", output):
                 tests = tests or ["(the test process died of a signal)"]
             elif not tests:
                 # A command that fails without a failing test (a wrong filter, an unknown option, a build error)
                 # proves nothing about the mutation: the gate itself is wrong, and says so.
                 raise SystemExit(f"gate: `{label}` exited {code} without a failing test, so it caught nothing; "
                                  f"fix the command:\n{output[-2000:]}")
-            return {"caught": True, "by": label, "tests": tests,
+            return {"caught": True, "by": label, "tests": tests, "build": build_seconds,
                     "seconds": elapsed, "total": time.monotonic() - started, "log": output}
-    return {"caught": False, "by": None, "tests": [], "seconds": 0.0, "total": time.monotonic() - started,
-            "log": ""}
+    return {"caught": False, "by": None, "tests": [], "build": build_seconds, "seconds": 0.0,
+            "total": time.monotonic() - started, "log": ""}
 
 
-def write_report(rows: list[tuple[Mutation, dict]]) -> None:
+def write_report(rows: list[tuple[Mutation, dict]], seconds: float, up_front: float) -> None:
+    builds = up_front + sum(r["build"] for _, r in rows)
     lines = [
         "# Mutation gate",
         "",
         "Generated by `python3 tests/mutation/gate.py` (run by `.ci/run`); do not edit by hand. Each row weakens one",
-        "thing the protocol or the runtime relies on and names the first suite that caught it, the tests that",
-        "failed, and how long that suite ran until it failed (debug build, this machine).",
+        "thing the protocol or the runtime relies on and names the first of its named catching tests that failed,",
+        "the tests that failed, and how long that test binary ran until it failed (debug build, this machine).",
+        "The test binaries are built once up front; a Rust mutation rebuilds pgfence in a copy of the tree (a target",
+        "directory shared by the Rust mutants), a C mutation builds native/ only, an SQL mutation builds nothing.",
         "",
-        "| mutation | what it weakens | caught by | failing tests | time to catch |",
-        "|---|---|---|---|---|",
+        f"Last full run: {len(rows)} mutations in {seconds:.0f} s, {builds:.0f} s of it building "
+        f"({up_front:.0f} s up front).",
+        "",
+        "| mutation | what it weakens | caught by | failing tests | build | time to catch |",
+        "|---|---|---|---|---|---|",
     ]
     for mutation, r in rows:
         verdict = f"`{r['by']}`" if r["caught"] else "**SURVIVED**"
         tests = ", ".join(f"`{t}`" for t in r["tests"][:4]) + (" …" if len(r["tests"]) > 4 else "")
-        lines.append(f"| `{mutation.name}` | {mutation.weakens} | {verdict} | {tests} | {r['seconds']:.1f} s |")
+        lines.append(f"| `{mutation.name}` | {mutation.weakens} | {verdict} | {tests} | {r['build']:.1f} s "
+                     f"| {r['seconds']:.1f} s |")
     os.makedirs(os.path.dirname(REPORT), exist_ok=True)
     with open(REPORT, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -953,28 +1069,47 @@ def main(argv: list[str]) -> int:
                     f.write(sql)
                 print(os.path.join(out, f"{m.name}.sql"))
         return 0
-    selected = [m for m in MUTATIONS if not argv or m.name in argv]
+    repeat = 1
+    if argv[:1] == ["--repeat"] and len(argv) > 1:
+        repeat, argv = int(argv[1]), argv[2:]
+    # Each repetition right after the previous one: a Rust mutant's tree is built once for all of them.
+    selected = [m for m in MUTATIONS if not argv or m.name in argv for _ in range(repeat)]
     unknown = set(argv) - {m.name for m in MUTATIONS}
     if unknown:
         print(f"gate: unknown mutation(s): {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
+    gate_started = time.monotonic()
+    # The test binaries of the tree as it is, built once: every SQL and C mutation runs them.
+    unmutated = [m for m in selected if rust_tree_edits(m) == []]
+    env = dict(os.environ)
+    env.pop("PGFENCE_MUTANT_SQL", None)
+    try:
+        binaries = build_tests(ROOT, env, needed_targets(unmutated)) if unmutated else {}
+    except Stale as e:
+        print(f"gate: {e}", file=sys.stderr)
+        return 2
+    up_front = time.monotonic() - gate_started
+    print(f"gate: test binaries built in {up_front:.1f} s", flush=True)
     rows, survived, stale = [], [], []
     for m in selected:
         print(f"== mutation {m.name}: {m.weakens}", flush=True)
         try:
-            r = run_mutation(m)
+            r = run_mutation(m, binaries)
         except Stale as e:
             print(f"   NO LONGER APPLIES: {e}", flush=True)
             stale.append(m.name)
             continue
         rows.append((m, r))
         if r["caught"]:
-            print(f"   caught by {r['by']} in {r['seconds']:.1f} s: {', '.join(r['tests'])}", flush=True)
+            print(f"   caught by {r['by']} in {r['seconds']:.1f} s (build {r['build']:.1f} s): "
+                  f"{', '.join(r['tests'])}", flush=True)
         else:
             survived.append(m.name)
             print(f"   SURVIVED every suite ({r['total']:.1f} s)", flush=True)
-    if not argv and not stale:
-        write_report(rows)
+    seconds = time.monotonic() - gate_started
+    print(f"gate: {len(rows)} mutation runs in {seconds:.0f} s")
+    if not argv and not stale and repeat == 1:
+        write_report(rows, seconds, up_front)
         print(f"gate: report written to {os.path.relpath(REPORT, ROOT)}")
     if stale:
         print(f"gate: mutations that no longer apply (update them with the code): {', '.join(stale)}")

@@ -172,6 +172,24 @@ async fn database(
     })
 }
 
+/// The global flags a scenario's child processes (replicas, workers) share with this one: the cluster, the
+/// connect timeout and the identity they must find.
+fn child_flags(global: &Global, cluster: &str) -> Vec<String> {
+    let mut flags = vec![
+        "--cluster".to_owned(),
+        cluster.to_owned(),
+        "--connect-timeout".to_owned(),
+        format!("{}ms", global.connect_timeout.as_millis()),
+    ];
+    if let Some(id) = &global.expect_system_identifier {
+        flags.extend(["--expect-system-identifier".to_owned(), id.clone()]);
+    }
+    if let Some(id) = &global.expect_instance_id {
+        flags.extend(["--expect-instance-id".to_owned(), id.clone()]);
+    }
+    flags
+}
+
 /// The demo's own store on the database (migrated): what every scenario sets up first.
 async fn admin_store(global: &Global, url: &str, cluster: &str) -> Result<Store, Failure> {
     let admin =

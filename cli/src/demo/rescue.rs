@@ -53,23 +53,6 @@ struct Report {
     verdict: bool,
 }
 
-/// The flags every worker shares with this process.
-fn worker_flags(global: &Global, cluster: &str) -> Vec<String> {
-    let mut flags = vec![
-        "--cluster".to_owned(),
-        cluster.to_owned(),
-        "--connect-timeout".to_owned(),
-        format!("{}ms", global.connect_timeout.as_millis()),
-    ];
-    if let Some(id) = &global.expect_system_identifier {
-        flags.extend(["--expect-system-identifier".to_owned(), id.clone()]);
-    }
-    if let Some(id) = &global.expect_instance_id {
-        flags.extend(["--expect-instance-id".to_owned(), id.clone()]);
-    }
-    flags
-}
-
 /// The engine's database beside the story's (created fresh), and its URL.
 async fn engine_database(url: &str, cluster: &str) -> Result<String, Failure> {
     let admin = engine::client(url).await.map_err(|e| Failure::new(1, e))?;
@@ -151,7 +134,7 @@ pub(super) async fn run(
         exe,
         url.clone(),
         engine_url.clone(),
-        worker_flags(global, &cluster),
+        super::child_flags(global, &cluster),
     );
     let outcome = async {
         let steps = tell(story, &mut workers).await?;

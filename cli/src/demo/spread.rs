@@ -78,18 +78,7 @@ pub(super) async fn run(
             format!("cannot find this program to start replicas: {e}"),
         )
     })?;
-    let mut flags = vec![
-        "--cluster".to_owned(),
-        cluster.clone(),
-        "--connect-timeout".to_owned(),
-        format!("{}ms", global.connect_timeout.as_millis()),
-    ];
-    if let Some(id) = &global.expect_system_identifier {
-        flags.extend(["--expect-system-identifier".to_owned(), id.clone()]);
-    }
-    if let Some(id) = &global.expect_instance_id {
-        flags.extend(["--expect-instance-id".to_owned(), id.clone()]);
-    }
+    let flags = super::child_flags(global, &cluster);
     // Declared after `server`: dropped first, so the replicas are gone before the server is removed.
     let mut fleet = Fleet::new(exe, url.clone(), flags);
     let mut steps = Vec::new();

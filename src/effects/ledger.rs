@@ -212,16 +212,13 @@ impl AttemptRow {
                 })
             })
             .transpose()?;
-        let late_report = match (self.late_outcome, self.late_detail, self.late_reported_at) {
-            (Some(o), Some(detail), Some(at)) => Some(LateReport {
-                state: state(&o, EffectState::is_outcome)?,
-                detail,
-                reported_at: at,
-                count: self.late_count.unwrap_or(1).max(1).unsigned_abs(),
-            }),
-            (None, None, None) => None,
-            _ => return Err(unexpected(READ, "a late report without all its fields")),
-        };
+        let late_report = super::rows::late_report(
+            READ,
+            self.late_outcome,
+            self.late_detail,
+            self.late_reported_at,
+            self.late_count,
+        )?;
         Ok(Attempt {
             effect: Effect {
                 id: self.effect_id,

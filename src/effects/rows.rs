@@ -233,18 +233,13 @@ pub(super) struct InDoubtRow {
 impl InDoubtRow {
     pub(super) fn into_in_doubt(self, lease: &str) -> Result<InDoubt> {
         const FUNCTION: &str = "in_doubt_effects";
-        let late_report = match (self.late_outcome, self.late_detail, self.late_reported_at) {
-            (Some(outcome), Some(detail), Some(at)) => Some(LateReport {
-                state: EffectState::from_sql(&outcome)
-                    .filter(|s| s.is_outcome())
-                    .ok_or_else(|| unexpected(FUNCTION, &format!("late outcome {outcome}")))?,
-                detail,
-                reported_at: at,
-                count: self.late_count.unwrap_or(1).max(1).unsigned_abs(),
-            }),
-            (None, None, None) => None,
-            _ => return Err(unexpected(FUNCTION, "a late report without all its fields")),
-        };
+        let late_report = late_report(
+            FUNCTION,
+            self.late_outcome,
+            self.late_detail,
+            self.late_reported_at,
+            self.late_count,
+        )?;
         let state = match self.outcome.as_deref() {
             None => EffectState::Open,
             Some("unknown") => EffectState::Unknown,
@@ -277,4 +272,26 @@ impl InDoubtRow {
             late_report,
         })
     }
+}
+
+/// The late report a read of `function` gave in its four `late_*` columns: all of them, or none (no report).
+pub(super) fn late_report(
+    function: &str,
+    outcome: Option<String>,
+    detail: Option<serde_json::Value>,
+    reported_at: Option<DateTime<Utc>>,
+    count: Option<i64>,
+) -> Result<Option<LateReport>> {
+    Ok(match (outcome, detail, reported_at) {
+        (Some(outcome), Some(detail), Some(at)) => Some(LateReport {
+            state: EffectState::from_sql(&outcome)
+                .filter(|s| s.is_outcome())
+                .ok_or_else(|| unexpected(function, &format!("late outcome {outcome}")))?,
+            detail,
+            reported_at: at,
+            count: count.unwrap_or(1).max(1).unsigned_abs(),
+        }),
+        (None, None, None) => None,
+        _ => return Err(unexpected(function, "a late report without all its fields")),
+    })
 }

@@ -1,28 +1,13 @@
 #![doc = include_str!("../README.md")]
 //!
-//! # Architecture
+//! # Modules
 //!
-//! Modules depend only on the ones above them in this list:
-//!
-//! | module | owns | SQL it calls (`migrations/2026-11-30-…/up.sql`) |
-//! |---|---|---|
-//! | `types` | the shared value types ([`Epoch`], [`LossReason`], [`TaskState`]) and input limits | — |
-//! | `connect::sqlstate` | the SQLSTATEs pgfence tells apart, by name ([`sqlstate`]), and the code of every error read off the wire ([`WireStream`]) | the `PF00x` codes the migrations raise |
-//! | `error` | [`Error`], its codes ([`Error::sqlstate`]) and which are retryable | — |
-//! | `validate` | input checks applied before anything is sent, fallible constructors | the same rules in `pgfence._text_problem` (`000001_schema`) |
-//! | `reply` | how a pgfence SQL function's answer is read: `SELECT * FROM pgfence.f(…)` by column name, the shared reasons, the error for an answer it does not know | — |
-//! | `connect` | every connection pgfence opens, one concern per file: [`Connector`] and its one host loop, connection strings, TLS, sockets, cancel requests, the identity a connection must show ([`DatabaseIdentity`]), [`PoolerMode`] | `pgfence.identity` (`000001_schema`) |
-//! | `store` | [`Store`]: the pool; its [`StoreConfig`] (`config`), how one statement runs on it (`statement`), migrations (`migrate`) | applies every migration |
-//! | `lease` | [`Lease`], acquire / renew / release / force-release, status reads | `000002_lease_protocol`: `pgfence.acquire`, `renew`, `release`, `force_release`, `tenure_history` |
-//! | `fence` | [`Fence`], the guarded statement, the guard's verdict, [`Store::fenced`], [`Store::guarded_write`] | `000003_guard`: `pgfence.fence`, `_guard`, `ungated_write` |
-//! | `audit` | [`Rejection`], [`RejectionFilter`], [`Store::rejections`] | the audit's table and writer `_reject` (`000001_schema`) |
-//! | `admin` | [`Enforcement`], [`Store::prune_rejections`], the grants | `000003_guard`: enforcement, `prune_rejections`; `000006_roles`: `pgfence.grant_*`, `revoke` |
-//! | `membership` | replica groups: [`MemberSpec`], [`Member`], join / heartbeat / leave, the [`Roster`] | `000005_membership`: `pgfence.join_group`, `heartbeat`, `leave_group`, `roster`, `group_members` |
-//! | `tasks` | the guarded task and event writes | `000004_tasks`: `pgfence.create_task`, `claim_task`, `transition_task`, `append_event` |
-//! | [`effects`] | the effect ledger: intents and outcomes of external calls, what an ended tenure left in doubt, settling it ([`Store::effects`]) | `000004_tasks`: `pgfence.record_intent`, `record_outcome`, `settle_effect`, `in_doubt_effects` |
-//! | `history` | the record of every tenure from both sides ([`Tenure`]), the holder's belief reports, the overlap review ([`Store::review`]) | `000002_lease_protocol`: `pgfence.report_belief`, `tenure_history`; the write marks of `000003_guard` |
-//! | [`leader`] | the leadership runtime, one file per concern; replicas spread over a group ([`leader::Spread`], [`leader::assign()`]) | `000002_lease_protocol`: `pgfence.renew_many`; `000005_membership`: `pgfence.heartbeat` (in the renewal statement), `join_group`, `leave_group`, `roster` |
-//! | `embedded` | a throwaway PostgreSQL server (feature `testing`, Unix) | — |
+//! The core a controller needs is at the crate root: [`Store`] (connect, migrate, leases, guarded writes, tasks,
+//! groups, the audit and the record), [`Lease`] and its [`Fence`], [`Error`]. Two subsystems have modules of
+//! their own: [`effects`], the ledger of external calls a successor settles ([`Store::effects`]), and [`leader`],
+//! the leadership runtime. `embedded` (feature `testing`, Unix) starts throwaway PostgreSQL servers. Which file
+//! owns what, and which SQL each module calls, is the one table of files in the repository's
+//! docs/architecture.md.
 //!
 //! # Errors
 //!

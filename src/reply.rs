@@ -2,7 +2,7 @@
 //! so that its row is read by column name into a `QueryableByName` struct, never by position; the reasons the
 //! replies share are decoded here; and a reply this crate does not know is an error ([`unexpected`]), never a
 //! default. Each module decodes its functions' outcomes into an enum of its own, in one place: `LeaseReply`
-//! (src/lease.rs), `WriteOutcome` (src/fence.rs), `Renewal` (src/leader/pg.rs).
+//! (src/lease/rows.rs), `WriteOutcome` (src/fence/outcome.rs), `Renewal` (src/leader/pg/renew.rs).
 
 use diesel::pg::Pg;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};

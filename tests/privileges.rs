@@ -85,7 +85,7 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
         assert_eq!(sqlstate(&err), "42501", "{call}: {err}");
     }
     // force_release judges the cluster's operator right itself: refused ('no_grant', audited), as for an
-    // operator of another cluster (tests/surface.rs).
+    // operator of another cluster (tests/trust.rs).
     let forced = store.force_release("sched").await.unwrap_err();
     assert!(
         matches!(

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use pgfence::{ForceReleased, RejectionFilter, Store};
 
 use crate::output::{emit, print_json};
-use crate::{groups, svg, table, CliResult, Failure, Global};
+use crate::{groups, require_lease, split_lease, svg, table, CliResult, Failure, Global};
 
 /// Prints to stderr what the database's advisory-lock and role layout lacks (docs/security.md), one escaped
 /// line each; what would stop pgfence is refused by `migrate` and `grant` themselves.
@@ -36,30 +36,11 @@ fn warn_repairs(repairs: &[String]) {
     }
 }
 
-/// Splits `CLUSTER/NAME`; a bare `NAME` belongs to `default_cluster`.
-pub(crate) fn split_lease(lease: &str, default_cluster: &str) -> (String, String) {
-    match lease.split_once('/') {
-        Some((cluster, name)) if !cluster.is_empty() => (cluster.to_owned(), name.to_owned()),
-        _ => (default_cluster.to_owned(), lease.to_owned()),
-    }
-}
-
 /// `pgfence status --json`: every lease, then every replica group the role can read.
 #[derive(serde::Serialize)]
 struct StatusReport {
     leases: Vec<pgfence::LeaseStatus>,
     groups: Vec<groups::GroupView>,
-}
-
-/// Fails with exit code 6 unless the lease exists.
-pub(crate) async fn require_lease(store: &Store, name: &str) -> CliResult {
-    if store.lease_status(name).await?.is_none() {
-        return Err(Failure::new(
-            6,
-            format!("unknown lease {}/{name}", store.cluster()),
-        ));
-    }
-    Ok(())
 }
 
 pub(super) async fn status(global: &Global, json: bool) -> CliResult {

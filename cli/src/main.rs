@@ -381,6 +381,26 @@ impl Global {
         Ok(Store::connect(self.config(url, cluster)).await?)
     }
 }
+
+/// Splits `CLUSTER/NAME`; a bare `NAME` belongs to `default_cluster`.
+pub(crate) fn split_lease(lease: &str, default_cluster: &str) -> (String, String) {
+    match lease.split_once('/') {
+        Some((cluster, name)) if !cluster.is_empty() => (cluster.to_owned(), name.to_owned()),
+        _ => (default_cluster.to_owned(), lease.to_owned()),
+    }
+}
+
+/// Fails with exit code 6 unless the lease exists.
+pub(crate) async fn require_lease(store: &Store, name: &str) -> CliResult {
+    if store.lease_status(name).await?.is_none() {
+        return Err(Failure::new(
+            6,
+            format!("unknown lease {}/{name}", store.cluster()),
+        ));
+    }
+    Ok(())
+}
+
 async fn run(cli: Cli) -> CliResult {
     let global = &cli.global;
     match cli.command {

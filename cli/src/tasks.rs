@@ -6,8 +6,8 @@ use pgfence::effects::{Attempt, EffectState};
 use pgfence::{Epoch, TenureReview};
 use serde::Serialize;
 
-use crate::commands::{require_lease, split_lease};
 use crate::output::{emit, print_json};
+use crate::{require_lease, split_lease};
 use crate::{table, CliResult, Global};
 
 /// What `pgfence tasks` lists (clap has checked that exactly one was asked for, and that `--task` has a lease).

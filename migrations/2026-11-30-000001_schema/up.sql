@@ -1,7 +1,7 @@
 -- pgfence migration 1 of 6, the schema: the pgfence schema, its tables, indexes and result types; the text and
 -- argument checks that table constraints and functions share; the lock-wait and message helpers; the trust rule
 -- (which clusters a session's role may use) and the audit's one writer (_reject); the installation's identity.
--- Called from Rust by src/store.rs (Store::migrate applies every migration in order; pgfence.identity());
+-- Called from Rust by src/store/ (Store::migrate applies every migration in order; pgfence.identity());
 -- src/validate.rs mirrors the text checks. The other concerns build on it: 000002_lease_protocol,
 -- 000003_guard, 000004_tasks, 000005_membership, 000006_roles.
 --
@@ -65,7 +65,7 @@ $$;
 -- applied migrations), checked to be the migrating role's alone: a schema another role made before pgfence was
 -- installed (or an object of another role in it, or a CREATE on it for another role) would let that role replace
 -- pgfence's functions, the trust root. Store::migrate runs the same check before it applies anything (the
--- query in src/store.rs, SCHEMA_PROBLEMS); this is its backstop for a harness that did not.
+-- query in src/store/migrate.rs); this is its backstop for a harness that did not.
 DO $$
 DECLARE
     problems text;

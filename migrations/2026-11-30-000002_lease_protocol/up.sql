@@ -2,8 +2,8 @@
 -- and guard locks a change of who may write takes; why a tenure is not current (_loss_reason) and whether a
 -- secret is its tenure's; the trigger that makes every change of a lease row take the guard lock; the takeover
 -- grace setting; the tenure history view; the release notification (NOTIFY pgfence_lease_free).
--- Called from Rust by src/lease.rs (acquire, renew, release, force_release; Store::tenures reads
--- pgfence.tenure_history) and src/leader/pg.rs (renew_many; it LISTENs to pgfence_lease_free).
+-- Called from Rust by src/lease/ (acquire, renew, release, force_release; Store::tenures, src/history/, reads
+-- pgfence.tenure_history) and src/leader/pg/ (renew_many; it LISTENs to pgfence_lease_free).
 
 -- ---------------------------------------------------------------------------------------------------------
 -- Locks of a change of who may write: the lease row, then the guard lock EXCLUSIVE.

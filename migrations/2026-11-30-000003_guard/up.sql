@@ -1,8 +1,8 @@
 -- pgfence migration 3 of 6, the guard: _guard and its slow path (_await_takeover), pgfence.fence for a
 -- caller's own transaction, the safety net of the one-statement guarded write (ungated_write), the raw-SQL
 -- enforcement (its triggers and switch) and the audit's retention (prune_rejections).
--- Called from Rust by src/fence.rs (Store::fenced and Store::guarded_write send pgfence.fence; set_enforcement,
--- enforcement, prune_rejections; Store::rejections reads pgfence.rejections); src/tasks.rs's functions
+-- Called from Rust by src/fence/ (Store::fenced and Store::guarded_write send pgfence.fence), src/admin.rs
+-- (set_enforcement, enforcement, prune_rejections) and src/audit.rs (Store::rejections reads pgfence.rejections); src/tasks.rs's functions
 -- (000004_tasks) call _guard. set_enforcement calls pgfence._harden (000006_roles) when it runs.
 
 -- ---------------------------------------------------------------------------------------------------------

@@ -2,12 +2,12 @@
 -- itself as a member of a named group ('<cluster>/<group>') with the names it can lead, a weight, pins and
 -- exclusions, and a ttl renewed by heartbeats (database clock). Every member reads the same roster (the live
 -- members and which names each leads now) and derives the same balanced assignment from it
--- (src/leader/assign.rs); membership is no fence — every write is still fenced by its lease's epoch.
--- Called from Rust by src/membership.rs (join_group, heartbeat, leave_group, roster; the renewal loop of
--- src/leader/pg.rs sends the heartbeat in the statement that renews the member's leases). Roles read
+-- (src/leader/assign/); membership is no fence — every write is still fenced by its lease's epoch.
+-- Called from Rust by src/membership/ (join_group, heartbeat, leave_group, roster; the renewal loop of
+-- src/leader/pg/ sends the heartbeat in the statement that renews the member's leases). Roles read
 -- pgfence.group_members (filtered by cluster).
 
--- The limits of membership (see the constants in 000001_schema), also in src/membership.rs (MAX_WEIGHT,
+-- The limits of membership (see the constants in 000001_schema), also in src/membership/mod.rs (MAX_WEIGHT,
 -- MAX_GROUP_NAMES; tests/sql_source.rs compares them).
 CREATE FUNCTION pgfence._max_member_weight() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 1000';
 CREATE FUNCTION pgfence._max_group_names() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 4096';
@@ -42,7 +42,7 @@ CREATE TABLE pgfence.members (
     PRIMARY KEY (grp, member)
 );
 
--- Why the arguments of a join are not acceptable (NULL when they are): the same rules as src/membership.rs.
+-- Why the arguments of a join are not acceptable (NULL when they are): the same rules as src/membership/mod.rs.
 CREATE FUNCTION pgfence._member_problem(p_group text, p_member text, p_weight integer, p_names text[],
                                         p_pinned text[], p_excluded text[])
 RETURNS text

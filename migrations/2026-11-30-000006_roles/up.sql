@@ -1,7 +1,7 @@
 -- pgfence migration 6 of 6, roles: row-level security on every table, the privileges (nothing for PUBLIC),
 -- grants per cluster (grant_application, grant_operator, revoke) and the hardening every grant runs (_harden).
 -- Applied last: its REVOKE and _harden cover every object the migrations before it created.
--- Called from Rust by src/fence.rs (Store::grant_application, grant_operator, revoke).
+-- Called from Rust by src/admin.rs (Store::grant_application, grant_operator, revoke).
 
 -- ---------------------------------------------------------------------------------------------------------
 -- Row-level security: a granted role reads the rows of its clusters only (the rule: pgfence._reads_all and
@@ -676,8 +676,8 @@ $$;
 -- would fail 42501). 'warning': PUBLIC may still execute advisory-lock functions (any role that can connect can
 -- hold a lease's guard key: guarded writes then fail PF003 after the lock-wait bound); the owner is neither a
 -- superuser nor a member of pg_signal_backend (a takeover blocked past its grace cannot end the blocker and fails
--- PF003). Owner-only; called from Rust by src/store.rs (Store::migrate, Store::layout_problems) and src/fence.rs
--- (the grants). The list of functions pgfence takes is also in src/store.rs (ADVISORY_FUNCTIONS_NEEDED), for the
+-- PF003). Owner-only; called from Rust by src/store/migrate.rs (Store::migrate, Store::layout_problems) and src/admin.rs
+-- (the grants). The list of functions pgfence takes is also in src/store/migrate.rs (ADVISORY_FUNCTIONS_NEEDED), for the
 -- check before the first migration.
 CREATE FUNCTION pgfence._layout_problems() RETURNS TABLE (severity text, problem text, fix text)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$

@@ -54,13 +54,7 @@
 //! Everything here is synchronous and uses `std::process`; it can be called
 //! from async code, but it blocks the calling thread while commands run.
 //!
-//! | file | owns |
-//! |---|---|
-//! | `mod.rs` | [`EmbeddedOptions`], [`EmbeddedServer`] and its public operations, its removal on drop |
-//! | `cluster` | the data directory, settings, `pg_ctl` starts and stops, the watchdog, the commands run as the server user |
-//! | `host` | the binaries ([`find_bin_dir`]), the server's OS user, the temporary directory, a free port |
-//! | `password` | the superuser's password |
-//! | `error` | [`EmbeddedError`] |
+//! Which file of this module owns what: the table of files in docs/architecture.md.
 
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};

@@ -23,19 +23,9 @@
 //! All leases of one [`PgElector`] with the same holder and timing are renewed together by **one** statement
 //! per tick (`pgfence.renew_many`), however many there are.
 //!
-//! # Modules
+//! # Files
 //!
-//! | file | owns |
-//! |---|---|
-//! | `options` | [`LeaseOptions`]: `ttl`, `renew_every`, `safety_margin`, `retry_every`, checked before every acquisition |
-//! | `held` | [`HeldLease`] and its loss signal ([`LossCause`], [`Standing`]), release [`Wakeups`], [`Health`] |
-//! | `pg` | [`PgElector`]: acquisition, batched renewal on a connection of its own, LISTEN/NOTIFY wakeups |
-//! | `memory` | `MemoryElector` (feature `testing`): the in-memory double for users' controller tests |
-//! | `run` | [`run_with_leadership`], [`LeaderContext`], [`LeadershipOptions`], [`Ended`] |
-//! | `backoff` | [`Backoff`] between a supervised controller's campaigns |
-//! | `supervisor` | [`Supervisor`]: several controllers, each with its lease, restarted with backoff, spread over a group's replicas ([`Spread`]); within it, `status` ([`SupervisorStatus`]), `campaign` (one controller without a group) and `spread` (the balancer and the names' loops) |
-//! | `group` | [`Membership`]: a replica group's membership, heartbeated with the member's leases |
-//! | `assign` | [`assign`](assign()): the balanced assignment every member computes from the same roster; within it, `hash` (the portable hash and [`shard_of`]) |
+//! Which file of this module owns what: the table of files in docs/architecture.md.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -5,12 +5,7 @@
 //! SQL: `migrations/2026-11-30-000002_lease_protocol/up.sql` (`pgfence.acquire`, `pgfence.renew`,
 //! `pgfence.release`, `pgfence.force_release`, the view `pgfence.tenure_history`).
 //!
-//! | file | owns |
-//! |---|---|
-//! | `mod.rs` | what a call returns: [`Lease`], [`Released`], [`ForceReleased`], [`LeaseStatus`] |
-//! | `calls` | the [`Store`](crate::Store) methods: acquire, renew, release, force-release, status |
-//! | `rows` | the SQL functions' declarations and their replies, decoded in one place |
-//! | `secret` | [`TenureSecret`] |
+//! Which file of this module owns what: the table of files in docs/architecture.md.
 
 use std::fmt;
 use std::time::{Duration, Instant};

@@ -7,11 +7,7 @@
 //! SQL: `migrations/2026-11-30-000005_membership/up.sql` (`pgfence.join_group`, `pgfence.heartbeat`,
 //! `pgfence.leave_group`, `pgfence.roster`, the view `pgfence.group_members`).
 //!
-//! | file | owns |
-//! |---|---|
-//! | `mod.rs` | what a member declares and holds: [`MemberSpec`], [`Member`], [`MemberLoss`]; what it reads: [`Roster`], [`GroupMember`] |
-//! | `calls` | the [`Store`](crate::Store) methods: join, heartbeat, leave, roster, group members, handover gap |
-//! | `rows` | the SQL functions' declarations and their replies, decoded in one place |
+//! Which file of this module owns what: the table of files in docs/architecture.md.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

@@ -10,6 +10,9 @@
 
 use crate::common;
 
+#[path = "native/differential.rs"]
+mod differential;
+
 use std::time::Duration;
 
 use common::fixture::app_role;

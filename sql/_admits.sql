@@ -5,15 +5,14 @@ CREATE OR REPLACE FUNCTION pgfence._admits(p_lease text, p_epoch bigint, p_secre
  LANGUAGE sql
  STABLE
 AS $function$
-    SELECT l.lock_key = p_lock_key AND l.epoch = p_epoch AND l.state = 'held' AND l.expires_at > p_now
-           AND l.timeline >= p_timeline AND s.epoch = p_epoch AND pgfence._secret_matches(s.hash, p_secret)
-           AND (pg_catalog.pg_has_role(session_user, current_user, 'MEMBER')
-                OR EXISTS (SELECT 1 FROM pgfence.grants g
-                            WHERE (g.cluster = pgfence._cluster_of(p_lease) OR g.cluster IS NULL)
-                              AND pg_catalog.pg_has_role(session_user, g.role::oid, 'MEMBER'))),
+    SELECT l.lock_key = p_lock_key
+           AND pgfence._loss_reason(l, NULL::text, p_epoch, p_now, p_timeline) IS NULL
+           AND pgfence._secret_verdict(s.epoch, s.hash, p_epoch, p_secret) = 'ok'
+           AND u.granted,
            CASE WHEN p_mark THEN NULLIF(m.mark, pg_catalog.current_setting('pgfence.write_mark', true)) END
       FROM pgfence.leases l
-      JOIN pgfence.tenure_secrets s ON s.lease = l.name,
+      JOIN pgfence.tenure_secrets s ON s.lease = l.name
+     CROSS JOIN pgfence._grant_of(pgfence._cluster_of(p_lease), false, current_user) u,
            LATERAL (SELECT p_epoch::text || ':' || pg_catalog.date_part('epoch', p_now)::bigint::text || ':'
                            || p_lease AS mark) m
      WHERE l.name = p_lease

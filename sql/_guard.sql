@@ -44,10 +44,10 @@ BEGIN
     l := pre.lease;
     seen := l.epoch;
     why := pgfence._loss_reason(l, NULL::text, p_epoch, clock_timestamp(), pre.tl);
-    IF why IS NULL AND pre.secret_epoch = p_epoch THEN
+    IF why IS NULL THEN
         -- A forged fence is refused before it takes the guard lock, like a stale one (a tenure's secret never
-        -- changes, so the answer is final either way).
-        secret_ok := pgfence._secret_matches(pre.secret_hash, p_secret);
+        -- changes, so the answer is final either way; NULL: the row names another epoch, decided after the lock).
+        secret_ok := pgfence._secret_verdict(pre.secret_epoch, pre.secret_hash, p_epoch, p_secret) = 'ok';
         IF NOT secret_ok THEN
             why := 'bad_secret';
         END IF;

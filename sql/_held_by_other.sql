@@ -5,7 +5,6 @@ CREATE OR REPLACE FUNCTION pgfence._held_by_other(l pgfence.leases, p_holder tex
  LANGUAGE sql
  STABLE
 AS $function$
-    SELECT l.state = 'held' AND l.expires_at > ts
+    SELECT pgfence._loss_reason(l, NULL::text, l.epoch, ts, p_timeline) IS NULL
            AND (l.holder IS DISTINCT FROM p_holder OR l.holder_role IS DISTINCT FROM session_user)
-           AND l.timeline >= p_timeline
 $function$

@@ -5,9 +5,7 @@ CREATE OR REPLACE FUNCTION pgfence._secret_check(p_lease text, p_epoch bigint, p
  LANGUAGE sql
  STABLE
 AS $function$
-    SELECT CASE WHEN s.epoch <> p_epoch THEN NULL
-                WHEN pgfence._secret_matches(s.hash, p_secret) THEN 'ok'
-                ELSE 'bad' END
+    SELECT pgfence._secret_verdict(s.epoch, s.hash, p_epoch, p_secret)
       FROM pgfence.tenure_secrets s
      WHERE s.lease = p_lease
 $function$

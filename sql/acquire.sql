@@ -45,10 +45,9 @@ BEGIN
 
     IF l.epoch > 0 THEN
         PERFORM pgfence._end_tenure(p_lease, l.epoch,
-                                    CASE WHEN l.state = 'held' AND l.expires_at <= ts THEN l.expires_at ELSE ts END,
-                                    CASE WHEN l.state = 'held' AND l.timeline < tl THEN 'failover'
-                                         WHEN l.state = 'held' AND l.expires_at <= ts THEN 'expired'
-                                         ELSE 'reacquired' END);
+                                    LEAST(l.expires_at, ts),
+                                    coalesce(NULLIF(pgfence._loss_reason(l, NULL::text, l.epoch, ts, tl),
+                                                    'released'::text), 'reacquired'::text));
     END IF;
 
     -- Failover safety: after a promotion the server writes WAL on a new timeline, and an asynchronous standby

@@ -29,8 +29,7 @@ BEGIN
     END IF;
     PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
     ts := clock_timestamp();
-    why := CASE WHEN l.timeline < pgfence._timeline() THEN 'failover'
-                WHEN l.expires_at <= ts THEN 'expired' ELSE 'forced' END;
+    why := coalesce(pgfence._loss_reason(l, NULL::text, l.epoch, ts, pgfence._timeline()), 'forced'::text);
     UPDATE pgfence.leases SET state = 'released', expires_at = LEAST(expires_at, ts) WHERE name = p_lease;
     PERFORM pgfence._end_tenure(p_lease, l.epoch, LEAST(l.expires_at, ts), why);
     PERFORM pg_notify('pgfence_lease_free', l.lock_key::text);

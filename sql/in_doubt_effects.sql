@@ -25,8 +25,7 @@ BEGIN
        AND (pgfence._reads_all() OR pgfence._cluster_of(p_lease) = ANY (pgfence._readable_clusters()))
        AND (e.outcome = 'unknown'
             OR (e.outcome IS NULL
-                AND (l.epoch IS DISTINCT FROM e.epoch OR l.state <> 'held'
-                     OR l.expires_at <= clock_timestamp())))
+                AND pgfence._loss_reason(l, NULL::text, e.epoch, clock_timestamp(), pgfence._timeline()) IS NOT NULL))
      ORDER BY e.id;
 END;
 $function$

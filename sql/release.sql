@@ -46,8 +46,7 @@ BEGIN
 
     UPDATE pgfence.leases SET state = 'released', expires_at = LEAST(expires_at, ts) WHERE name = p_lease;
     PERFORM pgfence._end_tenure(p_lease, p_epoch, LEAST(l.expires_at, ts),
-                                CASE WHEN why = 'failover' THEN 'failover'
-                                     WHEN l.expires_at <= ts THEN 'expired' ELSE 'released' END);
+                                coalesce(pgfence._loss_reason(l, NULL::text, p_epoch, ts, tl), 'released'::text));
     -- Wake waiting candidates (delivered at commit) so a successor acquires in milliseconds, not a poll later.
     -- The payload is the lease's lock key, not its name: any role may LISTEN, and only roles that can read the
     -- lease row (a grant on its cluster) can tell which lease it is.

@@ -18,8 +18,10 @@ const TTL: Duration = Duration::from_secs(60);
 /// `other` row for each of the 10 reasons a tenure explains.
 const PER_TENURE: usize = 16 + 10;
 
-/// How long a forged call left open may delay the holder at most.
-const HOLDER_DELAY: Duration = Duration::from_millis(50);
+/// How long a forged call left open may delay the holder at most: a bound a loaded machine keeps (the calls take
+/// milliseconds; 59 ms was seen under 4 CPU hogs and parallel test runs), far below what the bug it is for causes —
+/// the holder waiting for the attacker's transaction until the lock-wait bound (seconds), then PF003.
+const HOLDER_DELAY: Duration = Duration::from_secs(1);
 
 /// A database with a holder role and an attacker role (both granted cluster `ta`), an operator of `ta`, and a
 /// lease `ta/x` held by the holder role: (db, holder's store, the lease, attacker, operator).
@@ -75,8 +77,8 @@ fn forged_calls(epoch: i64) -> Vec<(&'static str, String)> {
 
 /// Invariant 7's liveness against a role without the secret: with each forged call left open in a transaction
 /// of another role of the same cluster, the holder's renewal (alone and batched), its belief report and an
-/// operator's takeover are not delayed (the holder by at most 50 ms; the takeover finishes within the grace
-/// + 1 s, and needs no grace here since nothing of the tenure is in flight), and every forged call was refused
+/// operator's takeover are not delayed (the holder by at most 1 s; the takeover finishes within the grace + 1 s,
+/// and within half the grace, since nothing of the tenure is in flight to wait for), and every forged call was refused
 /// and audited. Fails on a function that locks before it checks the secret: the holder then waits for the
 /// attacker's transaction (PF003 after the lock-wait bound).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,8 +175,8 @@ async fn a_forged_call_left_open_delays_neither_the_holder_nor_a_takeover() {
         "the takeover took {took:?} behind the open forged calls (grace {grace:?})"
     );
     assert!(
-        took <= HOLDER_DELAY * 4,
-        "nothing of the tenure was in flight, yet the takeover took {took:?}"
+        took <= grace / 2,
+        "nothing of the tenure was in flight, yet the takeover took {took:?} (grace {grace:?})"
     );
 }
 

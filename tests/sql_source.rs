@@ -235,3 +235,83 @@ async fn the_native_guard_names_what_the_sql_names() {
         );
     }
 }
+
+/// The lease-row comparisons of `text` that judge whether a tenure is live (`x.expires_at` or `x.timeline`
+/// compared with anything, `x.state` compared with `'held'`), outside comments, as written.
+fn liveness_comparisons(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let code = line.split("--").next().unwrap_or("");
+        for column in [".expires_at", ".timeline", ".state"] {
+            let mut from = 0;
+            while let Some(k) = code[from..].find(column) {
+                let at = from + k;
+                from = at + column.len();
+                let alias = code[..at]
+                    .chars()
+                    .rev()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .count();
+                let rest = code[from..].trim_start();
+                let op = ["<=", ">=", "<>", "<", ">", "="]
+                    .into_iter()
+                    .find(|op| rest.starts_with(op));
+                let judged = match (column, op) {
+                    (".state", Some(op)) => rest[op.len()..].trim_start().starts_with("'held'"),
+                    (_, Some(_)) => true,
+                    _ => false,
+                };
+                if alias > 0 && judged {
+                    out.push(code[at - alias..].trim().to_owned());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Invariant: the verdict on a write is written once — whether a tenure is live in `pgfence._loss_reason`, whether
+/// a secret is the tenure's in `pgfence._secret_verdict`, whether the session may use a cluster in
+/// `pgfence._grant_of` — and every other function asks them (the native guard's copy in C is held to them by
+/// tests/native/differential.rs). A function that compares a lease's expiry or timeline itself, checks a tenure's
+/// secret hash itself or scans the grants by membership itself is a second copy of the rule, free to drift.
+#[test]
+fn the_verdict_on_a_write_is_written_once() {
+    // A member's liveness is membership's own rule (its rows, its expiry), not a tenure's.
+    let membership = ["_flaps_after", "_member_loss", "join_group", "leave_group"];
+    let mut copies = Vec::new();
+    for (name, text) in files_in_sql_dir() {
+        if name != "_loss_reason" && !membership.contains(&name.as_str()) {
+            for found in liveness_comparisons(&text) {
+                copies.push(format!("{name}: judges liveness itself: {found}"));
+            }
+        }
+        if name != "_secret_verdict"
+            && text.contains("tenure_secrets")
+            && text.contains("_secret_matches(")
+        {
+            copies.push(format!("{name}: matches a tenure's secret itself"));
+        }
+        // _readable_clusters lists the clusters the same membership test admits (row-level security's list).
+        if !["_grant_of", "_readable_clusters"].contains(&name.as_str())
+            && text.contains("pg_has_role(session_user, g.role")
+        {
+            copies.push(format!("{name}: judges a grant itself"));
+        }
+    }
+    assert!(
+        copies.is_empty(),
+        "second copies of the verdict's rules (call _loss_reason, _secret_verdict or _grant_of instead):\n{}",
+        copies.join("\n")
+    );
+    // The checker finds what it forbids: the copies the fast path had before it asked the rule.
+    let old_admits = "    SELECT l.lock_key = p_lock_key AND l.epoch = p_epoch AND l.state = 'held' AND l.expires_at > p_now\n           AND l.timeline >= p_timeline -- l.expires_at > x\n";
+    assert_eq!(
+        liveness_comparisons(old_admits),
+        vec![
+            "l.expires_at > p_now",
+            "l.state = 'held' AND l.expires_at > p_now",
+            "l.timeline >= p_timeline"
+        ]
+    );
+}

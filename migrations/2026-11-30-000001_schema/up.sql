@@ -765,18 +765,33 @@ $$;
 --     tasks, task events, tenure-scope rejections) plus its own refusals. The functions below run as the owner,
 --     which row-level security does not filter.
 
+-- The owner of the pgfence schema, read from the catalog: the role whose members are trusted with every cluster.
+-- A function, not a subquery, where _grant_of uses it: a statement that inlines _grant_of and knows the owner
+-- (p_owner) then has no subplan to set up on every execution, only a call it never makes.
+CREATE FUNCTION pgfence._owner() RETURNS name
+LANGUAGE sql STABLE AS $$
+    SELECT pg_catalog.pg_get_userbyid(n.nspowner) FROM pg_catalog.pg_namespace n WHERE n.nspname = 'pgfence'
+$$;
+
 -- Whether the session's login role may use cluster p_cluster (p_operator: with operator rights); NULL
 -- p_cluster: every cluster. Superusers and members of the owner of the pgfence schema are trusted with every
--- cluster. The one definition of the rule, as one row: a set-returning SQL function, so that a statement naming
--- it in its FROM clause gets it inlined as a subquery (planned with that statement, and once for all when the
--- statement is a plpgsql one: the guard's pre-check); a scalar SQL function with a subquery is never inlined.
-CREATE FUNCTION pgfence._grant_of(p_cluster text, p_operator boolean DEFAULT false) RETURNS TABLE (granted boolean)
+-- cluster. The one definition of the rule, used by every path that judges a grant (the guard's pre-check and its
+-- fast path _admits, the raw-SQL enforcement through _may_use, the lease and membership calls); the native guard's
+-- granted() answers as it does (tests/native/differential.rs). As one row: a set-returning SQL function, so that
+-- a statement naming it in its FROM clause gets it inlined as a subquery (planned with that statement, and once
+-- for all when the statement is a plpgsql one); a scalar SQL function with a subquery is never inlined.
+-- p_owner: the owner of the pgfence schema when the caller knows it for free — a SECURITY DEFINER function of the
+-- owner passes current_user — so the owner's test costs no catalog read; NULL: read from the catalog (_owner: the
+-- only safe answer outside the owner's functions, e.g. under row-level security). The owner's
+-- test comes first: the owner's own sessions never scan the grants.
+CREATE FUNCTION pgfence._grant_of(p_cluster text, p_operator boolean DEFAULT false, p_owner name DEFAULT NULL)
+RETURNS TABLE (granted boolean)
 LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM pgfence.grants g
-                    WHERE (g.cluster = p_cluster OR g.cluster IS NULL) AND (g.operator OR NOT p_operator)
-                      AND pg_catalog.pg_has_role(session_user, g.role::oid, 'MEMBER'))
-           OR pg_catalog.pg_has_role(session_user, (SELECT n.nspowner FROM pg_catalog.pg_namespace n
-                                                     WHERE n.nspname = 'pgfence'), 'MEMBER')
+    SELECT pg_catalog.pg_has_role(session_user,
+                                  coalesce(p_owner, pgfence._owner()), 'MEMBER')
+           OR EXISTS (SELECT 1 FROM pgfence.grants g
+                       WHERE (g.cluster = p_cluster OR g.cluster IS NULL) AND (g.operator OR NOT p_operator)
+                         AND pg_catalog.pg_has_role(session_user, g.role::oid, 'MEMBER'))
 $$;
 
 -- _grant_of as a boolean, for expressions. plpgsql, not SQL: its statement is planned once per session (an SQL

@@ -16,6 +16,7 @@ DROP FUNCTION pgfence._server_view();
 DROP FUNCTION pgfence._deny_lease_call(text, bigint, text, boolean);
 DROP FUNCTION pgfence._end_tenure(text, bigint, timestamptz, text);
 DROP FUNCTION pgfence._secret_check(text, bigint, text);
+DROP FUNCTION pgfence._secret_verdict(bigint, bytea, bigint, text);
 DROP FUNCTION pgfence._secret_matches(bytea, text);
 DROP FUNCTION pgfence._held_by_other(pgfence.leases, text, timestamptz, bigint);
 DROP FUNCTION pgfence._loss_reason(pgfence.leases, text, bigint, timestamptz, bigint);

@@ -133,7 +133,11 @@ $$;
 -- its transaction open afterwards blocks nobody.
 
 -- Why a lease is not (or no longer) held by (holder, epoch), judged on a locked or freshly read row, at time ts
--- (the database clock), on WAL timeline p_timeline.
+-- (the database clock), on WAL timeline p_timeline. The one definition of when a tenure is live: every path that
+-- judges one — the guards (_verdict, the fast path _admits), renewals, releases, an acquisition judging the tenure
+-- it takes over (_held_by_other, the end it records), force_release, the in-doubt list — asks this function; the
+-- native guard's fast path answers as it does (tests/native/differential.rs). With _secret_verdict and _grant_of
+-- it is the whole verdict on a write.
 CREATE FUNCTION pgfence._loss_reason(l pgfence.leases, p_holder text, p_epoch bigint, ts timestamptz,
                                      p_timeline bigint)
 RETURNS text
@@ -157,9 +161,8 @@ $$;
 CREATE FUNCTION pgfence._held_by_other(l pgfence.leases, p_holder text, ts timestamptz, p_timeline bigint)
 RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT l.state = 'held' AND l.expires_at > ts
+    SELECT pgfence._loss_reason(l, NULL::text, l.epoch, ts, p_timeline) IS NULL
            AND (l.holder IS DISTINCT FROM p_holder OR l.holder_role IS DISTINCT FROM session_user)
-           AND l.timeline >= p_timeline
 $$;
 
 -- Whether p_secret is the secret whose SHA-256 is p_hash. Secrets longer than 128 characters are not even
@@ -171,14 +174,23 @@ LANGUAGE sql STABLE AS $$
                     AND p_hash = pg_catalog.sha256(pg_catalog.convert_to(p_secret, 'UTF8')), false)
 $$;
 
--- Whether p_secret is the secret of tenure (p_lease, p_epoch): 'ok', 'bad', or NULL when that tenure is not the
--- lease's latest (its secret is gone: it has been superseded). A tenure's secret never changes, so 'ok' and
--- 'bad' are final.
+-- Whether p_secret is the secret of tenure p_epoch, given the lease's row of pgfence.tenure_secrets (the epoch
+-- and hash of its latest tenure's secret): 'ok', 'bad', or NULL when that tenure is not the latest (its secret is
+-- gone: it has been superseded). A tenure's secret never changes, so 'ok' and 'bad' are final. The one definition
+-- of the secret's rule: _secret_check reads the row for it, the guard's pre-check and its fast path pass the row
+-- they read with the lease. An SQL expression, inlined where it is used.
+CREATE FUNCTION pgfence._secret_verdict(p_secret_epoch bigint, p_hash bytea, p_epoch bigint, p_secret text)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_secret_epoch <> p_epoch THEN NULL
+                WHEN pgfence._secret_matches(p_hash, p_secret) THEN 'ok'
+                ELSE 'bad' END
+$$;
+
+-- _secret_verdict of tenure (p_lease, p_epoch), its row read here (NULL when the lease has none).
 CREATE FUNCTION pgfence._secret_check(p_lease text, p_epoch bigint, p_secret text) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN s.epoch <> p_epoch THEN NULL
-                WHEN pgfence._secret_matches(s.hash, p_secret) THEN 'ok'
-                ELSE 'bad' END
+    SELECT pgfence._secret_verdict(s.epoch, s.hash, p_epoch, p_secret)
       FROM pgfence.tenure_secrets s
      WHERE s.lease = p_lease
 $$;
@@ -280,10 +292,9 @@ BEGIN
 
     IF l.epoch > 0 THEN
         PERFORM pgfence._end_tenure(p_lease, l.epoch,
-                                    CASE WHEN l.state = 'held' AND l.expires_at <= ts THEN l.expires_at ELSE ts END,
-                                    CASE WHEN l.state = 'held' AND l.timeline < tl THEN 'failover'
-                                         WHEN l.state = 'held' AND l.expires_at <= ts THEN 'expired'
-                                         ELSE 'reacquired' END);
+                                    LEAST(l.expires_at, ts),
+                                    coalesce(NULLIF(pgfence._loss_reason(l, NULL::text, l.epoch, ts, tl),
+                                                    'released'::text), 'reacquired'::text));
     END IF;
 
     -- Failover safety: after a promotion the server writes WAL on a new timeline, and an asynchronous standby
@@ -535,8 +546,7 @@ BEGIN
 
     UPDATE pgfence.leases SET state = 'released', expires_at = LEAST(expires_at, ts) WHERE name = p_lease;
     PERFORM pgfence._end_tenure(p_lease, p_epoch, LEAST(l.expires_at, ts),
-                                CASE WHEN why = 'failover' THEN 'failover'
-                                     WHEN l.expires_at <= ts THEN 'expired' ELSE 'released' END);
+                                coalesce(pgfence._loss_reason(l, NULL::text, p_epoch, ts, tl), 'released'::text));
     -- Wake waiting candidates (delivered at commit) so a successor acquires in milliseconds, not a poll later.
     -- The payload is the lease's lock key, not its name: any role may LISTEN, and only roles that can read the
     -- lease row (a grant on its cluster) can tell which lease it is.
@@ -574,8 +584,7 @@ BEGIN
     END IF;
     PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
     ts := clock_timestamp();
-    why := CASE WHEN l.timeline < pgfence._timeline() THEN 'failover'
-                WHEN l.expires_at <= ts THEN 'expired' ELSE 'forced' END;
+    why := coalesce(pgfence._loss_reason(l, NULL::text, l.epoch, ts, pgfence._timeline()), 'forced'::text);
     UPDATE pgfence.leases SET state = 'released', expires_at = LEAST(expires_at, ts) WHERE name = p_lease;
     PERFORM pgfence._end_tenure(p_lease, l.epoch, LEAST(l.expires_at, ts), why);
     PERFORM pg_notify('pgfence_lease_free', l.lock_key::text);

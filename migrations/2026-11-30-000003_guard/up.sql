@@ -143,26 +143,26 @@ LANGUAGE sql VOLATILE AS $$
 $$;
 
 -- The fast path's one read, on a snapshot taken after the guard lock: whether tenure (p_lease, p_epoch) with
--- p_secret is admitted — the lease's lock key is p_lock_key (the one locked), the epoch is current, held and
--- unexpired at p_now (the database clock), granted on a timeline no older than p_timeline, the secret's SHA-256
--- matches, and the session's login role is a member of the role running this (the owner of the pgfence functions,
--- who owns every pgfence table) or has a grant on the lease's cluster — and, when p_mark, the session's write mark
--- of this tenure for this second if it has not been recorded yet (NULL otherwise; see pgfence.fence). A
--- set-returning SQL function so that the statement naming it in its FROM clause gets it inlined: one executor run,
--- no subplan for the owner. No row: the lease does not exist. (_grant_of is the full rule that _guard applies.)
+-- p_secret is admitted — the lease's lock key is p_lock_key (the one locked), and the verdict's three parts pass:
+-- the tenure is live at p_now on timeline p_timeline (_loss_reason), p_secret is its secret (_secret_verdict) and
+-- the session's login role may use the lease's cluster (_grant_of, told the owner: this runs as the owner of the
+-- pgfence functions, so current_user is it) — and, when p_mark, the session's write mark of this tenure for this
+-- second if it has not been recorded yet (NULL otherwise; see pgfence.fence). Nothing of the rule is restated
+-- here: the three are SQL functions the planner inlines into this statement. A set-returning SQL function so that
+-- the statement naming it in its FROM clause gets it inlined too: one executor run. No row: the lease does not
+-- exist.
 CREATE FUNCTION pgfence._admits(p_lease text, p_epoch bigint, p_secret text, p_lock_key integer, p_now timestamptz,
                                 p_timeline bigint, p_mark boolean)
 RETURNS TABLE (admitted boolean, mark text)
 LANGUAGE sql STABLE AS $$
-    SELECT l.lock_key = p_lock_key AND l.epoch = p_epoch AND l.state = 'held' AND l.expires_at > p_now
-           AND l.timeline >= p_timeline AND s.epoch = p_epoch AND pgfence._secret_matches(s.hash, p_secret)
-           AND (pg_catalog.pg_has_role(session_user, current_user, 'MEMBER')
-                OR EXISTS (SELECT 1 FROM pgfence.grants g
-                            WHERE (g.cluster = pgfence._cluster_of(p_lease) OR g.cluster IS NULL)
-                              AND pg_catalog.pg_has_role(session_user, g.role::oid, 'MEMBER'))),
+    SELECT l.lock_key = p_lock_key
+           AND pgfence._loss_reason(l, NULL::text, p_epoch, p_now, p_timeline) IS NULL
+           AND pgfence._secret_verdict(s.epoch, s.hash, p_epoch, p_secret) = 'ok'
+           AND u.granted,
            CASE WHEN p_mark THEN NULLIF(m.mark, pg_catalog.current_setting('pgfence.write_mark', true)) END
       FROM pgfence.leases l
-      JOIN pgfence.tenure_secrets s ON s.lease = l.name,
+      JOIN pgfence.tenure_secrets s ON s.lease = l.name
+     CROSS JOIN pgfence._grant_of(pgfence._cluster_of(p_lease), false, current_user) u,
            LATERAL (SELECT p_epoch::text || ':' || pg_catalog.date_part('epoch', p_now)::bigint::text || ':'
                            || p_lease AS mark) m
      WHERE l.name = p_lease
@@ -299,10 +299,10 @@ BEGIN
     l := pre.lease;
     seen := l.epoch;
     why := pgfence._loss_reason(l, NULL::text, p_epoch, clock_timestamp(), pre.tl);
-    IF why IS NULL AND pre.secret_epoch = p_epoch THEN
+    IF why IS NULL THEN
         -- A forged fence is refused before it takes the guard lock, like a stale one (a tenure's secret never
-        -- changes, so the answer is final either way).
-        secret_ok := pgfence._secret_matches(pre.secret_hash, p_secret);
+        -- changes, so the answer is final either way; NULL: the row names another epoch, decided after the lock).
+        secret_ok := pgfence._secret_verdict(pre.secret_epoch, pre.secret_hash, p_epoch, p_secret) = 'ok';
         IF NOT secret_ok THEN
             why := 'bad_secret';
         END IF;

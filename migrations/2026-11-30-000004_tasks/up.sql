@@ -638,8 +638,8 @@ END;
 $$;
 
 -- The effects of lease p_lease in doubt as its current tenure sees them: each unsettled attempt whose outcome is
--- 'unknown', or that has no outcome and whose tenure has ended (an earlier epoch, or the lease's current tenure
--- released or expired) — with its task, the ended tenure as pgfence.tenure_history tells it (holder, how and
+-- 'unknown', or that has no outcome and whose tenure is no longer live by the guard's rule (_loss_reason: an
+-- earlier epoch, or the lease's current tenure released, expired or granted before the last promotion) — with its task, the ended tenure as pgfence.tenure_history tells it (holder, how and
 -- when it ended, when it was last heard from: its last accepted write and its last belief report) and its late
 -- report, if any. Oldest first; nothing for a lease of a cluster the session's role may not read (the rule of
 -- row-level security: _reads_all, _readable_clusters). Raises 22023 for a malformed lease name.
@@ -669,8 +669,7 @@ BEGIN
        AND (pgfence._reads_all() OR pgfence._cluster_of(p_lease) = ANY (pgfence._readable_clusters()))
        AND (e.outcome = 'unknown'
             OR (e.outcome IS NULL
-                AND (l.epoch IS DISTINCT FROM e.epoch OR l.state <> 'held'
-                     OR l.expires_at <= clock_timestamp())))
+                AND pgfence._loss_reason(l, NULL::text, e.epoch, clock_timestamp(), pgfence._timeline()) IS NOT NULL))
      ORDER BY e.id;
 END;
 $$;

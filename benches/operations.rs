@@ -175,7 +175,7 @@ fn operations(c: &mut Criterion) {
             s.store
                 .fenced(&s.fence, "criterion", async |conn| {
                     use diesel_async::RunQueryDsl;
-                    pgfence::Cached::new(diesel::sql_query(
+                    pgfence::guard::Cached::new(diesel::sql_query(
                         "UPDATE pgfence_criterion_rows SET v = v + 1 WHERE id = 1",
                     ))
                     .execute(conn)

@@ -15,17 +15,11 @@ use crate::error::{Error, Result};
 use crate::fence::{
     outcome::sql::WriteResult, outcome::WriteOutcome, outcome::WriteResultRow, Fence,
 };
+use crate::limits::{MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH};
 use crate::reply::{unexpected, RowsOf};
 use crate::store::Store;
 use crate::types::{Epoch, TaskState};
 use crate::validate::{validate_holder, validate_name};
-
-/// Largest accepted payload (task or event), serialized.
-pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
-/// Deepest accepted payload nesting.
-pub const MAX_PAYLOAD_DEPTH: usize = 64;
-/// Longest accepted event kind.
-pub const MAX_KIND_LEN: usize = 64;
 
 /// A task as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1550,7 +1550,7 @@ async fn a_cancelled_controller_stops_releases_and_drops_the_gauge() {
     started_rx.await.unwrap();
     let gauge = || {
         common::metrics_probe::gauge(
-            pgfence::leader::METRIC_LEADER,
+            pgfence::metrics::METRIC_LEADER,
             &[("lease", &elector.qualify("ctl"))],
         )
     };

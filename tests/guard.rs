@@ -785,10 +785,10 @@ async fn bad_task_input_is_refused_and_writes_nothing() {
     let store = db.store("c").await;
     let fence = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
     let mut deep = json!(1);
-    for _ in 0..(pgfence::MAX_PAYLOAD_DEPTH + 1) {
+    for _ in 0..(pgfence::limits::MAX_PAYLOAD_DEPTH + 1) {
         deep = json!([deep]);
     }
-    let huge = json!({"blob": "x".repeat(pgfence::MAX_PAYLOAD_BYTES)});
+    let huge = json!({"blob": "x".repeat(pgfence::limits::MAX_PAYLOAD_BYTES)});
     let results = vec![
         store.create_task(&fence, "", &json!({})).await,
         store.create_task(&fence, "a\0b", &json!({})).await,
@@ -1140,14 +1140,16 @@ async fn fenced_operation_labels_are_checked_before_anything_is_sent() {
                 .await
         }
     };
-    run("o".repeat(pgfence::MAX_OPERATION_LEN)).await.unwrap();
+    run("o".repeat(pgfence::limits::MAX_OPERATION_LEN))
+        .await
+        .unwrap();
     db.client()
         .await
         .batch_execute("DELETE FROM shards")
         .await
         .unwrap();
     for bad in [
-        "o".repeat(pgfence::MAX_OPERATION_LEN + 1),
+        "o".repeat(pgfence::limits::MAX_OPERATION_LEN + 1),
         String::new(),
         "re\nbalance".to_owned(),
     ] {
@@ -1259,7 +1261,7 @@ async fn guarded_write_sql_guards_another_drivers_statement() {
     let old = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
     let client = db.client().await;
     let statement = client
-        .prepare(&pgfence::guarded_write_sql(
+        .prepare(&pgfence::guard::guarded_write_sql(
             "UPDATE shards SET owner = $1 WHERE id = $2 AND (SELECT passed FROM pgfence_guard)",
             2,
         ))
@@ -1321,7 +1323,7 @@ async fn guarded_write_writes_under_the_current_fence_and_refuses_a_stale_one_wi
         diesel::update(
             shards::table
                 .filter(shards::id.eq(2))
-                .filter(pgfence::fence_passed()),
+                .filter(pgfence::guard::fence_passed()),
         )
         .set(shards::owner.eq(owner))
     };
@@ -1538,7 +1540,7 @@ async fn guarded_statements_are_prepared_once_and_fenced_guards_run_inside_their
                     #[diesel(sql_type = BigInt)]
                     n: i64,
                 }
-                pgfence::Cached::new(
+                pgfence::guard::Cached::new(
                     diesel::sql_query("UPDATE shards SET owner = $1 WHERE id = 1").bind::<Text, _>(owner),
                 )
                 .execute(conn)

@@ -92,8 +92,8 @@ proptest! {
         let f = F.get_or_init(|| Mutex::new(fixture())).lock().unwrap_or_else(|p| p.into_inner());
         let before = counts(&f);
         let result = f.runtime.block_on(f.store.acquire(&name, &holder, TTL));
-        let valid = is_clean_control_free(&name, pgfence::MAX_NAME_LEN)
-            && is_clean_control_free(&holder, pgfence::MAX_HOLDER_LEN);
+        let valid = is_clean_control_free(&name, pgfence::limits::MAX_NAME_LEN)
+            && is_clean_control_free(&holder, pgfence::limits::MAX_HOLDER_LEN);
         match result {
             Ok(lease) => {
                 prop_assert!(valid, "accepted {name:?}/{holder:?}");
@@ -125,7 +125,7 @@ proptest! {
         }).lock().unwrap_or_else(|p| p.into_inner());
         let (f, fence) = &*guard;
         let before = counts(f);
-        let key_ok = is_clean_control_free(&key, pgfence::MAX_HOLDER_LEN);
+        let key_ok = is_clean_control_free(&key, pgfence::limits::MAX_HOLDER_LEN);
         match f.runtime.block_on(f.store.create_task(fence, &key, &json!({"k": key}))) {
             Ok(write) => {
                 prop_assert!(key_ok);
@@ -139,7 +139,7 @@ proptest! {
             }
             Err(other) => prop_assert!(false, "{key:?}: {other}"),
         }
-        let assignee_ok = is_clean_control_free(&assignee, pgfence::MAX_HOLDER_LEN);
+        let assignee_ok = is_clean_control_free(&assignee, pgfence::limits::MAX_HOLDER_LEN);
         let before = counts(f);
         match f.runtime.block_on(f.store.claim_task(fence, &key, &assignee)) {
             Ok(write) => {
@@ -159,7 +159,7 @@ proptest! {
             }
             Err(other) => prop_assert!(false, "{assignee:?}: {other}"),
         }
-        let kind_ok = is_clean_control_free(&kind, pgfence::MAX_KIND_LEN);
+        let kind_ok = is_clean_control_free(&kind, pgfence::limits::MAX_KIND_LEN);
         let before = counts(f);
         match f.runtime.block_on(f.store.append_event(fence, &key, &kind, &json!({}))) {
             Ok(_) => {
@@ -306,7 +306,7 @@ fn arbitrary_json() -> impl Strategy<Value = Value> {
 /// order, keys of any Unicode but NUL, shallow siblings on the way — around a leaf that is a scalar, an empty
 /// container or shallow JSON: the depth limit from both sides, 0 to 3 levels away.
 fn nested_around_the_depth_limit() -> impl Strategy<Value = Value> {
-    let max = pgfence::MAX_PAYLOAD_DEPTH;
+    let max = pgfence::limits::MAX_PAYLOAD_DEPTH;
     let shallow = || {
         prop_oneof![
             Just(json!(1)),
@@ -347,7 +347,7 @@ fn nested_around_the_depth_limit() -> impl Strategy<Value = Value> {
 /// UTF-8 or characters JSON escapes (a quote, a backslash, a control character written `\u0001`), or an array of
 /// zeros (the payload that grows most when stored as jsonb, about 6×): the size limit from both sides.
 fn sized_around_the_size_limit() -> impl Strategy<Value = Value> {
-    let max = pgfence::MAX_PAYLOAD_BYTES;
+    let max = pgfence::limits::MAX_PAYLOAD_BYTES;
     let filler = prop_oneof![
         Just('x'),
         Just('é'),
@@ -416,8 +416,8 @@ fn levels(value: &Value) -> usize {
 /// Within the library's limits: no NUL, at most `MAX_PAYLOAD_DEPTH` levels, at most `MAX_PAYLOAD_BYTES`.
 fn within_limits(value: &Value) -> bool {
     !contains_nul(value)
-        && levels(value) <= pgfence::MAX_PAYLOAD_DEPTH
-        && serialized_len(value) <= pgfence::MAX_PAYLOAD_BYTES
+        && levels(value) <= pgfence::limits::MAX_PAYLOAD_DEPTH
+        && serialized_len(value) <= pgfence::limits::MAX_PAYLOAD_BYTES
 }
 
 fn contains_nul(value: &Value) -> bool {
@@ -537,7 +537,7 @@ async fn bad_text_and_deep_json_are_refused_and_the_depth_limit_is_stored(
         .await
         .unwrap_err();
     assert_eq!(code(err), "54001");
-    let at_the_limit = nest(pgfence::MAX_PAYLOAD_DEPTH, true, json!("deepest"));
+    let at_the_limit = nest(pgfence::limits::MAX_PAYLOAD_DEPTH, true, json!("deepest"));
     let row = client
         .query_one(
             "SELECT outcome FROM pgfence.create_task('c/l', 1, current_setting('test.secret'), 'deep-ok', $1::text::jsonb)",
@@ -676,7 +676,7 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
 /// row unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payload_limits_hold_exactly_at_their_edges() {
-    use pgfence::{MAX_PAYLOAD_BYTES as BYTES, MAX_PAYLOAD_DEPTH as DEPTH};
+    use pgfence::limits::{MAX_PAYLOAD_BYTES as BYTES, MAX_PAYLOAD_DEPTH as DEPTH};
     // The edges below are built from the constants; these are the limits docs/security.md promises.
     assert_eq!(
         (BYTES, DEPTH),
@@ -887,7 +887,8 @@ async fn the_password_never_appears(captured: Captured) {
     .await
     .unwrap_err();
     texts.push(format!("{malformed} {malformed:?}"));
-    let keyword = pgfence::redact(&format!("host=h user=u password={SENTINEL} dbname=d"));
+    let keyword =
+        pgfence::connection::redact(&format!("host=h user=u password={SENTINEL} dbname=d"));
     texts.push(keyword);
 
     let audit: Vec<String> = db
@@ -950,7 +951,7 @@ proptest! {
         let f = F.get_or_init(|| Mutex::new(fixture())).lock().unwrap_or_else(|p| p.into_inner());
         let ttl = Duration::from_millis(ms);
         let before = counts(&f);
-        let valid = ttl >= pgfence::MIN_TTL && ttl <= pgfence::MAX_TTL;
+        let valid = ttl >= pgfence::limits::MIN_TTL && ttl <= pgfence::limits::MAX_TTL;
         match f.runtime.block_on(f.store.acquire("ttl", "pod", ttl)) {
             Ok(lease) => {
                 prop_assert!(valid, "{ttl:?} accepted");

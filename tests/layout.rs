@@ -8,8 +8,9 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::{client_as, owned_db, role, sqlstate, store_as, url_as, TestDb};
+use pgfence::schema::LayoutSeverity;
 use pgfence::GUARD_LOCK_CLASS;
-use pgfence::{Error, ForceReleased, LayoutSeverity, Store, StoreConfig};
+use pgfence::{Error, ForceReleased, Store, StoreConfig};
 use serde_json::json;
 
 const TTL: Duration = Duration::from_secs(60);

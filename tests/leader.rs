@@ -19,14 +19,18 @@ use std::time::{Duration, Instant};
 use common::metrics_probe;
 use common::proxy::{Proxy, HOLD_ALL};
 use common::{RowLock, TestDb};
+use pgfence::history::Overlap;
 use pgfence::leader::{
     run_with_leadership, Backoff, Elector, Ended, Health, HeldLease, LeaderContext,
     LeadershipOptions, LeaseOptions, LossCause, MemoryElector, PgElector, Standing, Supervisor,
-    TenureEnd, Wakeups, METRIC_CALLBACKS_NOT_STOPPED, METRIC_GROUP_MEMBERS,
-    METRIC_GROUP_NAMES_ASSIGNED, METRIC_GROUP_NAMES_LED, METRIC_HANDOVERS, METRIC_HANDOVER_GAP,
-    METRIC_LEADER, METRIC_LOSSES, METRIC_RENEW_DURATION, METRIC_TRANSITIONS,
+    TenureEnd, Wakeups,
 };
-use pgfence::{Epoch, Error, LossReason, Overlap, Released, METRIC_STALE_WRITES};
+use pgfence::metrics::{
+    METRIC_CALLBACKS_NOT_STOPPED, METRIC_GROUP_MEMBERS, METRIC_GROUP_NAMES_ASSIGNED,
+    METRIC_GROUP_NAMES_LED, METRIC_HANDOVERS, METRIC_HANDOVER_GAP, METRIC_LEADER, METRIC_LOSSES,
+    METRIC_RENEW_DURATION, METRIC_STALE_WRITES, METRIC_TRANSITIONS,
+};
+use pgfence::{Epoch, Error, LossReason, Released};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -1457,7 +1461,7 @@ async fn a_callback_that_ignores_cancellation_is_reported() {
     }
     assert_eq!(
         metrics_probe::counter(
-            pgfence::leader::METRIC_CALLBACKS_NOT_STOPPED,
+            pgfence::metrics::METRIC_CALLBACKS_NOT_STOPPED,
             &[("lease", "memory/stubborn")]
         ),
         1
@@ -2226,13 +2230,13 @@ async fn metrics_count_transitions_losses_by_cause_and_stale_writes() {
     assert_eq!(metered(elector, "metered"), (Some(0.0), 6, [1, 0, 0]));
 }
 
-/// `describe_metrics` gives every metric pgfence records its kind, unit and help text, and the names follow
+/// `metrics::describe` gives every metric pgfence records its kind, unit and help text, and the names follow
 /// Prometheus conventions: a `pgfence_` prefix, `_total` on counters, the base unit on the duration histogram.
 #[test]
 fn describe_metrics_gives_every_metric_its_kind_unit_and_help_text() {
     use metrics::Unit;
     metrics_probe::install();
-    pgfence::describe_metrics();
+    pgfence::metrics::describe();
     for (name, kind, unit) in [
         (METRIC_LEADER, "gauge", Unit::Count),
         (METRIC_TRANSITIONS, "counter", Unit::Count),
@@ -2402,16 +2406,24 @@ async fn lease_options_are_checked_at_their_edges_before_anything_is_acquired() 
         options
     };
     let cases: Vec<(&str, LeaseOptions, Option<&str>)> = vec![
-        ("ttl at MIN_TTL", LeaseOptions::new(pgfence::MIN_TTL), None),
+        (
+            "ttl at MIN_TTL",
+            LeaseOptions::new(pgfence::limits::MIN_TTL),
+            None,
+        ),
         (
             "ttl under MIN_TTL",
-            LeaseOptions::new(pgfence::MIN_TTL - ms(1)),
+            LeaseOptions::new(pgfence::limits::MIN_TTL - ms(1)),
             Some("ttl"),
         ),
-        ("ttl at MAX_TTL", LeaseOptions::new(pgfence::MAX_TTL), None),
+        (
+            "ttl at MAX_TTL",
+            LeaseOptions::new(pgfence::limits::MAX_TTL),
+            None,
+        ),
         (
             "ttl over MAX_TTL",
-            LeaseOptions::new(pgfence::MAX_TTL + ms(1)),
+            LeaseOptions::new(pgfence::limits::MAX_TTL + ms(1)),
             Some("ttl"),
         ),
         (

@@ -383,7 +383,7 @@ async fn quotes_and_sql_in_names_are_plain_data() {
 async fn bad_input_is_refused_and_writes_nothing() {
     let db = TestDb::new().await;
     let store = db.store("c1").await;
-    let long = "x".repeat(pgfence::MAX_NAME_LEN + 1);
+    let long = "x".repeat(pgfence::limits::MAX_NAME_LEN + 1);
     let cases: Vec<(&str, &str, Duration)> = vec![
         ("", "pod", TTL),
         (&long, "pod", TTL),

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::fixture::{app_role, app_store};
 use common::{client_as, sqlstate, store_as, TestDb};
-use pgfence::{DenyReason, Error, MemberLoss, MemberSpec, Store};
+use pgfence::groups::{MemberLoss, MemberSpec};
+use pgfence::{DenyReason, Error, Store};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -146,7 +147,10 @@ async fn bad_member_input_is_a_typed_error_and_writes_nothing() {
     let store = db.store("c").await;
     let cases: Vec<(MemberSpec, &str)> = vec![
         (spec(&["x"]).weight(0), "weight"),
-        (spec(&["x"]).weight(pgfence::MAX_WEIGHT + 1), "weight"),
+        (
+            spec(&["x"]).weight(pgfence::limits::MAX_WEIGHT + 1),
+            "weight",
+        ),
         (spec(&[]), "names"),
         (spec(&["x"]).pin(["y"]), "pin"),
         (spec(&["x"]).pin(["x"]).exclude(["x"]), "pin"),

@@ -100,7 +100,7 @@ impl Harness {
 
     async fn next(&mut self) -> String {
         self.run(|conn| {
-            conn.run_next_migration(pgfence::MIGRATIONS)
+            conn.run_next_migration(pgfence::schema::MIGRATIONS)
                 .unwrap()
                 .to_string()
         })
@@ -109,7 +109,7 @@ impl Harness {
 
     async fn revert(&mut self) -> String {
         self.run(|conn| {
-            conn.revert_last_migration(pgfence::MIGRATIONS)
+            conn.revert_last_migration(pgfence::schema::MIGRATIONS)
                 .unwrap()
                 .to_string()
         })
@@ -185,7 +185,7 @@ async fn migrations_apply_one_at_a_time_on_data_and_end_as_a_fresh_schema() {
     let fresh = snapshot(&reference).await;
 
     let db = TestDb::empty().await;
-    let versions: Vec<String> = MigrationSource::<Pg>::migrations(&pgfence::MIGRATIONS)
+    let versions: Vec<String> = MigrationSource::<Pg>::migrations(&pgfence::schema::MIGRATIONS)
         .unwrap()
         .iter()
         .map(|m| m.name().version().to_string())
@@ -309,7 +309,7 @@ async fn migrate_refuses_a_schema_another_role_made_first() {
     let mut harness = Harness::open(&db).await;
     let refused = harness
         .run(|conn| {
-            conn.run_next_migration(pgfence::MIGRATIONS)
+            conn.run_next_migration(pgfence::schema::MIGRATIONS)
                 .map(|v| v.to_string())
                 .map_err(|e| e.to_string())
         })

@@ -15,8 +15,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{fixture, TestDb};
+use pgfence::history::{BeliefEnd, Overlap};
 use pgfence::leader::{Elector, LeaseOptions, PgElector};
-use pgfence::{BeliefEnd, Error, Lease, Overlap, Store, TaskState};
+use pgfence::{Error, Lease, Store, TaskState};
 
 /// The ttl of the leases these tests hold by hand (the frozen child's comes from its options).
 const TTL: Duration = Duration::from_secs(30);
@@ -188,7 +189,7 @@ async fn successor_takes_over_and_writes(store: &Store, old_epoch: i64) -> Lease
             diesel::sql_query(format!(
                 "INSERT INTO public.overlap_ledger (epoch) SELECT {} WHERE {}",
                 successor.epoch(),
-                pgfence::FENCE_PASSED
+                pgfence::guard::FENCE_PASSED
             )),
         )
         .await
@@ -446,7 +447,7 @@ async fn the_sql_guard_marks_its_first_write_of_a_second(
     assert!(
         mark <= times[1]
             && times[1] - mark
-                <= chrono::Duration::from_std(pgfence::WRITE_MARK_RESOLUTION).unwrap()
+                <= chrono::Duration::from_std(pgfence::history::WRITE_MARK_RESOLUTION).unwrap()
                     + chrono::Duration::milliseconds(1)
     );
 }
@@ -508,7 +509,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
             "insert",
             diesel::sql_query(format!(
                 "INSERT INTO public.marked SELECT 1 WHERE {}",
-                pgfence::FENCE_PASSED
+                pgfence::guard::FENCE_PASSED
             )),
         )
         .await
@@ -666,7 +667,7 @@ async fn the_leadership_runtime_reports_each_belief_s_start_and_end() {
 }
 
 /// Tenure `epoch` of `name` as the record shows it now.
-async fn tenure(store: &Store, name: &str, epoch: pgfence::Epoch) -> pgfence::Tenure {
+async fn tenure(store: &Store, name: &str, epoch: pgfence::Epoch) -> pgfence::history::Tenure {
     store
         .tenures(name)
         .await
@@ -676,7 +677,11 @@ async fn tenure(store: &Store, name: &str, epoch: pgfence::Epoch) -> pgfence::Te
         .unwrap()
 }
 
-async fn wait_for_end(store: &Store, name: &str, epoch: pgfence::Epoch) -> pgfence::Tenure {
+async fn wait_for_end(
+    store: &Store,
+    name: &str,
+    epoch: pgfence::Epoch,
+) -> pgfence::history::Tenure {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let t = tenure(store, name, epoch).await;
@@ -749,7 +754,7 @@ async fn a_failed_belief_report_is_counted_and_the_tenure_goes_on() {
     held.release().await.unwrap();
     let failed = || {
         common::metrics_probe::counter(
-            pgfence::leader::METRIC_BELIEF_REPORTS_FAILED,
+            pgfence::metrics::METRIC_BELIEF_REPORTS_FAILED,
             &[("lease", "c1/unheard")],
         )
     };

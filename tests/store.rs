@@ -43,13 +43,13 @@ async fn unreachable_database_reports_the_real_cause_quickly_without_credentials
 #[test]
 fn redaction_keeps_host_port_database_and_user_only() {
     assert_eq!(
-        pgfence::redact(&format!(
+        pgfence::connection::redact(&format!(
             "postgres://app:{SENTINEL}@db.internal:6432/control?sslmode=disable"
         )),
         "app@db.internal:6432/control"
     );
     assert_eq!(
-        pgfence::redact(&format!(
+        pgfence::connection::redact(&format!(
             "host=db port=5433 user=ops password={SENTINEL} dbname=ctl"
         )),
         "ops@db:5433/ctl"
@@ -83,7 +83,7 @@ fn redaction_keeps_host_port_database_and_user_only() {
             "<unparsable connection string>",
         ),
     ] {
-        assert_eq!(pgfence::redact(&url), shown, "{url}");
+        assert_eq!(pgfence::connection::redact(&url), shown, "{url}");
     }
 }
 

@@ -15,9 +15,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use diesel::sql_types::{Bool, Nullable, Text};
+use pgfence::connection::Connector;
 use pgfence::embedded::{EmbeddedOptions, EmbeddedServer};
 use pgfence::leader::{Elector, PgElector};
-use pgfence::{Connector, Error, ExpectedIdentity, SslMode, Store, StoreConfig};
+use pgfence::{Error, ExpectedIdentity, SslMode, Store, StoreConfig};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use serde_json::json;
 
@@ -229,7 +230,7 @@ async fn verify_full_connects_with_the_right_ca_and_host_name() {
         assert_eq!(ssl_of(&store).await, (true, None), "{host}");
         // The TLS parameters do not stop redaction (tokio-postgres alone cannot parse `verify-full`).
         assert_eq!(
-            pgfence::redact(&url),
+            pgfence::connection::redact(&url),
             format!("postgres@{host}:{}/postgres", s.tls.port())
         );
     }

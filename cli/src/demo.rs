@@ -13,8 +13,9 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use pgfence::embedded::EmbeddedServer;
+use pgfence::history::Tenure;
 use pgfence::leader::{Elector, HeldLease, LeaseOptions, PgElector};
-use pgfence::{Error, Fence, Rejection, RejectionFilter, Store, TaskState, Tenure};
+use pgfence::{Error, Fence, Rejection, RejectionFilter, Store, TaskState};
 use serde::Serialize;
 use serde_json::json;
 

@@ -3,7 +3,7 @@
 //! The library's types are `#[non_exhaustive]`, so outside the library they are built the way the CLI meets
 //! them in `--json`: from JSON.
 
-use pgfence::TenureReview;
+use pgfence::history::TenureReview;
 use serde_json::json;
 
 /// A holder name a hostile role could store: a terminal title sequence, a bell, markup, a bidirectional

@@ -7,8 +7,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use pgfence::groups::{GroupMember, RosterMember};
 use pgfence::leader::{assign, Assignment};
-use pgfence::{GroupMember, RosterMember, Store};
+use pgfence::Store;
 use serde::Serialize;
 
 use super::Failure;

@@ -28,12 +28,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
+use pgfence::groups::MemberSpec;
 use pgfence::leader::{
     BoxError, Elector, LeaderContext, LeadershipOptions, MemoryElector, PgElector, Spread,
     Supervisor, TenureEnd,
 };
+use pgfence::limits::{MAX_GROUP_NAMES, MAX_SHARDS};
 use pgfence::reexports::tokio_util::sync::CancellationToken;
-use pgfence::{Error, MemberSpec, Store, MAX_GROUP_NAMES, MAX_SHARDS};
+use pgfence::{Error, Store};
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::mpsc;

@@ -16,7 +16,8 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pgfence::{DatabaseIdentity, LeaseStatus, Rejection, Tenure};
+use pgfence::history::Tenure;
+use pgfence::{DatabaseIdentity, LeaseStatus, Rejection};
 
 pub(super) use self::effects::{in_doubt, ledger};
 pub(super) use self::history::review;

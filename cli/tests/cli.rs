@@ -7,11 +7,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::TestDb;
+use pgfence::groups::{GroupMember, MemberSpec};
+use pgfence::history::{Overlap, Tenure, TenureReview};
 use pgfence::leader::assign;
-use pgfence::{
-    DatabaseIdentity, GroupMember, LeaseState, LeaseStatus, MemberSpec, Overlap, Rejection, Tenure,
-    TenureReview,
-};
+use pgfence::{DatabaseIdentity, LeaseState, LeaseStatus, Rejection};
 use serde_json::json;
 
 const SENTINEL: &str = "Cli-s3cret-Sentinel";
@@ -896,7 +895,7 @@ async fn status_shows_each_group_with_its_members_and_assignment() {
         [("pod-a", "live"), ("pod-b", "live"), ("pod-c", "left")]
     );
     for m in members {
-        // The row is `pgfence::GroupMember`, with the state and the assigned names beside it.
+        // The row is `pgfence::groups::GroupMember`, with the state and the assigned names beside it.
         let row: GroupMember = serde_json::from_value(m.clone()).unwrap();
         assert_eq!(row.group, "prod/g");
         assert_eq!(m["assigned"], json!(row.leads), "{m}");

@@ -24,7 +24,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::TestDb;
-use pgfence::{LeaseStatus, Rejection, TenureReview};
+use pgfence::history::TenureReview;
+use pgfence::{LeaseStatus, Rejection};
 use proptest::prelude::*;
 use serde_json::json;
 

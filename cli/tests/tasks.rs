@@ -427,7 +427,7 @@ async fn history_shows_the_effects_of_each_tenure() {
 
     let json = pgfence(&["history", "--lease", "prod/scheduler", "--json"], &db.url).await;
     assert_eq!(json.code, 0, "{}", json.stderr);
-    let reviews: Vec<pgfence::TenureReview> = serde_json::from_str(&json.stdout).unwrap();
+    let reviews: Vec<pgfence::history::TenureReview> = serde_json::from_str(&json.stdout).unwrap();
     assert_eq!(reviews.len(), 2);
     let doc: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
     let effects: Vec<Attempt> = serde_json::from_value(doc[0]["effects"].clone()).unwrap();

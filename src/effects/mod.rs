@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::error::EffectConflict;
 use crate::error::{Error, Result};
 use crate::fence::Fence;
+use crate::metrics::{METRIC_EFFECTS_IN_DOUBT, METRIC_EFFECT_SETTLE_SECONDS};
 use crate::reply::RowsOf;
 use crate::store::Store;
 use crate::tasks::validate_payload;
@@ -40,14 +41,6 @@ use crate::types::Epoch;
 use crate::validate::{validate_holder, validate_name};
 pub use ledger::Attempt;
 use rows::{sql, Answer, EffectResultRow, InDoubtRow};
-
-/// Gauge `pgfence_effects_in_doubt{lease}`: the effects of the lease in doubt at the last
-/// [`Effects::in_doubt`] listing of this process. Described by [`describe_metrics`](crate::describe_metrics).
-pub const METRIC_EFFECTS_IN_DOUBT: &str = "pgfence_effects_in_doubt";
-/// Histogram `pgfence_effect_settle_seconds{lease, resolution}`: how long each effect this process settled had
-/// been in doubt — from the end of the tenure that left it (or its `unknown` outcome) to the settle, by the
-/// database clock.
-pub const METRIC_EFFECT_SETTLE_SECONDS: &str = "pgfence_effect_settle_seconds";
 
 /// The state of one attempt of an effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -11,11 +11,13 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::BoxFuture;
-use super::{METRIC_BELIEF_REPORTS_FAILED, METRIC_LEADER, METRIC_LOSSES, METRIC_TRANSITIONS};
 use crate::error::Result;
 use crate::fence::Fence;
 use crate::history::BeliefEnd;
 use crate::lease::{Lease, Released};
+use crate::metrics::{
+    METRIC_BELIEF_REPORTS_FAILED, METRIC_LEADER, METRIC_LOSSES, METRIC_TRANSITIONS,
+};
 use crate::types::{Epoch, LossReason};
 
 /// Why a held lease stopped being held.

@@ -11,10 +11,11 @@ use tracing::Instrument;
 
 use super::held::{LossCause, Shared, Standing};
 use super::options::LeaseOptions;
-use super::{Elector, METRIC_CALLBACKS_NOT_STOPPED};
+use super::Elector;
 use crate::effects::InDoubt;
 use crate::error::{Error, Result};
 use crate::fence::Fence;
+use crate::metrics::METRIC_CALLBACKS_NOT_STOPPED;
 use crate::types::{Epoch, LossReason};
 
 /// What the callback of [`run_with_leadership`] gets for one tenure: the fence to present on every write,

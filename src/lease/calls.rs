@@ -40,7 +40,7 @@ impl Store {
     ///
     /// - [`Error::Held`] when another holder's tenure is live, with its holder, epoch and the time it has left.
     /// - [`Error::InvalidInput`] for a malformed `name` or `holder`, or a `ttl` outside
-    ///   [`MIN_TTL`](crate::MIN_TTL)..=[`MAX_TTL`](crate::MAX_TTL); nothing was sent.
+    ///   [`MIN_TTL`](crate::limits::MIN_TTL)..=[`MAX_TTL`](crate::limits::MAX_TTL); nothing was sent.
     /// - [`Error::Denied`] when the session's role has no grant on the store's cluster (audited).
     /// - The [errors of every database call](crate#errors).
     ///

@@ -19,7 +19,7 @@ mod calls;
 mod rows;
 mod secret;
 
-pub use secret::{TenureSecret, SECRET_LEN};
+pub use secret::TenureSecret;
 
 /// A tenure this process holds: the lease name, the holder, the epoch the database issued and the local
 /// deadline before which the database cannot grant a successor.

@@ -8,12 +8,12 @@ use diesel::QueryableByName;
 use diesel_async::AsyncPgConnection;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
-#[cfg(doc)]
-use super::config::DEFAULT_MIGRATION_LOCK_WAIT;
 use super::Store;
 use crate::connect::sqlstate::{INSUFFICIENT_PRIVILEGE, LOCK_NOT_AVAILABLE, LOCK_WAIT_ENDED};
 use crate::connect::Kind;
 use crate::error::{Error, Result};
+#[cfg(doc)]
+use crate::limits::DEFAULT_MIGRATION_LOCK_WAIT;
 #[cfg(doc)]
 use crate::StoreConfig;
 

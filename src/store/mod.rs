@@ -16,8 +16,9 @@ use crate::connect::identity::{
 use crate::connect::pooler::{check_transaction_pooler, PoolerMode};
 use crate::connect::{Connector, Kind};
 use crate::error::{error_chain, Error, Result};
+use crate::limits::DEFAULT_MIGRATION_LOCK_WAIT;
 use crate::validate::validate_cluster;
-use config::{StoreConfig, DEFAULT_MIGRATION_LOCK_WAIT};
+use config::StoreConfig;
 
 pub(crate) mod config;
 pub(crate) mod migrate;

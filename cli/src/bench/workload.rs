@@ -149,7 +149,7 @@ impl Workload {
     pub(super) fn description(self) -> &'static str {
         match self {
             Workload::Update => {
-                "unguarded UPDATE of the rows, autocommit, prepared once per connection (pgfence::Cached), through \
+                "unguarded UPDATE of the rows, autocommit, prepared once per connection (pgfence::guard::Cached), through \
                  the pool (the baseline)"
             }
             Workload::UpdatePing => {
@@ -172,10 +172,10 @@ impl Workload {
                 "as raw-fenced with BEGIN and the guard pipelined in one round trip (a proposed library path)"
             }
             Workload::RawGuardedUpdate => {
-                "tokio-postgres, prepared: the statement Store::guarded_write sends (pgfence::guarded_write_sql)"
+                "tokio-postgres, prepared: the statement Store::guarded_write sends (pgfence::guard::guarded_write_sql)"
             }
             Workload::RawGuardedUpdateNative => {
-                "tokio-postgres, prepared: the statement of guarded-update-native (pgfence::native_guarded_write_sql)"
+                "tokio-postgres, prepared: the statement of guarded-update-native (pgfence::guard::native_guarded_write_sql)"
             }
             Workload::GuardedUpdate => {
                 "Store::guarded_write: the guard and the same UPDATE in one statement, one round trip; the portable \
@@ -437,7 +437,7 @@ pub(super) mod sql {
     pub(in super::super) const UPDATE: &str =
         "UPDATE pgfence_bench.rows SET v = v + 1 WHERE id >= $1 AND id < $2";
     /// [`UPDATE`] gated on the guard's verdict, for `Store::guarded_write`; the raw path sends what the library
-    /// makes of it ([`pgfence::guarded_write_sql`]).
+    /// makes of it ([`pgfence::guard::guarded_write_sql`]).
     pub(in super::super) const GATED_UPDATE: &str =
         "UPDATE pgfence_bench.rows SET v = v + 1 WHERE id >= $1 AND id < $2 AND (SELECT passed FROM pgfence_guard)";
     /// As [`GATED_UPDATE`] with the prototype advisory-lock guard.

@@ -81,7 +81,7 @@ async fn engine_database(url: &str, cluster: &str) -> Result<String, Failure> {
             )
         })?;
     }
-    Ok(pgfence::with_database(url, &name))
+    Ok(pgfence::connection::with_database(url, &name))
 }
 
 pub(super) async fn run(

@@ -127,7 +127,7 @@ impl Writer {
         let batch = self.batch;
         let update = move || {
             // Prepared once per connection, like the raw path's statements: the ratios isolate the guard.
-            pgfence::Cached::new(
+            pgfence::guard::Cached::new(
                 diesel::sql_query(sql::UPDATE)
                     .bind::<BigInt, _>(lo)
                     .bind::<BigInt, _>(hi),
@@ -167,8 +167,10 @@ impl Writer {
                 // BEGIN and the check pipelined, as Store::fenced does with its guard.
                 let (begun, current) = tokio::join!(
                     begin_conn.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"),
-                    pgfence::Cached::new(diesel::sql_query(sql::FOR_SHARE).bind::<Text, _>(lease))
-                        .get_result::<EpochRow>(&mut check_conn)
+                    pgfence::guard::Cached::new(
+                        diesel::sql_query(sql::FOR_SHARE).bind::<Text, _>(lease)
+                    )
+                    .get_result::<EpochRow>(&mut check_conn)
                 );
                 begun.map_err(pgfence::Error::from)?;
                 let current = current.map_err(pgfence::Error::from)?.epoch;
@@ -188,7 +190,7 @@ impl Writer {
             Workload::PeerForShareUpdate | Workload::PeerRowFence => {
                 let mut conn = self.store.conn().await?;
                 let written = if self.workload == Workload::PeerForShareUpdate {
-                    pgfence::Cached::new(
+                    pgfence::guard::Cached::new(
                         diesel::sql_query(sql::FOR_SHARE_UPDATE)
                             .bind::<BigInt, _>(lo)
                             .bind::<BigInt, _>(hi)
@@ -198,7 +200,7 @@ impl Writer {
                     .execute(&mut *conn)
                     .await
                 } else {
-                    pgfence::Cached::new(
+                    pgfence::guard::Cached::new(
                         diesel::sql_query(sql::ROW_FENCE_UPDATE)
                             .bind::<BigInt, _>(lo)
                             .bind::<BigInt, _>(hi)
@@ -220,7 +222,7 @@ impl Writer {
         let (lo, hi) = self.rows();
         let update = move || {
             // Prepared once per connection, like the raw path's statements: the ratios isolate the guard.
-            pgfence::Cached::new(
+            pgfence::guard::Cached::new(
                 diesel::sql_query(sql::UPDATE)
                     .bind::<BigInt, _>(lo)
                     .bind::<BigInt, _>(hi),
@@ -362,7 +364,7 @@ impl Writer {
             }
             Workload::AppendUnguarded => {
                 let mut conn = self.store.conn().await?;
-                let row: Verdict = pgfence::Cached::new(
+                let row: Verdict = pgfence::guard::Cached::new(
                     diesel::sql_query(sql::APPEND_UNGUARDED)
                         .bind::<Text, _>(lease)
                         .bind::<BigInt, _>(epoch)

@@ -2,12 +2,17 @@
 //!
 //! # Modules
 //!
-//! The core a controller needs is at the crate root: [`Store`] (connect, migrate, leases, guarded writes, tasks,
-//! groups, the audit and the record), [`Lease`] and its [`Fence`], [`Error`]. The rest has modules of its own:
+//! The core a controller needs is on [`Store`]: connect and migrate, acquire, renew and release a [`Lease`],
+//! its status, and write under its [`Fence`] ([`Store::guarded_write`], [`Store::fenced`]); with [`Error`] and
+//! the value types, that is the crate root. The rest is reached through handles of the store and modules:
 //!
-//! - [`effects`]: the ledger of external calls a successor settles ([`Store::effects`]);
+//! - [`tasks`] ([`Store::tasks`]): guarded tasks and their events; [`effects`] ([`Store::effects`]): the ledger
+//!   of external calls a successor settles;
+//! - [`groups`] ([`Store::groups`]): replica groups; [`history`] ([`Store::history`]): the record of every tenure
+//!   and the overlap review;
+//! - [`admin`] ([`Store::admin`]): the operator's side — the database the store reaches, every lease, the audit,
+//!   enforcement, grants, the layout;
 //! - [`leader`]: the leadership runtime;
-//! - [`groups`]: the types of replica groups; [`history`]: the record of every tenure and the overlap review;
 //! - [`limits`]: what every input may be; [`sqlstate`]: the SQLSTATEs pgfence tells apart; [`metrics`]: the
 //!   metrics it records;
 //! - [`guard`]: the guard as SQL, for statements pgfence does not build; [`schema`]: the migrations and the
@@ -49,19 +54,19 @@
 //!
 //! | call | if its future is dropped midway |
 //! |---|---|
-//! | reads: [`Store::lease_status`], [`leases`](Store::leases), [`all_leases`](Store::all_leases), [`tenures`](Store::tenures), [`review`](Store::review), [`task`](Store::task), [`task_events`](Store::task_events), [`rejections`](Store::rejections), [`enforcement`](Store::enforcement), [`identity`](Store::identity), [`verify_identity`](Store::verify_identity), [`roster`](Store::roster), [`group_members`](Store::group_members), [`handover_gap`](Store::handover_gap) | nothing was written: drop and call again freely |
-//! | [`Store::join_group`] (and [`Elector::join`](leader::Elector::join)) | the member may have joined with nobody holding its [`Member`](groups::Member): the same name is refused ([`Error::MemberTaken`]) until its ttl runs out, and the others count it meanwhile (its share waits that long) |
-//! | [`Store::heartbeat`] | the membership may or may not have been extended; its local deadline did not move: heartbeat again |
-//! | [`Store::leave_group`], [`Membership::leave`](leader::Membership::leave) | the member may or may not have left; if not, it expires after its ttl. Leaving again answers false |
+//! | reads: [`Store::lease_status`]; [`Tasks::get`](tasks::Tasks::get), [`events`](tasks::Tasks::events); [`History::tenures`](history::History::tenures), [`review`](history::History::review); [`Groups::roster`](groups::Groups::roster), [`members`](groups::Groups::members), [`handover_gap`](groups::Groups::handover_gap); [`Admin::leases`](admin::Admin::leases), [`all_leases`](admin::Admin::all_leases), [`rejections`](admin::Admin::rejections), [`enforcement`](admin::Admin::enforcement), [`identity`](admin::Admin::identity), [`verify_identity`](admin::Admin::verify_identity) | nothing was written: drop and call again freely |
+//! | [`Groups::join`](groups::Groups::join) (and [`Elector::join`](leader::Elector::join)) | the member may have joined with nobody holding its [`Member`](groups::Member): the same name is refused ([`Error::MemberTaken`]) until its ttl runs out, and the others count it meanwhile (its share waits that long) |
+//! | [`Groups::heartbeat`](groups::Groups::heartbeat) | the membership may or may not have been extended; its local deadline did not move: heartbeat again |
+//! | [`Groups::leave`](groups::Groups::leave), [`Membership::leave`](leader::Membership::leave) | the member may or may not have left; if not, it expires after its ttl. Leaving again answers false |
 //! | [`Store::acquire`] (and an elector's acquisition, [`run_with_leadership`](leader::run_with_leadership) while campaigning) | **the tenure may have been granted with nobody holding its [`Lease`]**: other holders get [`Error::Held`] until its ttl runs out, so a successor waits up to one ttl (the same holder acquiring again gets a new epoch at once). Bound the ttl accordingly, and do not time out an acquisition more tightly than you must |
 //! | [`Store::renew`] | the tenure may or may not have been extended; the lease's local deadline did not move (the safe side): renew again |
 //! | [`Store::release`], [`HeldLease::release`](leader::HeldLease::release) | the tenure may or may not have ended; if not, it expires after its ttl. Releasing is idempotent: release again (a `HeldLease` is released locally at once either way) |
-//! | [`Store::force_release`] | the tenure may or may not have ended; force-release again (it then answers `NotHeld`) |
+//! | [`Admin::force_release`](admin::Admin::force_release) | the tenure may or may not have ended; force-release again (it then answers `NotHeld`) |
 //! | [`Store::fenced`] | the transaction rolls back, unless its COMMIT was already sent: then it may have committed. `work` is dropped at its current await |
-//! | [`Store::guarded_write`], [`create_task`](Store::create_task), [`claim_task`](Store::claim_task), [`transition_task`](Store::transition_task), [`append_event`](Store::append_event) | the write may have committed (with its event). `create_task` is idempotent by key; after a commit, `claim_task` and `transition_task` answer [`Error::Conflict`] when retried (read the task); `append_event` appends a second event |
+//! | [`Store::guarded_write`], [`Tasks::create`](tasks::Tasks::create), [`claim`](tasks::Tasks::claim), [`transition`](tasks::Tasks::transition), [`append_event`](tasks::Tasks::append_event) | the write may have committed (with its event). `create` is idempotent by key; after a commit, `claim` and `transition` answer [`Error::Conflict`] when retried (read the task); `append_event` appends a second event |
 //! | [`Effects::intend`](effects::Effects::intend), [`record_outcome`](effects::Effects::record_outcome), [`settle`](effects::Effects::settle) | the ledger write may have committed (with its event): calling again with the same intent or outcome answers the recorded attempt (`created == false`); a settle called again answers [`EffectConflict::Settled`](effects::EffectConflict::Settled) by this epoch. [`in_doubt`](effects::Effects::in_doubt) only reads |
-//! | [`set_enforcement`](Store::set_enforcement), [`prune_rejections`](Store::prune_rejections), [`grant_application`](Store::grant_application), [`grant_operator`](Store::grant_operator), [`revoke`](Store::revoke) | not cancelled: a statement already sent runs to completion on the server. Each is idempotent (pruning deletes whole batches only): call again |
-//! | [`Store::report_belief_start`], [`Store::report_belief_end`] | the report may or may not have been recorded; reporting again is harmless (the first report of each kind stands) |
+//! | [`Admin::set_enforcement`](admin::Admin::set_enforcement), [`prune_rejections`](admin::Admin::prune_rejections), [`grant_application`](admin::Admin::grant_application), [`grant_operator`](admin::Admin::grant_operator), [`revoke`](admin::Admin::revoke) | not cancelled: a statement already sent runs to completion on the server. Each is idempotent (pruning deletes whole batches only): call again |
+//! | [`History::report_belief_start`](history::History::report_belief_start), [`History::report_belief_end`](history::History::report_belief_end) | the report may or may not have been recorded; reporting again is harmless (the first report of each kind stands) |
 //! | [`Store::connect`], [`Store::from_pool`] | nothing persists: the connections opened so far are closed |
 //! | [`Store::migrate`] | once the migrations started (on a blocking thread) they run to completion, each in its own transaction; a concurrent `migrate` waits for them |
 //! | [`run_with_leadership`](leader::run_with_leadership) while leading, [`Supervisor::run`](leader::Supervisor::run) | the lease is released in the background, which cancels the callback's context token, and the callback is aborted at its next await point |
@@ -83,7 +88,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
-mod admin;
+pub mod admin;
 mod audit;
 mod connect;
 pub mod effects;
@@ -100,12 +105,10 @@ mod membership;
 pub mod metrics;
 mod reply;
 mod store;
-mod tasks;
+pub mod tasks;
 mod types;
 mod validate;
 
-pub use admin::{Enforcement, Revoked};
-pub use audit::{Rejection, RejectionFilter};
 pub use connect::identity::{DatabaseIdentity, ExpectedIdentity};
 pub use connect::pooler::PoolerMode;
 pub use connect::sqlstate::code as sqlstate;
@@ -115,13 +118,12 @@ pub use fence::Fence;
 pub use lease::{ForceReleased, Lease, LeaseState, LeaseStatus, Released, TenureSecret};
 pub use store::config::StoreConfig;
 pub use store::Store;
-pub use tasks::{Task, TaskEvent, TaskWrite};
-pub use types::{Epoch, LossReason, TaskState, GUARD_LOCK_CLASS};
+pub use types::{Epoch, LossReason, GUARD_LOCK_CLASS};
 
 pub mod connection {
     //! Connections outside a [`Store`](crate::Store)'s own use: the [`Pool`] type a store is built on
-    //! ([`Store::from_pool`](crate::Store::from_pool), [`Store::pool`](crate::Store::pool)) and its checkouts
-    //! ([`PooledConnection`], [`Store::conn`](crate::Store::conn)); a [`Connector`] that opens a
+    //! ([`Store::from_pool`](crate::Store::from_pool), [`Admin::pool`](crate::admin::Admin::pool)) and its checkouts
+    //! ([`PooledConnection`], [`Admin::conn`](crate::admin::Admin::conn)); a [`Connector`] that opens a
     //! tokio-postgres client secured exactly like pgfence's connections; connection strings without their
     //! credentials ([`redact`]) or for another database ([`with_database`]); a driver error with its causes
     //! ([`error_chain`]). The `pgfence` command's tools use them.
@@ -134,12 +136,12 @@ pub mod connection {
 }
 
 pub mod groups {
-    //! Replica groups: a member's declaration ([`MemberSpec`]), its membership ([`Member`]) and how it ends
+    //! Replica groups ([`Store::groups`](crate::Store::groups), [`Groups`]): a member's declaration ([`MemberSpec`]), its membership ([`Member`]) and how it ends
     //! ([`MemberLoss`]), and the group as its members read it ([`Roster`], [`GroupMember`]). The leadership runtime
     //! spreads a group's names over its members ([`Spread`](crate::leader::Spread)).
 
     pub use crate::membership::{
-        GroupMember, Member, MemberLoss, MemberSpec, Roster, RosterMember,
+        GroupMember, Groups, Member, MemberLoss, MemberSpec, Roster, RosterMember,
     };
 }
 

@@ -126,7 +126,7 @@ proptest! {
         let (f, fence) = &*guard;
         let before = counts(f);
         let key_ok = is_clean_control_free(&key, pgfence::limits::MAX_HOLDER_LEN);
-        match f.runtime.block_on(f.store.create_task(fence, &key, &json!({"k": key}))) {
+        match f.runtime.block_on(f.store.tasks().create(fence, &key, &json!({"k": key}))) {
             Ok(write) => {
                 prop_assert!(key_ok);
                 prop_assert_eq!(&write.task.key, &key);
@@ -141,11 +141,11 @@ proptest! {
         }
         let assignee_ok = is_clean_control_free(&assignee, pgfence::limits::MAX_HOLDER_LEN);
         let before = counts(f);
-        match f.runtime.block_on(f.store.claim_task(fence, &key, &assignee)) {
+        match f.runtime.block_on(f.store.tasks().claim(fence, &key, &assignee)) {
             Ok(write) => {
                 prop_assert!(assignee_ok, "accepted the assignee {assignee:?}");
                 prop_assert_eq!(write.task.assignee, Some(assignee.clone()));
-                let stored = f.runtime.block_on(f.store.task("tasks", &key)).unwrap().unwrap();
+                let stored = f.runtime.block_on(f.store.tasks().get("tasks", &key)).unwrap().unwrap();
                 prop_assert_eq!(stored.assignee, Some(assignee.clone()));
             }
             Err(Error::InvalidInput { .. }) => {
@@ -161,10 +161,10 @@ proptest! {
         }
         let kind_ok = is_clean_control_free(&kind, pgfence::limits::MAX_KIND_LEN);
         let before = counts(f);
-        match f.runtime.block_on(f.store.append_event(fence, &key, &kind, &json!({}))) {
+        match f.runtime.block_on(f.store.tasks().append_event(fence, &key, &kind, &json!({}))) {
             Ok(_) => {
                 prop_assert!(kind_ok, "accepted the kind {kind:?}");
-                let events = f.runtime.block_on(f.store.task_events("tasks", &key)).unwrap();
+                let events = f.runtime.block_on(f.store.tasks().events("tasks", &key)).unwrap();
                 prop_assert_eq!(&events.last().unwrap().kind, &kind);
                 prop_assert_eq!(counts(f), (before.0, before.1, before.2 + 1, before.3));
             }
@@ -194,7 +194,7 @@ proptest! {
         let key = format!("p{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         let within = within_limits(&payload);
         if write != PayloadWrite::Create {
-            f.runtime.block_on(f.store.create_task(fence, &key, &json!({}))).unwrap();
+            f.runtime.block_on(f.store.tasks().create(fence, &key, &json!({}))).unwrap();
         }
         let before = counts(f);
         let result = (f.runtime.block_on(write.run(&f.store, fence, &key, &payload)), before);
@@ -244,14 +244,20 @@ impl PayloadWrite {
         fence: &pgfence::Fence,
         key: &str,
         payload: &Value,
-    ) -> pgfence::Result<pgfence::TaskWrite> {
+    ) -> pgfence::Result<pgfence::tasks::TaskWrite> {
         match self {
-            PayloadWrite::Create => store.create_task(fence, key, payload).await,
-            PayloadWrite::Append => store.append_event(fence, key, "edge", payload).await,
-            PayloadWrite::Transition => {
-                let pending = pgfence::TaskState::Pending;
+            PayloadWrite::Create => store.tasks().create(fence, key, payload).await,
+            PayloadWrite::Append => {
                 store
-                    .transition_task(fence, key, pending, pending, payload)
+                    .tasks()
+                    .append_event(fence, key, "edge", payload)
+                    .await
+            }
+            PayloadWrite::Transition => {
+                let pending = pgfence::tasks::TaskState::Pending;
+                store
+                    .tasks()
+                    .transition(fence, key, pending, pending, payload)
                     .await
             }
         }
@@ -260,8 +266,13 @@ impl PayloadWrite {
     /// What is stored, read back through the library: the task row's payload and the payload of the task's
     /// latest event (the `created` event for a create), which must be of this write's kind.
     async fn read_back(self, store: &Store, lease: &str, key: &str) -> (Value, Value) {
-        let task = store.task(lease, key).await.unwrap().expect("the task");
-        let mut events = store.task_events(lease, key).await.unwrap();
+        let task = store
+            .tasks()
+            .get(lease, key)
+            .await
+            .unwrap()
+            .expect("the task");
+        let mut events = store.tasks().events(lease, key).await.unwrap();
         let event = events.pop().expect("an event");
         let kind = match self {
             PayloadWrite::Create => "created",
@@ -546,7 +557,13 @@ async fn bad_text_and_deep_json_are_refused_and_the_depth_limit_is_stored(
         .await
         .unwrap();
     assert_eq!(row.get::<_, String>(0), "ok");
-    let read = db.store("c").await.task("l", "deep-ok").await.unwrap();
+    let read = db
+        .store("c")
+        .await
+        .tasks()
+        .get("l", "deep-ok")
+        .await
+        .unwrap();
     assert_eq!(read.unwrap().payload, at_the_limit);
 }
 
@@ -737,7 +754,11 @@ async fn payload_limits_hold_exactly_at_their_edges() {
             n += 1;
             let key = format!("k{n}");
             if write != PayloadWrite::Create {
-                store.create_task(&fence, &key, &json!({})).await.unwrap();
+                store
+                    .tasks()
+                    .create(&fence, &key, &json!({}))
+                    .await
+                    .unwrap();
             }
             let row = "SELECT fence, version, state::text, payload::text FROM pgfence.tasks WHERE key = $1";
             let task_row = |rows: Vec<tokio_postgres::Row>| -> Vec<(i64, i64, String, String)> {
@@ -844,7 +865,8 @@ async fn the_password_never_appears(captured: Captured) {
     let mut old = store.acquire("l", "pod", TTL).await.unwrap();
     let mut secrets = vec![old.fence().secret().expose_secret().to_owned()];
     store
-        .create_task(&old.fence(), "k", &json!({}))
+        .tasks()
+        .create(&old.fence(), "k", &json!({}))
         .await
         .unwrap();
     store.renew(&mut old).await.unwrap();
@@ -863,13 +885,15 @@ async fn the_password_never_appears(captured: Captured) {
         .unwrap();
     secrets.push(new.fence().secret().expose_secret().to_owned());
     let stale = store
-        .create_task(&old.fence(), "k2", &json!({}))
+        .tasks()
+        .create(&old.fence(), "k2", &json!({}))
         .await
         .unwrap_err();
     texts.push(format!("{stale} {stale:?}"));
-    texts.push(serde_json::to_string(&store.identity().await.unwrap()).unwrap());
+    texts.push(serde_json::to_string(&store.admin().identity().await.unwrap()).unwrap());
     texts.push(
-        serde_json::to_string(&store.rejections(&Default::default()).await.unwrap()).unwrap(),
+        serde_json::to_string(&store.admin().rejections(&Default::default()).await.unwrap())
+            .unwrap(),
     );
 
     let closed = common::unused_port();
@@ -992,7 +1016,7 @@ proptest! {
                     common::forged_fence("hostile/epochs", value)
                 };
                 let key = format!("e{value}");
-                match f.runtime.block_on(f.store.create_task(&fence, &key, &json!({}))) {
+                match f.runtime.block_on(f.store.tasks().create(&fence, &key, &json!({}))) {
                     Ok(_) => prop_assert_eq!(value, current),
                     Err(Error::Stale { reason, presented, current: said_current, operation, .. }) => {
                         prop_assert_ne!(value, current);

@@ -116,7 +116,12 @@ impl Backend for Pg {
     }
     async fn inject_loss(&self, name: &str) {
         // An operator override: the holder learns it at its next renewal, as a definitive loss.
-        self.elector.store().force_release(name).await.unwrap();
+        self.elector
+            .store()
+            .admin()
+            .force_release(name)
+            .await
+            .unwrap();
     }
     fn injected_cause(&self) -> LossCause {
         LossCause::Definitive {
@@ -835,7 +840,12 @@ async fn release_after_loss_never_touches_the_successor() {
         .acquire("handed", "pod-a", &options)
         .await
         .unwrap();
-    pg.elector.store().force_release("handed").await.unwrap();
+    pg.elector
+        .store()
+        .admin()
+        .force_release("handed")
+        .await
+        .unwrap();
     let b = pg
         .elector
         .acquire("handed", "pod-b", &options)
@@ -1126,7 +1136,7 @@ async fn the_keepalive_renews_over_its_own_kept_connection_while_the_pool_is_bus
     let mut options = LeaseOptions::new(Duration::from_millis(600));
     options.renew_every = Duration::from_millis(100);
     let lease = elector.acquire("kept", "pod-a", &options).await.unwrap();
-    let busy = store.conn().await.unwrap(); // the pool's only connection, held by the application
+    let busy = store.admin().conn().await.unwrap(); // the pool's only connection, held by the application
     let qualified = lease.qualified_name().to_owned();
     let mut renewers = std::collections::BTreeSet::new();
     let until = Instant::now() + Duration::from_millis(1500); // 2.5 ttl, 15 renewal periods
@@ -1545,7 +1555,7 @@ async fn supervisor_runs_independent_controllers_and_recampaigns() {
         .await
         .unwrap()
         .unwrap();
-    for lease in pg.elector.store().leases().await.unwrap() {
+    for lease in pg.elector.store().admin().leases().await.unwrap() {
         assert_ne!(
             lease.state,
             pgfence::LeaseState::Held,
@@ -2201,7 +2211,7 @@ async fn metrics_count_transitions_losses_by_cause_and_stale_writes() {
 
     let second = elector.acquire("metered", "pod-a", &options).await.unwrap();
     assert_eq!(metered(elector, "metered"), (Some(1.0), 3, [0, 0, 0]));
-    store.force_release("metered").await.unwrap();
+    store.admin().force_release("metered").await.unwrap();
     assert_eq!(
         second.lost().within(WAIT, "the loss of second").await,
         Some(LossCause::Definitive {
@@ -2212,7 +2222,8 @@ async fn metrics_count_transitions_losses_by_cause_and_stale_writes() {
 
     assert_eq!(stale(), 0);
     match store
-        .create_task(&second.fence(), "after-loss", &serde_json::json!({}))
+        .tasks()
+        .create(&second.fence(), "after-loss", &serde_json::json!({}))
         .await
     {
         Err(Error::Stale { presented, .. }) => assert_eq!(presented, second.epoch()),
@@ -2221,7 +2232,8 @@ async fn metrics_count_transitions_losses_by_cause_and_stale_writes() {
     assert_eq!(stale(), 1);
     let third = elector.acquire("metered", "pod-b", &options).await.unwrap();
     store
-        .create_task(&third.fence(), "current", &serde_json::json!({}))
+        .tasks()
+        .create(&third.fence(), "current", &serde_json::json!({}))
         .await
         .unwrap();
     assert_eq!(stale(), 1, "a current fence's write is not a stale write");
@@ -2351,7 +2363,7 @@ async fn an_abandoned_lease_expires_without_an_end_report() {
         "acquired before the abandoned tenure's ttl"
     );
     assert_eq!(successor.epoch().get(), epoch.get() + 1);
-    let reviews = store.review("abandoned").await.unwrap();
+    let reviews = store.history().review("abandoned").await.unwrap();
     let old = reviews
         .iter()
         .find(|r| r.tenure.epoch == epoch)

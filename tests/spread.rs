@@ -194,7 +194,8 @@ async fn overrunning_writes(
     let mut refused = 0;
     for i in 0.. {
         let result = store
-            .create_task(&fence, &format!("t{i}"), &json!({}))
+            .tasks()
+            .create(&fence, &format!("t{i}"), &json!({}))
             .await;
         let ok = match result {
             Ok(_) => true,

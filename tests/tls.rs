@@ -177,7 +177,7 @@ async fn ssl_of(store: &Store) -> (bool, Option<String>) {
         #[diesel(sql_type = Nullable<Text>)]
         client_dn: Option<String>,
     }
-    let mut conn = store.conn().await.unwrap();
+    let mut conn = store.admin().conn().await.unwrap();
     let row: Row =
         diesel::sql_query("SELECT ssl, client_dn FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
             .get_result(&mut *conn)
@@ -465,7 +465,8 @@ async fn guarded_write_and_wakeup(store: Store, database: &str) {
     store.migrate().await.expect("migrate over TLS");
     let lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
     store
-        .create_task(&lease.fence(), "job-1", &json!({"over": "tls"}))
+        .tasks()
+        .create(&lease.fence(), "job-1", &json!({"over": "tls"}))
         .await
         .expect("a guarded write over TLS");
 

@@ -359,7 +359,11 @@ impl Work {
         let epoch = ctx.epoch().get();
         // Epochs of a lease are unique, so keys of different tenures never collide.
         let key = format!("e{epoch}-{seq}");
-        let outcome = self.store.create_task(&ctx.fence(), &key, &json!({})).await;
+        let outcome = self
+            .store
+            .tasks()
+            .create(&ctx.fence(), &key, &json!({}))
+            .await;
         let (ok, reason, error) = match outcome {
             Ok(_) => (true, None, None),
             Err(Error::Stale { reason, .. }) => (false, Some(reason.as_str()), None),
@@ -453,7 +457,7 @@ pub(crate) async fn run(global: &Global, args: ReplicaArgs) -> CliResult {
     .await?;
     // One read before the supervisor starts: a missing schema (exit 5) or a role without a grant on the cluster
     // (exit 8) ends the replica here, where the supervisor's loops would retry them for ever.
-    store.roster(&args.group).await?;
+    store.groups().roster(&args.group).await?;
 
     let events = Arc::new(Events {
         member: args.member.clone(),

@@ -10,8 +10,8 @@
 //! Every write is one guarded statement, like the task writes: refused and audited when the tenure has ended,
 //! and appended to the task's event history with its epoch. An ended tenure's late outcome is refused as a write
 //! *and* kept as the attempt's [`LateReport`], evidence for the successor that changes nothing by itself. A task
-//! with an effect in doubt cannot move on ([`Error::InDoubt`] from [`claim_task`](Store::claim_task) and
-//! [`transition_task`](Store::transition_task)) until it is settled.
+//! with an effect in doubt cannot move on ([`Error::InDoubt`] from [`claim_task`](crate::tasks::Tasks::claim) and
+//! [`transition_task`](crate::tasks::Tasks::transition)) until it is settled.
 //!
 //! What it guarantees: an effect's intent is recorded before any call is made under a live tenure (a stale
 //! leader is refused before it calls), no in-doubt attempt is forgotten, and each is settled exactly once. What it

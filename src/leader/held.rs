@@ -108,7 +108,8 @@ impl BeliefReporter {
     pub(super) fn started(&self, lease: &Lease) {
         let (store, lease) = (self.store.clone(), lease.clone());
         self.runtime.spawn(async move {
-            let report = store.report_belief_start(&lease);
+            let history = store.history();
+            let report = history.report_belief_start(&lease);
             report_outcome(
                 &lease,
                 "start",
@@ -121,7 +122,8 @@ impl BeliefReporter {
     fn ended(self, lease: &Lease, at: chrono::DateTime<chrono::Utc>, end: BeliefEnd) {
         let lease = lease.clone();
         self.runtime.spawn(async move {
-            let report = self.store.report_belief_end(&lease, at, end);
+            let history = self.store.history();
+            let report = history.report_belief_end(&lease, at, end);
             report_outcome(
                 &lease,
                 "end",

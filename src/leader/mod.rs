@@ -107,7 +107,7 @@ pub trait Elector: Clone + Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// As [`Store::join_group`](crate::Store::join_group); [`Error::InvalidInput`](crate::Error::InvalidInput)
+    /// As [`Groups::join`](crate::groups::Groups::join); [`Error::InvalidInput`](crate::Error::InvalidInput)
     /// for invalid `options`.
     fn join(
         &self,
@@ -129,7 +129,7 @@ pub trait Elector: Clone + Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// As [`Store::roster`](crate::Store::roster); the default implementation refuses.
+    /// As [`Groups::roster`](crate::groups::Groups::roster); the default implementation refuses.
     fn roster(&self, group: &str) -> impl Future<Output = Result<Roster>> + Send {
         let _ = group;
         async {

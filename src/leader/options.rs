@@ -36,7 +36,7 @@ pub struct LeaseOptions {
     /// Delay between retries after a transient renewal error; default max(ttl / 10, 10 ms), at least 10 ms.
     pub retry_every: Duration,
     /// Whether a [`PgElector`](super::PgElector) reports when this process started and stopped believing it
-    /// held each tenure ([`Store::report_belief_start`](crate::Store::report_belief_start), …`_end`), for the
+    /// held each tenure ([`History::report_belief_start`](crate::history::History::report_belief_start), …`_end`), for the
     /// overlap review of `pgfence history`. In the background, off the leader's path: a report that fails is
     /// logged and counted ([`METRIC_BELIEF_REPORTS_FAILED`](crate::metrics::METRIC_BELIEF_REPORTS_FAILED)), never
     /// retried into the next tenure. Default true.

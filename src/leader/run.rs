@@ -289,7 +289,7 @@ fn jittered(base: Duration) -> Duration {
 ///     &shutdown, move |ctx| async move {
 ///         // `is_held` reads the monotonic clock: false at the local deadline even if the loss signal is late.
 ///         while ctx.is_held() && !ctx.cancellation_token().is_cancelled() {
-///             store.create_task(&ctx.fence(), "tick", &serde_json::json!({})).await?;
+///             store.tasks().create(&ctx.fence(), "tick", &serde_json::json!({})).await?;
 ///             tokio::select! {
 ///                 _ = ctx.cancelled() => {}
 ///                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::lease::TenureSecret;
 use crate::limits::{MAX_GROUP_LEN, MAX_GROUP_NAMES, MAX_WEIGHT};
+use crate::store::Store;
 use crate::validate::{check_text, validate_name};
 
 mod calls;
@@ -24,6 +25,21 @@ mod rows;
 
 pub use crate::types::MemberLoss;
 pub(crate) use rows::{MemberReply, MemberResultRow};
+
+/// The replica groups of a [`Store`] ([`Store::groups`]): joining, heartbeats and leaving, the roster every
+/// member reads, and the gap a handover left.
+#[derive(Debug, Clone, Copy)]
+pub struct Groups<'a> {
+    store: &'a Store,
+}
+
+impl Store {
+    /// The replica groups of this store's cluster: a member's join, heartbeat and leave, the roster, the members
+    /// an operator reads (see [`Groups`]).
+    pub fn groups(&self) -> Groups<'_> {
+        Groups { store: self }
+    }
+}
 
 /// What a member declares when it joins: the names it can lead, its weight, and the names it must or must never
 /// lead.

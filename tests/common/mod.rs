@@ -685,7 +685,7 @@ pub async fn move_shard(
         .await
 }
 
-/// Guarded writes (`Store::append_event`, each of `writers` tasks on its own task of one lease) for `duration`:
+/// Guarded writes (`Tasks::append_event`, each of `writers` tasks on its own task of one lease) for `duration`:
 /// writes per second.
 #[allow(dead_code)]
 pub async fn guarded_writes_per_second(
@@ -701,12 +701,14 @@ pub async fn guarded_writes_per_second(
         handles.push(tokio::spawn(async move {
             let key = format!("w{w}");
             store
-                .create_task(&fence, &key, &serde_json::json!({}))
+                .tasks()
+                .create(&fence, &key, &serde_json::json!({}))
                 .await
                 .unwrap();
             let mut n = 0u64;
             while started.elapsed() < duration {
                 store
+                    .tasks()
                     .append_event(&fence, &key, "tick", &serde_json::json!({}))
                     .await
                     .unwrap();

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use diesel::pg::sql_types::Jsonb;
 use diesel::sql_types::{BigInt, Text};
 use pgfence::effects::Outcome;
-use pgfence::{Fence, Lease, Store, TaskState};
+use pgfence::tasks::TaskState;
+use pgfence::{Fence, Lease, Store};
 use serde_json::json;
 use tokio_postgres::types::Json;
 
@@ -161,7 +162,7 @@ impl Writer {
             }
             Workload::PeerForShare => {
                 use diesel_async::SimpleAsyncConnection;
-                let conn = self.store.conn().await?;
+                let conn = self.store.admin().conn().await?;
                 let c: &diesel_async::AsyncPgConnection = &conn;
                 let (mut begin_conn, mut check_conn) = (c, c);
                 // BEGIN and the check pipelined, as Store::fenced does with its guard.
@@ -188,7 +189,7 @@ impl Writer {
                 Ok(current == epoch)
             }
             Workload::PeerForShareUpdate | Workload::PeerRowFence => {
-                let mut conn = self.store.conn().await?;
+                let mut conn = self.store.admin().conn().await?;
                 let written = if self.workload == Workload::PeerForShareUpdate {
                     pgfence::guard::Cached::new(
                         diesel::sql_query(sql::FOR_SHARE_UPDATE)
@@ -233,14 +234,14 @@ impl Writer {
         let secret = self.fence.secret().expose_secret().to_owned();
         match self.workload {
             Workload::Update | Workload::UpdatePing => {
-                let mut conn = self.store.conn().await?;
+                let mut conn = self.store.admin().conn().await?;
                 update()
                     .execute(&mut *conn)
                     .await
                     .map_err(pgfence::Error::from)?;
             }
             Workload::Tx => {
-                let mut conn = self.store.conn().await?;
+                let mut conn = self.store.admin().conn().await?;
                 (*conn)
                     .build_transaction()
                     .read_committed()
@@ -333,6 +334,7 @@ impl Writer {
             }
             Workload::Append | Workload::AppendOwnLease => {
                 self.store
+                    .tasks()
                     .append_event(
                         &self.fence,
                         &append_key(if self.workload == Workload::Append {
@@ -358,12 +360,13 @@ impl Writer {
                 let task = append_key(self.index);
                 for _ in 0..2 {
                     self.store
+                        .tasks()
                         .append_event(&self.fence, &task, OPERATION, &json!({}))
                         .await?;
                 }
             }
             Workload::AppendUnguarded => {
-                let mut conn = self.store.conn().await?;
+                let mut conn = self.store.admin().conn().await?;
                 let row: Verdict = pgfence::guard::Cached::new(
                     diesel::sql_query(sql::APPEND_UNGUARDED)
                         .bind::<Text, _>(lease)
@@ -381,7 +384,8 @@ impl Writer {
                 let key = claim_key(self.index);
                 if self.claimed {
                     self.store
-                        .transition_task(
+                        .tasks()
+                        .transition(
                             &self.fence,
                             &key,
                             TaskState::Claimed,
@@ -390,7 +394,7 @@ impl Writer {
                         )
                         .await?;
                 } else {
-                    self.store.claim_task(&self.fence, &key, HOLDER).await?;
+                    self.store.tasks().claim(&self.fence, &key, HOLDER).await?;
                 }
                 self.claimed = !self.claimed;
             }

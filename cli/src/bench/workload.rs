@@ -202,10 +202,10 @@ impl Workload {
                  statement): a stale writer is refused only on rows a newer epoch already wrote"
             }
             Workload::PgbenchFenced => "pgbench -M prepared, the SQL of raw-fenced",
-            Workload::Append => "Store::append_event on the hot lease: guard + task row fence + event, one statement",
+            Workload::Append => "Tasks::append_event on the hot lease: guard + task row fence + event, one statement",
             Workload::AppendUnguarded => "the same task UPDATE and event INSERT in one prepared call, without the guard",
-            Workload::ClaimTransition => "Store::claim_task and Store::transition_task (back to pending), alternating",
-            Workload::AppendOwnLease => "Store::append_event, every writer on a lease of its own",
+            Workload::ClaimTransition => "Tasks::claim and Tasks::transition (back to pending), alternating",
+            Workload::AppendOwnLease => "Tasks::append_event, every writer on a lease of its own",
             Workload::RawAppend => "tokio-postgres, prepared: SELECT * FROM pgfence.append_event(..)",
             Workload::PgbenchAppend => "pgbench -M prepared: SELECT * FROM pgfence.append_event(..)",
             Workload::EffectPair => {
@@ -213,7 +213,7 @@ impl Workload {
                  then Effects::record_outcome(Done) — two guarded writes, counted as one transaction"
             }
             Workload::EventPair => {
-                "two Store::append_event on the same task, counted as one transaction: what effect-pair is \
+                "two Tasks::append_event on the same task, counted as one transaction: what effect-pair is \
                  compared with"
             }
             Workload::Acquire => "Store::acquire of a random lease (a new epoch each time)",

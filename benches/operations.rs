@@ -48,7 +48,7 @@ fn setup() -> Setup {
             .expect("connect");
         store.migrate().await.expect("migrate");
         {
-            let mut conn = store.conn().await.expect("connection");
+            let mut conn = store.admin().conn().await.expect("connection");
             diesel::sql_query(
                 "CREATE TABLE IF NOT EXISTS pgfence_criterion_rows (id bigint PRIMARY KEY, v bigint NOT NULL)",
             )
@@ -68,7 +68,7 @@ fn setup() -> Setup {
             .expect("acquire");
         let fence = writer.fence();
         store
-            .create_task(&fence, "task", &json!({}))
+            .tasks().create(&fence, "task", &json!({}))
             .await
             .expect("create task");
         let lease = store
@@ -142,12 +142,13 @@ fn operations(c: &mut Criterion) {
     // which every operation above pays once.
     group.bench_function("checkout", |b| {
         b.to_async(&s.runtime)
-            .iter(|| async { drop(s.store.conn().await.expect("checkout")) })
+            .iter(|| async { drop(s.store.admin().conn().await.expect("checkout")) })
     });
 
     group.bench_function("append_event", |b| {
         b.to_async(&s.runtime).iter(|| async {
             s.store
+                .tasks()
                 .append_event(&s.fence, "task", "criterion", &json!({}))
                 .await
                 .expect("append_event")
@@ -175,7 +176,7 @@ fn operations(c: &mut Criterion) {
             s.store
                 .fenced(&s.fence, "criterion", async |conn| {
                     use diesel_async::RunQueryDsl;
-                    pgfence::Cached::new(diesel::sql_query(
+                    pgfence::guard::Cached::new(diesel::sql_query(
                         "UPDATE pgfence_criterion_rows SET v = v + 1 WHERE id = 1",
                     ))
                     .execute(conn)

@@ -15,7 +15,8 @@ use std::time::Duration;
 use pgfence::leader::{
     BoxError, LeaderContext, LeadershipOptions, PgElector, Supervisor, TenureEnd,
 };
-use pgfence::{Store, StoreConfig, TaskState};
+use pgfence::tasks::TaskState;
+use pgfence::{Store, StoreConfig};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -45,11 +46,13 @@ async fn schedule(store: Store, ctx: LeaderContext, who: &'static str) -> Result
         // Every write presents this tenure's fence; the database refuses it once another epoch exists.
         let key = format!("job-{}-{n}", ctx.epoch());
         store
-            .create_task(&ctx.fence(), &key, &json!({"by": who}))
+            .tasks()
+            .create(&ctx.fence(), &key, &json!({"by": who}))
             .await?;
-        store.claim_task(&ctx.fence(), &key, who).await?;
+        store.tasks().claim(&ctx.fence(), &key, who).await?;
         let done = store
-            .transition_task(
+            .tasks()
+            .transition(
                 &ctx.fence(),
                 &key,
                 TaskState::Claimed,
@@ -78,7 +81,7 @@ async fn report(store: Store, ctx: LeaderContext, who: &'static str) -> Result<(
         if !ctx.is_held() {
             break;
         }
-        for lease in store.leases().await? {
+        for lease in store.admin().leases().await? {
             println!(
                 "[{who}] {}: {:?} by {} at epoch {}",
                 lease.name,
@@ -139,12 +142,12 @@ async fn main() -> Result<(), BoxError> {
         b_status.readiness().await
     );
     println!("-- an operator force-releases reporter");
-    store.force_release("reporter").await?;
+    store.admin().force_release("reporter").await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     b_stop.cancel();
     b.await??;
 
-    for tenure in store.tenures("scheduler").await? {
+    for tenure in store.history().tenures("scheduler").await? {
         println!(
             "scheduler tenure: epoch {} held by {} ({})",
             tenure.epoch,

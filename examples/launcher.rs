@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use pgfence::effects::{EffectConflict, InDoubt, Outcome, Settlement};
 use pgfence::leader::{run_with_leadership, BoxError, LeaderContext, LeadershipOptions, PgElector};
-use pgfence::{Error, Store, StoreConfig, TaskState};
+use pgfence::tasks::TaskState;
+use pgfence::{Error, Store, StoreConfig};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -109,7 +110,7 @@ async fn lead(
         if !ctx.is_held() {
             break;
         }
-        store.create_task(&fence, task, &json!({})).await?;
+        store.tasks().create(&fence, task, &json!({})).await?;
         let key = format!("{task}/launch");
         // The intent first: a tenure that has ended is refused here, before it calls anything.
         match store
@@ -143,7 +144,8 @@ async fn lead(
             Err(e) => return Err(e.into()),
         }
         store
-            .transition_task(
+            .tasks()
+            .transition(
                 &fence,
                 task,
                 TaskState::Pending,

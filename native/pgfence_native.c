@@ -80,7 +80,7 @@ PG_FUNCTION_INFO_V1(pgfence_native_fence);
 PG_FUNCTION_INFO_V1(pgfence_native_remembered);
 
 /* The advisory lock class of every pgfence lock: pgfence._guard_lock_class() of the migrations, and
- * pgfence::GUARD_LOCK_CLASS of the library (tests/sql_source.rs compares those two). */
+ * pgfence::schema::GUARD_LOCK_CLASS of the library (tests/sql_source.rs compares those two). */
 #define PGFENCE_LOCK_CLASS 1885824613
 /* A lease name is at most 63 + 1 + 200 bytes (pgfence._lease_problem); a secret at most 128. */
 #define LEASE_MAX 272

@@ -1,14 +1,12 @@
 //! The audit of refused writes: [`Rejection`], the rows of `pgfence.rejections` (written by the database alone,
-//! `pgfence._reject` in `migrations/2026-11-30-000001_schema/up.sql`), and [`Store::rejections`], which reads
-//! them. Pruning them is administration ([`Store::prune_rejections`]).
+//! `pgfence._reject` in `migrations/2026-11-30-000001_schema/up.sql`), and what selects them
+//! ([`RejectionFilter`]). Reading and pruning them is administration
+//! ([`Admin::rejections`](crate::admin::Admin::rejections), [`Admin::prune_rejections`](crate::admin::Admin::prune_rejections)).
 
 use chrono::{DateTime, Utc};
-use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text, Timestamptz};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text, Timestamptz};
 use diesel::QueryableByName;
 use serde::{Deserialize, Serialize};
-
-use crate::error::{Error, Result};
-use crate::store::Store;
 
 /// A row of `pgfence.rejections`: refusals the database aggregated under one refused role — per (lease,
 /// presented epoch, operation, reason) for scope `tenure` (beyond 16 (operation, reason) pairs of a tenure, per
@@ -82,11 +80,11 @@ pub(crate) const REJECTION_COLUMNS: &str = "id, role::text AS role, scope, lease
     current_epoch, current_holder, reason, operation, target_table, target_key, rejected_at, last_rejected_at, \
     count, last_target_key, application_name, host(client_addr) AS client_addr, backend_pid";
 
-/// Which rejections [`Store::rejections`] returns; newest first. Start from the default (every lease of the
+/// Which rejections [`Admin::rejections`](crate::admin::Admin::rejections) returns; newest first. Start from the default (every lease of the
 /// store's cluster, at most 100 rows) and set what you need:
 ///
 /// ```
-/// let mut filter = pgfence::RejectionFilter::default();
+/// let mut filter = pgfence::admin::RejectionFilter::default();
 /// filter.lease = Some("scheduler".into());
 /// filter.limit = Some(20);
 /// ```
@@ -101,43 +99,4 @@ pub struct RejectionFilter {
     pub limit: Option<i64>,
     /// Every cluster in the database instead of the store's own (`lease` is then ignored).
     pub all_clusters: bool,
-}
-
-impl Store {
-    /// Rejections of this store's cluster (or as `filter` says), newest first.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] for a malformed lease name or a limit under 1, and the
-    /// [errors of every database call](crate#errors). Dropping the future is safe: it only reads
-    /// ([cancel safety](crate#cancel-safety)).
-    pub async fn rejections(&self, filter: &RejectionFilter) -> Result<Vec<Rejection>> {
-        use diesel_async::RunQueryDsl;
-        let pattern = match &filter.lease {
-            _ if filter.all_clusters => String::new(),
-            Some(name) => {
-                crate::validate::validate_name(name)?;
-                self.qualify(name)
-            }
-            None => format!("{}/", self.cluster()),
-        };
-        let limit = filter.limit.unwrap_or(100);
-        if limit < 1 {
-            return Err(Error::invalid("limit", "must be at least 1"));
-        }
-        let mut conn = self.conn().await?;
-        let rows = diesel::sql_query(format!(
-            "SELECT {REJECTION_COLUMNS} FROM pgfence.rejections \
-              WHERE (CASE WHEN $4 THEN lease = $1 ELSE starts_with(lease, $1) END) \
-                AND ($2::timestamptz IS NULL OR last_rejected_at >= $2) \
-              ORDER BY last_rejected_at DESC, id DESC LIMIT $3"
-        ))
-        .bind::<Text, _>(pattern)
-        .bind::<Nullable<Timestamptz>, _>(filter.since)
-        .bind::<BigInt, _>(limit)
-        .bind::<Bool, _>(filter.lease.is_some() && !filter.all_clusters)
-        .load(&mut *conn)
-        .await?;
-        Ok(rows)
-    }
 }

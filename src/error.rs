@@ -243,7 +243,7 @@ pub enum Error {
     /// Any other database error, with the server's SQLSTATE as it sent it: PostgreSQL's codes (`40P01`, `55P03`,
     /// `42501`, …) and pgfence's own (`PF001`–`PF006`, `22023` for a refused argument), whatever the language of
     /// the server's messages. On connections pgfence opened the code is read off the wire
-    /// ([`WireStream`](crate::WireStream)); on a store built from an application's pool
+    /// ([`WireStream`](crate::connection::WireStream)); on a store built from an application's pool
     /// ([`Store::from_pool`](crate::Store::from_pool)) only the classes diesel names itself (serialization
     /// failure, unique/foreign-key/not-null/check/exclusion violation, read-only transaction, lost connection)
     /// carry one. The message is the server's (in its `lc_messages` language) or the driver's.
@@ -384,9 +384,7 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Connect { .. } | Error::PoolTimeout { .. } => true,
-            Error::Database { sqlstate, .. } => {
-                sqlstate.as_deref().is_some_and(is_retryable_sqlstate)
-            }
+            Error::Database { sqlstate, .. } => sqlstate.as_deref().is_some_and(code::is_retryable),
             _ => false,
         }
     }
@@ -411,23 +409,6 @@ impl Error {
             reason: reason.into(),
         }
     }
-}
-
-/// Whether a SQLSTATE names a condition that a retry of the same transaction can clear: serialization
-/// failure, deadlock, a lock wait that timed out (`55P03`, and pgfence's `PF003` that names the blockers), and
-/// the connection-exception and operator-intervention classes (`08`, `57P0x`).
-pub fn is_retryable_sqlstate(code: &str) -> bool {
-    [
-        code::SERIALIZATION_FAILURE,
-        code::DEADLOCK_DETECTED,
-        code::LOCK_NOT_AVAILABLE,
-        code::ADMIN_SHUTDOWN,
-        code::CRASH_SHUTDOWN,
-        code::CANNOT_CONNECT_NOW,
-        code::LOCK_WAIT_ENDED,
-    ]
-    .contains(&code)
-        || code.starts_with(code::CONNECTION_EXCEPTION_CLASS)
 }
 
 impl From<diesel::result::Error> for Error {
@@ -553,7 +534,7 @@ pub(crate) fn diesel_sqlstate(err: &diesel::result::Error) -> Option<String> {
 ///
 /// ```
 /// let err = std::io::Error::other("connection refused");
-/// assert_eq!(pgfence::error_chain(&err), "connection refused");
+/// assert_eq!(pgfence::connection::error_chain(&err), "connection refused");
 /// ```
 pub fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();

@@ -2,11 +2,25 @@
 //!
 //! # Modules
 //!
-//! The core a controller needs is at the crate root: [`Store`] (connect, migrate, leases, guarded writes, tasks,
-//! groups, the audit and the record), [`Lease`] and its [`Fence`], [`Error`]. Two subsystems have modules of
-//! their own: [`effects`], the ledger of external calls a successor settles ([`Store::effects`]), and [`leader`],
-//! the leadership runtime. `embedded` (feature `testing`, Unix) starts throwaway PostgreSQL servers. Which file
-//! owns what, and which SQL each module calls, is the one table of files in the repository's
+//! The core a controller needs is on [`Store`]: connect and migrate, acquire, renew and release a [`Lease`],
+//! its status, and write under its [`Fence`] ([`Store::guarded_write`], [`Store::fenced`]); with [`Error`] and
+//! the value types, that is the crate root. The rest is reached through handles of the store and modules:
+//!
+//! - [`tasks`] ([`Store::tasks`]): guarded tasks and their events; [`effects`] ([`Store::effects`]): the ledger
+//!   of external calls a successor settles;
+//! - [`groups`] ([`Store::groups`]): replica groups; [`history`] ([`Store::history`]): the record of every tenure
+//!   and the overlap review;
+//! - [`admin`] ([`Store::admin`]): the operator's side — the database the store reaches, every lease, the audit,
+//!   enforcement, grants, the layout;
+//! - [`leader`]: the leadership runtime;
+//! - [`limits`]: what every input may be; [`sqlstate`]: the SQLSTATEs pgfence tells apart; [`metrics`]: the
+//!   metrics it records;
+//! - [`guard`]: the guard as SQL, for statements pgfence does not build; [`schema`]: the migrations and the
+//!   layout check; [`connection`]: the pool types, a [`Connector`](connection::Connector) for clients of one's
+//!   own, connection-string helpers; [`reexports`]: the driver crates;
+//! - `embedded` (feature `testing`, Unix): throwaway PostgreSQL servers.
+//!
+//! Which file owns what, and which SQL each module calls, is the one table of files in the repository's
 //! docs/architecture.md.
 //!
 //! # Errors
@@ -40,19 +54,19 @@
 //!
 //! | call | if its future is dropped midway |
 //! |---|---|
-//! | reads: [`Store::lease_status`], [`leases`](Store::leases), [`all_leases`](Store::all_leases), [`tenures`](Store::tenures), [`review`](Store::review), [`task`](Store::task), [`task_events`](Store::task_events), [`rejections`](Store::rejections), [`enforcement`](Store::enforcement), [`identity`](Store::identity), [`verify_identity`](Store::verify_identity), [`roster`](Store::roster), [`group_members`](Store::group_members), [`handover_gap`](Store::handover_gap) | nothing was written: drop and call again freely |
-//! | [`Store::join_group`] (and [`Elector::join`](leader::Elector::join)) | the member may have joined with nobody holding its [`Member`]: the same name is refused ([`Error::MemberTaken`]) until its ttl runs out, and the others count it meanwhile (its share waits that long) |
-//! | [`Store::heartbeat`] | the membership may or may not have been extended; its local deadline did not move: heartbeat again |
-//! | [`Store::leave_group`], [`Membership::leave`](leader::Membership::leave) | the member may or may not have left; if not, it expires after its ttl. Leaving again answers false |
+//! | reads: [`Store::lease_status`]; [`Tasks::get`](tasks::Tasks::get), [`events`](tasks::Tasks::events); [`History::tenures`](history::History::tenures), [`review`](history::History::review); [`Groups::roster`](groups::Groups::roster), [`members`](groups::Groups::members), [`handover_gap`](groups::Groups::handover_gap); [`Admin::leases`](admin::Admin::leases), [`all_leases`](admin::Admin::all_leases), [`rejections`](admin::Admin::rejections), [`enforcement`](admin::Admin::enforcement), [`identity`](admin::Admin::identity), [`verify_identity`](admin::Admin::verify_identity) | nothing was written: drop and call again freely |
+//! | [`Groups::join`](groups::Groups::join) (and [`Elector::join`](leader::Elector::join)) | the member may have joined with nobody holding its [`Member`](groups::Member): the same name is refused ([`Error::MemberTaken`]) until its ttl runs out, and the others count it meanwhile (its share waits that long) |
+//! | [`Groups::heartbeat`](groups::Groups::heartbeat) | the membership may or may not have been extended; its local deadline did not move: heartbeat again |
+//! | [`Groups::leave`](groups::Groups::leave), [`Membership::leave`](leader::Membership::leave) | the member may or may not have left; if not, it expires after its ttl. Leaving again answers false |
 //! | [`Store::acquire`] (and an elector's acquisition, [`run_with_leadership`](leader::run_with_leadership) while campaigning) | **the tenure may have been granted with nobody holding its [`Lease`]**: other holders get [`Error::Held`] until its ttl runs out, so a successor waits up to one ttl (the same holder acquiring again gets a new epoch at once). Bound the ttl accordingly, and do not time out an acquisition more tightly than you must |
 //! | [`Store::renew`] | the tenure may or may not have been extended; the lease's local deadline did not move (the safe side): renew again |
 //! | [`Store::release`], [`HeldLease::release`](leader::HeldLease::release) | the tenure may or may not have ended; if not, it expires after its ttl. Releasing is idempotent: release again (a `HeldLease` is released locally at once either way) |
-//! | [`Store::force_release`] | the tenure may or may not have ended; force-release again (it then answers `NotHeld`) |
+//! | [`Admin::force_release`](admin::Admin::force_release) | the tenure may or may not have ended; force-release again (it then answers `NotHeld`) |
 //! | [`Store::fenced`] | the transaction rolls back, unless its COMMIT was already sent: then it may have committed. `work` is dropped at its current await |
-//! | [`Store::guarded_write`], [`create_task`](Store::create_task), [`claim_task`](Store::claim_task), [`transition_task`](Store::transition_task), [`append_event`](Store::append_event) | the write may have committed (with its event). `create_task` is idempotent by key; after a commit, `claim_task` and `transition_task` answer [`Error::Conflict`] when retried (read the task); `append_event` appends a second event |
+//! | [`Store::guarded_write`], [`Tasks::create`](tasks::Tasks::create), [`claim`](tasks::Tasks::claim), [`transition`](tasks::Tasks::transition), [`append_event`](tasks::Tasks::append_event) | the write may have committed (with its event). `create` is idempotent by key; after a commit, `claim` and `transition` answer [`Error::Conflict`] when retried (read the task); `append_event` appends a second event |
 //! | [`Effects::intend`](effects::Effects::intend), [`record_outcome`](effects::Effects::record_outcome), [`settle`](effects::Effects::settle) | the ledger write may have committed (with its event): calling again with the same intent or outcome answers the recorded attempt (`created == false`); a settle called again answers [`EffectConflict::Settled`](effects::EffectConflict::Settled) by this epoch. [`in_doubt`](effects::Effects::in_doubt) only reads |
-//! | [`set_enforcement`](Store::set_enforcement), [`prune_rejections`](Store::prune_rejections), [`grant_application`](Store::grant_application), [`grant_operator`](Store::grant_operator), [`revoke`](Store::revoke) | not cancelled: a statement already sent runs to completion on the server. Each is idempotent (pruning deletes whole batches only): call again |
-//! | [`Store::report_belief_start`], [`Store::report_belief_end`] | the report may or may not have been recorded; reporting again is harmless (the first report of each kind stands) |
+//! | [`Admin::set_enforcement`](admin::Admin::set_enforcement), [`prune_rejections`](admin::Admin::prune_rejections), [`grant_application`](admin::Admin::grant_application), [`grant_operator`](admin::Admin::grant_operator), [`revoke`](admin::Admin::revoke) | not cancelled: a statement already sent runs to completion on the server. Each is idempotent (pruning deletes whole batches only): call again |
+//! | [`History::report_belief_start`](history::History::report_belief_start), [`History::report_belief_end`](history::History::report_belief_end) | the report may or may not have been recorded; reporting again is harmless (the first report of each kind stands) |
 //! | [`Store::connect`], [`Store::from_pool`] | nothing persists: the connections opened so far are closed |
 //! | [`Store::migrate`] | once the migrations started (on a blocking thread) they run to completion, each in its own transaction; a concurrent `migrate` waits for them |
 //! | [`run_with_leadership`](leader::run_with_leadership) while leading, [`Supervisor::run`](leader::Supervisor::run) | the lease is released in the background, which cancels the callback's context token, and the callback is aborted at its next await point |
@@ -61,7 +75,7 @@
 //! # Observability
 //!
 //! Metrics go through the [`metrics`](https://docs.rs/metrics) facade (install an exporter, then call
-//! [`describe_metrics`] for units and help texts); tracing events and spans use the module path as their target
+//! [`metrics::describe`] for units and help texts); tracing events and spans use the module path as their target
 //! (`pgfence::lease`, `pgfence::leader::pg`, …). Every lease operation, guarded write and task write runs in a
 //! span named after it (`acquire`, `renew`, `release`, `force_release`, `fenced`, `guarded_write`,
 //! `create_task`, …) with the lease's name and the epoch it presents as fields (`acquire` with the lease and
@@ -74,7 +88,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
-mod admin;
+pub mod admin;
 mod audit;
 mod connect;
 pub mod effects;
@@ -83,50 +97,76 @@ pub mod effects;
 pub mod embedded;
 mod error;
 mod fence;
-mod history;
+pub mod history;
 pub mod leader;
 mod lease;
+pub mod limits;
 mod membership;
+pub mod metrics;
 mod reply;
 mod store;
-mod tasks;
+pub mod tasks;
 mod types;
 mod validate;
 
-pub use admin::{Enforcement, Revoked};
-pub use audit::{Rejection, RejectionFilter};
-pub use connect::conninfo::{redact, with_database};
 pub use connect::identity::{DatabaseIdentity, ExpectedIdentity};
 pub use connect::pooler::PoolerMode;
 pub use connect::sqlstate::code as sqlstate;
-pub use connect::sqlstate::WireStream;
 pub use connect::tls::SslMode;
-pub use connect::{Connection, Connector, TlsStream};
-pub use error::{error_chain, is_retryable_sqlstate, DenyReason, Error, Result};
-pub use fence::outcome::METRIC_STALE_WRITES;
-pub use fence::write::{
-    fence_passed, guarded_write_sql, native_guarded_write_sql, Cached, FENCE_PASSED,
-};
-pub use fence::{Fence, MAX_OPERATION_LEN};
-pub use history::{
-    Belief, BeliefEnd, Interval, OffsetBounds, Overlap, ServerView, Successor, Tenure,
-    TenureReview, CLOCK_DRIFT_PPM, WRITE_MARK_RESOLUTION,
-};
-pub use lease::{
-    ForceReleased, Lease, LeaseState, LeaseStatus, Released, TenureSecret, SECRET_LEN,
-};
-pub use membership::{
-    GroupMember, Member, MemberLoss, MemberSpec, Roster, RosterMember, MAX_GROUP_LEN,
-    MAX_GROUP_NAMES, MAX_SHARDS, MAX_WEIGHT,
-};
-pub use store::config::{StoreConfig, DEFAULT_MIGRATION_LOCK_WAIT};
-pub use store::migrate::{LayoutProblem, LayoutSeverity, ADVISORY_FUNCTIONS_NEEDED, MIGRATIONS};
-pub use store::{Pool, PooledConnection, Store, NATIVE_GUARD_VERSION};
-pub use tasks::{Task, TaskEvent, TaskWrite, MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH};
-pub use types::{
-    Epoch, LossReason, TaskState, GUARD_LOCK_CLASS, MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_LEN,
-    MAX_TTL, MIN_TTL,
-};
+pub use error::{DenyReason, Error, Result};
+pub use fence::Fence;
+pub use lease::{ForceReleased, Lease, LeaseState, LeaseStatus, Released, TenureSecret};
+pub use store::config::StoreConfig;
+pub use store::Store;
+pub use types::{Epoch, LossReason};
+
+pub mod connection {
+    //! Connections outside a [`Store`](crate::Store)'s own use: the [`Pool`] type a store is built on
+    //! ([`Store::from_pool`](crate::Store::from_pool), [`Admin::pool`](crate::admin::Admin::pool)) and its checkouts
+    //! ([`PooledConnection`], [`Admin::conn`](crate::admin::Admin::conn)); a [`Connector`] that opens a
+    //! tokio-postgres client secured exactly like pgfence's connections; connection strings without their
+    //! credentials ([`redact`]) or for another database ([`with_database`]); a driver error with its causes
+    //! ([`error_chain`]). The `pgfence` command's tools use them.
+
+    pub use crate::connect::conninfo::{redact, with_database};
+    pub use crate::connect::sqlstate::WireStream;
+    pub use crate::connect::{Connection, Connector, TlsStream};
+    pub use crate::error::error_chain;
+    pub use crate::store::{Pool, PooledConnection};
+}
+
+pub mod groups {
+    //! Replica groups ([`Store::groups`](crate::Store::groups), [`Groups`]): a member's declaration ([`MemberSpec`]), its membership ([`Member`]) and how it ends
+    //! ([`MemberLoss`]), and the group as its members read it ([`Roster`], [`GroupMember`]). The leadership runtime
+    //! spreads a group's names over its members ([`Spread`](crate::leader::Spread)).
+
+    pub use crate::membership::{
+        GroupMember, Groups, Member, MemberLoss, MemberSpec, Roster, RosterMember,
+    };
+}
+
+pub mod guard {
+    //! The guard as SQL, for writes pgfence does not build itself: the one-statement guarded write's text
+    //! ([`guarded_write_sql`], [`native_guarded_write_sql`]) and its verdict ([`FENCE_PASSED`], [`fence_passed`]),
+    //! and [`Cached`] for the statements of a fenced transaction. docs/sql-clients.md shows them at work.
+
+    pub use crate::fence::write::{
+        fence_passed, guarded_write_sql, native_guarded_write_sql, Cached, FENCE_PASSED,
+    };
+}
+
+pub mod schema {
+    //! What pgfence installs in a database and how it checks it: the embedded [`MIGRATIONS`], the functions the
+    //! schema owner must be able to run ([`ADVISORY_FUNCTIONS_NEEDED`]), the advisory layout check's findings
+    //! ([`LayoutProblem`]), the native guard's version ([`NATIVE_GUARD_VERSION`]) and the class of the guard and
+    //! intent locks ([`GUARD_LOCK_CLASS`]).
+
+    pub use crate::store::migrate::{
+        LayoutProblem, LayoutSeverity, ADVISORY_FUNCTIONS_NEEDED, MIGRATIONS,
+    };
+    pub use crate::store::NATIVE_GUARD_VERSION;
+    pub use crate::types::GUARD_LOCK_CLASS;
+}
 
 /// The driver crates pgfence is built on, re-exported so that fenced-transaction code uses the same versions.
 pub mod reexports {
@@ -139,107 +179,4 @@ pub mod reexports {
     pub use serde_json;
     pub use tokio_postgres;
     pub use tokio_util;
-}
-
-/// Describes every metric pgfence records — its unit and help text — to the `metrics` recorder installed now
-/// (an exporter shows them, e.g. as Prometheus `# HELP` lines). Call it once after installing the recorder:
-/// pgfence does not call it itself, because a description sent before the application installs its recorder
-/// is lost. Calling it again is harmless.
-///
-/// | metric | type | unit | labels | what |
-/// |---|---|---|---|---|
-/// | `pgfence_leader` ([`METRIC_LEADER`](leader::METRIC_LEADER)) | gauge | count | `lease` | 1 while this process holds a tenure of the lease, else 0 |
-/// | `pgfence_leader_transitions_total` ([`METRIC_TRANSITIONS`](leader::METRIC_TRANSITIONS)) | counter | count | `lease` | tenures this process began or ended |
-/// | `pgfence_lease_losses_total` ([`METRIC_LOSSES`](leader::METRIC_LOSSES)) | counter | count | `lease`, `cause` | tenures lost: `definitive`, `deadline`, `injected` |
-/// | `pgfence_renew_duration_seconds` ([`METRIC_RENEW_DURATION`](leader::METRIC_RENEW_DURATION)) | histogram | seconds | — | round trip of one batched renewal statement |
-/// | `pgfence_callbacks_not_stopped_total` ([`METRIC_CALLBACKS_NOT_STOPPED`](leader::METRIC_CALLBACKS_NOT_STOPPED)) | counter | count | `lease` | leader callbacks aborted after the grace period |
-/// | `pgfence_stale_writes_total` ([`METRIC_STALE_WRITES`]) | counter | count | `lease` | writes refused as stale (and audited) |
-/// | `pgfence_group_members` ([`METRIC_GROUP_MEMBERS`](leader::METRIC_GROUP_MEMBERS)) | gauge | count | `group` | live members of the group at this replica's last roster read |
-/// | `pgfence_group_names_assigned` ([`METRIC_GROUP_NAMES_ASSIGNED`](leader::METRIC_GROUP_NAMES_ASSIGNED)) | gauge | count | `group` | names the group's assignment gives this replica |
-/// | `pgfence_group_names_led` ([`METRIC_GROUP_NAMES_LED`](leader::METRIC_GROUP_NAMES_LED)) | gauge | count | `group` | names of the group this replica leads now |
-/// | `pgfence_handovers_total` ([`METRIC_HANDOVERS`](leader::METRIC_HANDOVERS)) | counter | count | `group` | tenures this replica ended to hand their name over |
-/// | `pgfence_handover_gap_duration_seconds` ([`METRIC_HANDOVER_GAP`](leader::METRIC_HANDOVER_GAP)) | histogram | seconds | `group` | how long a name acquired after a handover had no holder (database clock) |
-/// | `pgfence_belief_reports_failed_total` ([`METRIC_BELIEF_REPORTS_FAILED`](leader::METRIC_BELIEF_REPORTS_FAILED)) | counter | count | `lease` | belief reports that failed or timed out |
-///
-/// ```
-/// // After installing the application's exporter (metrics-exporter-prometheus, …):
-/// pgfence::describe_metrics();
-/// ```
-pub fn describe_metrics() {
-    use ::metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_gauge!(
-        leader::METRIC_LEADER,
-        Unit::Count,
-        "1 while this process holds a tenure of the lease, else 0"
-    );
-    describe_counter!(
-        leader::METRIC_TRANSITIONS,
-        Unit::Count,
-        "Tenures of the lease this process began or ended (acquired, lost or released)"
-    );
-    describe_counter!(
-        leader::METRIC_LOSSES,
-        Unit::Count,
-        "Tenures this process lost, by cause: definitive (the database ended it), deadline (no renewal before \
-         the local deadline), injected (test double)"
-    );
-    describe_histogram!(
-        leader::METRIC_RENEW_DURATION,
-        Unit::Seconds,
-        "Round trip of one batched renewal statement (one observation per statement, however many leases)"
-    );
-    describe_counter!(
-        leader::METRIC_CALLBACKS_NOT_STOPPED,
-        Unit::Count,
-        "Leader callbacks that did not return within the grace period after their tenure ended, and were aborted"
-    );
-    describe_gauge!(
-        leader::METRIC_GROUP_MEMBERS,
-        Unit::Count,
-        "Live members of the replica group at this replica's last roster read"
-    );
-    describe_gauge!(
-        leader::METRIC_GROUP_NAMES_ASSIGNED,
-        Unit::Count,
-        "Names the group's balanced assignment gives this replica (what it should lead)"
-    );
-    describe_gauge!(
-        leader::METRIC_GROUP_NAMES_LED,
-        Unit::Count,
-        "Names of the replica group this replica leads now"
-    );
-    describe_counter!(
-        leader::METRIC_HANDOVERS,
-        Unit::Count,
-        "Tenures this replica ended to hand their name over to the member the assignment gives it to"
-    );
-    describe_histogram!(
-        leader::METRIC_HANDOVER_GAP,
-        Unit::Seconds,
-        "How long a name this replica acquired after a handover had no holder (predecessor's release to this \
-         acquisition, database clock)"
-    );
-    describe_counter!(
-        METRIC_STALE_WRITES,
-        Unit::Count,
-        "Writes of this process the database refused as stale (each also a row in pgfence.rejections)"
-    );
-    describe_counter!(
-        leader::METRIC_BELIEF_REPORTS_FAILED,
-        Unit::Count,
-        "Reports of when this process started or stopped believing it led a tenure that failed or timed out \
-         (the overlap review shows such a belief as unknown)"
-    );
-    describe_gauge!(
-        effects::METRIC_EFFECTS_IN_DOUBT,
-        Unit::Count,
-        "Effects of the lease in doubt (an ended tenure's intent without an outcome, or an unknown outcome) at \
-         this process's last listing"
-    );
-    describe_histogram!(
-        effects::METRIC_EFFECT_SETTLE_SECONDS,
-        Unit::Seconds,
-        "How long each effect this process settled had been in doubt: from the end of the tenure that left it \
-         (or its unknown outcome) to the settle, database clock"
-    );
 }

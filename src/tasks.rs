@@ -1,6 +1,6 @@
-//! The task/event model built on the guard: every mutating call is one statement
-//! (`SELECT * FROM pgfence.<op>(…)`, prepared once per connection and reused) that checks the fence, writes the
-//! task row (raising its row fence to the presented epoch) and appends the task's event, atomically.
+//! The tasks of a lease and their events ([`Store::tasks`], [`Tasks`]), built on the guard: every write is one
+//! statement (`SELECT * FROM pgfence.<op>(…)`, prepared once per connection and reused) that checks the fence,
+//! writes the task row (raising its row fence to the presented epoch) and appends the task's event, atomically.
 //!
 //! SQL: `migrations/2026-11-30-000004_tasks/up.sql` (`pgfence.create_task`, `pgfence.claim_task`,
 //! `pgfence.transition_task`, `pgfence.append_event`).
@@ -15,17 +15,27 @@ use crate::error::{Error, Result};
 use crate::fence::{
     outcome::sql::WriteResult, outcome::WriteOutcome, outcome::WriteResultRow, Fence,
 };
+use crate::limits::{MAX_KIND_LEN, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH};
 use crate::reply::{unexpected, RowsOf};
 use crate::store::Store;
-use crate::types::{Epoch, TaskState};
+use crate::types::Epoch;
+pub use crate::types::TaskState;
 use crate::validate::{validate_holder, validate_name};
 
-/// Largest accepted payload (task or event), serialized.
-pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
-/// Deepest accepted payload nesting.
-pub const MAX_PAYLOAD_DEPTH: usize = 64;
-/// Longest accepted event kind.
-pub const MAX_KIND_LEN: usize = 64;
+/// The tasks of a [`Store`] ([`Store::tasks`]): guarded writes under a lease's fence, each appending the task's
+/// event, and the reads of a task and its history.
+#[derive(Debug, Clone, Copy)]
+pub struct Tasks<'a> {
+    store: &'a Store,
+}
+
+impl Store {
+    /// The tasks and their events: created, claimed, moved on and appended to under a fence, and read (see
+    /// [`Tasks`]).
+    pub fn tasks(&self) -> Tasks<'_> {
+        Tasks { store: self }
+    }
+}
 
 /// A task as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -166,7 +176,7 @@ pub(crate) fn validate_payload(payload: &serde_json::Value) -> Result<()> {
     Ok(())
 }
 
-impl Store {
+impl Tasks<'_> {
     async fn guarded_task_write<Q>(
         &self,
         fence: &Fence,
@@ -185,7 +195,7 @@ impl Store {
     {
         // The query is built again only for the rare retry (a session default other than READ COMMITTED), so the
         // common path copies the payload once.
-        let row: WriteResultRow = self.call_guarded(query).await?;
+        let row: WriteResultRow = self.store.call_guarded(query).await?;
         match row.outcome(operation)? {
             WriteOutcome::Ok => task_write(operation, fence, row),
             WriteOutcome::NotFound => Err(Error::TaskNotFound {
@@ -219,9 +229,9 @@ impl Store {
     /// ```no_run
     /// # async fn example(store: pgfence::Store, lease: pgfence::Lease) -> pgfence::Result<()> {
     /// let write = store
-    ///     .create_task(&lease.fence(), "deploy-42", &serde_json::json!({"image": "api:1.7"}))
+    ///     .tasks().create(&lease.fence(), "deploy-42", &serde_json::json!({"image": "api:1.7"}))
     ///     .await?;
-    /// assert_eq!(write.task.state, pgfence::TaskState::Pending);
+    /// assert_eq!(write.task.state, pgfence::tasks::TaskState::Pending);
     /// # Ok(()) }
     /// ```
     ///
@@ -235,8 +245,8 @@ impl Store {
     ///
     /// A dropped call may have created the task; calling again is safe (idempotent by key). See
     /// [cancel safety](crate#cancel-safety).
-    #[tracing::instrument(level = "debug", skip_all, fields(lease = fence.lease(), epoch = fence.epoch().get(), key = key))]
-    pub async fn create_task(
+    #[tracing::instrument(name = "create_task", level = "debug", skip_all, fields(lease = fence.lease(), epoch = fence.epoch().get(), key = key))]
+    pub async fn create(
         &self,
         fence: &Fence,
         key: &str,
@@ -274,8 +284,8 @@ impl Store {
     ///
     /// A dropped claim may have committed: retried, it then answers [`Error::Conflict`] (read the task to see
     /// who holds it). See [cancel safety](crate#cancel-safety).
-    #[tracing::instrument(level = "debug", skip_all, fields(lease = fence.lease(), epoch = fence.epoch().get(), key = key))]
-    pub async fn claim_task(&self, fence: &Fence, key: &str, assignee: &str) -> Result<TaskWrite> {
+    #[tracing::instrument(name = "claim_task", level = "debug", skip_all, fields(lease = fence.lease(), epoch = fence.epoch().get(), key = key))]
+    pub async fn claim(&self, fence: &Fence, key: &str, assignee: &str) -> Result<TaskWrite> {
         validate_key(key)?;
         validate_holder("assignee", assignee)?;
         let query = || {
@@ -311,8 +321,8 @@ impl Store {
     ///
     /// A dropped transition may have committed: retried, it then answers [`Error::Conflict`] (the task is in
     /// `to` already). See [cancel safety](crate#cancel-safety).
-    #[tracing::instrument(level = "debug", skip_all, fields(lease = fence.lease(), epoch = fence.epoch().get(), key = key))]
-    pub async fn transition_task(
+    #[tracing::instrument(name = "transition_task", level = "debug", skip_all, fields(lease = fence.lease(), epoch = fence.epoch().get(), key = key))]
+    pub async fn transition(
         &self,
         fence: &Fence,
         key: &str,
@@ -354,7 +364,7 @@ impl Store {
     /// # Cancel safety
     ///
     /// Not idempotent: a dropped call may have appended its event, and calling again appends a second one
-    /// (read [`task_events`](Self::task_events) first). See [cancel safety](crate#cancel-safety).
+    /// (read [`events`](Self::events) first). See [cancel safety](crate#cancel-safety).
     #[tracing::instrument(level = "debug", skip_all, fields(lease = fence.lease(), epoch = fence.epoch().get(), key = key))]
     pub async fn append_event(
         &self,
@@ -387,17 +397,17 @@ impl Store {
     /// [`Error::InvalidInput`] for a malformed `name` or `key`, and the
     /// [errors of every database call](crate#errors). Dropping the future is safe: it only reads
     /// ([cancel safety](crate#cancel-safety)).
-    pub async fn task(&self, name: &str, key: &str) -> Result<Option<Task>> {
+    pub async fn get(&self, name: &str, key: &str) -> Result<Option<Task>> {
         use diesel::OptionalExtension;
         use diesel_async::RunQueryDsl;
         validate_name(name)?;
         validate_key(key)?;
-        let mut conn = self.conn().await?;
+        let mut conn = self.store.conn().await?;
         let row: Option<TaskRow> = diesel::sql_query(
             "SELECT id, lease, key, state, assignee, payload, fence, version FROM pgfence.tasks \
               WHERE lease = $1 AND key = $2",
         )
-        .bind::<Text, _>(self.qualify(name))
+        .bind::<Text, _>(self.store.qualify(name))
         .bind::<Text, _>(key)
         .get_result(&mut *conn)
         .await
@@ -412,17 +422,17 @@ impl Store {
     /// [`Error::InvalidInput`] for a malformed `name` or `key`, and the
     /// [errors of every database call](crate#errors). Dropping the future is safe: it only reads
     /// ([cancel safety](crate#cancel-safety)).
-    pub async fn task_events(&self, name: &str, key: &str) -> Result<Vec<TaskEvent>> {
+    pub async fn events(&self, name: &str, key: &str) -> Result<Vec<TaskEvent>> {
         use diesel_async::RunQueryDsl;
         validate_name(name)?;
         validate_key(key)?;
-        let mut conn = self.conn().await?;
+        let mut conn = self.store.conn().await?;
         let rows = diesel::sql_query(
             "SELECT e.id, e.task_id, e.epoch, e.kind, e.payload, e.created_at \
                FROM pgfence.task_events e JOIN pgfence.tasks t ON t.id = e.task_id \
               WHERE t.lease = $1 AND t.key = $2 ORDER BY e.id",
         )
-        .bind::<Text, _>(self.qualify(name))
+        .bind::<Text, _>(self.store.qualify(name))
         .bind::<Text, _>(key)
         .load(&mut *conn)
         .await?;

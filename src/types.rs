@@ -1,27 +1,11 @@
 //! The value types every layer shares — the [`Epoch`], why a tenure ended ([`LossReason`]) or a membership
-//! did ([`MemberLoss`]), where a task is ([`TaskState`]) — and the input limits. The bottom of the module graph:
-//! it imports nothing from pgfence. Fallible constructors (`Epoch::new`, `TaskState::from_str`) return
+//! did ([`MemberLoss`]), where a task is ([`TaskState`]). The bottom of the module graph: it imports nothing
+//! from pgfence. Fallible constructors (`Epoch::new`, `TaskState::from_str`) return
 //! [`Error`](crate::Error) and live with the other input checks in `validate`.
 
 use std::fmt;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-
-/// Shortest accepted ttl.
-pub const MIN_TTL: Duration = Duration::from_millis(100);
-
-/// Longest accepted ttl.
-pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// Longest accepted lease name, in characters (the cluster prefix is not counted).
-pub const MAX_NAME_LEN: usize = 200;
-
-/// Longest accepted cluster name, in characters.
-pub const MAX_CLUSTER_LEN: usize = 63;
-
-/// Longest accepted holder (and assignee, task key) in characters.
-pub const MAX_HOLDER_LEN: usize = 256;
 
 /// A fencing token: the number of the tenure that wrote. Each acquisition of a lease issues the previous epoch + 1
 /// (or more, after a failover to a new WAL timeline), so epochs per lease name strictly increase forever. Serializes as a plain number so it can travel

@@ -5,9 +5,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::types::{
-    Epoch, TaskState, MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL,
-};
+use crate::limits::{MAX_CLUSTER_LEN, MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL};
+use crate::types::{Epoch, TaskState};
 
 impl Epoch {
     /// An epoch from its number; epochs start at 1.

@@ -13,14 +13,17 @@ use std::sync::Arc;
 
 use common::fixture::{self, take_over};
 use common::TestDb;
+use pgfence::admin::RejectionFilter;
 use pgfence::effects::{EffectConflict, EffectState, Outcome, Settlement};
-use pgfence::{Error, LossReason, RejectionFilter, Store, TaskState};
+use pgfence::tasks::TaskState;
+use pgfence::{Error, LossReason, Store};
 use serde_json::json;
 
 /// A task `key` of lease `name` created under `store`'s current tenure `lease`.
 async fn task(store: &Store, lease: &pgfence::Lease, key: &str) {
     store
-        .create_task(&lease.fence(), key, &json!({}))
+        .tasks()
+        .create(&lease.fence(), key, &json!({}))
         .await
         .unwrap();
 }
@@ -116,7 +119,8 @@ async fn an_intent_and_its_outcome_are_recorded_once_and_never_in_doubt() {
         "{redo:?}"
     );
     let kinds: Vec<String> = store
-        .task_events("sched", "job")
+        .tasks()
+        .events("sched", "job")
         .await
         .unwrap()
         .into_iter()
@@ -124,6 +128,7 @@ async fn an_intent_and_its_outcome_are_recorded_once_and_never_in_doubt() {
         .collect();
     assert_eq!(kinds, ["created", "effect_intent", "effect_done"]);
     assert!(store
+        .admin()
         .rejections(&RejectionFilter::default())
         .await
         .unwrap()
@@ -155,7 +160,11 @@ async fn an_ended_tenure_is_refused_its_intent_and_audited() {
         "{refused:?}"
     );
     assert_eq!(db.scalar("SELECT count(*) FROM pgfence.effects").await, 0);
-    let audit = store.rejections(&RejectionFilter::default()).await.unwrap();
+    let audit = store
+        .admin()
+        .rejections(&RejectionFilter::default())
+        .await
+        .unwrap();
     assert!(
         audit
             .iter()
@@ -214,9 +223,14 @@ async fn a_successor_finds_the_ended_tenures_intent_in_doubt_and_settles_it_once
 
     let fence = new.fence();
     for refused in [
-        store.claim_task(&fence, "job", "worker").await.map(|_| ()),
         store
-            .transition_task(
+            .tasks()
+            .claim(&fence, "job", "worker")
+            .await
+            .map(|_| ()),
+        store
+            .tasks()
+            .transition(
                 &fence,
                 "job",
                 TaskState::Pending,
@@ -265,8 +279,8 @@ async fn a_successor_finds_the_ended_tenures_intent_in_doubt_and_settles_it_once
         "{twice:?}"
     );
     assert!(ledger.in_doubt("sched").await.unwrap().is_empty());
-    store.claim_task(&fence, "job", "worker").await.unwrap();
-    let events = store.task_events("sched", "job").await.unwrap();
+    store.tasks().claim(&fence, "job", "worker").await.unwrap();
+    let events = store.tasks().events("sched", "job").await.unwrap();
     let settle = events
         .iter()
         .find(|e| e.kind == "effect_confirmed")
@@ -353,7 +367,7 @@ async fn an_unknown_outcome_is_in_doubt_for_its_own_tenure_too() {
             .unwrap();
     }
     assert_eq!(ledger.in_doubt("sched").await.unwrap().len(), 2);
-    let refused = store.claim_task(&fence, "a", "w").await;
+    let refused = store.tasks().claim(&fence, "a", "w").await;
     assert!(matches!(refused, Err(Error::InDoubt { .. })), "{refused:?}");
     let known = ledger
         .record_outcome(&fence, "a/call", &Outcome::Failed(json!({"status": 500})))
@@ -371,7 +385,7 @@ async fn an_unknown_outcome_is_in_doubt_for_its_own_tenure_too() {
         .await
         .unwrap();
     assert!(ledger.in_doubt("sched").await.unwrap().is_empty());
-    store.claim_task(&fence, "a", "w").await.unwrap();
+    store.tasks().claim(&fence, "a", "w").await.unwrap();
 }
 
 /// Bad input and settles that do not apply get a typed error and write nothing, through Rust and through SQL:
@@ -506,7 +520,11 @@ async fn an_ended_tenure_cannot_settle_and_is_audited() {
         )
         .await;
     assert!(matches!(stale, Err(Error::Stale { .. })), "{stale:?}");
-    let audit = store.rejections(&RejectionFilter::default()).await.unwrap();
+    let audit = store
+        .admin()
+        .rejections(&RejectionFilter::default())
+        .await
+        .unwrap();
     assert!(
         audit.iter().any(|r| r.operation == "settle_effect"),
         "{audit:?}"

@@ -25,13 +25,12 @@ use std::time::{Duration, Instant};
 
 use common::proxy::{Proxy, HOLD_ALL, HOLD_REPLIES, PASS};
 use common::TestDb;
+use pgfence::admin::RejectionFilter;
 use pgfence::embedded::EmbeddedServer;
 use pgfence::leader::{
     run_with_leadership, Elector, Ended, LeadershipOptions, LeaseOptions, LossCause, PgElector,
 };
-use pgfence::{
-    Epoch, Error, ExpectedIdentity, Fence, LossReason, RejectionFilter, Store, StoreConfig,
-};
+use pgfence::{Epoch, Error, ExpectedIdentity, Fence, LossReason, Store, StoreConfig};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -372,7 +371,11 @@ async fn orderly_release_hands_over_promptly_and_fences_the_old_epoch() {
     let options = options(10_000);
     let old = elector.acquire("l", "a", &options).await.unwrap();
     let fence = old.fence();
-    store.create_task(&fence, "job", &json!({})).await.unwrap();
+    store
+        .tasks()
+        .create(&fence, "job", &json!({}))
+        .await
+        .unwrap();
     let (waiting_tx, waiting_rx) = tokio::sync::oneshot::channel();
     let successor = {
         let elector = elector.clone();
@@ -403,11 +406,15 @@ async fn orderly_release_hands_over_promptly_and_fences_the_old_epoch() {
          the release's notification did not wake it"
     );
     assert!(matches!(
-        store.append_event(&fence, "job", "late", &json!({})).await,
+        store
+            .tasks()
+            .append_event(&fence, "job", "late", &json!({}))
+            .await,
         Err(Error::Stale { .. })
     ));
     assert_eq!(
         store
+            .admin()
             .rejections(&RejectionFilter::default())
             .await
             .unwrap()
@@ -499,6 +506,7 @@ async fn a_holder_killed_with_sigkill_is_succeeded_after_the_ttl() {
         new.last_attempt
     );
     let ended: Vec<(i64, Option<String>)> = store
+        .history()
         .tenures("l")
         .await
         .unwrap()
@@ -514,7 +522,7 @@ async fn a_holder_killed_with_sigkill_is_succeeded_after_the_ttl() {
         "the successor acquired only after the dead holder's ttl"
     );
     assert!(matches!(
-        store.create_task(&dead, "ghost", &json!({})).await,
+        store.tasks().create(&dead, "ghost", &json!({})).await,
         Err(Error::Stale { .. })
     ));
     assert_eq!(
@@ -545,7 +553,8 @@ async fn child_holds_a_lease_until_killed() {
     let mut n = 0;
     loop {
         let _ = store
-            .create_task(&lease.fence(), &format!("child-{n}"), &json!({}))
+            .tasks()
+            .create(&lease.fence(), &format!("child-{n}"), &json!({}))
             .await;
         n += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -561,7 +570,7 @@ async fn writes_until_refused(
     let (mut acked, mut unanswered, mut refused) = (Vec::new(), Vec::new(), None);
     for n in 0.. {
         let key = format!("w{n}");
-        match store.create_task(fence, &key, &json!({})).await {
+        match store.tasks().create(fence, &key, &json!({})).await {
             Ok(_) => acked.push(key),
             Err(Error::Stale { reason, .. }) => {
                 refused = Some(reason);
@@ -720,7 +729,7 @@ async fn a_database_restart_loses_no_acknowledged_write() {
             while !stop.load(Ordering::SeqCst) {
                 let key = format!("k{n}");
                 let sent_to = incarnation.load(Ordering::SeqCst);
-                match store.create_task(&fence, &key, &json!({})).await {
+                match store.tasks().create(&fence, &key, &json!({})).await {
                     Ok(_) => {
                         acked.push(key);
                         progress_tx.send_modify(|p| p[sent_to] += 1);
@@ -748,7 +757,7 @@ async fn a_database_restart_loses_no_acknowledged_write() {
     let reader = migrated_store(&server.url(), "reader").await;
     for key in &acked {
         assert!(
-            reader.task("l", key).await.unwrap().is_some(),
+            reader.tasks().get("l", key).await.unwrap().is_some(),
             "acknowledged {key} was lost (the server stopped between the statement's answer and its commit? \
              see a_write_is_acknowledged_only_once_committed)"
         );
@@ -765,7 +774,7 @@ async fn a_database_restart_loses_no_acknowledged_write() {
     held.finish(&observer, order).await;
     assert_eq!(next.epoch().get(), fence.epoch().get() + 1);
     assert!(matches!(
-        reader.create_task(&fence, "late", &json!({})).await,
+        reader.tasks().create(&fence, "late", &json!({})).await,
         Err(Error::Stale { .. })
     ));
 }
@@ -778,20 +787,22 @@ async fn the_late_writes_are_refused_and_audited(
     holder_store: &Store,
     direct: &Store,
     fence: &Fence,
-    during_the_cut: tokio::task::JoinHandle<pgfence::Result<pgfence::TaskWrite>>,
+    during_the_cut: tokio::task::JoinHandle<pgfence::Result<pgfence::tasks::TaskWrite>>,
 ) {
     let late = during_the_cut.await.unwrap();
     assert!(matches!(late, Err(Error::Stale { .. })), "{late:?}");
     // The pool may hand out the connection the takeover terminated first (it is found dead on use): a client
     // retries a connection error.
     let mut after_heal = holder_store
-        .create_task(fence, "after-heal", &json!({}))
+        .tasks()
+        .create(fence, "after-heal", &json!({}))
         .await;
     for _ in 0..3 {
         match &after_heal {
             Err(e) if e.is_transient() => {
                 after_heal = holder_store
-                    .create_task(fence, "after-heal", &json!({}))
+                    .tasks()
+                    .create(fence, "after-heal", &json!({}))
                     .await
             }
             _ => break,
@@ -802,6 +813,7 @@ async fn the_late_writes_are_refused_and_audited(
         "{after_heal:?}"
     );
     let audit = direct
+        .admin()
         .rejections(&RejectionFilter::default())
         .await
         .unwrap();
@@ -848,7 +860,8 @@ async fn a_partitioned_holder_gives_up_first_and_its_late_writes_are_refused() {
     let lease = holder.acquire("l", "partitioned", &options).await.unwrap();
     let fence = lease.fence();
     holder_store
-        .create_task(&fence, "job", &json!({}))
+        .tasks()
+        .create(&fence, "job", &json!({}))
         .await
         .unwrap();
     // A renewal through the proxy first (the local deadline moves).
@@ -860,9 +873,10 @@ async fn a_partitioned_holder_gives_up_first_and_its_late_writes_are_refused() {
     // Two more connections, idle at the cut (a new one could not be opened during the partition): for the
     // renewal and for the write sent during the cut.
     let empty = json!({});
+    let tasks = holder_store.tasks();
     let (one, two) = tokio::join!(
-        holder_store.append_event(&fence, "job", "connection-1", &empty),
-        holder_store.append_event(&fence, "job", "connection-2", &empty)
+        tasks.append_event(&fence, "job", "connection-1", &empty),
+        tasks.append_event(&fence, "job", "connection-2", &empty)
     );
     one.unwrap();
     two.unwrap();
@@ -875,6 +889,7 @@ async fn a_partitioned_holder_gives_up_first_and_its_late_writes_are_refused() {
         let (store, fence) = (holder_store.clone(), fence.clone());
         tokio::spawn(async move {
             store
+                .tasks()
                 .append_event(&fence, "job", "sent-during-the-cut", &json!({}))
                 .await
         })
@@ -930,7 +945,7 @@ async fn a_process_pointed_at_another_database_refuses_to_write() {
     let (a, b) = (server().await, server().await);
     let store_a = migrated_store(&a.url(), "setup").await;
     let store_b = migrated_store(&b.url(), "setup").await;
-    let identity_a = store_a.identity().await.unwrap();
+    let identity_a = store_a.admin().identity().await.unwrap();
     let expected = ExpectedIdentity {
         system_identifier: identity_a.system_identifier.clone(),
         instance_id: identity_a.instance_id.clone(),
@@ -979,7 +994,8 @@ async fn a_process_pointed_at_another_database_refuses_to_write() {
     let mut refused_writes = 0;
     for i in 0..5 {
         match store
-            .create_task(&lease.fence(), &format!("k{i}"), &json!({}))
+            .tasks()
+            .create(&lease.fence(), &format!("k{i}"), &json!({}))
             .await
         {
             Ok(_) => panic!("wrote to the wrong database"),
@@ -1054,7 +1070,8 @@ async fn the_promoted_server_lost_the_epochs_after_1(promoted: &Store) {
     );
     assert!(
         promoted
-            .task("l", "acknowledged-then-lost")
+            .tasks()
+            .get("l", "acknowledged-then-lost")
             .await
             .unwrap()
             .is_none(),
@@ -1095,7 +1112,8 @@ async fn epochs_stay_above_lost_ones_after_failover_to_an_async_standby() {
     blocking(|| standby.stop()).unwrap();
     last = three_takeovers_each_after_a_held_write(&store, &on_primary, last).await;
     store
-        .create_task(&last.fence(), "acknowledged-then-lost", &json!({}))
+        .tasks()
+        .create(&last.fence(), "acknowledged-then-lost", &json!({}))
         .await
         .unwrap();
     let highest_before = last.epoch();
@@ -1124,6 +1142,7 @@ async fn epochs_stay_above_lost_ones_after_failover_to_an_async_standby() {
         next.epoch()
     );
     let ended: Vec<(i64, Option<String>)> = promoted
+        .history()
         .tenures("l")
         .await
         .unwrap()
@@ -1139,7 +1158,7 @@ async fn epochs_stay_above_lost_ones_after_failover_to_an_async_standby() {
     );
     for lost in 1..=highest_before.get() {
         let stale = common::forged_fence("f/l", lost);
-        match promoted.create_task(&stale, "k", &json!({})).await {
+        match promoted.tasks().create(&stale, "k", &json!({})).await {
             Err(Error::Stale {
                 reason: LossReason::Superseded,
                 ..
@@ -1162,7 +1181,8 @@ async fn epochs_stay_above_lost_ones_after_failover_to_an_async_standby() {
     assert_eq!(after.unwrap().epoch().get(), FIRST_EPOCH_OF_TIMELINE_2 + 1);
     held.finish(&on_promoted, order).await;
     match promoted
-        .create_task(&next.fence(), "late", &json!({}))
+        .tasks()
+        .create(&next.fence(), "late", &json!({}))
         .await
     {
         Err(Error::Stale {
@@ -1182,12 +1202,16 @@ async fn lead_then_write_late(
     ctx: pgfence::leader::LeaderContext,
     store: Store,
     leading_tx: tokio::sync::mpsc::UnboundedSender<(Epoch, Instant)>,
-    late_tx: tokio::sync::mpsc::UnboundedSender<(Epoch, pgfence::Result<pgfence::TaskWrite>)>,
+    late_tx: tokio::sync::mpsc::UnboundedSender<(
+        Epoch,
+        pgfence::Result<pgfence::tasks::TaskWrite>,
+    )>,
     stopping: CancellationToken,
 ) -> Result<(), Error> {
     let started = format!("started-{}", ctx.epoch());
     store
-        .create_task(&ctx.fence(), &started, &json!({}))
+        .tasks()
+        .create(&ctx.fence(), &started, &json!({}))
         .await?;
     let _ = leading_tx.send((ctx.epoch(), Instant::now()));
     ctx.cancelled().await;
@@ -1199,7 +1223,8 @@ async fn lead_then_write_late(
         let late = loop {
             attempts += 1;
             match store
-                .create_task(&ctx.fence(), "after-the-loss", &json!({}))
+                .tasks()
+                .create(&ctx.fence(), "after-the-loss", &json!({}))
                 .await
             {
                 Err(e) if e.is_transient() && attempts < 20 => {
@@ -1219,7 +1244,7 @@ async fn the_loss_is_the_failover_and_the_late_write_refused(
     ended: pgfence::Result<Ended<Error>>,
     late_rx: &mut tokio::sync::mpsc::UnboundedReceiver<(
         Epoch,
-        pgfence::Result<pgfence::TaskWrite>,
+        pgfence::Result<pgfence::tasks::TaskWrite>,
     )>,
     first: Epoch,
 ) {
@@ -1260,6 +1285,7 @@ async fn the_promoted_server_ended_the_tenure_by_the_failover(standby: &Embedded
         .await
         .unwrap();
     let tenures: Vec<(i64, Option<String>)> = promoted
+        .history()
         .tenures("ctl")
         .await
         .unwrap()
@@ -1276,6 +1302,7 @@ async fn the_promoted_server_ended_the_tenure_by_the_failover(standby: &Embedded
     let mut filter = RejectionFilter::default();
     filter.lease = Some("ctl".into());
     let audited: Vec<(i64, String, String)> = promoted
+        .admin()
         .rejections(&filter)
         .await
         .unwrap()
@@ -1319,8 +1346,10 @@ async fn a_leader_loses_at_a_failover_and_leads_again_without_operator_action() 
     options.lease.retry_every = Duration::from_millis(100);
 
     let (leading_tx, mut leading_rx) = tokio::sync::mpsc::unbounded_channel::<(Epoch, Instant)>();
-    let (late_tx, mut late_rx) =
-        tokio::sync::mpsc::unbounded_channel::<(Epoch, pgfence::Result<pgfence::TaskWrite>)>();
+    let (late_tx, mut late_rx) = tokio::sync::mpsc::unbounded_channel::<(
+        Epoch,
+        pgfence::Result<pgfence::tasks::TaskWrite>,
+    )>();
     let (ended_tx, mut ended_rx) =
         tokio::sync::mpsc::unbounded_channel::<(pgfence::Result<Ended<Error>>, Instant)>();
     let parent = CancellationToken::new();
@@ -1431,7 +1460,8 @@ async fn a_retry_after_a_lost_reply_has_exactly_one_effect() {
     // Warm up: the statement is prepared on the connection. The write is one autocommit statement; the proxy holds
     // every reply from now on, so the server commits and the client never hears of it.
     store
-        .create_task(&fence, "warm-up", &json!({}))
+        .tasks()
+        .create(&fence, "warm-up", &json!({}))
         .await
         .unwrap();
     proxy.set(HOLD_REPLIES);
@@ -1440,7 +1470,7 @@ async fn a_retry_after_a_lost_reply_has_exactly_one_effect() {
         async move {
             tokio::time::timeout(
                 Duration::from_secs(2),
-                store.create_task(&fence, "deploy-7", &json!({"v": 1})),
+                store.tasks().create(&fence, "deploy-7", &json!({"v": 1})),
             )
             .await
         }
@@ -1464,7 +1494,8 @@ async fn a_retry_after_a_lost_reply_has_exactly_one_effect() {
     );
     proxy.set(PASS);
     let retry = store
-        .create_task(&fence, "deploy-7", &json!({"v": 1}))
+        .tasks()
+        .create(&fence, "deploy-7", &json!({"v": 1}))
         .await
         .unwrap();
     assert!(!retry.created, "the retry found the committed task");
@@ -1505,7 +1536,8 @@ async fn a_write_is_acknowledged_only_once_committed() {
         .await
         .unwrap();
     let answer = store
-        .create_task(&fence, "never-committed", &json!({}))
+        .tasks()
+        .create(&fence, "never-committed", &json!({}))
         .await;
     let stored = db
         .scalar("SELECT count(*) FROM pgfence.tasks WHERE key = 'never-committed'")
@@ -1550,7 +1582,7 @@ async fn a_cancelled_controller_stops_releases_and_drops_the_gauge() {
     started_rx.await.unwrap();
     let gauge = || {
         common::metrics_probe::gauge(
-            pgfence::leader::METRIC_LEADER,
+            pgfence::metrics::METRIC_LEADER,
             &[("lease", &elector.qualify("ctl"))],
         )
     };

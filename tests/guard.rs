@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use common::fixture::take_over;
 use common::{move_shard, wait_until_blocked_on_lock, TestDb};
-use pgfence::GUARD_LOCK_CLASS;
-use pgfence::{Error, Fence, LossReason, RejectionFilter, Store, TaskState};
+use pgfence::admin::RejectionFilter;
+use pgfence::schema::GUARD_LOCK_CLASS;
+use pgfence::tasks::TaskState;
+use pgfence::{Error, Fence, LossReason, Store};
 use serde_json::json;
 
 const TTL: Duration = Duration::from_secs(60);
@@ -34,7 +36,8 @@ async fn task_life_cycle_writes_one_event_per_effect() {
     let fence = lease.fence();
 
     let created = store
-        .create_task(&fence, "job-1", &json!({"image": "api:1"}))
+        .tasks()
+        .create(&fence, "job-1", &json!({"image": "api:1"}))
         .await
         .unwrap();
     assert!(created.created);
@@ -44,7 +47,8 @@ async fn task_life_cycle_writes_one_event_per_effect() {
 
     // Invariant 6: a retry by stable key returns the same task and adds no event.
     let retried = store
-        .create_task(&fence, "job-1", &json!({"image": "other"}))
+        .tasks()
+        .create(&fence, "job-1", &json!({"image": "other"}))
         .await
         .unwrap();
     assert!(!retried.created);
@@ -52,13 +56,18 @@ async fn task_life_cycle_writes_one_event_per_effect() {
     assert_eq!(retried.event_id, None);
     assert_eq!(retried.task.payload, json!({"image": "api:1"}));
 
-    let claimed = store.claim_task(&fence, "job-1", "worker-7").await.unwrap();
+    let claimed = store
+        .tasks()
+        .claim(&fence, "job-1", "worker-7")
+        .await
+        .unwrap();
     assert_eq!(claimed.task.state, TaskState::Claimed);
     assert_eq!(claimed.task.assignee.as_deref(), Some("worker-7"));
     assert_eq!(claimed.task.version, 2);
 
     let running = store
-        .transition_task(
+        .tasks()
+        .transition(
             &fence,
             "job-1",
             TaskState::Claimed,
@@ -69,11 +78,13 @@ async fn task_life_cycle_writes_one_event_per_effect() {
         .unwrap();
     assert_eq!(running.task.state, TaskState::Running);
     store
+        .tasks()
         .append_event(&fence, "job-1", "progress", &json!({"pct": 50}))
         .await
         .unwrap();
     store
-        .transition_task(
+        .tasks()
+        .transition(
             &fence,
             "job-1",
             TaskState::Running,
@@ -84,7 +95,8 @@ async fn task_life_cycle_writes_one_event_per_effect() {
         .unwrap();
 
     let kinds: Vec<String> = store
-        .task_events("sched", "job-1")
+        .tasks()
+        .events("sched", "job-1")
         .await
         .unwrap()
         .into_iter()
@@ -94,10 +106,11 @@ async fn task_life_cycle_writes_one_event_per_effect() {
         kinds,
         ["created", "claimed", "running", "progress", "succeeded"]
     );
-    let task = store.task("sched", "job-1").await.unwrap().unwrap();
+    let task = store.tasks().get("sched", "job-1").await.unwrap().unwrap();
     assert_eq!(task.state, TaskState::Succeeded);
     assert_eq!(
         store
+            .admin()
             .rejections(&RejectionFilter::default())
             .await
             .unwrap()
@@ -114,11 +127,12 @@ async fn business_guard_failures_are_not_fencing_rejections() {
     let store = db.store("c").await;
     let fence = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
     store
-        .create_task(&fence, "job-1", &json!({}))
+        .tasks()
+        .create(&fence, "job-1", &json!({}))
         .await
         .unwrap();
-    store.claim_task(&fence, "job-1", "w1").await.unwrap();
-    match store.claim_task(&fence, "job-1", "w2").await {
+    store.tasks().claim(&fence, "job-1", "w1").await.unwrap();
+    match store.tasks().claim(&fence, "job-1", "w2").await {
         Err(Error::Conflict {
             expected, actual, ..
         }) => {
@@ -129,7 +143,8 @@ async fn business_guard_failures_are_not_fencing_rejections() {
     }
     assert!(matches!(
         store
-            .transition_task(
+            .tasks()
+            .transition(
                 &fence,
                 "job-1",
                 TaskState::Running,
@@ -143,7 +158,7 @@ async fn business_guard_failures_are_not_fencing_rejections() {
         })
     ));
     assert!(matches!(
-        store.claim_task(&fence, "nope", "w1").await,
+        store.tasks().claim(&fence, "nope", "w1").await,
         Err(Error::TaskNotFound { .. })
     ));
     assert_eq!(
@@ -164,7 +179,11 @@ async fn concurrent_claims_have_exactly_one_winner() {
     let fence = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
     for round in 0..30 {
         let key = format!("job-{round}");
-        store.create_task(&fence, &key, &json!({})).await.unwrap();
+        store
+            .tasks()
+            .create(&fence, &key, &json!({}))
+            .await
+            .unwrap();
         let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(4));
         let handles: Vec<_> = (0..4)
             .map(|w| {
@@ -172,7 +191,7 @@ async fn concurrent_claims_have_exactly_one_winner() {
                     (store.clone(), fence.clone(), key.clone(), barrier.clone());
                 tokio::spawn(async move {
                     barrier.wait().await;
-                    store.claim_task(&fence, &key, &format!("w{w}")).await
+                    store.tasks().claim(&fence, &key, &format!("w{w}")).await
                 })
             })
             .collect();
@@ -197,7 +216,8 @@ async fn stale_write_after_takeover_is_rejected_and_audited() {
     let store = db.store("c").await;
     let old = store.acquire("sched", "pod-a", TTL).await.unwrap();
     store
-        .create_task(&old.fence(), "job-1", &json!({}))
+        .tasks()
+        .create(&old.fence(), "job-1", &json!({}))
         .await
         .unwrap();
     store.release(&old).await.unwrap();
@@ -209,18 +229,20 @@ async fn stale_write_after_takeover_is_rejected_and_audited() {
         (
             "create_task",
             store
-                .create_task(&stale, "job-2", &json!({}))
+                .tasks()
+                .create(&stale, "job-2", &json!({}))
                 .await
                 .map(|_| ()),
         ),
         (
             "claim_task",
-            store.claim_task(&stale, "job-1", "w").await.map(|_| ()),
+            store.tasks().claim(&stale, "job-1", "w").await.map(|_| ()),
         ),
         (
             "transition_task",
             store
-                .transition_task(
+                .tasks()
+                .transition(
                     &stale,
                     "job-1",
                     TaskState::Pending,
@@ -233,6 +255,7 @@ async fn stale_write_after_takeover_is_rejected_and_audited() {
         (
             "append_event",
             store
+                .tasks()
                 .append_event(&stale, "job-1", "x", &json!({}))
                 .await
                 .map(|_| ()),
@@ -273,7 +296,7 @@ async fn stale_write_after_takeover_is_rejected_and_audited() {
 
     let mut filter = RejectionFilter::default();
     filter.lease = Some("sched".into());
-    let audit = store.rejections(&filter).await.unwrap();
+    let audit = store.admin().rejections(&filter).await.unwrap();
     assert_eq!(audit.len(), results.len());
     let mut ops: Vec<&str> = audit.iter().map(|r| r.operation.as_str()).collect();
     ops.sort();
@@ -311,8 +334,8 @@ async fn rejections_are_listed_per_cluster_per_lease_or_for_every_cluster() {
     let (a, b) = (db.store("a").await, db.store("b").await);
     for (store, lease) in [(&a, "sched"), (&a, "sched2"), (&b, "sched")] {
         let first = store.acquire(lease, "pod", TTL).await.unwrap().fence();
-        store.force_release(lease).await.unwrap();
-        let refused = store.create_task(&first, "k", &json!({})).await;
+        store.admin().force_release(lease).await.unwrap();
+        let refused = store.tasks().create(&first, "k", &json!({})).await;
         assert!(matches!(refused, Err(Error::Stale { .. })), "{refused:?}");
     }
     let list =
@@ -321,7 +344,7 @@ async fn rejections_are_listed_per_cluster_per_lease_or_for_every_cluster() {
             filter.lease = lease.map(str::to_owned);
             filter.all_clusters = all_clusters;
             filter.limit = limit;
-            let rows = store.rejections(&filter).await.unwrap();
+            let rows = store.admin().rejections(&filter).await.unwrap();
             rows.into_iter().map(|r| r.lease).collect::<Vec<_>>()
         };
     assert_eq!(list(&a, None, false, None).await, ["a/sched2", "a/sched"]);
@@ -333,7 +356,7 @@ async fn rejections_are_listed_per_cluster_per_lease_or_for_every_cluster() {
     assert_eq!(list(&a, None, true, Some(1)).await, ["b/sched"]);
     let mut filter = RejectionFilter::default();
     filter.limit = Some(0);
-    match a.rejections(&filter).await {
+    match a.admin().rejections(&filter).await {
         Err(Error::InvalidInput { field, .. }) => assert_eq!(field, "limit"),
         other => panic!("expected InvalidInput for limit 0, got {other:?}"),
     }
@@ -344,7 +367,7 @@ async fn rejections_are_listed_per_cluster_per_lease_or_for_every_cluster() {
         .scalar("SELECT (extract(epoch FROM now() + interval '1 hour') * 1000000)::bigint")
         .await;
     filter.since = Some(chrono::DateTime::from_timestamp_micros(later).unwrap());
-    assert!(a.rejections(&filter).await.unwrap().is_empty());
+    assert!(a.admin().rejections(&filter).await.unwrap().is_empty());
 }
 
 /// Writes after release, after force-release, after expiry and with a never-issued epoch are refused with the
@@ -355,7 +378,7 @@ async fn every_kind_of_stale_epoch_is_refused_with_its_reason() {
     let store = db.store("c").await;
     let a = store.acquire("l1", "pod-a", TTL).await.unwrap();
     store.release(&a).await.unwrap();
-    let released = store.create_task(&a.fence(), "k", &json!({})).await;
+    let released = store.tasks().create(&a.fence(), "k", &json!({})).await;
     assert!(
         matches!(
             released,
@@ -368,8 +391,8 @@ async fn every_kind_of_stale_epoch_is_refused_with_its_reason() {
     );
 
     let b = store.acquire("l2", "pod-a", TTL).await.unwrap();
-    store.force_release("l2").await.unwrap();
-    let forced = store.create_task(&b.fence(), "k", &json!({})).await;
+    store.admin().force_release("l2").await.unwrap();
+    let forced = store.tasks().create(&b.fence(), "k", &json!({})).await;
     assert!(
         matches!(
             forced,
@@ -388,7 +411,7 @@ async fn every_kind_of_stale_epoch_is_refused_with_its_reason() {
     while store.lease_status("l3").await.unwrap().unwrap().state == pgfence::LeaseState::Held {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let expired = store.create_task(&c.fence(), "k", &json!({})).await;
+    let expired = store.tasks().create(&c.fence(), "k", &json!({})).await;
     assert!(
         matches!(
             expired,
@@ -402,7 +425,7 @@ async fn every_kind_of_stale_epoch_is_refused_with_its_reason() {
 
     let d = store.acquire("l4", "pod-a", TTL).await.unwrap();
     let future = common::forged_fence("c/l4", d.epoch().get() + 1);
-    let bogus = store.create_task(&future, "k", &json!({})).await;
+    let bogus = store.tasks().create(&future, "k", &json!({})).await;
     assert!(
         matches!(
             bogus,
@@ -415,7 +438,7 @@ async fn every_kind_of_stale_epoch_is_refused_with_its_reason() {
     );
 
     let unknown = common::forged_fence("c/never", 1);
-    let missing = store.create_task(&unknown, "k", &json!({})).await;
+    let missing = store.tasks().create(&unknown, "k", &json!({})).await;
     assert!(
         matches!(
             missing,
@@ -429,6 +452,7 @@ async fn every_kind_of_stale_epoch_is_refused_with_its_reason() {
     );
 
     let reasons: Vec<String> = store
+        .admin()
         .rejections(&RejectionFilter::default())
         .await
         .unwrap()
@@ -509,7 +533,8 @@ async fn a_write_during_an_uncommitted_takeover_waits_and_is_refused() {
     let store = db.store("c").await;
     let lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
     store
-        .create_task(&lease.fence(), "job", &json!({}))
+        .tasks()
+        .create(&lease.fence(), "job", &json!({}))
         .await
         .unwrap();
 
@@ -525,8 +550,12 @@ async fn a_write_during_an_uncommitted_takeover_waits_and_is_refused() {
     assert_eq!(row.get::<_, i64>(0), 2);
 
     let (store2, fence) = (store.clone(), lease.fence());
-    let write =
-        tokio::spawn(async move { store2.append_event(&fence, "job", "late", &json!({})).await });
+    let write = tokio::spawn(async move {
+        store2
+            .tasks()
+            .append_event(&fence, "job", "late", &json!({}))
+            .await
+    });
     wait_until_blocked_on_lock(&db, 1).await;
     takeover.batch_execute("COMMIT").await.unwrap();
     let result = write.await.unwrap();
@@ -671,21 +700,23 @@ async fn enforcement_refuses_raw_sql_without_the_current_epoch() {
     let store = db.store("c").await;
     let old = store.acquire("sched", "pod-a", TTL).await.unwrap();
     store
-        .create_task(&old.fence(), "job", &json!({}))
+        .tasks()
+        .create(&old.fence(), "job", &json!({}))
         .await
         .unwrap();
     let new = store.acquire("sched", "pod-a", TTL).await.unwrap();
     assert_eq!(
-        store.enforcement().await.unwrap(),
-        pgfence::Enforcement::Off
+        store.admin().enforcement().await.unwrap(),
+        pgfence::admin::Enforcement::Off
     );
     store
-        .set_enforcement(pgfence::Enforcement::Error)
+        .admin()
+        .set_enforcement(pgfence::admin::Enforcement::Error)
         .await
         .unwrap();
     assert_eq!(
-        store.enforcement().await.unwrap(),
-        pgfence::Enforcement::Error
+        store.admin().enforcement().await.unwrap(),
+        pgfence::admin::Enforcement::Error
     );
 
     let client = db.client().await;
@@ -752,7 +783,8 @@ async fn enforcement_refuses_raw_sql_without_the_current_epoch() {
     client.batch_execute("COMMIT").await.unwrap();
     // pgfence's own writes pass the trigger by construction.
     store
-        .create_task(&new.fence(), "job-2", &json!({}))
+        .tasks()
+        .create(&new.fence(), "job-2", &json!({}))
         .await
         .unwrap();
 
@@ -763,7 +795,8 @@ async fn enforcement_refuses_raw_sql_without_the_current_epoch() {
     assert_eq!(code(mutate_event).as_deref(), Some("PF002"));
 
     store
-        .set_enforcement(pgfence::Enforcement::Off)
+        .admin()
+        .set_enforcement(pgfence::admin::Enforcement::Off)
         .await
         .unwrap();
     client
@@ -785,27 +818,34 @@ async fn bad_task_input_is_refused_and_writes_nothing() {
     let store = db.store("c").await;
     let fence = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
     let mut deep = json!(1);
-    for _ in 0..(pgfence::MAX_PAYLOAD_DEPTH + 1) {
+    for _ in 0..(pgfence::limits::MAX_PAYLOAD_DEPTH + 1) {
         deep = json!([deep]);
     }
-    let huge = json!({"blob": "x".repeat(pgfence::MAX_PAYLOAD_BYTES)});
+    let huge = json!({"blob": "x".repeat(pgfence::limits::MAX_PAYLOAD_BYTES)});
     let results = vec![
-        store.create_task(&fence, "", &json!({})).await,
-        store.create_task(&fence, "a\0b", &json!({})).await,
+        store.tasks().create(&fence, "", &json!({})).await,
+        store.tasks().create(&fence, "a\0b", &json!({})).await,
         store
-            .create_task(&fence, &"k".repeat(300), &json!({}))
+            .tasks()
+            .create(&fence, &"k".repeat(300), &json!({}))
             .await,
         store
-            .create_task(&fence, "k", &json!({"s": "nul\u{0}"}))
+            .tasks()
+            .create(&fence, "k", &json!({"s": "nul\u{0}"}))
             .await,
         store
-            .create_task(&fence, "k", &json!({"nul\u{0}key": 1}))
+            .tasks()
+            .create(&fence, "k", &json!({"nul\u{0}key": 1}))
             .await,
-        store.create_task(&fence, "k", &deep).await,
-        store.create_task(&fence, "k", &huge).await,
-        store.claim_task(&fence, "k", "").await,
-        store.append_event(&fence, "k", "", &json!({})).await,
+        store.tasks().create(&fence, "k", &deep).await,
+        store.tasks().create(&fence, "k", &huge).await,
+        store.tasks().claim(&fence, "k", "").await,
         store
+            .tasks()
+            .append_event(&fence, "k", "", &json!({}))
+            .await,
+        store
+            .tasks()
             .append_event(&fence, "k", &"e".repeat(65), &json!({}))
             .await,
     ];
@@ -833,7 +873,8 @@ async fn guarded_writes_reuse_one_prepared_statement() {
     let fence = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
     for i in 0..20 {
         store
-            .create_task(&fence, &format!("job-{i}"), &json!({}))
+            .tasks()
+            .create(&fence, &format!("job-{i}"), &json!({}))
             .await
             .unwrap();
     }
@@ -844,7 +885,7 @@ async fn guarded_writes_reuse_one_prepared_statement() {
         #[diesel(sql_type = BigInt)]
         executions: i64,
     }
-    let mut conn = store.conn().await.unwrap();
+    let mut conn = store.admin().conn().await.unwrap();
     let prepared: Prepared = diesel::sql_query(
         "SELECT count(*) AS statements, coalesce(sum(generic_plans + custom_plans), 0)::bigint AS executions \
            FROM pg_prepared_statements WHERE statement LIKE 'SELECT * FROM pgfence.create_task(%'",
@@ -903,7 +944,8 @@ async fn a_cancelled_fenced_transaction_leaves_no_lock_behind() {
     );
     // The one-connection pool still works: the broken connection was replaced.
     let result = store
-        .create_task(&new.fence(), "job", &json!({}))
+        .tasks()
+        .create(&new.fence(), "job", &json!({}))
         .await
         .unwrap();
     assert!(result.created);
@@ -927,7 +969,8 @@ async fn stale_writes_are_refused_and_audited_under_repeatable_read() {
     let store = db.store("c").await;
     let first = store.acquire("sched", "pod-a", TTL).await.unwrap();
     store
-        .create_task(&first.fence(), "job", &json!({}))
+        .tasks()
+        .create(&first.fence(), "job", &json!({}))
         .await
         .unwrap();
 
@@ -950,6 +993,7 @@ async fn stale_writes_are_refused_and_audited_under_repeatable_read() {
         let write = tokio::spawn(async move {
             if round == 0 {
                 store2
+                    .tasks()
                     .append_event(&fence, "job", "late", &json!({}))
                     .await
                     .map(|_| ())
@@ -1058,7 +1102,7 @@ async fn a_row_fence_above_the_presented_epoch_refuses_the_write() {
     let db = TestDb::new().await;
     let store = db.store("c").await;
     let fence = store.acquire("rf", "pod-a", TTL).await.unwrap().fence();
-    store.create_task(&fence, "k", &json!({})).await.unwrap();
+    store.tasks().create(&fence, "k", &json!({})).await.unwrap();
     db.client()
         .await
         .batch_execute("UPDATE pgfence.tasks SET fence = fence + 10 WHERE key = 'k'")
@@ -1066,9 +1110,10 @@ async fn a_row_fence_above_the_presented_epoch_refuses_the_write() {
         .unwrap();
     let events_before = db.scalar("SELECT count(*) FROM pgfence.task_events").await;
     let refused = [
-        store.claim_task(&fence, "k", "w-1").await.err(),
+        store.tasks().claim(&fence, "k", "w-1").await.err(),
         store
-            .transition_task(
+            .tasks()
+            .transition(
                 &fence,
                 "k",
                 TaskState::Pending,
@@ -1078,6 +1123,7 @@ async fn a_row_fence_above_the_presented_epoch_refuses_the_write() {
             .await
             .err(),
         store
+            .tasks()
             .append_event(&fence, "k", "note", &json!({}))
             .await
             .err(),
@@ -1140,14 +1186,16 @@ async fn fenced_operation_labels_are_checked_before_anything_is_sent() {
                 .await
         }
     };
-    run("o".repeat(pgfence::MAX_OPERATION_LEN)).await.unwrap();
+    run("o".repeat(pgfence::limits::MAX_OPERATION_LEN))
+        .await
+        .unwrap();
     db.client()
         .await
         .batch_execute("DELETE FROM shards")
         .await
         .unwrap();
     for bad in [
-        "o".repeat(pgfence::MAX_OPERATION_LEN + 1),
+        "o".repeat(pgfence::limits::MAX_OPERATION_LEN + 1),
         String::new(),
         "re\nbalance".to_owned(),
     ] {
@@ -1169,7 +1217,7 @@ async fn fenced_operation_labels_are_checked_before_anything_is_sent() {
     // Before anything is sent: with a store's only connection taken, a bad label is refused at once. (The
     // database checks the label too, with the same error; that check would wait here for a connection.)
     let narrow = Store::connect(db.config("c").pool_size(1)).await.unwrap();
-    let taken = narrow.pool().get().await.unwrap();
+    let taken = narrow.admin().pool().get().await.unwrap();
     let refused = tokio::time::timeout(
         Duration::from_secs(5),
         narrow.fenced(&fence, "", async |_| Ok::<_, Error>(())),
@@ -1259,7 +1307,7 @@ async fn guarded_write_sql_guards_another_drivers_statement() {
     let old = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
     let client = db.client().await;
     let statement = client
-        .prepare(&pgfence::guarded_write_sql(
+        .prepare(&pgfence::guard::guarded_write_sql(
             "UPDATE shards SET owner = $1 WHERE id = $2 AND (SELECT passed FROM pgfence_guard)",
             2,
         ))
@@ -1321,7 +1369,7 @@ async fn guarded_write_writes_under_the_current_fence_and_refuses_a_stale_one_wi
         diesel::update(
             shards::table
                 .filter(shards::id.eq(2))
-                .filter(pgfence::fence_passed()),
+                .filter(pgfence::guard::fence_passed()),
         )
         .set(shards::owner.eq(owner))
     };
@@ -1384,7 +1432,11 @@ async fn guarded_write_writes_under_the_current_fence_and_refuses_a_stale_one_wi
         ],
         "nothing written under the stale fence"
     );
-    let audit = store.rejections(&RejectionFilter::default()).await.unwrap();
+    let audit = store
+        .admin()
+        .rejections(&RejectionFilter::default())
+        .await
+        .unwrap();
     let count = |op: &str| {
         audit
             .iter()
@@ -1501,8 +1553,9 @@ async fn guarded_writes_work_under_a_repeatable_read_session_default() {
             .unwrap(),
         1
     );
-    store.create_task(&fence, "t", &json!({})).await.unwrap();
+    store.tasks().create(&fence, "t", &json!({})).await.unwrap();
     store
+        .tasks()
         .append_event(&fence, "t", "tick", &json!({}))
         .await
         .unwrap();
@@ -1538,7 +1591,7 @@ async fn guarded_statements_are_prepared_once_and_fenced_guards_run_inside_their
                     #[diesel(sql_type = BigInt)]
                     n: i64,
                 }
-                pgfence::Cached::new(
+                pgfence::guard::Cached::new(
                     diesel::sql_query("UPDATE shards SET owner = $1 WHERE id = 1").bind::<Text, _>(owner),
                 )
                 .execute(conn)
@@ -1558,7 +1611,7 @@ async fn guarded_statements_are_prepared_once_and_fenced_guards_run_inside_their
             "the guard lock is held by the fenced transaction itself"
         );
     }
-    let mut conn = store.conn().await.unwrap();
+    let mut conn = store.admin().conn().await.unwrap();
     use diesel_async::RunQueryDsl;
     #[derive(diesel::QueryableByName, Debug)]
     struct Prepared {

@@ -402,8 +402,9 @@ fn supervisor(
                         return Ok(());
                     }
                     let write = async {
-                        store.create_task(&fence, "job", &json!({})).await?;
+                        store.tasks().create(&fence, "job", &json!({})).await?;
                         store
+                            .tasks()
                             .append_event(&fence, "job", holder, &json!({ "holder": holder }))
                             .await
                     };

@@ -31,7 +31,11 @@ async fn holder_and_attacker() -> (TestDb, Store, Lease, String, String) {
     let (_, store) = app_store(&db, &owner, "holder", "ta").await;
     let attacker = app_role(&db, &owner, "attacker", Some("ta")).await;
     let operator = role(&db, "oper").await;
-    owner.grant_operator(&operator, Some("ta")).await.unwrap();
+    owner
+        .admin()
+        .grant_operator(&operator, Some("ta"))
+        .await
+        .unwrap();
     let lease = store.acquire("x", "a-ctrl", TTL).await.unwrap();
     (db, store, lease, attacker, operator)
 }
@@ -166,7 +170,8 @@ async fn a_forged_call_left_open_delays_neither_the_holder_nor_a_takeover() {
     }
     let oper = store_as(&db, &operator, "ta").await;
     let started = Instant::now();
-    oper.force_release("x")
+    oper.admin()
+        .force_release("x")
         .await
         .expect("the operator's takeover");
     let took = started.elapsed();
@@ -545,17 +550,21 @@ async fn library_writes_of_a_bogus_lease_are_refused(
         "fenced",
     );
     audited += refused(
-        store.create_task(&fence, "k", payload).await.map(drop),
+        store.tasks().create(&fence, "k", payload).await.map(drop),
         "create",
     );
-    audited += refused(store.claim_task(&fence, "k", "w").await.map(drop), "claim");
+    audited += refused(
+        store.tasks().claim(&fence, "k", "w").await.map(drop),
+        "claim",
+    );
     audited += refused(
         store
-            .transition_task(
+            .tasks()
+            .transition(
                 &fence,
                 "k",
-                pgfence::TaskState::Pending,
-                pgfence::TaskState::Running,
+                pgfence::tasks::TaskState::Pending,
+                pgfence::tasks::TaskState::Running,
                 payload,
             )
             .await
@@ -564,6 +573,7 @@ async fn library_writes_of_a_bogus_lease_are_refused(
     );
     audited += refused(
         store
+            .tasks()
             .append_event(&fence, "k", "note", payload)
             .await
             .map(drop),
@@ -592,7 +602,8 @@ async fn every_audited_function_keeps_refusals_no_tenure_explains_in_role_rows()
         .await
         .unwrap();
     owner
-        .set_enforcement(pgfence::Enforcement::Audit)
+        .admin()
+        .set_enforcement(pgfence::admin::Enforcement::Audit)
         .await
         .unwrap();
     let attacker_store = store_as(&db, &attacker, "ta").await;
@@ -987,11 +998,13 @@ async fn careless_grant_window(
     let old = store.acquire("x", "pod-a", TTL).await.unwrap();
     let lease = store.acquire("x", "pod-a", TTL).await.unwrap();
     store
-        .create_task(&lease.fence(), "job", &serde_json::json!({}))
+        .tasks()
+        .create(&lease.fence(), "job", &serde_json::json!({}))
         .await
         .unwrap();
     store
-        .create_task(&old.fence(), "late", &serde_json::json!({}))
+        .tasks()
+        .create(&old.fence(), "late", &serde_json::json!({}))
         .await
         .unwrap_err();
     (db, owner, app1, app2, app3)
@@ -1095,12 +1108,13 @@ async fn harden_repairs_the_careless_grant(with_grant_option: bool) {
 
     // app2 cannot end cluster c1's tenure, and a new tenure's secret goes nowhere.
     let intruder = store_as(&db, &app2, "c1").await;
-    assert!(intruder.force_release("x").await.is_err());
+    assert!(intruder.admin().force_release("x").await.is_err());
     let loot = one("SELECT count(*) FROM evil.loot").await;
     let store = store_as(&db, &app1, "c1").await;
     let fresh = store.acquire("x", "pod-a", TTL).await.unwrap();
     store
-        .create_task(&fresh.fence(), "after", &serde_json::json!({}))
+        .tasks()
+        .create(&fresh.fence(), "after", &serde_json::json!({}))
         .await
         .unwrap();
     assert_eq!(
@@ -1296,7 +1310,7 @@ async fn ledger_calls(store: &Store, old: &pgfence::Lease, lease: &pgfence::Leas
     // A task and key of this tenure's own (the calls run once in the window and once after the repair).
     let task = format!("effects-{}", lease.epoch());
     let key = format!("{task}/x");
-    store.create_task(&fence, &task, &empty).await.unwrap();
+    store.tasks().create(&fence, &task, &empty).await.unwrap();
     ledger.intend(&fence, &task, &key, &empty).await.unwrap();
     let unknown = Outcome::Unknown(empty.clone());
     ledger.record_outcome(&fence, &key, &unknown).await.unwrap();
@@ -1311,7 +1325,7 @@ async fn ledger_calls(store: &Store, old: &pgfence::Lease, lease: &pgfence::Leas
         .await
         .is_err());
     ledger.record_outcome(&fence, &key, &late).await.unwrap();
-    store.claim_task(&fence, &task, "w").await.unwrap();
+    store.tasks().claim(&fence, &task, "w").await.unwrap();
 }
 
 async fn everyday_calls(db: &TestDb, app1: &str, app3: &str) {
@@ -1319,11 +1333,13 @@ async fn everyday_calls(db: &TestDb, app1: &str, app3: &str) {
     let old = store.acquire("x", "pod-a", TTL).await.unwrap();
     let mut lease = store.acquire("x", "pod-a", TTL).await.unwrap();
     store
-        .create_task(&lease.fence(), "job", &serde_json::json!({}))
+        .tasks()
+        .create(&lease.fence(), "job", &serde_json::json!({}))
         .await
         .unwrap();
     assert!(store
-        .create_task(&old.fence(), "late", &serde_json::json!({}))
+        .tasks()
+        .create(&old.fence(), "late", &serde_json::json!({}))
         .await
         .is_err());
     ledger_calls(&store, &old, &lease).await;
@@ -1358,7 +1374,8 @@ async fn everyday_calls(db: &TestDb, app1: &str, app3: &str) {
         "{refused:?}"
     );
     let refused = outsider
-        .create_task(&old.fence(), "intruder", &serde_json::json!({}))
+        .tasks()
+        .create(&old.fence(), "intruder", &serde_json::json!({}))
         .await
         .unwrap_err();
     assert!(
@@ -1420,6 +1437,7 @@ async fn functions_planted_during_a_careless_schema_grant_never_run_and_are_drop
 
     // The next grant repairs: no object of another role is left, and what it dropped is in its answer.
     let repairs = owner_store
+        .admin()
         .grant_application(&app3, Some("c4"))
         .await
         .unwrap();

@@ -75,9 +75,9 @@ const LEDGER_DDL: &str = "CREATE TABLE public.history_ledger (
 /// Which guarded write a contender made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Kind {
-    /// `Store::create_task` (a new task and its 'created' event).
+    /// `Tasks::create` (a new task and its 'created' event).
     CreateTask,
-    /// `Store::append_event` on the one task every leader appends to.
+    /// `Tasks::append_event` on the one task every leader appends to.
     AppendEvent,
     /// `Store::fenced`: a transaction inserting into `history_ledger`.
     Fenced,
@@ -312,7 +312,7 @@ async fn contender(
                 }
                 40..=69 => {
                     record(&history, started, Event::Dropped { contender: id });
-                    if let Ok(mut conn) = store.conn().await {
+                    if let Ok(mut conn) = store.admin().conn().await {
                         use diesel_async::RunQueryDsl;
                         let _ = diesel::sql_query(format!(
                             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
@@ -391,17 +391,19 @@ async fn contender(
                     _ => Kind::Fenced,
                 }
             };
-            let event_id = |write: pgfence::TaskWrite| {
+            let event_id = |write: pgfence::tasks::TaskWrite| {
                 write
                     .event_id
                     .expect("every accepted task write appends an event")
             };
             let result = match kind {
                 Kind::CreateTask => store
-                    .create_task(&fence, &key, &json!({"c": id}))
+                    .tasks()
+                    .create(&fence, &key, &json!({"c": id}))
                     .await
                     .map(event_id),
                 Kind::AppendEvent => store
+                    .tasks()
                     .append_event(&fence, "shared", "tick", &json!({"c": id, "k": key}))
                     .await
                     .map(event_id),
@@ -498,7 +500,8 @@ async fn randomized_history_has_no_violations() {
         .await
         .unwrap();
     admin
-        .create_task(&seed_lease.fence(), "shared", &json!({}))
+        .tasks()
+        .create(&seed_lease.fence(), "shared", &json!({}))
         .await
         .unwrap();
     admin.release(&seed_lease).await.unwrap();
@@ -525,7 +528,7 @@ async fn randomized_history_has_no_violations() {
             while Instant::now() < until {
                 tokio::time::sleep(Duration::from_millis(rng.u64(20..250))).await;
                 if let Ok(pgfence::ForceReleased::Ended { epoch, .. }) =
-                    admin.force_release("L").await
+                    admin.admin().force_release("L").await
                 {
                     record(&history, started, Event::Forced { epoch: epoch.get() });
                 }

@@ -92,8 +92,8 @@ proptest! {
         let f = F.get_or_init(|| Mutex::new(fixture())).lock().unwrap_or_else(|p| p.into_inner());
         let before = counts(&f);
         let result = f.runtime.block_on(f.store.acquire(&name, &holder, TTL));
-        let valid = is_clean_control_free(&name, pgfence::MAX_NAME_LEN)
-            && is_clean_control_free(&holder, pgfence::MAX_HOLDER_LEN);
+        let valid = is_clean_control_free(&name, pgfence::limits::MAX_NAME_LEN)
+            && is_clean_control_free(&holder, pgfence::limits::MAX_HOLDER_LEN);
         match result {
             Ok(lease) => {
                 prop_assert!(valid, "accepted {name:?}/{holder:?}");
@@ -125,8 +125,8 @@ proptest! {
         }).lock().unwrap_or_else(|p| p.into_inner());
         let (f, fence) = &*guard;
         let before = counts(f);
-        let key_ok = is_clean_control_free(&key, pgfence::MAX_HOLDER_LEN);
-        match f.runtime.block_on(f.store.create_task(fence, &key, &json!({"k": key}))) {
+        let key_ok = is_clean_control_free(&key, pgfence::limits::MAX_HOLDER_LEN);
+        match f.runtime.block_on(f.store.tasks().create(fence, &key, &json!({"k": key}))) {
             Ok(write) => {
                 prop_assert!(key_ok);
                 prop_assert_eq!(&write.task.key, &key);
@@ -139,13 +139,13 @@ proptest! {
             }
             Err(other) => prop_assert!(false, "{key:?}: {other}"),
         }
-        let assignee_ok = is_clean_control_free(&assignee, pgfence::MAX_HOLDER_LEN);
+        let assignee_ok = is_clean_control_free(&assignee, pgfence::limits::MAX_HOLDER_LEN);
         let before = counts(f);
-        match f.runtime.block_on(f.store.claim_task(fence, &key, &assignee)) {
+        match f.runtime.block_on(f.store.tasks().claim(fence, &key, &assignee)) {
             Ok(write) => {
                 prop_assert!(assignee_ok, "accepted the assignee {assignee:?}");
                 prop_assert_eq!(write.task.assignee, Some(assignee.clone()));
-                let stored = f.runtime.block_on(f.store.task("tasks", &key)).unwrap().unwrap();
+                let stored = f.runtime.block_on(f.store.tasks().get("tasks", &key)).unwrap().unwrap();
                 prop_assert_eq!(stored.assignee, Some(assignee.clone()));
             }
             Err(Error::InvalidInput { .. }) => {
@@ -159,12 +159,12 @@ proptest! {
             }
             Err(other) => prop_assert!(false, "{assignee:?}: {other}"),
         }
-        let kind_ok = is_clean_control_free(&kind, pgfence::MAX_KIND_LEN);
+        let kind_ok = is_clean_control_free(&kind, pgfence::limits::MAX_KIND_LEN);
         let before = counts(f);
-        match f.runtime.block_on(f.store.append_event(fence, &key, &kind, &json!({}))) {
+        match f.runtime.block_on(f.store.tasks().append_event(fence, &key, &kind, &json!({}))) {
             Ok(_) => {
                 prop_assert!(kind_ok, "accepted the kind {kind:?}");
-                let events = f.runtime.block_on(f.store.task_events("tasks", &key)).unwrap();
+                let events = f.runtime.block_on(f.store.tasks().events("tasks", &key)).unwrap();
                 prop_assert_eq!(&events.last().unwrap().kind, &kind);
                 prop_assert_eq!(counts(f), (before.0, before.1, before.2 + 1, before.3));
             }
@@ -194,7 +194,7 @@ proptest! {
         let key = format!("p{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         let within = within_limits(&payload);
         if write != PayloadWrite::Create {
-            f.runtime.block_on(f.store.create_task(fence, &key, &json!({}))).unwrap();
+            f.runtime.block_on(f.store.tasks().create(fence, &key, &json!({}))).unwrap();
         }
         let before = counts(f);
         let result = (f.runtime.block_on(write.run(&f.store, fence, &key, &payload)), before);
@@ -244,14 +244,20 @@ impl PayloadWrite {
         fence: &pgfence::Fence,
         key: &str,
         payload: &Value,
-    ) -> pgfence::Result<pgfence::TaskWrite> {
+    ) -> pgfence::Result<pgfence::tasks::TaskWrite> {
         match self {
-            PayloadWrite::Create => store.create_task(fence, key, payload).await,
-            PayloadWrite::Append => store.append_event(fence, key, "edge", payload).await,
-            PayloadWrite::Transition => {
-                let pending = pgfence::TaskState::Pending;
+            PayloadWrite::Create => store.tasks().create(fence, key, payload).await,
+            PayloadWrite::Append => {
                 store
-                    .transition_task(fence, key, pending, pending, payload)
+                    .tasks()
+                    .append_event(fence, key, "edge", payload)
+                    .await
+            }
+            PayloadWrite::Transition => {
+                let pending = pgfence::tasks::TaskState::Pending;
+                store
+                    .tasks()
+                    .transition(fence, key, pending, pending, payload)
                     .await
             }
         }
@@ -260,8 +266,13 @@ impl PayloadWrite {
     /// What is stored, read back through the library: the task row's payload and the payload of the task's
     /// latest event (the `created` event for a create), which must be of this write's kind.
     async fn read_back(self, store: &Store, lease: &str, key: &str) -> (Value, Value) {
-        let task = store.task(lease, key).await.unwrap().expect("the task");
-        let mut events = store.task_events(lease, key).await.unwrap();
+        let task = store
+            .tasks()
+            .get(lease, key)
+            .await
+            .unwrap()
+            .expect("the task");
+        let mut events = store.tasks().events(lease, key).await.unwrap();
         let event = events.pop().expect("an event");
         let kind = match self {
             PayloadWrite::Create => "created",
@@ -306,7 +317,7 @@ fn arbitrary_json() -> impl Strategy<Value = Value> {
 /// order, keys of any Unicode but NUL, shallow siblings on the way — around a leaf that is a scalar, an empty
 /// container or shallow JSON: the depth limit from both sides, 0 to 3 levels away.
 fn nested_around_the_depth_limit() -> impl Strategy<Value = Value> {
-    let max = pgfence::MAX_PAYLOAD_DEPTH;
+    let max = pgfence::limits::MAX_PAYLOAD_DEPTH;
     let shallow = || {
         prop_oneof![
             Just(json!(1)),
@@ -347,7 +358,7 @@ fn nested_around_the_depth_limit() -> impl Strategy<Value = Value> {
 /// UTF-8 or characters JSON escapes (a quote, a backslash, a control character written `\u0001`), or an array of
 /// zeros (the payload that grows most when stored as jsonb, about 6×): the size limit from both sides.
 fn sized_around_the_size_limit() -> impl Strategy<Value = Value> {
-    let max = pgfence::MAX_PAYLOAD_BYTES;
+    let max = pgfence::limits::MAX_PAYLOAD_BYTES;
     let filler = prop_oneof![
         Just('x'),
         Just('é'),
@@ -416,8 +427,8 @@ fn levels(value: &Value) -> usize {
 /// Within the library's limits: no NUL, at most `MAX_PAYLOAD_DEPTH` levels, at most `MAX_PAYLOAD_BYTES`.
 fn within_limits(value: &Value) -> bool {
     !contains_nul(value)
-        && levels(value) <= pgfence::MAX_PAYLOAD_DEPTH
-        && serialized_len(value) <= pgfence::MAX_PAYLOAD_BYTES
+        && levels(value) <= pgfence::limits::MAX_PAYLOAD_DEPTH
+        && serialized_len(value) <= pgfence::limits::MAX_PAYLOAD_BYTES
 }
 
 fn contains_nul(value: &Value) -> bool {
@@ -537,7 +548,7 @@ async fn bad_text_and_deep_json_are_refused_and_the_depth_limit_is_stored(
         .await
         .unwrap_err();
     assert_eq!(code(err), "54001");
-    let at_the_limit = nest(pgfence::MAX_PAYLOAD_DEPTH, true, json!("deepest"));
+    let at_the_limit = nest(pgfence::limits::MAX_PAYLOAD_DEPTH, true, json!("deepest"));
     let row = client
         .query_one(
             "SELECT outcome FROM pgfence.create_task('c/l', 1, current_setting('test.secret'), 'deep-ok', $1::text::jsonb)",
@@ -546,7 +557,13 @@ async fn bad_text_and_deep_json_are_refused_and_the_depth_limit_is_stored(
         .await
         .unwrap();
     assert_eq!(row.get::<_, String>(0), "ok");
-    let read = db.store("c").await.task("l", "deep-ok").await.unwrap();
+    let read = db
+        .store("c")
+        .await
+        .tasks()
+        .get("l", "deep-ok")
+        .await
+        .unwrap();
     assert_eq!(read.unwrap().payload, at_the_limit);
 }
 
@@ -676,7 +693,7 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
 /// row unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payload_limits_hold_exactly_at_their_edges() {
-    use pgfence::{MAX_PAYLOAD_BYTES as BYTES, MAX_PAYLOAD_DEPTH as DEPTH};
+    use pgfence::limits::{MAX_PAYLOAD_BYTES as BYTES, MAX_PAYLOAD_DEPTH as DEPTH};
     // The edges below are built from the constants; these are the limits docs/security.md promises.
     assert_eq!(
         (BYTES, DEPTH),
@@ -737,7 +754,11 @@ async fn payload_limits_hold_exactly_at_their_edges() {
             n += 1;
             let key = format!("k{n}");
             if write != PayloadWrite::Create {
-                store.create_task(&fence, &key, &json!({})).await.unwrap();
+                store
+                    .tasks()
+                    .create(&fence, &key, &json!({}))
+                    .await
+                    .unwrap();
             }
             let row = "SELECT fence, version, state::text, payload::text FROM pgfence.tasks WHERE key = $1";
             let task_row = |rows: Vec<tokio_postgres::Row>| -> Vec<(i64, i64, String, String)> {
@@ -844,7 +865,8 @@ async fn the_password_never_appears(captured: Captured) {
     let mut old = store.acquire("l", "pod", TTL).await.unwrap();
     let mut secrets = vec![old.fence().secret().expose_secret().to_owned()];
     store
-        .create_task(&old.fence(), "k", &json!({}))
+        .tasks()
+        .create(&old.fence(), "k", &json!({}))
         .await
         .unwrap();
     store.renew(&mut old).await.unwrap();
@@ -863,13 +885,15 @@ async fn the_password_never_appears(captured: Captured) {
         .unwrap();
     secrets.push(new.fence().secret().expose_secret().to_owned());
     let stale = store
-        .create_task(&old.fence(), "k2", &json!({}))
+        .tasks()
+        .create(&old.fence(), "k2", &json!({}))
         .await
         .unwrap_err();
     texts.push(format!("{stale} {stale:?}"));
-    texts.push(serde_json::to_string(&store.identity().await.unwrap()).unwrap());
+    texts.push(serde_json::to_string(&store.admin().identity().await.unwrap()).unwrap());
     texts.push(
-        serde_json::to_string(&store.rejections(&Default::default()).await.unwrap()).unwrap(),
+        serde_json::to_string(&store.admin().rejections(&Default::default()).await.unwrap())
+            .unwrap(),
     );
 
     let closed = common::unused_port();
@@ -887,7 +911,8 @@ async fn the_password_never_appears(captured: Captured) {
     .await
     .unwrap_err();
     texts.push(format!("{malformed} {malformed:?}"));
-    let keyword = pgfence::redact(&format!("host=h user=u password={SENTINEL} dbname=d"));
+    let keyword =
+        pgfence::connection::redact(&format!("host=h user=u password={SENTINEL} dbname=d"));
     texts.push(keyword);
 
     let audit: Vec<String> = db
@@ -950,7 +975,7 @@ proptest! {
         let f = F.get_or_init(|| Mutex::new(fixture())).lock().unwrap_or_else(|p| p.into_inner());
         let ttl = Duration::from_millis(ms);
         let before = counts(&f);
-        let valid = ttl >= pgfence::MIN_TTL && ttl <= pgfence::MAX_TTL;
+        let valid = ttl >= pgfence::limits::MIN_TTL && ttl <= pgfence::limits::MAX_TTL;
         match f.runtime.block_on(f.store.acquire("ttl", "pod", ttl)) {
             Ok(lease) => {
                 prop_assert!(valid, "{ttl:?} accepted");
@@ -991,7 +1016,7 @@ proptest! {
                     common::forged_fence("hostile/epochs", value)
                 };
                 let key = format!("e{value}");
-                match f.runtime.block_on(f.store.create_task(&fence, &key, &json!({}))) {
+                match f.runtime.block_on(f.store.tasks().create(&fence, &key, &json!({}))) {
                     Ok(_) => prop_assert_eq!(value, current),
                     Err(Error::Stale { reason, presented, current: said_current, operation, .. }) => {
                         prop_assert_ne!(value, current);

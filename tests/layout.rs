@@ -8,8 +8,9 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::{client_as, owned_db, role, sqlstate, store_as, url_as, TestDb};
-use pgfence::GUARD_LOCK_CLASS;
-use pgfence::{Error, ForceReleased, LayoutSeverity, Store, StoreConfig};
+use pgfence::schema::LayoutSeverity;
+use pgfence::schema::GUARD_LOCK_CLASS;
+use pgfence::{Error, ForceReleased, Store, StoreConfig};
 use serde_json::json;
 
 const TTL: Duration = Duration::from_secs(60);
@@ -83,21 +84,27 @@ async fn the_hardened_layout_works_and_refuses_outsiders_the_guard_lock() {
         .unwrap();
     let store = store_of(&db, &owner).await;
     store.migrate().await.unwrap();
-    assert_eq!(store.layout_problems().await.unwrap(), vec![]);
+    assert_eq!(store.admin().layout_problems().await.unwrap(), vec![]);
     client_as(&db, &owner)
         .await
         .batch_execute("SELECT pgfence.set_takeover_grace('300 ms')")
         .await
         .unwrap();
     let app = role(&db, "app").await;
-    store.grant_application(&app, Some("c")).await.unwrap();
+    store
+        .admin()
+        .grant_application(&app, Some("c"))
+        .await
+        .unwrap();
     let as_app = store_of(&db, &app).await;
     let lease = as_app.acquire("a", "pod-1", TTL).await.unwrap();
     as_app
-        .create_task(&lease.fence(), "job", &json!({}))
+        .tasks()
+        .create(&lease.fence(), "job", &json!({}))
         .await
         .unwrap();
     as_app
+        .tasks()
         .append_event(&lease.fence(), "job", "started", &json!({}))
         .await
         .unwrap();
@@ -150,7 +157,7 @@ async fn the_hardened_layout_works_and_refuses_outsiders_the_guard_lock() {
     assert_eq!(sqlstate(&refused), "42501", "{refused}");
 
     let started = Instant::now();
-    let ended = store.force_release("a").await.unwrap();
+    let ended = store.admin().force_release("a").await.unwrap();
     assert!(matches!(ended, ForceReleased::Ended { .. }), "{ended:?}");
     assert!(
         started.elapsed() >= Duration::from_millis(300)
@@ -204,11 +211,15 @@ async fn migrate_and_grant_refuse_an_owner_without_the_advisory_functions() {
         ))
         .await
         .unwrap();
-    let problems = store.layout_problems().await.unwrap();
+    let problems = store.admin().layout_problems().await.unwrap();
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert_eq!(problems[0].severity, LayoutSeverity::Error);
     let app = role(&db, "app").await;
-    let err = store.grant_application(&app, Some("c")).await.unwrap_err();
+    let err = store
+        .admin()
+        .grant_application(&app, Some("c"))
+        .await
+        .unwrap_err();
     assert_eq!(err.sqlstate(), Some("42501"), "{err}");
     assert!(
         err.to_string()
@@ -267,7 +278,7 @@ async fn an_outsider_holding_a_guard_key_is_named_within_the_bounds() {
     let (db, owner) = owned_db().await;
     let store = store_of(&db, &owner).await;
     store.migrate().await.unwrap();
-    let problems = store.layout_problems().await.unwrap();
+    let problems = store.admin().layout_problems().await.unwrap();
     assert!(
         problems
             .iter()
@@ -301,7 +312,7 @@ async fn an_outsider_holding_a_guard_key_is_named_within_the_bounds() {
     let started = Instant::now();
     let err = tokio::time::timeout(
         Duration::from_secs(15),
-        store.create_task(&lease.fence(), "job", &json!({})),
+        store.tasks().create(&lease.fence(), "job", &json!({})),
     )
     .await
     .expect("the guard's wait is bounded")
@@ -316,7 +327,7 @@ async fn an_outsider_holding_a_guard_key_is_named_within_the_bounds() {
     assert!(waited < Duration::from_secs(8), "grace + 5 s: {waited:?}");
 
     let started = Instant::now();
-    let err = tokio::time::timeout(Duration::from_secs(15), store.force_release("a"))
+    let err = tokio::time::timeout(Duration::from_secs(15), store.admin().force_release("a"))
         .await
         .expect("the takeover's wait is bounded")
         .unwrap_err();

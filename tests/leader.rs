@@ -19,14 +19,18 @@ use std::time::{Duration, Instant};
 use common::metrics_probe;
 use common::proxy::{Proxy, HOLD_ALL};
 use common::{RowLock, TestDb};
+use pgfence::history::Overlap;
 use pgfence::leader::{
     run_with_leadership, Backoff, Elector, Ended, Health, HeldLease, LeaderContext,
     LeadershipOptions, LeaseOptions, LossCause, MemoryElector, PgElector, Standing, Supervisor,
-    TenureEnd, Wakeups, METRIC_CALLBACKS_NOT_STOPPED, METRIC_GROUP_MEMBERS,
-    METRIC_GROUP_NAMES_ASSIGNED, METRIC_GROUP_NAMES_LED, METRIC_HANDOVERS, METRIC_HANDOVER_GAP,
-    METRIC_LEADER, METRIC_LOSSES, METRIC_RENEW_DURATION, METRIC_TRANSITIONS,
+    TenureEnd, Wakeups,
 };
-use pgfence::{Epoch, Error, LossReason, Overlap, Released, METRIC_STALE_WRITES};
+use pgfence::metrics::{
+    METRIC_CALLBACKS_NOT_STOPPED, METRIC_GROUP_MEMBERS, METRIC_GROUP_NAMES_ASSIGNED,
+    METRIC_GROUP_NAMES_LED, METRIC_HANDOVERS, METRIC_HANDOVER_GAP, METRIC_LEADER, METRIC_LOSSES,
+    METRIC_RENEW_DURATION, METRIC_STALE_WRITES, METRIC_TRANSITIONS,
+};
+use pgfence::{Epoch, Error, LossReason, Released};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -112,7 +116,12 @@ impl Backend for Pg {
     }
     async fn inject_loss(&self, name: &str) {
         // An operator override: the holder learns it at its next renewal, as a definitive loss.
-        self.elector.store().force_release(name).await.unwrap();
+        self.elector
+            .store()
+            .admin()
+            .force_release(name)
+            .await
+            .unwrap();
     }
     fn injected_cause(&self) -> LossCause {
         LossCause::Definitive {
@@ -831,7 +840,12 @@ async fn release_after_loss_never_touches_the_successor() {
         .acquire("handed", "pod-a", &options)
         .await
         .unwrap();
-    pg.elector.store().force_release("handed").await.unwrap();
+    pg.elector
+        .store()
+        .admin()
+        .force_release("handed")
+        .await
+        .unwrap();
     let b = pg
         .elector
         .acquire("handed", "pod-b", &options)
@@ -1122,7 +1136,7 @@ async fn the_keepalive_renews_over_its_own_kept_connection_while_the_pool_is_bus
     let mut options = LeaseOptions::new(Duration::from_millis(600));
     options.renew_every = Duration::from_millis(100);
     let lease = elector.acquire("kept", "pod-a", &options).await.unwrap();
-    let busy = store.conn().await.unwrap(); // the pool's only connection, held by the application
+    let busy = store.admin().conn().await.unwrap(); // the pool's only connection, held by the application
     let qualified = lease.qualified_name().to_owned();
     let mut renewers = std::collections::BTreeSet::new();
     let until = Instant::now() + Duration::from_millis(1500); // 2.5 ttl, 15 renewal periods
@@ -1457,7 +1471,7 @@ async fn a_callback_that_ignores_cancellation_is_reported() {
     }
     assert_eq!(
         metrics_probe::counter(
-            pgfence::leader::METRIC_CALLBACKS_NOT_STOPPED,
+            pgfence::metrics::METRIC_CALLBACKS_NOT_STOPPED,
             &[("lease", "memory/stubborn")]
         ),
         1
@@ -1541,7 +1555,7 @@ async fn supervisor_runs_independent_controllers_and_recampaigns() {
         .await
         .unwrap()
         .unwrap();
-    for lease in pg.elector.store().leases().await.unwrap() {
+    for lease in pg.elector.store().admin().leases().await.unwrap() {
         assert_ne!(
             lease.state,
             pgfence::LeaseState::Held,
@@ -2197,7 +2211,7 @@ async fn metrics_count_transitions_losses_by_cause_and_stale_writes() {
 
     let second = elector.acquire("metered", "pod-a", &options).await.unwrap();
     assert_eq!(metered(elector, "metered"), (Some(1.0), 3, [0, 0, 0]));
-    store.force_release("metered").await.unwrap();
+    store.admin().force_release("metered").await.unwrap();
     assert_eq!(
         second.lost().within(WAIT, "the loss of second").await,
         Some(LossCause::Definitive {
@@ -2208,7 +2222,8 @@ async fn metrics_count_transitions_losses_by_cause_and_stale_writes() {
 
     assert_eq!(stale(), 0);
     match store
-        .create_task(&second.fence(), "after-loss", &serde_json::json!({}))
+        .tasks()
+        .create(&second.fence(), "after-loss", &serde_json::json!({}))
         .await
     {
         Err(Error::Stale { presented, .. }) => assert_eq!(presented, second.epoch()),
@@ -2217,7 +2232,8 @@ async fn metrics_count_transitions_losses_by_cause_and_stale_writes() {
     assert_eq!(stale(), 1);
     let third = elector.acquire("metered", "pod-b", &options).await.unwrap();
     store
-        .create_task(&third.fence(), "current", &serde_json::json!({}))
+        .tasks()
+        .create(&third.fence(), "current", &serde_json::json!({}))
         .await
         .unwrap();
     assert_eq!(stale(), 1, "a current fence's write is not a stale write");
@@ -2226,13 +2242,13 @@ async fn metrics_count_transitions_losses_by_cause_and_stale_writes() {
     assert_eq!(metered(elector, "metered"), (Some(0.0), 6, [1, 0, 0]));
 }
 
-/// `describe_metrics` gives every metric pgfence records its kind, unit and help text, and the names follow
+/// `metrics::describe` gives every metric pgfence records its kind, unit and help text, and the names follow
 /// Prometheus conventions: a `pgfence_` prefix, `_total` on counters, the base unit on the duration histogram.
 #[test]
 fn describe_metrics_gives_every_metric_its_kind_unit_and_help_text() {
     use metrics::Unit;
     metrics_probe::install();
-    pgfence::describe_metrics();
+    pgfence::metrics::describe();
     for (name, kind, unit) in [
         (METRIC_LEADER, "gauge", Unit::Count),
         (METRIC_TRANSITIONS, "counter", Unit::Count),
@@ -2347,7 +2363,7 @@ async fn an_abandoned_lease_expires_without_an_end_report() {
         "acquired before the abandoned tenure's ttl"
     );
     assert_eq!(successor.epoch().get(), epoch.get() + 1);
-    let reviews = store.review("abandoned").await.unwrap();
+    let reviews = store.history().review("abandoned").await.unwrap();
     let old = reviews
         .iter()
         .find(|r| r.tenure.epoch == epoch)
@@ -2402,16 +2418,24 @@ async fn lease_options_are_checked_at_their_edges_before_anything_is_acquired() 
         options
     };
     let cases: Vec<(&str, LeaseOptions, Option<&str>)> = vec![
-        ("ttl at MIN_TTL", LeaseOptions::new(pgfence::MIN_TTL), None),
+        (
+            "ttl at MIN_TTL",
+            LeaseOptions::new(pgfence::limits::MIN_TTL),
+            None,
+        ),
         (
             "ttl under MIN_TTL",
-            LeaseOptions::new(pgfence::MIN_TTL - ms(1)),
+            LeaseOptions::new(pgfence::limits::MIN_TTL - ms(1)),
             Some("ttl"),
         ),
-        ("ttl at MAX_TTL", LeaseOptions::new(pgfence::MAX_TTL), None),
+        (
+            "ttl at MAX_TTL",
+            LeaseOptions::new(pgfence::limits::MAX_TTL),
+            None,
+        ),
         (
             "ttl over MAX_TTL",
-            LeaseOptions::new(pgfence::MAX_TTL + ms(1)),
+            LeaseOptions::new(pgfence::limits::MAX_TTL + ms(1)),
             Some("ttl"),
         ),
         (

@@ -88,7 +88,7 @@ async fn acquire_issues_epoch_one_then_refuses_other_holders() {
         "{left:?}"
     );
     // The operator's view lists the same lease.
-    let all = store.all_leases().await.unwrap();
+    let all = store.admin().all_leases().await.unwrap();
     assert_eq!(
         all.iter()
             .map(|s| (s.name.as_str(), s.state))
@@ -128,7 +128,7 @@ async fn release_is_immediate_idempotent_and_never_frees_a_successor() {
     assert_eq!(status.holder.as_deref(), Some("pod-b"));
     assert_eq!(status.epoch, Some(b.epoch()));
 
-    let tenures = store.tenures("rollout").await.unwrap();
+    let tenures = store.history().tenures("rollout").await.unwrap();
     assert_eq!(tenures.len(), 2);
     assert_eq!(tenures[0].end_reason.as_deref(), Some("released"));
     assert!(tenures[1].ended_at.is_none());
@@ -164,7 +164,7 @@ async fn expired_lease_can_be_taken_over_and_its_renewal_is_lost() {
         }
         other => panic!("expected Lost(superseded), got {other:?}"),
     }
-    let tenures = store.tenures("gc").await.unwrap();
+    let tenures = store.history().tenures("gc").await.unwrap();
     assert_eq!(tenures[0].end_reason.as_deref(), Some("expired"));
 }
 
@@ -239,7 +239,7 @@ async fn reacquire_by_the_same_holder_issues_a_new_epoch() {
     let first = store.acquire("sched", "pod-a", TTL).await.unwrap();
     let second = store.acquire("sched", "pod-a", TTL).await.unwrap();
     assert_eq!(second.epoch().get(), first.epoch().get() + 1);
-    let tenures = store.tenures("sched").await.unwrap();
+    let tenures = store.history().tenures("sched").await.unwrap();
     assert_eq!(tenures[0].end_reason.as_deref(), Some("reacquired"));
     let status = store.lease_status("sched").await.unwrap().unwrap();
     assert_eq!(status.transitions, 1, "same holder: no transition");
@@ -259,25 +259,25 @@ async fn force_release_ends_the_tenure_and_keeps_the_epoch_counting() {
     let db = TestDb::new().await;
     let store = db.store("c1").await;
     assert_eq!(
-        store.force_release("nobody").await.unwrap(),
+        store.admin().force_release("nobody").await.unwrap(),
         ForceReleased::Unknown
     );
     let a = store.acquire("sched", "pod-a", TTL).await.unwrap();
     assert_eq!(
-        store.force_release("sched").await.unwrap(),
+        store.admin().force_release("sched").await.unwrap(),
         ForceReleased::Ended {
             epoch: a.epoch(),
             holder: "pod-a".into()
         }
     );
     assert_eq!(
-        store.force_release("sched").await.unwrap(),
+        store.admin().force_release("sched").await.unwrap(),
         ForceReleased::NotHeld
     );
     let b = store.acquire("sched", "pod-b", TTL).await.unwrap();
     assert_eq!(b.epoch().get(), 2);
     assert_eq!(
-        store.tenures("sched").await.unwrap()[0]
+        store.history().tenures("sched").await.unwrap()[0]
             .end_reason
             .as_deref(),
         Some("forced")
@@ -305,15 +305,15 @@ async fn epochs_strictly_increase_through_every_kind_of_handover() {
             0 => assert_eq!(store.release(&lease).await.unwrap(), Released::Released),
             1 => wait_expired(&store, "sched").await,
             2 => {
-                store.force_release("sched").await.unwrap();
+                store.admin().force_release("sched").await.unwrap();
             }
             _ => {} // the next round's holder differs or re-acquires: either way epoch + 1 once it is free
         }
         if round % 4 == 3 {
-            store.force_release("sched").await.unwrap();
+            store.admin().force_release("sched").await.unwrap();
         }
     }
-    assert_eq!(store.tenures("sched").await.unwrap().len(), 20);
+    assert_eq!(store.history().tenures("sched").await.unwrap().len(), 20);
 }
 
 /// Two clusters sharing one database never contend: the same lease name is independent per cluster.
@@ -326,9 +326,9 @@ async fn clusters_sharing_a_database_never_contend() {
     let b = us.acquire("scheduler", "pod-b", TTL).await.unwrap();
     assert_eq!(a.epoch().get(), 1);
     assert_eq!(b.epoch().get(), 1);
-    assert_eq!(eu.leases().await.unwrap().len(), 1);
+    assert_eq!(eu.admin().leases().await.unwrap().len(), 1);
     assert_eq!(
-        us.leases().await.unwrap()[0].holder.as_deref(),
+        us.admin().leases().await.unwrap()[0].holder.as_deref(),
         Some("pod-b")
     );
 }
@@ -383,7 +383,7 @@ async fn quotes_and_sql_in_names_are_plain_data() {
 async fn bad_input_is_refused_and_writes_nothing() {
     let db = TestDb::new().await;
     let store = db.store("c1").await;
-    let long = "x".repeat(pgfence::MAX_NAME_LEN + 1);
+    let long = "x".repeat(pgfence::limits::MAX_NAME_LEN + 1);
     let cases: Vec<(&str, &str, Duration)> = vec![
         ("", "pod", TTL),
         (&long, "pod", TTL),

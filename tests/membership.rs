@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::fixture::{app_role, app_store};
 use common::{client_as, sqlstate, store_as, TestDb};
-use pgfence::{DenyReason, Error, MemberLoss, MemberSpec, Store};
+use pgfence::groups::{MemberLoss, MemberSpec};
+use pgfence::{DenyReason, Error, Store};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -30,7 +31,8 @@ async fn a_member_joins_heartbeats_and_leaves_and_the_roster_shows_what_it_leads
     let db = TestDb::new().await;
     let store = db.store("c").await;
     let mut a = store
-        .join_group("g", "a", &spec(&["x", "y"]).weight(3).pin(["y"]), TTL)
+        .groups()
+        .join("g", "a", &spec(&["x", "y"]).weight(3).pin(["y"]), TTL)
         .await
         .unwrap();
     assert_eq!(
@@ -39,18 +41,19 @@ async fn a_member_joins_heartbeats_and_leaves_and_the_roster_shows_what_it_leads
         "settled at its first heartbeat"
     );
     let b = store
-        .join_group("g", "b", &spec(&["x", "y"]).exclude(["y"]), TTL)
+        .groups()
+        .join("g", "b", &spec(&["x", "y"]).exclude(["y"]), TTL)
         .await
         .unwrap();
-    let before = store.heartbeat(&mut a, TTL).await.unwrap();
+    let before = store.groups().heartbeat(&mut a, TTL).await.unwrap();
     assert!(a.settled());
     assert_eq!(
         before,
-        store.heartbeat(&mut a, TTL).await.unwrap(),
+        store.groups().heartbeat(&mut a, TTL).await.unwrap(),
         "nothing changed"
     );
 
-    let roster = store.roster("g").await.unwrap();
+    let roster = store.groups().roster("g").await.unwrap();
     let members: Vec<_> = roster
         .members
         .iter()
@@ -63,24 +66,24 @@ async fn a_member_joins_heartbeats_and_leaves_and_the_roster_shows_what_it_leads
     // A lease held under the member's name is what it leads; another holder's is not.
     let lease = store.acquire("x", "a", TTL).await.unwrap();
     store.acquire("y", "someone-else", TTL).await.unwrap();
-    let roster = store.roster("g").await.unwrap();
+    let roster = store.groups().roster("g").await.unwrap();
     assert_eq!(roster.holders.get("x").map(String::as_str), Some("a"));
     assert_eq!(roster.holders.get("y"), None);
     assert_ne!(
         before,
-        store.heartbeat(&mut a, TTL).await.unwrap(),
+        store.groups().heartbeat(&mut a, TTL).await.unwrap(),
         "a name changed hands"
     );
     store.release(&lease).await.unwrap();
 
-    assert!(store.leave_group(&b).await.unwrap());
+    assert!(store.groups().leave(&b).await.unwrap());
     assert!(
-        !store.leave_group(&b).await.unwrap(),
+        !store.groups().leave(&b).await.unwrap(),
         "leaving twice changes nothing"
     );
-    let roster = store.roster("g").await.unwrap();
+    let roster = store.groups().roster("g").await.unwrap();
     assert_eq!(roster.members.len(), 1);
-    let rows = store.group_members(Some("c/g")).await.unwrap();
+    let rows = store.groups().members(Some("c/g")).await.unwrap();
     assert_eq!(
         rows.len(),
         2,
@@ -89,7 +92,7 @@ async fn a_member_joins_heartbeats_and_leaves_and_the_roster_shows_what_it_leads
     assert!(rows
         .iter()
         .any(|r| r.member == "b" && !r.live && !r.settled));
-    assert!(matches!(store.leave_group(&a).await, Ok(true)));
+    assert!(matches!(store.groups().leave(&a).await, Ok(true)));
 }
 
 /// Invariant: the same member name from two processes never counts twice — the second is refused while the first
@@ -100,10 +103,11 @@ async fn the_same_member_name_from_two_processes_never_counts_twice() {
     let db = TestDb::new().await;
     let (one, two) = (db.store("c").await, db.store("c").await);
     let mut first = one
-        .join_group("g", "pod", &spec(&["x"]), TTL)
+        .groups()
+        .join("g", "pod", &spec(&["x"]), TTL)
         .await
         .unwrap();
-    match two.join_group("g", "pod", &spec(&["x"]), TTL).await {
+    match two.groups().join("g", "pod", &spec(&["x"]), TTL).await {
         Err(Error::MemberTaken {
             member, expires_in, ..
         }) => {
@@ -112,19 +116,20 @@ async fn the_same_member_name_from_two_processes_never_counts_twice() {
         }
         other => panic!("expected MemberTaken, got {other:?}"),
     }
-    assert_eq!(one.roster("g").await.unwrap().members.len(), 1);
-    one.leave_group(&first).await.unwrap();
+    assert_eq!(one.groups().roster("g").await.unwrap().members.len(), 1);
+    one.groups().leave(&first).await.unwrap();
     let mut second = two
-        .join_group("g", "pod", &spec(&["x"]), TTL)
+        .groups()
+        .join("g", "pod", &spec(&["x"]), TTL)
         .await
         .unwrap();
     assert_eq!(second.incarnation(), 2);
-    two.heartbeat(&mut second, TTL).await.unwrap();
+    two.groups().heartbeat(&mut second, TTL).await.unwrap();
     assert!(
         second.settled(),
         "the first left in order: no flap, settled at its first heartbeat"
     );
-    match one.heartbeat(&mut first, TTL).await {
+    match one.groups().heartbeat(&mut first, TTL).await {
         Err(Error::MemberLost {
             reason: MemberLoss::Superseded,
             ..
@@ -146,14 +151,17 @@ async fn bad_member_input_is_a_typed_error_and_writes_nothing() {
     let store = db.store("c").await;
     let cases: Vec<(MemberSpec, &str)> = vec![
         (spec(&["x"]).weight(0), "weight"),
-        (spec(&["x"]).weight(pgfence::MAX_WEIGHT + 1), "weight"),
+        (
+            spec(&["x"]).weight(pgfence::limits::MAX_WEIGHT + 1),
+            "weight",
+        ),
         (spec(&[]), "names"),
         (spec(&["x"]).pin(["y"]), "pin"),
         (spec(&["x"]).pin(["x"]).exclude(["x"]), "pin"),
         (spec(&["bad\u{7}name"]), "lease name"),
     ];
     for (bad, field) in cases {
-        match store.join_group("g", "a", &bad, TTL).await {
+        match store.groups().join("g", "a", &bad, TTL).await {
             Err(Error::InvalidInput { field: f, .. }) => assert_eq!(f, field, "{bad:?}"),
             other => panic!("{bad:?}: {other:?}"),
         }
@@ -161,7 +169,7 @@ async fn bad_member_input_is_a_typed_error_and_writes_nothing() {
     for (group, member) in [("", "a"), ("g", ""), ("g\n", "a"), ("g", &*"m".repeat(257))] {
         assert!(
             matches!(
-                store.join_group(group, member, &spec(&["x"]), TTL).await,
+                store.groups().join(group, member, &spec(&["x"]), TTL).await,
                 Err(Error::InvalidInput { .. })
             ),
             "{group:?} {member:?}"
@@ -169,7 +177,8 @@ async fn bad_member_input_is_a_typed_error_and_writes_nothing() {
     }
     assert!(matches!(
         store
-            .join_group("g", "a", &spec(&["x"]), Duration::from_millis(10))
+            .groups()
+            .join("g", "a", &spec(&["x"]), Duration::from_millis(10))
             .await,
         Err(Error::InvalidInput { field: "ttl", .. })
     ));
@@ -215,7 +224,8 @@ async fn a_forged_heartbeat_is_refused_audited_and_holds_no_lock() {
     let owner = db.store("c").await;
     let (app, store) = app_store(&db, &owner, "app", "c").await;
     let mut member = store
-        .join_group("g", "a", &spec(&["x"]), TTL)
+        .groups()
+        .join("g", "a", &spec(&["x"]), TTL)
         .await
         .unwrap();
 
@@ -234,7 +244,7 @@ async fn a_forged_heartbeat_is_refused_audited_and_holds_no_lock() {
     }
     // The forger's transaction stays open: the member's own calls must not wait for it.
     let started = std::time::Instant::now();
-    store.heartbeat(&mut member, TTL).await.unwrap();
+    store.groups().heartbeat(&mut member, TTL).await.unwrap();
     assert!(
         started.elapsed() < Duration::from_secs(1),
         "{:?}",
@@ -248,7 +258,7 @@ async fn a_forged_heartbeat_is_refused_audited_and_holds_no_lock() {
         ))
         .await;
     assert_eq!(audited, 2);
-    assert!(store.leave_group(&member).await.unwrap());
+    assert!(store.groups().leave(&member).await.unwrap());
 }
 
 /// Invariant 8 for groups: a role granted another cluster can neither join, heartbeat nor read a group of this
@@ -260,17 +270,20 @@ async fn another_clusters_role_cannot_join_or_read_a_group() {
     let app = app_role(&db, &owner, "app", Some("c")).await;
     let other = app_role(&db, &owner, "other", Some("d")).await;
     let mine = store_as(&db, &app, "c").await;
-    mine.join_group("g", "a", &spec(&["x"]), TTL).await.unwrap();
+    mine.groups()
+        .join("g", "a", &spec(&["x"]), TTL)
+        .await
+        .unwrap();
     let intruder: Store = store_as(&db, &other, "c").await;
-    match intruder.join_group("g", "b", &spec(&["x"]), TTL).await {
+    match intruder.groups().join("g", "b", &spec(&["x"]), TTL).await {
         Err(Error::Denied {
             reason: DenyReason::NoGrant,
             ..
         }) => {}
         other => panic!("{other:?}"),
     }
-    assert!(intruder.roster("g").await.is_err());
-    assert!(intruder.group_members(None).await.unwrap().is_empty());
+    assert!(intruder.groups().roster("g").await.is_err());
+    assert!(intruder.groups().members(None).await.unwrap().is_empty());
     let client = client_as(&db, &other).await;
     for query in [
         "SELECT count(*) FROM pgfence.group_members",
@@ -282,7 +295,7 @@ async fn another_clusters_role_cannot_join_or_read_a_group() {
         }
     }
     assert_eq!(
-        mine.roster("g").await.unwrap().members.len(),
+        mine.groups().roster("g").await.unwrap().members.len(),
         1,
         "nothing of the intruder's counted"
     );
@@ -304,7 +317,8 @@ async fn a_member_that_expired_settles_one_ttl_after_it_joins_again() {
     let store = db.store("c").await;
     let ttl = Duration::from_millis(400);
     store
-        .join_group("g", "a", &spec(&["x"]), ttl)
+        .groups()
+        .join("g", "a", &spec(&["x"]), ttl)
         .await
         .unwrap();
     // Wait for the expiry by the database clock (the member is not renewed).
@@ -316,15 +330,16 @@ async fn a_member_that_expired_settles_one_ttl_after_it_joins_again() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(
-        store.roster("g").await.unwrap().members.is_empty(),
+        store.groups().roster("g").await.unwrap().members.is_empty(),
         "an expired member is not counted"
     );
     let mut again = store
-        .join_group("g", "a", &spec(&["x"]), ttl)
+        .groups()
+        .join("g", "a", &spec(&["x"]), ttl)
         .await
         .unwrap();
     assert!(!again.settled(), "a flap is not settled at once");
-    let roster = store.roster("g").await.unwrap();
+    let roster = store.groups().roster("g").await.unwrap();
     assert_eq!(
         (roster.members.len(), roster.members[0].settled),
         (1, false)
@@ -336,7 +351,7 @@ async fn a_member_that_expired_settles_one_ttl_after_it_joins_again() {
     // Heartbeats settle it once a ttl has passed since the join (database clock), not before.
     let joined = std::time::Instant::now();
     loop {
-        store.heartbeat(&mut again, ttl).await.unwrap();
+        store.groups().heartbeat(&mut again, ttl).await.unwrap();
         if again.settled() {
             break;
         }
@@ -347,12 +362,13 @@ async fn a_member_that_expired_settles_one_ttl_after_it_joins_again() {
         "{:?}",
         joined.elapsed()
     );
-    store.leave_group(&again).await.unwrap();
+    store.groups().leave(&again).await.unwrap();
     let mut orderly = store
-        .join_group("g", "a", &spec(&["x"]), ttl)
+        .groups()
+        .join("g", "a", &spec(&["x"]), ttl)
         .await
         .unwrap();
-    store.heartbeat(&mut orderly, ttl).await.unwrap();
+    store.groups().heartbeat(&mut orderly, ttl).await.unwrap();
     assert!(
         orderly.settled(),
         "after a leave, no flap: settled at its first heartbeat"
@@ -370,10 +386,11 @@ async fn a_join_blocked_on_the_members_row_fails_in_bounded_time_naming_the_bloc
     let db = TestDb::new().await;
     let store = db.store("c").await;
     let first = store
-        .join_group("g", "a", &spec(&["x"]), TTL)
+        .groups()
+        .join("g", "a", &spec(&["x"]), TTL)
         .await
         .unwrap();
-    store.leave_group(&first).await.unwrap();
+    store.groups().leave(&first).await.unwrap();
     let blocker = db.client().await;
     blocker
         .batch_execute(
@@ -383,7 +400,7 @@ async fn a_join_blocked_on_the_members_row_fails_in_bounded_time_naming_the_bloc
         .await
         .unwrap();
     let started = std::time::Instant::now();
-    let result = store.join_group("g", "a", &spec(&["x"]), TTL).await;
+    let result = store.groups().join("g", "a", &spec(&["x"]), TTL).await;
     let waited = started.elapsed();
     match result {
         Err(e) => {
@@ -396,7 +413,8 @@ async fn a_join_blocked_on_the_members_row_fails_in_bounded_time_naming_the_bloc
     assert!(waited < Duration::from_secs(9), "{waited:?}");
     blocker.batch_execute("ROLLBACK").await.unwrap();
     store
-        .join_group("g", "a", &spec(&["x"]), TTL)
+        .groups()
+        .join("g", "a", &spec(&["x"]), TTL)
         .await
         .unwrap();
 }

@@ -14,7 +14,8 @@ use diesel::pg::Pg;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use diesel_migrations::MigrationHarness;
-use pgfence::{Error, Lease, LossReason, Store, TaskState};
+use pgfence::tasks::TaskState;
+use pgfence::{Error, Lease, LossReason, Store};
 use serde_json::json;
 
 const TTL: Duration = Duration::from_secs(60);
@@ -100,7 +101,7 @@ impl Harness {
 
     async fn next(&mut self) -> String {
         self.run(|conn| {
-            conn.run_next_migration(pgfence::MIGRATIONS)
+            conn.run_next_migration(pgfence::schema::MIGRATIONS)
                 .unwrap()
                 .to_string()
         })
@@ -109,7 +110,7 @@ impl Harness {
 
     async fn revert(&mut self) -> String {
         self.run(|conn| {
-            conn.revert_last_migration(pgfence::MIGRATIONS)
+            conn.revert_last_migration(pgfence::schema::MIGRATIONS)
                 .unwrap()
                 .to_string()
         })
@@ -128,7 +129,8 @@ async fn the_data_written_along_the_way_is_still_guarded(
 ) {
     store.renew(current).await.unwrap();
     let moved = store
-        .transition_task(
+        .tasks()
+        .transition(
             &current.fence(),
             "job",
             TaskState::Pending,
@@ -139,6 +141,7 @@ async fn the_data_written_along_the_way_is_still_guarded(
         .unwrap();
     assert_eq!(moved.task.state, TaskState::Running);
     match store
+        .tasks()
         .append_event(&superseded.fence(), "job", "late", &json!({}))
         .await
     {
@@ -162,11 +165,12 @@ async fn the_data_written_along_the_way_is_still_guarded(
     let (_, as_app) = common::fixture::app_store(db, store, "app", "up").await;
     let mine = as_app.acquire("b", "app-1", TTL).await.unwrap();
     as_app
-        .create_task(&mine.fence(), "job", &json!({}))
+        .tasks()
+        .create(&mine.fence(), "job", &json!({}))
         .await
         .unwrap();
     assert_eq!(
-        as_app.leases().await.unwrap().len(),
+        as_app.admin().leases().await.unwrap().len(),
         2,
         "the granted role reads its cluster's leases, the one from before the roles migration included"
     );
@@ -185,7 +189,7 @@ async fn migrations_apply_one_at_a_time_on_data_and_end_as_a_fresh_schema() {
     let fresh = snapshot(&reference).await;
 
     let db = TestDb::empty().await;
-    let versions: Vec<String> = MigrationSource::<Pg>::migrations(&pgfence::MIGRATIONS)
+    let versions: Vec<String> = MigrationSource::<Pg>::migrations(&pgfence::schema::MIGRATIONS)
         .unwrap()
         .iter()
         .map(|m| m.name().version().to_string())
@@ -239,7 +243,8 @@ async fn migrations_apply_one_at_a_time_on_data_and_end_as_a_fresh_schema() {
             3 => {
                 let fence = current.as_ref().unwrap().fence();
                 let write = store
-                    .create_task(&fence, "job", &json!({"n": 1}))
+                    .tasks()
+                    .create(&fence, "job", &json!({"n": 1}))
                     .await
                     .unwrap();
                 assert!(write.created);
@@ -309,7 +314,7 @@ async fn migrate_refuses_a_schema_another_role_made_first() {
     let mut harness = Harness::open(&db).await;
     let refused = harness
         .run(|conn| {
-            conn.run_next_migration(pgfence::MIGRATIONS)
+            conn.run_next_migration(pgfence::schema::MIGRATIONS)
                 .map(|v| v.to_string())
                 .map_err(|e| e.to_string())
         })

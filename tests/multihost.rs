@@ -79,7 +79,7 @@ async fn standbys_are_skipped_or_refused_and_every_host_is_named() {
         &[host(standby.port()), host(primary.port())],
     );
     let store = Store::connect(StoreConfig::new(&both, "c")).await.unwrap();
-    assert!(!store.identity().await.unwrap().in_recovery);
+    assert!(!store.admin().identity().await.unwrap().in_recovery);
 
     let only_standby = multi(
         &primary.url(),

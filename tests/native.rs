@@ -298,6 +298,7 @@ async fn the_native_memory_admits_no_role_the_grant_does_not() {
     let app = app_role(&db, &owner_store, "app", Some("c")).await;
     // A second cluster, so that revoking "c" leaves the role its privileges (and the answer is the guard's).
     owner_store
+        .admin()
         .grant_application(&app, Some("e"))
         .await
         .unwrap();
@@ -354,7 +355,14 @@ async fn the_native_memory_admits_no_role_the_grant_does_not() {
             ok()
         );
     }
-    assert!(owner_store.revoke(&app, Some("c")).await.unwrap().removed);
+    assert!(
+        owner_store
+            .admin()
+            .revoke(&app, Some("c"))
+            .await
+            .unwrap()
+            .removed
+    );
     assert_eq!(
         call(&a, "pgfence.fence", "c/l", epoch, s, "op").await,
         refused("no_grant")
@@ -588,7 +596,7 @@ async fn a_native_admission_holds_the_guard_lock_to_its_commit_and_marks_the_wri
                     "SELECT count(*) FROM pg_locks k JOIN pgfence.leases l ON k.objid = l.lock_key::oid \
                       WHERE k.locktype = 'advisory' AND k.classid = {}::oid AND k.objsubid = 2 \
                         AND k.mode = 'ShareLock' AND k.granted AND k.pid = $1 AND l.name = 'c/l'",
-                    pgfence::GUARD_LOCK_CLASS
+                    pgfence::schema::GUARD_LOCK_CLASS
                 ),
                 &[&pid],
             )

@@ -390,8 +390,9 @@ async fn leadership_survives_brief_outages_inside_the_ttl() {
     assert_eq!(status.holder.as_deref(), Some(HOLDER));
     assert_eq!(status.state, pgfence::LeaseState::Held);
     let (payload, fence) = (json!({}), ctx.fence());
+    let tasks = store.tasks();
     let write = retrying("a guarded write after the outages", || {
-        store.create_task(&fence, "after-the-outages", &payload)
+        tasks.create(&fence, "after-the-outages", &payload)
     })
     .await;
     assert_eq!(write.task.fence, epoch);
@@ -546,7 +547,7 @@ async fn a_waiting_candidate_is_woken_soon_after_the_server_returns() {
     let operator = Store::connect(StoreConfig::new(server.url(), "outage"))
         .await
         .unwrap();
-    operator.force_release("handed").await.unwrap();
+    operator.admin().force_release("handed").await.unwrap();
     let released = Instant::now();
     wakeups
         .wait(lease.qualified_name(), Duration::from_secs(20))

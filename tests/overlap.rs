@@ -15,8 +15,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{fixture, TestDb};
+use pgfence::history::{BeliefEnd, Overlap};
 use pgfence::leader::{Elector, LeaseOptions, PgElector};
-use pgfence::{BeliefEnd, Error, Lease, Overlap, Store, TaskState};
+use pgfence::tasks::TaskState;
+use pgfence::{Error, Lease, Store};
 
 /// The ttl of the leases these tests hold by hand (the frozen child's comes from its options).
 const TTL: Duration = Duration::from_secs(30);
@@ -83,7 +85,11 @@ async fn frozen_leader_child() {
     // The runtime reported the end of the belief when it noticed the loss; wait until it landed.
     let started = Instant::now();
     loop {
-        let tenures = store.tenures("frozen").await.expect("child reads");
+        let tenures = store
+            .history()
+            .tenures("frozen")
+            .await
+            .expect("child reads");
         let mine = tenures
             .iter()
             .find(|t| t.epoch == fence.epoch())
@@ -178,6 +184,7 @@ async fn successor_takes_over_and_writes(store: &Store, old_epoch: i64) -> Lease
     };
     assert!(successor.epoch().get() > old_epoch);
     store
+        .history()
         .report_belief_start(&successor)
         .await
         .expect("the successor reports its start");
@@ -188,7 +195,7 @@ async fn successor_takes_over_and_writes(store: &Store, old_epoch: i64) -> Lease
             diesel::sql_query(format!(
                 "INSERT INTO public.overlap_ledger (epoch) SELECT {} WHERE {}",
                 successor.epoch(),
-                pgfence::FENCE_PASSED
+                pgfence::guard::FENCE_PASSED
             )),
         )
         .await
@@ -225,7 +232,7 @@ async fn a_frozen_leader_s_overlap_is_reported_with_no_accepted_write_and_its_re
     assert_eq!(refused, "CHILD refused superseded");
     wait_for_line(&lines, "CHILD done");
 
-    let reviews = store.review("frozen").await.expect("review");
+    let reviews = store.history().review("frozen").await.expect("review");
     let old = reviews
         .iter()
         .find(|r| r.tenure.epoch.get() == old_epoch)
@@ -306,13 +313,14 @@ async fn belief_reports_are_authenticated_and_the_first_of_each_kind_stands() {
     let db = TestDb::new().await;
     let store = db.store("c1").await;
     let first = fixture::lease(&store, "reported").ttl(TTL).await;
-    store.report_belief_start(&first).await.unwrap();
-    store.report_belief_start(&first).await.unwrap();
+    store.history().report_belief_start(&first).await.unwrap();
+    store.history().report_belief_start(&first).await.unwrap();
     // Superseded by the same holder's next acquisition: its secret is gone from the guard, not from the record.
     let second = fixture::lease(&store, "reported").ttl(TTL).await;
     // The database keeps microseconds.
     let ended = chrono::SubsecRound::trunc_subsecs(chrono::Utc::now(), 6);
     store
+        .history()
         .report_belief_end(
             &first,
             ended,
@@ -321,6 +329,7 @@ async fn belief_reports_are_authenticated_and_the_first_of_each_kind_stands() {
         .await
         .unwrap();
     store
+        .history()
         .report_belief_end(
             &first,
             ended + chrono::Duration::seconds(5),
@@ -328,7 +337,7 @@ async fn belief_reports_are_authenticated_and_the_first_of_each_kind_stands() {
         )
         .await
         .unwrap();
-    let tenures = store.tenures("reported").await.unwrap();
+    let tenures = store.history().tenures("reported").await.unwrap();
     let t = &tenures[0];
     assert_eq!(t.belief.from, Some(first.believed_from()));
     assert_eq!(t.belief.until, Some(ended), "the first end report stands");
@@ -354,7 +363,9 @@ async fn belief_reports_are_authenticated_and_the_first_of_each_kind_stands() {
         .await;
     assert_eq!(audited, 1);
     assert_eq!(
-        store.tenures("reported").await.unwrap()[1].belief.until,
+        store.history().tenures("reported").await.unwrap()[1]
+            .belief
+            .until,
         None
     );
 }
@@ -408,7 +419,7 @@ async fn malformed_belief_reports_are_refused_and_write_nothing() {
             db_err.message()
         );
     }
-    let t = &store.tenures("malformed").await.unwrap()[0];
+    let t = &store.history().tenures("malformed").await.unwrap()[0];
     assert_eq!(
         (t.belief.from, t.belief.until),
         (None, None),
@@ -440,13 +451,13 @@ async fn the_sql_guard_marks_its_first_write_of_a_second(
             row.get::<_, std::time::SystemTime>(1),
         ));
     }
-    let mark = store.tenures("sql").await.unwrap()[0]
+    let mark = store.history().tenures("sql").await.unwrap()[0]
         .last_write_at
         .expect("SQL guard marked");
     assert!(
         mark <= times[1]
             && times[1] - mark
-                <= chrono::Duration::from_std(pgfence::WRITE_MARK_RESOLUTION).unwrap()
+                <= chrono::Duration::from_std(pgfence::history::WRITE_MARK_RESOLUTION).unwrap()
                     + chrono::Duration::milliseconds(1)
     );
 }
@@ -466,7 +477,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
 
     let last_write = |name: &'static str| {
         let store = store.clone();
-        async move { store.tenures(name).await.unwrap()[0].last_write_at }
+        async move { store.history().tenures(name).await.unwrap()[0].last_write_at }
     };
 
     // A fenced transaction rolled back: no mark. Then one that commits: a mark at its guard.
@@ -508,7 +519,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
             "insert",
             diesel::sql_query(format!(
                 "INSERT INTO public.marked SELECT 1 WHERE {}",
-                pgfence::FENCE_PASSED
+                pgfence::guard::FENCE_PASSED
             )),
         )
         .await
@@ -520,11 +531,12 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
     // A task write (its event is exact) and a refused write of a superseded epoch (no mark).
     let lease = fixture::lease(&store, "tasks").ttl(TTL).await;
     let task = store
-        .create_task(&lease.fence(), "t1", &serde_json::json!({}))
+        .tasks()
+        .create(&lease.fence(), "t1", &serde_json::json!({}))
         .await
         .unwrap();
     assert_eq!(task.task.state, TaskState::Pending);
-    let t = &store.tenures("tasks").await.unwrap()[0];
+    let t = &store.history().tenures("tasks").await.unwrap()[0];
     assert!(t.last_event_at.is_some() && t.last_write_at == t.last_event_at);
     assert_eq!(
         t.last_mark_at, None,
@@ -532,7 +544,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
     );
     // Superseded: a refused write of the old epoch, from a session that never marked, leaves no mark.
     fixture::lease(&store, "tasks").ttl(TTL).await;
-    let marked_before = store.tenures("tasks").await.unwrap()[0].last_mark_at;
+    let marked_before = store.history().tenures("tasks").await.unwrap()[0].last_mark_at;
     let fresh = db.client().await;
     let row = fresh
         .query_one(
@@ -546,7 +558,7 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
         .unwrap();
     assert_eq!(row.get::<_, String>(0), "refused");
     assert_eq!(
-        store.tenures("tasks").await.unwrap()[0].last_mark_at,
+        store.history().tenures("tasks").await.unwrap()[0].last_mark_at,
         marked_before
     );
 }
@@ -563,21 +575,28 @@ async fn a_task_write_that_writes_nothing_leaves_no_mark() {
     let lease = fixture::lease(&store, "nothing").ttl(TTL).await;
     let fence = lease.fence();
     let created = store
-        .create_task(&fence, "t1", &serde_json::json!({}))
+        .tasks()
+        .create(&fence, "t1", &serde_json::json!({}))
         .await
         .unwrap();
     assert!(created.created);
-    let tenure = |store: Store| async move { store.tenures("nothing").await.unwrap()[0].clone() };
+    let tenure =
+        |store: Store| async move { store.history().tenures("nothing").await.unwrap()[0].clone() };
     let after_create = tenure(store.clone()).await;
     let created_at = after_create.last_event_at.expect("the create's event");
     assert_eq!(after_create.last_write_at, Some(created_at));
 
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let missing = store.claim_task(&fence, "nobody", "w1").await.unwrap_err();
+    let missing = store
+        .tasks()
+        .claim(&fence, "nobody", "w1")
+        .await
+        .unwrap_err();
     assert!(matches!(missing, Error::TaskNotFound { .. }), "{missing}");
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let wrong_state = store
-        .transition_task(
+        .tasks()
+        .transition(
             &fence,
             "t1",
             TaskState::Running,
@@ -592,13 +611,15 @@ async fn a_task_write_that_writes_nothing_leaves_no_mark() {
     );
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let missing = store
+        .tasks()
         .append_event(&fence, "nobody", "note", &serde_json::json!({}))
         .await
         .unwrap_err();
     assert!(matches!(missing, Error::TaskNotFound { .. }), "{missing}");
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let retry = store
-        .create_task(&fence, "t1", &serde_json::json!({}))
+        .tasks()
+        .create(&fence, "t1", &serde_json::json!({}))
         .await
         .unwrap();
     assert!(!retry.created && retry.event_id.is_none());
@@ -613,7 +634,7 @@ async fn a_task_write_that_writes_nothing_leaves_no_mark() {
     // Task writes are known by their events alone: no mark at all.
     assert_eq!(t.last_mark_at, None);
     // The review agrees: nothing was written after the create.
-    let events = store.task_events("nothing", "t1").await.unwrap();
+    let events = store.tasks().events("nothing", "t1").await.unwrap();
     assert_eq!(events.len(), 1, "{events:?}");
 }
 
@@ -645,7 +666,7 @@ async fn the_leadership_runtime_reports_each_belief_s_start_and_end() {
 
     let held = elector.acquire("runtime", "pod-a", &options).await.unwrap();
     let epoch = held.epoch();
-    store.force_release("runtime").await.unwrap();
+    store.admin().force_release("runtime").await.unwrap();
     assert!(held.lost().await.is_some());
     let t = wait_for_end(&store, "runtime", epoch).await;
     assert_eq!(t.belief.end_cause.as_deref(), Some("lost"));
@@ -666,8 +687,9 @@ async fn the_leadership_runtime_reports_each_belief_s_start_and_end() {
 }
 
 /// Tenure `epoch` of `name` as the record shows it now.
-async fn tenure(store: &Store, name: &str, epoch: pgfence::Epoch) -> pgfence::Tenure {
+async fn tenure(store: &Store, name: &str, epoch: pgfence::Epoch) -> pgfence::history::Tenure {
     store
+        .history()
         .tenures(name)
         .await
         .unwrap()
@@ -676,7 +698,11 @@ async fn tenure(store: &Store, name: &str, epoch: pgfence::Epoch) -> pgfence::Te
         .unwrap()
 }
 
-async fn wait_for_end(store: &Store, name: &str, epoch: pgfence::Epoch) -> pgfence::Tenure {
+async fn wait_for_end(
+    store: &Store,
+    name: &str,
+    epoch: pgfence::Epoch,
+) -> pgfence::history::Tenure {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let t = tenure(store, name, epoch).await;
@@ -700,7 +726,7 @@ async fn beliefs_and_marks_are_read_per_cluster_through_the_history_only() {
     let db = TestDb::new().await;
     let owner = db.store("c1").await;
     let lease = owner.acquire("private", "pod-a", TTL).await.unwrap();
-    owner.report_belief_start(&lease).await.unwrap();
+    owner.history().report_belief_start(&lease).await.unwrap();
     let mine = common::fixture::app_role(&db, &owner, "mine", Some("c1")).await;
     let other = common::fixture::app_role(&db, &owner, "other", Some("c2")).await;
     for (role, visible) in [(&mine, 1i64), (&other, 0)] {
@@ -749,7 +775,7 @@ async fn a_failed_belief_report_is_counted_and_the_tenure_goes_on() {
     held.release().await.unwrap();
     let failed = || {
         common::metrics_probe::counter(
-            pgfence::leader::METRIC_BELIEF_REPORTS_FAILED,
+            pgfence::metrics::METRIC_BELIEF_REPORTS_FAILED,
             &[("lease", "c1/unheard")],
         )
     };

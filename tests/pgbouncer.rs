@@ -31,11 +31,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::{guarded_writes_per_second, median, move_shard, unused_port, TestDb};
+use pgfence::admin::RejectionFilter;
 use pgfence::leader::{
     run_with_leadership, Elector, Ended, Health, HeldLease, LeadershipOptions, LeaseOptions,
     PgElector, Wakeups,
 };
-use pgfence::{Error, LossReason, PoolerMode, RejectionFilter, Released, Store, StoreConfig};
+use pgfence::{Error, LossReason, PoolerMode, Released, Store, StoreConfig};
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -380,11 +381,17 @@ async fn every_operation_is_correct(store: &Store, db: &TestDb) {
     store.renew(&mut old).await.unwrap();
     let fence = old.fence();
     store
-        .create_task(&fence, "job-1", &json!({"image": "api:1.7"}))
+        .tasks()
+        .create(&fence, "job-1", &json!({"image": "api:1.7"}))
         .await
         .unwrap();
-    store.claim_task(&fence, "job-1", "worker-1").await.unwrap();
     store
+        .tasks()
+        .claim(&fence, "job-1", "worker-1")
+        .await
+        .unwrap();
+    store
+        .tasks()
         .append_event(&fence, "job-1", "progress", &json!({"pct": 50}))
         .await
         .unwrap();
@@ -398,6 +405,7 @@ async fn every_operation_is_correct(store: &Store, db: &TestDb) {
         (
             "append_event",
             store
+                .tasks()
                 .append_event(&fence, "job-1", "late", &json!({}))
                 .await
                 .map(|_| ()),
@@ -440,7 +448,7 @@ async fn every_operation_is_correct(store: &Store, db: &TestDb) {
     assert_eq!(owner, "pod-a");
     let mut filter = RejectionFilter::default();
     filter.lease = Some("sched".into());
-    let audit = store.rejections(&filter).await.unwrap();
+    let audit = store.admin().rejections(&filter).await.unwrap();
     let mut audited: Vec<(&str, i64)> = audit
         .iter()
         .map(|r| (r.operation.as_str(), r.presented_epoch))
@@ -460,9 +468,14 @@ async fn every_operation_is_correct(store: &Store, db: &TestDb) {
         let (store, fence) = (store.clone(), fence.clone());
         writers.push(tokio::spawn(async move {
             let key = format!("w{w}");
-            store.create_task(&fence, &key, &json!({})).await.unwrap();
+            store
+                .tasks()
+                .create(&fence, &key, &json!({}))
+                .await
+                .unwrap();
             for i in 0..WRITES {
                 store
+                    .tasks()
                     .append_event(&fence, &key, "tick", &json!({ "i": i }))
                     .await
                     .unwrap();
@@ -503,6 +516,7 @@ async fn session_mode_needs_no_option() {
     .await
     .unwrap();
     assert!(store
+        .admin()
         .target()
         .ends_with(&format!(":{}/{}", bouncer.port, db.name)));
     assert!(

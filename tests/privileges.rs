@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use common::fixture::{app_role, take_over};
 use common::{client_as, midpoint_median, role, sqlstate, url_as, TestDb};
-use pgfence::{Enforcement, Error, RejectionFilter, Store, StoreConfig};
+use pgfence::admin::{Enforcement, RejectionFilter};
+use pgfence::{Error, Store, StoreConfig};
 use serde_json::json;
 
 const TTL: Duration = Duration::from_secs(60);
@@ -44,10 +45,15 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
         .unwrap();
     let lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
     store
-        .create_task(&lease.fence(), "job", &json!({}))
+        .tasks()
+        .create(&lease.fence(), "job", &json!({}))
         .await
         .unwrap();
-    store.claim_task(&lease.fence(), "job", "w").await.unwrap();
+    store
+        .tasks()
+        .claim(&lease.fence(), "job", "w")
+        .await
+        .unwrap();
     let moved: Result<usize, Error> = store
         .fenced(&lease.fence(), "move", async |conn| {
             use diesel_async::RunQueryDsl;
@@ -57,10 +63,20 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
         })
         .await;
     assert_eq!(moved.unwrap(), 1);
-    assert_eq!(store.leases().await.unwrap().len(), 1);
-    assert_eq!(store.tenures("sched").await.unwrap().len(), 1);
-    store.rejections(&RejectionFilter::default()).await.unwrap();
-    assert!(store.identity().await.unwrap().instance_id.is_some());
+    assert_eq!(store.admin().leases().await.unwrap().len(), 1);
+    assert_eq!(store.history().tenures("sched").await.unwrap().len(), 1);
+    store
+        .admin()
+        .rejections(&RejectionFilter::default())
+        .await
+        .unwrap();
+    assert!(store
+        .admin()
+        .identity()
+        .await
+        .unwrap()
+        .instance_id
+        .is_some());
 
     let raw = client_as(&db, &app).await;
     for sql in [
@@ -86,7 +102,7 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
     }
     // force_release judges the cluster's operator right itself: refused ('no_grant', audited), as for an
     // operator of another cluster (tests/trust.rs).
-    let forced = store.force_release("sched").await.unwrap_err();
+    let forced = store.admin().force_release("sched").await.unwrap_err();
     assert!(
         matches!(
             forced,
@@ -185,8 +201,8 @@ async fn functions_are_security_definer_with_a_pinned_search_path_and_nothing_is
         role(&db, "sdnone").await,
     );
     let owner = db.store("c").await;
-    owner.grant_application(&app, None).await.unwrap();
-    owner.grant_operator(&ops, None).await.unwrap();
+    owner.admin().grant_application(&app, None).await.unwrap();
+    owner.admin().grant_operator(&ops, None).await.unwrap();
     let client = db.client().await;
     let executable = |role: String| {
         let client = &client;
@@ -310,8 +326,9 @@ async fn audit_mode_refuses_and_records_raw_writes_without_the_current_epoch() {
     let db = TestDb::new().await;
     let legacy = role(&db, "legacy").await;
     let owner = db.store("c").await;
+    let admin = owner.admin();
     // Row-level security bounds even a role with table privileges to the clusters it has a grant on.
-    owner.grant_application(&legacy, Some("c")).await.unwrap();
+    admin.grant_application(&legacy, Some("c")).await.unwrap();
     db.client()
         .await
         .batch_execute(&format!(
@@ -322,12 +339,13 @@ async fn audit_mode_refuses_and_records_raw_writes_without_the_current_epoch() {
         .unwrap();
     let old = owner.acquire("sched", "pod-a", TTL).await.unwrap();
     owner
-        .create_task(&old.fence(), "job", &json!({}))
+        .tasks()
+        .create(&old.fence(), "job", &json!({}))
         .await
         .unwrap();
     let new = owner.acquire("sched", "pod-a", TTL).await.unwrap();
-    owner.set_enforcement(Enforcement::Audit).await.unwrap();
-    assert_eq!(owner.enforcement().await.unwrap(), Enforcement::Audit);
+    admin.set_enforcement(Enforcement::Audit).await.unwrap();
+    assert_eq!(admin.enforcement().await.unwrap(), Enforcement::Audit);
 
     let raw = client_as(&db, &legacy).await;
     let stale = raw
@@ -433,7 +451,8 @@ async fn repeated_rejections_are_aggregated_with_an_exact_count() {
     let store = db.store("c").await;
     let old = store.acquire("sched", "pod-a", TTL).await.unwrap();
     store
-        .create_task(&old.fence(), "job", &json!({}))
+        .tasks()
+        .create(&old.fence(), "job", &json!({}))
         .await
         .unwrap();
     store
@@ -448,12 +467,14 @@ async fn repeated_rejections_are_aggregated_with_an_exact_count() {
             for i in 0..100 {
                 let result = if i % 2 == 0 {
                     store
+                        .tasks()
                         .append_event(&fence, "job", "retry", &json!({"w": w}))
                         .await
                         .map(|_| ())
                 } else {
                     store
-                        .create_task(&fence, &format!("new-{w}-{i}"), &json!({}))
+                        .tasks()
+                        .create(&fence, &format!("new-{w}-{i}"), &json!({}))
                         .await
                         .map(|_| ())
                 };
@@ -464,7 +485,11 @@ async fn repeated_rejections_are_aggregated_with_an_exact_count() {
     for t in tasks {
         t.await.unwrap();
     }
-    let rows = store.rejections(&RejectionFilter::default()).await.unwrap();
+    let rows = store
+        .admin()
+        .rejections(&RejectionFilter::default())
+        .await
+        .unwrap();
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert!(rows.iter().all(|r| r.count == 200), "{rows:?}");
     // The backpressure serializes the repeats of one operation 10 ms apart (each holds the aggregated row while
@@ -498,7 +523,8 @@ async fn prune_removes_old_audit_rows_in_batches() {
         let lease = store.acquire(&name, "pod", TTL).await.unwrap();
         store.acquire(&name, "pod", TTL).await.unwrap();
         store
-            .create_task(&lease.fence(), "k", &json!({}))
+            .tasks()
+            .create(&lease.fence(), "k", &json!({}))
             .await
             .unwrap_err();
     }
@@ -511,6 +537,7 @@ async fn prune_removes_old_audit_rows_in_batches() {
         .await
         .unwrap();
     let deleted = store
+        .admin()
         .prune_rejections(Duration::from_secs(86_400), 10)
         .await
         .unwrap();
@@ -524,6 +551,7 @@ async fn prune_removes_old_audit_rows_in_batches() {
     for batch in [1, 1_000_000] {
         assert_eq!(
             store
+                .admin()
                 .prune_rejections(Duration::from_secs(86_400), batch)
                 .await
                 .unwrap(),
@@ -534,7 +562,7 @@ async fn prune_removes_old_audit_rows_in_batches() {
     for batch in [0, 1_000_001] {
         assert!(
             matches!(
-                store.prune_rejections(Duration::ZERO, batch).await,
+                store.admin().prune_rejections(Duration::ZERO, batch).await,
                 Err(Error::InvalidInput { field: "batch", .. })
             ),
             "batch {batch}"
@@ -575,6 +603,7 @@ fn zombie(
         let mut refused = 0;
         while !stop.load(Ordering::Relaxed) {
             match store
+                .tasks()
                 .append_event(&fence, "job-0", "stale", &json!({}))
                 .await
             {
@@ -620,6 +649,7 @@ async fn round(
             let mut n = 0u64;
             while started.elapsed() < length {
                 store
+                    .tasks()
                     .append_event(&fence, &format!("job-{w}"), "tick", &json!({}))
                     .await
                     .unwrap();
@@ -699,6 +729,7 @@ impl Measured {
         let refused: u64 = self.all_hammered.iter().map(|r| r.refusals).sum();
         let audit: Vec<(i64, String, i64)> = self
             .store
+            .admin()
             .rejections(&RejectionFilter::default())
             .await
             .unwrap()
@@ -748,7 +779,8 @@ async fn leader_alone_and_hammered(
     let current = leader.acquire("sched", "pod-a", TTL).await.unwrap().fence();
     for w in 0..writers {
         leader
-            .create_task(&current, &format!("job-{w}"), &json!({}))
+            .tasks()
+            .create(&current, &format!("job-{w}"), &json!({}))
             .await
             .unwrap();
     }
@@ -824,7 +856,8 @@ async fn a_repeated_stale_write_is_answered_after_a_wait_in_the_server() {
     let stale = store.acquire("sched", "pod-a", TTL).await.unwrap().fence();
     let current = take_over(&store, "sched", "pod-b").await;
     store
-        .create_task(&current.fence(), "job-0", &json!({}))
+        .tasks()
+        .create(&current.fence(), "job-0", &json!({}))
         .await
         .unwrap();
     let hammer = Store::connect(db.config("c").pool_size(1)).await.unwrap();
@@ -837,6 +870,7 @@ async fn a_repeated_stale_write_is_answered_after_a_wait_in_the_server() {
                     break;
                 }
                 match hammer
+                    .tasks()
                     .append_event(&stale, "job-0", "stale", &json!({}))
                     .await
                 {
@@ -881,6 +915,7 @@ async fn leader_writes(
     while !stop.load(Ordering::Relaxed) {
         let fence = current.borrow().clone();
         match store
+            .tasks()
             .append_event(&fence, &format!("job-{w}"), "tick", &json!({}))
             .await
         {
@@ -918,7 +953,8 @@ async fn a_takeover_is_prompt_while_stale_writers_hammer() {
     let first = take_over(&operator, "sched", "pod-1").await;
     for w in 0..2 {
         operator
-            .create_task(&first.fence(), &format!("job-{w}"), &json!({}))
+            .tasks()
+            .create(&first.fence(), &format!("job-{w}"), &json!({}))
             .await
             .unwrap();
     }
@@ -956,7 +992,7 @@ async fn a_takeover_is_prompt_while_stale_writers_hammer() {
         }
         let started = Instant::now();
         assert!(matches!(
-            operator.force_release("sched").await.unwrap(),
+            operator.admin().force_release("sched").await.unwrap(),
             pgfence::ForceReleased::Ended { .. }
         ));
         let next = operator
@@ -1000,7 +1036,7 @@ async fn a_takeover_is_prompt_while_stale_writers_hammer() {
     filter.limit = Some(1000);
     // An epoch refused for two reasons (released by the force-release, then superseded) has a row per reason.
     let mut audit: HashMap<i64, u64> = HashMap::new();
-    for r in operator.rejections(&filter).await.unwrap() {
+    for r in operator.admin().rejections(&filter).await.unwrap() {
         assert_eq!(r.operation, "append_event");
         *audit.entry(r.presented_epoch).or_default() += r.count as u64;
     }
@@ -1053,7 +1089,7 @@ async fn the_grant_command_sets_up_application_and_operator_roles() {
     app_store.acquire("l", "pod", TTL).await.unwrap();
     // Without operator rights on the cluster: refused (audited), as every call without its right on a cluster.
     assert!(matches!(
-        app_store.force_release("l").await.unwrap_err(),
+        app_store.admin().force_release("l").await.unwrap_err(),
         Error::Denied {
             reason: pgfence::DenyReason::NoGrant,
             ..
@@ -1063,12 +1099,13 @@ async fn the_grant_command_sets_up_application_and_operator_roles() {
         .await
         .unwrap();
     assert!(matches!(
-        ops_store.force_release("l").await.unwrap(),
+        ops_store.admin().force_release("l").await.unwrap(),
         pgfence::ForceReleased::Ended { .. }
     ));
     // Audit retention spans clusters: it needs operator rights on every cluster.
     assert_eq!(
         ops_store
+            .admin()
             .prune_rejections(Duration::from_secs(3600), 100)
             .await
             .unwrap_err()
@@ -1093,6 +1130,7 @@ async fn the_grant_command_sets_up_application_and_operator_roles() {
         String::from_utf8_lossy(&out.stderr)
     );
     ops_store
+        .admin()
         .prune_rejections(Duration::from_secs(3600), 100)
         .await
         .unwrap();

@@ -27,7 +27,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::TestDb;
-use pgfence::{Epoch, Error, Fence, LossReason, Store, TaskState, TaskWrite};
+use pgfence::tasks::{TaskState, TaskWrite};
+use pgfence::{Epoch, Error, Fence, LossReason, Store};
 use serde_json::json;
 use tokio::sync::Barrier;
 use tokio_postgres::SimpleQueryMessage;
@@ -129,6 +130,7 @@ async fn write(
         0 => (
             Kind::AppendEvent,
             store(Kind::AppendEvent)
+                .tasks()
                 .append_event(fence, "shared", "tick", &json!({"round": round}))
                 .await
                 .map(event),
@@ -136,13 +138,15 @@ async fn write(
         1 => (
             Kind::CreateTask,
             store(Kind::CreateTask)
-                .create_task(fence, &format!("t-{round}-{writer}-{k}"), &json!({}))
+                .tasks()
+                .create(fence, &format!("t-{round}-{writer}-{k}"), &json!({}))
                 .await
                 .map(event),
         ),
         2 | 3 if !*claimed => {
             let r = store(Kind::ClaimTask)
-                .claim_task(fence, &own, &format!("w{writer}"))
+                .tasks()
+                .claim(fence, &own, &format!("w{writer}"))
                 .await
                 .map(event);
             *claimed |= r.is_ok();
@@ -150,7 +154,8 @@ async fn write(
         }
         2 | 3 => {
             let r = store(Kind::TransitionTask)
-                .transition_task(
+                .tasks()
+                .transition(
                     fence,
                     &own,
                     TaskState::Claimed,
@@ -230,7 +235,7 @@ fn guard_lockers_sql(granted: bool) -> String {
           WHERE k.locktype = 'advisory' AND k.classid = {} AND k.objsubid = 2 AND k.mode = 'ShareLock' \
             AND k.granted = {granted} AND k.pid <> pg_backend_pid() \
             AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        pgfence::GUARD_LOCK_CLASS
+        pgfence::schema::GUARD_LOCK_CLASS
     )
 }
 
@@ -564,12 +569,14 @@ async fn no_stale_write_commits_after_a_takeover_commits() {
         .unwrap();
     let setup = store.acquire(LEASE, "pod-a", TTL).await.unwrap();
     store
-        .create_task(&setup.fence(), "shared", &json!({}))
+        .tasks()
+        .create(&setup.fence(), "shared", &json!({}))
         .await
         .unwrap();
     for writer in 0..WRITERS {
         store
-            .create_task(&setup.fence(), &format!("own-{writer}"), &json!({}))
+            .tasks()
+            .create(&setup.fence(), &format!("own-{writer}"), &json!({}))
             .await
             .unwrap();
     }
@@ -675,7 +682,8 @@ async fn takeover_is_not_starved_by_a_busy_writer() {
     );
     let lease = store.acquire(LEASE, "pod-a", TTL).await.unwrap();
     store
-        .create_task(&lease.fence(), "shared", &json!({}))
+        .tasks()
+        .create(&lease.fence(), "shared", &json!({}))
         .await
         .unwrap();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -686,7 +694,8 @@ async fn takeover_is_not_starved_by_a_busy_writer() {
             let mut n = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 match store
-                    .create_task(&fence, &format!("busy-{w}-{n}"), &json!({}))
+                    .tasks()
+                    .create(&fence, &format!("busy-{w}-{n}"), &json!({}))
                     .await
                 {
                     Ok(_) => n += 1,

@@ -194,7 +194,8 @@ async fn overrunning_writes(
     let mut refused = 0;
     for i in 0.. {
         let result = store
-            .create_task(&fence, &format!("t{i}"), &json!({}))
+            .tasks()
+            .create(&fence, &format!("t{i}"), &json!({}))
             .await;
         let ok = match result {
             Ok(_) => true,
@@ -400,7 +401,7 @@ async fn bad_spread_input_is_refused_before_anything_runs() {
     let db = TestDb::new().await;
     let elector = pg(&db).await;
     let ttl = Duration::from_secs(2);
-    for shards in [0, pgfence::MAX_SHARDS + 1] {
+    for shards in [0, pgfence::limits::MAX_SHARDS + 1] {
         let built = Supervisor::new(elector.clone(), "r").sharded(
             "s",
             shards,
@@ -424,7 +425,10 @@ async fn bad_spread_input_is_refused_before_anything_runs() {
     let one = ["x".to_owned()];
     for (spread, field) in [
         (Spread::new("g").weight(0), "weight"),
-        (Spread::new("g").weight(pgfence::MAX_WEIGHT + 1), "weight"),
+        (
+            Spread::new("g").weight(pgfence::limits::MAX_WEIGHT + 1),
+            "weight",
+        ),
         (Spread::new(""), "group"),
         (Spread::new("g").pin(["y"]), "pin"),
     ] {

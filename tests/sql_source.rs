@@ -156,23 +156,47 @@ async fn the_sql_constants_are_the_rust_constants() {
         .await
         .expect("read the SQL constants");
     let sql = |i: usize| row.get::<_, i64>(i);
-    assert_eq!(sql(0), pgfence::MAX_NAME_LEN as i64, "MAX_NAME_LEN");
-    assert_eq!(sql(0), pgfence::MAX_GROUP_LEN as i64, "MAX_GROUP_LEN");
-    assert_eq!(sql(1), pgfence::MAX_CLUSTER_LEN as i64, "MAX_CLUSTER_LEN");
-    assert_eq!(sql(2), pgfence::MAX_HOLDER_LEN as i64, "MAX_HOLDER_LEN");
+    assert_eq!(sql(0), pgfence::limits::MAX_NAME_LEN as i64, "MAX_NAME_LEN");
+    assert_eq!(
+        sql(0),
+        pgfence::limits::MAX_GROUP_LEN as i64,
+        "MAX_GROUP_LEN"
+    );
+    assert_eq!(
+        sql(1),
+        pgfence::limits::MAX_CLUSTER_LEN as i64,
+        "MAX_CLUSTER_LEN"
+    );
+    assert_eq!(
+        sql(2),
+        pgfence::limits::MAX_HOLDER_LEN as i64,
+        "MAX_HOLDER_LEN"
+    );
     assert_eq!(
         sql(3),
-        pgfence::MAX_OPERATION_LEN as i64,
+        pgfence::limits::MAX_OPERATION_LEN as i64,
         "MAX_OPERATION_LEN"
     );
-    assert_eq!(sql(4), pgfence::MAX_KIND_LEN as i64, "MAX_KIND_LEN");
-    assert_eq!(sql(5), pgfence::MIN_TTL.as_millis() as i64, "MIN_TTL");
-    assert_eq!(sql(6), pgfence::MAX_TTL.as_millis() as i64, "MAX_TTL");
-    assert_eq!(sql(7), i64::from(pgfence::MAX_WEIGHT), "MAX_WEIGHT");
-    assert_eq!(sql(8), pgfence::MAX_GROUP_NAMES as i64, "MAX_GROUP_NAMES");
+    assert_eq!(sql(4), pgfence::limits::MAX_KIND_LEN as i64, "MAX_KIND_LEN");
+    assert_eq!(
+        sql(5),
+        pgfence::limits::MIN_TTL.as_millis() as i64,
+        "MIN_TTL"
+    );
+    assert_eq!(
+        sql(6),
+        pgfence::limits::MAX_TTL.as_millis() as i64,
+        "MAX_TTL"
+    );
+    assert_eq!(sql(7), i64::from(pgfence::limits::MAX_WEIGHT), "MAX_WEIGHT");
+    assert_eq!(
+        sql(8),
+        pgfence::limits::MAX_GROUP_NAMES as i64,
+        "MAX_GROUP_NAMES"
+    );
     assert_eq!(
         row.get::<_, i32>(9),
-        pgfence::GUARD_LOCK_CLASS,
+        pgfence::schema::GUARD_LOCK_CLASS,
         "GUARD_LOCK_CLASS"
     );
     // The secret has no limit function: its length is what acquire issues.
@@ -184,9 +208,9 @@ async fn the_sql_constants_are_the_rust_constants() {
         .await
         .expect("acquire")
         .get(0);
-    assert_eq!(secret.len(), pgfence::SECRET_LEN, "SECRET_LEN");
+    assert_eq!(secret.len(), pgfence::limits::SECRET_LEN, "SECRET_LEN");
     // The shards of a sharded controller are names of its group: within the group's limit.
-    assert!(pgfence::MAX_SHARDS as usize <= pgfence::MAX_GROUP_NAMES);
+    assert!(pgfence::limits::MAX_SHARDS as usize <= pgfence::limits::MAX_GROUP_NAMES);
 }
 
 /// Invariant: the native guard (`native/pgfence_native.c`, which cannot call SQL for them) uses the names the SQL

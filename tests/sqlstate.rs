@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use common::TestDb;
 use diesel_async::SimpleAsyncConnection;
-use pgfence::{Enforcement, Error, Store};
+use pgfence::admin::Enforcement;
+use pgfence::{Error, Store};
 use serde_json::json;
 
 const LOCALE: &str = "de_DE.UTF-8";
@@ -54,7 +55,7 @@ async fn a_german_server_error_keeps_its_sqlstate() {
         return;
     };
     let store = db.store("de").await;
-    let mut conn = store.conn().await.unwrap();
+    let mut conn = store.admin().conn().await.unwrap();
     let error = database_error(conn.batch_execute("SELECT 1/0").await);
     let Error::Database {
         sqlstate, message, ..
@@ -87,8 +88,8 @@ async fn a_deadlock_in_german_is_retryable() {
         .await
         .unwrap();
     let store = db.store("de").await;
-    let mut a = store.conn().await.unwrap();
-    let mut b = store.conn().await.unwrap();
+    let mut a = store.admin().conn().await.unwrap();
+    let mut b = store.admin().conn().await.unwrap();
     a.batch_execute("BEGIN; UPDATE pair SET v = 1 WHERE id = 1")
         .await
         .unwrap();
@@ -123,7 +124,7 @@ async fn a_lock_timeout_in_german_is_retryable() {
         .await
         .unwrap();
     let store = db.store("de").await;
-    let mut conn = store.conn().await.unwrap();
+    let mut conn = store.admin().conn().await.unwrap();
     let error = database_error(
         conn.batch_execute("SET lock_timeout = '50ms'; SELECT * FROM one")
             .await,
@@ -168,8 +169,12 @@ async fn pgfence_codes_work_in_german() {
         return;
     };
     let store = db.store("de").await;
-    store.set_enforcement(Enforcement::Error).await.unwrap();
-    let mut conn = store.conn().await.unwrap();
+    store
+        .admin()
+        .set_enforcement(Enforcement::Error)
+        .await
+        .unwrap();
+    let mut conn = store.admin().conn().await.unwrap();
     let error = database_error(
         // (Every table that references the tasks: a TRUNCATE that leaves one out fails its foreign key first.)
         conn.batch_execute(
@@ -194,7 +199,8 @@ async fn pgfence_codes_work_in_german() {
         .await
         .unwrap();
     store
-        .create_task(&lease.fence(), "deploy-1", &json!({"image": "api:1"}))
+        .tasks()
+        .create(&lease.fence(), "deploy-1", &json!({"image": "api:1"}))
         .await
         .expect("the PF004 refusal is recognised by its code and the write runs in READ COMMITTED");
 }

@@ -15,11 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pgfence::admin::RejectionFilter;
 use pgfence::embedded::EmbeddedServer;
-use pgfence::{
-    Epoch, Error, Fence, Lease, LeaseState, LossReason, RejectionFilter, Released, Store,
-    StoreConfig,
-};
+use pgfence::{Epoch, Error, Fence, Lease, LeaseState, LossReason, Released, Store, StoreConfig};
 use serde_json::json;
 
 /// How long a change on the primary may take to show up on the standby.
@@ -100,7 +98,7 @@ async fn connecting_to_a_standby_is_refused_as_not_primary() {
         .await
         .expect("acquire on the primary");
     assert_eq!(lease.epoch().get(), 1);
-    let primary_identity = store.identity().await.expect("primary identity");
+    let primary_identity = store.admin().identity().await.expect("primary identity");
     assert!(!primary_identity.in_recovery);
 
     let standby = blocking(|| primary.start_standby()).expect("start standby");
@@ -139,7 +137,11 @@ async fn connecting_to_a_standby_is_refused_as_not_primary() {
     let promoted = Store::connect(StoreConfig::new(standby.url(), "c"))
         .await
         .expect("connect to the promoted standby");
-    let identity = promoted.identity().await.expect("promoted identity");
+    let identity = promoted
+        .admin()
+        .identity()
+        .await
+        .expect("promoted identity");
     assert!(!identity.in_recovery, "{identity:?}");
     assert!(
         identity.system_identifier.is_some(),
@@ -355,7 +357,8 @@ async fn a_tenure_the_standby_replayed_and_one_it_missed(
     let a = store.acquire("l", "a", TTL).await.expect("A acquires");
     assert_eq!(a.epoch().get(), 1);
     store
-        .create_task(&a.fence(), "a-1", &json!({"by": "a"}))
+        .tasks()
+        .create(&a.fence(), "a-1", &json!({"by": "a"}))
         .await
         .expect("A writes on the primary");
     assert!(
@@ -377,7 +380,8 @@ async fn a_tenure_the_standby_replayed_and_one_it_missed(
     let b = store.acquire("l", "b", TTL).await.expect("B acquires");
     assert_eq!(b.epoch().get(), 2);
     store
-        .create_task(&b.fence(), "b-1", &json!({"by": "b"}))
+        .tasks()
+        .create(&b.fence(), "b-1", &json!({"by": "b"}))
         .await
         .expect("B's write is acknowledged");
     drop(store);
@@ -413,8 +417,8 @@ async fn the_promoted_server_shows_a_s_tenure_current(
         .await
         .unwrap();
     assert_eq!(row.get::<_, Option<i64>>(0), Some(1));
-    assert!(promoted.task("l", "b-1").await.unwrap().is_none());
-    let tenures = promoted.tenures("l").await.unwrap();
+    assert!(promoted.tasks().get("l", "b-1").await.unwrap().is_none());
+    let tenures = promoted.history().tenures("l").await.unwrap();
     assert_eq!(tenures.len(), 1, "{tenures:?}");
     assert_eq!(tenures[0].ended_at, None, "{tenures:?}");
 }
@@ -448,20 +452,21 @@ async fn a_s_writes_are_refused_as_failover(
 ) {
     for _ in 0..2 {
         assert_stale(
-            promoted.create_task(fence_a, "a-2", &json!({})).await,
+            promoted.tasks().create(fence_a, "a-2", &json!({})).await,
             LossReason::Failover,
             1,
             "create_task",
         );
     }
     assert_stale(
-        promoted.claim_task(fence_a, "a-1", "worker").await,
+        promoted.tasks().claim(fence_a, "a-1", "worker").await,
         LossReason::Failover,
         1,
         "claim_task",
     );
     assert_stale(
         promoted
+            .tasks()
             .append_event(fence_a, "a-1", "progress", &json!({}))
             .await,
         LossReason::Failover,
@@ -498,7 +503,7 @@ async fn a_s_writes_are_refused_as_failover(
 async fn a_s_refusals_are_audited_as_failover(promoted: &Store) {
     let mut filter = RejectionFilter::default();
     filter.lease = Some("l".into());
-    let rejections = promoted.rejections(&filter).await.unwrap();
+    let rejections = promoted.admin().rejections(&filter).await.unwrap();
     let mut audited: Vec<(String, i64)> = rejections
         .iter()
         .map(|r| {
@@ -542,11 +547,13 @@ async fn the_next_acquisition_takes_over_above_every_lost_epoch(
     assert_eq!(next.epoch().get(), FIRST_EPOCH_OF_TIMELINE_2);
     assert!(next.epoch() > b.epoch());
     promoted
-        .create_task(&next.fence(), "b-2", &json!({}))
+        .tasks()
+        .create(&next.fence(), "b-2", &json!({}))
         .await
         .expect("the new tenure writes");
 
     let tenures: Vec<(i64, String, Option<String>, bool)> = promoted
+        .history()
         .tenures("l")
         .await
         .unwrap()
@@ -600,7 +607,7 @@ async fn a_failover_is_a_fencing_boundary() {
         .await
         .expect("connect to the promoted server");
     let raw = client(&standby.url()).await;
-    let identity = promoted.identity().await.expect("identity");
+    let identity = promoted.admin().identity().await.expect("identity");
     assert_eq!(identity.timeline, Some(2), "{identity:?}");
 
     the_promoted_server_shows_a_s_tenure_current(&promoted, &raw).await;
@@ -613,7 +620,10 @@ async fn a_failover_is_a_fencing_boundary() {
     // refused there too.
     let fence_b_lost = b.fence();
     assert_stale(
-        promoted.create_task(&fence_b_lost, "b-2", &json!({})).await,
+        promoted
+            .tasks()
+            .create(&fence_b_lost, "b-2", &json!({}))
+            .await,
         LossReason::FutureEpoch,
         2,
         "create_task",
@@ -623,7 +633,10 @@ async fn a_failover_is_a_fencing_boundary() {
 
     // Both lost epochs stay fenced out after the takeover, now as superseded.
     assert_stale(
-        promoted.create_task(&fence_b_lost, "b-3", &json!({})).await,
+        promoted
+            .tasks()
+            .create(&fence_b_lost, "b-3", &json!({}))
+            .await,
         LossReason::Superseded,
         2,
         "create_task",

@@ -43,13 +43,13 @@ async fn unreachable_database_reports_the_real_cause_quickly_without_credentials
 #[test]
 fn redaction_keeps_host_port_database_and_user_only() {
     assert_eq!(
-        pgfence::redact(&format!(
+        pgfence::connection::redact(&format!(
             "postgres://app:{SENTINEL}@db.internal:6432/control?sslmode=disable"
         )),
         "app@db.internal:6432/control"
     );
     assert_eq!(
-        pgfence::redact(&format!(
+        pgfence::connection::redact(&format!(
             "host=db port=5433 user=ops password={SENTINEL} dbname=ctl"
         )),
         "ops@db:5433/ctl"
@@ -83,7 +83,7 @@ fn redaction_keeps_host_port_database_and_user_only() {
             "<unparsable connection string>",
         ),
     ] {
-        assert_eq!(pgfence::redact(&url), shown, "{url}");
+        assert_eq!(pgfence::connection::redact(&url), shown, "{url}");
     }
 }
 
@@ -160,7 +160,7 @@ fn pgfence_migration_count() -> usize {
 async fn missing_schema_says_to_migrate() {
     let db = TestDb::empty().await;
     let store = db.store("c").await;
-    let identity = store.identity().await.unwrap();
+    let identity = store.admin().identity().await.unwrap();
     assert_eq!(identity.instance_id, None);
     let err = store
         .acquire("x", "pod", Duration::from_secs(5))
@@ -177,7 +177,7 @@ async fn missing_schema_says_to_migrate() {
 async fn identity_is_verified_before_any_write() {
     let db = TestDb::new().await;
     let store = db.store("c").await;
-    let identity = store.verify_identity().await.unwrap();
+    let identity = store.admin().verify_identity().await.unwrap();
     assert!(!identity.in_recovery);
     assert_eq!(identity.database, db.name);
     let system_identifier = identity
@@ -338,7 +338,7 @@ async fn checkouts_are_served_in_the_order_they_were_asked_for() {
     let hog = tokio::spawn({
         let (store, stop, rounds) = (store.clone(), stop.clone(), rounds.clone());
         async move {
-            let mut conn = store.conn().await.unwrap();
+            let mut conn = store.admin().conn().await.unwrap();
             held.send(()).unwrap();
             while !stop.load(Ordering::Relaxed) {
                 diesel_async::RunQueryDsl::execute(diesel::sql_query("SELECT 1"), &mut *conn)
@@ -346,7 +346,7 @@ async fn checkouts_are_served_in_the_order_they_were_asked_for() {
                     .unwrap();
                 rounds.fetch_add(1, Ordering::Relaxed);
                 drop(conn);
-                conn = store.conn().await.unwrap();
+                conn = store.admin().conn().await.unwrap();
             }
         }
     });
@@ -377,7 +377,10 @@ async fn a_checkout_timed_out_behind_other_tasks_says_so() {
         .pool_size(2)
         .checkout_timeout(Duration::from_millis(300));
     let store = Store::connect(config).await.unwrap();
-    let held = (store.conn().await.unwrap(), store.conn().await.unwrap());
+    let held = (
+        store.admin().conn().await.unwrap(),
+        store.admin().conn().await.unwrap(),
+    );
     let err = store.lease_status("x").await.unwrap_err();
     drop(held);
     match &err {

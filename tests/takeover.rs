@@ -78,7 +78,7 @@ async fn a_waiting_takeover_is_not_overtaken_by_later_guards() {
 
     let taker = tokio::spawn({
         let store = store.clone();
-        async move { store.force_release("fair").await }
+        async move { store.admin().force_release("fair").await }
     });
     wait_until_blocked_on_lock(&db, 1).await;
 
@@ -216,7 +216,7 @@ impl Takeover {
     async fn run(self, store: &Store, lease: &pgfence::Lease) -> Result<pgfence::Lease, Error> {
         match self {
             Takeover::ForceRelease => {
-                store.force_release(lease.name()).await?;
+                store.admin().force_release(lease.name()).await?;
             }
             Takeover::Release => {
                 store.release(lease).await?;
@@ -443,7 +443,7 @@ async fn takeover_start<T>(
                        JOIN pgfence.leases l ON k.objid = (-l.lock_key)::oid AND l.name = 'c/storm' \
                       WHERE k.locktype = 'advisory' AND k.classid = {} AND k.objsubid = 2 \
                         AND k.mode = 'ExclusiveLock' AND k.granted)",
-                    pgfence::GUARD_LOCK_CLASS
+                    pgfence::schema::GUARD_LOCK_CLASS
                 ),
                 &[],
             )
@@ -635,7 +635,9 @@ async fn an_acquire_answered_held_and_left_open_blocks_nobody() {
     );
     let write = tokio::time::timeout(
         Duration::from_secs(2),
-        store.create_task(&lease.fence(), "k", &serde_json::json!({})),
+        store
+            .tasks()
+            .create(&lease.fence(), "k", &serde_json::json!({})),
     )
     .await;
     assert!(matches!(write, Ok(Ok(_))), "{write:?}");
@@ -673,10 +675,13 @@ async fn lock_waits_are_bounded_and_name_the_blocker() {
         .await
         .unwrap();
     let started = Instant::now();
-    let err = tokio::time::timeout(Duration::from_secs(15), store.force_release("bounded"))
-        .await
-        .expect("the takeover's wait must be bounded")
-        .unwrap_err();
+    let err = tokio::time::timeout(
+        Duration::from_secs(15),
+        store.admin().force_release("bounded"),
+    )
+    .await
+    .expect("the takeover's wait must be bounded")
+    .unwrap_err();
     let waited = started.elapsed();
     assert_eq!(err.sqlstate(), Some("PF003"), "{err}");
     let message = err.to_string();
@@ -701,7 +706,9 @@ async fn lock_waits_are_bounded_and_name_the_blocker() {
     let started = Instant::now();
     let err = tokio::time::timeout(
         Duration::from_secs(15),
-        store.create_task(&lease.fence(), "k", &serde_json::json!({})),
+        store
+            .tasks()
+            .create(&lease.fence(), "k", &serde_json::json!({})),
     )
     .await
     .expect("the guard's wait must be bounded")
@@ -760,7 +767,8 @@ async fn a_direct_lease_update_serializes_against_guarded_writes() {
         let fence = lease.fence();
         async move {
             store
-                .create_task(&fence, "late", &serde_json::json!({}))
+                .tasks()
+                .create(&fence, "late", &serde_json::json!({}))
                 .await
         }
     });
@@ -820,11 +828,13 @@ async fn guards_refuse_to_decide_outside_read_committed() {
         .unwrap();
     let rr_store = db.store("c").await;
     rr_store
-        .create_task(&second.fence(), "ok", &serde_json::json!({}))
+        .tasks()
+        .create(&second.fence(), "ok", &serde_json::json!({}))
         .await
         .unwrap();
     match rr_store
-        .create_task(&first.fence(), "stale", &serde_json::json!({}))
+        .tasks()
+        .create(&first.fence(), "stale", &serde_json::json!({}))
         .await
     {
         Err(Error::Stale { reason, .. }) => assert_eq!(reason, LossReason::Superseded),
@@ -1031,7 +1041,7 @@ async fn takeovers(
             }
         } else {
             let started = Instant::now();
-            let ended = taker.force_release("busy").await;
+            let ended = taker.admin().force_release("busy").await;
             forced.push(started.elapsed());
             if let Err(e) = ended {
                 eprintln!("{}: force_release failed: {e}", guard.label());

@@ -15,9 +15,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use diesel::sql_types::{Bool, Nullable, Text};
+use pgfence::connection::Connector;
 use pgfence::embedded::{EmbeddedOptions, EmbeddedServer};
 use pgfence::leader::{Elector, PgElector};
-use pgfence::{Connector, Error, ExpectedIdentity, SslMode, Store, StoreConfig};
+use pgfence::{Error, ExpectedIdentity, SslMode, Store, StoreConfig};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use serde_json::json;
 
@@ -176,7 +177,7 @@ async fn ssl_of(store: &Store) -> (bool, Option<String>) {
         #[diesel(sql_type = Nullable<Text>)]
         client_dn: Option<String>,
     }
-    let mut conn = store.conn().await.unwrap();
+    let mut conn = store.admin().conn().await.unwrap();
     let row: Row =
         diesel::sql_query("SELECT ssl, client_dn FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
             .get_result(&mut *conn)
@@ -229,7 +230,7 @@ async fn verify_full_connects_with_the_right_ca_and_host_name() {
         assert_eq!(ssl_of(&store).await, (true, None), "{host}");
         // The TLS parameters do not stop redaction (tokio-postgres alone cannot parse `verify-full`).
         assert_eq!(
-            pgfence::redact(&url),
+            pgfence::connection::redact(&url),
             format!("postgres@{host}:{}/postgres", s.tls.port())
         );
     }
@@ -464,7 +465,8 @@ async fn guarded_write_and_wakeup(store: Store, database: &str) {
     store.migrate().await.expect("migrate over TLS");
     let lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
     store
-        .create_task(&lease.fence(), "job-1", &json!({"over": "tls"}))
+        .tasks()
+        .create(&lease.fence(), "job-1", &json!({"over": "tls"}))
         .await
         .expect("a guarded write over TLS");
 

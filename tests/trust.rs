@@ -76,12 +76,12 @@ async fn every_call_of_another_clusters_role_is_denied(intruder: &Store, lease: 
         "release",
     );
     denied(
-        intruder.create_task(&fence, "evil", &json!({})).await,
+        intruder.tasks().create(&fence, "evil", &json!({})).await,
         DenyReason::NoGrant,
         "create_task",
     );
     denied(
-        intruder.claim_task(&fence, "job", "evil").await,
+        intruder.tasks().claim(&fence, "job", "evil").await,
         DenyReason::NoGrant,
         "claim_task",
     );
@@ -127,7 +127,12 @@ async fn another_clusters_role_reads_nothing(
         "{through_error:?}"
     );
     assert!(intruder.lease_status("sched").await.unwrap().is_none());
-    assert!(intruder.task("sched", "job").await.unwrap().is_none());
+    assert!(intruder
+        .tasks()
+        .get("sched", "job")
+        .await
+        .unwrap()
+        .is_none());
     let secrets = raw
         .query_one("SELECT count(*) FROM pgfence.tenure_secrets", &[])
         .await
@@ -148,7 +153,8 @@ async fn a_role_cannot_touch_or_read_another_clusters_leases() {
 
     let a = store_as(&db, &app, "a").await;
     let lease = a.acquire("sched", "pod-a", TTL).await.unwrap();
-    a.create_task(&lease.fence(), "job", &json!({}))
+    a.tasks()
+        .create(&lease.fence(), "job", &json!({}))
         .await
         .unwrap();
 
@@ -188,11 +194,16 @@ async fn a_role_cannot_touch_or_read_another_clusters_leases() {
     // Its own cluster works.
     let b = store_as(&db, &app2, "b").await;
     let own = b.acquire("sched", "pod-b", TTL).await.unwrap();
-    b.create_task(&own.fence(), "job", &json!({}))
+    b.tasks()
+        .create(&own.fence(), "job", &json!({}))
         .await
         .unwrap();
-    assert_eq!(b.leases().await.unwrap().len(), 1);
-    assert_eq!(a.leases().await.unwrap().len(), 1, "app sees only a/sched");
+    assert_eq!(b.admin().leases().await.unwrap().len(), 1);
+    assert_eq!(
+        a.admin().leases().await.unwrap().len(),
+        1,
+        "app sees only a/sched"
+    );
 
     // The audit: one aggregated role-scope row for app2's no_grant refusals (the first one's operation), none
     // for app; the intruder sees its own row, app sees none of it.
@@ -335,22 +346,29 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
     let (app, store) = app_store(&db, &owner, "app", "c").await;
     let lease = store.acquire("sched", "pod-a", TTL).await.unwrap();
     let real = lease.fence();
-    store.create_task(&real, "job", &json!({})).await.unwrap();
+    store
+        .tasks()
+        .create(&real, "job", &json!({}))
+        .await
+        .unwrap();
     let secret = real.secret().expose_secret().to_owned();
 
     let forged = pgfence::Fence::new(real.lease(), real.epoch(), common::forged_secret()).unwrap();
     denied(
-        store.create_task(&forged, "evil", &json!({})).await,
+        store.tasks().create(&forged, "evil", &json!({})).await,
         DenyReason::BadSecret,
         "create_task",
     );
     denied(
-        store.claim_task(&forged, "job", "evil").await,
+        store.tasks().claim(&forged, "job", "evil").await,
         DenyReason::BadSecret,
         "claim_task",
     );
     denied(
-        store.append_event(&forged, "job", "evil", &json!({})).await,
+        store
+            .tasks()
+            .append_event(&forged, "job", "evil", &json!({}))
+            .await,
         DenyReason::BadSecret,
         "append_event",
     );
@@ -368,6 +386,7 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
     let status = store.lease_status("sched").await.unwrap().unwrap();
     assert_eq!(status.state, pgfence::LeaseState::Held);
     store
+        .tasks()
         .append_event(&real, "job", "real", &json!({}))
         .await
         .unwrap();
@@ -418,7 +437,8 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
         "Debug shows the secret"
     );
     let err = store
-        .create_task(&forged, "evil", &json!({}))
+        .tasks()
+        .create(&forged, "evil", &json!({}))
         .await
         .unwrap_err();
     assert!(!err.to_string().contains(&secret) && !format!("{err:?}").contains(&secret));
@@ -436,7 +456,8 @@ async fn another_role_using_a_holder_name_does_not_take_over() {
         }
         other => panic!("expected Held, got {other:?}"),
     }
-    s1.create_task(&lease.fence(), "job", &json!({}))
+    s1.tasks()
+        .create(&lease.fence(), "job", &json!({}))
         .await
         .unwrap();
     let restarted = s1.acquire("sched", "pod-a", TTL).await.unwrap();
@@ -453,7 +474,8 @@ async fn a_fence_handed_to_a_worker_writes_and_a_stripped_one_is_refused() {
     let wire = serde_json::to_string(&lease.fence()).unwrap();
     let worker_fence: pgfence::Fence = serde_json::from_str(&wire).unwrap();
     store
-        .create_task(&worker_fence, "from-worker", &json!({}))
+        .tasks()
+        .create(&worker_fence, "from-worker", &json!({}))
         .await
         .unwrap();
     let mut stripped: serde_json::Value = serde_json::from_str(&wire).unwrap();
@@ -472,11 +494,13 @@ async fn audit_rows_are_per_role_and_bounded() {
     let (db, app, app2, s1, s2) = two_applications().await;
     let old = s1.acquire("sched", "pod-a", TTL).await.unwrap();
     s1.acquire("sched", "pod-a", TTL).await.unwrap();
-    s1.create_task(&old.fence(), "job", &json!({}))
+    s1.tasks()
+        .create(&old.fence(), "job", &json!({}))
         .await
         .unwrap_err();
     for _ in 0..5 {
-        s2.create_task(&old.fence(), "someone-elses", &json!({}))
+        s2.tasks()
+            .create(&old.fence(), "someone-elses", &json!({}))
             .await
             .unwrap_err();
     }
@@ -576,33 +600,45 @@ async fn revoke_removes_one_grant_and_says_whether_it_did() {
     let db = TestDb::new().await;
     let app = role(&db, "app").await;
     let owner = db.store("a").await;
-    owner.grant_application(&app, Some("a")).await.unwrap();
-    owner.grant_application(&app, Some("b")).await.unwrap();
+    owner
+        .admin()
+        .grant_application(&app, Some("a"))
+        .await
+        .unwrap();
+    owner
+        .admin()
+        .grant_application(&app, Some("b"))
+        .await
+        .unwrap();
     let (a, b) = (
         store_as(&db, &app, "a").await,
         store_as(&db, &app, "b").await,
     );
     a.acquire("sched", "pod", TTL).await.unwrap();
     for bad in [
-        owner.revoke("public", Some("a")).await,
-        owner.revoke(&app, Some("a/b")).await,
-        owner.revoke(&app, Some("")).await,
+        owner.admin().revoke("public", Some("a")).await,
+        owner.admin().revoke(&app, Some("a/b")).await,
+        owner.admin().revoke(&app, Some("")).await,
     ] {
         assert!(matches!(bad, Err(Error::InvalidInput { .. })), "{bad:?}");
     }
     // A role name has at most 63 characters (PostgreSQL's limit): 63 reaches the database, which knows no
     // such role; 64 is refused before anything is sent.
-    let unknown = owner.revoke(&"r".repeat(63), None).await.unwrap_err();
+    let unknown = owner
+        .admin()
+        .revoke(&"r".repeat(63), None)
+        .await
+        .unwrap_err();
     assert_eq!(unknown.sqlstate(), Some("42704"), "{unknown}");
     assert!(matches!(
-        owner.revoke(&"r".repeat(64), None).await,
+        owner.admin().revoke(&"r".repeat(64), None).await,
         Err(Error::InvalidInput { field: "role", .. })
     ));
     assert_eq!(db.scalar("SELECT count(*) FROM pgfence.grants").await, 2);
-    assert!(owner.revoke(&app, Some("a")).await.unwrap().removed);
-    assert!(!owner.revoke(&app, Some("a")).await.unwrap().removed);
+    assert!(owner.admin().revoke(&app, Some("a")).await.unwrap().removed);
+    assert!(!owner.admin().revoke(&app, Some("a")).await.unwrap().removed);
     assert!(
-        !owner.revoke(&app, None).await.unwrap().removed,
+        !owner.admin().revoke(&app, None).await.unwrap().removed,
         "no every-cluster grant"
     );
     denied(
@@ -611,7 +647,7 @@ async fn revoke_removes_one_grant_and_says_whether_it_did() {
         "acquire after its grant was revoked",
     );
     b.acquire("sched", "pod", TTL).await.unwrap();
-    assert!(owner.revoke(&app, Some("b")).await.unwrap().removed);
+    assert!(owner.admin().revoke(&app, Some("b")).await.unwrap().removed);
     let err = b.acquire("other", "pod", TTL).await.unwrap_err();
     assert_eq!(err.sqlstate(), Some("42501"), "{err}");
     assert_eq!(db.scalar("SELECT count(*) FROM pgfence.grants").await, 0);
@@ -666,10 +702,14 @@ async fn grant_refuses_public_pseudo_predefined_and_superuser_roles() {
         .get(0);
     for name in [su.as_str(), bypass.as_str(), owner.as_str()] {
         for err in [
-            store.grant_application(name, Some("c")).await.unwrap_err(),
-            store.grant_operator(name, None).await.unwrap_err(),
-            store.revoke(name, Some("c")).await.unwrap_err(),
-            store.revoke(name, None).await.unwrap_err(),
+            store
+                .admin()
+                .grant_application(name, Some("c"))
+                .await
+                .unwrap_err(),
+            store.admin().grant_operator(name, None).await.unwrap_err(),
+            store.admin().revoke(name, Some("c")).await.unwrap_err(),
+            store.admin().revoke(name, None).await.unwrap_err(),
         ] {
             assert!(
                 matches!(err, Error::InvalidInput { field: "role", .. }),
@@ -764,11 +804,13 @@ async fn no_role_but_the_owner_writes_pgfence_tables() {
     let careless = app_role(&db, &owner, "careless", Some("c")).await;
     let lease = owner.acquire("sched", "pod-a", TTL).await.unwrap();
     owner
-        .create_task(&lease.fence(), "job", &json!({}))
+        .tasks()
+        .create(&lease.fence(), "job", &json!({}))
         .await
         .unwrap();
     owner
-        .create_task(
+        .tasks()
+        .create(
             &pgfence::Fence::new(
                 lease.qualified_name(),
                 lease.epoch(),
@@ -796,8 +838,11 @@ async fn no_role_but_the_owner_writes_pgfence_tables() {
         "DELETE FROM pgfence.rejections",
         "UPDATE pgfence.tenure_secrets SET hash = sha256('x')",
     ];
-    for enforcement in [pgfence::Enforcement::Off, pgfence::Enforcement::Error] {
-        owner.set_enforcement(enforcement).await.unwrap();
+    for enforcement in [
+        pgfence::admin::Enforcement::Off,
+        pgfence::admin::Enforcement::Error,
+    ] {
+        owner.admin().set_enforcement(enforcement).await.unwrap();
         for sql in changes {
             match raw.execute(sql, &[]).await {
                 Ok(n) => assert_eq!(n, 0, "{sql} changed rows ({enforcement:?})"),
@@ -848,7 +893,8 @@ async fn no_role_but_the_owner_writes_pgfence_tables() {
     assert!(matches!(next, Err(Error::Held { .. })));
     let next = take_over(&owner, "sched", "pod-b").await;
     owner
-        .create_task(&next.fence(), "job-2", &json!({}))
+        .tasks()
+        .create(&next.fence(), "job-2", &json!({}))
         .await
         .unwrap();
     assert_eq!(
@@ -942,17 +988,20 @@ async fn the_databases_refusal_of_newer_unicode_is_invalid_input() {
     let lease = store.acquire("sched", "pod", TTL).await.unwrap();
     invalid(
         store
-            .create_task(&lease.fence(), text, &json!({}))
+            .tasks()
+            .create(&lease.fence(), text, &json!({}))
             .await
             .map(drop),
         "task key",
     );
     store
-        .create_task(&lease.fence(), "job", &json!({}))
+        .tasks()
+        .create(&lease.fence(), "job", &json!({}))
         .await
         .unwrap();
     invalid(
         store
+            .tasks()
             .append_event(&lease.fence(), "job", text, &json!({}))
             .await
             .map(drop),

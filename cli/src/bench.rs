@@ -115,7 +115,10 @@ pub(super) fn new_histogram() -> Histogram<u64> {
 /// A failure of the benchmark's own statements, with the error's sources (tokio-postgres shows "db error" and
 /// keeps the server's message as its source).
 pub(super) fn db_error(context: &str, e: impl std::error::Error) -> Failure {
-    Failure::new(1, format!("{context}: {}", pgfence::error_chain(&e)))
+    Failure::new(
+        1,
+        format!("{context}: {}", pgfence::connection::error_chain(&e)),
+    )
 }
 
 /// The document `--json` writes.
@@ -280,7 +283,7 @@ pub(super) async fn run(global: &Global, args: BenchArgs) -> CliResult {
                 format!(
                     "bench writes: it creates scratch databases on {} and drops them at the end; repeat with \
                      --yes to run it there (without --database-url it starts a throwaway server)",
-                    pgfence::redact(url)
+                    pgfence::connection::redact(url)
                 ),
             ));
         }

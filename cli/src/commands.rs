@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pgfence::{ForceReleased, RejectionFilter, Store};
+use pgfence::admin::RejectionFilter;
+use pgfence::{ForceReleased, Store};
 
 use crate::output::{emit, print_json};
 use crate::{groups, require_lease, split_lease, svg, table, CliResult, Failure, Global};
@@ -14,7 +15,7 @@ use crate::{groups, require_lease, split_lease, svg, table, CliResult, Failure, 
 /// Prints to stderr what the database's advisory-lock and role layout lacks (docs/security.md), one escaped
 /// line each; what would stop pgfence is refused by `migrate` and `grant` themselves.
 async fn warn_layout(store: &Store) -> CliResult {
-    for problem in store.layout_problems().await? {
+    for problem in store.admin().layout_problems().await? {
         let line = format!("{}. To fix: {}", problem.problem, problem.fix);
         eprintln!(
             "pgfence: warning: {}",
@@ -45,7 +46,7 @@ struct StatusReport {
 
 pub(super) async fn status(global: &Global, json: bool) -> CliResult {
     let store = global.store(&global.cluster).await?;
-    let leases = store.all_leases().await?;
+    let leases = store.admin().all_leases().await?;
     let groups = groups::read(&store).await?;
     if json {
         return print_json(&StatusReport { leases, groups });
@@ -60,7 +61,7 @@ pub(super) async fn status(global: &Global, json: bool) -> CliResult {
 
 pub(super) async fn audit_prune(global: &Global, older_than: Duration, batch: u32) -> CliResult {
     let store = global.store(&global.cluster).await?;
-    let deleted = store.prune_rejections(older_than, batch).await?;
+    let deleted = store.admin().prune_rejections(older_than, batch).await?;
     emit(&format!(
         "deleted {deleted} audit rows last seen more than {older_than:?} ago\n"
     ))
@@ -78,9 +79,9 @@ pub(super) async fn grant(
     let rights = if operator { "operator" } else { "application" };
     for cluster in targets {
         let repairs = if operator {
-            store.grant_operator(&role, cluster).await?
+            store.admin().grant_operator(&role, cluster).await?
         } else {
-            store.grant_application(&role, cluster).await?
+            store.admin().grant_application(&role, cluster).await?
         };
         warn_repairs(&repairs);
         println!(
@@ -101,7 +102,7 @@ pub(super) async fn revoke(
     let store = global.store(&global.cluster).await?;
     let targets = cluster_targets(&clusters, all_clusters);
     for cluster in targets {
-        let revoked = store.revoke(&role, cluster).await?;
+        let revoked = store.admin().revoke(&role, cluster).await?;
         warn_repairs(&revoked.repairs);
         let on = cluster.map_or_else(|| "every cluster".to_owned(), |c| format!("cluster {}", c));
         if revoked.removed {
@@ -139,7 +140,7 @@ pub(super) async fn audit(
     filter.lease = name;
     filter.since = since;
     filter.limit = Some(limit);
-    let rows = store.rejections(&filter).await?;
+    let rows = store.admin().rejections(&filter).await?;
     if json {
         return print_json(&rows);
     }
@@ -155,7 +156,7 @@ pub(super) async fn history(
     let (cluster, name) = split_lease(&lease, &global.cluster);
     let store = global.store(&cluster).await?;
     require_lease(&store, &name).await?;
-    let reviews = store.review(&name).await?;
+    let reviews = store.history().review(&name).await?;
     let attempts = store.effects().ledger(&name).await?;
     let qualified = format!("{cluster}/{name}");
     if let Some(path) = &picture {
@@ -170,11 +171,11 @@ pub(super) async fn history(
 
 pub(super) async fn identity(global: &Global, json: bool) -> CliResult {
     let store = global.store(&global.cluster).await?;
-    let identity = store.identity().await?;
+    let identity = store.admin().identity().await?;
     if json {
         return print_json(&identity);
     }
-    emit(&table::identity(&identity, store.target()))
+    emit(&table::identity(&identity, store.admin().target()))
 }
 
 pub(super) async fn migrate(global: &Global) -> CliResult {
@@ -182,9 +183,9 @@ pub(super) async fn migrate(global: &Global) -> CliResult {
     let applied = store.migrate().await?;
     // The repair, once the schema is known to be the owner's (migrate refuses it otherwise): what a careless
     // grant left since the last grant, revoke or migration goes, and the operator is told.
-    warn_repairs(&store.harden().await?);
+    warn_repairs(&store.admin().harden().await?);
     warn_layout(&store).await?;
-    let target = table::value(store.target());
+    let target = table::value(store.admin().target());
     emit(&if applied.is_empty() {
         format!("pgfence schema is up to date on {target}\n")
     } else {
@@ -211,7 +212,7 @@ pub(super) async fn force_release(
         ));
     }
     let store = global.store(&cluster).await?;
-    let outcome = store.force_release(&name).await?;
+    let outcome = store.admin().force_release(&name).await?;
     if matches!(outcome, ForceReleased::Unknown) {
         return Err(Failure::new(6, format!("unknown lease {cluster}/{name}")));
     }

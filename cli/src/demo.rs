@@ -12,9 +12,12 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use pgfence::admin::{Rejection, RejectionFilter};
 use pgfence::embedded::EmbeddedServer;
+use pgfence::history::Tenure;
 use pgfence::leader::{Elector, HeldLease, LeaseOptions, PgElector};
-use pgfence::{Error, Fence, Rejection, RejectionFilter, Store, TaskState, Tenure};
+use pgfence::tasks::TaskState;
+use pgfence::{Error, Fence, Store};
 use serde::Serialize;
 use serde_json::json;
 
@@ -88,7 +91,7 @@ async fn scalar(store: &Store, sql: &str, lease: &str) -> Result<i64, Failure> {
         #[diesel(sql_type = BigInt)]
         n: i64,
     }
-    let mut conn = store.conn().await?;
+    let mut conn = store.admin().conn().await?;
     let row: Count = diesel::sql_query(sql)
         .bind::<Text, _>(lease)
         .get_result(&mut *conn)
@@ -212,7 +215,7 @@ async fn takeover(
         "setup",
         format!(
             "pgfence schema ready on {}; lease {qualified}, ttl {TTL:?}",
-            admin.target()
+            admin.admin().target()
         ),
     );
 
@@ -267,7 +270,8 @@ async fn takeover(
     for i in 1..=3 {
         let key = format!("job-{i}");
         let write = a_store
-            .create_task(&a_fence, &key, &json!({"image": format!("api:1.{i}")}))
+            .tasks()
+            .create(&a_fence, &key, &json!({"image": format!("api:1.{i}")}))
             .await?;
         story.say(
             "controller-a",
@@ -276,7 +280,7 @@ async fn takeover(
     }
     for i in 1..=2 {
         let key = format!("job-{i}");
-        a_store.claim_task(&a_fence, &key, "worker-a").await?;
+        a_store.tasks().claim(&a_fence, &key, "worker-a").await?;
         story.say("controller-a", format!("claimed {key} for worker-a"));
     }
 
@@ -300,10 +304,11 @@ async fn takeover(
             frozen_at.elapsed().as_secs_f64()
         ),
     );
-    b_store.claim_task(&b_fence, "job-3", "worker-b").await?;
+    b_store.tasks().claim(&b_fence, "job-3", "worker-b").await?;
     story.say("controller-b", "claimed job-3 for worker-b");
     let write = b_store
-        .create_task(&b_fence, "job-4", &json!({"image": "api:1.4"}))
+        .tasks()
+        .create(&b_fence, "job-4", &json!({"image": "api:1.4"}))
         .await?;
     story.say(
         "controller-b",
@@ -323,7 +328,8 @@ async fn takeover(
         (
             "mark job-2 succeeded",
             a_store
-                .transition_task(
+                .tasks()
+                .transition(
                     &a_fence,
                     "job-2",
                     TaskState::Claimed,
@@ -336,7 +342,8 @@ async fn takeover(
         (
             "create task job-5",
             a_store
-                .create_task(&a_fence, "job-5", &json!({}))
+                .tasks()
+                .create(&a_fence, "job-5", &json!({}))
                 .await
                 .map(|_| ()),
         ),
@@ -389,10 +396,10 @@ async fn build_report(
     stale_errors: usize,
     stale_write_accepted: bool,
 ) -> Result<Report, Failure> {
-    let tenures = admin.tenures(LEASE).await?;
+    let tenures = admin.history().tenures(LEASE).await?;
     let mut filter = RejectionFilter::default();
     filter.lease = Some(LEASE.to_owned());
-    let rejections = admin.rejections(&filter).await?;
+    let rejections = admin.admin().rejections(&filter).await?;
 
     // Each tenure ended before the next began: never two holders at once, one holder per epoch.
     let overlapping = scalar(
@@ -417,8 +424,8 @@ async fn build_report(
         .filter(|r| r.presented_epoch == stale.epoch().get())
         .map(|r| r.count)
         .sum();
-    let job2 = admin.task(LEASE, "job-2").await?.map(|t| t.state);
-    let job5 = admin.task(LEASE, "job-5").await?;
+    let job2 = admin.tasks().get(LEASE, "job-2").await?.map(|t| t.state);
+    let job5 = admin.tasks().get(LEASE, "job-5").await?;
 
     let checks = vec![
         Check {

@@ -3,7 +3,7 @@
 //! The library's types are `#[non_exhaustive]`, so outside the library they are built the way the CLI meets
 //! them in `--json`: from JSON.
 
-use pgfence::TenureReview;
+use pgfence::history::TenureReview;
 use serde_json::json;
 
 /// A holder name a hostile role could store: a terminal title sequence, a bell, markup, a bidirectional
@@ -14,7 +14,7 @@ pub(crate) const HOSTILE_HOLDER: &str =
 /// A hostile `application_name`: clears the screen, closes the SVG text element it is printed in.
 pub(crate) const HOSTILE_APPLICATION: &str = "\u{1b}[2J\u{1b}[31m</text><script>x()</script>\r";
 
-/// Four tenures of `demo/scheduler`, with the review's numbers as `Store::review` computes them:
+/// Four tenures of `demo/scheduler`, with the review's numbers as `History::review` computes them:
 /// - epoch 1 (controller-a) believed it led after epoch 2's acquisition: CERTAIN, proved by a refused write;
 /// - epoch 2 (the hostile holder) never reported its end: UNKNOWN, its last write known from a write mark only;
 /// - epoch 3 (controller-c) may have believed it led after epoch 4's acquisition: POSSIBLE, and a write of it

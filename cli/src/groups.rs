@@ -7,8 +7,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use pgfence::groups::{GroupMember, RosterMember};
 use pgfence::leader::{assign, Assignment};
-use pgfence::{GroupMember, RosterMember, Store};
+use pgfence::Store;
 use serde::Serialize;
 
 use super::Failure;
@@ -80,7 +81,7 @@ impl GroupView {
     }
 }
 
-/// The groups of `rows` (in group and member order, as `Store::group_members` returns them); `left` holds the
+/// The groups of `rows` (in group and member order, as `Groups::members` returns them); `left` holds the
 /// (group, member) pairs whose row records a leave.
 pub(crate) fn views(rows: Vec<GroupMember>) -> Vec<GroupView> {
     let mut by_group: BTreeMap<String, Vec<GroupMember>> = BTreeMap::new();
@@ -159,13 +160,13 @@ fn view(group: String, rows: Vec<GroupMember>) -> GroupView {
     }
 }
 
-/// Every group the role can read, as [`views`] of `Store::group_members`; `group` narrows it to one
+/// Every group the role can read, as [`views`] of `Groups::members`; `group` narrows it to one
 /// (cluster-qualified) group.
 pub(crate) async fn read_group(
     store: &Store,
     group: Option<&str>,
 ) -> Result<Vec<GroupView>, Failure> {
-    let rows = store.group_members(group).await?;
+    let rows = store.groups().members(group).await?;
     if rows.is_empty() {
         return Ok(Vec::new());
     }

@@ -395,7 +395,7 @@ pub(crate) async fn require_lease(store: &Store, name: &str) -> CliResult {
     if store.lease_status(name).await?.is_none() {
         return Err(Failure::new(
             6,
-            format!("unknown lease {}/{name}", store.cluster()),
+            format!("unknown lease {}/{name}", store.admin().cluster()),
         ));
     }
     Ok(())

@@ -28,12 +28,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
+use pgfence::groups::MemberSpec;
 use pgfence::leader::{
     BoxError, Elector, LeaderContext, LeadershipOptions, MemoryElector, PgElector, Spread,
     Supervisor, TenureEnd,
 };
+use pgfence::limits::{MAX_GROUP_NAMES, MAX_SHARDS};
 use pgfence::reexports::tokio_util::sync::CancellationToken;
-use pgfence::{Error, MemberSpec, Store, MAX_GROUP_NAMES, MAX_SHARDS};
+use pgfence::{Error, Store};
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -357,7 +359,11 @@ impl Work {
         let epoch = ctx.epoch().get();
         // Epochs of a lease are unique, so keys of different tenures never collide.
         let key = format!("e{epoch}-{seq}");
-        let outcome = self.store.create_task(&ctx.fence(), &key, &json!({})).await;
+        let outcome = self
+            .store
+            .tasks()
+            .create(&ctx.fence(), &key, &json!({}))
+            .await;
         let (ok, reason, error) = match outcome {
             Ok(_) => (true, None, None),
             Err(Error::Stale { reason, .. }) => (false, Some(reason.as_str()), None),
@@ -451,7 +457,7 @@ pub(crate) async fn run(global: &Global, args: ReplicaArgs) -> CliResult {
     .await?;
     // One read before the supervisor starts: a missing schema (exit 5) or a role without a grant on the cluster
     // (exit 8) ends the replica here, where the supervisor's loops would retry them for ever.
-    store.roster(&args.group).await?;
+    store.groups().roster(&args.group).await?;
 
     let events = Arc::new(Events {
         member: args.member.clone(),

@@ -31,7 +31,8 @@ use clap::Args;
 use pgfence::effects::{EffectConflict, InDoubt, Outcome, Settlement};
 use pgfence::leader::{run_with_leadership, LeaderContext, LeadershipOptions, PgElector};
 use pgfence::reexports::tokio_util::sync::CancellationToken;
-use pgfence::{Error, Fence, Store, TaskState};
+use pgfence::tasks::TaskState;
+use pgfence::{Error, Fence, Store};
 use serde_json::json;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::Mutex;
@@ -370,7 +371,8 @@ impl Worker {
             let task = task_key(i);
             let existing = self
                 .store
-                .task(&self.args.lease, &task)
+                .tasks()
+                .get(&self.args.lease, &task)
                 .await
                 .map_err(|e| self.trouble("read", &task, &fence, &e))?;
             match existing {
@@ -380,7 +382,7 @@ impl Worker {
                 }
                 None if self.args.until_done => return Err(Stop::Finished),
                 None => {
-                    if let Err(e) = self.store.create_task(&fence, &task, &json!({})).await {
+                    if let Err(e) = self.store.tasks().create(&fence, &task, &json!({})).await {
                         return Err(self.trouble("create_task", &task, &fence, &e));
                     }
                 }
@@ -389,7 +391,8 @@ impl Worker {
             self.effect(&fence, &task).await?;
             match self
                 .store
-                .transition_task(
+                .tasks()
+                .transition(
                     &fence,
                     &task,
                     TaskState::Pending,
@@ -422,11 +425,15 @@ impl Worker {
             #[diesel(sql_type = BigInt)]
             n: i64,
         }
-        let mut conn = self.store.conn().await?;
+        let mut conn = self.store.admin().conn().await?;
         let row: Count = diesel::sql_query(
             "SELECT count(*) AS n FROM pgfence.tasks WHERE lease = $1 AND state = 'succeeded'",
         )
-        .bind::<Text, _>(format!("{}/{}", self.store.cluster(), self.args.lease))
+        .bind::<Text, _>(format!(
+            "{}/{}",
+            self.store.admin().cluster(),
+            self.args.lease
+        ))
         .get_result(&mut *conn)
         .await
         .map_err(Error::from)?;

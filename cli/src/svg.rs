@@ -16,7 +16,7 @@ mod lane;
 use std::fmt::Write as _;
 
 use chrono::{DateTime, Duration, Utc};
-use pgfence::{TenureReview, WRITE_MARK_RESOLUTION};
+use pgfence::history::{TenureReview, WRITE_MARK_RESOLUTION};
 
 use crate::table;
 

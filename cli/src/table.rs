@@ -16,7 +16,9 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pgfence::{DatabaseIdentity, LeaseStatus, Rejection, Tenure};
+use pgfence::admin::Rejection;
+use pgfence::history::Tenure;
+use pgfence::{DatabaseIdentity, LeaseStatus};
 
 pub(super) use self::effects::{in_doubt, ledger};
 pub(super) use self::history::review;

@@ -3,7 +3,8 @@
 //! (`--lease L --task K`) — and the ledger beside the tenures in `pgfence history --json`.
 
 use pgfence::effects::{Attempt, EffectState};
-use pgfence::{Epoch, TenureReview};
+use pgfence::history::TenureReview;
+use pgfence::Epoch;
 use serde::Serialize;
 
 use crate::output::{emit, print_json};

@@ -7,11 +7,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::TestDb;
+use pgfence::admin::Rejection;
+use pgfence::groups::{GroupMember, MemberSpec};
+use pgfence::history::{Overlap, Tenure, TenureReview};
 use pgfence::leader::assign;
-use pgfence::{
-    DatabaseIdentity, GroupMember, LeaseState, LeaseStatus, MemberSpec, Overlap, Rejection, Tenure,
-    TenureReview,
-};
+use pgfence::{DatabaseIdentity, LeaseState, LeaseStatus};
 use serde_json::json;
 
 const SENTINEL: &str = "Cli-s3cret-Sentinel";
@@ -138,15 +138,20 @@ async fn scenario(db: &TestDb) -> pgfence::Lease {
         .await
         .unwrap();
     store
-        .create_task(&old.fence(), "job-1", &json!({}))
+        .tasks()
+        .create(&old.fence(), "job-1", &json!({}))
         .await
         .unwrap();
-    store.force_release("scheduler").await.unwrap();
+    store.admin().force_release("scheduler").await.unwrap();
     let current = store
         .acquire("scheduler", "pod-b", Duration::from_secs(60))
         .await
         .unwrap();
-    assert!(store.claim_task(&old.fence(), "job-1", "w").await.is_err());
+    assert!(store
+        .tasks()
+        .claim(&old.fence(), "job-1", "w")
+        .await
+        .is_err());
     current
 }
 
@@ -801,11 +806,11 @@ async fn status_shows_each_group_with_its_members_and_assignment() {
     let names = ["billing", "reports", "rollout", "scheduler"];
     let spec = MemberSpec::new(names);
     let ttl = Duration::from_secs(60);
-    let _a = store.join_group("g", "pod-a", &spec, ttl).await.unwrap();
-    let _b = store.join_group("g", "pod-b", &spec, ttl).await.unwrap();
-    let gone = store.join_group("g", "pod-c", &spec, ttl).await.unwrap();
-    assert!(store.leave_group(&gone).await.unwrap());
-    let roster = store.roster("g").await.unwrap();
+    let _a = store.groups().join("g", "pod-a", &spec, ttl).await.unwrap();
+    let _b = store.groups().join("g", "pod-b", &spec, ttl).await.unwrap();
+    let gone = store.groups().join("g", "pod-c", &spec, ttl).await.unwrap();
+    assert!(store.groups().leave(&gone).await.unwrap());
+    let roster = store.groups().roster("g").await.unwrap();
     let desired = assign(&roster.members, &roster.holders);
     assert_eq!(
         desired.counts().values().copied().collect::<Vec<_>>(),
@@ -896,7 +901,7 @@ async fn status_shows_each_group_with_its_members_and_assignment() {
         [("pod-a", "live"), ("pod-b", "live"), ("pod-c", "left")]
     );
     for m in members {
-        // The row is `pgfence::GroupMember`, with the state and the assigned names beside it.
+        // The row is `pgfence::groups::GroupMember`, with the state and the assigned names beside it.
         let row: GroupMember = serde_json::from_value(m.clone()).unwrap();
         assert_eq!(row.group, "prod/g");
         assert_eq!(m["assigned"], json!(row.leads), "{m}");

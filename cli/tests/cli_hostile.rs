@@ -24,7 +24,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::TestDb;
-use pgfence::{LeaseStatus, Rejection, TenureReview};
+use pgfence::admin::Rejection;
+use pgfence::history::TenureReview;
+use pgfence::LeaseStatus;
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -185,15 +187,20 @@ async fn scenario(db: &TestDb) {
         .await
         .unwrap();
     store
-        .create_task(&old.fence(), "job-1", &json!({}))
+        .tasks()
+        .create(&old.fence(), "job-1", &json!({}))
         .await
         .unwrap();
-    store.force_release("lease").await.unwrap();
+    store.admin().force_release("lease").await.unwrap();
     store
         .acquire("lease", "pod-b", Duration::from_secs(60))
         .await
         .unwrap();
-    assert!(store.claim_task(&old.fence(), "job-1", "w").await.is_err());
+    assert!(store
+        .tasks()
+        .claim(&old.fence(), "job-1", "w")
+        .await
+        .is_err());
 }
 
 /// Writes `hostile` into every text column of every pgfence table (all rows; not the migration bookkeeping,

@@ -53,7 +53,8 @@ async fn ledger_scenario(db: &TestDb) {
     let old = store.acquire("scheduler", "pod-a", ttl).await.unwrap();
     for task in ["job-1", "job-2"] {
         store
-            .create_task(&old.fence(), task, &json!({}))
+            .tasks()
+            .create(&old.fence(), task, &json!({}))
             .await
             .unwrap();
     }
@@ -81,7 +82,7 @@ async fn ledger_scenario(db: &TestDb) {
         .record_outcome(&old.fence(), HOSTILE_KEY, &unknown)
         .await
         .unwrap();
-    store.force_release("scheduler").await.unwrap();
+    store.admin().force_release("scheduler").await.unwrap();
     let late = effects
         .record_outcome(&old.fence(), HOSTILE_KEY, &done)
         .await;
@@ -105,7 +106,8 @@ async fn ledger_scenario(db: &TestDb) {
 
     let other = store.acquire("other", "pod-c", ttl).await.unwrap();
     store
-        .create_task(&other.fence(), "job-9", &json!({}))
+        .tasks()
+        .create(&other.fence(), "job-9", &json!({}))
         .await
         .unwrap();
     let page = json!({"page": "on-call"});
@@ -113,7 +115,7 @@ async fn ledger_scenario(db: &TestDb) {
         .intend(&other.fence(), "job-9", "page", &page)
         .await
         .unwrap();
-    store.force_release("other").await.unwrap();
+    store.admin().force_release("other").await.unwrap();
 }
 
 /// `tasks --in-doubt --json` lists exactly the effects in doubt — an ended tenure's intent without an outcome
@@ -427,7 +429,7 @@ async fn history_shows_the_effects_of_each_tenure() {
 
     let json = pgfence(&["history", "--lease", "prod/scheduler", "--json"], &db.url).await;
     assert_eq!(json.code, 0, "{}", json.stderr);
-    let reviews: Vec<pgfence::TenureReview> = serde_json::from_str(&json.stdout).unwrap();
+    let reviews: Vec<pgfence::history::TenureReview> = serde_json::from_str(&json.stdout).unwrap();
     assert_eq!(reviews.len(), 2);
     let doc: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
     let effects: Vec<Attempt> = serde_json::from_value(doc[0]["effects"].clone()).unwrap();

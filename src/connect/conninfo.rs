@@ -179,10 +179,10 @@ fn keyword_pairs(text: &str) -> Option<Vec<(&str, String, std::ops::Range<usize>
 ///
 /// ```
 /// assert_eq!(
-///     pgfence::with_database("postgres://u@h:5433/app?sslmode=require&dbname=x", "scratch db"),
+///     pgfence::connection::with_database("postgres://u@h:5433/app?sslmode=require&dbname=x", "scratch db"),
 ///     "postgres://u@h:5433/scratch%20db?sslmode=require"
 /// );
-/// assert_eq!(pgfence::with_database("host=h user=u", "o'k"), r"host=h user=u dbname='o\'k'");
+/// assert_eq!(pgfence::connection::with_database("host=h user=u", "o'k"), r"host=h user=u dbname='o\'k'");
 /// ```
 pub fn with_database(conninfo: &str, database: &str) -> String {
     use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};

@@ -64,7 +64,7 @@ pub(crate) type PoolConnection = tokio_postgres::Connection<WireStream<Socket>, 
 ///
 /// ```no_run
 /// # async fn example() -> pgfence::Result<()> {
-/// let connector = pgfence::Connector::new(
+/// let connector = pgfence::connection::Connector::new(
 ///     "postgres://app@db.example.com/control?sslmode=verify-full&sslrootcert=/etc/ssl/certs/rds-ca.pem",
 /// )?;
 /// let (client, connection) = connector.connect().await?;
@@ -100,7 +100,7 @@ impl fmt::Debug for Connector {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     /// For the pool, migrations and the leader's renewals: over a socket pgfence opened, so that every error's
-    /// SQLSTATE is read off the wire ([`WireStream`](crate::WireStream)); pgfence drives it (diesel-async drives
+    /// SQLSTATE is read off the wire ([`WireStream`](crate::connection::WireStream)); pgfence drives it (diesel-async drives
     /// only tokio-postgres's own sockets), so diesel-async's `notifications_stream` stays empty on it.
     Coded,
     /// For LISTEN: opened and driven by tokio-postgres and diesel-async, so that notifications arrive; only a TLS

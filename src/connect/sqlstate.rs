@@ -107,6 +107,28 @@ pub mod code {
     pub const RESTRICT_VIOLATION: &str = "23001";
     /// `25006` read_only_sql_transaction.
     pub const READ_ONLY_SQL_TRANSACTION: &str = "25006";
+
+    /// Whether a SQLSTATE names a condition that a retry of the same transaction can clear: serialization
+    /// failure, deadlock, a lock wait that timed out (`55P03`, and pgfence's `PF003` that names the blockers), and
+    /// the connection-exception and operator-intervention classes (`08`, `57P0x`).
+    ///
+    /// ```
+    /// assert!(pgfence::sqlstate::is_retryable("40001"));
+    /// assert!(!pgfence::sqlstate::is_retryable("42501"));
+    /// ```
+    pub fn is_retryable(code: &str) -> bool {
+        [
+            SERIALIZATION_FAILURE,
+            DEADLOCK_DETECTED,
+            LOCK_NOT_AVAILABLE,
+            ADMIN_SHUTDOWN,
+            CRASH_SHUTDOWN,
+            CANNOT_CONNECT_NOW,
+            LOCK_WAIT_ENDED,
+        ]
+        .contains(&code)
+            || code.starts_with(CONNECTION_EXCEPTION_CLASS)
+    }
 }
 
 pub(crate) use code::*;

@@ -110,7 +110,7 @@ impl Effects<'_> {
     /// The effects in doubt of every lease of every cluster the session's role may read, by lease name and then
     /// oldest first: [`in_doubt`](Self::in_doubt) of each lease that has an unsettled attempt without a final
     /// outcome (found through the ledger's partial index, so leases without open effects cost nothing). Sets the
-    /// gauge [`METRIC_EFFECTS_IN_DOUBT`](super::METRIC_EFFECTS_IN_DOUBT) of each of those leases.
+    /// gauge [`METRIC_EFFECTS_IN_DOUBT`](crate::metrics::METRIC_EFFECTS_IN_DOUBT) of each of those leases.
     ///
     /// # Errors
     ///

@@ -10,8 +10,8 @@
 //! Every write is one guarded statement, like the task writes: refused and audited when the tenure has ended,
 //! and appended to the task's event history with its epoch. An ended tenure's late outcome is refused as a write
 //! *and* kept as the attempt's [`LateReport`], evidence for the successor that changes nothing by itself. A task
-//! with an effect in doubt cannot move on ([`Error::InDoubt`] from [`claim_task`](Store::claim_task) and
-//! [`transition_task`](Store::transition_task)) until it is settled.
+//! with an effect in doubt cannot move on ([`Error::InDoubt`] from [`claim_task`](crate::tasks::Tasks::claim) and
+//! [`transition_task`](crate::tasks::Tasks::transition)) until it is settled.
 //!
 //! What it guarantees: an effect's intent is recorded before any call is made under a live tenure (a stale
 //! leader is refused before it calls), no in-doubt attempt is forgotten, and each is settled exactly once. What it
@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::error::EffectConflict;
 use crate::error::{Error, Result};
 use crate::fence::Fence;
+use crate::metrics::{METRIC_EFFECTS_IN_DOUBT, METRIC_EFFECT_SETTLE_SECONDS};
 use crate::reply::RowsOf;
 use crate::store::Store;
 use crate::tasks::validate_payload;
@@ -40,14 +41,6 @@ use crate::types::Epoch;
 use crate::validate::{validate_holder, validate_name};
 pub use ledger::Attempt;
 use rows::{sql, Answer, EffectResultRow, InDoubtRow};
-
-/// Gauge `pgfence_effects_in_doubt{lease}`: the effects of the lease in doubt at the last
-/// [`Effects::in_doubt`] listing of this process. Described by [`describe_metrics`](crate::describe_metrics).
-pub const METRIC_EFFECTS_IN_DOUBT: &str = "pgfence_effects_in_doubt";
-/// Histogram `pgfence_effect_settle_seconds{lease, resolution}`: how long each effect this process settled had
-/// been in doubt — from the end of the tenure that left it (or its `unknown` outcome) to the settle, by the
-/// database clock.
-pub const METRIC_EFFECT_SETTLE_SECONDS: &str = "pgfence_effect_settle_seconds";
 
 /// The state of one attempt of an effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

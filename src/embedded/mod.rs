@@ -398,7 +398,7 @@ impl EmbeddedServer {
     /// `postgres://postgres:{password}@127.0.0.1:{port}/postgres`.
     ///
     /// It carries the superuser's password (64 hex digits): show it with
-    /// [`redact`](crate::redact), never as is.
+    /// [`redact`](crate::connection::redact), never as is.
     pub fn url(&self) -> String {
         self.url_for("postgres")
     }

@@ -99,7 +99,7 @@ impl Store {
     /// refuses to decide there, with SQLSTATE `PF004`).
     ///
     /// diesel prepares an UPDATE built with its DSL, and any `sql_query`, again on every call (a round trip of
-    /// its own); wrap the statements of `work` in [`Cached`](crate::Cached) to prepare them once per connection.
+    /// its own); wrap the statements of `work` in [`Cached`](crate::guard::Cached) to prepare them once per connection.
     ///
     /// ```no_run
     /// # async fn example(store: pgfence::Store, lease: pgfence::Lease) -> pgfence::Result<()> {
@@ -107,7 +107,7 @@ impl Store {
     /// use diesel_async::RunQueryDsl;
     /// let moved = store
     ///     .fenced(&lease.fence(), "rebalance", async |conn| {
-    ///         let n = pgfence::Cached::new(
+    ///         let n = pgfence::guard::Cached::new(
     ///             diesel::sql_query("UPDATE shards SET owner = $1 WHERE id = $2")
     ///                 .bind::<Text, _>("node-2")
     ///                 .bind::<Integer, _>(7),
@@ -215,7 +215,7 @@ impl Store {
     /// writes nothing but its audit row. Returns how many rows the statement changed; a refusal is
     /// [`Error::Stale`] or [`Error::Denied`].
     ///
-    /// The statement must test the guard's verdict: [`fence_passed()`](crate::fence_passed) in a diesel query's filter, or the SQL
+    /// The statement must test the guard's verdict: [`fence_passed()`](crate::guard::fence_passed) in a diesel query's filter, or the SQL
     /// text [`FENCE_PASSED`] in its WHERE clause (an INSERT writes `INSERT … SELECT … WHERE` it). pgfence runs
     /// it as a data-modifying CTE beside the guard's, so that the guard runs first and its verdict gates every
     /// row:
@@ -269,7 +269,7 @@ impl Store {
     ///     .guarded_write(
     ///         &lease.fence(),
     ///         "rebalance",
-    ///         diesel::update(shards::table.filter(shards::id.eq(7)).filter(pgfence::fence_passed()))
+    ///         diesel::update(shards::table.filter(shards::id.eq(7)).filter(pgfence::guard::fence_passed()))
     ///             .set(shards::owner.eq("node-2")),
     ///     )
     ///     .await?;

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::lease::{Lease, TenureSecret};
+use crate::limits::MAX_OPERATION_LEN;
 #[cfg(doc)]
 use crate::store::Store;
 use crate::types::Epoch;
@@ -98,9 +99,6 @@ impl Fence {
         self.epoch
     }
 }
-
-/// The longest accepted operation label (as in `pgfence.rejections.operation`).
-pub const MAX_OPERATION_LEN: usize = 64;
 
 /// Refuses an operation label the audit would not keep.
 pub(crate) fn check_operation(operation: &str) -> Result<()> {

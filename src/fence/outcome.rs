@@ -7,12 +7,9 @@ use diesel::QueryableByName;
 
 use super::Fence;
 use crate::error::{DenyReason, Error, Result};
+use crate::metrics::METRIC_STALE_WRITES;
 use crate::reply::{deny_reason, is_denial, loss_reason, unexpected};
 use crate::types::{Epoch, LossReason, TaskState};
-
-/// Counter `pgfence_stale_writes_total{lease}`: writes of this process the database refused as stale (and
-/// audited). Described by [`describe_metrics`](crate::describe_metrics).
-pub const METRIC_STALE_WRITES: &str = "pgfence_stale_writes_total";
 
 /// The guard functions, each called as `SELECT * FROM pgfence.f(…)` ([`RowsOf`]) and answered by one
 /// [`WriteResultRow`].
@@ -253,7 +250,7 @@ mod tests {
         let fence = Fence::from_parts(
             "c/l".to_owned(),
             Epoch(3),
-            TenureSecret::parse("a1".repeat(crate::SECRET_LEN / 2)).unwrap(),
+            TenureSecret::parse("a1".repeat(crate::limits::SECRET_LEN / 2)).unwrap(),
         );
         let verdicts = [
             (WriteOutcome::Ok, "ok", None, None),

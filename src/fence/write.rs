@@ -19,7 +19,7 @@ pub(super) const GUARD_CTE: &str = "pgfence_guard";
 pub const FENCE_PASSED: &str = "(SELECT passed FROM pgfence_guard)";
 
 /// The guard's verdict as a diesel expression ([`FENCE_PASSED`]), for the filter of a query passed to
-/// [`Store::guarded_write`]: `diesel::update(shards.filter(id.eq(7)).filter(pgfence::fence_passed()))`. It has a
+/// [`Store::guarded_write`]: `diesel::update(shards.filter(id.eq(7)).filter(pgfence::guard::fence_passed()))`. It has a
 /// meaning only there.
 pub fn fence_passed() -> diesel::expression::SqlLiteral<Bool> {
     diesel::dsl::sql::<Bool>(FENCE_PASSED)
@@ -82,7 +82,7 @@ const GUARDED_TAIL: &str =
 /// [`Store::guarded_write`]); run it autocommit or in a READ COMMITTED transaction.
 ///
 /// ```
-/// let sql = pgfence::guarded_write_sql(
+/// let sql = pgfence::guard::guarded_write_sql(
 ///     "UPDATE shards SET owner = $1 WHERE id = $2 AND (SELECT passed FROM pgfence_guard)",
 ///     2,
 /// );
@@ -96,7 +96,7 @@ pub fn guarded_write_sql(statement: &str, binds: usize) -> String {
 /// [`Store::native_guard`]): the same statement, the same parameters and reply, for a database that has it.
 ///
 /// ```
-/// let sql = pgfence::native_guarded_write_sql(
+/// let sql = pgfence::guard::native_guarded_write_sql(
 ///     "UPDATE shards SET owner = $1 WHERE id = $2 AND (SELECT passed FROM pgfence_guard)",
 ///     2,
 /// );
@@ -165,7 +165,7 @@ impl<Q> Query for GuardedWrite<Q> {
 /// # async fn example(conn: &mut diesel_async::AsyncPgConnection) -> diesel::QueryResult<()> {
 /// use diesel::sql_types::Integer;
 /// use diesel_async::RunQueryDsl;
-/// pgfence::Cached::new(diesel::sql_query("UPDATE shards SET moves = moves + 1 WHERE id = $1").bind::<Integer, _>(7))
+/// pgfence::guard::Cached::new(diesel::sql_query("UPDATE shards SET moves = moves + 1 WHERE id = $1").bind::<Integer, _>(7))
 ///     .execute(conn)
 ///     .await?;
 /// # Ok(()) }

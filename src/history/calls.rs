@@ -1,24 +1,24 @@
-//! The record's calls on a [`Store`]: the holder's belief reports, the tenures of a lease, and its review.
+//! The record's calls ([`History`], a [`Store`]'s): the holder's belief reports, the tenures of a lease, and its review.
 
 use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz};
 use diesel::QueryableByName;
 
 use super::review::review;
-use super::{Belief, BeliefEnd, ServerView, Tenure, TenureReview};
+use super::{Belief, BeliefEnd, History, ServerView, Tenure, TenureReview};
 use crate::audit::{Rejection, REJECTION_COLUMNS};
 use crate::error::{Error, Result};
 use crate::lease::Lease;
-use crate::store::Store;
 use crate::types::Epoch;
 use crate::validate::validate_name;
 
-impl Store {
+impl History<'_> {
     /// Reports, after the fact and best effort, that this process started believing it leads `lease`:
     /// [`Lease::believed_from`] (its wall clock when the acquisition's reply arrived) and the endpoint it
-    /// used ([`Store::endpoint`]). The first start report of a tenure stands; a retry changes nothing. The
-    /// leadership runtime reports by itself ([`LeaseOptions::report_beliefs`](crate::leader::LeaseOptions));
-    /// users of [`Store::acquire`] opt in by calling this.
+    /// used ([`Admin::endpoint`](crate::admin::Admin::endpoint)). The first start report of a tenure stands; a
+    /// retry changes nothing. The leadership runtime reports by itself
+    /// ([`LeaseOptions::report_beliefs`](crate::leader::LeaseOptions)); users of
+    /// [`Store::acquire`](crate::Store::acquire) opt in by calling this.
     ///
     /// # Errors
     ///
@@ -38,7 +38,7 @@ impl Store {
     /// Reports, after the fact and best effort, that this process stopped believing it leads `lease` at `at`
     /// (its wall clock), and why. Call it when the belief ended (a loss noticed, the local deadline, a
     /// release, a refused write, a shutdown), not later: `at` is compared with the database's clock through
-    /// the offset bounds the reports give ([`Store::review`]). The first end report of a tenure stands.
+    /// the offset bounds the reports give ([`History::review`](crate::history::History::review)). The first end report of a tenure stands.
     ///
     /// # Errors
     ///
@@ -74,7 +74,7 @@ impl Store {
             reason: Option<String>,
         }
 
-        let mut conn = self.conn().await?;
+        let mut conn = self.store.conn().await?;
         let row: Outcome = diesel::sql_query(
             "SELECT outcome, reason FROM pgfence.report_belief($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         )
@@ -84,7 +84,11 @@ impl Store {
         .bind::<Text, _>(event)
         .bind::<Timestamptz, _>(at)
         .bind::<Timestamptz, _>(Utc::now())
-        .bind::<Nullable<Text>, _>(if end.is_none() { self.endpoint() } else { None })
+        .bind::<Nullable<Text>, _>(if end.is_none() {
+            self.store.endpoint()
+        } else {
+            None
+        })
         .bind::<Nullable<Text>, _>(end.map(BeliefEnd::cause))
         .bind::<Nullable<Text>, _>(end.and_then(BeliefEnd::detail))
         .get_result(&mut *conn)
@@ -113,7 +117,7 @@ impl Store {
     pub async fn tenures(&self, name: &str) -> Result<Vec<Tenure>> {
         use diesel_async::RunQueryDsl;
         validate_name(name)?;
-        let mut conn = self.conn().await?;
+        let mut conn = self.store.conn().await?;
         let rows: Vec<TenureRow> = diesel::sql_query(
             "SELECT lease, epoch, holder, acquired_at, ended_at, end_reason, last_write_at, last_event_at, \
                     last_mark_at, timeline, system_identifier, instance_id::text AS instance_id, server_addr, \
@@ -121,13 +125,13 @@ impl Store {
                     believed_until, end_cause, end_detail, end_sent_at, end_received_at \
                FROM pgfence.tenure_history WHERE lease = $1 ORDER BY epoch",
         )
-        .bind::<Text, _>(self.qualify(name))
+        .bind::<Text, _>(self.store.qualify(name))
         .load(&mut *conn)
         .await?;
         rows.into_iter().map(Tenure::try_from).collect()
     }
 
-    /// The overlap review of `name`: every tenure ([`Store::tenures`]) with its successor, the clock bounds
+    /// The overlap review of `name`: every tenure ([`History::tenures`](crate::history::History::tenures)) with its successor, the clock bounds
     /// its holder's reports allow, whether the holder believed it led after the successor's acquisition
     /// committed, any write of its epoch accepted after that (never, unless the fence is broken) and the
     /// refusals the audit recorded meanwhile. `pgfence history` prints it.
@@ -138,12 +142,12 @@ impl Store {
     pub async fn review(&self, name: &str) -> Result<Vec<TenureReview>> {
         use diesel_async::RunQueryDsl;
         let tenures = self.tenures(name).await?;
-        let mut conn = self.conn().await?;
+        let mut conn = self.store.conn().await?;
         let refusals: Vec<Rejection> = diesel::sql_query(format!(
             "SELECT {REJECTION_COLUMNS} FROM pgfence.rejections \
               WHERE lease = $1 AND scope = 'tenure' ORDER BY id"
         ))
-        .bind::<Text, _>(self.qualify(name))
+        .bind::<Text, _>(self.store.qualify(name))
         .load(&mut *conn)
         .await?;
         Ok(review(tenures, &refusals))

@@ -4,13 +4,14 @@
 //! (`pgfence.tenures`), the connection that acquired it as the server saw it, the last write it accepted under
 //! the epoch (task events exactly, other guarded writes by the guard's write marks, at most one second early)
 //! and every refused write (`pgfence.rejections`). The holder's side is what it reports, best effort
-//! ([`Store::report_belief_start`](crate::Store::report_belief_start), [`Store::report_belief_end`](crate::Store::report_belief_end); the leadership runtime does it by itself):
+//! ([`History::report_belief_start`], [`History::report_belief_end`]; the leadership runtime does it by
+//! itself):
 //! when it started and stopped believing it led, by its own wall clock, and the endpoint it used.
 //!
 //! The two clocks are never compared directly. Each report carries the holder's clock when it was sent and gets
 //! the database's clock when it arrived; the acquisition reply went the other way. Messages take a non-negative
 //! time to travel, so these bound the offset between the clocks from both sides (as NTP does), and a holder's
-//! belief is placed on the database's time line as an interval, not a point: [`Store::review`](crate::Store::review) says an overlap
+//! belief is placed on the database's time line as an interval, not a point: [`History::review`] says an overlap
 //! with the successor is [`Overlap::Certain`] only when even the earliest placement is after the successor's
 //! acquisition, and a refused write after it is proof by the database's clock alone. SQL:
 //! `migrations/2026-11-30-000002_lease_protocol` (`pgfence.report_belief`, `pgfence.tenure_history`), the write
@@ -22,10 +23,26 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::audit::Rejection;
+use crate::store::Store;
 use crate::types::{Epoch, LossReason};
 
 mod calls;
 mod review;
+
+/// The record of a [`Store`]'s leases ([`Store::history`]): the holders' belief reports, every tenure of a
+/// lease, and the overlap review.
+#[derive(Debug, Clone, Copy)]
+pub struct History<'a> {
+    store: &'a Store,
+}
+
+impl Store {
+    /// The record of every tenure: the holder's belief reports, the tenures of a lease and their review (see
+    /// [`History`]).
+    pub fn history(&self) -> History<'_> {
+        History { store: self }
+    }
+}
 
 /// How far apart the holder's and the database's clocks may drift per second of a tenure, in parts per million,
 /// when the clock offset measured at the acquisition is applied to the end of a belief: 200 ppm, well above the
@@ -113,7 +130,7 @@ pub struct Belief {
     pub end_received_at: Option<DateTime<Utc>>,
 }
 
-/// Why a holder stopped believing it led a tenure, as [`Store::report_belief_end`](crate::Store::report_belief_end) reports it.
+/// Why a holder stopped believing it led a tenure, as [`History::report_belief_end`](crate::history::History::report_belief_end) reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "cause", content = "reason")]
 #[non_exhaustive]

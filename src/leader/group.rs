@@ -206,7 +206,7 @@ impl Membership {
     ///
     /// # Errors
     ///
-    /// As [`Store::leave_group`](crate::Store::leave_group).
+    /// As [`Groups::leave`](crate::groups::Groups::leave).
     pub async fn leave(mut self) -> Result<bool> {
         let Some(leaver) = self.leaver.take() else {
             return Ok(false);

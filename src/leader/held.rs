@@ -11,11 +11,13 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::BoxFuture;
-use super::{METRIC_BELIEF_REPORTS_FAILED, METRIC_LEADER, METRIC_LOSSES, METRIC_TRANSITIONS};
 use crate::error::Result;
 use crate::fence::Fence;
 use crate::history::BeliefEnd;
 use crate::lease::{Lease, Released};
+use crate::metrics::{
+    METRIC_BELIEF_REPORTS_FAILED, METRIC_LEADER, METRIC_LOSSES, METRIC_TRANSITIONS,
+};
 use crate::types::{Epoch, LossReason};
 
 /// Why a held lease stopped being held.
@@ -106,7 +108,8 @@ impl BeliefReporter {
     pub(super) fn started(&self, lease: &Lease) {
         let (store, lease) = (self.store.clone(), lease.clone());
         self.runtime.spawn(async move {
-            let report = store.report_belief_start(&lease);
+            let history = store.history();
+            let report = history.report_belief_start(&lease);
             report_outcome(
                 &lease,
                 "start",
@@ -119,7 +122,8 @@ impl BeliefReporter {
     fn ended(self, lease: &Lease, at: chrono::DateTime<chrono::Utc>, end: BeliefEnd) {
         let lease = lease.clone();
         self.runtime.spawn(async move {
-            let report = self.store.report_belief_end(&lease, at, end);
+            let history = self.store.history();
+            let report = history.report_belief_end(&lease, at, end);
             report_outcome(
                 &lease,
                 "end",

@@ -256,7 +256,7 @@ impl Elector for MemoryElector {
             entry.holder = Some(holder.to_owned());
             // A test double: the secret is random but from a non-cryptographic generator (nothing checks it).
             let secret = TenureSecret::parse(
-                (0..crate::lease::SECRET_LEN)
+                (0..crate::limits::SECRET_LEN)
                     .map(|_| char::from_digit(fastrand::u32(0..16), 16).unwrap_or('0'))
                     .collect::<String>(),
             )?;
@@ -313,7 +313,7 @@ impl Elector for MemoryElector {
                 Some(m) => m.incarnation + 1,
                 None => 1,
             };
-            let secret = TenureSecret::parse("0".repeat(crate::lease::SECRET_LEN))?;
+            let secret = TenureSecret::parse("0".repeat(crate::limits::SECRET_LEN))?;
             // Memory memberships do not expire by time: only leaving and `expire_member` end them.
             let joined =
                 Member::from_parts(group, qualified, member, incarnation, secret, far_future());

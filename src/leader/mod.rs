@@ -61,38 +61,6 @@ pub use supervisor::{
 /// a supervised controller's factory) return.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// Gauge `pgfence_leader{lease}`: 1 while this process holds a tenure of the lease, 0 once it ended. Described
-/// by [`describe_metrics`](crate::describe_metrics).
-pub const METRIC_LEADER: &str = "pgfence_leader";
-/// Counter `pgfence_leader_transitions_total{lease}`: tenures of the lease this process began or ended (each
-/// tenure counts twice: once when acquired, once when lost or released).
-pub const METRIC_TRANSITIONS: &str = "pgfence_leader_transitions_total";
-/// Counter `pgfence_lease_losses_total{lease,cause}`: tenures this process lost, by `cause`: `definitive` (the
-/// database ended it), `deadline` (no renewal before the local deadline) or `injected` (a test double).
-pub const METRIC_LOSSES: &str = "pgfence_lease_losses_total";
-/// Histogram `pgfence_renew_duration_seconds`: the round trip of one renewal statement of a [`PgElector`], in
-/// seconds (one observation per statement, however many leases it renewed).
-pub const METRIC_RENEW_DURATION: &str = "pgfence_renew_duration_seconds";
-/// Counter `pgfence_callbacks_not_stopped_total{lease}`: leader callbacks that did not return within the grace
-/// period after their tenure ended, and were aborted.
-pub const METRIC_CALLBACKS_NOT_STOPPED: &str = "pgfence_callbacks_not_stopped_total";
-/// Counter `pgfence_belief_reports_failed_total{lease}`: belief reports of a [`PgElector`]
-/// ([`LeaseOptions::report_beliefs`]) that failed or timed out; the review then shows that belief as unknown.
-pub const METRIC_BELIEF_REPORTS_FAILED: &str = "pgfence_belief_reports_failed_total";
-
-/// Gauge `pgfence_group_members{group}`: the live members of the group at this replica's last roster read.
-pub const METRIC_GROUP_MEMBERS: &str = "pgfence_group_members";
-/// Gauge `pgfence_group_names_assigned{group}`: the names the group's assignment gives this replica (what it
-/// should lead).
-pub const METRIC_GROUP_NAMES_ASSIGNED: &str = "pgfence_group_names_assigned";
-/// Gauge `pgfence_group_names_led{group}`: the names of the group this replica leads now.
-pub const METRIC_GROUP_NAMES_LED: &str = "pgfence_group_names_led";
-/// Counter `pgfence_handovers_total{group}`: tenures this replica ended to hand their name over.
-pub const METRIC_HANDOVERS: &str = "pgfence_handovers_total";
-/// Histogram `pgfence_handover_gap_duration_seconds{group}`: how long a name this replica acquired after a handover had
-/// no holder (the predecessor's release to this acquisition, database clock).
-pub const METRIC_HANDOVER_GAP: &str = "pgfence_handover_gap_duration_seconds";
-
 /// Something that grants leases: PostgreSQL ([`PgElector`]) or the in-memory double (`MemoryElector`, feature
 /// `testing`).
 ///
@@ -139,7 +107,7 @@ pub trait Elector: Clone + Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// As [`Store::join_group`](crate::Store::join_group); [`Error::InvalidInput`](crate::Error::InvalidInput)
+    /// As [`Groups::join`](crate::groups::Groups::join); [`Error::InvalidInput`](crate::Error::InvalidInput)
     /// for invalid `options`.
     fn join(
         &self,
@@ -161,7 +129,7 @@ pub trait Elector: Clone + Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// As [`Store::roster`](crate::Store::roster); the default implementation refuses.
+    /// As [`Groups::roster`](crate::groups::Groups::roster); the default implementation refuses.
     fn roster(&self, group: &str) -> impl Future<Output = Result<Roster>> + Send {
         let _ = group;
         async {

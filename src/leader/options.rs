@@ -26,7 +26,7 @@ const MIN_RETRY_EVERY: Duration = Duration::from_millis(10);
 #[non_exhaustive]
 pub struct LeaseOptions {
     /// Lease duration granted by each acquisition and renewal (database clock), between
-    /// [`MIN_TTL`](crate::MIN_TTL) and [`MAX_TTL`](crate::MAX_TTL).
+    /// [`MIN_TTL`](crate::limits::MIN_TTL) and [`MAX_TTL`](crate::limits::MAX_TTL).
     pub ttl: Duration,
     /// Renewal period; default ttl / 3. Must be positive and shorter than `ttl − safety_margin`.
     pub renew_every: Duration,
@@ -36,9 +36,9 @@ pub struct LeaseOptions {
     /// Delay between retries after a transient renewal error; default max(ttl / 10, 10 ms), at least 10 ms.
     pub retry_every: Duration,
     /// Whether a [`PgElector`](super::PgElector) reports when this process started and stopped believing it
-    /// held each tenure ([`Store::report_belief_start`](crate::Store::report_belief_start), …`_end`), for the
+    /// held each tenure ([`History::report_belief_start`](crate::history::History::report_belief_start), …`_end`), for the
     /// overlap review of `pgfence history`. In the background, off the leader's path: a report that fails is
-    /// logged and counted ([`METRIC_BELIEF_REPORTS_FAILED`](super::METRIC_BELIEF_REPORTS_FAILED)), never
+    /// logged and counted ([`METRIC_BELIEF_REPORTS_FAILED`](crate::metrics::METRIC_BELIEF_REPORTS_FAILED)), never
     /// retried into the next tenure. Default true.
     pub report_beliefs: bool,
 }
@@ -60,17 +60,17 @@ impl LeaseOptions {
     /// # Errors
     ///
     /// [`Error::InvalidInput`] naming the setting (`ttl`, `safety_margin`, `renew_every` or `retry_every`) when
-    /// `ttl` is outside [`MIN_TTL`](crate::MIN_TTL)..=[`MAX_TTL`](crate::MAX_TTL), `safety_margin` is not shorter
+    /// `ttl` is outside [`MIN_TTL`](crate::limits::MIN_TTL)..=[`MAX_TTL`](crate::limits::MAX_TTL), `safety_margin` is not shorter
     /// than `ttl`, `renew_every` is zero or not shorter than `ttl − safety_margin`, or `retry_every` is under
     /// 10 ms.
     pub fn validate(&self) -> Result<()> {
-        if self.ttl < crate::types::MIN_TTL || self.ttl > crate::types::MAX_TTL {
+        if self.ttl < crate::limits::MIN_TTL || self.ttl > crate::limits::MAX_TTL {
             return Err(Error::invalid(
                 "ttl",
                 format!(
                     "must be between {:?} and {:?}",
-                    crate::types::MIN_TTL,
-                    crate::types::MAX_TTL
+                    crate::limits::MIN_TTL,
+                    crate::limits::MAX_TTL
                 ),
             ));
         }

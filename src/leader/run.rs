@@ -11,10 +11,11 @@ use tracing::Instrument;
 
 use super::held::{LossCause, Shared, Standing};
 use super::options::LeaseOptions;
-use super::{Elector, METRIC_CALLBACKS_NOT_STOPPED};
+use super::Elector;
 use crate::effects::InDoubt;
 use crate::error::{Error, Result};
 use crate::fence::Fence;
+use crate::metrics::METRIC_CALLBACKS_NOT_STOPPED;
 use crate::types::{Epoch, LossReason};
 
 /// What the callback of [`run_with_leadership`] gets for one tenure: the fence to present on every write,
@@ -288,7 +289,7 @@ fn jittered(base: Duration) -> Duration {
 ///     &shutdown, move |ctx| async move {
 ///         // `is_held` reads the monotonic clock: false at the local deadline even if the loss signal is late.
 ///         while ctx.is_held() && !ctx.cancellation_token().is_cancelled() {
-///             store.create_task(&ctx.fence(), "tick", &serde_json::json!({})).await?;
+///             store.tasks().create(&ctx.fence(), "tick", &serde_json::json!({})).await?;
 ///             tokio::select! {
 ///                 _ = ctx.cancelled() => {}
 ///                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}

@@ -1,5 +1,5 @@
-//! The lease calls on a [`Store`]: acquire, renew, release and force-release, one SQL function call each, and
-//! the reads of the leases' status.
+//! The lease calls on a [`Store`]: acquire, renew and release, one SQL function call each, and a lease's status;
+//! the operator's force-release and list of every lease ([`Admin`]).
 
 use std::time::{Duration, Instant};
 
@@ -8,6 +8,7 @@ use diesel::sql_types::Text;
 
 use super::rows::{sql, unexpected_reply, LeaseReply, LeaseResultRow, LeaseStatusRow, STATUS_SQL};
 use super::{ForceReleased, Lease, LeaseStatus, Released};
+use crate::admin::Admin;
 use crate::error::{DenyReason, Error, Result};
 use crate::reply::RowsOf;
 use crate::store::Store;
@@ -40,7 +41,7 @@ impl Store {
     ///
     /// - [`Error::Held`] when another holder's tenure is live, with its holder, epoch and the time it has left.
     /// - [`Error::InvalidInput`] for a malformed `name` or `holder`, or a `ttl` outside
-    ///   [`MIN_TTL`](crate::MIN_TTL)..=[`MAX_TTL`](crate::MAX_TTL); nothing was sent.
+    ///   [`MIN_TTL`](crate::limits::MIN_TTL)..=[`MAX_TTL`](crate::limits::MAX_TTL); nothing was sent.
     /// - [`Error::Denied`] when the session's role has no grant on the store's cluster (audited).
     /// - The [errors of every database call](crate#errors).
     ///
@@ -177,6 +178,28 @@ impl Store {
         }
     }
 
+    /// The lease `name` of this store's cluster, if it was ever acquired.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed `name`, and the [errors of every database call](crate#errors).
+    /// Dropping the future is safe: it only reads ([cancel safety](crate#cancel-safety)).
+    pub async fn lease_status(&self, name: &str) -> Result<Option<LeaseStatus>> {
+        use diesel::OptionalExtension;
+        use diesel_async::RunQueryDsl;
+        validate_name(name)?;
+        let mut conn = self.conn().await?;
+        let row: Option<LeaseStatusRow> =
+            diesel::sql_query(format!("{STATUS_SQL} WHERE name = $1"))
+                .bind::<Text, _>(self.qualify(name))
+                .get_result(&mut *conn)
+                .await
+                .optional()?;
+        row.map(LeaseStatus::try_from).transpose()
+    }
+}
+
+impl Admin<'_> {
     /// Operator override: ends whatever tenure of `name` is current, so its epoch can no longer write. The
     /// epoch is kept: the next acquisition issues a larger one.
     ///
@@ -190,11 +213,12 @@ impl Store {
     ///
     /// A dropped force-release may or may not have ended the tenure; calling it again is safe (it then answers
     /// [`ForceReleased::NotHeld`]). See [cancel safety](crate#cancel-safety).
-    #[tracing::instrument(level = "info", skip_all, fields(lease = %self.qualify(name)))]
+    #[tracing::instrument(level = "info", skip_all, fields(lease = %self.store.qualify(name)))]
     pub async fn force_release(&self, name: &str) -> Result<ForceReleased> {
         validate_name(name)?;
-        let qualified = self.qualify(name);
+        let qualified = self.store.qualify(name);
         let (_, row): (Instant, LeaseResultRow) = self
+            .store
             .call_one(RowsOf(sql::force_release(qualified.clone())))
             .await?;
         match row.decode("force_release")? {
@@ -215,26 +239,6 @@ impl Store {
         }
     }
 
-    /// The lease `name` of this store's cluster, if it was ever acquired.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidInput`] for a malformed `name`, and the [errors of every database call](crate#errors).
-    /// Dropping the future is safe: it only reads ([cancel safety](crate#cancel-safety)).
-    pub async fn lease_status(&self, name: &str) -> Result<Option<LeaseStatus>> {
-        use diesel::OptionalExtension;
-        use diesel_async::RunQueryDsl;
-        validate_name(name)?;
-        let mut conn = self.conn().await?;
-        let row: Option<LeaseStatusRow> =
-            diesel::sql_query(format!("{STATUS_SQL} WHERE name = $1"))
-                .bind::<Text, _>(self.qualify(name))
-                .get_result(&mut *conn)
-                .await
-                .optional()?;
-        row.map(LeaseStatus::try_from).transpose()
-    }
-
     /// Every lease of this store's cluster, by name.
     ///
     /// # Errors
@@ -243,11 +247,11 @@ impl Store {
     /// ([cancel safety](crate#cancel-safety)).
     pub async fn leases(&self) -> Result<Vec<LeaseStatus>> {
         use diesel_async::RunQueryDsl;
-        let mut conn = self.conn().await?;
+        let mut conn = self.store.conn().await?;
         let rows: Vec<LeaseStatusRow> = diesel::sql_query(format!(
             "{STATUS_SQL} WHERE starts_with(name, $1) ORDER BY name"
         ))
-        .bind::<Text, _>(format!("{}/", self.cluster()))
+        .bind::<Text, _>(format!("{}/", self.store.cluster()))
         .load(&mut *conn)
         .await?;
         rows.into_iter().map(LeaseStatus::try_from).collect()
@@ -262,7 +266,7 @@ impl Store {
     /// ([cancel safety](crate#cancel-safety)).
     pub async fn all_leases(&self) -> Result<Vec<LeaseStatus>> {
         use diesel_async::RunQueryDsl;
-        let mut conn = self.conn().await?;
+        let mut conn = self.store.conn().await?;
         let rows: Vec<LeaseStatusRow> = diesel::sql_query(format!("{STATUS_SQL} ORDER BY name"))
             .load(&mut *conn)
             .await?;

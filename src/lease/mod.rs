@@ -19,7 +19,7 @@ mod calls;
 mod rows;
 mod secret;
 
-pub use secret::{TenureSecret, SECRET_LEN};
+pub use secret::TenureSecret;
 
 /// A tenure this process holds: the lease name, the holder, the epoch the database issued and the local
 /// deadline before which the database cannot grant a successor.
@@ -94,7 +94,7 @@ impl Lease {
     }
 
     /// When this process received the acquisition's reply, by its own wall clock (UTC): the start of its belief
-    /// that it leads, as [`Store::report_belief_start`](crate::Store::report_belief_start) reports it. Only for the record of an investigation —
+    /// that it leads, as [`History::report_belief_start`](crate::history::History::report_belief_start) reports it. Only for the record of an investigation —
     /// no decision of pgfence compares it with another clock.
     pub fn believed_from(&self) -> DateTime<Utc> {
         self.believed_from
@@ -118,7 +118,7 @@ pub enum Released {
     NotHeld(LossReason),
 }
 
-/// What [`Store::force_release`](crate::Store::force_release) did.
+/// What [`Admin::force_release`](crate::admin::Admin::force_release) did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "outcome")]
 #[non_exhaustive]

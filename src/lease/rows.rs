@@ -212,7 +212,7 @@ pub(super) const STATUS_SQL: &str = "SELECT name, holder, epoch, \
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease::SECRET_LEN;
+    use crate::limits::SECRET_LEN;
 
     fn row(outcome: Option<&str>, reason: Option<&str>, epoch: Option<i64>) -> LeaseResultRow {
         LeaseResultRow {

@@ -5,6 +5,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::limits::SECRET_LEN;
 
 /// The secret of one tenure: the database returns it once, with the epoch, when it grants the tenure, and keeps
 /// only its SHA-256, which no role but the schema owner can read. Every guarded write, renewal and release
@@ -17,9 +18,6 @@ use crate::error::{Error, Result};
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct TenureSecret(String);
-
-/// Length of a tenure secret in characters (hexadecimal).
-pub const SECRET_LEN: usize = 64;
 
 impl TenureSecret {
     /// A secret from its text: the 64 hexadecimal characters `pgfence.acquire` returned.

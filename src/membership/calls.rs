@@ -1,4 +1,4 @@
-//! The membership calls on a [`Store`]: join, heartbeat and leave, one SQL function call each; the reads of a
+//! The membership calls ([`Groups`], a [`Store`]'s): join, heartbeat and leave, one SQL function call each; the reads of a
 //! group's roster and members; and the gap a handover left.
 
 use std::collections::BTreeSet;
@@ -9,14 +9,14 @@ use diesel::QueryableByName;
 
 use super::rows::{sql, GroupMemberRow, MemberReply, MemberResultRow, RosterRow};
 use super::{
-    member_lost, validate_group, GroupMember, Member, MemberLoss, MemberSpec, Roster, RosterMember,
+    member_lost, validate_group, GroupMember, Groups, Member, MemberLoss, MemberSpec, Roster,
+    RosterMember,
 };
 use crate::error::{DenyReason, Error, Result};
 use crate::reply::{unexpected, RowsOf};
-use crate::store::Store;
 use crate::validate::{ttl_ms, validate_holder, validate_name};
 
-impl Store {
+impl Groups<'_> {
     /// Joins group `group` (of the store's cluster) as `member` with `spec`, live for `ttl` by the database
     /// clock. The membership is not renewed by itself: the leadership runtime heartbeats it
     /// ([`Elector::join`](crate::leader::Elector::join)); [`heartbeat`](Self::heartbeat) does it by hand.
@@ -34,8 +34,8 @@ impl Store {
     ///   previous incarnation): the same name never counts twice. Join again after `expires_in`.
     /// - [`Error::Denied`] when the session's role has no grant on the store's cluster (audited).
     /// - The [errors of every database call](crate#errors).
-    #[tracing::instrument(level = "info", skip_all, fields(group = %self.qualify(group), member = member))]
-    pub async fn join_group(
+    #[tracing::instrument(name = "join_group", level = "info", skip_all, fields(group = %self.store.qualify(group), member = member))]
+    pub async fn join(
         &self,
         group: &str,
         member: &str,
@@ -47,9 +47,10 @@ impl Store {
         spec.validate()?;
         let ttl_ms = ttl_ms(ttl)?;
         let ttl = Duration::from_millis(ttl_ms as u64);
-        let qualified = self.qualify(group);
+        let qualified = self.store.qualify(group);
         let vec = |set: &BTreeSet<String>| set.iter().cloned().collect::<Vec<_>>();
         let (sent, row): (Instant, MemberResultRow) = self
+            .store
             .call_one(RowsOf(sql::join_group(
                 qualified.clone(),
                 member.to_owned(),
@@ -104,6 +105,7 @@ impl Store {
     pub async fn heartbeat(&self, member: &mut Member, ttl: Duration) -> Result<String> {
         let ttl_ms = ttl_ms(ttl)?;
         let (sent, row): (Instant, MemberResultRow) = self
+            .store
             .call_one(RowsOf(sql::heartbeat(
                 member.qualified.clone(),
                 member.member.clone(),
@@ -130,8 +132,9 @@ impl Store {
     ///
     /// [`Error::MemberLost`] for a wrong secret (audited) or no grant; the
     /// [errors of every database call](crate#errors).
-    pub async fn leave_group(&self, member: &Member) -> Result<bool> {
+    pub async fn leave(&self, member: &Member) -> Result<bool> {
         let (_, row): (Instant, MemberResultRow) = self
+            .store
             .call_one(RowsOf(sql::leave_group(
                 member.qualified.clone(),
                 member.member.clone(),
@@ -164,9 +167,9 @@ impl Store {
     pub async fn roster(&self, group: &str) -> Result<Roster> {
         use diesel_async::RunQueryDsl;
         validate_group(group)?;
-        let mut conn = self.checked().await?;
+        let mut conn = self.store.checked().await?;
         let rows: std::result::Result<Vec<RosterRow>, diesel::result::Error> =
-            RowsOf(sql::roster(self.qualify(group)))
+            RowsOf(sql::roster(self.store.qualify(group)))
                 .load(&mut *conn)
                 .await;
         conn.settle(&rows);
@@ -194,12 +197,12 @@ impl Store {
     ///
     /// [`Error::InvalidInput`] for a group that is not `<cluster>/<group>`; the
     /// [errors of every database call](crate#errors).
-    pub async fn group_members(&self, group: Option<&str>) -> Result<Vec<GroupMember>> {
+    pub async fn members(&self, group: Option<&str>) -> Result<Vec<GroupMember>> {
         use diesel_async::RunQueryDsl;
         if let Some(group) = group {
             crate::validate::validate_qualified(group)?;
         }
-        let mut conn = self.checked().await?;
+        let mut conn = self.store.checked().await?;
         let rows: std::result::Result<Vec<GroupMemberRow>, diesel::result::Error> = diesel::sql_query(
             "SELECT \"group\", member, incarnation, weight, live, settled, left_at IS NOT NULL AS left, \
              greatest(expires_in_ms, 0) AS expires_in_ms, flaps, names, pinned, excluded, leads \
@@ -237,7 +240,7 @@ struct GapRow {
     gap_us: Option<i64>,
 }
 
-impl Store {
+impl Groups<'_> {
     /// How long lease `name` had no holder before the tenure `epoch` began, by the database clock, when the
     /// tenure before it was released (a handover); `None` when it ended otherwise (expired, forced, …) or there
     /// is none.
@@ -248,7 +251,7 @@ impl Store {
     pub async fn handover_gap(&self, name: &str, epoch: crate::Epoch) -> Result<Option<Duration>> {
         use diesel_async::RunQueryDsl;
         validate_name(name)?;
-        let mut conn = self.checked().await?;
+        let mut conn = self.store.checked().await?;
         let rows: std::result::Result<Vec<GapRow>, diesel::result::Error> = diesel::sql_query(
             "SELECT (SELECT CASE WHEN p.end_reason = 'released' \
                       THEN (extract(epoch FROM (t.acquired_at - p.ended_at)) * 1000000)::bigint END \
@@ -256,7 +259,7 @@ impl Store {
                      ORDER BY p.epoch DESC LIMIT 1) AS gap_us \
                FROM pgfence.tenures t WHERE t.lease = $1 AND t.epoch = $2",
         )
-        .bind::<Text, _>(self.qualify(name))
+        .bind::<Text, _>(self.store.qualify(name))
         .bind::<BigInt, _>(epoch.get())
         .load(&mut *conn)
         .await;

@@ -16,6 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::lease::TenureSecret;
+use crate::limits::{MAX_GROUP_LEN, MAX_GROUP_NAMES, MAX_WEIGHT};
+use crate::store::Store;
 use crate::validate::{check_text, validate_name};
 
 mod calls;
@@ -24,24 +26,26 @@ mod rows;
 pub use crate::types::MemberLoss;
 pub(crate) use rows::{MemberReply, MemberResultRow};
 
-/// The largest accepted member weight (capacity); the smallest is 1.
-pub const MAX_WEIGHT: u32 = 1000;
+/// The replica groups of a [`Store`] ([`Store::groups`]): joining, heartbeats and leaving, the roster every
+/// member reads, and the gap a handover left.
+#[derive(Debug, Clone, Copy)]
+pub struct Groups<'a> {
+    store: &'a Store,
+}
 
-/// The most names, pins and exclusions one member may declare in all.
-pub const MAX_GROUP_NAMES: usize = 4096;
-
-/// The most shards one sharded controller may have (its shards are names of the group, within
-/// [`MAX_GROUP_NAMES`]).
-pub const MAX_SHARDS: u32 = 1024;
-
-/// Longest accepted group name, in characters (the cluster prefix is not counted): a lease name's limit.
-pub const MAX_GROUP_LEN: usize = crate::types::MAX_NAME_LEN;
+impl Store {
+    /// The replica groups of this store's cluster: a member's join, heartbeat and leave, the roster, the members
+    /// an operator reads (see [`Groups`]).
+    pub fn groups(&self) -> Groups<'_> {
+        Groups { store: self }
+    }
+}
 
 /// What a member declares when it joins: the names it can lead, its weight, and the names it must or must never
 /// lead.
 ///
 /// ```
-/// use pgfence::MemberSpec;
+/// use pgfence::groups::MemberSpec;
 ///
 /// let spec = MemberSpec::new(["scheduler", "rollout", "billing"])
 ///     .weight(2)
@@ -170,7 +174,7 @@ impl Member {
             member: member.to_owned(),
             incarnation,
             secret,
-            ttl: crate::types::MAX_TTL,
+            ttl: crate::limits::MAX_TTL,
             settled: true,
             local_deadline,
         }

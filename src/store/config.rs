@@ -10,11 +10,8 @@ use crate::connect::identity::{ConnectSettings, DatabaseIdentity, ExpectedIdenti
 use crate::connect::pooler::PoolerMode;
 use crate::connect::Connector;
 use crate::error::{Error, Result};
+use crate::limits::DEFAULT_MIGRATION_LOCK_WAIT;
 use crate::validate::validate_cluster;
-
-/// How long [`Store::migrate`](crate::Store::migrate) waits for the migration lock unless [`StoreConfig::migration_lock_wait`] says
-/// otherwise.
-pub const DEFAULT_MIGRATION_LOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// How to reach the database and what to expect of it.
 ///

@@ -8,12 +8,12 @@ use diesel::QueryableByName;
 use diesel_async::AsyncPgConnection;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
-#[cfg(doc)]
-use super::config::DEFAULT_MIGRATION_LOCK_WAIT;
 use super::Store;
 use crate::connect::sqlstate::{INSUFFICIENT_PRIVILEGE, LOCK_NOT_AVAILABLE, LOCK_WAIT_ENDED};
 use crate::connect::Kind;
 use crate::error::{Error, Result};
+#[cfg(doc)]
+use crate::limits::DEFAULT_MIGRATION_LOCK_WAIT;
 #[cfg(doc)]
 use crate::StoreConfig;
 
@@ -50,7 +50,7 @@ pub enum LayoutSeverity {
 }
 
 /// A gap between the database's advisory-lock and role layout and the hardened one of docs/security.md
-/// ([`Store::layout_problems`]).
+/// ([`Admin::layout_problems`](crate::admin::Admin::layout_problems)).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct LayoutProblem {
@@ -71,7 +71,7 @@ impl Store {
     /// functions pgfence calls ([`ADVISORY_FUNCTIONS_NEEDED`]), and an existing schema `pgfence` must be its alone
     /// — owned by exactly that role, with no schema privilege it did not grant and no CREATE for another role, and
     /// no object in it owned by another role (whoever controls the schema could replace pgfence's functions).
-    /// After the migrations, the rest of [`layout_problems`](Self::layout_problems) is logged as warnings.
+    /// After the migrations, the rest of [`layout_problems`](crate::admin::Admin::layout_problems) is logged as warnings.
     ///
     /// # Errors
     ///
@@ -108,16 +108,8 @@ impl Store {
         Ok(applied)
     }
 
-    /// What the database's advisory-lock and role layout lacks, compared with the hardened layout of
-    /// docs/security.md; empty when it is that layout. Run as the schema owner (`pgfence._layout_problems()`,
-    /// which no other role may execute). [`migrate`](Self::migrate) and the grants check it themselves
-    /// (refusing on an [`LayoutSeverity::Error`], logging a warning for the rest); the CLI prints it.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Database`] with SQLSTATE `42501` when the session is not the owner; the [errors of every
-    /// database call](crate#errors).
-    pub async fn layout_problems(&self) -> Result<Vec<LayoutProblem>> {
+    /// [`Admin::layout_problems`](crate::admin::Admin::layout_problems).
+    pub(crate) async fn layout_problems(&self) -> Result<Vec<LayoutProblem>> {
         use diesel_async::RunQueryDsl;
         let mut conn = self.checked().await?;
         let rows: std::result::Result<Vec<ProblemRow>, _> =

@@ -16,8 +16,9 @@ use crate::connect::identity::{
 use crate::connect::pooler::{check_transaction_pooler, PoolerMode};
 use crate::connect::{Connector, Kind};
 use crate::error::{error_chain, Error, Result};
+use crate::limits::DEFAULT_MIGRATION_LOCK_WAIT;
 use crate::validate::validate_cluster;
-use config::{StoreConfig, DEFAULT_MIGRATION_LOCK_WAIT};
+use config::StoreConfig;
 
 pub(crate) mod config;
 pub(crate) mod migrate;
@@ -26,7 +27,7 @@ pub(crate) mod statement;
 /// The bb8 pool type pgfence uses; bring your own with [`Store::from_pool`].
 pub type Pool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
 
-/// A connection checked out of the store's [`Pool`] by [`Store::conn`]; it derefs to the diesel-async
+/// A connection checked out of the store's [`Pool`] by [`Admin::conn`](crate::admin::Admin::conn); it derefs to the diesel-async
 /// connection and goes back to the pool when dropped.
 ///
 /// It also holds the checkout's turn: a store that built its pool ([`Store::connect`]) hands its connections
@@ -86,7 +87,7 @@ struct Inner {
     pool: Pool,
     cluster: String,
     target: String,
-    /// The endpoint the configuration names, without credentials (see [`Store::endpoint`]).
+    /// The endpoint the configuration names, without credentials (see [`Admin::endpoint`](crate::admin::Admin::endpoint)).
     endpoint: Option<String>,
     checkout_timeout: Duration,
     migration_lock_wait: Duration,
@@ -264,43 +265,28 @@ impl Store {
         Ok(store)
     }
 
-    /// The cluster that qualifies every lease name of this store.
-    pub fn cluster(&self) -> &str {
+    /// [`Admin::cluster`](crate::admin::Admin::cluster).
+    pub(crate) fn cluster(&self) -> &str {
         &self.inner.cluster
     }
 
-    /// The endpoint this store was configured with, as a holder reports it with its beliefs: every host and
-    /// port, then the database (`db1:5432,db2:5432/control`), without user, password or other parameters.
-    /// `None` for a store built [`from_pool`](Self::from_pool), whose connections pgfence does not know, and when
-    /// the configured endpoint is no printable text of at most 512 bytes.
-    pub fn endpoint(&self) -> Option<&str> {
+    /// [`Admin::endpoint`](crate::admin::Admin::endpoint).
+    pub(crate) fn endpoint(&self) -> Option<&str> {
         self.inner.endpoint.as_deref()
     }
 
-    /// The database as `user@host:port/database` (no credentials).
-    pub fn target(&self) -> &str {
+    /// [`Admin::target`](crate::admin::Admin::target).
+    pub(crate) fn target(&self) -> &str {
         &self.inner.target
     }
 
-    /// The underlying pool, for the application's own queries. A checkout straight from it takes no turn:
-    /// [`conn`](Self::conn) does.
-    pub fn pool(&self) -> &Pool {
+    /// [`Admin::pool`](crate::admin::Admin::pool).
+    pub(crate) fn pool(&self) -> &Pool {
         &self.inner.pool
     }
 
-    /// Checks a connection out of the pool, first come, first served (see [`PooledConnection`]); waits at most
-    /// the checkout timeout in all.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::PoolTimeout`] after the checkout timeout, naming what it waited for: every connection
-    /// checked out by others the whole time, or the last connection error the pool saw; [`Error::Connect`] when
-    /// the pool's attempt to open a connection failed. Both are transient.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future gives up the wait (and its place in the queue); no connection is lost.
-    pub async fn conn(&self) -> Result<PooledConnection<'_>> {
+    /// [`Admin::conn`](crate::admin::Admin::conn).
+    pub(crate) async fn conn(&self) -> Result<PooledConnection<'_>> {
         // A free turn is taken at once (none is free while a task waits: the semaphore hands released turns to
         // the waiters in order); only a wait for one needs the deadline, which the pool's wait then shares.
         let (turn, deadline) = match &self.inner.turns {
@@ -358,27 +344,16 @@ impl Store {
         }
     }
 
-    /// Reads the database's identity now (a fresh query, not a cached value).
-    ///
-    /// # Errors
-    ///
-    /// The [errors of every database call](crate#errors). The read needs no grant: any role that can connect
-    /// reads its database's identity (the system identifier is `None` when it may not read it).
-    pub async fn identity(&self) -> Result<DatabaseIdentity> {
+    /// [`Admin::identity`](crate::admin::Admin::identity).
+    pub(crate) async fn identity(&self) -> Result<DatabaseIdentity> {
         let mut conn = self.checked().await?;
         let identity = read_identity(&mut conn).await;
         conn.disarm();
         identity
     }
 
-    /// Re-reads the identity and checks it against the configured expectation and that the server is a
-    /// primary.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotPrimary`] when the server is in recovery; [`Error::WrongDatabase`] as in
-    /// [`DatabaseIdentity::verify`]; the [errors of every database call](crate#errors).
-    pub async fn verify_identity(&self) -> Result<DatabaseIdentity> {
+    /// [`Admin::verify_identity`](crate::admin::Admin::verify_identity).
+    pub(crate) async fn verify_identity(&self) -> Result<DatabaseIdentity> {
         let identity = self.identity().await?;
         if identity.in_recovery {
             return Err(Error::NotPrimary {

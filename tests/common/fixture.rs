@@ -86,7 +86,7 @@ impl<'a> IntoFuture for LeaseFixture<'a> {
 /// A takeover of `name` on `store`: the operator force-releases the current tenure and `successor` acquires
 /// the next one (for [`TTL`]). Fences of the earlier tenure are stale from here on.
 pub async fn take_over(store: &Store, name: &str, successor: &str) -> Lease {
-    store.force_release(name).await.unwrap();
+    store.admin().force_release(name).await.unwrap();
     store.acquire(name, successor, TTL).await.unwrap()
 }
 
@@ -94,7 +94,11 @@ pub async fn take_over(store: &Store, name: &str, successor: &str) -> Lease {
 /// (`None`: every cluster).
 pub async fn app_role(db: &TestDb, owner: &Store, suffix: &str, cluster: Option<&str>) -> String {
     let name = role(db, suffix).await;
-    owner.grant_application(&name, cluster).await.unwrap();
+    owner
+        .admin()
+        .grant_application(&name, cluster)
+        .await
+        .unwrap();
     name
 }
 

@@ -126,18 +126,20 @@ fn base() -> &'static Base {
                 .expect("runtime");
             runtime.block_on(async {
                 admin_exec(&url, &format!("CREATE DATABASE {tpl}")).await;
-                let store =
-                    Store::connect(StoreConfig::new(pgfence::with_database(&url, &tpl), "tpl"))
-                        .await
-                        .expect("connect to the template database");
+                let store = Store::connect(StoreConfig::new(
+                    pgfence::connection::with_database(&url, &tpl),
+                    "tpl",
+                ))
+                .await
+                .expect("connect to the template database");
                 store
                     .migrate()
                     .await
                     .expect("migrate the template database");
                 if native_everywhere() {
-                    admin_exec(&pgfence::with_database(&url, &tpl), NATIVE_SQL).await;
+                    admin_exec(&pgfence::connection::with_database(&url, &tpl), NATIVE_SQL).await;
                 }
-                apply_mutant(&pgfence::with_database(&url, &tpl)).await;
+                apply_mutant(&pgfence::connection::with_database(&url, &tpl)).await;
             });
             // Dropping the runtime closes every connection to the template, which CREATE DATABASE … TEMPLATE
             // needs.
@@ -234,7 +236,7 @@ impl TestDb {
         )
         .await;
         TestDb {
-            url: pgfence::with_database(&base.admin_url, &name),
+            url: pgfence::connection::with_database(&base.admin_url, &name),
             name,
         }
     }
@@ -249,7 +251,7 @@ impl TestDb {
         );
         admin_exec(&base.admin_url, &format!("CREATE DATABASE {name}")).await;
         TestDb {
-            url: pgfence::with_database(&base.admin_url, &name),
+            url: pgfence::connection::with_database(&base.admin_url, &name),
             name,
         }
     }
@@ -541,7 +543,7 @@ pub mod metrics_probe {
 /// database refuses those for their epoch before it looks at the secret) and for forgery tests.
 #[allow(dead_code)]
 pub fn forged_secret() -> pgfence::TenureSecret {
-    pgfence::TenureSecret::parse("0".repeat(pgfence::SECRET_LEN)).unwrap()
+    pgfence::TenureSecret::parse("0".repeat(pgfence::limits::SECRET_LEN)).unwrap()
 }
 
 /// A fence for (lease, epoch) with [`forged_secret`].
@@ -683,7 +685,7 @@ pub async fn move_shard(
         .await
 }
 
-/// Guarded writes (`Store::append_event`, each of `writers` tasks on its own task of one lease) for `duration`:
+/// Guarded writes (`Tasks::append_event`, each of `writers` tasks on its own task of one lease) for `duration`:
 /// writes per second.
 #[allow(dead_code)]
 pub async fn guarded_writes_per_second(
@@ -699,12 +701,14 @@ pub async fn guarded_writes_per_second(
         handles.push(tokio::spawn(async move {
             let key = format!("w{w}");
             store
-                .create_task(&fence, &key, &serde_json::json!({}))
+                .tasks()
+                .create(&fence, &key, &serde_json::json!({}))
                 .await
                 .unwrap();
             let mut n = 0u64;
             while started.elapsed() < duration {
                 store
+                    .tasks()
                     .append_event(&fence, &key, "tick", &serde_json::json!({}))
                     .await
                     .unwrap();

@@ -147,7 +147,7 @@ pub(super) async fn environment(
         server: if server.embedded.is_some() {
             "embedded".to_owned()
         } else {
-            pgfence::redact(&server.url)
+            pgfence::connection::redact(&server.url)
         },
         embedded: server.embedded.is_some(),
         server_version: version,

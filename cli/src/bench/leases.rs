@@ -78,7 +78,7 @@ pub(super) async fn measure_leases(
         for &(w, rows) in &slots {
             let t = table(rows);
             // Lease workloads never write with it (renew writers get their own lease each round).
-            let placeholder = TenureSecret::parse("0".repeat(pgfence::SECRET_LEN))?;
+            let placeholder = TenureSecret::parse("0".repeat(pgfence::limits::SECRET_LEN))?;
             let fence = Fence::new("bench/l1", pgfence::Epoch::new(1)?, placeholder)?;
             let list: Vec<Writer> = (0..c as usize)
                 .map(|i| Writer::new(w, i, 1, t.store.clone(), fence.clone(), None, rows))

@@ -49,7 +49,7 @@ pub(super) fn find(server_bin: Option<&Path>) -> Option<PathBuf> {
 impl Pgbench {
     pub(super) fn new(
         exe: PathBuf,
-        connector: &pgfence::Connector,
+        connector: &pgfence::connection::Connector,
         batches: &[u32],
         lease: &str,
         epoch: i64,

@@ -21,7 +21,7 @@ pub(super) struct Server {
 
 pub(super) async fn connect_admin(url: &str) -> Result<tokio_postgres::Client, Failure> {
     // TLS as for every pgfence connection: the URL's sslmode/sslrootcert/…, else PGSSLMODE/PGSSLROOTCERT/….
-    let mut connector = pgfence::Connector::new(url)?;
+    let mut connector = pgfence::connection::Connector::new(url)?;
     let config = connector.config_mut();
     if config.get_application_name().is_none() {
         config.application_name("pgfence-bench");
@@ -107,7 +107,7 @@ impl Server {
     pub(super) fn url_for(&self, database: &str) -> String {
         match &self.embedded {
             Some(server) => server.url_for(database),
-            None => pgfence::with_database(&self.url, database),
+            None => pgfence::connection::with_database(&self.url, database),
         }
     }
 
@@ -182,8 +182,8 @@ pub(super) fn store_config(url: &str, plan: &Plan, global: &Global) -> StoreConf
         })
 }
 
-pub(super) fn raw_config(url: &str) -> Result<pgfence::Connector, Failure> {
-    let mut connector = pgfence::Connector::new(url)?;
+pub(super) fn raw_config(url: &str) -> Result<pgfence::connection::Connector, Failure> {
+    let mut connector = pgfence::connection::Connector::new(url)?;
     connector.config_mut().application_name("pgfence-bench-raw");
     Ok(connector)
 }

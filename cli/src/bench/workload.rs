@@ -149,7 +149,7 @@ impl Workload {
     pub(super) fn description(self) -> &'static str {
         match self {
             Workload::Update => {
-                "unguarded UPDATE of the rows, autocommit, prepared once per connection (pgfence::Cached), through \
+                "unguarded UPDATE of the rows, autocommit, prepared once per connection (pgfence::guard::Cached), through \
                  the pool (the baseline)"
             }
             Workload::UpdatePing => {
@@ -172,10 +172,10 @@ impl Workload {
                 "as raw-fenced with BEGIN and the guard pipelined in one round trip (a proposed library path)"
             }
             Workload::RawGuardedUpdate => {
-                "tokio-postgres, prepared: the statement Store::guarded_write sends (pgfence::guarded_write_sql)"
+                "tokio-postgres, prepared: the statement Store::guarded_write sends (pgfence::guard::guarded_write_sql)"
             }
             Workload::RawGuardedUpdateNative => {
-                "tokio-postgres, prepared: the statement of guarded-update-native (pgfence::native_guarded_write_sql)"
+                "tokio-postgres, prepared: the statement of guarded-update-native (pgfence::guard::native_guarded_write_sql)"
             }
             Workload::GuardedUpdate => {
                 "Store::guarded_write: the guard and the same UPDATE in one statement, one round trip; the portable \
@@ -202,10 +202,10 @@ impl Workload {
                  statement): a stale writer is refused only on rows a newer epoch already wrote"
             }
             Workload::PgbenchFenced => "pgbench -M prepared, the SQL of raw-fenced",
-            Workload::Append => "Store::append_event on the hot lease: guard + task row fence + event, one statement",
+            Workload::Append => "Tasks::append_event on the hot lease: guard + task row fence + event, one statement",
             Workload::AppendUnguarded => "the same task UPDATE and event INSERT in one prepared call, without the guard",
-            Workload::ClaimTransition => "Store::claim_task and Store::transition_task (back to pending), alternating",
-            Workload::AppendOwnLease => "Store::append_event, every writer on a lease of its own",
+            Workload::ClaimTransition => "Tasks::claim and Tasks::transition (back to pending), alternating",
+            Workload::AppendOwnLease => "Tasks::append_event, every writer on a lease of its own",
             Workload::RawAppend => "tokio-postgres, prepared: SELECT * FROM pgfence.append_event(..)",
             Workload::PgbenchAppend => "pgbench -M prepared: SELECT * FROM pgfence.append_event(..)",
             Workload::EffectPair => {
@@ -213,7 +213,7 @@ impl Workload {
                  then Effects::record_outcome(Done) — two guarded writes, counted as one transaction"
             }
             Workload::EventPair => {
-                "two Store::append_event on the same task, counted as one transaction: what effect-pair is \
+                "two Tasks::append_event on the same task, counted as one transaction: what effect-pair is \
                  compared with"
             }
             Workload::Acquire => "Store::acquire of a random lease (a new epoch each time)",
@@ -437,7 +437,7 @@ pub(super) mod sql {
     pub(in super::super) const UPDATE: &str =
         "UPDATE pgfence_bench.rows SET v = v + 1 WHERE id >= $1 AND id < $2";
     /// [`UPDATE`] gated on the guard's verdict, for `Store::guarded_write`; the raw path sends what the library
-    /// makes of it ([`pgfence::guarded_write_sql`]).
+    /// makes of it ([`pgfence::guard::guarded_write_sql`]).
     pub(in super::super) const GATED_UPDATE: &str =
         "UPDATE pgfence_bench.rows SET v = v + 1 WHERE id >= $1 AND id < $2 AND (SELECT passed FROM pgfence_guard)";
     /// As [`GATED_UPDATE`] with the prototype advisory-lock guard.

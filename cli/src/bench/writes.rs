@@ -5,7 +5,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pgfence::{Fence, Store, TaskState};
+use pgfence::tasks::TaskState;
+use pgfence::{Fence, Store};
 use serde_json::json;
 
 use super::pgbench::Pgbench;
@@ -88,17 +89,20 @@ pub(super) async fn setup_writes(
     let mut own = Vec::new();
     for w in 0..plan.max_concurrency() as usize {
         store
-            .create_task(&hot, &workload::append_key(w), &json!({}))
+            .tasks()
+            .create(&hot, &workload::append_key(w), &json!({}))
             .await?;
         store
-            .create_task(&hot, &workload::claim_key(w), &json!({}))
+            .tasks()
+            .create(&hot, &workload::claim_key(w), &json!({}))
             .await?;
         let fence = store
             .acquire(&workload::own_lease(w), HOLDER, TTL)
             .await?
             .fence();
         store
-            .create_task(&fence, &workload::append_key(0), &json!({}))
+            .tasks()
+            .create(&fence, &workload::append_key(0), &json!({}))
             .await?;
         own.push(fence);
     }
@@ -165,7 +169,11 @@ pub(super) async fn measure_writes(
                 let store = setup.store_for(w);
                 let mut writer = Writer::new(w, i, b, store, fence, raw.get(i).cloned(), 0);
                 if w == Workload::ClaimTransition {
-                    let task = setup.store.task(HOT_LEASE, &workload::claim_key(i)).await?;
+                    let task = setup
+                        .store
+                        .tasks()
+                        .get(HOT_LEASE, &workload::claim_key(i))
+                        .await?;
                     writer.set_claimed(task.is_some_and(|t| t.state == TaskState::Claimed));
                 }
                 list.push(writer);

@@ -81,7 +81,7 @@ async fn engine_database(url: &str, cluster: &str) -> Result<String, Failure> {
             )
         })?;
     }
-    Ok(pgfence::with_database(url, &name))
+    Ok(pgfence::connection::with_database(url, &name))
 }
 
 pub(super) async fn run(
@@ -105,7 +105,7 @@ pub(super) async fn run(
         format!(
             "pgfence schema ready on {}; lease {cluster}/{LEASE}, ttl {TTL:?}; the workload engine is a database of \
              its own, which the fence does not cover, applying each effect once per key",
-            admin.target()
+            admin.admin().target()
         ),
     );
     // The engine delivers requests in transit when they are due, on its own clock, until the end.

@@ -69,7 +69,7 @@ pub(super) async fn run(
             "pgfence schema ready on {}; group {qualified}: {NAMES} controllers, ttl {TTL:?}; every replica writes \
              every {WRITE_EVERY:?} with its fence while it leads, and through a {DRAIN:?} drain that overruns \
              its {GRACE:?} grace",
-            admin.target()
+            admin.admin().target()
         ),
     );
     let exe = std::env::current_exe().map_err(|e| {

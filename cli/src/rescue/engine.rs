@@ -158,7 +158,7 @@ impl Engine {
 /// A plain client of `url` (the engine's database, or the story's reads for its verdict), driven in the
 /// background until dropped.
 pub(crate) async fn client(url: &str) -> Result<Client, String> {
-    let connector = pgfence::Connector::new(url).map_err(|e| e.to_string())?;
+    let connector = pgfence::connection::Connector::new(url).map_err(|e| e.to_string())?;
     let (client, connection) = connector
         .connect()
         .await

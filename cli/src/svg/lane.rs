@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use pgfence::{Overlap, TenureReview};
+use pgfence::history::{Overlap, TenureReview};
 
 use super::{bar, line, mark_resolution, text, Placement, Scale, LABEL_CHARS, LANE, RIGHT, WIDTH};
 use crate::table;

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use chrono::{DateTime, Utc};
 use pgfence::effects::Attempt;
-use pgfence::{Overlap, Tenure, TenureReview};
+use pgfence::history::{Overlap, Tenure, TenureReview};
 
 use super::{effects, escape, time, value};
 
@@ -197,7 +197,7 @@ fn clock_offset(review: &TenureReview) -> String {
 }
 
 /// The last write accepted under the epoch: task events are exact, write marks at most
-/// [`pgfence::WRITE_MARK_RESOLUTION`] early.
+/// [`pgfence::history::WRITE_MARK_RESOLUTION`] early.
 fn last_write(t: &Tenure) -> String {
     let mark_note = "write mark: the last guarded write was at most 1 s later";
     match (t.last_event_at, t.last_mark_at) {
@@ -311,11 +311,11 @@ fn flags(review: &TenureReview) -> Vec<String> {
     flags
 }
 
-/// The tenure's last write mark when it lies less than [`pgfence::WRITE_MARK_RESOLUTION`] before the
+/// The tenure's last write mark when it lies less than [`pgfence::history::WRITE_MARK_RESOLUTION`] before the
 /// successor's acquisition: a session marks only its first accepted write in each second, so a write of that
 /// session after the acquisition but within the mark's second would leave no trace the review can see.
 fn window_mark(review: &TenureReview, acquired_at: DateTime<Utc>) -> Option<DateTime<Utc>> {
-    let resolution = chrono::Duration::from_std(pgfence::WRITE_MARK_RESOLUTION).ok()?;
+    let resolution = chrono::Duration::from_std(pgfence::history::WRITE_MARK_RESOLUTION).ok()?;
     review
         .tenure
         .last_mark_at

@@ -26,7 +26,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::membership::{RosterMember, MAX_WEIGHT};
+use crate::limits::MAX_WEIGHT;
+use crate::membership::RosterMember;
 
 mod hash;
 #[cfg(test)]

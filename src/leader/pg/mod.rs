@@ -133,8 +133,8 @@ impl Leaver for PgLeaver {
         Box::pin(async move {
             // Idempotent, like a release: retried once on a fresh connection; if that fails too, the membership
             // expires after its ttl.
-            match store.leave_group(&member).await {
-                Err(e) if e.is_transient() => store.leave_group(&member).await,
+            match store.groups().leave(&member).await {
+                Err(e) if e.is_transient() => store.groups().leave(&member).await,
                 other => other,
             }
         })
@@ -191,7 +191,8 @@ impl Elector for PgElector {
         let joined = self
             .inner
             .store
-            .join_group(group, member, spec, options.ttl)
+            .groups()
+            .join(group, member, spec, options.ttl)
             .await?;
         let shared = MemberShared::new(joined, options.safety_margin);
         let key = GroupKey {
@@ -212,7 +213,7 @@ impl Elector for PgElector {
     }
 
     async fn roster(&self, group: &str) -> Result<Roster> {
-        let roster = self.inner.store.roster(group).await?;
+        let roster = self.inner.store.groups().roster(group).await?;
         let names: std::collections::BTreeSet<String> = roster
             .members
             .iter()
@@ -235,6 +236,7 @@ impl Elector for PgElector {
     async fn handover_gap(&self, name: &str, epoch: crate::types::Epoch) -> Option<Duration> {
         self.inner
             .store
+            .groups()
             .handover_gap(name, epoch)
             .await
             .unwrap_or_else(|e| {

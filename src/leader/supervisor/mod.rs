@@ -20,7 +20,8 @@ use super::options::LeaseOptions;
 use super::run::{LeaderContext, LeadershipOptions};
 use super::Elector;
 use crate::error::{Error, Result};
-use crate::membership::{validate_group, MemberSpec, MAX_SHARDS};
+use crate::limits::MAX_SHARDS;
+use crate::membership::{validate_group, MemberSpec};
 
 mod campaign;
 mod spread;
@@ -64,7 +65,7 @@ impl Shard {
 pub struct Spread {
     /// The group's name (without cluster; the store's cluster qualifies it). Default `default`.
     pub group: String,
-    /// This replica's capacity, 1..=[`MAX_WEIGHT`](crate::MAX_WEIGHT); default 1.
+    /// This replica's capacity, 1..=[`MAX_WEIGHT`](crate::limits::MAX_WEIGHT); default 1.
     pub weight: u32,
     /// Names this replica leads whenever it is live.
     pub pinned: BTreeSet<String>,

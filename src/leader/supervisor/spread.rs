@@ -17,11 +17,12 @@ use crate::leader::assign::{assign, Assignment};
 use crate::leader::backoff::Backoff;
 use crate::leader::options::LeaseOptions;
 use crate::leader::run::{run_leadership, Ended, LeaderContext};
-use crate::leader::{
-    BoxFuture, Elector, METRIC_GROUP_MEMBERS, METRIC_GROUP_NAMES_ASSIGNED, METRIC_GROUP_NAMES_LED,
-    METRIC_HANDOVERS, METRIC_HANDOVER_GAP,
-};
+use crate::leader::{BoxFuture, Elector};
 use crate::membership::{MemberSpec, Roster};
+use crate::metrics::{
+    METRIC_GROUP_MEMBERS, METRIC_GROUP_NAMES_ASSIGNED, METRIC_GROUP_NAMES_LED, METRIC_HANDOVERS,
+    METRIC_HANDOVER_GAP,
+};
 
 /// What the balancer publishes to the names' loops: whether this replica is a live, settled member, and the
 /// group's assignment computed from the last roster.

@@ -98,7 +98,7 @@ impl RawClient {
     }
 
     pub(in super::super) async fn connect(
-        connector: &pgfence::Connector,
+        connector: &pgfence::connection::Connector,
     ) -> Result<RawClient, Failure> {
         let (client, connection) = connector.connect().await?;
         tokio::spawn(async move {
@@ -121,11 +121,14 @@ impl RawClient {
             fence: prepare(sql::FENCE).await?,
             update: prepare(sql::UPDATE).await?,
             guarded_update: client
-                .prepare(&pgfence::guarded_write_sql(sql::GATED_UPDATE, 2))
+                .prepare(&pgfence::guard::guarded_write_sql(sql::GATED_UPDATE, 2))
                 .await
                 .map_err(|e| db_error("preparing the guarded UPDATE", e))?,
             guarded_update_native: client
-                .prepare(&pgfence::native_guarded_write_sql(sql::GATED_UPDATE, 2))
+                .prepare(&pgfence::guard::native_guarded_write_sql(
+                    sql::GATED_UPDATE,
+                    2,
+                ))
                 .await
                 .ok(),
             advisory_update: prepare(sql::ADVISORY_UPDATE).await?,

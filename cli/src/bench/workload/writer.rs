@@ -7,7 +7,8 @@ use std::sync::Arc;
 use diesel::pg::sql_types::Jsonb;
 use diesel::sql_types::{BigInt, Text};
 use pgfence::effects::Outcome;
-use pgfence::{Fence, Lease, Store, TaskState};
+use pgfence::tasks::TaskState;
+use pgfence::{Fence, Lease, Store};
 use serde_json::json;
 use tokio_postgres::types::Json;
 
@@ -127,7 +128,7 @@ impl Writer {
         let batch = self.batch;
         let update = move || {
             // Prepared once per connection, like the raw path's statements: the ratios isolate the guard.
-            pgfence::Cached::new(
+            pgfence::guard::Cached::new(
                 diesel::sql_query(sql::UPDATE)
                     .bind::<BigInt, _>(lo)
                     .bind::<BigInt, _>(hi),
@@ -161,14 +162,16 @@ impl Writer {
             }
             Workload::PeerForShare => {
                 use diesel_async::SimpleAsyncConnection;
-                let conn = self.store.conn().await?;
+                let conn = self.store.admin().conn().await?;
                 let c: &diesel_async::AsyncPgConnection = &conn;
                 let (mut begin_conn, mut check_conn) = (c, c);
                 // BEGIN and the check pipelined, as Store::fenced does with its guard.
                 let (begun, current) = tokio::join!(
                     begin_conn.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"),
-                    pgfence::Cached::new(diesel::sql_query(sql::FOR_SHARE).bind::<Text, _>(lease))
-                        .get_result::<EpochRow>(&mut check_conn)
+                    pgfence::guard::Cached::new(
+                        diesel::sql_query(sql::FOR_SHARE).bind::<Text, _>(lease)
+                    )
+                    .get_result::<EpochRow>(&mut check_conn)
                 );
                 begun.map_err(pgfence::Error::from)?;
                 let current = current.map_err(pgfence::Error::from)?.epoch;
@@ -186,9 +189,9 @@ impl Writer {
                 Ok(current == epoch)
             }
             Workload::PeerForShareUpdate | Workload::PeerRowFence => {
-                let mut conn = self.store.conn().await?;
+                let mut conn = self.store.admin().conn().await?;
                 let written = if self.workload == Workload::PeerForShareUpdate {
-                    pgfence::Cached::new(
+                    pgfence::guard::Cached::new(
                         diesel::sql_query(sql::FOR_SHARE_UPDATE)
                             .bind::<BigInt, _>(lo)
                             .bind::<BigInt, _>(hi)
@@ -198,7 +201,7 @@ impl Writer {
                     .execute(&mut *conn)
                     .await
                 } else {
-                    pgfence::Cached::new(
+                    pgfence::guard::Cached::new(
                         diesel::sql_query(sql::ROW_FENCE_UPDATE)
                             .bind::<BigInt, _>(lo)
                             .bind::<BigInt, _>(hi)
@@ -220,7 +223,7 @@ impl Writer {
         let (lo, hi) = self.rows();
         let update = move || {
             // Prepared once per connection, like the raw path's statements: the ratios isolate the guard.
-            pgfence::Cached::new(
+            pgfence::guard::Cached::new(
                 diesel::sql_query(sql::UPDATE)
                     .bind::<BigInt, _>(lo)
                     .bind::<BigInt, _>(hi),
@@ -231,14 +234,14 @@ impl Writer {
         let secret = self.fence.secret().expose_secret().to_owned();
         match self.workload {
             Workload::Update | Workload::UpdatePing => {
-                let mut conn = self.store.conn().await?;
+                let mut conn = self.store.admin().conn().await?;
                 update()
                     .execute(&mut *conn)
                     .await
                     .map_err(pgfence::Error::from)?;
             }
             Workload::Tx => {
-                let mut conn = self.store.conn().await?;
+                let mut conn = self.store.admin().conn().await?;
                 (*conn)
                     .build_transaction()
                     .read_committed()
@@ -331,6 +334,7 @@ impl Writer {
             }
             Workload::Append | Workload::AppendOwnLease => {
                 self.store
+                    .tasks()
                     .append_event(
                         &self.fence,
                         &append_key(if self.workload == Workload::Append {
@@ -356,13 +360,14 @@ impl Writer {
                 let task = append_key(self.index);
                 for _ in 0..2 {
                     self.store
+                        .tasks()
                         .append_event(&self.fence, &task, OPERATION, &json!({}))
                         .await?;
                 }
             }
             Workload::AppendUnguarded => {
-                let mut conn = self.store.conn().await?;
-                let row: Verdict = pgfence::Cached::new(
+                let mut conn = self.store.admin().conn().await?;
+                let row: Verdict = pgfence::guard::Cached::new(
                     diesel::sql_query(sql::APPEND_UNGUARDED)
                         .bind::<Text, _>(lease)
                         .bind::<BigInt, _>(epoch)
@@ -379,7 +384,8 @@ impl Writer {
                 let key = claim_key(self.index);
                 if self.claimed {
                     self.store
-                        .transition_task(
+                        .tasks()
+                        .transition(
                             &self.fence,
                             &key,
                             TaskState::Claimed,
@@ -388,7 +394,7 @@ impl Writer {
                         )
                         .await?;
                 } else {
-                    self.store.claim_task(&self.fence, &key, HOLDER).await?;
+                    self.store.tasks().claim(&self.fence, &key, HOLDER).await?;
                 }
                 self.claimed = !self.claimed;
             }

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use pgfence::{RejectionFilter, Store};
+use pgfence::admin::RejectionFilter;
+use pgfence::Store;
 use serde_json::Value;
 
 use super::events::reported_writes;
@@ -27,7 +28,7 @@ pub(super) async fn check(
     let writes = reported_writes(events);
     let mut filter = RejectionFilter::default();
     filter.limit = Some(100_000);
-    let rejections = admin.rejections(&filter).await?;
+    let rejections = admin.admin().rejections(&filter).await?;
     let prefix = format!("{cluster}/");
     let mut audited: BTreeMap<(String, i64), i64> = BTreeMap::new();
     let mut unattributed = 0;
@@ -82,7 +83,7 @@ pub(super) async fn check(
     let mut reviews = Vec::new();
     let mut overrun_refused = Vec::new();
     for name in super::names() {
-        let review = admin.review(&name).await?;
+        let review = admin.history().review(&name).await?;
         totals.accepted_after_successor += review
             .iter()
             .filter(|r| r.accepted_after_successor.is_some())

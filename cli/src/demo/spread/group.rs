@@ -59,6 +59,7 @@ pub(super) async fn converge(
 pub(super) async fn epochs(admin: &Store, cluster: &str) -> Result<BTreeMap<String, i64>, Failure> {
     let prefix = format!("{cluster}/");
     Ok(admin
+        .admin()
         .all_leases()
         .await?
         .into_iter()

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use pgfence::{Overlap, TenureReview};
+use pgfence::history::{Overlap, TenureReview};
 use serde::Serialize;
 
 use crate::demo::Check;

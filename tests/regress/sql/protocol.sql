@@ -26,7 +26,7 @@ SELECT outcome, reason, epoch, expires_in_ms FROM pgfence.renew('prod-eu-1/sched
 SELECT * FROM pgfence.renew_many(ARRAY['prod-eu-1/scheduler'], ARRAY[:epoch]::bigint[], ARRAY[:'secret'], 15000);
 
 -- Guarding one statement of your own in the same statement (what Store::guarded_write sends; the text for any
--- statement: pgfence::guarded_write_sql). It writes only when the guard passed.
+-- statement: pgfence::guard::guarded_write_sql). It writes only when the guard passed.
 WITH RECURSIVE pgfence_write AS (
        UPDATE shards SET owner = 'node-2' WHERE id = 7 AND (SELECT passed FROM pgfence_guard) RETURNING 1),
      pgfence_guard AS MATERIALIZED (

@@ -245,19 +245,66 @@ fn named_paths(code: &str) -> Vec<(String, bool)> {
         }
         rest = &rest[1..];
     }
-    let mut at = 0;
-    while let Some(k) = code[at..].find("crate::") {
-        let s = at + k;
-        if !ident_char(code[..s].chars().last().as_ref()) {
-            let path: String = code[s..]
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
-                .collect();
-            out.push((path, true));
+    // Paths written out in the code (`crate::a::B`, `super::a::B` in a signature or a body). A `super::` or
+    // `self::` inside an inline module (`mod tests { … }`) is relative to that module, so those are left out.
+    let outside = without_inline_modules(code);
+    for (root, text) in [
+        ("crate::", code),
+        ("super::", outside.as_str()),
+        ("self::", outside.as_str()),
+    ] {
+        let mut at = 0;
+        while let Some(k) = text[at..].find(root) {
+            let s = at + k;
+            let before = text[..s].chars().last();
+            if !ident_char(before.as_ref()) && before != Some(':') {
+                let path: String = text[s..]
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                    .collect();
+                out.push((path, true));
+            }
+            at = s + root.len();
         }
-        at = s + 7;
     }
     out
+}
+
+/// The code with the bodies of its inline modules (`mod name { … }`) blanked out.
+fn without_inline_modules(code: &str) -> String {
+    let mut out: Vec<char> = code.chars().collect();
+    let mut i = 0;
+    while i < out.len() {
+        let rest: String = out[i..out.len().min(i + 4)].iter().collect();
+        let before = if i == 0 { None } else { Some(out[i - 1]) };
+        if rest == "mod " && !ident_char(before.as_ref()) {
+            let mut j = i + 4;
+            while j < out.len() && (out[j].is_alphanumeric() || out[j] == '_' || out[j] == ' ') {
+                j += 1;
+            }
+            if j < out.len() && out[j] == '{' {
+                let mut depth = 0;
+                while j < out.len() {
+                    match out[j] {
+                        '{' => depth += 1,
+                        '}' => depth -= 1,
+                        _ => {}
+                    }
+                    if out[j] != '\n' {
+                        out[j] = ' ';
+                    }
+                    j += 1;
+                    if depth == 0 {
+                        break;
+                    }
+                }
+                i = j;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    out.into_iter().collect()
 }
 
 fn find_word(text: &str, word: &str) -> Option<usize> {
@@ -607,6 +654,35 @@ mod checkers {
             ),
         ]);
         assert_eq!(a_cycle(&import_edges(&no_circle)), None);
+        // A path written out in a signature (`super::server::Server`) and a module brought in by a grouped `use`
+        // (`takeover::CONNECTIONS`) are edges too; a `super::` inside an inline test module is not.
+        let spelled_out = files(&[
+            ("src/main.rs", "mod bench;\n"),
+            ("src/bench/mod.rs", "mod server;\nmod takeover;\n"),
+            (
+                "src/bench/server.rs",
+                "use super::{takeover, Global};\nfn size() -> u32 { takeover::CONNECTIONS }\n",
+            ),
+            (
+                "src/bench/takeover.rs",
+                "pub const CONNECTIONS: u32 = 8;\nfn run(server: &super::server::Server) {}\n",
+            ),
+        ]);
+        let cycle = a_cycle(&import_edges(&spelled_out)).expect("the spelled-out circle");
+        assert!(
+            cycle.iter().any(|m| show(m) == "bench::takeover"),
+            "{cycle:?}"
+        );
+        let inline_only = files(&[
+            ("src/main.rs", "mod bench;\n"),
+            ("src/bench/mod.rs", "mod server;\nmod takeover;\n"),
+            ("src/bench/server.rs", "use super::takeover::CONNECTIONS;\n"),
+            (
+                "src/bench/takeover.rs",
+                "pub const CONNECTIONS: u32 = 8;\nmod tests {\n    fn f(_: super::super::server::Server) {}\n}\n",
+            ),
+        ]);
+        assert_eq!(a_cycle(&import_edges(&inline_only)), None);
     }
 
     /// A test's length runs from its `fn` line to its closing brace; braces in strings and comments do not count.

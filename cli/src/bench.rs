@@ -176,7 +176,7 @@ async fn measure(
             progress.phase(&format!(
                 "{} takeovers per guard under {} busy writers",
                 plan.takeovers,
-                takeover::WRITERS
+                workload::TAKEOVER_WRITERS
             ));
             let admin = connect_admin(&setup.url).await?;
             takeovers =

@@ -7,7 +7,8 @@ use pgfence::embedded::{EmbeddedOptions, EmbeddedServer};
 use pgfence::{ExpectedIdentity, StoreConfig};
 
 use super::plan::Plan;
-use super::{db_error, takeover, Failure, Global};
+use super::workload::TAKEOVER_CONNECTIONS;
+use super::{db_error, Failure, Global};
 
 /// The server the benchmark runs on and the scratch databases it created there.
 pub(super) struct Server {
@@ -171,7 +172,7 @@ pub(super) fn store_config(url: &str, plan: &Plan, global: &Global) -> StoreConf
         // The takeover measurement's busy writers, its zombie write and its acquisition each hold a connection
         // at once. The pool's check-out is not first come, first served (a returned connection goes to whoever
         // asks next), so with fewer connections than writers one writer can wait out the whole measurement.
-        .pool_size(plan.max_concurrency().max(takeover::CONNECTIONS))
+        .pool_size(plan.max_concurrency().max(TAKEOVER_CONNECTIONS))
         .connect_timeout(global.connect_timeout)
         .checkout_timeout(Duration::from_secs(60))
         .application_name("pgfence-bench")

@@ -17,15 +17,9 @@ use hdrhistogram::Histogram;
 use pgfence::Store;
 use serde::Serialize;
 
-use super::workload::{Workload, Writer, HOLDER, TTL};
+use super::workload::{Workload, Writer, HOLDER, TAKEOVER_WRITERS as WRITERS, TTL, ZOMBIE_ROW};
 use super::{db_error, new_histogram, Failure};
 
-/// Busy writers per takeover measurement.
-pub(super) const WRITERS: usize = 6;
-/// Connections the measurement holds at once: the writers', the zombie write's and the acquisition's.
-pub(super) const CONNECTIONS: u32 = WRITERS as u32 + 2;
-/// The row of the zombie writes (the writers write rows 0 to [`WRITERS`] − 1).
-pub(super) const ZOMBIE_ROW: usize = WRITERS;
 /// The guards measured, when selected.
 pub(super) const GUARDS: [Workload; 7] = [
     Workload::Fenced,

@@ -357,6 +357,12 @@ pub(super) const HOLDER: &str = "bench";
 pub(super) const OPERATION: &str = "bench";
 /// Long enough for a full run: the benchmark never loses its leases to expiry.
 pub(super) const TTL: Duration = Duration::from_secs(3 * 3600);
+/// Busy writers per takeover measurement.
+pub(super) const TAKEOVER_WRITERS: usize = 6;
+/// Connections a takeover measurement holds at once: the writers', the zombie write's and the acquisition's.
+pub(super) const TAKEOVER_CONNECTIONS: u32 = TAKEOVER_WRITERS as u32 + 2;
+/// The row of the takeover measurement's zombie writes (its writers write rows 0 to [`TAKEOVER_WRITERS`] − 1).
+pub(super) const ZOMBIE_ROW: usize = TAKEOVER_WRITERS;
 
 pub(super) fn own_lease(writer: usize) -> String {
     format!("own-{writer}")

@@ -15,8 +15,8 @@ use super::progress::Progress;
 use super::report::{Collector, Key, Round, ServerCost};
 use super::server::{connect_admin, delta, raw_config, store_config, Server};
 use super::timed::timed;
-use super::workload::{self, RawClient, Workload, Writer, HOLDER, HOT_LEASE, TTL};
-use super::{db_error, takeover, Failure, Global};
+use super::workload::{self, RawClient, Workload, Writer, HOLDER, HOT_LEASE, TTL, ZOMBIE_ROW};
+use super::{db_error, Failure, Global};
 
 /// The write workloads' database: the user table, the hot lease, every writer's tasks and own lease.
 pub(super) struct WriteSetup {
@@ -81,7 +81,7 @@ pub(super) async fn setup_writes(
         .await;
     admin
         .batch_execute(&workload::schema_sql(i64::from(
-            (plan.max_concurrency() * plan.max_batch()).max(takeover::ZOMBIE_ROW as u32 + 1),
+            (plan.max_concurrency() * plan.max_batch()).max(ZOMBIE_ROW as u32 + 1),
         )))
         .await
         .map_err(|e| db_error("creating the benchmark schema", e))?;

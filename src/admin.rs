@@ -15,9 +15,9 @@ use serde::{Deserialize, Serialize};
 use crate::audit::REJECTION_COLUMNS;
 pub use crate::audit::{Rejection, RejectionFilter};
 use crate::connect::identity::DatabaseIdentity;
-use crate::connect::sqlstate::INSUFFICIENT_PRIVILEGE;
 use crate::error::{Error, Result};
 use crate::reply::unexpected;
+use crate::sqlstate::SqlState;
 use crate::store::migrate::{LayoutProblem, LayoutSeverity};
 use crate::store::{Pool, PooledConnection, Store};
 use crate::validate::validate_holder;
@@ -371,7 +371,7 @@ impl Admin<'_> {
         for problem in self.store.layout_problems().await? {
             if problem.severity == LayoutSeverity::Error {
                 return Err(Error::Database {
-                    sqlstate: Some(INSUFFICIENT_PRIVILEGE.to_owned()),
+                    sqlstate: Some(SqlState::InsufficientPrivilege),
                     message: format!(
                         "pgfence: refusing to grant: {}. To fix: {}",
                         problem.problem, problem.fix

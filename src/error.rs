@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use crate::connect::sqlstate::{self as code, sqlstate_of};
+use crate::connect::sqlstate::sqlstate_of;
+use crate::sqlstate::SqlState;
 use crate::types::{Epoch, LossReason, TaskState};
 
 /// Result alias used throughout pgfence.
@@ -249,8 +250,8 @@ pub enum Error {
     /// carry one. The message is the server's (in its `lc_messages` language) or the driver's.
     #[error("database error{}: {message}", sqlstate.as_ref().map(|s| format!(" [{s}]")).unwrap_or_default())]
     Database {
-        /// The five-character SQLSTATE, if known.
-        sqlstate: Option<String>,
+        /// The SQLSTATE, if known.
+        sqlstate: Option<SqlState>,
         /// The server's or driver's message.
         message: String,
         /// The driver's error, when there is one.
@@ -384,7 +385,7 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Connect { .. } | Error::PoolTimeout { .. } => true,
-            Error::Database { sqlstate, .. } => sqlstate.as_deref().is_some_and(code::is_retryable),
+            Error::Database { sqlstate, .. } => sqlstate.is_some_and(|s| s.is_retryable()),
             _ => false,
         }
     }
@@ -392,9 +393,9 @@ impl Error {
     /// The SQLSTATE of a database error, if any; for a [`Error::Migration`] refused by the database's rules
     /// (`42501`: the schema is not the migrating role's, or it may not execute what pgfence needs), the
     /// SQLSTATE of that refusal.
-    pub fn sqlstate(&self) -> Option<&str> {
+    pub fn sqlstate(&self) -> Option<SqlState> {
         match self {
-            Error::Database { sqlstate, .. } => sqlstate.as_deref(),
+            Error::Database { sqlstate, .. } => *sqlstate,
             Error::Migration {
                 source: Some(source),
                 ..
@@ -423,12 +424,12 @@ impl From<diesel::result::Error> for Error {
         // `pgfence_app.x` is not pgfence's). pgfence's own messages (`pgfence: role … does not exist`, 42704
         // from grant and revoke) are about the caller's argument, not the schema.
         let missing = [
-            code::INVALID_SCHEMA_NAME,
-            code::UNDEFINED_TABLE,
-            code::UNDEFINED_FUNCTION,
-            code::UNDEFINED_OBJECT,
+            SqlState::InvalidSchemaName,
+            SqlState::UndefinedTable,
+            SqlState::UndefinedFunction,
+            SqlState::UndefinedObject,
         ];
-        if sqlstate.as_deref().is_some_and(|c| missing.contains(&c))
+        if sqlstate.is_some_and(|c| missing.contains(&c))
             && names_pgfence(&message)
             && !message.starts_with("pgfence: ")
         {
@@ -436,7 +437,7 @@ impl From<diesel::result::Error> for Error {
         }
         // pgfence's own check of an argument (SQLSTATE 22023, raised before anything is written): the same refusal
         // as the Rust-side check, which leaves some text to it (Unicode newer than the database's tables).
-        if sqlstate.as_deref() == Some(code::INVALID_PARAMETER_VALUE) {
+        if sqlstate == Some(SqlState::InvalidParameterValue) {
             if let Some(refused) = argument_refused(&message) {
                 return refused;
             }
@@ -492,18 +493,18 @@ fn names_pgfence(message: &str) -> bool {
 
 /// The SQLSTATEs diesel keeps as a kind of its own (the server's code mapped by diesel-async): for stores built
 /// from an application's pool, whose connections pgfence did not open.
-fn kind_sqlstate(kind: &diesel::result::DatabaseErrorKind) -> Option<&'static str> {
+fn kind_sqlstate(kind: &diesel::result::DatabaseErrorKind) -> Option<SqlState> {
     use diesel::result::DatabaseErrorKind as K;
     match kind {
-        K::SerializationFailure => Some(code::SERIALIZATION_FAILURE),
-        K::UniqueViolation => Some(code::UNIQUE_VIOLATION),
-        K::ForeignKeyViolation => Some(code::FOREIGN_KEY_VIOLATION),
-        K::NotNullViolation => Some(code::NOT_NULL_VIOLATION),
-        K::CheckViolation => Some(code::CHECK_VIOLATION),
-        K::ExclusionViolation => Some(code::EXCLUSION_VIOLATION),
-        K::RestrictViolation => Some(code::RESTRICT_VIOLATION),
-        K::ReadOnlyTransaction => Some(code::READ_ONLY_SQL_TRANSACTION),
-        K::ClosedConnection | K::UnableToSendCommand => Some(code::CONNECTION_FAILURE),
+        K::SerializationFailure => Some(SqlState::SerializationFailure),
+        K::UniqueViolation => Some(SqlState::UniqueViolation),
+        K::ForeignKeyViolation => Some(SqlState::ForeignKeyViolation),
+        K::NotNullViolation => Some(SqlState::NotNullViolation),
+        K::CheckViolation => Some(SqlState::CheckViolation),
+        K::ExclusionViolation => Some(SqlState::ExclusionViolation),
+        K::RestrictViolation => Some(SqlState::RestrictViolation),
+        K::ReadOnlyTransaction => Some(SqlState::ReadOnlySqlTransaction),
+        K::ClosedConnection | K::UnableToSendCommand => Some(SqlState::ConnectionFailure),
         _ => None,
     }
 }
@@ -513,20 +514,15 @@ fn kind_sqlstate(kind: &diesel::result::DatabaseErrorKind) -> Option<&'static st
 /// back to the pool: the driver may not have noticed the closed socket yet, and the next statement — a retry,
 /// typically — would be handed the same dead session.
 pub(crate) fn ends_the_session(err: &diesel::result::Error) -> bool {
-    diesel_sqlstate(err).is_some_and(|c| {
-        c.starts_with(code::CONNECTION_EXCEPTION_CLASS)
-            || c.starts_with(code::OPERATOR_INTERVENTION_PREFIX)
-            || c == code::IDLE_IN_TRANSACTION_SESSION_TIMEOUT
-    })
+    diesel_sqlstate(err).is_some_and(|c| c.ends_the_session())
 }
 
 /// The SQLSTATE of a database error: read off the wire (any server language), else from diesel's coarse kind.
-pub(crate) fn diesel_sqlstate(err: &diesel::result::Error) -> Option<String> {
+pub(crate) fn diesel_sqlstate(err: &diesel::result::Error) -> Option<SqlState> {
     let diesel::result::Error::DatabaseError(kind, info) = err else {
         return None;
     };
-    sqlstate_of(info.message(), info.details(), info.hint())
-        .or_else(|| kind_sqlstate(kind).map(str::to_owned))
+    sqlstate_of(info.message(), info.details(), info.hint()).or_else(|| kind_sqlstate(kind))
 }
 
 /// An error with its sources, each once ("error connecting to server: Connection refused (os error 111)"):

@@ -104,6 +104,7 @@ pub mod limits;
 mod membership;
 pub mod metrics;
 mod reply;
+pub mod sqlstate;
 mod store;
 pub mod tasks;
 mod types;
@@ -111,7 +112,6 @@ mod validate;
 
 pub use connect::identity::{DatabaseIdentity, ExpectedIdentity};
 pub use connect::pooler::PoolerMode;
-pub use connect::sqlstate::code as sqlstate;
 pub use connect::tls::SslMode;
 pub use error::{DenyReason, Error, Result};
 pub use fence::Fence;

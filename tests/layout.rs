@@ -186,7 +186,11 @@ async fn migrate_and_grant_refuse_an_owner_without_the_advisory_functions() {
     let store = store_of(&db, &owner).await;
     let err = store.migrate().await.unwrap_err();
     assert!(matches!(err, Error::Migration { .. }), "{err:?}");
-    assert_eq!(err.sqlstate(), Some("42501"), "{err}");
+    assert_eq!(
+        err.sqlstate(),
+        Some(pgfence::sqlstate::SqlState::InsufficientPrivilege),
+        "{err}"
+    );
     let text = err.to_string();
     for needed in [
         "GRANT EXECUTE ON FUNCTION",
@@ -220,7 +224,11 @@ async fn migrate_and_grant_refuse_an_owner_without_the_advisory_functions() {
         .grant_application(&app, Some("c"))
         .await
         .unwrap_err();
-    assert_eq!(err.sqlstate(), Some("42501"), "{err}");
+    assert_eq!(
+        err.sqlstate(),
+        Some(pgfence::sqlstate::SqlState::InsufficientPrivilege),
+        "{err}"
+    );
     assert!(
         err.to_string()
             .contains("pg_advisory_xact_lock_shared(integer,integer)"),
@@ -256,7 +264,11 @@ async fn an_outsider_holding_the_migration_key_makes_migrate_fail_within_its_bou
         waited >= Duration::from_secs(1) && waited < Duration::from_secs(4),
         "{waited:?}"
     );
-    assert_eq!(err.sqlstate(), Some("PF003"), "{err}");
+    assert_eq!(
+        err.sqlstate(),
+        Some(pgfence::sqlstate::SqlState::LockWaitEnded),
+        "{err}"
+    );
     assert!(err.is_transient());
     let text = err.to_string();
     assert!(
@@ -319,7 +331,11 @@ async fn an_outsider_holding_a_guard_key_is_named_within_the_bounds() {
     .unwrap_err();
     let waited = started.elapsed();
     eprintln!("a guarded write behind an outsider's guard key failed after {waited:?}: {err}");
-    assert_eq!(err.sqlstate(), Some("PF003"), "{err}");
+    assert_eq!(
+        err.sqlstate(),
+        Some(pgfence::sqlstate::SqlState::LockWaitEnded),
+        "{err}"
+    );
     assert!(
         err.to_string().contains(&format!("pid {pid}")) && err.to_string().contains(&outsider),
         "{err}"
@@ -333,7 +349,11 @@ async fn an_outsider_holding_a_guard_key_is_named_within_the_bounds() {
         .unwrap_err();
     let waited = started.elapsed();
     eprintln!("a takeover behind an outsider's guard key failed after {waited:?}: {err}");
-    assert_eq!(err.sqlstate(), Some("PF003"), "{err}");
+    assert_eq!(
+        err.sqlstate(),
+        Some(pgfence::sqlstate::SqlState::LockWaitEnded),
+        "{err}"
+    );
     assert!(err.to_string().contains(&outsider), "{err}");
     assert!(
         waited < Duration::from_secs(3),

@@ -1333,7 +1333,11 @@ async fn a_refused_release_is_sent_once_and_a_transient_failure_twice() {
         )
         .await;
         let error = lease.release().await.unwrap_err();
-        assert_eq!(error.sqlstate(), Some(sqlstate), "{name}: {error}");
+        assert_eq!(
+            error.sqlstate().map(|s| s.to_string()).as_deref(),
+            Some(sqlstate),
+            "{name}: {error}"
+        );
         let calls = calls(&admin, &format!("release_calls_{name}")).await;
         assert_eq!(calls, sent, "{name}: release statements sent");
     }

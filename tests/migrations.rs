@@ -287,7 +287,11 @@ async fn store_of(db: &TestDb, who: &str) -> Store {
 /// Asserts a migration refused for the schema's trust (42501 through `sqlstate()`), naming `culprit` and a fix.
 fn assert_refused_naming(err: &Error, culprit: &str, fix: &str) {
     assert!(matches!(err, Error::Migration { .. }), "{err:?}");
-    assert_eq!(err.sqlstate(), Some("42501"), "{err}");
+    assert_eq!(
+        err.sqlstate(),
+        Some(pgfence::sqlstate::SqlState::InsufficientPrivilege),
+        "{err}"
+    );
     let text = err.to_string();
     assert!(text.contains(culprit) && text.contains(fix), "{text}");
 }

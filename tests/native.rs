@@ -551,7 +551,11 @@ async fn the_store_uses_the_native_guard_when_installed_and_stops_when_it_goes()
         .guarded_write(&lease.fence(), "op", write())
         .await
         .unwrap_err();
-    assert_eq!(err.sqlstate(), Some("42883"), "{err}");
+    assert_eq!(
+        err.sqlstate(),
+        Some(pgfence::sqlstate::SqlState::UndefinedFunction),
+        "{err}"
+    );
     assert!(!store.native_guard().await.unwrap());
     assert_eq!(
         store

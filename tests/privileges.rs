@@ -114,7 +114,11 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
         "{forced}"
     );
     let migrate = store.migrate().await.unwrap_err();
-    assert_eq!(migrate.sqlstate(), Some("42501"), "{migrate}");
+    assert_eq!(
+        migrate.sqlstate(),
+        Some(pgfence::sqlstate::SqlState::InsufficientPrivilege),
+        "{migrate}"
+    );
     assert_eq!(
         db.scalar("SELECT epoch FROM pgfence.leases").await,
         1,
@@ -1110,7 +1114,7 @@ async fn the_grant_command_sets_up_application_and_operator_roles() {
             .await
             .unwrap_err()
             .sqlstate(),
-        Some("42501")
+        Some(pgfence::sqlstate::SqlState::InsufficientPrivilege)
     );
     let out = tokio::process::Command::new(common::pgfence_bin())
         .args([

@@ -683,7 +683,11 @@ async fn lock_waits_are_bounded_and_name_the_blocker() {
     .expect("the takeover's wait must be bounded")
     .unwrap_err();
     let waited = started.elapsed();
-    assert_eq!(err.sqlstate(), Some("PF003"), "{err}");
+    assert_eq!(
+        err.sqlstate(),
+        Some(pgfence::sqlstate::SqlState::LockWaitEnded),
+        "{err}"
+    );
     let message = err.to_string();
     assert!(
         message.contains(&format!("pid {pid}")) && message.contains("'open-renewal'"),
@@ -713,7 +717,11 @@ async fn lock_waits_are_bounded_and_name_the_blocker() {
     .await
     .expect("the guard's wait must be bounded")
     .unwrap_err();
-    assert_eq!(err.sqlstate(), Some("PF003"), "{err}");
+    assert_eq!(
+        err.sqlstate(),
+        Some(pgfence::sqlstate::SqlState::LockWaitEnded),
+        "{err}"
+    );
     assert!(
         err.to_string().contains("'open-takeover'"),
         "the error must name the blocker: {err}"

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand};
+use pgfence::sqlstate::SqlState;
 use pgfence::{Error, ExpectedIdentity, Store, StoreConfig};
 
 /// Fencing-token leases on PostgreSQL rows: epochs that the database checks on every write, and an audit of
@@ -322,20 +323,26 @@ impl From<Error> for Failure {
             Error::InvalidUrl { .. } | Error::InvalidInput { .. } => 2,
             // The role named to grant or revoke does not exist: bad input.
             Error::Database {
-                sqlstate: Some(code),
+                sqlstate: Some(SqlState::UndefinedObject),
                 message,
                 ..
-            } if code == "42704" && message.starts_with("pgfence: role ") => 2,
+            } if message.starts_with("pgfence: role ") => 2,
             Error::Connect { .. } | Error::PoolTimeout { .. } => 3,
             Error::NotPrimary { .. } | Error::WrongDatabase { .. } => 4,
             Error::SchemaMissing => 5,
             // A bounded lock wait ended; the message names the blocking backends.
-            e if matches!(e.sqlstate(), Some("PF003" | "55P03")) => 7,
+            e if matches!(
+                e.sqlstate(),
+                Some(SqlState::LockWaitEnded | SqlState::LockNotAvailable)
+            ) =>
+            {
+                7
+            }
             // The role may not do this (no grant on the cluster, not an operator, a wrong tenure secret).
             Error::Denied { .. } => 8,
             // The server's certificate failed verification, or the server offers no TLS that sslmode demands.
             Error::Tls { .. } => 9,
-            e if e.sqlstate() == Some("42501") => 8,
+            e if e.sqlstate() == Some(SqlState::InsufficientPrivilege) => 8,
             _ => 1,
         };
         Failure::new(code, err.to_string())

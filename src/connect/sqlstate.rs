@@ -1,5 +1,5 @@
-//! SQLSTATEs: the codes pgfence tells apart, by name ([`code`], public as `pgfence::sqlstate`), and the code of
-//! every error the server sends on pgfence's own connections, read from the protocol stream.
+//! The code ([`SqlState`]) of every error the server sends on pgfence's own connections, read from the protocol
+//! stream.
 //!
 //! diesel 2.3 turns a database error into a coarse kind plus the server's text fields (message, detail, hint):
 //! the SQLSTATE itself does not survive, and the message is in the language of the server's `lc_messages`, which
@@ -30,108 +30,7 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// The SQLSTATEs pgfence tells apart, by name: the PostgreSQL codes it retries, maps or reports, and its own
-/// `PF00x`, which its SQL functions raise (`USING ERRCODE`). Compare them with [`Error::sqlstate`]:
-///
-/// ```
-/// # fn example(error: &pgfence::Error) {
-/// if error.sqlstate() == Some(pgfence::sqlstate::LOCK_WAIT_ENDED) {
-///     // A bounded lock wait of pgfence ended; the message names the sessions that held the lock.
-/// }
-/// # }
-/// ```
-///
-/// [`Error::sqlstate`]: crate::Error::sqlstate
-pub mod code {
-    /// `PF001`: a raw write to a guarded table refused by enforcement (its fence is stale or missing); the
-    /// statement's transaction aborts.
-    pub const RAW_WRITE_REFUSED: &str = "PF001";
-    /// `PF002`: a change to an append-only pgfence table (an event, a tenure record), `TRUNCATE` included.
-    pub const APPEND_ONLY: &str = "PF002";
-    /// `PF003`: a bounded lock wait of pgfence ended (a takeover, a guard, the migration lock); the message
-    /// names the sessions that held the lock. Transient.
-    pub const LOCK_WAIT_ENDED: &str = "PF003";
-    /// `PF004`: a guarded write outside READ COMMITTED, refused before anything was written (it can run again
-    /// in a READ COMMITTED transaction).
-    pub const NOT_READ_COMMITTED: &str = "PF004";
-    /// `PF005`: a refused change of a lease row (a delete, a truncate, a lower epoch), also for the schema owner.
-    pub const LEASE_ROW_CHANGE_REFUSED: &str = "PF005";
-    /// `PF006`: a one-statement guarded write that mentions the guard without being gated on it, while the
-    /// guard refused: the statement fails as a whole.
-    pub const UNGATED_WRITE: &str = "PF006";
-
-    /// `40001` serialization_failure. Transient.
-    pub const SERIALIZATION_FAILURE: &str = "40001";
-    /// `40P01` deadlock_detected. Transient.
-    pub const DEADLOCK_DETECTED: &str = "40P01";
-    /// `55P03` lock_not_available: a lock wait ran out of `lock_timeout`. Transient.
-    pub const LOCK_NOT_AVAILABLE: &str = "55P03";
-    /// `57P01` admin_shutdown: the server terminated the session or is shutting down. Transient.
-    pub const ADMIN_SHUTDOWN: &str = "57P01";
-    /// `57P02` crash_shutdown. Transient.
-    pub const CRASH_SHUTDOWN: &str = "57P02";
-    /// `57P03` cannot_connect_now: the server is starting or stopping. Transient.
-    pub const CANNOT_CONNECT_NOW: &str = "57P03";
-    /// `08`: the class of connection exceptions (every code starting with it is transient).
-    pub const CONNECTION_EXCEPTION_CLASS: &str = "08";
-    /// `57P`: the operator-intervention codes that end the session (every code starting with it).
-    pub const OPERATOR_INTERVENTION_PREFIX: &str = "57P";
-    /// `08006` connection_failure: also what a connection diesel found closed is reported as.
-    pub const CONNECTION_FAILURE: &str = "08006";
-    /// `25P03` idle_in_transaction_session_timeout: the server ended a session idle in a transaction.
-    pub const IDLE_IN_TRANSACTION_SESSION_TIMEOUT: &str = "25P03";
-    /// `22023` invalid_parameter_value: pgfence's SQL functions refusing an argument.
-    pub const INVALID_PARAMETER_VALUE: &str = "22023";
-    /// `42501` insufficient_privilege: a missing grant, or a migration refused by pgfence's layout checks.
-    pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
-    /// `3F000` invalid_schema_name: with a message naming pgfence, the schema is not installed.
-    pub const INVALID_SCHEMA_NAME: &str = "3F000";
-    /// `42P01` undefined_table: with a message naming pgfence, the schema is not (fully) installed.
-    pub const UNDEFINED_TABLE: &str = "42P01";
-    /// `42883` undefined_function: with a message naming pgfence, the schema is not (fully) installed; for
-    /// `pgfence_native.fence`, the native guard went missing.
-    pub const UNDEFINED_FUNCTION: &str = "42883";
-    /// `42704` undefined_object: with a message naming pgfence, the schema is not (fully) installed.
-    pub const UNDEFINED_OBJECT: &str = "42704";
-    /// `23505` unique_violation.
-    pub const UNIQUE_VIOLATION: &str = "23505";
-    /// `23503` foreign_key_violation.
-    pub const FOREIGN_KEY_VIOLATION: &str = "23503";
-    /// `23502` not_null_violation.
-    pub const NOT_NULL_VIOLATION: &str = "23502";
-    /// `23514` check_violation.
-    pub const CHECK_VIOLATION: &str = "23514";
-    /// `23P01` exclusion_violation.
-    pub const EXCLUSION_VIOLATION: &str = "23P01";
-    /// `23001` restrict_violation.
-    pub const RESTRICT_VIOLATION: &str = "23001";
-    /// `25006` read_only_sql_transaction.
-    pub const READ_ONLY_SQL_TRANSACTION: &str = "25006";
-
-    /// Whether a SQLSTATE names a condition that a retry of the same transaction can clear: serialization
-    /// failure, deadlock, a lock wait that timed out (`55P03`, and pgfence's `PF003` that names the blockers), and
-    /// the connection-exception and operator-intervention classes (`08`, `57P0x`).
-    ///
-    /// ```
-    /// assert!(pgfence::sqlstate::is_retryable("40001"));
-    /// assert!(!pgfence::sqlstate::is_retryable("42501"));
-    /// ```
-    pub fn is_retryable(code: &str) -> bool {
-        [
-            SERIALIZATION_FAILURE,
-            DEADLOCK_DETECTED,
-            LOCK_NOT_AVAILABLE,
-            ADMIN_SHUTDOWN,
-            CRASH_SHUTDOWN,
-            CANNOT_CONNECT_NOW,
-            LOCK_WAIT_ENDED,
-        ]
-        .contains(&code)
-            || code.starts_with(CONNECTION_EXCEPTION_CLASS)
-    }
-}
-
-pub(crate) use code::*;
+use crate::sqlstate::SqlState;
 
 /// How many recent errors (all connections together) keep their SQLSTATE for [`sqlstate_of`].
 pub(crate) const REMEMBERED: usize = 4096;
@@ -164,14 +63,14 @@ pub(crate) fn sqlstate_of(
     message: &str,
     detail: Option<&str>,
     hint: Option<&str>,
-) -> Option<String> {
+) -> Option<SqlState> {
     let wanted = key(message, detail, hint);
     let recent = RECENT.lock().unwrap_or_else(|p| p.into_inner());
     recent
         .iter()
         .rev()
         .find(|(k, _)| *k == wanted)
-        .map(|(_, code)| String::from_utf8_lossy(code).into_owned())
+        .and_then(|(_, code)| SqlState::parse(std::str::from_utf8(code).ok()?))
 }
 
 /// A connection's byte stream, read through a reader of the backend protocol's framing that records the SQLSTATE of
@@ -434,7 +333,9 @@ mod tests {
                 reader.feed(chunk);
             }
             assert_eq!(
-                sqlstate_of(&marker, Some("Prozess 1 wartet"), None).as_deref(),
+                sqlstate_of(&marker, Some("Prozess 1 wartet"), None)
+                    .map(|s| s.to_string())
+                    .as_deref(),
                 Some("40P01"),
                 "split {split}"
             );
@@ -471,7 +372,9 @@ mod tests {
         ));
         plain.reader.feed(&bytes);
         assert_eq!(
-            sqlstate_of("password authentication failed (N)", None, None).as_deref(),
+            sqlstate_of("password authentication failed (N)", None, None)
+                .map(|s| s.to_string())
+                .as_deref(),
             Some("28P01")
         );
 
@@ -485,7 +388,9 @@ mod tests {
             None,
         ));
         assert_eq!(
-            sqlstate_of("database does not exist (direct)", None, None).as_deref(),
+            sqlstate_of("database does not exist (direct)", None, None)
+                .map(|s| s.to_string())
+                .as_deref(),
             Some("3D000")
         );
     }

@@ -10,9 +10,9 @@ use diesel_async::AsyncPgConnection;
 use super::outcome::{sql, WriteOutcome, WriteResultRow};
 use super::write::{GuardedWrite, GuardedWriteRow, FENCE_PASSED, GUARD_CTE};
 use super::{check_operation, Fence};
-use crate::connect::sqlstate::UNDEFINED_FUNCTION;
 use crate::error::{Error, Result};
 use crate::reply::RowsOf;
+use crate::sqlstate::SqlState;
 use crate::store::Store;
 
 /// Sends `BEGIN ISOLATION LEVEL READ COMMITTED` and the guard of `fence` pipelined: one round trip. BEGIN goes
@@ -72,7 +72,7 @@ async fn begin_and_guard(
 
 /// Whether a statement failed because a function it names does not exist (SQLSTATE 42883).
 fn is_undefined_function(e: &diesel::result::Error) -> bool {
-    crate::error::diesel_sqlstate(e).as_deref() == Some(UNDEFINED_FUNCTION)
+    crate::error::diesel_sqlstate(e) == Some(SqlState::UndefinedFunction)
 }
 
 impl Store {
@@ -315,7 +315,7 @@ impl Store {
             native,
         };
         let row: GuardedWriteRow = match self.call_guarded(statement).await {
-            Err(e) if native && e.sqlstate() == Some(UNDEFINED_FUNCTION) => {
+            Err(e) if native && e.sqlstate() == Some(SqlState::UndefinedFunction) => {
                 self.forget_native_guard();
                 return Err(e);
             }

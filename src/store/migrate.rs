@@ -9,11 +9,11 @@ use diesel_async::AsyncPgConnection;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::Store;
-use crate::connect::sqlstate::{INSUFFICIENT_PRIVILEGE, LOCK_NOT_AVAILABLE, LOCK_WAIT_ENDED};
 use crate::connect::Kind;
 use crate::error::{Error, Result};
 #[cfg(doc)]
 use crate::limits::DEFAULT_MIGRATION_LOCK_WAIT;
+use crate::sqlstate::SqlState;
 #[cfg(doc)]
 use crate::StoreConfig;
 
@@ -258,7 +258,7 @@ fn migration_refused(what: &str, problems: &[ProblemRow]) -> Error {
     Error::Migration {
         reason: message.clone(),
         source: Some(Box::new(Error::Database {
-            sqlstate: Some(INSUFFICIENT_PRIVILEGE.to_owned()),
+            sqlstate: Some(SqlState::InsufficientPrivilege),
             message,
             source: None,
         })),
@@ -277,7 +277,7 @@ async fn take_migration_lock(conn: &mut AsyncPgConnection, wait: Duration) -> Re
         .await;
     if let Err(e) = locked {
         let error = Error::from(e);
-        if error.sqlstate() != Some(LOCK_NOT_AVAILABLE) {
+        if error.sqlstate() != Some(SqlState::LockNotAvailable) {
             return Err(error);
         }
         #[derive(QueryableByName)]
@@ -302,7 +302,7 @@ async fn take_migration_lock(conn: &mut AsyncPgConnection, wait: Duration) -> Re
         .get_result(conn)
         .await?;
         return Err(Error::Database {
-            sqlstate: Some(LOCK_WAIT_ENDED.to_owned()),
+            sqlstate: Some(SqlState::LockWaitEnded),
             message: format!(
                 "pgfence: migrate waited {wait:?} for the migration lock (advisory lock {MIGRATION_LOCK_KEY}); \
                  held by {}",

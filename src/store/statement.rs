@@ -9,9 +9,10 @@ use diesel_async::AsyncPgConnection;
 use super::{PooledConnection, Store};
 use crate::connect::cancel::cancel_in_background;
 use crate::connect::identity::ConnectSettings;
-use crate::connect::sqlstate::{sqlstate_of, NOT_READ_COMMITTED};
+use crate::connect::sqlstate::sqlstate_of;
 use crate::connect::{Connector, Kind};
 use crate::error::{Error, Result};
+use crate::sqlstate::SqlState;
 
 /// A pooled connection that is *armed* while a statement is in flight: if it is dropped armed (the caller's
 /// future was cancelled or timed out mid-statement), the statement still running on the server is cancelled and
@@ -139,8 +140,8 @@ impl Store {
 /// written: the statement can run again in a READ COMMITTED transaction).
 pub(crate) fn is_isolation_refusal(error: &diesel::result::Error) -> bool {
     matches!(error, diesel::result::Error::DatabaseError(_, info)
-        if sqlstate_of(info.message(), info.details(), info.hint()).as_deref()
-            == Some(NOT_READ_COMMITTED))
+        if sqlstate_of(info.message(), info.details(), info.hint())
+            == Some(SqlState::NotReadCommitted))
 }
 
 /// The row of a statement that returns exactly one.

@@ -147,12 +147,10 @@ pub mod groups {
 
 pub mod guard {
     //! The guard as SQL, for writes pgfence does not build itself: the one-statement guarded write's text
-    //! ([`guarded_write_sql`], [`native_guarded_write_sql`]) and its verdict ([`FENCE_PASSED`], [`fence_passed`]),
+    //! ([`guarded_write_sql`], for drivers other than diesel) and the verdict it is gated on ([`fence_passed`]),
     //! and [`Cached`] for the statements of a fenced transaction. docs/sql-clients.md shows them at work.
 
-    pub use crate::fence::write::{
-        fence_passed, guarded_write_sql, native_guarded_write_sql, Cached, FENCE_PASSED,
-    };
+    pub use crate::fence::write::{fence_passed, guarded_write_sql, Cached};
 }
 
 pub mod schema {

@@ -1310,6 +1310,7 @@ async fn guarded_write_sql_guards_another_drivers_statement() {
         .prepare(&pgfence::guard::guarded_write_sql(
             "UPDATE shards SET owner = $1 WHERE id = $2 AND (SELECT passed FROM pgfence_guard)",
             2,
+            false,
         ))
         .await
         .unwrap();

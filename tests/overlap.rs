@@ -193,9 +193,8 @@ async fn successor_takes_over_and_writes(store: &Store, old_epoch: i64) -> Lease
             &successor.fence(),
             "ledger_insert",
             diesel::sql_query(format!(
-                "INSERT INTO public.overlap_ledger (epoch) SELECT {} WHERE {}",
+                "INSERT INTO public.overlap_ledger (epoch) SELECT {} WHERE (SELECT passed FROM pgfence_guard)",
                 successor.epoch(),
-                pgfence::guard::FENCE_PASSED
             )),
         )
         .await
@@ -517,10 +516,9 @@ async fn every_guarded_write_kind_records_its_last_accepted_write() {
         .guarded_write(
             &lease.fence(),
             "insert",
-            diesel::sql_query(format!(
-                "INSERT INTO public.marked SELECT 1 WHERE {}",
-                pgfence::guard::FENCE_PASSED
-            )),
+            diesel::sql_query(
+                "INSERT INTO public.marked SELECT 1 WHERE (SELECT passed FROM pgfence_guard)",
+            ),
         )
         .await
         .unwrap();

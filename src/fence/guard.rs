@@ -216,7 +216,7 @@ impl Store {
     /// [`Error::Stale`] or [`Error::Denied`].
     ///
     /// The statement must test the guard's verdict: [`fence_passed()`](crate::guard::fence_passed) in a diesel query's filter, or the SQL
-    /// text [`FENCE_PASSED`] in its WHERE clause (an INSERT writes `INSERT … SELECT … WHERE` it). pgfence runs
+    /// text `(SELECT passed FROM pgfence_guard)` in its WHERE clause (an INSERT writes `INSERT … SELECT … WHERE` it). pgfence runs
     /// it as a data-modifying CTE beside the guard's, so that the guard runs first and its verdict gates every
     /// row:
     ///

@@ -1,5 +1,5 @@
 //! The one statement that carries a write and its guard together: the caller's statement wrapped in a CTE
-//! that calls the guard first and gates the write on its verdict ([`FENCE_PASSED`]), and [`Cached`] for the
+//! that calls the guard first and gates the write on its verdict ([`fence_passed`]), and [`Cached`] for the
 //! statements of a fenced transaction.
 
 use diesel::pg::Pg;
@@ -14,13 +14,14 @@ use crate::store::Store;
 /// with the column `passed` (boolean), true only when the fence is current and its guard lock held.
 pub(super) const GUARD_CTE: &str = "pgfence_guard";
 
-/// The guard's verdict as SQL text, for the WHERE clause of a statement passed to [`Store::guarded_write`]:
-/// `UPDATE shards SET owner = $1 WHERE id = $2 AND (SELECT passed FROM pgfence_guard)`.
-pub const FENCE_PASSED: &str = "(SELECT passed FROM pgfence_guard)";
+/// The guard's verdict as SQL text (what [`fence_passed`] writes).
+pub(crate) const FENCE_PASSED: &str = "(SELECT passed FROM pgfence_guard)";
 
-/// The guard's verdict as a diesel expression ([`FENCE_PASSED`]), for the filter of a query passed to
-/// [`Store::guarded_write`]: `diesel::update(shards.filter(id.eq(7)).filter(pgfence::guard::fence_passed()))`. It has a
-/// meaning only there.
+/// The guard's verdict, the gate every one-statement guarded write tests: for the filter of a diesel query
+/// passed to [`Store::guarded_write`], `diesel::update(shards.filter(id.eq(7)).filter(pgfence::guard::fence_passed()))`.
+/// It has a meaning only there. In SQL text (a `sql_query` statement, or [`guarded_write_sql`] for another
+/// driver) the same gate is written `(SELECT passed FROM pgfence_guard)`:
+/// `UPDATE shards SET owner = $1 WHERE id = $2 AND (SELECT passed FROM pgfence_guard)`.
 pub fn fence_passed() -> diesel::expression::SqlLiteral<Bool> {
     diesel::dsl::sql::<Bool>(FENCE_PASSED)
 }
@@ -78,35 +79,30 @@ const GUARDED_TAIL: &str =
 /// pgbench, psql): prepare it once and run it with `statement`'s `binds` parameters (`$1` … `$binds`, numbered as
 /// in `statement`) followed by the fence's: lease (text), epoch (bigint), secret (text) and operation (text).
 /// The reply is one row: `outcome` (`ok` or `refused`), `reason` (why it was refused), `current_epoch`,
-/// `current_holder` and `n`, the rows the statement changed. `statement` must test [`FENCE_PASSED`] (see
-/// [`Store::guarded_write`]); run it autocommit or in a READ COMMITTED transaction.
+/// `current_holder` and `n`, the rows the statement changed. `statement` must test the guard's verdict,
+/// `(SELECT passed FROM pgfence_guard)` (see [`fence_passed`] and [`Store::guarded_write`]); run it autocommit
+/// or in a READ COMMITTED transaction.
+///
+/// `native` picks the guard as [`Store::native_guard`] answers for the database: `pgfence_native.fence`, of the
+/// `pgfence_native` extension, or the portable `pgfence.fence`. Both take the same parameters and give the same
+/// reply.
 ///
 /// ```
+/// # async fn example(store: &pgfence::Store) -> pgfence::Result<()> {
 /// let sql = pgfence::guard::guarded_write_sql(
 ///     "UPDATE shards SET owner = $1 WHERE id = $2 AND (SELECT passed FROM pgfence_guard)",
 ///     2,
+///     store.native_guard().await?,
 /// );
-/// assert!(sql.contains("pgfence.fence($3, $4, $5, $6, NULL, NULL)"));
+/// assert!(sql.contains(".fence($3, $4, $5, $6, NULL, NULL)"));
+/// # Ok(()) }
 /// ```
-pub fn guarded_write_sql(statement: &str, binds: usize) -> String {
-    guarded_write_sql_for(statement, binds, GUARDED_MID)
-}
-
-/// [`guarded_write_sql`] with the guard of the `pgfence_native` extension, `pgfence_native.fence` (see
-/// [`Store::native_guard`]): the same statement, the same parameters and reply, for a database that has it.
-///
-/// ```
-/// let sql = pgfence::guard::native_guarded_write_sql(
-///     "UPDATE shards SET owner = $1 WHERE id = $2 AND (SELECT passed FROM pgfence_guard)",
-///     2,
-/// );
-/// assert!(sql.contains("pgfence_native.fence($3, $4, $5, $6, NULL, NULL)"));
-/// ```
-pub fn native_guarded_write_sql(statement: &str, binds: usize) -> String {
-    guarded_write_sql_for(statement, binds, GUARDED_MID_NATIVE)
-}
-
-fn guarded_write_sql_for(statement: &str, binds: usize, mid: &str) -> String {
+pub fn guarded_write_sql(statement: &str, binds: usize, native: bool) -> String {
+    let mid = if native {
+        GUARDED_MID_NATIVE
+    } else {
+        GUARDED_MID
+    };
     let first = binds + 1;
     format!(
         "{GUARDED_HEAD}{statement}{mid}${}, ${}, ${}, ${}{GUARDED_TAIL}",

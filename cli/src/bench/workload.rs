@@ -175,7 +175,7 @@ impl Workload {
                 "tokio-postgres, prepared: the statement Store::guarded_write sends (pgfence::guard::guarded_write_sql)"
             }
             Workload::RawGuardedUpdateNative => {
-                "tokio-postgres, prepared: the statement of guarded-update-native (pgfence::guard::native_guarded_write_sql)"
+                "tokio-postgres, prepared: the statement of guarded-update-native (pgfence::guard::guarded_write_sql with native)"
             }
             Workload::GuardedUpdate => {
                 "Store::guarded_write: the guard and the same UPDATE in one statement, one round trip; the portable \

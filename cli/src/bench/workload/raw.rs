@@ -121,13 +121,18 @@ impl RawClient {
             fence: prepare(sql::FENCE).await?,
             update: prepare(sql::UPDATE).await?,
             guarded_update: client
-                .prepare(&pgfence::guard::guarded_write_sql(sql::GATED_UPDATE, 2))
+                .prepare(&pgfence::guard::guarded_write_sql(
+                    sql::GATED_UPDATE,
+                    2,
+                    false,
+                ))
                 .await
                 .map_err(|e| db_error("preparing the guarded UPDATE", e))?,
             guarded_update_native: client
-                .prepare(&pgfence::guard::native_guarded_write_sql(
+                .prepare(&pgfence::guard::guarded_write_sql(
                     sql::GATED_UPDATE,
                     2,
+                    true,
                 ))
                 .await
                 .ok(),

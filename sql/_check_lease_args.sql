@@ -9,7 +9,7 @@ DECLARE
     problem text := pgfence._lease_args_problem(p_lease, p_epoch);
 BEGIN
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
     END IF;
 END;
 $function$

@@ -7,7 +7,7 @@ CREATE OR REPLACE FUNCTION pgfence._check_secret(p_secret text)
 AS $function$
 BEGIN
     IF p_secret IS NULL THEN
-        RAISE EXCEPTION 'pgfence: %', pgfence._secret_problem(p_secret) USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: %', pgfence._secret_problem(p_secret) USING ERRCODE = '22023', COLUMN = 'secret';
     END IF;
 END;
 $function$

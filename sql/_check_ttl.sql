@@ -8,7 +8,7 @@ AS $function$
 BEGIN
     IF p_ttl_ms IS NULL OR p_ttl_ms < pgfence._min_ttl_ms() OR p_ttl_ms > pgfence._max_ttl_ms() THEN
         RAISE EXCEPTION 'pgfence: ttl must be between % ms and % h, got % ms', pgfence._min_ttl_ms(),
-            pgfence._max_ttl_ms() / 3600000, p_ttl_ms USING ERRCODE = '22023';
+            pgfence._max_ttl_ms() / 3600000, p_ttl_ms USING ERRCODE = '22023', COLUMN = 'ttl';
     END IF;
 END;
 $function$

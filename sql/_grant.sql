@@ -12,7 +12,7 @@ DECLARE
     problem text := CASE WHEN p_cluster IS NOT NULL THEN pgfence._cluster_problem(p_cluster) END;
 BEGIN
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: invalid cluster: %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: invalid cluster: %', problem USING ERRCODE = '22023', COLUMN = 'cluster';
     END IF;
     PERFORM pgfence._refuse_role(p_role);
     SELECT * INTO r FROM pg_roles WHERE rolname = p_role;

@@ -7,5 +7,5 @@ CREATE OR REPLACE FUNCTION pgfence._lease_args_problem(p_lease text, p_epoch big
 AS $function$
     SELECT coalesce('invalid lease: ' || pgfence._lease_problem(p_lease),
                     CASE WHEN p_epoch IS NULL OR p_epoch < 1
-                         THEN 'epoch must be >= 1, got ' || coalesce(p_epoch::text, '<NULL>') END)
+                         THEN 'invalid epoch: must be >= 1, got ' || coalesce(p_epoch::text, '<NULL>') END)
 $function$

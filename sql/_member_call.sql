@@ -10,11 +10,13 @@ DECLARE
     why text;
 BEGIN
     IF pgfence._lease_problem(p_group) IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: invalid group: %', pgfence._lease_problem(p_group) USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: invalid group: %', pgfence._lease_problem(p_group)
+            USING ERRCODE = '22023', COLUMN = 'group';
     END IF;
     PERFORM pgfence._check_text('member'::text, p_member, pgfence._max_holder_len());
     IF p_incarnation IS NULL OR p_incarnation < 1 THEN
-        RAISE EXCEPTION 'pgfence: invalid incarnation: must be at least 1' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: invalid incarnation: must be at least 1'
+            USING ERRCODE = '22023', COLUMN = 'incarnation';
     END IF;
     PERFORM pgfence._check_secret(p_secret);
     denied := pgfence._deny_member_call(p_group, p_operation);

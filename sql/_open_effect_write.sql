@@ -18,7 +18,7 @@ BEGIN
                             CASE WHEN p_detail IS NULL THEN 'a jsonb argument is required (''{}'' for none)' END,
                             pgfence._payload_problem(p_detail));
         IF problem IS NOT NULL THEN
-            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
         END IF;
     END IF;
     IF pgfence._admit(p_lease, p_epoch, p_secret, false) THEN

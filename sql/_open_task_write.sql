@@ -15,7 +15,7 @@ BEGIN
                             pgfence._arg_problem(p_what, p_text, p_max, p_optional => p_what IS NULL),
                             pgfence._payload_problem(p_payload));
         IF problem IS NOT NULL THEN
-            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
         END IF;
     END IF;
     IF pgfence._admit(p_lease, p_epoch, p_secret, false) THEN

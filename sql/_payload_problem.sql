@@ -5,5 +5,5 @@ CREATE OR REPLACE FUNCTION pgfence._payload_problem(p_payload jsonb)
  LANGUAGE sql
  STABLE
 AS $function$
-    SELECT CASE WHEN pg_column_size(p_payload) > 16777216 THEN 'payload larger than 16 MiB stored' END
+    SELECT CASE WHEN pg_column_size(p_payload) > 16777216 THEN 'invalid payload: larger than 16 MiB stored' END
 $function$

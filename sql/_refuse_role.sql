@@ -17,7 +17,8 @@ BEGIN
     END IF;
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION 'pgfence: invalid role: %', problem
-            USING ERRCODE = '22023', HINT = 'Grant to a role of the application, e.g. CREATE ROLE app LOGIN.';
+            USING ERRCODE = '22023',
+                COLUMN = 'role', HINT = 'Grant to a role of the application, e.g. CREATE ROLE app LOGIN.';
     END IF;
     SELECT * INTO r FROM pg_roles WHERE rolname = p_role;
     IF NOT FOUND THEN
@@ -31,7 +32,7 @@ BEGIN
                           'its privileges are not granted nor revoked', pgfence._printable(p_role));
     END IF;
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: invalid role: %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: invalid role: %', problem USING ERRCODE = '22023', COLUMN = 'role';
     END IF;
 END;
 $function$

@@ -20,14 +20,15 @@ BEGIN
                             pgfence._arg_problem('target key'::text, p_key, pgfence._max_holder_len(),
                                                  p_optional => true));
         IF problem IS NOT NULL THEN
-            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
         END IF;
     END IF;
     IF NOT pgfence._admit(p_lease, p_epoch, p_secret, true) THEN
         IF (pgfence._plain_lease_args(p_lease, p_epoch) AND p_secret IS NOT NULL) IS NOT TRUE THEN
             problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch), pgfence._secret_problem(p_secret));
             IF problem IS NOT NULL THEN
-                RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+                RAISE EXCEPTION 'pgfence: %', problem
+                    USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
             END IF;
         END IF;
         r := pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);

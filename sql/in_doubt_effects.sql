@@ -10,7 +10,7 @@ DECLARE
     problem text := pgfence._lease_problem(p_lease);
 BEGIN
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
     END IF;
     RETURN QUERY
     SELECT e.id, e.task_id, t.key, e.effect_key, e.attempt, e.epoch, e.intent, e.intended_at, e.outcome,

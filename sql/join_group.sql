@@ -16,7 +16,7 @@ DECLARE
     wait_ms bigint := pgfence._lock_wait_ms();
 BEGIN
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
     END IF;
     PERFORM pgfence._check_ttl(p_ttl_ms);
     denied := pgfence._deny_member_call(p_group, 'join_group'::text);

@@ -12,7 +12,7 @@ BEGIN
     PERFORM pgfence._require_instance_operator('prune_rejections'::text);
     IF p_older_than IS NULL OR p_older_than < interval '0' OR p_batch IS NULL OR p_batch < 1 OR p_batch > 1000000 THEN
         RAISE EXCEPTION 'pgfence: prune needs a non-negative age and a batch of 1 to 1000000 rows'
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023', COLUMN = 'age or batch';
     END IF;
     DELETE FROM pgfence.rejections
      WHERE id IN (SELECT id FROM pgfence.rejections

@@ -16,7 +16,7 @@ DECLARE
 BEGIN
     IF p_outcome IS NULL OR p_outcome NOT IN ('done', 'failed', 'unknown') THEN
         RAISE EXCEPTION 'pgfence: invalid outcome: must be ''done'', ''failed'' or ''unknown'', got %',
-            pgfence._printable(p_outcome) USING ERRCODE = '22023';
+            pgfence._printable(p_outcome) USING ERRCODE = '22023', COLUMN = 'outcome';
     END IF;
     r := pgfence._open_effect_write(p_lease, p_epoch, p_secret, p_effect_key, 'record_outcome'::text, NULL::text,
                                     NULL::text, NULL::integer, p_detail);

@@ -20,12 +20,13 @@ BEGIN
     PERFORM pgfence._check_ttl(p_ttl_ms);
     IF p_leases IS NULL OR p_epochs IS NULL OR p_secrets IS NULL OR cardinality(p_leases) <> cardinality(p_epochs)
        OR cardinality(p_leases) <> cardinality(p_secrets) THEN
-        RAISE EXCEPTION 'pgfence: renew_many needs as many epochs and secrets as leases' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: renew_many needs as many epochs and secrets as leases'
+            USING ERRCODE = '22023', COLUMN = 'leases';
     END IF;
     -- A NULL secret is bad input, as renew's: 22023 before anything is written (not an audited bad_secret).
     IF array_position(p_secrets, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'pgfence: renew_many: secret % of %: %', array_position(p_secrets, NULL),
-            cardinality(p_secrets), pgfence._secret_problem(NULL::text) USING ERRCODE = '22023';
+            cardinality(p_secrets), pgfence._secret_problem(NULL::text) USING ERRCODE = '22023', COLUMN = 'secret';
     END IF;
     PERFORM pgfence._check_lease_args(i.lease, i.epoch) FROM unnest(p_leases, p_epochs) AS i(lease, epoch);
     tl := pgfence._timeline();

@@ -18,22 +18,23 @@ BEGIN
     PERFORM pgfence._check_secret(p_secret);
     IF p_event IS NULL OR p_event NOT IN ('start', 'end') THEN
         RAISE EXCEPTION 'pgfence: invalid belief event: must be ''start'' or ''end'', got %',
-            pgfence._printable(p_event) USING ERRCODE = '22023';
+            pgfence._printable(p_event) USING ERRCODE = '22023', COLUMN = 'belief event';
     END IF;
     IF p_at IS NULL OR NOT isfinite(p_at) OR p_sent_at IS NULL OR NOT isfinite(p_sent_at) THEN
         RAISE EXCEPTION 'pgfence: invalid belief time: the time and the send time must be finite'
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023', COLUMN = 'belief time';
     END IF;
     IF p_endpoint IS NOT NULL THEN
         PERFORM pgfence._check_text('endpoint'::text, p_endpoint, pgfence._max_endpoint_len());
     END IF;
     IF p_event = 'start' AND (p_cause IS NOT NULL OR p_detail IS NOT NULL) THEN
-        RAISE EXCEPTION 'pgfence: invalid belief cause: a start has none' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: invalid belief cause: a start has none'
+            USING ERRCODE = '22023', COLUMN = 'belief cause';
     END IF;
     IF p_event = 'end' AND (p_cause IS NULL
                             OR p_cause NOT IN ('released', 'lost', 'deadline', 'write_refused', 'shutdown')) THEN
         RAISE EXCEPTION 'pgfence: invalid belief cause: must be released, lost, deadline, write_refused or shutdown, got %',
-            pgfence._printable(p_cause) USING ERRCODE = '22023';
+            pgfence._printable(p_cause) USING ERRCODE = '22023', COLUMN = 'belief cause';
     END IF;
     IF p_detail IS NOT NULL THEN
         PERFORM pgfence._check_text('belief detail'::text, p_detail, pgfence._max_label_len());

@@ -13,7 +13,7 @@ DECLARE
     problem text := CASE WHEN p_cluster IS NOT NULL THEN pgfence._cluster_problem(p_cluster) END;
 BEGIN
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: invalid cluster: %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: invalid cluster: %', problem USING ERRCODE = '22023', COLUMN = 'cluster';
     END IF;
     oid_ := (SELECT r.oid FROM pg_roles r WHERE r.rolname = p_role);
     -- The roles grant refuses; but a role that holds a grant (it became a superuser, BYPASSRLS or a member of

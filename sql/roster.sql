@@ -8,7 +8,8 @@ CREATE OR REPLACE FUNCTION pgfence.roster(p_group text)
 AS $function$
 BEGIN
     IF pgfence._lease_problem(p_group) IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: invalid group: %', pgfence._lease_problem(p_group) USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: invalid group: %', pgfence._lease_problem(p_group)
+            USING ERRCODE = '22023', COLUMN = 'group';
     END IF;
     IF NOT pgfence._may_use(pgfence._cluster_of(p_group)) THEN
         RAISE EXCEPTION 'pgfence: role % has no grant on cluster %', pgfence._printable(session_user::text),

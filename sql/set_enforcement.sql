@@ -15,7 +15,7 @@ BEGIN
     PERFORM pgfence._require_instance_operator('set_enforcement'::text);
     IF p_mode IS NULL OR p_mode NOT IN ('error', 'audit') THEN
         RAISE EXCEPTION 'pgfence: enforcement mode must be ''error'' or ''audit'', got %', pgfence._printable(p_mode)
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023', COLUMN = 'mode';
     END IF;
     -- Raw writes to the task tables are left to granted roles only while enforcement judges them: hardened for
     -- the state being switched to (before the table locks, which hold guarded writes off).

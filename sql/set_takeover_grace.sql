@@ -11,7 +11,8 @@ DECLARE
 BEGIN
     PERFORM pgfence._require_instance_operator('set_takeover_grace'::text);
     IF p_grace IS NULL OR p_grace < interval '0' OR p_grace > interval '10 minutes' THEN
-        RAISE EXCEPTION 'pgfence: takeover grace must be between 0 and 10 minutes' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: takeover grace must be between 0 and 10 minutes'
+            USING ERRCODE = '22023', COLUMN = 'grace';
     END IF;
     ms := ceil(extract(epoch FROM p_grace) * 1000)::bigint;
     UPDATE pgfence.instance SET takeover_grace_ms = ms;

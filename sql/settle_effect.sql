@@ -17,12 +17,12 @@ DECLARE
 BEGIN
     IF p_resolution IS NULL OR p_resolution NOT IN ('confirmed', 'retried', 'abandoned') THEN
         RAISE EXCEPTION 'pgfence: invalid resolution: must be ''confirmed'', ''retried'' or ''abandoned'', got %',
-            pgfence._printable(p_resolution) USING ERRCODE = '22023';
+            pgfence._printable(p_resolution) USING ERRCODE = '22023', COLUMN = 'resolution';
     END IF;
     IF p_resolution = 'abandoned' AND (jsonb_typeof(p_detail -> 'reason') IS DISTINCT FROM 'string'
                                        OR length(p_detail ->> 'reason') = 0) THEN
         RAISE EXCEPTION 'pgfence: invalid detail: abandoning an effect needs a non-empty text ''reason'''
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023', COLUMN = 'detail';
     END IF;
     r := pgfence._open_effect_write(p_lease, p_epoch, p_secret, p_effect_key, 'settle_effect'::text, NULL::text,
                                     NULL::text, NULL::integer, p_detail);

@@ -17,7 +17,8 @@ BEGIN
     IF p_from IS NULL OR p_to IS NULL
        OR p_from NOT IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled')
        OR p_to NOT IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled') THEN
-        RAISE EXCEPTION 'pgfence: unknown task state % -> %', p_from, p_to USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: unknown task state % -> %', p_from, p_to
+            USING ERRCODE = '22023', COLUMN = 'state';
     END IF;
     r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'transition_task'::text, 'tasks'::text, NULL::text, NULL::text, NULL::integer,
                                   p_payload);

@@ -435,11 +435,14 @@ impl From<diesel::result::Error> for Error {
         {
             return Error::SchemaMissing;
         }
-        // pgfence's own check of an argument (SQLSTATE 22023, raised before anything is written): the same refusal
-        // as the Rust-side check, which leaves some text to it (Unicode newer than the database's tables).
+        // pgfence's own check of an argument (SQLSTATE 22023, raised before anything is written, the argument
+        // named in the error's COLUMN field): the same refusal as the Rust-side check, which leaves some text to
+        // it (Unicode newer than the database's tables).
         if sqlstate == Some(SqlState::InvalidParameterValue) {
-            if let Some(refused) = argument_refused(&message) {
-                return refused;
+            if let D::DatabaseError(_, info) = &err {
+                if let Some(refused) = argument_refused(info.column_name(), &message) {
+                    return refused;
+                }
             }
         }
         Error::Database {
@@ -450,33 +453,65 @@ impl From<diesel::result::Error> for Error {
     }
 }
 
-/// The [`Error::InvalidInput`] for the database's check of an argument, `pgfence: invalid <field>: <reason>`
-/// (the argument names of the SQL functions are the Rust API's field names; a role that grants and revokes
-/// refuse, such as a superuser or the owner, is `invalid role`); `None` for its other refusals, which stay
-/// [`Error::Database`].
-fn argument_refused(message: &str) -> Option<Error> {
-    const FIELDS: [&str; 15] = [
-        "lease",
-        "holder",
-        "cluster",
-        "role",
-        "operation",
-        "target table",
-        "target key",
-        "task key",
-        "assignee",
-        "event kind",
-        "endpoint",
-        "belief event",
-        "belief time",
-        "belief cause",
-        "belief detail",
-    ];
-    let rest = message.strip_prefix("pgfence: invalid ")?;
-    FIELDS.iter().find_map(|&field| {
-        let reason = rest.strip_prefix(field)?.strip_prefix(": ")?;
-        Some(Error::invalid(field, reason))
-    })
+/// Every argument name pgfence's SQL functions put in the COLUMN field of a 22023 refusal (the Rust API's field
+/// names); `tests/sqlstate.rs` checks that each refusal the SQL can raise names one of them.
+pub(crate) const REFUSED_ARGUMENTS: [&str; 38] = [
+    "lease",
+    "epoch",
+    "secret",
+    "ttl",
+    "leases",
+    "grace",
+    "holder",
+    "cluster",
+    "role",
+    "operation",
+    "target table",
+    "target key",
+    "task key",
+    "effect key",
+    "assignee",
+    "event kind",
+    "endpoint",
+    "payload",
+    "state",
+    "outcome",
+    "resolution",
+    "detail",
+    "mode",
+    "age or batch",
+    "group",
+    "member",
+    "incarnation",
+    "weight",
+    "names",
+    "name",
+    "pin",
+    "pins",
+    "exclusion",
+    "exclusions",
+    "belief event",
+    "belief time",
+    "belief cause",
+    "belief detail",
+];
+
+/// The [`Error::InvalidInput`] for the database's check of an argument: the argument is the one the error's
+/// COLUMN field names (one of [`REFUSED_ARGUMENTS`]), the reason the message after `pgfence: invalid
+/// <argument>: ` (the whole message when it is worded otherwise); `None` when COLUMN names no argument, and
+/// the refusal stays [`Error::Database`].
+fn argument_refused(column: Option<&str>, message: &str) -> Option<Error> {
+    let field = REFUSED_ARGUMENTS
+        .iter()
+        .copied()
+        .find(|&f| Some(f) == column)?;
+    let reason = message
+        .strip_prefix("pgfence: invalid ")
+        .and_then(|rest| rest.strip_prefix(field))
+        .and_then(|rest| rest.strip_prefix(": "))
+        .or_else(|| message.strip_prefix("pgfence: "))
+        .unwrap_or(message);
+    Some(Error::invalid(field, reason))
 }
 
 /// Whether a message names the pgfence schema or one of its objects: the identifier `pgfence` standing alone
@@ -550,47 +585,89 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
 
-    /// Each argument the SQL functions check is named by its refusal (`pgfence: invalid <field>: …`) and becomes
-    /// InvalidInput for that field; a refusal of something else stays a database error.
+    /// A refusal names its argument in COLUMN and becomes InvalidInput for that field, its reason the message
+    /// after the field; a COLUMN that names no argument (or none at all) leaves it a database error.
     #[test]
     fn argument_refusals_name_their_field() {
-        for (message, field) in [
-            ("pgfence: invalid lease: must be cluster-qualified", "lease"),
+        for (column, message, reason) in [
             (
-                "pgfence: invalid endpoint: contains a control character",
-                "endpoint",
+                "lease",
+                "pgfence: invalid lease: must be cluster-qualified",
+                "must be cluster-qualified",
             ),
             (
-                "pgfence: invalid belief event: must be 'start' or 'end', got 'x'",
-                "belief event",
-            ),
-            (
-                "pgfence: invalid belief time: the time and the send time must be finite",
-                "belief time",
-            ),
-            (
-                "pgfence: invalid belief cause: a start has none",
-                "belief cause",
-            ),
-            (
-                "pgfence: invalid belief detail: longer than 64 bytes",
                 "belief detail",
+                "pgfence: invalid belief detail: longer than 64 bytes",
+                "longer than 64 bytes",
+            ),
+            (
+                "ttl",
+                "pgfence: ttl must be between 1000 ms and 24 h, got 5 ms",
+                "ttl must be between 1000 ms and 24 h, got 5 ms",
             ),
         ] {
-            match argument_refused(message) {
-                Some(Error::InvalidInput { field: f, reason }) => {
-                    assert_eq!(f, field, "{message}");
-                    assert!(message.ends_with(&reason), "{message}");
+            match argument_refused(Some(column), message) {
+                Some(Error::InvalidInput { field, reason: r }) => {
+                    assert_eq!((field, r.as_str()), (column, reason), "{message}");
                 }
                 other => panic!("{message}: {other:?}"),
             }
         }
-        assert!(argument_refused("pgfence: invalid belief: no").is_none());
-        assert!(matches!(
-            argument_refused("pgfence: invalid role: 'x' is a superuser or BYPASSRLS role: no grant bounds what it reads or does"),
-            Some(Error::InvalidInput { field: "role", .. })
-        ));
-        assert!(argument_refused("pgfence: refusing to grant to x").is_none());
+        for column in [None, Some(""), Some("belief"), Some("Lease")] {
+            assert!(
+                argument_refused(column, "pgfence: invalid lease: x").is_none(),
+                "{column:?}"
+            );
+        }
+    }
+
+    /// Every argument the migrations can name in a 22023 refusal's COLUMN — a `COLUMN = '…'` literal, an
+    /// `invalid <argument>:` problem text, an argument name handed to the shared text checks, an element kind of a
+    /// list — is one of [`REFUSED_ARGUMENTS`], so each becomes [`Error::InvalidInput`] for its field.
+    #[test]
+    fn every_argument_the_sql_names_is_a_refused_argument() {
+        let patterns = [
+            r"COLUMN = '([a-z ]+)'",
+            r"'(?:pgfence: )?invalid ([a-z]+(?: [a-z]+)*)(?: %s of %s)?: ",
+            r"_(?:arg_problem|check_text)\('([a-z ]+)'::text",
+            r"'([a-z ]+)'::text,\s*p_[a-z_]+,\s*pgfence\._max_",
+            r"\('([a-z]+)', p_(?:names|pinned|excluded)\)",
+        ];
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        let mut named = std::collections::BTreeSet::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let Ok(sql) = std::fs::read_to_string(entry.unwrap().path().join("up.sql")) else {
+                continue;
+            };
+            for pattern in patterns {
+                let pattern = regex::Regex::new(pattern).unwrap();
+                for found in pattern.captures_iter(&sql) {
+                    named.insert(found[1].to_owned());
+                }
+            }
+        }
+        for expected in [
+            "lease",
+            "epoch",
+            "ttl",
+            "names",
+            "name",
+            "exclusion",
+            "assignee",
+        ] {
+            assert!(
+                named.contains(expected),
+                "the scan misses {expected}: {named:?}"
+            );
+        }
+        let unknown: Vec<&String> = named
+            .iter()
+            .filter(|n| !REFUSED_ARGUMENTS.contains(&n.as_str()))
+            .collect();
+        assert!(
+            unknown.is_empty(),
+            "named by the SQL, unknown to REFUSED_ARGUMENTS: {unknown:?}"
+        );
     }
 
     /// A denial's reason reads back from its SQL name; any other text, and the name of a loss reason, is no

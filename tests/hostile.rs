@@ -472,43 +472,80 @@ fn code(e: tokio_postgres::Error) -> String {
 }
 
 /// Arguments out of range or missing (an empty or cluster-less name, a huge holder, a ttl out of range, epoch 0,
-/// a NULL key, an unknown state, arrays of different lengths) are 22023, through `client` (holding `c/l`).
-async fn bad_arguments_are_22023(client: &tokio_postgres::Client) {
-    let bad_args: [(&str, &str); 9] = [
-        ("SELECT * FROM pgfence.acquire('', 'pod', 1000)", "22023"),
+/// a NULL key, an unknown state, arrays of different lengths, a repeated or NULL name of a group) are 22023
+/// naming the argument in the error's COLUMN field, through `client` (holding `c/l`); the same refusal through
+/// the library's pool becomes `Error::InvalidInput` for that argument.
+async fn bad_arguments_are_22023(db: &TestDb, client: &tokio_postgres::Client) {
+    let bad_args: [(&str, &str); 13] = [
+        ("SELECT * FROM pgfence.acquire('', 'pod', 1000)", "lease"),
         (
             "SELECT * FROM pgfence.acquire('no-cluster', 'pod', 1000)",
-            "22023",
+            "lease",
         ),
         (
             "SELECT * FROM pgfence.acquire('c/l2', repeat('h', 300), 1000)",
-            "22023",
+            "holder",
         ),
-        ("SELECT * FROM pgfence.acquire('c/l2', 'pod', -5)", "22023"),
+        ("SELECT * FROM pgfence.acquire('c/l2', 'pod', -5)", "ttl"),
         (
             "SELECT * FROM pgfence.acquire('c/l2', 'pod', 999999999999)",
-            "22023",
+            "ttl",
         ),
         (
             "SELECT * FROM pgfence.create_task('c/l', 0, current_setting('test.secret'), 'k', '{}')",
-            "22023",
+            "epoch",
         ),
         (
             "SELECT * FROM pgfence.create_task('c/l', 1, current_setting('test.secret'), NULL, '{}')",
-            "22023",
+            "task key",
         ),
         (
             "SELECT * FROM pgfence.transition_task('c/l', 1, current_setting('test.secret'), 'k', 'pending', 'bogus', '{}')",
-            "22023",
+            "state",
         ),
         (
             "SELECT * FROM pgfence.renew_many(ARRAY['c/l'], ARRAY[1, 2]::bigint[], ARRAY['x'], 1000)",
-            "22023",
+            "leases",
+        ),
+        ("SELECT * FROM pgfence.renew('c/l', 1, NULL, 1000)", "secret"),
+        (
+            "SELECT * FROM pgfence.join_group('c/g', 'm', 1, ARRAY['a', 'a'], '{}', '{}', 1000)",
+            "names",
+        ),
+        (
+            "SELECT * FROM pgfence.join_group('c/g', 'm', 1, ARRAY['a', NULL], '{}', '{}', 1000)",
+            "name",
+        ),
+        (
+            "SELECT * FROM pgfence.fence('c/l', 1, current_setting('test.secret'), '', NULL, NULL)",
+            "operation",
         ),
     ];
-    for (sql, expected) in bad_args {
+    let store = db.store("c").await;
+    let mut conn = store.admin().conn().await.unwrap();
+    for (sql, column) in bad_args {
         let err = client.query(sql, &[]).await.unwrap_err();
-        assert_eq!(code(err), expected, "{sql}");
+        let db_error = err.as_db_error().unwrap_or_else(|| panic!("{sql}: {err}"));
+        assert_eq!(db_error.code().code(), "22023", "{sql}: {err}");
+        assert_eq!(db_error.column(), Some(column), "{sql}: {err}");
+        // The library reads the same field: InvalidInput for that argument, with the server's reason.
+        let secret: String = client
+            .query_one("SELECT current_setting('test.secret')", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let through_pool = diesel_async::RunQueryDsl::execute(
+            diesel::sql_query(
+                sql.replace("current_setting('test.secret')", &format!("'{secret}'")),
+            ),
+            &mut conn,
+        )
+        .await
+        .unwrap_err();
+        match pgfence::Error::from(through_pool) {
+            pgfence::Error::InvalidInput { field, .. } => assert_eq!(field, column, "{sql}"),
+            other => panic!("{sql}: {other:?}"),
+        }
     }
 }
 
@@ -672,7 +709,7 @@ async fn sql_functions_refuse_hostile_arguments_cleanly() {
         db.scalar("SELECT count(*) FROM pgfence.task_events").await,
     );
 
-    bad_arguments_are_22023(&client).await;
+    bad_arguments_are_22023(&db, &client).await;
     bad_text_and_deep_json_are_refused_and_the_depth_limit_is_stored(&db, &client).await;
     the_sql_payload_backstop_holds_at_its_edge(&client).await;
     assert_eq!(

@@ -619,12 +619,21 @@ LANGUAGE sql IMMUTABLE AS $$
                 THEN 'invalid ' || p_what || ': ' || pgfence._text_problem(p_value, p_max) END
 $$;
 
+-- The argument a problem names: the words after 'invalid ' at its start, up to ': ' or to the position of an
+-- element ('invalid lease: …' names 'lease', 'invalid name 2 of 3: …' names 'name'), '' when it names none. Every
+-- 22023 refusal whose message is a problem carries it in the error's COLUMN field, so that a client knows the
+-- refused argument without reading the message.
+CREATE FUNCTION pgfence._argument_of(p_problem text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(substring(p_problem FROM '^invalid ([a-z]+(?: [a-z]+)*)(?: [0-9]+ of [0-9]+)?: '), '')
+$$;
+
 -- Why (p_lease, p_epoch) is not a fence's lease and epoch; NULL when it is.
 CREATE FUNCTION pgfence._lease_args_problem(p_lease text, p_epoch bigint) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
     SELECT coalesce('invalid lease: ' || pgfence._lease_problem(p_lease),
                     CASE WHEN p_epoch IS NULL OR p_epoch < 1
-                         THEN 'epoch must be >= 1, got ' || coalesce(p_epoch::text, '<NULL>') END)
+                         THEN 'invalid epoch: must be >= 1, got ' || coalesce(p_epoch::text, '<NULL>') END)
 $$;
 
 -- Why p_secret is not a tenure secret argument; NULL when it may be one. Only NULL is refused here (22023, nothing
@@ -640,7 +649,7 @@ $$;
 -- times when stored as jsonb (arrays of small numbers).
 CREATE FUNCTION pgfence._payload_problem(p_payload jsonb) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN pg_column_size(p_payload) > 16777216 THEN 'payload larger than 16 MiB stored' END
+    SELECT CASE WHEN pg_column_size(p_payload) > 16777216 THEN 'invalid payload: larger than 16 MiB stored' END
 $$;
 
 -- The same checks as statements, for the functions off the write path (acquire, renew, release, …).
@@ -650,7 +659,7 @@ DECLARE
     problem text := pgfence._arg_problem(p_what, p_value, p_max);
 BEGIN
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
     END IF;
 END;
 $$;
@@ -661,7 +670,7 @@ DECLARE
     problem text := pgfence._lease_args_problem(p_lease, p_epoch);
 BEGIN
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
     END IF;
 END;
 $$;
@@ -670,7 +679,7 @@ CREATE FUNCTION pgfence._check_secret(p_secret text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF p_secret IS NULL THEN
-        RAISE EXCEPTION 'pgfence: %', pgfence._secret_problem(p_secret) USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: %', pgfence._secret_problem(p_secret) USING ERRCODE = '22023', COLUMN = 'secret';
     END IF;
 END;
 $$;
@@ -680,7 +689,7 @@ LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF p_ttl_ms IS NULL OR p_ttl_ms < pgfence._min_ttl_ms() OR p_ttl_ms > pgfence._max_ttl_ms() THEN
         RAISE EXCEPTION 'pgfence: ttl must be between % ms and % h, got % ms', pgfence._min_ttl_ms(),
-            pgfence._max_ttl_ms() / 3600000, p_ttl_ms USING ERRCODE = '22023';
+            pgfence._max_ttl_ms() / 3600000, p_ttl_ms USING ERRCODE = '22023', COLUMN = 'ttl';
     END IF;
 END;
 $$;

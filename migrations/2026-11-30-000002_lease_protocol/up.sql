@@ -408,12 +408,13 @@ BEGIN
     PERFORM pgfence._check_ttl(p_ttl_ms);
     IF p_leases IS NULL OR p_epochs IS NULL OR p_secrets IS NULL OR cardinality(p_leases) <> cardinality(p_epochs)
        OR cardinality(p_leases) <> cardinality(p_secrets) THEN
-        RAISE EXCEPTION 'pgfence: renew_many needs as many epochs and secrets as leases' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: renew_many needs as many epochs and secrets as leases'
+            USING ERRCODE = '22023', COLUMN = 'leases';
     END IF;
     -- A NULL secret is bad input, as renew's: 22023 before anything is written (not an audited bad_secret).
     IF array_position(p_secrets, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'pgfence: renew_many: secret % of %: %', array_position(p_secrets, NULL),
-            cardinality(p_secrets), pgfence._secret_problem(NULL::text) USING ERRCODE = '22023';
+            cardinality(p_secrets), pgfence._secret_problem(NULL::text) USING ERRCODE = '22023', COLUMN = 'secret';
     END IF;
     PERFORM pgfence._check_lease_args(i.lease, i.epoch) FROM unnest(p_leases, p_epochs) AS i(lease, epoch);
     tl := pgfence._timeline();
@@ -632,7 +633,8 @@ DECLARE
 BEGIN
     PERFORM pgfence._require_instance_operator('set_takeover_grace'::text);
     IF p_grace IS NULL OR p_grace < interval '0' OR p_grace > interval '10 minutes' THEN
-        RAISE EXCEPTION 'pgfence: takeover grace must be between 0 and 10 minutes' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: takeover grace must be between 0 and 10 minutes'
+            USING ERRCODE = '22023', COLUMN = 'grace';
     END IF;
     ms := ceil(extract(epoch FROM p_grace) * 1000)::bigint;
     UPDATE pgfence.instance SET takeover_grace_ms = ms;
@@ -691,22 +693,23 @@ BEGIN
     PERFORM pgfence._check_secret(p_secret);
     IF p_event IS NULL OR p_event NOT IN ('start', 'end') THEN
         RAISE EXCEPTION 'pgfence: invalid belief event: must be ''start'' or ''end'', got %',
-            pgfence._printable(p_event) USING ERRCODE = '22023';
+            pgfence._printable(p_event) USING ERRCODE = '22023', COLUMN = 'belief event';
     END IF;
     IF p_at IS NULL OR NOT isfinite(p_at) OR p_sent_at IS NULL OR NOT isfinite(p_sent_at) THEN
         RAISE EXCEPTION 'pgfence: invalid belief time: the time and the send time must be finite'
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023', COLUMN = 'belief time';
     END IF;
     IF p_endpoint IS NOT NULL THEN
         PERFORM pgfence._check_text('endpoint'::text, p_endpoint, pgfence._max_endpoint_len());
     END IF;
     IF p_event = 'start' AND (p_cause IS NOT NULL OR p_detail IS NOT NULL) THEN
-        RAISE EXCEPTION 'pgfence: invalid belief cause: a start has none' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: invalid belief cause: a start has none'
+            USING ERRCODE = '22023', COLUMN = 'belief cause';
     END IF;
     IF p_event = 'end' AND (p_cause IS NULL
                             OR p_cause NOT IN ('released', 'lost', 'deadline', 'write_refused', 'shutdown')) THEN
         RAISE EXCEPTION 'pgfence: invalid belief cause: must be released, lost, deadline, write_refused or shutdown, got %',
-            pgfence._printable(p_cause) USING ERRCODE = '22023';
+            pgfence._printable(p_cause) USING ERRCODE = '22023', COLUMN = 'belief cause';
     END IF;
     IF p_detail IS NOT NULL THEN
         PERFORM pgfence._check_text('belief detail'::text, p_detail, pgfence._max_label_len());

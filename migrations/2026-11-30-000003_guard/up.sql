@@ -373,14 +373,15 @@ BEGIN
                             pgfence._arg_problem('target key'::text, p_key, pgfence._max_holder_len(),
                                                  p_optional => true));
         IF problem IS NOT NULL THEN
-            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
         END IF;
     END IF;
     IF NOT pgfence._admit(p_lease, p_epoch, p_secret, true) THEN
         IF (pgfence._plain_lease_args(p_lease, p_epoch) AND p_secret IS NOT NULL) IS NOT TRUE THEN
             problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch), pgfence._secret_problem(p_secret));
             IF problem IS NOT NULL THEN
-                RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+                RAISE EXCEPTION 'pgfence: %', problem
+                    USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
             END IF;
         END IF;
         r := pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);
@@ -576,7 +577,7 @@ BEGIN
     PERFORM pgfence._require_instance_operator('set_enforcement'::text);
     IF p_mode IS NULL OR p_mode NOT IN ('error', 'audit') THEN
         RAISE EXCEPTION 'pgfence: enforcement mode must be ''error'' or ''audit'', got %', pgfence._printable(p_mode)
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023', COLUMN = 'mode';
     END IF;
     -- Raw writes to the task tables are left to granted roles only while enforcement judges them: hardened for
     -- the state being switched to (before the table locks, which hold guarded writes off).
@@ -631,7 +632,7 @@ BEGIN
     PERFORM pgfence._require_instance_operator('prune_rejections'::text);
     IF p_older_than IS NULL OR p_older_than < interval '0' OR p_batch IS NULL OR p_batch < 1 OR p_batch > 1000000 THEN
         RAISE EXCEPTION 'pgfence: prune needs a non-negative age and a batch of 1 to 1000000 rows'
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023', COLUMN = 'age or batch';
     END IF;
     DELETE FROM pgfence.rejections
      WHERE id IN (SELECT id FROM pgfence.rejections

@@ -54,7 +54,7 @@ BEGIN
                             pgfence._arg_problem(p_what, p_text, p_max, p_optional => p_what IS NULL),
                             pgfence._payload_problem(p_payload));
         IF problem IS NOT NULL THEN
-            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
         END IF;
     END IF;
     IF pgfence._admit(p_lease, p_epoch, p_secret, false) THEN
@@ -148,7 +148,8 @@ BEGIN
     IF p_from IS NULL OR p_to IS NULL
        OR p_from NOT IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled')
        OR p_to NOT IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled') THEN
-        RAISE EXCEPTION 'pgfence: unknown task state % -> %', p_from, p_to USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: unknown task state % -> %', p_from, p_to
+            USING ERRCODE = '22023', COLUMN = 'state';
     END IF;
     r := pgfence._open_task_write(p_lease, p_epoch, p_secret, p_key, 'transition_task'::text, 'tasks'::text, NULL::text, NULL::text, NULL::integer,
                                   p_payload);
@@ -283,7 +284,7 @@ BEGIN
                             CASE WHEN p_detail IS NULL THEN 'a jsonb argument is required (''{}'' for none)' END,
                             pgfence._payload_problem(p_detail));
         IF problem IS NOT NULL THEN
-            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
         END IF;
     END IF;
     IF pgfence._admit(p_lease, p_epoch, p_secret, false) THEN
@@ -464,7 +465,7 @@ DECLARE
 BEGIN
     IF p_outcome IS NULL OR p_outcome NOT IN ('done', 'failed', 'unknown') THEN
         RAISE EXCEPTION 'pgfence: invalid outcome: must be ''done'', ''failed'' or ''unknown'', got %',
-            pgfence._printable(p_outcome) USING ERRCODE = '22023';
+            pgfence._printable(p_outcome) USING ERRCODE = '22023', COLUMN = 'outcome';
     END IF;
     r := pgfence._open_effect_write(p_lease, p_epoch, p_secret, p_effect_key, 'record_outcome'::text, NULL::text,
                                     NULL::text, NULL::integer, p_detail);
@@ -556,12 +557,12 @@ DECLARE
 BEGIN
     IF p_resolution IS NULL OR p_resolution NOT IN ('confirmed', 'retried', 'abandoned') THEN
         RAISE EXCEPTION 'pgfence: invalid resolution: must be ''confirmed'', ''retried'' or ''abandoned'', got %',
-            pgfence._printable(p_resolution) USING ERRCODE = '22023';
+            pgfence._printable(p_resolution) USING ERRCODE = '22023', COLUMN = 'resolution';
     END IF;
     IF p_resolution = 'abandoned' AND (jsonb_typeof(p_detail -> 'reason') IS DISTINCT FROM 'string'
                                        OR length(p_detail ->> 'reason') = 0) THEN
         RAISE EXCEPTION 'pgfence: invalid detail: abandoning an effect needs a non-empty text ''reason'''
-            USING ERRCODE = '22023';
+            USING ERRCODE = '22023', COLUMN = 'detail';
     END IF;
     r := pgfence._open_effect_write(p_lease, p_epoch, p_secret, p_effect_key, 'settle_effect'::text, NULL::text,
                                     NULL::text, NULL::integer, p_detail);
@@ -654,7 +655,7 @@ DECLARE
     problem text := pgfence._lease_problem(p_lease);
 BEGIN
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
     END IF;
     RETURN QUERY
     SELECT e.id, e.task_id, t.key, e.effect_key, e.attempt, e.epoch, e.intent, e.intended_at, e.outcome,

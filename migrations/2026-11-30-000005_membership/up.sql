@@ -146,7 +146,8 @@ RETURNS TABLE (member text, weight integer, settled boolean, names text[], pinne
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF pgfence._lease_problem(p_group) IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: invalid group: %', pgfence._lease_problem(p_group) USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: invalid group: %', pgfence._lease_problem(p_group)
+            USING ERRCODE = '22023', COLUMN = 'group';
     END IF;
     IF NOT pgfence._may_use(pgfence._cluster_of(p_group)) THEN
         RAISE EXCEPTION 'pgfence: role % has no grant on cluster %', pgfence._printable(session_user::text),
@@ -209,7 +210,7 @@ DECLARE
     wait_ms bigint := pgfence._lock_wait_ms();
 BEGIN
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
     END IF;
     PERFORM pgfence._check_ttl(p_ttl_ms);
     denied := pgfence._deny_member_call(p_group, 'join_group'::text);
@@ -290,11 +291,13 @@ DECLARE
     why text;
 BEGIN
     IF pgfence._lease_problem(p_group) IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: invalid group: %', pgfence._lease_problem(p_group) USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: invalid group: %', pgfence._lease_problem(p_group)
+            USING ERRCODE = '22023', COLUMN = 'group';
     END IF;
     PERFORM pgfence._check_text('member'::text, p_member, pgfence._max_holder_len());
     IF p_incarnation IS NULL OR p_incarnation < 1 THEN
-        RAISE EXCEPTION 'pgfence: invalid incarnation: must be at least 1' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: invalid incarnation: must be at least 1'
+            USING ERRCODE = '22023', COLUMN = 'incarnation';
     END IF;
     PERFORM pgfence._check_secret(p_secret);
     denied := pgfence._deny_member_call(p_group, p_operation);

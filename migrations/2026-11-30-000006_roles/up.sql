@@ -573,7 +573,8 @@ BEGIN
     END IF;
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION 'pgfence: invalid role: %', problem
-            USING ERRCODE = '22023', HINT = 'Grant to a role of the application, e.g. CREATE ROLE app LOGIN.';
+            USING ERRCODE = '22023',
+                COLUMN = 'role', HINT = 'Grant to a role of the application, e.g. CREATE ROLE app LOGIN.';
     END IF;
     SELECT * INTO r FROM pg_roles WHERE rolname = p_role;
     IF NOT FOUND THEN
@@ -587,7 +588,7 @@ BEGIN
                           'its privileges are not granted nor revoked', pgfence._printable(p_role));
     END IF;
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: invalid role: %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: invalid role: %', problem USING ERRCODE = '22023', COLUMN = 'role';
     END IF;
 END;
 $$;
@@ -602,7 +603,7 @@ DECLARE
     problem text := CASE WHEN p_cluster IS NOT NULL THEN pgfence._cluster_problem(p_cluster) END;
 BEGIN
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: invalid cluster: %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: invalid cluster: %', problem USING ERRCODE = '22023', COLUMN = 'cluster';
     END IF;
     PERFORM pgfence._refuse_role(p_role);
     SELECT * INTO r FROM pg_roles WHERE rolname = p_role;
@@ -644,7 +645,7 @@ DECLARE
     problem text := CASE WHEN p_cluster IS NOT NULL THEN pgfence._cluster_problem(p_cluster) END;
 BEGIN
     IF problem IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: invalid cluster: %', problem USING ERRCODE = '22023';
+        RAISE EXCEPTION 'pgfence: invalid cluster: %', problem USING ERRCODE = '22023', COLUMN = 'cluster';
     END IF;
     oid_ := (SELECT r.oid FROM pg_roles r WHERE r.rolname = p_role);
     -- The roles grant refuses; but a role that holds a grant (it became a superuser, BYPASSRLS or a member of

@@ -1654,7 +1654,7 @@ async fn guarded_statements_are_prepared_once_and_fenced_guards_run_inside_their
 async fn the_fast_path_admits_nothing_the_full_guard_refuses() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let (epoch, secret) = sql_acquire(&c, "c/l", 60_000).await;
+    let (epoch, secret) = common::sql_acquire(&c, "c/l", "h", 60_000).await;
     assert_eq!(
         sql_fence(&c, "c/l", epoch, &secret).await,
         ("ok".into(), None)
@@ -1691,7 +1691,7 @@ async fn the_fast_path_admits_nothing_the_full_guard_refuses() {
         refused("failover")
     );
 
-    let (short, short_secret) = sql_acquire(&c, "c/short", 100).await;
+    let (short, short_secret) = common::sql_acquire(&c, "c/short", "h", 100).await;
     remember(&c, &c, "c/short", short).await;
     common::wait_until_expired(&c, "c/short").await;
     assert_eq!(
@@ -1699,7 +1699,7 @@ async fn the_fast_path_admits_nothing_the_full_guard_refuses() {
         refused("expired")
     );
 
-    let (next, _) = sql_acquire(&c, "c/short", 60_000).await;
+    let (next, _) = common::sql_acquire(&c, "c/short", "h", 60_000).await;
     assert_eq!(next, short + 1);
     remember(&c, &c, "c/short", short).await;
     assert_eq!(
@@ -1716,8 +1716,8 @@ async fn the_fast_path_admits_nothing_the_full_guard_refuses() {
 async fn a_forged_memory_skips_neither_the_guard_lock_nor_the_grant() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let (epoch, secret) = sql_acquire(&c, "c/l", 60_000).await;
-    let (other, _) = sql_acquire(&c, "c/other", 60_000).await;
+    let (epoch, secret) = common::sql_acquire(&c, "c/l", "h", 60_000).await;
+    let (other, _) = common::sql_acquire(&c, "c/other", "h", 60_000).await;
     let other_key: i32 = c
         .query_one(
             "SELECT lock_key FROM pgfence.leases WHERE name = 'c/other'",
@@ -1783,7 +1783,7 @@ async fn a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either
     let c = db.client().await;
     // The native path where this run has the native guard; the portable paths always.
     let native = common::create_native(&c).await;
-    let (epoch, secret) = sql_acquire(&c, "c/l", 60_000).await;
+    let (epoch, secret) = common::sql_acquire(&c, "c/l", "h", 60_000).await;
     let key: i32 = c
         .query_one(
             "SELECT lock_key FROM pgfence.leases WHERE name = 'c/l'",
@@ -1874,18 +1874,6 @@ async fn a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either
 
 const FENCE_SQL: &str = "SELECT outcome, reason FROM pgfence.fence($1, $2, $3, 'op', NULL, NULL)";
 const FAST_MEMORY: &str = "SELECT current_setting('pgfence.known_' || (hashtext($1) & 15), true)";
-
-/// Acquires `lease` as holder `h` through SQL: its epoch and secret.
-async fn sql_acquire(c: &tokio_postgres::Client, lease: &str, ttl_ms: i64) -> (i64, String) {
-    let row = c
-        .query_one(
-            "SELECT epoch, secret FROM pgfence.acquire($1, 'h', $2) WHERE outcome = 'acquired'",
-            &[&lease, &ttl_ms],
-        )
-        .await
-        .unwrap();
-    (row.get(0), row.get(1))
-}
 
 /// `pgfence.fence` through SQL: its outcome and reason.
 async fn sql_fence(

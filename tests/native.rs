@@ -66,30 +66,6 @@ async fn both(
     )
 }
 
-async fn acquire(c: &tokio_postgres::Client, lease: &str, ttl_ms: i64) -> (i64, String) {
-    let row = c
-        .query_one(
-            "SELECT epoch, secret FROM pgfence.acquire($1, 'h', $2) WHERE outcome = 'acquired'",
-            &[&lease, &ttl_ms],
-        )
-        .await
-        .unwrap();
-    (row.get(0), row.get(1))
-}
-
-/// The epochs of `lease` the native guard remembers in this session.
-async fn remembered(c: &tokio_postgres::Client, lease: &str) -> Vec<i64> {
-    c.query(
-        "SELECT epoch FROM pgfence_native.remembered() WHERE lease = $1",
-        &[&lease],
-    )
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
-}
-
 /// A test database with the native guard, or `None` when this run has none (the test then skips, saying so).
 async fn native_db() -> Option<TestDb> {
     let db = TestDb::new().await;
@@ -153,16 +129,16 @@ async fn expiry_supersession_and_release_answer_alike(
     p: &tokio_postgres::Client,
     owner: &tokio_postgres::Client,
 ) {
-    let (short, short_secret) = acquire(owner, "c/short", 200).await;
+    let (short, short_secret) = common::sql_acquire(owner, "c/short", "h", 200).await;
     let ss = Some(short_secret.as_str());
     same(both(n, p, "c/short", short, ss, "op").await, ok());
-    assert_eq!(remembered(n, "c/short").await, vec![short]);
+    assert_eq!(common::remembered(n, "c/short").await, vec![short]);
     common::wait_until_expired(owner, "c/short").await;
     same(
         both(n, p, "c/short", short, ss, "op").await,
         refused("expired"),
     );
-    let (next, next_secret) = acquire(owner, "c/short", 600_000).await;
+    let (next, next_secret) = common::sql_acquire(owner, "c/short", "h", 600_000).await;
     same(
         both(n, p, "c/short", short, ss, "op").await,
         refused("superseded"),
@@ -193,11 +169,11 @@ async fn the_native_guard_answers_every_call_as_the_portable_guard() {
         return;
     };
     let (n, p, owner) = (db.client().await, db.client().await, db.client().await);
-    let (epoch, secret) = acquire(&owner, "c/l", 600_000).await;
+    let (epoch, secret) = common::sql_acquire(&owner, "c/l", "h", 600_000).await;
     let s = Some(secret.as_str());
 
     same(both(&n, &p, "c/l", epoch, s, "op").await, ok());
-    assert_eq!(remembered(&n, "c/l").await, vec![epoch]);
+    assert_eq!(common::remembered(&n, "c/l").await, vec![epoch]);
 
     remembered_admissions_skip_the_portable_guard(&n, epoch, s).await;
 
@@ -222,9 +198,9 @@ async fn the_native_guard_answers_every_call_as_the_portable_guard() {
             refused("bad_secret")
         );
     }
-    assert!(remembered(&forger, "c/l").await.is_empty());
+    assert!(common::remembered(&forger, "c/l").await.is_empty());
     // A wrong secret does not make the holder's session forget its tenure.
-    assert_eq!(remembered(&n, "c/l").await, vec![epoch]);
+    assert_eq!(common::remembered(&n, "c/l").await, vec![epoch]);
     same(
         both(&n, &p, "c/l", epoch + 1, s, "op").await,
         refused("future_epoch"),
@@ -244,7 +220,7 @@ async fn the_native_guard_answers_every_call_as_the_portable_guard() {
     );
 
     // Calls of another epoch, input errors and unknown leases leave the memory as it was.
-    assert_eq!(remembered(&n, "c/l").await, vec![epoch]);
+    assert_eq!(common::remembered(&n, "c/l").await, vec![epoch]);
     // Under REPEATABLE READ, with the tenure remembered.
     for _ in 0..2 {
         same(both(&n, &p, "c/l", epoch, s, "op").await, ok());
@@ -265,7 +241,7 @@ async fn the_native_guard_answers_every_call_as_the_portable_guard() {
     // Granted before a promotion: the row's timeline older than the server's; twice, the tenure remembered again
     // in between.
     for _ in 0..2 {
-        assert_eq!(remembered(&n, "c/l").await, vec![epoch]);
+        assert_eq!(common::remembered(&n, "c/l").await, vec![epoch]);
         owner
             .batch_execute("UPDATE pgfence.leases SET timeline = timeline - 1 WHERE name = 'c/l'")
             .await
@@ -303,7 +279,7 @@ async fn the_native_memory_admits_no_role_the_grant_does_not() {
         .await
         .unwrap();
     let owner = db.client().await;
-    let (epoch, secret) = acquire(&owner, "c/l", 600_000).await;
+    let (epoch, secret) = common::sql_acquire(&owner, "c/l", "h", 600_000).await;
     let s = Some(secret.as_str());
 
     // A superuser session remembers the tenure, then takes the intruder's login identity.
@@ -312,7 +288,7 @@ async fn the_native_memory_admits_no_role_the_grant_does_not() {
         call(&n, "pgfence_native.fence", "c/l", epoch, s, "op").await,
         ok()
     );
-    assert_eq!(remembered(&n, "c/l").await, vec![epoch]);
+    assert_eq!(common::remembered(&n, "c/l").await, vec![epoch]);
     n.batch_execute(&format!("SET SESSION AUTHORIZATION {intruder}"))
         .await
         .unwrap();
@@ -383,7 +359,7 @@ async fn a_recreated_schema_does_not_revive_a_remembered_tenure() {
     };
     let owner = db.client().await;
     let n = db.client().await;
-    let (epoch, old_secret) = acquire(&owner, "c/l", 600_000).await;
+    let (epoch, old_secret) = common::sql_acquire(&owner, "c/l", "h", 600_000).await;
     let key: i32 = owner
         .query_one(
             "SELECT lock_key FROM pgfence.leases WHERE name = 'c/l'",
@@ -410,7 +386,7 @@ async fn a_recreated_schema_does_not_revive_a_remembered_tenure() {
         .unwrap();
     db.store("c").await.migrate().await.unwrap();
     owner.batch_execute(NATIVE_SQL).await.unwrap();
-    let (again, _new_secret) = acquire(&owner, "c/l", 600_000).await;
+    let (again, _new_secret) = common::sql_acquire(&owner, "c/l", "h", 600_000).await;
     let new_key: i32 = owner
         .query_one(
             "SELECT lock_key FROM pgfence.leases WHERE name = 'c/l'",
@@ -447,7 +423,7 @@ async fn a_guard_reads_after_its_lock_not_at_its_statement_s_start() {
     let owner = db.client().await;
     for function in ["pgfence_native.fence", "pgfence.fence"] {
         let lease = format!("c/{}", function.replace('.', "-"));
-        let (epoch, secret) = acquire(&owner, &lease, 600_000).await;
+        let (epoch, secret) = common::sql_acquire(&owner, &lease, "h", 600_000).await;
         let writer = db.client().await;
         // Remembered: the write below takes the fast path.
         for _ in 0..2 {
@@ -490,7 +466,7 @@ async fn a_guard_reads_after_its_lock_not_at_its_statement_s_start() {
             tokio::task::yield_now().await;
         }
         // The takeover commits while the write's statement waits.
-        let (next, _) = acquire(&owner, &lease, 600_000).await;
+        let (next, _) = common::sql_acquire(&owner, &lease, "h", 600_000).await;
         assert_eq!(next, epoch + 1);
         gate.batch_execute("COMMIT").await.unwrap();
         assert_eq!(
@@ -578,7 +554,7 @@ async fn a_native_admission_holds_the_guard_lock_to_its_commit_and_marks_the_wri
         return;
     };
     let owner = db.client().await;
-    let (epoch, secret) = acquire(&owner, "c/l", 600_000).await;
+    let (epoch, secret) = common::sql_acquire(&owner, "c/l", "h", 600_000).await;
     let s = Some(secret.as_str());
     let writer = db.client().await;
     let pid: i32 = writer
@@ -592,7 +568,7 @@ async fn a_native_admission_holds_the_guard_lock_to_its_commit_and_marks_the_wri
             ok()
         );
     }
-    assert_eq!(remembered(&writer, "c/l").await, vec![epoch]);
+    assert_eq!(common::remembered(&writer, "c/l").await, vec![epoch]);
     let held = || async {
         owner
             .query_one(

@@ -631,6 +631,37 @@ pub fn midpoint_median(values: &mut [f64]) -> f64 {
     }
 }
 
+/// Acquires `lease` for `holder` through SQL (`pgfence.acquire`, as `c`'s role): its epoch and secret.
+pub async fn sql_acquire(
+    c: &tokio_postgres::Client,
+    lease: &str,
+    holder: &str,
+    ttl_ms: i64,
+) -> (i64, String) {
+    let row = c
+        .query_one(
+            "SELECT epoch, secret FROM pgfence.acquire($1, $2, $3) WHERE outcome = 'acquired'",
+            &[&lease, &holder, &ttl_ms],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// The epochs of `lease` the native guard remembers in `c`'s session (`pgfence_native.remembered`, which only a
+/// superuser may call).
+pub async fn remembered(c: &tokio_postgres::Client, lease: &str) -> Vec<i64> {
+    c.query(
+        "SELECT epoch FROM pgfence_native.remembered() WHERE lease = $1",
+        &[&lease],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
 /// The SQLSTATE of a driver error, or "" for an error the server did not send (a broken connection).
 pub fn sqlstate(err: &tokio_postgres::Error) -> String {
     err.code().map(|c| c.code().to_owned()).unwrap_or_default()

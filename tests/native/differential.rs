@@ -215,31 +215,13 @@ impl Sessions {
 
     /// A new tenure of `lease` (holder `holder`): its epoch and secret.
     async fn acquire(&self, lease: &str, holder: &str) -> (i64, String) {
-        let row = self
-            .owner
-            .query_one(
-                "SELECT epoch, secret FROM pgfence.acquire($1, $2, 600000) WHERE outcome = 'acquired'",
-                &[&lease, &holder],
-            )
-            .await
-            .unwrap();
-        (row.get(0), row.get(1))
+        common::sql_acquire(&self.owner, lease, holder, 600_000).await
     }
 
     /// The epochs of `lease` the native session remembers (read as the superuser).
     async fn remembered(&self, lease: &str, who: &(String, Option<String>)) -> Vec<i64> {
         self.become_(None).await;
-        let epochs = self
-            .native
-            .query(
-                "SELECT epoch FROM pgfence_native.remembered() WHERE lease = $1",
-                &[&lease],
-            )
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+        let epochs = common::remembered(&self.native, lease).await;
         self.become_(Some(who)).await;
         epochs
     }
@@ -309,14 +291,7 @@ async fn prepare(s: &Sessions, roles: &Roles, setup: Setup, i: usize) -> Tenure 
                 .get(0);
             assert_eq!(outcome, "ok", "{setup:?}: T not admitted by {function}");
         }
-        let epochs = s
-            .native
-            .query(
-                "SELECT epoch FROM pgfence_native.remembered() WHERE lease = $1",
-                &[&lease],
-            )
-            .await
-            .unwrap();
+        let epochs = common::remembered(&s.native, &lease).await;
         assert_eq!(epochs.len(), 1, "{setup:?}: T not remembered");
     }
     s.become_(Some(who)).await;

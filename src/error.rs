@@ -630,7 +630,7 @@ mod tests {
             r"COLUMN = '([a-z ]+)'",
             r"'(?:pgfence: )?invalid ([a-z]+(?: [a-z]+)*)(?: %s of %s)?: ",
             r"_(?:arg_problem|check_text)\('([a-z ]+)'::text",
-            r"'([a-z ]+)'::text,\s*p_[a-z_]+,\s*pgfence\._max_",
+            r"'([a-z ]+)'::text,[ \n]*p_[a-z_]+,[ \n]*pgfence\._max_",
             r"\('([a-z]+)', p_(?:names|pinned|excluded)\)",
         ];
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");

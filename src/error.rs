@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::connect::sqlstate::{self as code, sqlstate_of};
-use crate::types::{Epoch, LossReason, TaskState};
+use crate::types::{Epoch, LossReason, Next, TaskState};
 
 /// Result alias used throughout pgfence.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -135,14 +135,14 @@ pub enum Error {
     /// The database refused the call because of who made it: the session's role has no grant on the lease's
     /// cluster, or the fence did not carry its tenure's secret. Recorded in `pgfence.rejections` (under the
     /// session's role); nothing else was written.
-    #[error("{operation} on {lease} denied: {reason}")]
+    #[error("{operation} on {lease} denied: {}", denial_text(*reason))]
     Denied {
-        /// The cluster-qualified lease name.
+        /// The cluster-qualified lease name (or group name, for `join_group`).
         lease: String,
-        /// The refused operation (`acquire`, `renew`, `release`, `force_release`, `claim_task`, …).
+        /// The refused operation (`acquire`, `renew`, `release`, `force_release`, `claim_task`, `join_group`, …).
         operation: String,
-        /// Why.
-        reason: DenyReason,
+        /// Why: always [`LossReason::NoGrant`] or [`LossReason::BadSecret`].
+        reason: LossReason,
     },
 
     /// `join_group` found a live member of that name in the group (another process using the same member name,
@@ -160,14 +160,16 @@ pub enum Error {
 
     /// A heartbeat or leave found the membership no longer counted (expired, left, superseded, a wrong secret
     /// — audited —, or no grant).
-    #[error("membership of {member} in group {group} lost: {reason}")]
+    #[error("membership of {member} in group {group} lost: {}", member_loss_text(*reason))]
     MemberLost {
         /// The cluster-qualified group name.
         group: String,
         /// The member name.
         member: String,
-        /// Why.
-        reason: crate::types::MemberLoss,
+        /// Why: one of [`LossReason::UnknownMember`], [`Superseded`](LossReason::Superseded) (a later incarnation
+        /// joined), [`BadSecret`](LossReason::BadSecret), [`Left`](LossReason::Left),
+        /// [`Expired`](LossReason::Expired) and [`NoGrant`](LossReason::NoGrant).
+        reason: LossReason,
     },
 
     /// The task does not exist under this lease.
@@ -326,47 +328,56 @@ impl std::fmt::Display for EffectConflict {
     }
 }
 
-/// Why the database refused a call because of who made it ([`Error::Denied`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum DenyReason {
-    /// The session's login role (and the roles it is a member of) has no grant on the lease's cluster — or, for
-    /// a force-release, no operator grant. The schema owner grants them (`pgfence grant`).
-    NoGrant,
-    /// The epoch is current but the secret presented with it is not its tenure's: the fence was forged or
-    /// damaged. Only the acquisition's [`Fence`](crate::Fence) (or a serialized copy of it) can write.
-    BadSecret,
-}
-
-impl DenyReason {
-    /// The reason SQL names `text`, or `None` for a text it never gives: an unknown reason is the caller's
-    /// error to report, never read as one of these.
-    pub(crate) fn parse(text: &str) -> Option<DenyReason> {
-        match text {
-            "no_grant" => Some(DenyReason::NoGrant),
-            "bad_secret" => Some(DenyReason::BadSecret),
-            _ => None,
-        }
-    }
-
-    /// The name used in SQL and in `pgfence.rejections.reason`.
-    pub fn as_str(self) -> &'static str {
+impl Error {
+    /// What the caller does next — the one question a controller's error handling asks:
+    ///
+    /// | error | next |
+    /// |---|---|
+    /// | transient ([`is_transient`](Self::is_transient): [`Connect`](Self::Connect), [`PoolTimeout`](Self::PoolTimeout), a retryable [`Database`](Self::Database) SQLSTATE) | [`Next::Retry`] |
+    /// | [`Lost`](Self::Lost), [`Stale`](Self::Stale): the tenure is over | [`Next::Recampaign`] |
+    /// | [`Held`](Self::Held), [`MemberTaken`](Self::MemberTaken): another holder's tenure (or member) is live | [`Next::Recampaign`] (after its `expires_in`) |
+    /// | [`MemberLost`](Self::MemberLost) | its reason's [`LossReason::next`]: [`Next::Recampaign`] (join again), [`Next::Stop`] for `no_grant` and `bad_secret` |
+    /// | [`Denied`](Self::Denied) | [`Next::Stop`] |
+    /// | everything else: bad input ([`InvalidInput`](Self::InvalidInput), [`InvalidUrl`](Self::InvalidUrl)), [`Tls`](Self::Tls), [`NotPrimary`](Self::NotPrimary), [`WrongDatabase`](Self::WrongDatabase), [`SchemaMissing`](Self::SchemaMissing), [`Migration`](Self::Migration), the task's and the ledger's own answers ([`TaskNotFound`](Self::TaskNotFound), [`Conflict`](Self::Conflict), [`InDoubt`](Self::InDoubt), [`EffectConflict`](Self::EffectConflict), [`EffectNotFound`](Self::EffectNotFound)), a [`Database`](Self::Database) error that is not transient | [`Next::Stop`] |
+    ///
+    /// ```
+    /// use pgfence::{Error, Next};
+    ///
+    /// let timeout = Error::PoolTimeout { target: "app@db:5432/app".into(), waited: std::time::Duration::from_secs(5), cause: None };
+    /// assert_eq!(timeout.next(), Next::Retry);
+    /// assert_eq!(Error::SchemaMissing.next(), Next::Stop);
+    /// ```
+    pub fn next(&self) -> Next {
         match self {
-            DenyReason::NoGrant => "no_grant",
-            DenyReason::BadSecret => "bad_secret",
+            _ if self.is_transient() => Next::Retry,
+            Error::Lost { reason, .. }
+            | Error::Stale { reason, .. }
+            | Error::Denied { reason, .. }
+            | Error::MemberLost { reason, .. } => reason.next(),
+            Error::Held { .. } | Error::MemberTaken { .. } => Next::Recampaign,
+            _ => Next::Stop,
         }
     }
 }
 
-impl std::fmt::Display for DenyReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            DenyReason::NoGrant => {
-                "no_grant (the session's role has no grant on the lease's cluster)"
-            }
-            DenyReason::BadSecret => "bad_secret (the fence does not carry its tenure's secret)",
-        })
+/// A denial's reason with what it means, as [`Error::Denied`] and the log say it.
+pub(crate) fn denial_text(reason: LossReason) -> String {
+    let means = match reason {
+        LossReason::NoGrant => "the session's role has no grant on the lease's cluster",
+        LossReason::BadSecret => "the fence does not carry its tenure's secret",
+        _ => return reason.to_string(),
+    };
+    format!("{reason} ({means})")
+}
+
+/// A membership's loss, as [`Error::MemberLost`] and a membership's end say it.
+pub(crate) fn member_loss_text(reason: LossReason) -> &'static str {
+    match reason {
+        LossReason::UnknownMember => "unknown member",
+        LossReason::Superseded => "superseded by a later incarnation",
+        LossReason::BadSecret => "wrong secret",
+        LossReason::NoGrant => "no grant on the group's cluster",
+        other => other.as_str(),
     }
 }
 
@@ -597,15 +608,198 @@ mod tests {
         assert!(argument_refused("pgfence: refusing to grant to x").is_none());
     }
 
-    /// A denial's reason reads back from its SQL name; any other text, and the name of a loss reason, is no
-    /// denial reason.
-    #[test]
-    fn deny_reasons_parse_exactly() {
-        for reason in [DenyReason::NoGrant, DenyReason::BadSecret] {
-            assert_eq!(DenyReason::parse(reason.as_str()), Some(reason));
+    fn database(sqlstate: Option<&str>) -> Error {
+        Error::Database {
+            sqlstate: sqlstate.map(str::to_owned),
+            message: "m".to_owned(),
+            source: None,
         }
-        for text in ["", "denied", "superseded", "NO_GRANT", "bad_secret "] {
-            assert_eq!(DenyReason::parse(text), None, "{text:?}");
+    }
+
+    fn lost(reason: LossReason) -> Error {
+        Error::Lost {
+            lease: "c/l".to_owned(),
+            epoch: Epoch(3),
+            reason,
+            current: Some(Epoch(4)),
+        }
+    }
+
+    fn stale(reason: LossReason) -> Error {
+        Error::Stale {
+            lease: "c/l".to_owned(),
+            presented: Epoch(3),
+            current: Some(Epoch(4)),
+            reason,
+            operation: "create_task".to_owned(),
+        }
+    }
+
+    fn denied(reason: LossReason) -> Error {
+        Error::Denied {
+            lease: "c/l".to_owned(),
+            operation: "renew".to_owned(),
+            reason,
+        }
+    }
+
+    fn member_lost(reason: LossReason) -> Error {
+        Error::MemberLost {
+            group: "c/g".to_owned(),
+            member: "m".to_owned(),
+            reason,
+        }
+    }
+
+    /// Row "transient": every error `is_transient` calls worth retrying unchanged says retry — and only those.
+    #[test]
+    fn transient_errors_say_retry() {
+        let target = || "app@db:5432/app".to_owned();
+        for error in [
+            Error::Connect {
+                target: target(),
+                cause: "connection refused".to_owned(),
+            },
+            Error::PoolTimeout {
+                target: target(),
+                waited: Duration::from_secs(1),
+                cause: None,
+            },
+            database(Some(code::SERIALIZATION_FAILURE)),
+            database(Some(code::DEADLOCK_DETECTED)),
+            database(Some(code::CONNECTION_FAILURE)),
+        ] {
+            assert!(error.is_transient(), "{error:?}");
+            assert_eq!(error.next(), Next::Retry, "{error:?}");
+        }
+    }
+
+    /// Row "the tenure is over": a lost renewal and a stale write say campaign again, whatever the reason.
+    #[test]
+    fn an_ended_tenure_says_recampaign() {
+        for reason in [
+            LossReason::Superseded,
+            LossReason::Expired,
+            LossReason::Released,
+            LossReason::UnknownLease,
+            LossReason::FutureEpoch,
+            LossReason::HolderMismatch,
+            LossReason::Failover,
+        ] {
+            assert_eq!(lost(reason).next(), Next::Recampaign, "{reason}");
+            assert_eq!(stale(reason).next(), Next::Recampaign, "{reason}");
+        }
+        assert_eq!(stale(LossReason::RowFence).next(), Next::Recampaign);
+    }
+
+    /// Row "another holder is live": a held lease or a taken member name says campaign (join) again later.
+    #[test]
+    fn a_live_holder_says_recampaign() {
+        let held = Error::Held {
+            lease: "c/l".to_owned(),
+            holder: "pod-b".to_owned(),
+            epoch: Epoch(4),
+            expires_in: Duration::from_secs(3),
+        };
+        let taken = Error::MemberTaken {
+            group: "c/g".to_owned(),
+            member: "m".to_owned(),
+            expires_in: Duration::from_secs(3),
+        };
+        assert_eq!(held.next(), Next::Recampaign);
+        assert_eq!(taken.next(), Next::Recampaign);
+    }
+
+    /// Row "membership lost": join again, unless the database refused the role or the secret.
+    #[test]
+    fn a_lost_membership_says_join_again_unless_denied() {
+        for reason in [
+            LossReason::UnknownMember,
+            LossReason::Superseded,
+            LossReason::Left,
+            LossReason::Expired,
+        ] {
+            assert_eq!(member_lost(reason).next(), Next::Recampaign, "{reason}");
+        }
+        for reason in [LossReason::NoGrant, LossReason::BadSecret] {
+            assert_eq!(member_lost(reason).next(), Next::Stop, "{reason}");
+        }
+    }
+
+    /// Row "denied": a refusal of the role or of the secret says stop, and the message says what it means.
+    #[test]
+    fn a_denial_says_stop() {
+        for (reason, text) in [
+            (
+                LossReason::NoGrant,
+                "renew on c/l denied: no_grant (the session's role has no grant on the lease's cluster)",
+            ),
+            (
+                LossReason::BadSecret,
+                "renew on c/l denied: bad_secret (the fence does not carry its tenure's secret)",
+            ),
+        ] {
+            assert_eq!(denied(reason).next(), Next::Stop);
+            assert_eq!(denied(reason).to_string(), text);
+        }
+        assert_eq!(
+            member_lost(LossReason::Superseded).to_string(),
+            "membership of m in group c/g lost: superseded by a later incarnation"
+        );
+    }
+
+    /// Row "everything else": bad input, a wrong or missing setup, the task's and the ledger's own answers, and
+    /// database errors that are not transient say stop.
+    #[test]
+    fn everything_else_says_stop() {
+        let text = || "x".to_owned();
+        for error in [
+            Error::invalid("lease name", "empty"),
+            Error::InvalidUrl { reason: text() },
+            Error::Tls {
+                target: text(),
+                cause: text(),
+            },
+            Error::NotPrimary { target: text() },
+            Error::WrongDatabase {
+                what: "database",
+                expected: text(),
+                actual: text(),
+            },
+            Error::SchemaMissing,
+            Error::Migration {
+                reason: text(),
+                source: None,
+            },
+            Error::TaskNotFound {
+                lease: text(),
+                key: text(),
+            },
+            Error::Conflict {
+                lease: text(),
+                key: text(),
+                expected: TaskState::Claimed,
+                actual: TaskState::Succeeded,
+            },
+            Error::InDoubt {
+                lease: text(),
+                task_key: text(),
+                effect_key: text(),
+                epoch: Epoch(2),
+            },
+            Error::EffectConflict {
+                lease: text(),
+                effect_key: text(),
+                reason: EffectConflict::Done,
+            },
+            Error::EffectNotFound {
+                lease: text(),
+                effect_key: text(),
+            },
+            database(Some(code::INSUFFICIENT_PRIVILEGE)),
+            database(None),
+        ] {
+            assert_eq!(error.next(), Next::Stop, "{error:?}");
         }
     }
 }

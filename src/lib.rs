@@ -113,12 +113,12 @@ pub use connect::identity::{DatabaseIdentity, ExpectedIdentity};
 pub use connect::pooler::PoolerMode;
 pub use connect::sqlstate::code as sqlstate;
 pub use connect::tls::SslMode;
-pub use error::{DenyReason, Error, Result};
+pub use error::{Error, Result};
 pub use fence::Fence;
 pub use lease::{ForceReleased, Lease, LeaseState, LeaseStatus, Released, TenureSecret};
 pub use store::config::StoreConfig;
 pub use store::Store;
-pub use types::{Epoch, LossReason};
+pub use types::{Epoch, LossReason, Next};
 
 pub mod connection {
     //! Connections outside a [`Store`](crate::Store)'s own use: the [`Pool`] type a store is built on
@@ -137,12 +137,10 @@ pub mod connection {
 
 pub mod groups {
     //! Replica groups ([`Store::groups`](crate::Store::groups), [`Groups`]): a member's declaration ([`MemberSpec`]), its membership ([`Member`]) and how it ends
-    //! ([`MemberLoss`]), and the group as its members read it ([`Roster`], [`GroupMember`]). The leadership runtime
+    //! (the database's verdict, a [`LossReason`](crate::LossReason), in [`Error::MemberLost`](crate::Error::MemberLost)), and the group as its members read it ([`Roster`], [`GroupMember`]). The leadership runtime
     //! spreads a group's names over its members ([`Spread`](crate::leader::Spread)).
 
-    pub use crate::membership::{
-        GroupMember, Groups, Member, MemberLoss, MemberSpec, Roster, RosterMember,
-    };
+    pub use crate::membership::{GroupMember, Groups, Member, MemberSpec, Roster, RosterMember};
 }
 
 pub mod guard {

@@ -1,5 +1,5 @@
 //! The value types every layer shares — the [`Epoch`], the database's verdict on a tenure or a membership
-//! ([`LossReason`]), what a caller does next ([`Next`]), where a task is ([`TaskState`]). The bottom of the module graph: it imports nothing
+//! ([`LossReason`]), where a task is ([`TaskState`]). The bottom of the module graph: it imports nothing
 //! from pgfence. Fallible constructors (`Epoch::new`, `TaskState::from_str`) return
 //! [`Error`](crate::Error) and live with the other input checks in `validate`.
 
@@ -45,7 +45,7 @@ impl fmt::Display for Epoch {
 /// ([`TenureEnd::Lost`](crate::leader::TenureEnd::Lost)). Its name ([`as_str`](Self::as_str), `Display`, serde)
 /// is the text the SQL functions answer and `pgfence.rejections.reason` records.
 ///
-/// What to do about it is [`next`](Self::next):
+/// What to do about it is [`next`](Self::next) (in src/next.rs):
 ///
 /// ```
 /// use pgfence::{LossReason, Next};
@@ -148,59 +148,12 @@ impl LossReason {
             LossReason::Left => "left",
         }
     }
-
-    /// What the caller does next: [`Next::Stop`] for a denial ([`NoGrant`](Self::NoGrant),
-    /// [`BadSecret`](Self::BadSecret): a new tenure or membership is refused the same way until the grant or the
-    /// fence is fixed), [`Next::Recampaign`] for every other reason (the tenure or membership is over: acquire or
-    /// join again). Never [`Next::Retry`]: the database's verdict does not change by asking again.
-    pub fn next(self) -> Next {
-        if self.is_denial() {
-            Next::Stop
-        } else {
-            Next::Recampaign
-        }
-    }
 }
 
 impl fmt::Display for LossReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
-}
-
-/// What a caller does next — the one answer a controller matches on, from an error
-/// ([`Error::next`](crate::Error::next)), the end of a tenure ([`TenureEnd::next`](crate::leader::TenureEnd::next))
-/// or the database's verdict ([`LossReason::next`]). Deliberately exhaustive: a `match` on it needs no catch-all.
-///
-/// ```
-/// use pgfence::{Error, Next};
-///
-/// fn after(error: &Error) -> &'static str {
-///     match error.next() {
-///         Next::Retry => "back off, then make the same call again",
-///         Next::Recampaign => "stop writing with this fence; acquire a new tenure, then redo the work",
-///         Next::Stop => "report it and stop: asking again gets the same answer",
-///     }
-/// }
-///
-/// assert_eq!(after(&Error::SchemaMissing), "report it and stop: asking again gets the same answer");
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Next {
-    /// Make the same call again, unchanged, after a backoff: the failure was transient
-    /// ([`Error::is_transient`](crate::Error::is_transient): connection trouble, a pool timeout, a serialization
-    /// failure or deadlock, a lock wait that timed out). The tenure, if there is one, stands — but a write's
-    /// outcome may be unknown (see `is_transient`).
-    Retry,
-    /// The tenure (or group membership) the call presented is over, or another holder's tenure is live: stop
-    /// writing with its fence, acquire (or join) again — after the holder's ttl — and redo the work under the new
-    /// epoch. The leadership runtime does this on its own ([`run_with_leadership`](crate::leader::run_with_leadership),
-    /// [`Supervisor`](crate::leader::Supervisor)).
-    Recampaign,
-    /// Neither helps: the same call, or a new campaign, meets the same answer until something outside changes —
-    /// the input, the configuration, a grant, the schema, an effect to settle, the task's state — or the caller
-    /// asked to stop (a shutdown, a handover). Report it and stop this work.
-    Stop,
 }
 
 /// Where a task is in its life.
@@ -248,29 +201,31 @@ impl fmt::Display for TaskState {
 /// `pgfence._guard_lock_class()`, the native guard `PGFENCE_LOCK_CLASS`.
 pub const GUARD_LOCK_CLASS: i32 = 1_885_824_613;
 
+/// Every reason, for tests that go through them all.
+#[cfg(test)]
+pub(crate) const ALL_REASONS: [LossReason; 12] = [
+    LossReason::Superseded,
+    LossReason::Expired,
+    LossReason::Released,
+    LossReason::UnknownLease,
+    LossReason::FutureEpoch,
+    LossReason::HolderMismatch,
+    LossReason::RowFence,
+    LossReason::Failover,
+    LossReason::NoGrant,
+    LossReason::BadSecret,
+    LossReason::UnknownMember,
+    LossReason::Left,
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const ALL: [LossReason; 12] = [
-        LossReason::Superseded,
-        LossReason::Expired,
-        LossReason::Released,
-        LossReason::UnknownLease,
-        LossReason::FutureEpoch,
-        LossReason::HolderMismatch,
-        LossReason::RowFence,
-        LossReason::Failover,
-        LossReason::NoGrant,
-        LossReason::BadSecret,
-        LossReason::UnknownMember,
-        LossReason::Left,
-    ];
-
     /// A reason's name is one text everywhere: `as_str`, `Display` and its serialized form.
     #[test]
     fn a_reason_has_one_name() {
-        for reason in ALL {
+        for reason in ALL_REASONS {
             assert_eq!(reason.to_string(), reason.as_str());
             assert_eq!(
                 serde_json::to_value(reason).unwrap(),
@@ -289,7 +244,7 @@ mod tests {
     fn reasons_parse_only_from_the_texts_their_functions_give() {
         let tenure = |text| LossReason::from_sql(text);
         let member = |text| LossReason::from_member_sql(text);
-        for reason in ALL {
+        for reason in ALL_REASONS {
             let text = reason.as_str();
             let (of_tenure, of_member) = match reason {
                 LossReason::UnknownMember | LossReason::Left => (None, Some(reason)),
@@ -314,19 +269,6 @@ mod tests {
         ] {
             assert_eq!(tenure(text), None, "{text:?}");
             assert_eq!(member(text), None, "{text:?}");
-        }
-    }
-
-    /// A denial says stop; every other verdict says campaign (or join) again; none says retry.
-    #[test]
-    fn a_denial_stops_and_every_other_verdict_recampaigns() {
-        for reason in ALL {
-            let expected = match reason {
-                LossReason::NoGrant | LossReason::BadSecret => Next::Stop,
-                _ => Next::Recampaign,
-            };
-            assert_eq!(reason.next(), expected, "{reason}");
-            assert_eq!(reason.is_denial(), expected == Next::Stop, "{reason}");
         }
     }
 }

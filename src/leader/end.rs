@@ -5,7 +5,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{LossReason, Next};
+use crate::next::Next;
+use crate::types::LossReason;
 
 /// How this process's tenure ended (or, for [`Shutdown`](Self::Shutdown) and [`Handover`](Self::Handover), is
 /// ending): what a [`HeldLease`](super::HeldLease) says once it is no longer held

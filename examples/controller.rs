@@ -12,22 +12,45 @@
 
 use std::time::Duration;
 
-use pgfence::leader::{
-    BoxError, LeaderContext, LeadershipOptions, PgElector, Supervisor, TenureEnd,
-};
+use pgfence::leader::{BoxError, LeaderContext, LeadershipOptions, PgElector, Supervisor};
 use pgfence::tasks::TaskState;
-use pgfence::{Store, StoreConfig};
+use pgfence::{Epoch, Error, Next, Store, StoreConfig};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-/// Why a tenure ended, in a line.
+/// Why a tenure ended, in a line: what happened, and what comes next ([`TenureEnd::next`]).
+///
+/// [`TenureEnd::next`]: pgfence::leader::TenureEnd::next
 fn why_stopped(ctx: &LeaderContext) -> String {
     // `Some` once the token is cancelled or `is_held` has answered false: the loops below stop only then.
     match ctx.end_cause() {
-        Some(TenureEnd::Lost(cause)) => format!("lost ({cause}); campaigning again"),
-        Some(end) => end.to_string(),
+        Some(end) => match end.next() {
+            Next::Recampaign => format!("lost ({end}); campaigning again"),
+            Next::Stop | Next::Retry => end.to_string(),
+        },
         None => "still leading".to_owned(),
     }
+}
+
+/// One job under the tenure's fence: create, claim and complete a task.
+async fn run_job(store: &Store, ctx: &LeaderContext, key: &str, who: &str) -> Result<Epoch, Error> {
+    let fence = ctx.fence();
+    store
+        .tasks()
+        .create(&fence, key, &json!({"by": who}))
+        .await?;
+    store.tasks().claim(&fence, key, who).await?;
+    let done = store
+        .tasks()
+        .transition(
+            &fence,
+            key,
+            TaskState::Claimed,
+            TaskState::Succeeded,
+            &json!({}),
+        )
+        .await?;
+    Ok(done.task.fence)
 }
 
 async fn schedule(store: Store, ctx: LeaderContext, who: &'static str) -> Result<(), BoxError> {
@@ -43,25 +66,28 @@ async fn schedule(store: Store, ctx: LeaderContext, who: &'static str) -> Result
         if !ctx.is_held() {
             break;
         }
-        // Every write presents this tenure's fence; the database refuses it once another epoch exists.
+        // Every write presents this tenure's fence; the database refuses it once another epoch exists. What to
+        // do about an error is one match: try again, leave it to the supervisor's next campaign, or give up.
         let key = format!("job-{}-{n}", ctx.epoch());
-        store
-            .tasks()
-            .create(&ctx.fence(), &key, &json!({"by": who}))
-            .await?;
-        store.tasks().claim(&ctx.fence(), &key, who).await?;
-        let done = store
-            .tasks()
-            .transition(
-                &ctx.fence(),
-                &key,
-                TaskState::Claimed,
-                TaskState::Succeeded,
-                &json!({}),
-            )
-            .await?;
-        println!("[{who}] ran {key} (fence {})", done.task.fence);
-        n += 1;
+        match run_job(&store, &ctx, &key, who).await {
+            Ok(fence) => {
+                println!("[{who}] ran {key} (fence {fence})");
+                n += 1;
+            }
+            Err(e) => match e.next() {
+                // Transient (a lost connection, a deadlock): the same job again at the next tick — its task key
+                // makes the create idempotent (a claim already committed answers a conflict: a real controller
+                // reads the task back first).
+                Next::Retry => println!("[{who}] {key} failed ({e}); trying again"),
+                // The tenure is over: stop; the supervisor campaigns again for a new epoch.
+                Next::Recampaign => {
+                    println!("[{who}] {key} refused ({e}); leaving it to the next tenure");
+                    break;
+                }
+                // Nothing a retry or a new tenure changes: the controller fails (and is restarted with backoff).
+                Next::Stop => return Err(e.into()),
+            },
+        }
     }
     println!(
         "[{who}] scheduler stopped at epoch {}: {}",

@@ -40,7 +40,9 @@ pub struct Rejection {
     /// The lease's holder at the time.
     #[diesel(sql_type = Nullable<Text>)]
     pub current_holder: Option<String>,
-    /// Why: a stale epoch's [`LossReason::as_str`](crate::LossReason::as_str), or a denial's [`DenyReason::as_str`](crate::DenyReason::as_str).
+    /// Why: the refusal's [`LossReason::as_str`](crate::LossReason::as_str) (a stale epoch's reason, or a denial's:
+    /// `no_grant`, `bad_secret`), or a reason of the raw-SQL enforcement (`delete_refused`, `lease_change`,
+    /// `lease_mismatch`).
     #[diesel(sql_type = Text)]
     pub reason: String,
     /// The refused operation.

@@ -136,14 +136,14 @@ pub enum Error {
     /// The database refused the call because of who made it: the session's role has no grant on the lease's
     /// cluster, or the fence did not carry its tenure's secret. Recorded in `pgfence.rejections` (under the
     /// session's role); nothing else was written.
-    #[error("{operation} on {lease} denied: {reason}")]
+    #[error("{operation} on {lease} denied: {}", denial_text(*reason))]
     Denied {
-        /// The cluster-qualified lease name.
+        /// The cluster-qualified lease name (or group name, for `join_group`).
         lease: String,
-        /// The refused operation (`acquire`, `renew`, `release`, `force_release`, `claim_task`, …).
+        /// The refused operation (`acquire`, `renew`, `release`, `force_release`, `claim_task`, `join_group`, …).
         operation: String,
-        /// Why.
-        reason: DenyReason,
+        /// Why: always [`LossReason::NoGrant`] or [`LossReason::BadSecret`].
+        reason: LossReason,
     },
 
     /// `join_group` found a live member of that name in the group (another process using the same member name,
@@ -161,14 +161,16 @@ pub enum Error {
 
     /// A heartbeat or leave found the membership no longer counted (expired, left, superseded, a wrong secret
     /// — audited —, or no grant).
-    #[error("membership of {member} in group {group} lost: {reason}")]
+    #[error("membership of {member} in group {group} lost: {}", member_loss_text(*reason))]
     MemberLost {
         /// The cluster-qualified group name.
         group: String,
         /// The member name.
         member: String,
-        /// Why.
-        reason: crate::types::MemberLoss,
+        /// Why: one of [`LossReason::UnknownMember`], [`Superseded`](LossReason::Superseded) (a later incarnation
+        /// joined), [`BadSecret`](LossReason::BadSecret), [`Left`](LossReason::Left),
+        /// [`Expired`](LossReason::Expired) and [`NoGrant`](LossReason::NoGrant).
+        reason: LossReason,
     },
 
     /// The task does not exist under this lease.
@@ -327,47 +329,24 @@ impl std::fmt::Display for EffectConflict {
     }
 }
 
-/// Why the database refused a call because of who made it ([`Error::Denied`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum DenyReason {
-    /// The session's login role (and the roles it is a member of) has no grant on the lease's cluster — or, for
-    /// a force-release, no operator grant. The schema owner grants them (`pgfence grant`).
-    NoGrant,
-    /// The epoch is current but the secret presented with it is not its tenure's: the fence was forged or
-    /// damaged. Only the acquisition's [`Fence`](crate::Fence) (or a serialized copy of it) can write.
-    BadSecret,
+/// A denial's reason with what it means, as [`Error::Denied`] and the log say it.
+pub(crate) fn denial_text(reason: LossReason) -> String {
+    let means = match reason {
+        LossReason::NoGrant => "the session's role has no grant on the lease's cluster",
+        LossReason::BadSecret => "the fence does not carry its tenure's secret",
+        _ => return reason.to_string(),
+    };
+    format!("{reason} ({means})")
 }
 
-impl DenyReason {
-    /// The reason SQL names `text`, or `None` for a text it never gives: an unknown reason is the caller's
-    /// error to report, never read as one of these.
-    pub(crate) fn parse(text: &str) -> Option<DenyReason> {
-        match text {
-            "no_grant" => Some(DenyReason::NoGrant),
-            "bad_secret" => Some(DenyReason::BadSecret),
-            _ => None,
-        }
-    }
-
-    /// The name used in SQL and in `pgfence.rejections.reason`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DenyReason::NoGrant => "no_grant",
-            DenyReason::BadSecret => "bad_secret",
-        }
-    }
-}
-
-impl std::fmt::Display for DenyReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            DenyReason::NoGrant => {
-                "no_grant (the session's role has no grant on the lease's cluster)"
-            }
-            DenyReason::BadSecret => "bad_secret (the fence does not carry its tenure's secret)",
-        })
+/// A membership's loss, as [`Error::MemberLost`] and a membership's end say it.
+pub(crate) fn member_loss_text(reason: LossReason) -> &'static str {
+    match reason {
+        LossReason::UnknownMember => "unknown member",
+        LossReason::Superseded => "superseded by a later incarnation",
+        LossReason::BadSecret => "wrong secret",
+        LossReason::NoGrant => "no grant on the group's cluster",
+        other => other.as_str(),
     }
 }
 
@@ -668,17 +647,5 @@ mod tests {
             unknown.is_empty(),
             "named by the SQL, unknown to REFUSED_ARGUMENTS: {unknown:?}"
         );
-    }
-
-    /// A denial's reason reads back from its SQL name; any other text, and the name of a loss reason, is no
-    /// denial reason.
-    #[test]
-    fn deny_reasons_parse_exactly() {
-        for reason in [DenyReason::NoGrant, DenyReason::BadSecret] {
-            assert_eq!(DenyReason::parse(reason.as_str()), Some(reason));
-        }
-        for text in ["", "denied", "superseded", "NO_GRANT", "bad_secret "] {
-            assert_eq!(DenyReason::parse(text), None, "{text:?}");
-        }
     }
 }

@@ -43,6 +43,37 @@
 //! in a transaction too long, `25P03`; the connection broke, `08xxx`), its connection is discarded, not returned
 //! to the pool, even when the driver has not yet seen the closed socket.
 //!
+//! # What to do next
+//!
+//! A controller decides what to do about any error, or about the end of a tenure, with one `match` on [`Next`]:
+//! [`Error::next`] and [`TenureEnd::next`](leader::TenureEnd::next) (and [`LossReason::next`], the database's
+//! verdict alone) answer it.
+//!
+//! | answer | when | what to do |
+//! |---|---|---|
+//! | [`Next::Retry`] | a transient error ([`Error::is_transient`]) | the same call again after a backoff; the tenure stands |
+//! | [`Next::Recampaign`] | the tenure is over ([`Error::Lost`], [`Error::Stale`], a lost tenure or membership), or another holder's is live ([`Error::Held`], [`Error::MemberTaken`]) | stop writing with its fence; acquire (join) again and redo the work under the new epoch |
+//! | [`Next::Stop`] | a denial ([`Error::Denied`], `no_grant`, `bad_secret`), bad input, a missing schema, a wrong database, the task's or ledger's own answer; an orderly end (released, shut down, handed over) | report it and stop: asking again, or campaigning, meets the same answer |
+//!
+//! ```
+//! use pgfence::leader::TenureEnd;
+//! use pgfence::{Error, LossReason, Next};
+//!
+//! fn decide(outcome: Result<(), Error>) -> &'static str {
+//!     match outcome.map_err(|e| e.next()) {
+//!         Ok(()) => "carry on",
+//!         Err(Next::Retry) => "back off, then the same call again",
+//!         Err(Next::Recampaign) => "campaign for a new tenure",
+//!         Err(Next::Stop) => "give up",
+//!     }
+//! }
+//!
+//! assert_eq!(decide(Err(Error::SchemaMissing)), "give up");
+//! let superseded = TenureEnd::Lost { reason: LossReason::Superseded };
+//! assert_eq!(superseded.next(), Next::Recampaign);
+//! assert_eq!(TenureEnd::Shutdown.next(), Next::Stop);
+//! ```
+//!
 //! # Cancel safety
 //!
 //! Every future pgfence returns may be dropped at any await point (a `tokio::time::timeout`, the losing branch
@@ -103,6 +134,7 @@ mod lease;
 pub mod limits;
 mod membership;
 pub mod metrics;
+mod next;
 mod reply;
 pub mod sqlstate;
 mod store;
@@ -113,9 +145,10 @@ mod validate;
 pub use connect::identity::{DatabaseIdentity, ExpectedIdentity};
 pub use connect::pooler::PoolerMode;
 pub use connect::tls::SslMode;
-pub use error::{DenyReason, Error, Result};
+pub use error::{Error, Result};
 pub use fence::Fence;
 pub use lease::{ForceReleased, Lease, LeaseState, LeaseStatus, Released, TenureSecret};
+pub use next::Next;
 pub use store::config::StoreConfig;
 pub use store::Store;
 pub use types::{Epoch, LossReason};
@@ -137,12 +170,10 @@ pub mod connection {
 
 pub mod groups {
     //! Replica groups ([`Store::groups`](crate::Store::groups), [`Groups`]): a member's declaration ([`MemberSpec`]), its membership ([`Member`]) and how it ends
-    //! ([`MemberLoss`]), and the group as its members read it ([`Roster`], [`GroupMember`]). The leadership runtime
+    //! (the database's verdict, a [`LossReason`](crate::LossReason), in [`Error::MemberLost`](crate::Error::MemberLost)), and the group as its members read it ([`Roster`], [`GroupMember`]). The leadership runtime
     //! spreads a group's names over its members ([`Spread`](crate::leader::Spread)).
 
-    pub use crate::membership::{
-        GroupMember, Groups, Member, MemberLoss, MemberSpec, Roster, RosterMember,
-    };
+    pub use crate::membership::{GroupMember, Groups, Member, MemberSpec, Roster, RosterMember};
 }
 
 pub mod guard {

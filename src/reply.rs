@@ -8,7 +8,7 @@ use diesel::pg::Pg;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_types::Untyped;
 
-use crate::error::{DenyReason, Error, Result};
+use crate::error::{Error, Result};
 use crate::types::LossReason;
 
 /// `SELECT * FROM <call>` for a call of a pgfence function (declared with `diesel::define_sql_function!`): one
@@ -47,20 +47,26 @@ pub(crate) fn loss_reason(function: &str, reason: Option<&str>) -> Result<LossRe
 }
 
 /// Whether a `refused` reply's reason is a refusal of the role or of the presented secret (`no_grant`,
-/// `bad_secret`: [`Error::Denied`] / [`DenyReason`]) rather than a loss of the tenure ([`LossReason`]). Every SQL
-/// function answers a refusal with the one outcome `refused`; the reason tells the two apart.
+/// `bad_secret`: [`Error::Denied`]) rather than a loss of the tenure. Every SQL function answers a refusal with
+/// the one outcome `refused`; the reason tells the two apart.
 pub(crate) fn is_denial(reason: Option<&str>) -> bool {
-    reason.and_then(DenyReason::parse).is_some()
+    reason
+        .and_then(LossReason::from_sql)
+        .is_some_and(LossReason::is_denial)
 }
 
-/// The [`DenyReason`] a `refused` reply of `pgfence.<function>` names (`no_grant` or `bad_secret`).
-pub(crate) fn deny_reason(function: &str, reason: Option<&str>) -> Result<DenyReason> {
-    reason.and_then(DenyReason::parse).ok_or_else(|| {
-        unexpected(
-            function,
-            &format!("denied for reason {}", reason.unwrap_or("NULL")),
-        )
-    })
+/// The denial a `refused` reply of `pgfence.<function>` names: [`LossReason::NoGrant`] or
+/// [`LossReason::BadSecret`], never another reason (what [`Error::Denied`] carries).
+pub(crate) fn deny_reason(function: &str, reason: Option<&str>) -> Result<LossReason> {
+    reason
+        .and_then(LossReason::from_sql)
+        .filter(|r| r.is_denial())
+        .ok_or_else(|| {
+            unexpected(
+                function,
+                &format!("denied for reason {}", reason.unwrap_or("NULL")),
+            )
+        })
 }
 
 #[cfg(test)]
@@ -83,18 +89,17 @@ mod tests {
         ] {
             assert_eq!(loss_reason("renew", Some(reason.as_str())).unwrap(), reason);
         }
-        assert_eq!(
-            loss_reason("renew_many", Some("bad_secret")).unwrap(),
-            LossReason::Denied
-        );
-        assert_eq!(
-            deny_reason("fence", Some("no_grant")).unwrap(),
-            DenyReason::NoGrant
-        );
-        assert_eq!(
-            deny_reason("fence", Some("bad_secret")).unwrap(),
-            DenyReason::BadSecret
-        );
+        for reason in [LossReason::NoGrant, LossReason::BadSecret] {
+            assert_eq!(
+                loss_reason("renew_many", Some(reason.as_str())).unwrap(),
+                reason
+            );
+            assert_eq!(deny_reason("fence", Some(reason.as_str())).unwrap(), reason);
+            assert!(is_denial(Some(reason.as_str())));
+        }
+        assert!(!is_denial(Some("superseded")));
+        assert!(!is_denial(Some("denied")));
+        assert!(!is_denial(None));
         for (function, error) in [
             ("renew", loss_reason("renew", Some("eclipsed")).unwrap_err()),
             ("renew", loss_reason("renew", None).unwrap_err()),
@@ -103,6 +108,11 @@ mod tests {
                 deny_reason("fence", Some("superseded")).unwrap_err(),
             ),
             ("fence", deny_reason("fence", None).unwrap_err()),
+            ("fence", deny_reason("fence", Some("denied")).unwrap_err()),
+            (
+                "heartbeat",
+                loss_reason("heartbeat", Some("unknown_member")).unwrap_err(),
+            ),
         ] {
             let text = error.to_string();
             assert!(

@@ -28,7 +28,7 @@ use common::TestDb;
 use pgfence::admin::RejectionFilter;
 use pgfence::embedded::EmbeddedServer;
 use pgfence::leader::{
-    run_with_leadership, Elector, Ended, LeadershipOptions, LeaseOptions, LossCause, PgElector,
+    run_with_leadership, Elector, Ended, LeadershipOptions, LeaseOptions, PgElector, TenureEnd,
 };
 use pgfence::{Epoch, Error, ExpectedIdentity, Fence, LossReason, Store, StoreConfig};
 use serde_json::json;
@@ -604,7 +604,7 @@ async fn terminated_backends_never_leave_two_holders() {
     let lease = holder.acquire("l", "victim", &options).await.unwrap();
     let fence = lease.fence();
     let loss = lease.lost();
-    let lost_at = tokio::spawn(async move { loss.await.map(|cause| (cause, Instant::now())) });
+    let lost_at = tokio::spawn(async move { (loss.await, Instant::now()) });
     // Writes with the holder's fence until the first refusal (the rival's tenure has begun by then).
     let writer = tokio::spawn({
         let (store, fence) = (holder_store.clone(), fence.clone());
@@ -637,7 +637,8 @@ async fn terminated_backends_never_leave_two_holders() {
         next
     } else {
         let new = rival_task.await.unwrap();
-        let (cause, lost_at) = lost_at.await.unwrap().expect("a loss, not a release");
+        let (cause, lost_at) = lost_at.await.unwrap();
+        assert!(cause.is_loss(), "a loss, not a release: {cause:?}");
         eprintln!(
             "the holder gave up ({cause}) {:?} before the rival acquired",
             new.at.saturating_duration_since(lost_at)
@@ -894,10 +895,10 @@ async fn a_partitioned_holder_gives_up_first_and_its_late_writes_are_refused() {
                 .await
         })
     };
-    let cause = lease.lost().await.unwrap();
+    let cause = lease.lost().await;
     let gave_up_at = Instant::now();
     assert!(
-        matches!(cause, LossCause::DeadlineExceeded { .. }),
+        matches!(cause, TenureEnd::DeadlineExceeded { .. }),
         "{cause:?}"
     );
     let takeover =
@@ -1251,14 +1252,13 @@ async fn the_loss_is_the_failover_and_the_late_write_refused(
     const WAIT: Duration = Duration::from_secs(15);
     match ended {
         Ok(Ended::Lost {
-            cause:
-                LossCause::Definitive {
-                    reason: LossReason::Failover,
-                },
+            end: TenureEnd::Lost {
+                reason: LossReason::Failover,
+            },
             callback_stopped: true,
         }) => {}
         other => {
-            panic!("expected Lost {{ Definitive {{ Failover }}, callback stopped }}, got {other:?}")
+            panic!("expected Lost {{ Lost {{ Failover }}, callback stopped }}, got {other:?}")
         }
     }
     let (late_epoch, late) = tokio::time::timeout(WAIT, late_rx.recv())

@@ -13,7 +13,7 @@ use common::{move_shard, wait_until_blocked_on_lock, TestDb};
 use pgfence::admin::RejectionFilter;
 use pgfence::schema::GUARD_LOCK_CLASS;
 use pgfence::tasks::TaskState;
-use pgfence::{Error, Fence, LossReason, Store};
+use pgfence::{Error, Fence, LossReason, Next, Store};
 use serde_json::json;
 
 const TTL: Duration = Duration::from_secs(60);
@@ -569,6 +569,56 @@ async fn a_write_during_an_uncommitted_takeover_waits_and_is_refused() {
         ),
         "{result:?}"
     );
+}
+
+/// What a controller does after a real refusal: the write of a superseded tenure is refused as `Stale`
+/// (superseded) and its error says campaign again ([`Next::Recampaign`]) — as do the renewal of that tenure and a
+/// rival's acquisition while the lease is held — while the new tenure's write goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_superseded_writes_error_says_recampaign() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let mut old = store.acquire("sched", "pod-a", TTL).await.unwrap();
+    // The same holder acquiring again supersedes its earlier tenure at once.
+    let new = store.acquire("sched", "pod-a", TTL).await.unwrap();
+    assert_eq!(new.epoch().get(), old.epoch().get() + 1);
+
+    let refused = store
+        .tasks()
+        .create(&old.fence(), "job", &json!({}))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            Error::Stale {
+                reason: LossReason::Superseded,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(refused.next(), Next::Recampaign);
+    let lost = store.renew(&mut old).await.unwrap_err();
+    assert!(
+        matches!(
+            lost,
+            Error::Lost {
+                reason: LossReason::Superseded,
+                ..
+            }
+        ),
+        "{lost:?}"
+    );
+    assert_eq!(lost.next(), Next::Recampaign);
+    let held = store.acquire("sched", "pod-b", TTL).await.unwrap_err();
+    assert!(matches!(held, Error::Held { .. }), "{held:?}");
+    assert_eq!(held.next(), Next::Recampaign);
+    store
+        .tasks()
+        .create(&new.fence(), "job", &json!({}))
+        .await
+        .unwrap();
 }
 
 /// The other direction: a takeover waits for a fenced transaction that already passed its check, so that

@@ -1367,7 +1367,7 @@ async fn everyday_calls(db: &TestDb, app1: &str, app3: &str) {
         matches!(
             refused,
             pgfence::Error::Denied {
-                reason: pgfence::DenyReason::NoGrant,
+                reason: pgfence::LossReason::NoGrant,
                 ..
             }
         ),
@@ -1382,7 +1382,7 @@ async fn everyday_calls(db: &TestDb, app1: &str, app3: &str) {
         matches!(
             refused,
             pgfence::Error::Denied {
-                reason: pgfence::DenyReason::NoGrant,
+                reason: pgfence::LossReason::NoGrant,
                 ..
             }
         ),

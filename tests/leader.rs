@@ -22,15 +22,14 @@ use common::{RowLock, TestDb};
 use pgfence::history::Overlap;
 use pgfence::leader::{
     run_with_leadership, Backoff, Elector, Ended, Health, HeldLease, LeaderContext,
-    LeadershipOptions, LeaseOptions, LossCause, MemoryElector, PgElector, Standing, Supervisor,
-    TenureEnd, Wakeups,
+    LeadershipOptions, LeaseOptions, MemoryElector, PgElector, Supervisor, TenureEnd, Wakeups,
 };
 use pgfence::metrics::{
     METRIC_CALLBACKS_NOT_STOPPED, METRIC_GROUP_MEMBERS, METRIC_GROUP_NAMES_ASSIGNED,
     METRIC_GROUP_NAMES_LED, METRIC_HANDOVERS, METRIC_HANDOVER_GAP, METRIC_LEADER, METRIC_LOSSES,
     METRIC_RENEW_DURATION, METRIC_STALE_WRITES, METRIC_TRANSITIONS,
 };
-use pgfence::{Epoch, Error, LossReason, Released};
+use pgfence::{Epoch, Error, LossReason, Next, Released};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -86,7 +85,7 @@ trait Backend {
     fn elector(&self) -> Self::E;
     async fn inject_loss(&self, name: &str);
     /// The cause the holder reports for a loss injected with [`inject_loss`](Self::inject_loss).
-    fn injected_cause(&self) -> LossCause;
+    fn injected_cause(&self) -> TenureEnd;
     async fn occupy(&self, name: &str, holder: &str);
     /// Who holds `name` now, as the backend's store sees it.
     async fn holder(&self, name: &str) -> Option<String>;
@@ -123,8 +122,8 @@ impl Backend for Pg {
             .await
             .unwrap();
     }
-    fn injected_cause(&self) -> LossCause {
-        LossCause::Definitive {
+    fn injected_cause(&self) -> TenureEnd {
+        TenureEnd::Lost {
             reason: LossReason::Released,
         }
     }
@@ -163,8 +162,8 @@ impl Backend for Memory {
     async fn inject_loss(&self, name: &str) {
         assert!(self.elector.lose(name));
     }
-    fn injected_cause(&self) -> LossCause {
-        LossCause::Injected
+    fn injected_cause(&self) -> TenureEnd {
+        TenureEnd::Injected
     }
     async fn occupy(&self, name: &str, holder: &str) {
         self.elector.occupy(name, holder).unwrap();
@@ -498,18 +497,18 @@ on_both_electors! {
         let expected = backend.injected_cause();
         match ended(run).await {
             Ended::Lost {
-                cause,
+                end,
                 callback_stopped,
             } => {
                 assert!(callback_stopped);
-                assert_eq!(cause, expected);
+                assert_eq!(end, expected);
             }
             other => panic!("expected Lost, got {other:?}"),
         }
         let counted = match expected {
-            LossCause::Definitive { .. } => [1, 0, 0],
-            LossCause::DeadlineExceeded { .. } => [0, 1, 0],
-            LossCause::Injected => [0, 0, 1],
+            TenureEnd::Lost { .. } => [1, 0, 0],
+            TenureEnd::DeadlineExceeded { .. } => [0, 1, 0],
+            TenureEnd::Injected => [0, 0, 1],
             other => panic!("unexpected cause {other:?}"),
         };
         metrics_settle(&elector, name, (Some(0.0), 2, counted)).await;
@@ -659,7 +658,7 @@ async fn keepalive_holds_the_lease_beyond_its_ttl() {
         row.get(2)
     })
     .await;
-    assert!(lease.is_held(), "{:?}", lease.standing());
+    assert!(lease.is_held(), "{:?}", lease.end_cause());
 }
 
 /// Invariant 5, measured against the database's own expiry. A renewal is held up by a row lock (as a takeover
@@ -702,11 +701,7 @@ async fn the_holder_stops_trusting_a_margin_before_the_database_could_grant_a_su
     let b = b.await.unwrap(); // the renewal has committed: B holds the row now
     let expires_not_before = common::database_expiry(&probe, &qualified).await.not_before;
 
-    let cause = lease
-        .lost()
-        .within(WAIT, "the loss of lease")
-        .await
-        .expect("a loss, not a release");
+    let cause = lease.lost().within(WAIT, "the loss of lease").await;
     let declared_at = Instant::now();
     // Sent after the loss was declared: the database still holds the lease for pod-a.
     assert!(
@@ -729,7 +724,7 @@ async fn the_holder_stops_trusting_a_margin_before_the_database_could_grant_a_su
         trusted_until - declared_at
     );
     match &cause {
-        LossCause::DeadlineExceeded {
+        TenureEnd::DeadlineExceeded {
             last_error: Some(_),
         } => {}
         other => panic!("expected a deadline loss with the renewal's fate, got {other:?}"),
@@ -783,15 +778,11 @@ async fn unreachable_database_makes_the_holder_give_up_at_its_local_deadline() {
     .await;
     tokio::task::block_in_place(|| server.stop()).unwrap();
     let stopped_at = Instant::now();
-    let cause = lease
-        .lost()
-        .within(WAIT, "the loss of lease")
-        .await
-        .expect("a loss, not a release");
+    let cause = lease.lost().within(WAIT, "the loss of lease").await;
     let declared_at = Instant::now();
     let trusted_until = lease.trust_until();
     match &cause {
-        LossCause::DeadlineExceeded {
+        TenureEnd::DeadlineExceeded {
             last_error: Some(error),
         } => assert!(!error.is_empty()),
         other => panic!("expected a deadline loss with the last renewal error, got {other:?}"),
@@ -851,8 +842,8 @@ async fn release_after_loss_never_touches_the_successor() {
         .acquire("handed", "pod-b", &options)
         .await
         .unwrap();
-    let cause = a.lost().within(WAIT, "the loss of a").await.unwrap();
-    assert!(matches!(cause, LossCause::Definitive { .. }), "{cause:?}");
+    let cause = a.lost().within(WAIT, "the loss of a").await;
+    assert!(matches!(cause, TenureEnd::Lost { .. }), "{cause:?}");
     assert_eq!(
         a.release().await.unwrap(),
         Released::NotHeld(LossReason::Released)
@@ -1157,7 +1148,7 @@ async fn the_keepalive_renews_over_its_own_kept_connection_while_the_pool_is_bus
     assert!(
         lease.is_held(),
         "lost while the pool was busy: {:?}",
-        lease.standing()
+        lease.end_cause()
     );
     let expiry = common::database_expiry(&admin, &qualified).await;
     assert!(
@@ -1192,14 +1183,10 @@ async fn a_failed_renewal_waits_its_retry_period_and_the_loss_names_the_failure(
             sqlstate,
         )
         .await;
-        let cause = lease
-            .lost()
-            .within(WAIT, "the loss of lease")
-            .await
-            .expect("a loss, not a release");
+        let cause = lease.lost().within(WAIT, "the loss of lease").await;
         let declared_at = Instant::now();
         match &cause {
-            LossCause::DeadlineExceeded {
+            TenureEnd::DeadlineExceeded {
                 last_error: Some(error),
             } if error.contains("failed by the test") => {}
             other => panic!("{name}: expected a deadline loss naming the failure, got {other:?}"),
@@ -1284,10 +1271,8 @@ async fn after_a_cut_off_attempt_the_group_waits_its_retry_period() {
         .await
         .unwrap();
     let b_acquired_trust = b.trust_until();
-    a.lost()
-        .within(WAIT, "the loss of a")
-        .await
-        .expect("a loss");
+    let end = a.lost().within(WAIT, "the loss of a").await;
+    assert!(end.is_loss(), "{end:?}");
     let a_deadline = a.trust_until();
     let deadline = Instant::now() + WAIT;
     while b.trust_until() == b_acquired_trust {
@@ -1669,7 +1654,7 @@ async fn many_leases_renew_with_one_statement_per_tick() {
             statements <= ticks + 1,
             "{statements} renewal statements in {window:?}: more than one per tick of {period:?}"
         );
-        assert!(leases.iter().all(|l| l.standing() == Standing::Held));
+        assert!(leases.iter().all(|l| l.end_cause().is_none()));
         for lease in leases {
             lease.release().await.unwrap();
         }
@@ -1697,11 +1682,10 @@ async fn a_superseded_tenure_in_the_same_renewal_group_is_declared_lost() {
     assert_eq!(new.epoch().get(), old.epoch().get() + 1);
     let cause = tokio::time::timeout(Duration::from_secs(5), old.lost())
         .await
-        .expect("the old tenure was never declared lost")
-        .expect("a loss, not a release");
+        .expect("the old tenure was never declared lost");
     assert_eq!(
         cause,
-        LossCause::Definitive {
+        TenureEnd::Lost {
             reason: LossReason::Superseded
         }
     );
@@ -1723,7 +1707,7 @@ async fn a_superseded_tenure_in_the_same_renewal_group_is_declared_lost() {
         renewed_at().await != at_loss
     })
     .await;
-    assert!(new.is_held(), "{:?}", new.standing());
+    assert!(new.is_held(), "{:?}", new.end_cause());
 }
 
 // ------------------------------------------------------------------------------------------------------------
@@ -1793,18 +1777,18 @@ on_both_electors! {
         let seen = seen.within(WAIT, "what the callback saw").await.unwrap();
         let cause = match ended(run).await {
             Ended::Lost {
-                cause,
+                end,
                 callback_stopped,
             } => {
                 assert!(callback_stopped);
-                cause
+                end
             }
             other => panic!("expected Lost, got {other:?}"),
         };
         assert!(!seen.is_held, "{seen:?}");
-        assert_eq!(seen.end_cause, Some(TenureEnd::Lost(cause.clone())));
+        assert_eq!(seen.end_cause, Some(cause.clone()));
         assert!(!ctx.is_held());
-        assert_eq!(ctx.end_cause(), Some(TenureEnd::Lost(cause)));
+        assert_eq!(ctx.end_cause(), Some(cause));
     }
 }
 
@@ -1914,13 +1898,11 @@ async fn the_context_stops_believing_at_the_local_deadline_when_renewals_stop() 
         !database_would_grant(&db.client().await, "c/partitioned").await,
         "the writer stopped only after the database could grant a successor"
     );
-    let Some(TenureEnd::Lost(cause @ LossCause::DeadlineExceeded { .. })) = end_cause else {
+    let Some(cause @ TenureEnd::DeadlineExceeded { .. }) = end_cause else {
         panic!("expected a deadline loss, got {end_cause:?}");
     };
     match ended(run).await {
-        Ended::Lost {
-            cause: reported, ..
-        } => assert_eq!(reported, cause),
+        Ended::Lost { end: reported, .. } => assert_eq!(reported, cause),
         other => panic!("expected Lost, got {other:?}"),
     }
 }
@@ -1947,14 +1929,11 @@ async fn a_starved_runtime_never_believes_past_the_local_deadline() {
     assert!(!ctx.is_held());
     let end_cause = ctx.end_cause();
     assert!(
-        matches!(
-            end_cause,
-            Some(TenureEnd::Lost(LossCause::DeadlineExceeded { .. }))
-        ),
+        matches!(end_cause, Some(TenureEnd::DeadlineExceeded { .. })),
         "{end_cause:?}"
     );
     match ended(run).await {
-        Ended::Lost { cause, .. } => assert_eq!(Some(TenureEnd::Lost(cause)), end_cause),
+        Ended::Lost { end, .. } => assert_eq!(Some(end), end_cause),
         other => panic!("expected Lost, got {other:?}"),
     }
     // The renewal task has run by now (a renewal in flight may even have succeeded): the belief stays ended.
@@ -1994,9 +1973,9 @@ async fn a_failover_loss_is_reported_and_the_supervisor_campaigns_again() {
         .await
         .unwrap();
     assert!(elector.lose_because("scheduler", LossReason::Failover));
-    let failover = Some(TenureEnd::Lost(LossCause::Definitive {
+    let failover = Some(TenureEnd::Lost {
         reason: LossReason::Failover,
-    }));
+    });
     assert!(!first.is_held());
     assert_eq!(first.end_cause(), failover);
 
@@ -2218,9 +2197,9 @@ async fn metrics_count_transitions_losses_by_cause_and_stale_writes() {
     store.admin().force_release("metered").await.unwrap();
     assert_eq!(
         second.lost().within(WAIT, "the loss of second").await,
-        Some(LossCause::Definitive {
+        TenureEnd::Lost {
             reason: LossReason::Released
-        })
+        }
     );
     metrics_settle(elector, "metered", (Some(0.0), 4, [1, 0, 0])).await;
 
@@ -2652,27 +2631,43 @@ fn a_supervisor_shows_its_holder_and_controllers() {
     );
 }
 
-/// How a tenure's end reads in logs and in what a callback reports.
+/// How a tenure's end reads in logs and in what a callback reports, and what it tells the caller to do: a loss
+/// reads as what happened and says campaign again (stop, when the database denied the role); an end in order
+/// says stop.
 #[test]
 fn tenure_ends_say_what_happened() {
-    let lost = TenureEnd::Lost(LossCause::Definitive {
-        reason: LossReason::Superseded,
-    });
-    assert_eq!(
-        lost.to_string(),
-        format!(
-            "lost: {}",
-            LossCause::Definitive {
-                reason: LossReason::Superseded
-            }
-        )
-    );
-    assert!(lost.to_string().len() > "lost: ".len());
-    assert_eq!(TenureEnd::Shutdown.to_string(), "shut down");
-    assert_eq!(
-        TenureEnd::Released.to_string(),
-        "released after the callback returned"
-    );
+    for (end, text, next) in [
+        (
+            TenureEnd::Lost {
+                reason: LossReason::Superseded,
+            },
+            "superseded",
+            Next::Recampaign,
+        ),
+        (
+            TenureEnd::Lost {
+                reason: LossReason::NoGrant,
+            },
+            "no_grant",
+            Next::Stop,
+        ),
+        (
+            TenureEnd::DeadlineExceeded { last_error: None },
+            "no renewal before the local deadline",
+            Next::Recampaign,
+        ),
+        (TenureEnd::Injected, "loss injected", Next::Recampaign),
+        (TenureEnd::Shutdown, "shut down", Next::Stop),
+        (TenureEnd::Released, "released by this process", Next::Stop),
+        (
+            TenureEnd::Handover,
+            "handed over to another replica",
+            Next::Stop,
+        ),
+    ] {
+        assert_eq!(end.to_string(), text);
+        assert_eq!(end.next(), next, "{end:?}");
+    }
 }
 
 /// A release wakes the waiters of that lease only: a waiter for another lease sleeps on to its own deadline, so
@@ -2728,7 +2723,7 @@ async fn a_held_lease_answers_with_its_names_and_shows_no_secret() {
     for part in [
         pg.elector.qualify("shown"),
         format!("epoch: {:?}", held.epoch()),
-        format!("standing: {:?}", held.standing()),
+        format!("ended: {:?}", held.end_cause()),
     ] {
         assert!(shown.contains(&part), "{part} not in {shown}");
     }

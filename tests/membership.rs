@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::fixture::{app_role, app_store};
 use common::{client_as, sqlstate, store_as, TestDb};
-use pgfence::groups::{MemberLoss, MemberSpec};
-use pgfence::{DenyReason, Error, Store};
+use pgfence::groups::MemberSpec;
+use pgfence::{Error, LossReason, Store};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -131,7 +131,7 @@ async fn the_same_member_name_from_two_processes_never_counts_twice() {
     );
     match one.groups().heartbeat(&mut first, TTL).await {
         Err(Error::MemberLost {
-            reason: MemberLoss::Superseded,
+            reason: LossReason::Superseded,
             ..
         }) => {}
         other => panic!("expected superseded, got {other:?}"),
@@ -277,7 +277,7 @@ async fn another_clusters_role_cannot_join_or_read_a_group() {
     let intruder: Store = store_as(&db, &other, "c").await;
     match intruder.groups().join("g", "b", &spec(&["x"]), TTL).await {
         Err(Error::Denied {
-            reason: DenyReason::NoGrant,
+            reason: LossReason::NoGrant,
             ..
         }) => {}
         other => panic!("{other:?}"),

@@ -207,7 +207,7 @@ async fn a_late_renewal_is_cancelled_on_the_host_it_runs_on() {
     let loss = tokio::time::timeout(Duration::from_secs(10), held.lost())
         .await
         .expect("the tenure is declared lost at its local deadline");
-    assert!(loss.is_some(), "a loss, not an orderly end");
+    assert!(loss.is_loss(), "a loss, not an orderly end: {loss:?}");
     until_no_lock_wait(&db, "the late renewal").await;
     blocker.release().await;
 }

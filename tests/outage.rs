@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use pgfence::embedded::EmbeddedServer;
 use pgfence::leader::{
-    run_with_leadership, Elector, Ended, LeadershipOptions, LossCause, PgElector,
+    run_with_leadership, Elector, Ended, LeadershipOptions, PgElector, TenureEnd,
 };
 use pgfence::{Error, Store, StoreConfig};
 use serde_json::json;
@@ -460,12 +460,12 @@ async fn an_outage_longer_than_the_ttl_is_a_loss_at_the_local_deadline_with_the_
     let refused = |text: &str| text.to_lowercase().contains("connection refused");
     let cause = match run.await.unwrap().unwrap() {
         Ended::Lost {
-            cause,
+            end,
             callback_stopped: true,
-        } => cause,
+        } => end,
         other => panic!("expected a loss, got {other:?}"),
     };
-    let LossCause::DeadlineExceeded {
+    let TenureEnd::DeadlineExceeded {
         last_error: Some(last_error),
     } = &cause
     else {

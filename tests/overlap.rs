@@ -665,7 +665,7 @@ async fn the_leadership_runtime_reports_each_belief_s_start_and_end() {
     let held = elector.acquire("runtime", "pod-a", &options).await.unwrap();
     let epoch = held.epoch();
     store.admin().force_release("runtime").await.unwrap();
-    assert!(held.lost().await.is_some());
+    assert!(held.lost().await.is_loss());
     let t = wait_for_end(&store, "runtime", epoch).await;
     assert_eq!(t.belief.end_cause.as_deref(), Some("lost"));
     assert!(t.belief.end_detail.is_some(), "the loss reason");

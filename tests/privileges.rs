@@ -107,7 +107,7 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
         matches!(
             forced,
             Error::Denied {
-                reason: pgfence::DenyReason::NoGrant,
+                reason: pgfence::LossReason::NoGrant,
                 ..
             }
         ),
@@ -1095,7 +1095,7 @@ async fn the_grant_command_sets_up_application_and_operator_roles() {
     assert!(matches!(
         app_store.admin().force_release("l").await.unwrap_err(),
         Error::Denied {
-            reason: pgfence::DenyReason::NoGrant,
+            reason: pgfence::LossReason::NoGrant,
             ..
         }
     ));

@@ -12,7 +12,7 @@ use common::fixture::{app_role, app_store, take_over};
 use common::{
     client_as, guarded_writes_per_second, median, role, sqlstate, store_as, url_as, TestDb,
 };
-use pgfence::{DenyReason, Error, Store, StoreConfig};
+use pgfence::{Error, LossReason, Next, Store, StoreConfig};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -27,9 +27,13 @@ async fn two_applications() -> (TestDb, String, String, Store, Store) {
     (db, app, app2, s1, s2)
 }
 
-fn denied(result: Result<impl std::fmt::Debug, Error>, expected: DenyReason, what: &str) {
+/// `result` is a denial for `expected`, and says stop: a denied role or secret is denied again however often it
+/// asks or campaigns.
+fn denied(result: Result<impl std::fmt::Debug, Error>, expected: LossReason, what: &str) {
     match result {
-        Err(Error::Denied { reason, .. }) if reason == expected => {}
+        Err(e @ Error::Denied { reason, .. }) if reason == expected => {
+            assert_eq!(e.next(), Next::Stop, "{what}");
+        }
         other => panic!("{what}: expected Denied {{ {expected:?} }}, got {other:?}"),
     }
 }
@@ -56,40 +60,40 @@ async fn every_call_of_another_clusters_role_is_denied(intruder: &Store, lease: 
     let fence = lease.fence();
     denied(
         intruder.acquire("sched", "pod-x", TTL).await,
-        DenyReason::NoGrant,
+        LossReason::NoGrant,
         "acquire",
     );
     denied(
         intruder.acquire("fresh", "pod-x", TTL).await,
-        DenyReason::NoGrant,
+        LossReason::NoGrant,
         "acquire of a new lease",
     );
     let mut stolen = lease.clone();
     denied(
         intruder.renew(&mut stolen).await,
-        DenyReason::NoGrant,
+        LossReason::NoGrant,
         "renew",
     );
     denied(
         intruder.release(lease).await,
-        DenyReason::NoGrant,
+        LossReason::NoGrant,
         "release",
     );
     denied(
         intruder.tasks().create(&fence, "evil", &json!({})).await,
-        DenyReason::NoGrant,
+        LossReason::NoGrant,
         "create_task",
     );
     denied(
         intruder.tasks().claim(&fence, "job", "evil").await,
-        DenyReason::NoGrant,
+        LossReason::NoGrant,
         "claim_task",
     );
     denied(
         intruder
             .fenced(&fence, "evil", async |_conn| Ok::<_, Error>(()))
             .await,
-        DenyReason::NoGrant,
+        LossReason::NoGrant,
         "fenced",
     );
 }
@@ -264,7 +268,7 @@ async fn a_forged_one_statement_write_is_refused(
     };
     denied(
         store.guarded_write(forged, "evil", gated()).await,
-        DenyReason::BadSecret,
+        LossReason::BadSecret,
         "guarded_write",
     );
     let ungated = store
@@ -360,12 +364,12 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
     let forged = pgfence::Fence::new(real.lease(), real.epoch(), common::forged_secret()).unwrap();
     denied(
         store.tasks().create(&forged, "evil", &json!({})).await,
-        DenyReason::BadSecret,
+        LossReason::BadSecret,
         "create_task",
     );
     denied(
         store.tasks().claim(&forged, "job", "evil").await,
-        DenyReason::BadSecret,
+        LossReason::BadSecret,
         "claim_task",
     );
     denied(
@@ -373,14 +377,14 @@ async fn a_forged_fence_cannot_write_renew_or_release() {
             .tasks()
             .append_event(&forged, "job", "evil", &json!({}))
             .await,
-        DenyReason::BadSecret,
+        LossReason::BadSecret,
         "append_event",
     );
     denied(
         store
             .fenced(&forged, "evil", async |_conn| Ok::<_, Error>(()))
             .await,
-        DenyReason::BadSecret,
+        LossReason::BadSecret,
         "fenced",
     );
     a_forged_one_statement_write_is_refused(&db, &store, &app, &forged, &real).await;
@@ -651,7 +655,7 @@ async fn revoke_removes_one_grant_and_says_whether_it_did() {
     );
     denied(
         a.acquire("sched", "pod", TTL).await,
-        DenyReason::NoGrant,
+        LossReason::NoGrant,
         "acquire after its grant was revoked",
     );
     b.acquire("sched", "pod", TTL).await.unwrap();

@@ -265,7 +265,7 @@ fn cause(ctx: &LeaderContext) -> (&'static str, Option<String>) {
     match ctx.end_cause() {
         Some(TenureEnd::Handover) => ("handover", None),
         Some(TenureEnd::Shutdown) => ("shutdown", None),
-        Some(TenureEnd::Lost(cause)) => ("lost", Some(cause.to_string())),
+        Some(end) if end.is_loss() => ("lost", Some(end.to_string())),
         Some(TenureEnd::Released) => ("released", None),
         Some(other) => ("other", Some(other.to_string())),
         None => ("unknown", None),

@@ -6,7 +6,7 @@ use diesel::sql_types::{BigInt, Bool, Nullable, Text};
 use diesel::QueryableByName;
 
 use super::Fence;
-use crate::error::{DenyReason, Error, Result};
+use crate::error::{Error, Result};
 use crate::metrics::METRIC_STALE_WRITES;
 use crate::reply::{deny_reason, is_denial, loss_reason, unexpected};
 use crate::types::{Epoch, LossReason, TaskState};
@@ -92,7 +92,7 @@ pub(crate) enum WriteOutcome {
     },
     /// `refused` with `no_grant` or `bad_secret`: refused and audited (no grant on the cluster, or not the
     /// tenure's secret).
-    Denied(DenyReason),
+    Denied(LossReason),
     /// `not_found`: no such task.
     NotFound,
     /// `conflict`: the task is not in the state the write requires.
@@ -152,8 +152,8 @@ impl WriteOutcome {
     pub(crate) fn into_error(self, fence: &Fence, operation: &str, function: &str) -> Error {
         match self {
             WriteOutcome::Denied(reason) => {
-                tracing::warn!(lease = %fence.lease, presented = %fence.epoch, %reason, operation,
-                    "write denied");
+                tracing::warn!(lease = %fence.lease, presented = %fence.epoch,
+                    reason = %crate::error::denial_text(reason), operation, "write denied");
                 Error::Denied {
                     lease: fence.lease.clone(),
                     operation: operation.to_owned(),
@@ -211,7 +211,7 @@ mod tests {
         );
         assert_eq!(
             decode(Some("refused"), Some("no_grant"), None).unwrap(),
-            WriteOutcome::Denied(DenyReason::NoGrant)
+            WriteOutcome::Denied(LossReason::NoGrant)
         );
         assert_eq!(
             decode(Some("conflict"), Some("running"), Some(1)).unwrap(),
@@ -239,7 +239,7 @@ mod tests {
                 "{outcome:?} {reason:?}"
             );
         }
-        assert!(WriteOutcome::Denied(DenyReason::BadSecret).is_refusal());
+        assert!(WriteOutcome::Denied(LossReason::BadSecret).is_refusal());
         assert!(!WriteOutcome::NotFound.is_refusal());
     }
 
@@ -264,7 +264,7 @@ mod tests {
                 Some(4),
             ),
             (
-                WriteOutcome::Denied(DenyReason::NoGrant),
+                WriteOutcome::Denied(LossReason::NoGrant),
                 "refused",
                 Some("no_grant"),
                 None,
@@ -307,10 +307,10 @@ mod tests {
                     operation,
                     reason,
                 } => {
-                    assert_eq!((name, reason), ("refused", DenyReason::NoGrant));
+                    assert_eq!((name, reason), ("refused", LossReason::NoGrant));
                     assert_eq!(
                         (lease.as_str(), operation.as_str(), reason),
-                        ("c/l", "move", DenyReason::NoGrant)
+                        ("c/l", "move", LossReason::NoGrant)
                     );
                 }
                 other => {

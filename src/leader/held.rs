@@ -1,5 +1,5 @@
-//! One tenure as the runtime holds it: [`HeldLease`], its loss signal ([`LossCause`], [`Standing`]), the
-//! release wakeups electors share, and [`Health`].
+//! One tenure as the runtime holds it: [`HeldLease`], its loss signal (a [`TenureEnd`] once it ends), the release
+//! wakeups electors share, and [`Health`].
 
 use std::fmt;
 use std::future::Future;
@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::end::TenureEnd;
 use super::BoxFuture;
 use crate::error::Result;
 use crate::fence::Fence;
@@ -20,64 +21,6 @@ use crate::metrics::{
 };
 use crate::types::{Epoch, LossReason};
 
-/// Why a held lease stopped being held.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "cause")]
-#[non_exhaustive]
-pub enum LossCause {
-    /// The database says the tenure is over (superseded, expired, released by an operator, …).
-    Definitive {
-        /// Why, as the database reported it.
-        reason: LossReason,
-    },
-    /// No renewal succeeded before the local deadline (send time of the last good renewal + ttl − margin).
-    DeadlineExceeded {
-        /// The last renewal error, if one was seen (connection refused, timeout, …).
-        last_error: Option<String>,
-    },
-    /// Injected through `MemoryElector::lose` (feature `testing`).
-    Injected,
-}
-
-impl LossCause {
-    fn label(&self) -> &'static str {
-        match self {
-            LossCause::Definitive { .. } => "definitive",
-            LossCause::DeadlineExceeded { .. } => "deadline",
-            LossCause::Injected => "injected",
-        }
-    }
-}
-
-impl fmt::Display for LossCause {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LossCause::Definitive { reason } => write!(f, "{reason}"),
-            LossCause::DeadlineExceeded {
-                last_error: Some(e),
-            } => {
-                write!(f, "no renewal before the local deadline (last error: {e})")
-            }
-            LossCause::DeadlineExceeded { last_error: None } => {
-                f.write_str("no renewal before the local deadline")
-            }
-            LossCause::Injected => f.write_str("loss injected"),
-        }
-    }
-}
-
-/// Where a held lease stands, as seen by this process.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Standing {
-    /// Held: writes with its fence are expected to be accepted.
-    Held,
-    /// Lost: stop writing; the cause says why.
-    Lost(LossCause),
-    /// Released by this process.
-    Released,
-}
-
 /// State shared by a [`HeldLease`], its renewal group and the elector.
 pub(super) struct Shared {
     pub(super) lease: Lease,
@@ -86,7 +29,8 @@ pub(super) struct Shared {
     pub(super) deadline: Mutex<Instant>,
     /// The error of the last renewal attempt, `None` after a successful one: the detail of a deadline loss.
     pub(super) last_error: Mutex<Option<String>>,
-    pub(super) standing: watch::Sender<Standing>,
+    /// How the tenure ended; `None` while it is held.
+    pub(super) ended: watch::Sender<Option<TenureEnd>>,
     pub(super) token: CancellationToken,
     /// Where the end of this process's belief is reported (a `PgElector` with `report_beliefs`); taken when
     /// it is reported, or by `abandon` (a frozen or killed process reports nothing).
@@ -154,7 +98,7 @@ impl fmt::Debug for Shared {
         f.debug_struct("Shared")
             .field("lease", &self.lease.qualified_name())
             .field("epoch", &self.lease.epoch())
-            .field("standing", &*self.standing.borrow())
+            .field("ended", &*self.ended.borrow())
             .finish()
     }
 }
@@ -175,7 +119,7 @@ impl Shared {
             margin,
             deadline: Mutex::new(deadline),
             last_error: Mutex::new(None),
-            standing: watch::Sender::new(Standing::Held),
+            ended: watch::Sender::new(None),
             token: CancellationToken::new(),
             reporter: Mutex::new(reporter),
         });
@@ -185,10 +129,17 @@ impl Shared {
         shared
     }
 
-    /// Not ended (lost or released) yet, by the standing alone; see [`believed_held`](Self::believed_held) for the
-    /// answer that also reads the clock.
+    /// Not ended (lost or released) yet, by the recorded end alone; see [`believed_held`](Self::believed_held) for
+    /// the answer that also reads the clock.
     pub(super) fn is_current(&self) -> bool {
-        matches!(*self.standing.borrow(), Standing::Held)
+        self.ended.borrow().is_none()
+    }
+
+    /// How the tenure ended, `None` while it is held — after reading the clock: past the local deadline it is
+    /// over even if no timer has said so yet.
+    pub(super) fn end_cause(&self) -> Option<TenureEnd> {
+        self.believed_held();
+        self.ended.borrow().clone()
     }
 
     /// Whether this process may still believe it holds the tenure: not ended, and before the local deadline by
@@ -207,7 +158,7 @@ impl Shared {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        self.lose(LossCause::DeadlineExceeded { last_error });
+        self.lose(TenureEnd::DeadlineExceeded { last_error });
         false
     }
 
@@ -229,10 +180,10 @@ impl Shared {
 
     /// Held → `to`, once: a tenure ends a single time and is never resumed. On the change the leader gauge drops,
     /// a transition is counted and the token is cancelled.
-    pub(super) fn end(&self, to: Standing) -> bool {
-        let changed = self.standing.send_if_modified(|s| {
-            if *s == Standing::Held {
-                *s = to.clone();
+    pub(super) fn end(&self, to: TenureEnd) -> bool {
+        let changed = self.ended.send_if_modified(|s| {
+            if s.is_none() {
+                *s = Some(to.clone());
                 true
             } else {
                 false
@@ -258,7 +209,7 @@ impl Shared {
     }
 
     /// Ends the tenure without reporting the end of the belief, as a frozen or killed process would.
-    pub(super) fn end_unreported(&self, cause: LossCause) {
+    pub(super) fn end_unreported(&self, cause: TenureEnd) {
         self.reporter
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -266,32 +217,34 @@ impl Shared {
         self.lose(cause);
     }
 
-    /// Held → Lost; later calls change nothing (a loss is never undone).
-    pub(super) fn lose(&self, cause: LossCause) -> bool {
-        let changed = self.end(Standing::Lost(cause.clone()));
-        if changed {
+    /// Held → lost (`cause` is one of the losses, [`TenureEnd::is_loss`]); later calls change nothing (a loss is
+    /// never undone).
+    pub(super) fn lose(&self, cause: TenureEnd) -> bool {
+        debug_assert!(cause.is_loss(), "{cause:?}");
+        let changed = self.end(cause.clone());
+        if let (true, Some(label)) = (changed, cause.loss_label()) {
             let name = self.lease.qualified_name().to_owned();
             tracing::warn!(lease = %name, epoch = %self.lease.epoch(), holder = self.lease.holder(),
                 %cause, "leadership lost");
-            metrics::counter!(METRIC_LOSSES, "lease" => name, "cause" => cause.label())
-                .increment(1);
+            metrics::counter!(METRIC_LOSSES, "lease" => name, "cause" => label).increment(1);
         }
         changed
     }
 
     /// Held → Released; returns whether it was held.
     pub(super) fn mark_released(&self) -> bool {
-        self.end(Standing::Released)
+        self.end(TenureEnd::Released)
     }
 }
 
-/// What a change of standing means for the belief it ends.
-fn belief_end(to: &Standing) -> BeliefEnd {
+/// What the end of a tenure means for the belief it ends.
+fn belief_end(to: &TenureEnd) -> BeliefEnd {
     match to {
-        Standing::Held | Standing::Released => BeliefEnd::Released,
-        Standing::Lost(LossCause::Definitive { reason }) => BeliefEnd::Lost(*reason),
-        Standing::Lost(LossCause::DeadlineExceeded { .. }) => BeliefEnd::Deadline,
-        Standing::Lost(LossCause::Injected) => BeliefEnd::Lost(LossReason::Superseded),
+        TenureEnd::Released | TenureEnd::Handover => BeliefEnd::Released,
+        TenureEnd::Shutdown => BeliefEnd::Shutdown,
+        TenureEnd::Lost { reason } => BeliefEnd::Lost(*reason),
+        TenureEnd::DeadlineExceeded { .. } => BeliefEnd::Deadline,
+        TenureEnd::Injected => BeliefEnd::Lost(LossReason::Superseded),
     }
 }
 
@@ -351,29 +304,29 @@ impl HeldLease {
     ///
     /// The clock is read here too: a starved runtime may run the renewal task's deadline timer late, but the
     /// answer is never "held" past the local deadline. The first call that sees the deadline passed declares the
-    /// loss ([`LossCause::DeadlineExceeded`]) for everyone, so once this returns `false` it stays `false` and
-    /// [`standing`](Self::standing) says why.
+    /// loss ([`TenureEnd::DeadlineExceeded`]) for everyone, so once this returns `false` it stays `false` and
+    /// [`end_cause`](Self::end_cause) says why.
     pub fn is_held(&self) -> bool {
         self.shared.believed_held()
     }
 
-    /// The current standing.
-    pub fn standing(&self) -> Standing {
-        self.shared.standing.borrow().clone()
+    /// How the tenure ended — a loss ([`TenureEnd::Lost`], [`DeadlineExceeded`](TenureEnd::DeadlineExceeded),
+    /// [`Injected`](TenureEnd::Injected)) or [`TenureEnd::Released`] — or `None` while it is held. Reads the clock
+    /// as [`is_held`](Self::is_held) does: never `None` at or past [`trust_until`](Self::trust_until). What to do
+    /// about it is [`TenureEnd::next`].
+    pub fn end_cause(&self) -> Option<TenureEnd> {
+        self.shared.end_cause()
     }
 
-    /// Completes when the lease is no longer held, with the cause (or `None` when it was released). It only
-    /// waits: dropping the future is safe.
-    pub fn lost(&self) -> impl Future<Output = Option<LossCause>> + Send + 'static {
-        let mut rx = self.shared.standing.subscribe();
+    /// Completes when the lease is no longer held, with how it ended (as [`end_cause`](Self::end_cause) then
+    /// says). It only waits: dropping the future is safe.
+    pub fn lost(&self) -> impl Future<Output = TenureEnd> + Send + 'static {
+        let mut rx = self.shared.ended.subscribe();
         async move {
-            let standing = match rx.wait_for(|s| *s != Standing::Held).await {
-                Ok(s) => s.clone(),
-                Err(_) => return None,
-            };
-            match standing {
-                Standing::Lost(cause) => Some(cause),
-                _ => None,
+            match rx.wait_for(Option::is_some).await {
+                Ok(end) => end.clone().unwrap_or(TenureEnd::Released),
+                // The tenure's state is gone, and with it the tenure: its lease was dropped (released).
+                Err(_) => TenureEnd::Released,
             }
         }
     }
@@ -418,7 +371,7 @@ impl HeldLease {
     #[doc(hidden)]
     pub fn abandon(mut self) {
         self.done = true;
-        self.shared.end_unreported(LossCause::DeadlineExceeded {
+        self.shared.end_unreported(TenureEnd::DeadlineExceeded {
             last_error: Some("abandoned".into()),
         });
     }
@@ -433,8 +386,8 @@ impl Drop for HeldLease {
         // background. A lease lost by the local deadline may still be current in the database: release it too,
         // so a successor need not wait for the ttl. A definitively lost one needs nothing.
         let needs_release = matches!(
-            &*self.shared.standing.borrow(),
-            Standing::Held | Standing::Lost(LossCause::DeadlineExceeded { .. })
+            &*self.shared.ended.borrow(),
+            None | Some(TenureEnd::DeadlineExceeded { .. })
         );
         self.shared.mark_released();
         if needs_release {
@@ -536,48 +489,4 @@ pub struct Health {
     pub identity_as_expected: Option<bool>,
     /// The error behind a `false`, if any.
     pub error: Option<String>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A loss cause reads as what happened (the text of the loss signal and of the runtime's log), is labelled
-    /// for the losses metric, and serializes tagged by its cause.
-    #[test]
-    fn loss_causes_say_what_happened() {
-        let cases = [
-            (
-                LossCause::Definitive {
-                    reason: LossReason::Superseded,
-                },
-                "superseded",
-                "definitive",
-            ),
-            (
-                LossCause::DeadlineExceeded { last_error: None },
-                "no renewal before the local deadline",
-                "deadline",
-            ),
-            (
-                LossCause::DeadlineExceeded {
-                    last_error: Some("connection refused".to_owned()),
-                },
-                "no renewal before the local deadline (last error: connection refused)",
-                "deadline",
-            ),
-            (LossCause::Injected, "loss injected", "injected"),
-        ];
-        for (cause, text, label) in cases {
-            assert_eq!(cause.to_string(), text);
-            assert_eq!(cause.label(), label);
-        }
-        assert_eq!(
-            serde_json::to_value(LossCause::Definitive {
-                reason: LossReason::Expired
-            })
-            .unwrap(),
-            serde_json::json!({"cause": "definitive", "reason": "expired"})
-        );
-    }
 }

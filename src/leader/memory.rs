@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast;
 
+use super::end::TenureEnd;
 use super::group::{Leaver, MemberShared, Membership};
-use super::held::{Health, HeldLease, LossCause, Releaser, Shared, Wake, Wakeups};
+use super::held::{Health, HeldLease, Releaser, Shared, Wake, Wakeups};
 use super::options::LeaseOptions;
 use super::BoxFuture;
 use super::Elector;
@@ -60,33 +61,33 @@ impl MemoryElector {
     }
 
     /// Ends the current tenure of `name` as if the database had granted it to someone else: the holder's
-    /// loss signal fires with [`LossCause::Injected`]. Returns whether a tenure was ended.
+    /// loss signal fires with [`TenureEnd::Injected`]. Returns whether a tenure was ended.
     pub fn lose(&self, name: &str) -> bool {
-        self.end_tenure(name, LossCause::Injected)
+        self.end_tenure(name, TenureEnd::Injected)
     }
 
     /// Ends the current tenure of `name` the way the database would have answered its next renewal with
-    /// `reason`: the holder's loss signal fires with [`LossCause::Definitive`]. Use it to drive a controller
+    /// `reason`: the holder's loss signal fires with [`TenureEnd::Lost`] and that reason. Use it to drive a controller
     /// through a specific loss, e.g. [`LossReason::Failover`]. Returns whether a tenure was ended.
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> pgfence::Result<()> {
     /// use std::time::Duration;
     /// use pgfence::LossReason;
-    /// use pgfence::leader::{Elector, LeaseOptions, LossCause, MemoryElector};
+    /// use pgfence::leader::{Elector, LeaseOptions, MemoryElector, TenureEnd};
     ///
     /// let elector = MemoryElector::new();
     /// let lease = elector.acquire("scheduler", "pod-a", &LeaseOptions::new(Duration::from_secs(15))).await?;
     /// assert!(elector.lose_because("scheduler", LossReason::Failover));
     /// assert!(!lease.is_held());
-    /// assert_eq!(lease.lost().await, Some(LossCause::Definitive { reason: LossReason::Failover }));
+    /// assert_eq!(lease.lost().await, TenureEnd::Lost { reason: LossReason::Failover });
     /// # Ok(()) }
     /// ```
     pub fn lose_because(&self, name: &str, reason: LossReason) -> bool {
-        self.end_tenure(name, LossCause::Definitive { reason })
+        self.end_tenure(name, TenureEnd::Lost { reason })
     }
 
-    fn end_tenure(&self, name: &str, cause: LossCause) -> bool {
+    fn end_tenure(&self, name: &str, cause: TenureEnd) -> bool {
         let qualified = self.qualify(name);
         let current = {
             let mut leases = self.inner.leases.lock().unwrap_or_else(|p| p.into_inner());
@@ -247,7 +248,7 @@ impl Elector for MemoryElector {
                 }
                 // Same holder again: a new tenure fences the earlier one, as in PostgreSQL.
                 if let Some(old) = entry.current.take().and_then(|w| w.upgrade()) {
-                    old.lose(LossCause::Definitive {
+                    old.lose(TenureEnd::Lost {
                         reason: LossReason::Superseded,
                     });
                 }

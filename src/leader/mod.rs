@@ -35,6 +35,7 @@ use crate::membership::{MemberSpec, Roster};
 
 pub mod assign;
 mod backoff;
+mod end;
 mod group;
 mod held;
 #[cfg(feature = "testing")]
@@ -46,13 +47,14 @@ mod supervisor;
 
 pub use assign::{assign, shard_of, Assignment};
 pub use backoff::Backoff;
+pub use end::TenureEnd;
 pub use group::{MemberState, Membership};
-pub use held::{Health, HeldLease, LossCause, Standing, Wakeups};
+pub use held::{Health, HeldLease, Wakeups};
 #[cfg(feature = "testing")]
 pub use memory::MemoryElector;
 pub use options::LeaseOptions;
 pub use pg::PgElector;
-pub use run::{run_with_leadership, Ended, LeaderContext, LeadershipOptions, TenureEnd};
+pub use run::{run_with_leadership, Ended, LeaderContext, LeadershipOptions};
 pub use supervisor::{
     BoxError, GroupStatus, Readiness, Shard, Spread, Supervisor, SupervisorStatus,
 };

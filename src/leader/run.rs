@@ -1,6 +1,5 @@
 //! [`run_with_leadership`]: one controller callback per tenure, cancelled when the tenure ends.
 
-use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -9,7 +8,8 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::held::{LossCause, Shared, Standing};
+use super::end::TenureEnd;
+use super::held::Shared;
 use super::options::LeaseOptions;
 use super::Elector;
 use crate::effects::InDoubt;
@@ -38,39 +38,6 @@ pub struct LeaderContext {
     handover: Option<Arc<AtomicBool>>,
     /// What earlier tenures left in doubt when this one began.
     in_doubt: Arc<[InDoubt]>,
-}
-
-/// Why the leadership a [`LeaderContext`] stands for ended (or, for [`Shutdown`](Self::Shutdown), is ending).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TenureEnd {
-    /// The tenure was lost: the database ended it ([`LossCause::Definitive`]), the local deadline passed without
-    /// a renewal ([`LossCause::DeadlineExceeded`]), or a test double injected the loss. Writes with its fence are
-    /// refused (or soon will be); the runtime re-campaigns for a new tenure.
-    Lost(LossCause),
-    /// The caller asked leadership to stop (the parent token of [`run_with_leadership`] or the supervisor's
-    /// shutdown was cancelled). The tenure stays held until the callback returns and is then released, so work in
-    /// flight may finish with the fence; start nothing new.
-    Shutdown,
-    /// The callback returned (or failed) and the tenure was released: only work the callback left running with a
-    /// clone of the context can see this.
-    Released,
-    /// A spreading [`Supervisor`](super::Supervisor) hands the name over to the replica the group's assignment
-    /// now gives it to: as for [`Shutdown`](Self::Shutdown), the tenure stays held until the callback returns
-    /// (or its grace runs out) and is then released, and the successor acquires with a larger epoch at once.
-    /// Writes of this tenure after the successor's acquisition are refused.
-    Handover,
-}
-
-impl fmt::Display for TenureEnd {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TenureEnd::Lost(cause) => write!(f, "lost: {cause}"),
-            TenureEnd::Shutdown => f.write_str("shut down"),
-            TenureEnd::Released => f.write_str("released after the callback returned"),
-            TenureEnd::Handover => f.write_str("handed over to another replica"),
-        }
-    }
 }
 
 impl LeaderContext {
@@ -106,7 +73,7 @@ impl LeaderContext {
     /// ```
     /// # #[tokio::main] async fn main() -> pgfence::Result<()> {
     /// use std::time::Duration;
-    /// use pgfence::leader::{run_with_leadership, LeadershipOptions, LossCause, MemoryElector, TenureEnd};
+    /// use pgfence::leader::{run_with_leadership, LeadershipOptions, MemoryElector, TenureEnd};
     /// use tokio_util::sync::CancellationToken;
     ///
     /// let elector = MemoryElector::new();
@@ -127,7 +94,7 @@ impl LeaderContext {
     /// assert!(ctx.is_held());
     /// elector.lose("scheduler"); // as if the database had granted the lease to someone else
     /// assert!(!ctx.is_held());
-    /// assert_eq!(ctx.end_cause(), Some(TenureEnd::Lost(LossCause::Injected)));
+    /// assert_eq!(ctx.end_cause(), Some(TenureEnd::Injected));
     /// run.await.unwrap()?;
     /// # Ok(()) }
     /// ```
@@ -144,30 +111,34 @@ impl LeaderContext {
 
     /// Why leadership ended, or `None` while it goes on. `Some` from the moment the
     /// [`cancellation token`](Self::cancellation_token) is cancelled, and whenever [`is_held`](Self::is_held) is
-    /// false. A loss is reported as [`TenureEnd::Lost`] with its cause even when it happens during an orderly
-    /// shutdown (the tenure was then not released in order); otherwise an orderly stop is
-    /// [`TenureEnd::Shutdown`].
+    /// false. A loss ([`TenureEnd::Lost`], [`DeadlineExceeded`](TenureEnd::DeadlineExceeded),
+    /// [`Injected`](TenureEnd::Injected)) is reported as such even when it happens during an orderly shutdown (the
+    /// tenure was then not released in order); otherwise an orderly stop is [`TenureEnd::Shutdown`] (or
+    /// [`Handover`](TenureEnd::Handover)). What to do about it is [`TenureEnd::next`].
     ///
     /// ```
-    /// use pgfence::leader::{LeaderContext, LossCause, TenureEnd};
-    /// use pgfence::LossReason;
+    /// use pgfence::leader::{LeaderContext, TenureEnd};
+    /// use pgfence::{LossReason, Next};
     ///
     /// fn report(ctx: &LeaderContext) {
-    ///     match ctx.end_cause() {
-    ///         None => println!("still leading at epoch {}", ctx.epoch()),
-    ///         Some(TenureEnd::Lost(LossCause::Definitive { reason: LossReason::Failover })) => {
+    ///     let Some(end) = ctx.end_cause() else {
+    ///         return println!("still leading at epoch {}", ctx.epoch());
+    ///     };
+    ///     match &end {
+    ///         TenureEnd::Lost { reason: LossReason::Failover } => {
     ///             println!("the database failed over; campaigning again")
     ///         }
-    ///         Some(TenureEnd::Lost(cause)) => println!("lost epoch {}: {cause}", ctx.epoch()),
-    ///         Some(end) => println!("stopped: {end}"),
+    ///         _ if end.next() == Next::Recampaign => {
+    ///             println!("lost epoch {}: {end}; campaigning again", ctx.epoch())
+    ///         }
+    ///         _ => println!("stopped: {end}"),
     ///     }
     /// }
     /// ```
     pub fn end_cause(&self) -> Option<TenureEnd> {
         // Read the clock first: past the local deadline the tenure is over even if no timer has said so yet.
-        self.tenure.believed_held();
-        match &*self.tenure.standing.borrow() {
-            Standing::Lost(cause) => Some(TenureEnd::Lost(cause.clone())),
+        match self.tenure.end_cause() {
+            Some(end) if end.is_loss() => Some(end),
             _ if self.shutdown.load(Ordering::SeqCst) => Some(
                 if self
                     .handover
@@ -179,8 +150,7 @@ impl LeaderContext {
                     TenureEnd::Shutdown
                 },
             ),
-            Standing::Released => Some(TenureEnd::Released),
-            Standing::Held => None,
+            end => end,
         }
     }
 
@@ -233,8 +203,9 @@ pub enum Ended<E> {
     Panicked(String),
     /// The lease was lost; the callback was cancelled.
     Lost {
-        /// Why the lease was lost.
-        cause: LossCause,
+        /// How: always a loss ([`TenureEnd::is_loss`]) — [`TenureEnd::Lost`] with the database's reason,
+        /// [`TenureEnd::DeadlineExceeded`] or [`TenureEnd::Injected`]. What to do next is [`TenureEnd::next`].
+        end: TenureEnd,
         /// Whether the callback returned within the grace period (if not, it was aborted at its next await and
         /// reported through tracing and the `pgfence_callbacks_not_stopped_total` metric).
         callback_stopped: bool,
@@ -296,7 +267,7 @@ fn jittered(base: Duration) -> Duration {
 ///             }
 ///         }
 ///         match ctx.end_cause() {
-///             Some(TenureEnd::Lost(cause)) => eprintln!("lost epoch {}: {cause}", ctx.epoch()),
+///             Some(end) if end.is_loss() => eprintln!("lost epoch {}: {end}", ctx.epoch()),
 ///             other => eprintln!("stopped leading: {other:?}"),
 ///         }
 ///         Ok::<_, pgfence::Error>(())
@@ -380,8 +351,8 @@ where
             Err(e) if e.is_transient() => {
                 tracing::warn!(lease = %qualified, error = %e, "listing the effects in doubt failed; retrying");
                 tokio::select! {
-                    cause = lease.lost() => return Ok(Ended::Lost {
-                        cause: cause.unwrap_or(LossCause::Definitive { reason: LossReason::Released }),
+                    end = lease.lost() => return Ok(Ended::Lost {
+                        end: as_loss(end),
                         callback_stopped: true,
                     }),
                     _ = parent.cancelled() => {
@@ -423,19 +394,20 @@ where
     tokio::pin!(lost);
 
     enum Stop {
-        Lost(LossCause),
+        Lost(TenureEnd),
         Cancelled,
     }
     let stop = tokio::select! {
         // Biased: a callback that returns *because* it saw the loss or the shutdown must be reported as such,
         // and by then the loss (or the parent's cancellation) is already observable.
         biased;
-        cause = &mut lost => Stop::Lost(cause.unwrap_or(LossCause::Definitive { reason: LossReason::Released })),
+        end = &mut lost => Stop::Lost(as_loss(end)),
         _ = parent.cancelled() => Stop::Cancelled,
         joined = &mut task => {
             // Re-check: the callback may have returned on the loss signal between the polls above.
-            if let Standing::Lost(cause) = lease.standing() {
-                return Ok(Ended::Lost { cause, callback_stopped: true });
+            let ended = lease.shared.ended.borrow().clone();
+            if let Some(end) = ended.filter(TenureEnd::is_loss) {
+                return Ok(Ended::Lost { end, callback_stopped: true });
             }
             if parent.is_cancelled() {
                 // Seen by work the callback left running with a clone of the context.
@@ -468,16 +440,28 @@ where
         }
     };
     match stop {
-        Stop::Lost(cause) => {
+        Stop::Lost(end) => {
             drop(lease); // releases in the background if the database may still think we hold it
             Ok(Ended::Lost {
-                cause,
+                end,
                 callback_stopped,
             })
         }
         Stop::Cancelled => {
             lease.release().await?;
             Ok(Ended::Cancelled { callback_stopped })
+        }
+    }
+}
+
+/// The end of a tenure that ended while the run waited on it, as a loss: the run releases its tenures itself, so
+/// an end it did not make is read as the database's (`released`).
+fn as_loss(end: TenureEnd) -> TenureEnd {
+    if end.is_loss() {
+        end
+    } else {
+        TenureEnd::Lost {
+            reason: LossReason::Released,
         }
     }
 }

@@ -9,9 +9,10 @@ use diesel::sql_types::Text;
 use super::rows::{sql, unexpected_reply, LeaseReply, LeaseResultRow, LeaseStatusRow, STATUS_SQL};
 use super::{ForceReleased, Lease, LeaseStatus, Released};
 use crate::admin::Admin;
-use crate::error::{DenyReason, Error, Result};
+use crate::error::{denial_text, Error, Result};
 use crate::reply::RowsOf;
 use crate::store::Store;
+use crate::types::LossReason;
 use crate::validate::{ttl_ms, validate_holder, validate_name};
 
 impl Store {
@@ -275,8 +276,8 @@ impl Admin<'_> {
 }
 
 /// The [`Error::Denied`] of a lease call the database refused (and audited).
-fn denied(lease: String, operation: &str, reason: DenyReason) -> Error {
-    tracing::warn!(%lease, operation, %reason, "lease call denied");
+fn denied(lease: String, operation: &str, reason: LossReason) -> Error {
+    tracing::warn!(%lease, operation, reason = %denial_text(reason), "lease call denied");
     Error::Denied {
         lease,
         operation: operation.to_owned(),

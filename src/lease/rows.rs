@@ -8,7 +8,7 @@ use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz};
 use diesel::QueryableByName;
 
 use super::{LeaseState, LeaseStatus, TenureSecret};
-use crate::error::{DenyReason, Error, Result};
+use crate::error::{Error, Result};
 use crate::reply::{deny_reason, is_denial, loss_reason, unexpected};
 use crate::types::{Epoch, LossReason};
 
@@ -89,7 +89,7 @@ pub(super) enum LeaseReply {
         epoch: Option<Epoch>,
     },
     /// `refused` with `no_grant` or `bad_secret`: refused and audited.
-    Denied(DenyReason),
+    Denied(LossReason),
 }
 
 impl LeaseReply {
@@ -251,7 +251,7 @@ mod tests {
             row(Some("refused"), Some("bad_secret"), None)
                 .decode("release")
                 .unwrap(),
-            LeaseReply::Denied(DenyReason::BadSecret)
+            LeaseReply::Denied(LossReason::BadSecret)
         ));
         let mut acquired = row(Some("acquired"), None, Some(1));
         acquired.secret = Some("ab".repeat(SECRET_LEN / 2));

@@ -9,11 +9,11 @@ use diesel::QueryableByName;
 
 use super::rows::{sql, GroupMemberRow, MemberReply, MemberResultRow, RosterRow};
 use super::{
-    member_lost, validate_group, GroupMember, Groups, Member, MemberLoss, MemberSpec, Roster,
-    RosterMember,
+    member_lost, validate_group, GroupMember, Groups, Member, MemberSpec, Roster, RosterMember,
 };
-use crate::error::{DenyReason, Error, Result};
+use crate::error::{Error, Result};
 use crate::reply::{unexpected, RowsOf};
+use crate::types::LossReason;
 use crate::validate::{ttl_ms, validate_holder, validate_name};
 
 impl Groups<'_> {
@@ -84,10 +84,10 @@ impl Groups<'_> {
                 member: member.to_owned(),
                 expires_in,
             }),
-            MemberReply::Lost(MemberLoss::NoGrant) => Err(Error::Denied {
+            MemberReply::Lost(LossReason::NoGrant) => Err(Error::Denied {
                 lease: qualified,
                 operation: "join_group".to_owned(),
-                reason: DenyReason::NoGrant,
+                reason: LossReason::NoGrant,
             }),
             other => Err(unexpected("join_group", &format!("{other:?}"))),
         }
@@ -148,10 +148,10 @@ impl Groups<'_> {
                 Ok(true)
             }
             MemberReply::Lost(
-                MemberLoss::Expired
-                | MemberLoss::Left
-                | MemberLoss::Superseded
-                | MemberLoss::UnknownMember,
+                LossReason::Expired
+                | LossReason::Left
+                | LossReason::Superseded
+                | LossReason::UnknownMember,
             ) => Ok(false),
             MemberReply::Lost(reason) => Err(member_lost(member, reason)),
             other => Err(unexpected("leave_group", &format!("{other:?}"))),

@@ -18,12 +18,12 @@ use crate::error::{Error, Result};
 use crate::lease::TenureSecret;
 use crate::limits::{MAX_GROUP_LEN, MAX_GROUP_NAMES, MAX_WEIGHT};
 use crate::store::Store;
+use crate::types::LossReason;
 use crate::validate::{check_text, validate_name};
 
 mod calls;
 mod rows;
 
-pub use crate::types::MemberLoss;
 pub(crate) use rows::{MemberReply, MemberResultRow};
 
 /// The replica groups of a [`Store`] ([`Store::groups`]): joining, heartbeats and leaving, the roster every
@@ -318,7 +318,7 @@ pub struct GroupMember {
     pub leads: Vec<String>,
 }
 
-pub(crate) fn member_lost(member: &Member, reason: MemberLoss) -> Error {
+pub(crate) fn member_lost(member: &Member, reason: LossReason) -> Error {
     Error::MemberLost {
         group: member.qualified.clone(),
         member: member.member.clone(),

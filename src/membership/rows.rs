@@ -7,10 +7,10 @@ use std::time::Duration;
 use diesel::sql_types::{Array, BigInt, Bool, Integer, Nullable, Text};
 use diesel::QueryableByName;
 
-use super::MemberLoss;
 use crate::error::Result;
 use crate::lease::TenureSecret;
 use crate::reply::unexpected;
+use crate::types::LossReason;
 
 /// The membership functions, each called as `SELECT * FROM pgfence.f(…)` ([`RowsOf`]) and answered by one
 /// [`MemberResultRow`].
@@ -81,8 +81,9 @@ pub(crate) enum MemberReply {
     Left,
     /// `refused` / `member_taken`: the live member of that name, and its time left.
     Taken { expires_in: Duration },
-    /// `refused` with a loss reason.
-    Lost(MemberLoss),
+    /// `refused` with a membership's loss reason (`unknown_member`, `superseded`, `bad_secret`, `left`, `expired`,
+    /// `no_grant`).
+    Lost(LossReason),
 }
 
 impl MemberResultRow {
@@ -107,7 +108,7 @@ impl MemberResultRow {
             Some("refused") => MemberReply::Lost(
                 self.reason
                     .as_deref()
-                    .and_then(MemberLoss::from_sql)
+                    .and_then(LossReason::from_member_sql)
                     .ok_or_else(|| {
                         unexpected(function, &format!("reason {:?}", self.reason.as_deref()))
                     })?,
@@ -189,12 +190,12 @@ mod tests {
     #[test]
     fn refusals_decode_exactly() {
         for loss in [
-            MemberLoss::UnknownMember,
-            MemberLoss::Superseded,
-            MemberLoss::BadSecret,
-            MemberLoss::Left,
-            MemberLoss::Expired,
-            MemberLoss::NoGrant,
+            LossReason::UnknownMember,
+            LossReason::Superseded,
+            LossReason::BadSecret,
+            LossReason::Left,
+            LossReason::Expired,
+            LossReason::NoGrant,
         ] {
             let name = serde_json::to_value(loss).unwrap();
             let name = name.as_str().unwrap();
@@ -207,7 +208,14 @@ mod tests {
             refused(Some("member_taken")).decode("join_group"),
             Ok(MemberReply::Taken { expires_in }) if expires_in == Duration::from_millis(1500)
         ));
-        for reason in [Some("denied"), Some("released"), Some(""), None] {
+        for reason in [
+            Some("denied"),
+            Some("released"),
+            Some("unknown_lease"),
+            Some("forced"),
+            Some(""),
+            None,
+        ] {
             let error = refused(reason).decode("heartbeat").unwrap_err();
             assert!(
                 error

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 use diesel::QueryableByName;
 use tokio::sync::Notify;
 
-use crate::error::{DenyReason, Error, Result};
+use crate::error::{Error, Result};
+use crate::leader::end::TenureEnd;
 use crate::leader::group::MemberShared;
-use crate::leader::held::{LossCause, Shared};
+use crate::leader::held::Shared;
 use crate::membership::{Member, MemberReply, MemberResultRow};
 use crate::metrics::METRIC_RENEW_DURATION;
 use crate::reply::{deny_reason, is_denial, loss_reason, unexpected, RowsOf};
@@ -160,7 +161,7 @@ enum Renewal {
     Lost(LossReason),
     /// `refused` with `no_grant` or `bad_secret`: the role has no grant on the lease's cluster, or the secret is
     /// not the tenure's.
-    Denied(DenyReason),
+    Denied(LossReason),
 }
 
 impl RenewManyRow {
@@ -427,7 +428,10 @@ async fn renew_loop(elector: Weak<Renewals>, group: Arc<Group>) {
                             membership.renewed(sent, settled, digest)
                         }
                         MemberReply::Lost(reason) => {
-                            membership.end(format!("heartbeat refused: {reason}"));
+                            membership.end(format!(
+                                "heartbeat refused: {}",
+                                crate::error::member_loss_text(reason)
+                            ));
                         }
                         other => {
                             membership.end(format!("heartbeat answered {other:?}"));
@@ -485,15 +489,13 @@ async fn renew_loop(elector: Weak<Renewals>, group: Arc<Group>) {
 
 /// What one row of `pgfence.renew_many` means for its tenure: `None` when it was renewed, otherwise a definitive
 /// loss. Every refusal is definitive, whatever its reason — superseded, expired, released, `failover` (the
-/// tenure was granted before the server's last promotion), or denied: asking again gets the same answer, and only
-/// a new acquisition (a new epoch) can help, which the runtime's campaign loop does on its own.
-fn renewal_verdict(renewal: Renewal) -> Option<LossCause> {
+/// tenure was granted before the server's last promotion), or denied (`no_grant`, `bad_secret`: the loss names
+/// which): asking again gets the same answer, and only a new acquisition (a new epoch) can help, which the
+/// runtime's campaign loop does on its own.
+fn renewal_verdict(renewal: Renewal) -> Option<TenureEnd> {
     match renewal {
         Renewal::Renewed => None,
-        Renewal::Lost(reason) => Some(LossCause::Definitive { reason }),
-        Renewal::Denied(_) => Some(LossCause::Definitive {
-            reason: LossReason::Denied,
-        }),
+        Renewal::Lost(reason) | Renewal::Denied(reason) => Some(TenureEnd::Lost { reason }),
     }
 }
 
@@ -518,7 +520,7 @@ mod tests {
         assert_eq!(renewal_verdict(Renewal::Renewed), None);
         assert_eq!(
             renewal_verdict(Renewal::Lost(LossReason::Failover)),
-            Some(LossCause::Definitive {
+            Some(TenureEnd::Lost {
                 reason: LossReason::Failover
             })
         );
@@ -531,15 +533,13 @@ mod tests {
         ] {
             assert_eq!(
                 renewal_verdict(Renewal::Lost(reason)),
-                Some(LossCause::Definitive { reason })
+                Some(TenureEnd::Lost { reason })
             );
         }
-        for reason in [DenyReason::NoGrant, DenyReason::BadSecret] {
+        for reason in [LossReason::NoGrant, LossReason::BadSecret] {
             assert_eq!(
                 renewal_verdict(Renewal::Denied(reason)),
-                Some(LossCause::Definitive {
-                    reason: LossReason::Denied
-                })
+                Some(TenureEnd::Lost { reason })
             );
         }
     }
@@ -563,7 +563,7 @@ mod tests {
         );
         assert_eq!(
             row(Some("refused"), Some("no_grant")).decode().unwrap().1,
-            Renewal::Denied(DenyReason::NoGrant)
+            Renewal::Denied(LossReason::NoGrant)
         );
         for (outcome, reason) in [
             (Some("extended"), None),

@@ -65,8 +65,8 @@ pub(super) async fn campaign<E: Elector>(
                 failures = 0;
                 backoff.delay(0)
             }
-            Ok(Ended::Lost { cause, .. }) => {
-                tracing::warn!(controller = %controller.name, %cause, "re-campaigning after loss");
+            Ok(Ended::Lost { end, .. }) => {
+                tracing::warn!(controller = %controller.name, cause = %end, "re-campaigning after loss");
                 failures = 0;
                 backoff.delay(0)
             }

@@ -314,8 +314,8 @@ impl<E: Elector> NameLoop<E> {
             let delay = match result {
                 Ok(Ended::Cancelled { .. }) => continue,
                 Ok(Ended::Returned) | Ok(Ended::Lost { .. }) => {
-                    if let Ok(Ended::Lost { cause, .. }) = &result {
-                        tracing::warn!(controller = %name, %cause, "re-campaigning after loss");
+                    if let Ok(Ended::Lost { end, .. }) = &result {
+                        tracing::warn!(controller = %name, cause = %end, "re-campaigning after loss");
                     }
                     failures = 0;
                     self.backoff.delay(0)

@@ -92,13 +92,13 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::connect::sqlstate::code;
     use crate::error::EffectConflict;
+    use crate::sqlstate::SqlState;
     use crate::types::{Epoch, TaskState};
 
     fn database(sqlstate: Option<&str>) -> Error {
         Error::Database {
-            sqlstate: sqlstate.map(str::to_owned),
+            sqlstate: sqlstate.map(SqlState::from_code),
             message: "m".to_owned(),
             source: None,
         }
@@ -153,9 +153,9 @@ mod tests {
                 waited: Duration::from_secs(1),
                 cause: None,
             },
-            database(Some(code::SERIALIZATION_FAILURE)),
-            database(Some(code::DEADLOCK_DETECTED)),
-            database(Some(code::CONNECTION_FAILURE)),
+            database(Some("40001")),
+            database(Some("40P01")),
+            database(Some("08006")),
         ] {
             assert!(error.is_transient(), "{error:?}");
             assert_eq!(error.next(), Next::Retry, "{error:?}");
@@ -284,7 +284,7 @@ mod tests {
                 lease: text(),
                 effect_key: text(),
             },
-            database(Some(code::INSUFFICIENT_PRIVILEGE)),
+            database(Some("42501")),
             database(None),
         ] {
             assert_eq!(error.next(), Next::Stop, "{error:?}");

@@ -245,6 +245,27 @@ impl<E: Elector> Elector for Watched<E> {
     async fn health(&self) -> Health {
         self.inner.health().await
     }
+    async fn join(
+        &self,
+        group: &str,
+        member: &str,
+        spec: &pgfence::groups::MemberSpec,
+        options: &LeaseOptions,
+    ) -> pgfence::Result<pgfence::leader::Membership> {
+        self.inner.join(group, member, spec, options).await
+    }
+
+    async fn roster(&self, group: &str) -> pgfence::Result<pgfence::groups::Roster> {
+        self.inner.roster(group).await
+    }
+
+    async fn in_doubt(&self, name: &str) -> pgfence::Result<Vec<pgfence::effects::InDoubt>> {
+        self.inner.in_doubt(name).await
+    }
+
+    async fn handover_gap(&self, name: &str, epoch: pgfence::Epoch) -> Option<Duration> {
+        self.inner.handover_gap(name, epoch).await
+    }
 }
 
 /// How a run spawned in a task ended: within [`WAIT`], without a panic or an error.

@@ -891,6 +891,27 @@ impl Elector for Watched {
     async fn health(&self) -> Health {
         self.inner.health().await
     }
+    async fn join(
+        &self,
+        group: &str,
+        member: &str,
+        spec: &pgfence::groups::MemberSpec,
+        options: &LeaseOptions,
+    ) -> pgfence::Result<pgfence::leader::Membership> {
+        self.inner.join(group, member, spec, options).await
+    }
+
+    async fn roster(&self, group: &str) -> pgfence::Result<pgfence::groups::Roster> {
+        self.inner.roster(group).await
+    }
+
+    async fn in_doubt(&self, name: &str) -> pgfence::Result<Vec<pgfence::effects::InDoubt>> {
+        self.inner.in_doubt(name).await
+    }
+
+    async fn handover_gap(&self, name: &str, epoch: pgfence::Epoch) -> Option<Duration> {
+        self.inner.handover_gap(name, epoch).await
+    }
 }
 
 #[derive(Debug)]

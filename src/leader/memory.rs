@@ -362,6 +362,16 @@ impl Elector for MemoryElector {
         Ok(roster)
     }
 
+    /// The in-memory elector keeps no effect ledger: nothing is ever in doubt.
+    async fn in_doubt(&self, _name: &str) -> Result<Vec<crate::effects::InDoubt>> {
+        Ok(Vec::new())
+    }
+
+    /// It records no release times: the gap before a tenure is unknown.
+    async fn handover_gap(&self, _name: &str, _epoch: crate::types::Epoch) -> Option<Duration> {
+        None
+    }
+
     async fn health(&self) -> Health {
         Health {
             database_reachable: true,

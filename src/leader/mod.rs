@@ -66,10 +66,64 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>
 /// Something that grants leases: PostgreSQL ([`PgElector`]) or the in-memory double (`MemoryElector`, feature
 /// `testing`).
 ///
-/// Controllers are generic over it to run against either. It can be implemented outside pgfence to *wrap* an
-/// elector (instrumentation, fault injection, as the leader tests do to observe every campaign attempt): a
-/// [`HeldLease`] has no public constructor, because its loss signal and release are wired into the runtime, so
-/// every implementation delegates its acquisitions to [`PgElector`] or `MemoryElector`.
+/// Controllers are generic over it to run against either.
+///
+/// **Open for wrapping, closed to new backends — by design.** Code outside pgfence may implement it to *wrap* an
+/// elector (instrumentation, fault injection, as the leader tests do to observe every campaign attempt), but not
+/// to grant leases of its own: a [`HeldLease`] has no public constructor, because its renewal, loss signal and
+/// release are wired into the runtime, and a lease that did not come from the database's compare-and-set would
+/// carry no fencing token any guard accepts. So every implementation delegates its acquisitions to
+/// [`PgElector`] or `MemoryElector`. No method has a default, so a wrapper forwards every one of them: one that
+/// answered `in_doubt` itself would hand its callbacks no effects in doubt.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+///
+/// use pgfence::groups::{MemberSpec, Roster};
+/// use pgfence::leader::{Elector, Health, HeldLease, LeaseOptions, Membership, Wakeups};
+///
+/// /// Counts acquisition attempts; everything else is the inner elector's.
+/// #[derive(Clone)]
+/// struct Counted<E> {
+///     inner: E,
+///     attempts: Arc<AtomicU64>,
+/// }
+///
+/// impl<E: Elector> Elector for Counted<E> {
+///     fn qualify(&self, name: &str) -> String {
+///         self.inner.qualify(name)
+///     }
+///     async fn acquire(&self, name: &str, holder: &str, options: &LeaseOptions) -> pgfence::Result<HeldLease> {
+///         self.attempts.fetch_add(1, Ordering::Relaxed);
+///         self.inner.acquire(name, holder, options).await
+///     }
+///     fn wakeups(&self) -> Wakeups {
+///         self.inner.wakeups()
+///     }
+///     async fn health(&self) -> Health {
+///         self.inner.health().await
+///     }
+///     async fn join(
+///         &self,
+///         group: &str,
+///         member: &str,
+///         spec: &MemberSpec,
+///         options: &LeaseOptions,
+///     ) -> pgfence::Result<Membership> {
+///         self.inner.join(group, member, spec, options).await
+///     }
+///     async fn roster(&self, group: &str) -> pgfence::Result<Roster> {
+///         self.inner.roster(group).await
+///     }
+///     async fn in_doubt(&self, name: &str) -> pgfence::Result<Vec<pgfence::effects::InDoubt>> {
+///         self.inner.in_doubt(name).await
+///     }
+///     async fn handover_gap(&self, name: &str, epoch: pgfence::Epoch) -> Option<std::time::Duration> {
+///         self.inner.handover_gap(name, epoch).await
+///     }
+/// }
+/// ```
 pub trait Elector: Clone + Send + Sync + 'static {
     /// The name leases are stored under (`<cluster>/<name>` or `memory/<name>`).
     fn qualify(&self, name: &str) -> String;
@@ -105,8 +159,6 @@ pub trait Elector: Clone + Send + Sync + 'static {
     /// with `options`' timing (a [`PgElector`] sends the heartbeat in the statement that renews the leases
     /// `member` holds with the same timing) until it is lost, left or dropped.
     ///
-    /// The default implementation refuses: an elector that wraps another delegates to it.
-    ///
     /// # Errors
     ///
     /// As [`Groups::join`](crate::groups::Groups::join); [`Error::InvalidInput`](crate::Error::InvalidInput)
@@ -117,35 +169,19 @@ pub trait Elector: Clone + Send + Sync + 'static {
         member: &str,
         spec: &MemberSpec,
         options: &LeaseOptions,
-    ) -> impl Future<Output = Result<Membership>> + Send {
-        let _ = (group, member, spec, options);
-        async {
-            Err(crate::Error::invalid(
-                "elector",
-                "this elector does not support replica groups",
-            ))
-        }
-    }
+    ) -> impl Future<Output = Result<Membership>> + Send;
 
     /// The live roster of replica group `group`: its members and who leads each name now. It only reads.
     ///
     /// # Errors
     ///
-    /// As [`Groups::roster`](crate::groups::Groups::roster); the default implementation refuses.
-    fn roster(&self, group: &str) -> impl Future<Output = Result<Roster>> + Send {
-        let _ = group;
-        async {
-            Err(crate::Error::invalid(
-                "elector",
-                "this elector does not support replica groups",
-            ))
-        }
-    }
+    /// As [`Groups::roster`](crate::groups::Groups::roster).
+    fn roster(&self, group: &str) -> impl Future<Output = Result<Roster>> + Send;
 
     /// The effects lease `name` has in doubt (see [`Effects::in_doubt`](crate::effects::Effects::in_doubt)):
     /// read by the leadership runtime when a tenure begins, before its callback runs, and handed to it as
-    /// [`LeaderContext::in_doubt`]. It only reads. The default implementation (an elector with no effect ledger,
-    /// such as the in-memory one) answers none.
+    /// [`LeaderContext::in_doubt`]. It only reads. An elector with no effect ledger (the in-memory one) answers
+    /// none.
     ///
     /// # Errors
     ///
@@ -153,10 +189,7 @@ pub trait Elector: Clone + Send + Sync + 'static {
     fn in_doubt(
         &self,
         name: &str,
-    ) -> impl Future<Output = Result<Vec<crate::effects::InDoubt>>> + Send {
-        let _ = name;
-        async { Ok(Vec::new()) }
-    }
+    ) -> impl Future<Output = Result<Vec<crate::effects::InDoubt>>> + Send;
 
     /// How long `name` had no holder before tenure `epoch` began, when the tenure before it was released (a
     /// handover), by the store's clock; `None` otherwise or when unknown. It only reads.
@@ -164,8 +197,5 @@ pub trait Elector: Clone + Send + Sync + 'static {
         &self,
         name: &str,
         epoch: crate::Epoch,
-    ) -> impl Future<Output = Option<std::time::Duration>> + Send {
-        let _ = (name, epoch);
-        async { None }
-    }
+    ) -> impl Future<Output = Option<std::time::Duration>> + Send;
 }

@@ -12,6 +12,8 @@ use crate::common;
 
 #[path = "native/differential.rs"]
 mod differential;
+#[path = "native/moments.rs"]
+mod moments;
 
 use std::time::Duration;
 

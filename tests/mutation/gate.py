@@ -89,6 +89,9 @@ SUITE_MODULES = {"guard", "lease", "store", "privileges", "trust", "sqlstate", "
 
 # The native guard's differential test: every combination of the verdict's inputs through both guards.
 DIFFERENTIAL = "differential::the_native_guard_agrees_with_the_verdict_on_every_combination"
+# The same comparison at the moments between calls (tests/native/moments.rs): the first catcher of the three native
+# mutations no single call shows.
+MOMENTS = "moments::the_native_guard_agrees_with_the_verdict_at_every_moment_between_calls"
 
 
 def cargo_test(test: str, *filters: str) -> tuple[str, list[str]]:
@@ -181,7 +184,8 @@ MUTATIONS: list[Mutation] = [
         "takeover ends the holders gets in, is answered ok, and is ended",
         [Edit("sql:_guard", GUARD_FAST_PATH,
               """    IF pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), l.lock_key) IS NOT TRUE THEN""")],
-        [cargo_test("guard", "a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either_path")],
+        [cargo_test("native", MOMENTS),
+         cargo_test("guard", "a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either_path")],
     ),
     Mutation(
         "admit-without-lock",
@@ -198,7 +202,8 @@ MUTATIONS: list[Mutation] = [
                            THEN pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), p_lock_key) END
                  ELSE false END) IS TRUE""",
               "    SELECT pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), p_lock_key)")],
-        [cargo_test("guard", "a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either_path")],
+        [cargo_test("native", MOMENTS),
+         cargo_test("guard", "a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either_path")],
     ),
     Mutation(
         "admit-trusts-the-remembered-key",
@@ -677,7 +682,8 @@ MUTATIONS: list[Mutation] = [
         [Edit("native/pgfence_native.c", """\tif (holders > 0)
 \t\treturn false;
 """, "")],
-        [cargo_test("guard", "a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either_path")],
+        [cargo_test("native", MOMENTS),
+         cargo_test("guard", "a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either_path")],
     ),
     Mutation(
         "native-reads-at-statement-start",
@@ -688,7 +694,7 @@ MUTATIONS: list[Mutation] = [
 \tnow = GetCurrentTimestamp();""", """\tsnap = RegisterSnapshot(GetActiveSnapshot());
 \tfound = read_lease(c, lease, snap, &row);
 \tnow = GetCurrentTimestamp();""")],
-        [cargo_test("native", "a_guard_reads_after_its_lock_not_at_its_statement_s_start")],
+        [cargo_test("native", MOMENTS), cargo_test("native", "a_guard_reads_after_its_lock_not_at_its_statement_s_start")],
     ),
     Mutation(
         "native-ignores-secret",
@@ -748,7 +754,7 @@ MUTATIONS: list[Mutation] = [
         "created again, an old secret is admitted for the new tenure that reuses them",
         [Edit("native/pgfence_native.c", "c == NULL || c->leases != r->leases_relid", "c == NULL"),
          Edit("native/pgfence_native.c", "\t\t&& !row.acquired_null && row.acquired_at == r->acquired_at", "\t\t&& !row.acquired_null")],
-        [cargo_test("native", "a_recreated_schema_does_not_revive_a_remembered_tenure")],
+        [cargo_test("native", MOMENTS), cargo_test("native", "a_recreated_schema_does_not_revive_a_remembered_tenure")],
     ),
     # The effect ledger (issue: in-doubt work). Each is caught by the rescue story over real worker processes,
     # whose faults are placed exactly (a worker paused at a named point, then frozen): deterministic.

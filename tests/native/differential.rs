@@ -11,8 +11,8 @@
 //! `native-ignores-secret`, `native-remembers-refusals`, `native-ignores-grant`,
 //! `native-ignores-execute-privilege`, `native-ignores-expiry`, `native-ignores-timeline`, `native-any-isolation`,
 //! `native-without-lock` and `native-skips-the-write-mark`; the other three native mutations concern a takeover
-//! in flight, a snapshot older than the lock and a schema created anew, which no single call's state shows (their
-//! catchers are in tests/native.rs and tests/guard.rs).
+//! in flight, a snapshot older than the lock and a schema created anew, which no single call's state shows: the
+//! same comparison at those moments is tests/native/moments.rs.
 
 use crate::common;
 

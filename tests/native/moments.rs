@@ -166,11 +166,22 @@ async fn takeover_while_the_statement_waits(db: &TestDb, function: &str, i: usiz
 }
 
 /// Each guard's session admits a tenure; the pgfence schema is dropped and migrated again, and the lease acquired
-/// again — the new tenure reuses the name, the epoch and the lock key. The story: each guard's answer to the old
-/// tenure's secret.
+/// again — the new tenure reuses the name, the epoch and the lock key (the database's first lease both times).
+/// The story: each guard's answer to the old tenure's secret.
 async fn schema_created_anew(db: &TestDb) -> Vec<String> {
     let owner = db.client().await;
+    let lock_key = async || -> i32 {
+        owner
+            .query_one(
+                "SELECT lock_key FROM pgfence.leases WHERE name = 'c/anew'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    };
     let (epoch, old_secret) = common::sql_acquire(&owner, "c/anew", "h", 600_000).await;
+    let key = lock_key().await;
     let mut sessions = Vec::new();
     for function in GUARDS {
         sessions.push(remembering(db, function, "c/anew", epoch, &old_secret).await);
@@ -182,7 +193,11 @@ async fn schema_created_anew(db: &TestDb) -> Vec<String> {
     db.store("c").await.migrate().await.unwrap();
     owner.batch_execute(NATIVE_SQL).await.unwrap();
     let (again, _) = common::sql_acquire(&owner, "c/anew", "h", 600_000).await;
-    assert_eq!(again, epoch, "the new tenure reuses the epoch");
+    assert_eq!(
+        (again, lock_key().await),
+        (epoch, key),
+        "the new tenure reuses the epoch and the lock key"
+    );
     let mut stories = Vec::new();
     for (function, session) in GUARDS.iter().zip(&sessions) {
         let sql = format!("SELECT outcome, reason FROM {function}($1, $2, $3, 'op', NULL, NULL)");
@@ -197,12 +212,18 @@ async fn schema_created_anew(db: &TestDb) -> Vec<String> {
 /// guard's each time, and the one the verdict tells (the portable guard's is checked too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_native_guard_agrees_with_the_verdict_at_every_moment_between_calls() {
-    let db = TestDb::new().await;
-    if !common::create_native(&db.client().await).await {
+    let (db, anew) = (TestDb::new().await, TestDb::new().await);
+    if !common::create_native(&db.client().await).await
+        || !common::create_native(&anew.client().await).await
+    {
         return;
     }
     let mut differ = Vec::new();
     let mut stories = Vec::new();
+    // First, in a database of its own: the schema created anew must reuse the first lease's lock key.
+    for (function, story) in GUARDS.iter().zip(schema_created_anew(&anew).await) {
+        stories.push(("schema created anew", *function, story));
+    }
     for (i, function) in GUARDS.iter().enumerate() {
         stories.push((
             "intent lock held",
@@ -214,9 +235,6 @@ async fn the_native_guard_agrees_with_the_verdict_at_every_moment_between_calls(
             *function,
             takeover_while_the_statement_waits(&db, function, i).await,
         ));
-    }
-    for (function, story) in GUARDS.iter().zip(schema_created_anew(&db).await) {
-        stories.push(("schema created anew", *function, story));
     }
     let expected = [
         ("intent lock held", "waited for the intent lock, then: ok "),

@@ -3,8 +3,9 @@
 //! tasks `task-00000`, `task-00001`, … in order; each task's work is one external call to the workload engine
 //! ([`engine`]) under the effect key `<task>/launch`:
 //!
-//! 1. record the intent under the tenure's fence ([`Effects::intend`]) — refused once the tenure ended, so a
-//!    stale leader never calls;
+//! 1. record the intent under the tenure's fence
+//!    ([`Effects::intend`](pgfence::effects::Effects::intend)) — refused once the tenure ended, so a stale leader
+//!    never calls;
 //! 2. call the engine with the key (after a random latency; with `--lose-reply` percent the engine applies and
 //!    the reply is lost; with `--late` percent the request is delivered `--late-by` later and never answered);
 //! 3. record the outcome (`done`, or `unknown` without a reply; an ended tenure's outcome is refused and kept as a

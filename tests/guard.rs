@@ -1768,14 +1768,7 @@ async fn a_forged_memory_skips_neither_the_guard_lock_nor_the_grant() {
     let c = db.client().await;
     let (epoch, secret) = common::sql_acquire(&c, "c/l", "h", 60_000).await;
     let (other, _) = common::sql_acquire(&c, "c/other", "h", 60_000).await;
-    let other_key: i32 = c
-        .query_one(
-            "SELECT lock_key FROM pgfence.leases WHERE name = 'c/other'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let other_key: i32 = common::lock_key(&c, "c/other").await;
     assert_eq!(other, 1);
     c.batch_execute("BEGIN").await.unwrap();
     c.execute(
@@ -1834,14 +1827,7 @@ async fn a_write_arriving_while_a_takeover_holds_its_intent_lock_waits_on_either
     // The native path where this run has the native guard; the portable paths always.
     let native = common::create_native(&c).await;
     let (epoch, secret) = common::sql_acquire(&c, "c/l", "h", 60_000).await;
-    let key: i32 = c
-        .query_one(
-            "SELECT lock_key FROM pgfence.leases WHERE name = 'c/l'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let key: i32 = common::lock_key(&c, "c/l").await;
     let takeover = db.client().await;
     for path in ["fast", "full", "native"] {
         if path == "native" && !native {
@@ -1947,14 +1933,7 @@ async fn remember(
     lease: &str,
     epoch: i64,
 ) {
-    let key: i32 = owner
-        .query_one(
-            "SELECT lock_key FROM pgfence.leases WHERE name = $1",
-            &[&lease],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let key: i32 = common::lock_key(owner, lease).await;
     c.execute(
         "SELECT set_config('pgfence.known_' || (hashtext($1) & 15), $2, false)",
         &[&lease, &format!("{key} {epoch} {lease}")],

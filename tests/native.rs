@@ -362,14 +362,7 @@ async fn a_recreated_schema_does_not_revive_a_remembered_tenure() {
     let owner = db.client().await;
     let n = db.client().await;
     let (epoch, old_secret) = common::sql_acquire(&owner, "c/l", "h", 600_000).await;
-    let key: i32 = owner
-        .query_one(
-            "SELECT lock_key FROM pgfence.leases WHERE name = 'c/l'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let key: i32 = common::lock_key(&owner, "c/l").await;
     assert_eq!(
         call(
             &n,
@@ -389,14 +382,7 @@ async fn a_recreated_schema_does_not_revive_a_remembered_tenure() {
     db.store("c").await.migrate().await.unwrap();
     owner.batch_execute(NATIVE_SQL).await.unwrap();
     let (again, _new_secret) = common::sql_acquire(&owner, "c/l", "h", 600_000).await;
-    let new_key: i32 = owner
-        .query_one(
-            "SELECT lock_key FROM pgfence.leases WHERE name = 'c/l'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let new_key: i32 = common::lock_key(&owner, "c/l").await;
     assert_eq!((again, new_key), (epoch, key), "the new tenure reuses them");
     // The backend still has the library loaded, and its memory.
     assert_eq!(

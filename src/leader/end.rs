@@ -209,16 +209,7 @@ mod tests {
     /// was denied.
     #[test]
     fn a_definitive_loss_follows_its_reason() {
-        for reason in [
-            LossReason::Superseded,
-            LossReason::Expired,
-            LossReason::Released,
-            LossReason::UnknownLease,
-            LossReason::HolderMismatch,
-            LossReason::Failover,
-            LossReason::NoGrant,
-            LossReason::BadSecret,
-        ] {
+        for reason in crate::types::ALL_REASONS {
             assert_eq!(TenureEnd::Lost { reason }.next(), reason.next(), "{reason}");
         }
     }

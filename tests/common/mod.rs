@@ -648,6 +648,17 @@ pub async fn sql_acquire(
     (row.get(0), row.get(1))
 }
 
+/// The lock key of lease `lease` (`pgfence.leases.lock_key`), read through `c`.
+pub async fn lock_key(c: &tokio_postgres::Client, lease: &str) -> i32 {
+    c.query_one(
+        "SELECT lock_key FROM pgfence.leases WHERE name = $1",
+        &[&lease],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
 /// The epochs of `lease` the native guard remembers in `c`'s session (`pgfence_native.remembered`, which only a
 /// superuser may call).
 pub async fn remembered(c: &tokio_postgres::Client, lease: &str) -> Vec<i64> {

@@ -254,15 +254,7 @@ async fn prepare(s: &Sessions, roles: &Roles, setup: Setup, i: usize) -> Tenure 
     let lease = format!("c/x{i}");
     let (_, previous_secret) = s.acquire(&lease, "h").await;
     let (epoch, secret) = s.acquire(&lease, "h").await;
-    let lock_key: i32 = s
-        .owner
-        .query_one(
-            "SELECT lock_key FROM pgfence.leases WHERE name = $1",
-            &[&lease],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let lock_key = common::lock_key(&s.owner, &lease).await;
     let who = roles.of(setup.grant);
     if setup.grant == Grant::Revoked {
         s.owner

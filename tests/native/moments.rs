@@ -88,14 +88,7 @@ async fn intent_lock_held(db: &TestDb, function: &str, i: usize) -> String {
     let owner = db.client().await;
     let lease = format!("c/intent{i}");
     let (epoch, secret) = common::sql_acquire(&owner, &lease, "h", 600_000).await;
-    let key: i32 = owner
-        .query_one(
-            "SELECT lock_key FROM pgfence.leases WHERE name = $1",
-            &[&lease],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let key: i32 = common::lock_key(&owner, &lease).await;
     let writer = remembering(db, function, &lease, epoch, &secret).await;
     let writer_pid = pid(&writer).await;
     let takeover = db.client().await;
@@ -170,18 +163,8 @@ async fn takeover_while_the_statement_waits(db: &TestDb, function: &str, i: usiz
 /// The story: each guard's answer to the old tenure's secret.
 async fn schema_created_anew(db: &TestDb) -> Vec<String> {
     let owner = db.client().await;
-    let lock_key = async || -> i32 {
-        owner
-            .query_one(
-                "SELECT lock_key FROM pgfence.leases WHERE name = 'c/anew'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0)
-    };
     let (epoch, old_secret) = common::sql_acquire(&owner, "c/anew", "h", 600_000).await;
-    let key = lock_key().await;
+    let key = common::lock_key(&owner, "c/anew").await;
     let mut sessions = Vec::new();
     for function in GUARDS {
         sessions.push(remembering(db, function, "c/anew", epoch, &old_secret).await);
@@ -194,7 +177,7 @@ async fn schema_created_anew(db: &TestDb) -> Vec<String> {
     owner.batch_execute(NATIVE_SQL).await.unwrap();
     let (again, _) = common::sql_acquire(&owner, "c/anew", "h", 600_000).await;
     assert_eq!(
-        (again, lock_key().await),
+        (again, common::lock_key(&owner, "c/anew").await),
         (epoch, key),
         "the new tenure reuses the epoch and the lock key"
     );

@@ -1,4 +1,13 @@
--- Undoes 000005_membership: drops its functions, view, type and table (the members go with it).
+-- Undoes 000005_membership: drops its functions, view, types and tables (the members, groups, assignments and
+-- name sets go with them).
+DROP FUNCTION pgfence.assign_group(text, text, bigint, text, bigint, bigint, text[], text[], text[], text[]);
+DROP FUNCTION pgfence.assigned_names(text, text);
+DROP FUNCTION pgfence.group_assignment(text);
+DROP FUNCTION pgfence.group_names(text, bigint);
+DROP FUNCTION pgfence.rebalance_inputs(text);
+DROP FUNCTION pgfence.claim_rebalance(text, text, bigint, text);
+DROP FUNCTION pgfence._claim_ms(pgfence.groups);
+DROP TYPE pgfence.rebalance_result;
 DROP FUNCTION pgfence.leave_group(text, text, bigint, text);
 DROP FUNCTION pgfence.heartbeat(text, text, bigint, text, bigint);
 DROP FUNCTION pgfence._member_call(text, text, bigint, text, text);
@@ -6,13 +15,21 @@ DROP FUNCTION pgfence._member_loss(pgfence.members, bigint, text, timestamptz);
 DROP FUNCTION pgfence.join_group(text, text, integer, text[], text[], text[], bigint);
 DROP FUNCTION pgfence._settle_delay(integer, bigint);
 DROP FUNCTION pgfence._flaps_after(pgfence.members, timestamptz);
-DROP FUNCTION pgfence._roster_digest(text);
-DROP FUNCTION pgfence.roster(text);
 DROP VIEW pgfence.group_members;
+DROP FUNCTION pgfence._check_group_read(text);
 DROP FUNCTION pgfence._deny_member_call(text, text);
 DROP TYPE pgfence.member_result;
+DROP FUNCTION pgfence._group_changed(text, boolean);
+DROP FUNCTION pgfence._rebalance_in_ms(pgfence.groups);
+DROP FUNCTION pgfence._rebalance_due(pgfence.groups);
 DROP FUNCTION pgfence._member_lockers();
-DROP FUNCTION pgfence._member_problem(text, text, integer, text[], text[], text[]);
+DROP FUNCTION pgfence._group_channel(text);
+DROP FUNCTION pgfence._name_set(text[]);
+DROP FUNCTION pgfence._member_problem(text, text, integer, text[], text[], text[], boolean);
+DROP FUNCTION pgfence._known_name_set(text[]);
 DROP TABLE pgfence.members;
+DROP TABLE pgfence.assignments;
+DROP TABLE pgfence.groups;
+DROP TABLE pgfence.name_sets;
 DROP FUNCTION pgfence._max_group_names();
 DROP FUNCTION pgfence._max_member_weight();

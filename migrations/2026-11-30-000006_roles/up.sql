@@ -17,6 +17,9 @@ ALTER TABLE pgfence.tenure_secrets ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.beliefs ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.write_marks ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.members ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.groups ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.assignments ENABLE ROW LEVEL SECURITY;
+ALTER TABLE pgfence.name_sets ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.effects ENABLE ROW LEVEL SECURITY;
 ALTER TABLE pgfence.effect_reports ENABLE ROW LEVEL SECURITY;
 CREATE POLICY granted_clusters ON pgfence.leases FOR SELECT
@@ -46,9 +49,10 @@ CREATE POLICY granted_clusters ON pgfence.rejections FOR SELECT
 -- A role sees the grants it holds (directly or through membership).
 CREATE POLICY own_grants ON pgfence.grants FOR SELECT
     USING (pg_catalog.pg_has_role(session_user, role::oid, 'MEMBER'));
--- No policy on tenure_secrets, beliefs, write_marks and members: no role but the owner reads them (and nobody is granted
--- SELECT on them anyway); roles read beliefs and marks through pgfence.tenure_history, and members through
--- pgfence.group_members, both filtered by cluster.
+-- No policy on tenure_secrets, beliefs, write_marks, members, groups, assignments and name_sets: no role but the
+-- owner reads them (and nobody is granted SELECT on them anyway); roles read beliefs and marks through
+-- pgfence.tenure_history, members through pgfence.group_members, both filtered by cluster, and groups through
+-- the membership functions, which check the grant.
 -- The instance row (identity and settings) is read by every granted role and written by nobody but the owner
 -- (set_takeover_grace), whatever table privileges a role was given; the migration record only by the owner.
 ALTER TABLE pgfence.instance ENABLE ROW LEVEL SECURITY;
@@ -229,7 +233,11 @@ LANGUAGE sql STABLE AS $$
                         'pgfence.ungated_write(text, bigint)', 'pgfence.identity()', 'pgfence._reads_all()',
                         'pgfence.join_group(text, text, integer, text[], text[], text[], bigint)',
                         'pgfence.heartbeat(text, text, bigint, text, bigint)',
-                        'pgfence.leave_group(text, text, bigint, text)', 'pgfence.roster(text)',
+                        'pgfence.leave_group(text, text, bigint, text)',
+                        'pgfence.claim_rebalance(text, text, bigint, text)', 'pgfence.rebalance_inputs(text)',
+                        'pgfence.group_names(text, bigint)', 'pgfence.group_assignment(text)',
+                        'pgfence.assigned_names(text, text)',
+                        'pgfence.assign_group(text, text, bigint, text, bigint, bigint, text[], text[], text[], text[])',
                         'pgfence._readable_clusters()',
                         -- Row-level security policies and CHECK constraints run as the querying role.
                         'pgfence._text_problem(text, integer)', 'pgfence._cluster_problem(text)',

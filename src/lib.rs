@@ -170,10 +170,15 @@ pub mod connection {
 
 pub mod groups {
     //! Replica groups ([`Store::groups`](crate::Store::groups), [`Groups`]): a member's declaration ([`MemberSpec`]), its membership ([`Member`]) and how it ends
-    //! (the database's verdict, a [`LossReason`](crate::LossReason), in [`Error::MemberLost`](crate::Error::MemberLost)), and the group as its members read it ([`Roster`], [`GroupMember`]). The leadership runtime
-    //! spreads a group's names over its members ([`Spread`](crate::leader::Spread)).
+    //! (the database's verdict, a [`LossReason`](crate::LossReason), in [`Error::MemberLost`](crate::Error::MemberLost)), the group's stored assignment ([`GroupAssignment`], [`Rebalance`],
+    //! [`GroupNews`]; computed from [`RosterMember`]s whose [`NameSets`] a process reads once) and its members as an
+    //! operator reads them ([`GroupMember`]). The leadership runtime spreads a group's names over its members
+    //! ([`Spread`](crate::leader::Spread)).
 
-    pub use crate::membership::{GroupMember, Groups, Member, MemberSpec, Roster, RosterMember};
+    pub use crate::membership::{
+        GroupAssignment, GroupMember, GroupNews, Groups, Member, MemberSpec, NameSets, Rebalance,
+        RosterMember,
+    };
 }
 
 pub mod guard {

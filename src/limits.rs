@@ -38,12 +38,16 @@ pub const MAX_PAYLOAD_DEPTH: usize = 64;
 /// Longest accepted group name, in characters (the cluster prefix is not counted): a lease name's limit.
 pub const MAX_GROUP_LEN: usize = MAX_NAME_LEN;
 
-/// The most names, pins and exclusions one member may declare in all.
-pub const MAX_GROUP_NAMES: usize = 4096;
+/// The most names, pins and exclusions one member may declare in all: 131,072 (128 Ki), the most history shards
+/// a Temporal cluster runs. A group's names are stored once however many members declare them, and each member
+/// reads only its own assignment, so the cost that grows with this number is the rebalance (once per change of
+/// the group, by one member) and the join that first declares a set; docs/leadership.md ("Fleets") gives the
+/// measured figures up to 100,000 names.
+pub const MAX_GROUP_NAMES: usize = 131_072;
 
 /// The most shards one sharded controller may have (its shards are names of the group, within
 /// [`MAX_GROUP_NAMES`]).
-pub const MAX_SHARDS: u32 = 1024;
+pub const MAX_SHARDS: u32 = 131_072;
 
 /// The largest accepted member weight (capacity); the smallest is 1.
 pub const MAX_WEIGHT: u32 = 1000;

@@ -1,14 +1,14 @@
 //! Replica groups as an operator reads them (`pgfence status`, the spread demo): each group's member rows, the
-//! assignment the group's members derive from its live rows, and where the names led now differ from it.
+//! group's stored assignment (which member each name is assigned to), and where the names led now differ from
+//! it.
 //!
-//! The assignment is recomputed here with the library's own pure function ([`assign()`]) from the same inputs the
-//! members read (`pgfence.roster` is `pgfence.group_members` filtered to live rows): so what `status` calls
-//! desired is what every live member computes, not a second opinion.
+//! The assignment is the one the group stored (`pgfence.group_members.assigned`), not recomputed here: what
+//! `status` calls desired is what the members act on. A name assigned to a member that is no longer live counts
+//! as not led as assigned until the group is assigned again.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use pgfence::groups::{GroupMember, RosterMember};
-use pgfence::leader::{assign, Assignment};
+use pgfence::groups::GroupMember;
 use pgfence::Store;
 use serde::Serialize;
 
@@ -53,8 +53,8 @@ pub(crate) struct GroupView {
     /// The cluster-qualified group name.
     pub(crate) group: String,
     pub(crate) members: Vec<MemberView>,
-    /// Name → the member the assignment gives it.
-    pub(crate) assignment: Assignment,
+    /// Name → the member the stored assignment gives it.
+    pub(crate) assignment: Stored,
     /// Names where the desired and the actual leader differ, sorted.
     pub(crate) mismatched: Vec<String>,
     /// No name differs.
@@ -94,40 +94,49 @@ pub(crate) fn views(rows: Vec<GroupMember>) -> Vec<GroupView> {
         .collect()
 }
 
+/// A group's stored assignment: name → member.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(transparent)]
+pub(crate) struct Stored(BTreeMap<String, String>);
+
+impl Stored {
+    /// The member `name` is assigned to.
+    pub(crate) fn owner(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+
+    /// The names assigned to `member`, sorted.
+    pub(crate) fn names_of(&self, member: &str) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|(_, owner)| *owner == member)
+            .map(|(name, _)| name.as_str())
+            .collect()
+    }
+
+    /// How many names are assigned.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 fn view(group: String, rows: Vec<GroupMember>) -> GroupView {
-    // The roster: the live rows, as `pgfence.roster` gives them to the members.
-    let roster: Vec<RosterMember> = rows
+    let assignment = Stored(
+        rows.iter()
+            .flat_map(|r| r.assigned.iter().map(|n| (n.clone(), r.member.clone())))
+            .collect(),
+    );
+    // A name is led as assigned when its member is live and leads it (`leads` holds assigned names only).
+    let mismatched: Vec<String> = rows
         .iter()
-        .filter(|r| r.live)
-        .map(|r| {
-            let mut member = RosterMember::new(r.member.clone(), r.names.iter().cloned());
-            member.weight = r.weight;
-            member.settled = r.settled;
-            member.pinned = r.pinned.iter().cloned().collect();
-            member.excluded = r.excluded.iter().cloned().collect();
-            member
+        .flat_map(|r| {
+            r.assigned
+                .iter()
+                .filter(move |n| !r.live || !r.leads.contains(n))
+                .cloned()
         })
-        .collect();
-    let holders: BTreeMap<String, String> = rows
-        .iter()
-        .filter(|r| r.live)
-        .flat_map(|r| r.leads.iter().map(|n| (n.clone(), r.member.clone())))
-        .collect();
-    let assignment = assign(&roster, &holders);
-    // Who leads each name now, live member or not.
-    let actual: BTreeMap<&str, &str> = rows
-        .iter()
-        .flat_map(|r| r.leads.iter().map(|n| (n.as_str(), r.member.as_str())))
-        .collect();
-    let names: BTreeSet<&str> = assignment
-        .iter()
-        .map(|(name, _)| name)
-        .chain(actual.keys().copied())
-        .collect();
-    let mismatched: Vec<String> = names
+        .collect::<BTreeSet<String>>()
         .into_iter()
-        .filter(|n| assignment.owner(n) != actual.get(n).copied())
-        .map(str::to_owned)
         .collect();
     let members = rows
         .into_iter()
@@ -139,11 +148,7 @@ fn view(group: String, rows: Vec<GroupMember>) -> GroupView {
             } else {
                 MemberState::Expired
             };
-            let assigned = assignment
-                .names_of(&row.member)
-                .into_iter()
-                .map(str::to_owned)
-                .collect();
+            let assigned = row.assigned.clone();
             MemberView {
                 row,
                 state,
@@ -182,7 +187,7 @@ pub(crate) async fn read(store: &Store) -> Result<Vec<GroupView>, Failure> {
 mod tests {
     use super::*;
 
-    fn row(member: &str, live: bool, names: &[&str], leads: &[&str]) -> GroupMember {
+    fn row(member: &str, live: bool, assigned: &[&str], leads: &[&str]) -> GroupMember {
         serde_json::from_value(serde_json::json!({
             "group": "c/g",
             "member": member,
@@ -190,41 +195,48 @@ mod tests {
             "weight": 1,
             "live": live,
             "settled": live,
+            "counted": true,
             "left": member == "quit",
             "expires_in": {"secs": if live { 10 } else { 0 }, "nanos": 0},
             "flaps": 0,
-            "names": names,
+            "name_count": 4,
             "pinned": [],
             "excluded": [],
+            "assigned": assigned,
             "leads": leads,
         }))
         .unwrap()
     }
 
+    /// A group is balanced when each stored name is led by its live member, and not before.
     #[test]
     fn a_group_is_balanced_when_every_name_is_led_by_its_assigned_member() {
-        let names = ["a", "b", "c", "d"];
-        let rows = vec![row("m1", true, &names, &[]), row("m2", true, &names, &[])];
-        let unled = &views(rows.clone())[0];
-        assert_eq!(unled.mismatched, names.to_vec());
+        let rows = vec![
+            row("m1", true, &["a", "b"], &[]),
+            row("m2", true, &["c", "d"], &["c"]),
+        ];
+        let unled = &views(rows)[0];
+        assert_eq!(unled.mismatched, ["a", "b", "d"]);
         assert!(!unled.balanced);
-        // Lead exactly what the assignment says: balanced.
-        let m1: Vec<&str> = unled.assignment.names_of("m1");
-        let m2: Vec<&str> = unled.assignment.names_of("m2");
-        assert_eq!((m1.len(), m2.len()), (2, 2));
-        let led = vec![row("m1", true, &names, &m1), row("m2", true, &names, &m2)];
+        assert_eq!(unled.assignment.names_of("m1"), ["a", "b"]);
+        let led = vec![
+            row("m1", true, &["a", "b"], &["a", "b"]),
+            row("m2", true, &["c", "d"], &["c", "d"]),
+        ];
         let view = &views(led)[0];
         assert!(view.balanced, "{view:?}");
-        assert_eq!(view.members[0].assigned, m1);
+        assert_eq!(view.members[0].assigned, ["a", "b"]);
+        assert_eq!(view.assignment.owner("d"), Some("m2"));
     }
 
+    /// A name still assigned to a member that expired is not led as assigned, even if that member's lease is
+    /// still live: the group has not been assigned again yet.
     #[test]
-    fn a_member_that_is_not_live_is_left_or_expired_and_is_assigned_nothing() {
-        let names = ["a", "b"];
+    fn a_member_that_is_not_live_is_left_or_expired_and_its_names_are_not_led() {
         let rows = vec![
-            row("gone", false, &names, &["a"]),
-            row("here", true, &names, &["b"]),
-            row("quit", false, &names, &[]),
+            row("gone", false, &["a"], &["a"]),
+            row("here", true, &["b"], &["b"]),
+            row("quit", false, &[], &[]),
         ];
         let view = &views(rows)[0];
         let state: Vec<_> = view.members.iter().map(|m| m.state).collect();
@@ -232,9 +244,6 @@ mod tests {
             state,
             [MemberState::Expired, MemberState::Live, MemberState::Left]
         );
-        assert!(view.members[0].assigned.is_empty());
-        assert_eq!(view.members[1].assigned, ["a", "b"]);
-        // "a" is still held by the expired member: the live one should lead it.
         assert_eq!(view.mismatched, ["a"]);
     }
 }

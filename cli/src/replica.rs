@@ -457,7 +457,7 @@ pub(crate) async fn run(global: &Global, args: ReplicaArgs) -> CliResult {
     .await?;
     // One read before the supervisor starts: a missing schema (exit 5) or a role without a grant on the cluster
     // (exit 8) ends the replica here, where the supervisor's loops would retry them for ever.
-    store.groups().roster(&args.group).await?;
+    store.groups().assignment(&args.group).await?;
 
     let events = Arc::new(Events {
         member: args.member.clone(),

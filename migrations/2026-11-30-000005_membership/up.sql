@@ -649,7 +649,8 @@ END;
 $$;
 
 -- The stored assignment of the group: each name and the member it is assigned to, in name order, with the
--- generation of the assignment (on every row). Costs O(names).
+-- generation of the assignment (on every row; one row with NULL name and member when no name is assigned, none
+-- for a group nobody joined). Costs O(names).
 CREATE FUNCTION pgfence.group_assignment(p_group text)
 RETURNS TABLE (generation bigint, name text, member text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -657,7 +658,7 @@ BEGIN
     PERFORM pgfence._check_group_read(p_group);
     RETURN QUERY
     SELECT g.generation, a.name, a.member
-      FROM pgfence.groups g JOIN pgfence.assignments a ON a.grp = g.grp
+      FROM pgfence.groups g LEFT JOIN pgfence.assignments a ON a.grp = g.grp
      WHERE g.grp = p_group
      ORDER BY a.name;
 END;

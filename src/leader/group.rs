@@ -9,7 +9,7 @@ use tokio::sync::watch;
 
 use super::BoxFuture;
 use crate::error::Result;
-use crate::membership::Member;
+use crate::membership::{GroupNews, Member};
 
 /// Where a membership stands, as this process sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,11 +17,14 @@ use crate::membership::Member;
 pub struct MemberState {
     /// Counted by the database as of the last heartbeat, and its local deadline has not passed.
     pub live: bool,
-    /// Settled: it may acquire the names assigned to it.
+    /// Settled: the group's assignment counts it.
     pub settled: bool,
-    /// The digest of the group's roster at the last heartbeat: when it changes, the roster changed (a member
-    /// joined, left, expired or settled, or a name changed hands).
-    pub roster_digest: Option<String>,
+    /// The generation of the group's stored assignment, as the last heartbeat or notification told it: when it
+    /// is newer than what the member read, the member reads its names again.
+    pub generation: i64,
+    /// By the monotonic clock: when the group's next assignment may be computed, as the last heartbeat told it
+    /// (`None`: none pending).
+    pub rebalance_at: Option<Instant>,
     /// Why the membership ended, once it has.
     pub ended: Option<String>,
 }
@@ -54,13 +57,15 @@ impl fmt::Debug for MemberShared {
 impl MemberShared {
     pub(super) fn new(member: Member, margin: Duration) -> Arc<MemberShared> {
         let settled = member.settled();
+        let news = member.news_at_join();
         Arc::new(MemberShared {
             member: Mutex::new(member),
             margin,
             state: watch::channel(MemberState {
                 live: true,
                 settled,
-                roster_digest: None,
+                generation: news.generation,
+                rebalance_at: news.rebalance_in.map(|wait| Instant::now() + wait),
                 ended: None,
             })
             .0,
@@ -110,8 +115,8 @@ impl MemberShared {
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error;
     }
 
-    /// A heartbeat sent at `sent` answered `renewed`.
-    pub(super) fn renewed(&self, sent: Instant, settled: bool, digest: String) {
+    /// A heartbeat sent at `sent` answered `renewed` with the group's news.
+    pub(super) fn renewed(&self, sent: Instant, settled: bool, news: GroupNews) {
         if !self.state.borrow().live {
             return;
         }
@@ -120,11 +125,26 @@ impl MemberShared {
             .unwrap_or_else(|p| p.into_inner())
             .renewed(sent, settled);
         self.set_last_error(None);
+        // The database's duration placed on this process's clock from the send time: never later than the
+        // database meant.
+        let rebalance_at = news.rebalance_in.map(|wait| sent + wait);
         self.state.send_if_modified(|s| {
-            let changed = s.settled != settled || s.roster_digest.as_deref() != Some(&digest);
+            let changed = s.settled != settled
+                || news.generation > s.generation
+                || s.rebalance_at.is_some() != rebalance_at.is_some();
             s.settled = settled;
-            s.roster_digest = Some(digest);
+            s.generation = s.generation.max(news.generation);
+            s.rebalance_at = rebalance_at;
             changed
+        });
+    }
+
+    /// The group announced (or this member stored) assignment `generation`.
+    pub(crate) fn note_generation(&self, generation: i64) {
+        self.state.send_if_modified(|s| {
+            let newer = generation > s.generation;
+            s.generation = s.generation.max(generation);
+            newer
         });
     }
 
@@ -180,6 +200,22 @@ impl Membership {
     /// The cluster-qualified group name.
     pub fn qualified_group(&self) -> String {
         self.shared.member().qualified_group().to_owned()
+    }
+
+    /// The membership as data (group, member name, incarnation, secret): what the elector's group calls present.
+    pub(crate) fn member_data(&self) -> Member {
+        self.shared.member()
+    }
+
+    /// The group's notification channel ([`Member::channel`]).
+    pub fn channel(&self) -> String {
+        self.shared.member().channel().to_owned()
+    }
+
+    /// Records that the group's stored assignment is at `generation` (announced on its channel, or stored by
+    /// this member): [`state`](Self::state)'s `generation` never goes back.
+    pub fn note_generation(&self, generation: i64) {
+        self.shared.note_generation(generation);
     }
 
     /// The incarnation the database issued at the join.
@@ -238,4 +274,14 @@ impl Drop for Membership {
             }
         }
     }
+}
+
+/// A member's own part of its group's stored assignment ([`Elector::assigned`](super::Elector::assigned)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Assigned {
+    /// The generation of the stored assignment read.
+    pub generation: i64,
+    /// The names it gives this member.
+    pub names: std::collections::BTreeSet<String>,
 }

@@ -410,8 +410,31 @@ pub(super) enum Wake {
     /// The release listener LISTENs again after it lost its connection: releases in between were not heard,
     /// so every waiter should look again.
     Resumed,
-    /// A member of some replica group joined, left or settled.
+    /// A member of some replica group of the in-memory elector joined, left or expired: its members read
+    /// their names again.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     Members,
+    /// A replica group's channel said something: a new assignment is due, or was stored.
+    Group { channel: String, news: GroupWake },
+}
+
+/// What a replica group's channel said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GroupWake {
+    /// `changed`: a new assignment is due (now or after the quiet time): claim it.
+    Changed,
+    /// `assigned <generation>`: a new assignment is stored.
+    Assigned(i64),
+}
+
+/// What a spreading member's balancer hears ([`Wakeups::group_event`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GroupEvent {
+    /// Its group's channel spoke.
+    Group(GroupWake),
+    /// The in-memory elector's groups changed, the listener reconnected, or this receiver lagged: something may
+    /// have been missed; read again.
+    Missed,
 }
 
 /// Resolves when a lease may have become free (a release notification) — a hint, never a guarantee.
@@ -436,7 +459,7 @@ impl Wakeups {
                 Err(_) => return,
                 Ok(Ok(Wake::Free(name))) if name == qualified => return,
                 Ok(Ok(Wake::Resumed)) => return,
-                Ok(Ok(Wake::Free(_) | Wake::Members)) => continue,
+                Ok(Ok(Wake::Free(_) | Wake::Members | Wake::Group { .. })) => continue,
                 // Missed messages: one of them may have been ours.
                 Ok(Err(broadcast::error::RecvError::Lagged(_))) => return,
                 Ok(Err(broadcast::error::RecvError::Closed)) => {
@@ -449,29 +472,31 @@ impl Wakeups {
 }
 
 impl Wakeups {
-    /// Waits until one of the leases `of` (qualified names) is announced free, a replica group's membership
-    /// changes, the listener reconnected (or this receiver lagged: a change may have been missed), or `max_wait`
-    /// passes. Releases of other leases are skipped: a replica group's roster changes with its own names only.
-    /// Cancel safe, as [`wait`](Self::wait).
-    pub async fn wait_group(
+    /// Waits until the replica group of `channel` says something, something may have been missed (the
+    /// listener reconnected, this receiver lagged, the in-memory elector's groups changed), or `deadline`
+    /// passes (`None`). Releases and other groups' news are skipped. Cancel safe, as [`wait`](Self::wait).
+    pub(crate) async fn group_event(
         &mut self,
-        of: &std::collections::BTreeSet<String>,
-        max_wait: Duration,
-    ) {
-        let deadline = tokio::time::Instant::now() + max_wait;
+        channel: &str,
+        deadline: tokio::time::Instant,
+    ) -> Option<GroupEvent> {
         let Some(rx) = self.rx.as_mut() else {
             tokio::time::sleep_until(deadline).await;
-            return;
+            return None;
         };
         loop {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Err(_) => return,
-                Ok(Ok(Wake::Free(name))) if !of.contains(&name) => continue,
+                Err(_) => return None,
+                Ok(Ok(Wake::Group { channel: c, news })) if c == channel => {
+                    return Some(GroupEvent::Group(news))
+                }
+                Ok(Ok(Wake::Free(_) | Wake::Group { .. })) => continue,
+                Ok(Ok(Wake::Resumed | Wake::Members))
+                | Ok(Err(broadcast::error::RecvError::Lagged(_))) => return Some(GroupEvent::Missed),
                 Ok(Err(broadcast::error::RecvError::Closed)) => {
                     tokio::time::sleep_until(deadline).await;
-                    return;
+                    return None;
                 }
-                Ok(_) => return,
             }
         }
     }

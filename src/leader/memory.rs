@@ -1,20 +1,20 @@
 //! The in-memory [`Elector`](super::Elector): a deterministic double for users' controller tests.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast;
 
 use super::end::TenureEnd;
-use super::group::{Leaver, MemberShared, Membership};
+use super::group::{Assigned, Leaver, MemberShared, Membership};
 use super::held::{Health, HeldLease, Releaser, Shared, Wake, Wakeups};
 use super::options::LeaseOptions;
 use super::BoxFuture;
 use super::Elector;
 use crate::error::{Error, Result};
 use crate::lease::{Lease, Released, TenureSecret};
-use crate::membership::{Member, MemberSpec, Roster, RosterMember};
+use crate::membership::{Member, MemberSpec, Rebalance, RosterMember};
 use crate::types::{Epoch, LossReason};
 
 /// A deterministic, in-memory [`Elector`] for unit-testing controller code without a database.
@@ -31,7 +31,9 @@ struct MemoryInner {
     leases: Mutex<HashMap<String, MemoryLease>>,
     wake: OnceLock<broadcast::Sender<Wake>>,
     /// Qualified group → member name → its membership.
-    groups: Mutex<HashMap<String, std::collections::BTreeMap<String, MemoryMember>>>,
+    groups: Mutex<HashMap<String, BTreeMap<String, MemoryMember>>>,
+    /// Qualified group → its stored assignment: generation, name → member.
+    assignments: Mutex<HashMap<String, (i64, BTreeMap<String, String>)>>,
 }
 
 #[derive(Debug)]
@@ -338,28 +340,49 @@ impl Elector for MemoryElector {
         ))
     }
 
-    async fn roster(&self, group: &str) -> Result<Roster> {
-        crate::membership::validate_group(group)?;
-        let groups = self.inner.groups.lock().unwrap_or_else(|p| p.into_inner());
-        let leases = self.inner.leases.lock().unwrap_or_else(|p| p.into_inner());
-        let mut roster = Roster::default();
-        for (name, m) in groups.get(&self.qualify(group)).into_iter().flatten() {
-            if !m.is_live() {
-                continue;
-            }
-            for lease in &m.spec.names {
-                let held = leases
-                    .get(&self.qualify(lease))
-                    .and_then(|l| l.holder.as_deref());
-                if held == Some(name.as_str()) {
-                    roster.holders.insert(lease.clone(), name.clone());
-                }
-            }
-            roster
-                .members
-                .push(RosterMember::from_spec(name.clone(), &m.spec, true));
+    /// Assigns the group afresh from its live members and the stored assignment (as the database's claimant
+    /// would: the same [`assign`](super::assign::assign)), stores it when it changed, and answers the member's
+    /// names.
+    async fn assigned(&self, membership: &Membership) -> Result<Assigned> {
+        let member = membership.member_data();
+        let qualified = member.qualified_group().to_owned();
+        let members: Vec<RosterMember> = {
+            let groups = self.inner.groups.lock().unwrap_or_else(|p| p.into_inner());
+            groups
+                .get(&qualified)
+                .into_iter()
+                .flatten()
+                .filter(|(_, m)| m.is_live())
+                .map(|(name, m)| RosterMember::from_spec(name.clone(), &m.spec, true))
+                .collect()
+        };
+        let mut assignments = self
+            .inner
+            .assignments
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let (generation, owners) = assignments.entry(qualified).or_default();
+        let next: BTreeMap<String, String> = super::assign::assign(&members, owners)
+            .iter()
+            .map(|(name, owner)| (name.to_owned(), owner.to_owned()))
+            .collect();
+        if next != *owners {
+            *owners = next;
+            *generation += 1;
         }
-        Ok(roster)
+        Ok(Assigned {
+            generation: *generation,
+            names: owners
+                .iter()
+                .filter(|(_, owner)| *owner == member.member())
+                .map(|(name, _)| name.clone())
+                .collect(),
+        })
+    }
+
+    /// The in-memory elector assigns as its members read ([`assigned`](Self::assigned)): nothing is ever due.
+    async fn rebalance(&self, _membership: &Membership) -> Result<Rebalance> {
+        Ok(Rebalance::NotDue { wait: None })
     }
 
     /// The in-memory elector keeps no effect ledger: nothing is ever in doubt.

@@ -31,7 +31,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use crate::error::Result;
-use crate::membership::{MemberSpec, Roster};
+use crate::membership::{MemberSpec, Rebalance};
 
 pub mod assign;
 mod backoff;
@@ -48,7 +48,7 @@ mod supervisor;
 pub use assign::{assign, shard_of, Assignment};
 pub use backoff::Backoff;
 pub use end::TenureEnd;
-pub use group::{MemberState, Membership};
+pub use group::{Assigned, MemberState, Membership};
 pub use held::{Health, HeldLease, Wakeups};
 #[cfg(feature = "testing")]
 pub use memory::MemoryElector;
@@ -80,8 +80,8 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use std::sync::Arc;
 ///
-/// use pgfence::groups::{MemberSpec, Roster};
-/// use pgfence::leader::{Elector, Health, HeldLease, LeaseOptions, Membership, Wakeups};
+/// use pgfence::groups::{MemberSpec, Rebalance};
+/// use pgfence::leader::{Assigned, Elector, Health, HeldLease, LeaseOptions, Membership, Wakeups};
 ///
 /// /// Counts acquisition attempts; everything else is the inner elector's.
 /// #[derive(Clone)]
@@ -113,8 +113,11 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>
 ///     ) -> pgfence::Result<Membership> {
 ///         self.inner.join(group, member, spec, options).await
 ///     }
-///     async fn roster(&self, group: &str) -> pgfence::Result<Roster> {
-///         self.inner.roster(group).await
+///     async fn assigned(&self, membership: &Membership) -> pgfence::Result<Assigned> {
+///         self.inner.assigned(membership).await
+///     }
+///     async fn rebalance(&self, membership: &Membership) -> pgfence::Result<Rebalance> {
+///         self.inner.rebalance(membership).await
 ///     }
 ///     async fn in_doubt(&self, name: &str) -> pgfence::Result<Vec<pgfence::effects::InDoubt>> {
 ///         self.inner.in_doubt(name).await
@@ -171,12 +174,24 @@ pub trait Elector: Clone + Send + Sync + 'static {
         options: &LeaseOptions,
     ) -> impl Future<Output = Result<Membership>> + Send;
 
-    /// The live roster of replica group `group`: its members and who leads each name now. It only reads.
+    /// The names the stored assignment of `membership`'s group gives its member, and the assignment's
+    /// generation. It only reads (O(the member's names)).
     ///
     /// # Errors
     ///
-    /// As [`Groups::roster`](crate::groups::Groups::roster).
-    fn roster(&self, group: &str) -> impl Future<Output = Result<Roster>> + Send;
+    /// As [`Groups::assigned_names`](crate::groups::Groups::assigned_names).
+    fn assigned(&self, membership: &Membership) -> impl Future<Output = Result<Assigned>> + Send;
+
+    /// Computes and stores the next assignment of `membership`'s group when one is due and no other member is
+    /// at it: claims it, reads the members that count and the stored assignment, computes
+    /// [`assign`](assign::assign) and stores the names that move. Otherwise answers how long to wait. An elector
+    /// that assigns by itself (the in-memory one) answers [`Rebalance::NotDue`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Groups::claim_rebalance`](crate::groups::Groups::claim_rebalance) and
+    /// [`Groups::store_assignment`](crate::groups::Groups::store_assignment).
+    fn rebalance(&self, membership: &Membership) -> impl Future<Output = Result<Rebalance>> + Send;
 
     /// The effects lease `name` has in doubt (see [`Effects::in_doubt`](crate::effects::Effects::in_doubt)):
     /// read by the leadership runtime when a tenure begins, before its callback runs, and handed to it as

@@ -1,15 +1,20 @@
 //! Replica groups: a process that spreads its controllers joins a named group as a member, with the names it can
-//! lead, and keeps its membership live by heartbeats (database clock); every member reads the same [`Roster`]
-//! and derives the same balanced assignment from it ([`leader::assign`](crate::leader::assign)). Membership is
-//! no fence: every write stays fenced by its lease's epoch, so members that disagree for a moment about who
-//! should lead a name can delay a handover, never produce a write the database should have refused.
+//! lead, and keeps its membership live by heartbeats (database clock). The group's assignment is stored: after
+//! each change of the group (a member settles, leaves or expires) one member claims the rebalance, computes the
+//! balanced assignment ([`leader::assign`](crate::leader::assign)) from the stored one and the members that
+//! count, and stores the names that move; every member reads only its own names. Membership is no fence: every
+//! write stays fenced by its lease's epoch, so members that disagree for a moment about who should lead a name
+//! can delay a handover, never produce a write the database should have refused.
 //!
 //! SQL: `migrations/2026-11-30-000005_membership/up.sql` (`pgfence.join_group`, `pgfence.heartbeat`,
-//! `pgfence.leave_group`, `pgfence.roster`, the view `pgfence.group_members`).
+//! `pgfence.leave_group`, `pgfence.claim_rebalance`, `pgfence.rebalance_inputs`, `pgfence.group_names`,
+//! `pgfence.group_assignment`, `pgfence.assign_group`, `pgfence.assigned_names`, the view
+//! `pgfence.group_members`).
 //!
 //! Which file of this module owns what: the table of files in docs/architecture.md.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -24,18 +29,21 @@ use crate::validate::{check_text, validate_name};
 mod calls;
 mod rows;
 
+pub use calls::NameSets;
+
+pub use rows::{GroupNews, Rebalance};
 pub(crate) use rows::{MemberReply, MemberResultRow};
 
-/// The replica groups of a [`Store`] ([`Store::groups`]): joining, heartbeats and leaving, the roster every
-/// member reads, and the gap a handover left.
+/// The replica groups of a [`Store`] ([`Store::groups`]): joining, heartbeats and leaving, the stored assignment
+/// (claimed, read and written), and the gap a handover left.
 #[derive(Debug, Clone, Copy)]
 pub struct Groups<'a> {
     store: &'a Store,
 }
 
 impl Store {
-    /// The replica groups of this store's cluster: a member's join, heartbeat and leave, the roster, the members
-    /// an operator reads (see [`Groups`]).
+    /// The replica groups of this store's cluster: a member's join, heartbeat and leave, the stored assignment,
+    /// the members an operator reads (see [`Groups`]).
     pub fn groups(&self) -> Groups<'_> {
         Groups { store: self }
     }
@@ -156,6 +164,10 @@ pub struct Member {
     ttl: Duration,
     settled: bool,
     local_deadline: Instant,
+    /// The group's notification channel (`pgfence._group_channel`).
+    channel: String,
+    /// What the join's answer said of the group's assignment.
+    news: GroupNews,
 }
 
 impl Member {
@@ -177,6 +189,8 @@ impl Member {
             ttl: crate::limits::MAX_TTL,
             settled: true,
             local_deadline,
+            channel: String::new(),
+            news: GroupNews::default(),
         }
     }
 
@@ -220,6 +234,17 @@ impl Member {
         &self.secret
     }
 
+    /// The group's notification channel: `assigned <generation>` after each new assignment, `changed` when one
+    /// becomes due. Empty for a membership of the in-memory elector.
+    pub fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// What the join's answer said of the group's assignment.
+    pub fn news_at_join(&self) -> GroupNews {
+        self.news
+    }
+
     /// The membership after a heartbeat sent at `sent` answered `renewed`.
     pub(crate) fn renewed(&mut self, sent: Instant, settled: bool) {
         self.settled = settled;
@@ -238,8 +263,9 @@ pub struct RosterMember {
     /// Counted for acquisition: settled members may acquire; the assignment itself counts every live member,
     /// settled or not (so that nobody grabs a settling member's share meanwhile).
     pub settled: bool,
-    /// Names this member can lead (its controllers, shards expanded).
-    pub names: BTreeSet<String>,
+    /// Names this member can lead (its controllers, shards expanded): shared, since the members of a group
+    /// usually declare the same set (it is stored once, and read once by a process).
+    pub names: Arc<BTreeSet<String>>,
     /// Names this member must lead when it is live (they go to a pinning member whatever the balance).
     pub pinned: BTreeSet<String>,
     /// Names this member must never lead.
@@ -256,7 +282,7 @@ impl RosterMember {
             member: member.into(),
             weight: 1,
             settled: true,
-            names: names.into_iter().map(Into::into).collect(),
+            names: Arc::new(names.into_iter().map(Into::into).collect()),
             pinned: BTreeSet::new(),
             excluded: BTreeSet::new(),
         }
@@ -268,22 +294,21 @@ impl RosterMember {
             member: member.into(),
             weight: spec.weight,
             settled,
-            names: spec.names.clone(),
+            names: Arc::new(spec.names.clone()),
             pinned: spec.pinned.clone(),
             excluded: spec.excluded.clone(),
         }
     }
 }
 
-/// The live members of a group and who leads each of its names now: the assignment's one input, read in one
-/// statement (`pgfence.roster`).
+/// A group's stored assignment (`pgfence.group_assignment`): which member each name is assigned to.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
-pub struct Roster {
-    /// The live members, in member order.
-    pub members: Vec<RosterMember>,
-    /// Name → the member holding a live tenure of its lease (under the member's name and role) now.
-    pub holders: BTreeMap<String, String>,
+pub struct GroupAssignment {
+    /// The generation of the stored assignment (0 before the first).
+    pub generation: i64,
+    /// Name → the member it is assigned to.
+    pub owners: BTreeMap<String, String>,
 }
 
 /// A row of `pgfence.group_members`: a member of a group as an operator sees it.
@@ -300,21 +325,25 @@ pub struct GroupMember {
     pub weight: u32,
     /// Whether it is live now (database clock).
     pub live: bool,
-    /// Whether it is settled (may acquire).
+    /// Whether it is settled (counts for the assignment).
     pub settled: bool,
+    /// Whether the stored assignment counts it (its expiry calls for a new one).
+    pub counted: bool,
     /// Whether it left in order (a member that is neither live nor left expired).
     pub left: bool,
     /// Time left before it expires (database clock; zero when it has).
     pub expires_in: Duration,
     /// Consecutive incarnations that ended by expiry (the hysteresis counter).
     pub flaps: i32,
-    /// The names it can lead.
-    pub names: Vec<String>,
+    /// How many names it can lead (the set it declared; `pgfence.group_members.names` has them).
+    pub name_count: usize,
     /// Its pinned names.
     pub pinned: Vec<String>,
     /// Its excluded names.
     pub excluded: Vec<String>,
-    /// The names it leads now.
+    /// The names the stored assignment gives it.
+    pub assigned: Vec<String>,
+    /// The names of `assigned` it leads now.
     pub leads: Vec<String>,
 }
 

@@ -1,6 +1,7 @@
 //! What the membership functions are and what they answer: their SQL declarations, the `pgfence.member_result`
-//! row every one of them returns, decoded in this one place into a [`MemberReply`], and the rows of the roster
-//! and of `pgfence.group_members`.
+//! row a join, heartbeat or leave returns, decoded in this one place into a [`MemberReply`], the
+//! `pgfence.rebalance_result` of a claim or an assignment ([`Rebalance`]), and the rows of the assignment's
+//! inputs and of `pgfence.group_members`.
 
 use std::time::Duration;
 
@@ -12,21 +13,36 @@ use crate::lease::TenureSecret;
 use crate::reply::unexpected;
 use crate::types::LossReason;
 
-/// The membership functions, each called as `SELECT * FROM pgfence.f(…)` ([`RowsOf`]) and answered by one
-/// [`MemberResultRow`].
+/// The membership functions, each called as `SELECT * FROM pgfence.f(…)` ([`RowsOf`]).
 pub(crate) mod sql {
     use diesel::sql_types::{Array, BigInt, Integer, Text};
 
-    /// The composite type `pgfence.member_result` every membership function returns.
+    /// The composite type `pgfence.member_result` a join, heartbeat or leave returns.
     #[derive(Debug, diesel::sql_types::SqlType, diesel::query_builder::QueryId)]
     #[diesel(postgres_type(name = "member_result", schema = "pgfence"))]
     #[allow(unreachable_pub)]
     pub struct MemberResult;
 
-    /// A row of the table `pgfence.roster` returns.
+    /// The composite type `pgfence.rebalance_result` a claim or an assignment returns.
+    #[derive(Debug, diesel::sql_types::SqlType, diesel::query_builder::QueryId)]
+    #[diesel(postgres_type(name = "rebalance_result", schema = "pgfence"))]
+    #[allow(unreachable_pub)]
+    pub struct RebalanceResult;
+
+    /// A row of the table `pgfence.rebalance_inputs` returns.
     #[derive(Debug, diesel::sql_types::SqlType, diesel::query_builder::QueryId)]
     #[allow(unreachable_pub)]
-    pub struct RosterRows;
+    pub struct InputRows;
+
+    /// A row of the table `pgfence.group_assignment` returns.
+    #[derive(Debug, diesel::sql_types::SqlType, diesel::query_builder::QueryId)]
+    #[allow(unreachable_pub)]
+    pub struct AssignmentRows;
+
+    /// The row `pgfence.assigned_names` returns.
+    #[derive(Debug, diesel::sql_types::SqlType, diesel::query_builder::QueryId)]
+    #[allow(unreachable_pub)]
+    pub struct AssignedRow;
 
     diesel::define_sql_function! {
         #[sql_name = "pgfence.join_group"]
@@ -42,8 +58,26 @@ pub(crate) mod sql {
         fn leave_group(grp: Text, member: Text, incarnation: BigInt, secret: Text) -> MemberResult;
     }
     diesel::define_sql_function! {
-        #[sql_name = "pgfence.roster"]
-        fn roster(grp: Text) -> RosterRows;
+        #[sql_name = "pgfence.claim_rebalance"]
+        fn claim_rebalance(grp: Text, member: Text, incarnation: BigInt, secret: Text) -> RebalanceResult;
+    }
+    diesel::define_sql_function! {
+        #[sql_name = "pgfence.assign_group"]
+        fn assign_group(grp: Text, member: Text, incarnation: BigInt, secret: Text, version: BigInt,
+                        generation: BigInt, names: Array<Text>, owners: Array<Text>, removed: Array<Text>,
+                        counted: Array<Text>) -> RebalanceResult;
+    }
+    diesel::define_sql_function! {
+        #[sql_name = "pgfence.rebalance_inputs"]
+        fn rebalance_inputs(grp: Text) -> InputRows;
+    }
+    diesel::define_sql_function! {
+        #[sql_name = "pgfence.group_assignment"]
+        fn group_assignment(grp: Text) -> AssignmentRows;
+    }
+    diesel::define_sql_function! {
+        #[sql_name = "pgfence.assigned_names"]
+        fn assigned_names(grp: Text, member: Text) -> AssignedRow;
     }
 }
 
@@ -62,21 +96,38 @@ pub(crate) struct MemberResultRow {
     settled: Option<bool>,
     #[diesel(sql_type = Nullable<BigInt>)]
     expires_in_ms: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    generation: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    rebalance_in_ms: Option<i64>,
     #[diesel(sql_type = Nullable<Text>)]
-    roster_digest: Option<String>,
+    channel: Option<String>,
+}
+
+/// What the group says of its assignment in a join's or heartbeat's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct GroupNews {
+    /// The generation of the stored assignment (0 before the group's first): a member whose own read is older
+    /// reads its names again.
+    pub generation: i64,
+    /// How long until a new assignment may be computed (by the database clock); `None` when none is pending.
+    pub rebalance_in: Option<Duration>,
 }
 
 /// What a membership function answered, decoded in this one place.
 #[derive(Debug)]
 pub(crate) enum MemberReply {
-    /// `joined`: a new incarnation and its secret.
+    /// `joined`: a new incarnation and its secret, and the group's channel.
     Joined {
         incarnation: i64,
         secret: TenureSecret,
         settled: bool,
+        news: GroupNews,
+        channel: String,
     },
-    /// `renewed`: whether settled, and the roster's digest.
-    Renewed { settled: bool, digest: String },
+    /// `renewed`: whether settled, and the group's news.
+    Renewed { settled: bool, news: GroupNews },
     /// `left`.
     Left,
     /// `refused` / `member_taken`: the live member of that name, and its time left.
@@ -86,23 +137,38 @@ pub(crate) enum MemberReply {
     Lost(LossReason),
 }
 
+fn millis(ms: i64) -> Duration {
+    Duration::from_millis(ms.max(0) as u64)
+}
+
 impl MemberResultRow {
+    fn news(&self, function: &str) -> Result<GroupNews> {
+        Ok(GroupNews {
+            generation: self
+                .generation
+                .ok_or_else(|| unexpected(function, "generation missing"))?,
+            rebalance_in: self.rebalance_in_ms.map(millis),
+        })
+    }
+
     pub(crate) fn decode(self, function: &str) -> Result<MemberReply> {
         let missing = |what: &str| unexpected(function, &format!("{what} missing"));
         Ok(match self.outcome.as_deref() {
             Some("joined") => MemberReply::Joined {
+                news: self.news(function)?,
                 incarnation: self.incarnation.ok_or_else(|| missing("incarnation"))?,
                 secret: TenureSecret::parse(self.secret.ok_or_else(|| missing("secret"))?)?,
                 settled: self.settled.ok_or_else(|| missing("settled"))?,
+                channel: self.channel.ok_or_else(|| missing("channel"))?,
             },
             Some("renewed") => MemberReply::Renewed {
+                news: self.news(function)?,
                 settled: self.settled.ok_or_else(|| missing("settled"))?,
-                digest: self.roster_digest.ok_or_else(|| missing("roster digest"))?,
             },
             Some("left") => MemberReply::Left,
             Some("refused") if self.reason.as_deref() == Some("member_taken") => {
                 MemberReply::Taken {
-                    expires_in: Duration::from_millis(self.expires_in_ms.unwrap_or(0).max(0) as u64),
+                    expires_in: millis(self.expires_in_ms.unwrap_or(0)),
                 }
             }
             Some("refused") => MemberReply::Lost(
@@ -119,23 +185,125 @@ impl MemberResultRow {
     }
 }
 
-/// A row of `pgfence.roster`.
+/// A `pgfence.rebalance_result`, read by column name.
+#[derive(QueryableByName, Debug)]
+pub(crate) struct RebalanceResultRow {
+    #[diesel(sql_type = Nullable<Text>)]
+    outcome: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    reason: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    version: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    generation: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    in_ms: Option<i64>,
+}
+
+/// What a claim or an assignment answered, decoded in this one place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rebalance {
+    /// `claim`: this member computes the next assignment, from the stored one of `generation`, for the inputs of
+    /// `version`, within `within`.
+    Claim {
+        /// The version of the inputs the claim was granted for.
+        version: i64,
+        /// The generation of the stored assignment the next one is computed from.
+        generation: i64,
+        /// How long the claim lasts.
+        within: Duration,
+    },
+    /// `not_due`: nothing to do for `wait` (none: nothing is pending).
+    NotDue {
+        /// How long until one is due; `None` when nothing is pending.
+        wait: Option<Duration>,
+    },
+    /// `claimed`: another member is computing it; its claim lapses after `wait`.
+    Claimed {
+        /// How long until the other member's claim lapses.
+        wait: Duration,
+    },
+    /// `assigned`: the new assignment is stored as `generation`.
+    Assigned {
+        /// Its generation.
+        generation: i64,
+    },
+    /// `stale`: the stored assignment changed since the claim, or a member it named is gone; claim again.
+    Stale,
+    /// `refused` / `not_claimed`: this member holds no live claim (it lapsed).
+    NotClaimed,
+}
+
+impl RebalanceResultRow {
+    pub(crate) fn decode(self, function: &str) -> Result<std::result::Result<Rebalance, LossReason>> {
+        let missing = |what: &str| unexpected(function, &format!("{what} missing"));
+        Ok(Ok(match (self.outcome.as_deref(), self.reason.as_deref()) {
+            (Some("claim"), None) => Rebalance::Claim {
+                version: self.version.ok_or_else(|| missing("version"))?,
+                generation: self.generation.ok_or_else(|| missing("generation"))?,
+                within: millis(self.in_ms.ok_or_else(|| missing("in_ms"))?),
+            },
+            (Some("not_due"), None) => Rebalance::NotDue {
+                wait: self.in_ms.map(millis),
+            },
+            (Some("claimed"), None) => Rebalance::Claimed {
+                wait: millis(self.in_ms.ok_or_else(|| missing("in_ms"))?),
+            },
+            (Some("assigned"), None) => Rebalance::Assigned {
+                generation: self.generation.ok_or_else(|| missing("generation"))?,
+            },
+            (Some("stale"), Some("generation" | "member_gone")) => Rebalance::Stale,
+            (Some("refused"), Some("not_claimed")) => Rebalance::NotClaimed,
+            (Some("refused"), Some(reason)) => {
+                return Ok(Err(LossReason::from_member_sql(reason).ok_or_else(|| {
+                    unexpected(function, &format!("reason {reason:?}"))
+                })?))
+            }
+            (outcome, reason) => {
+                return Err(unexpected(
+                    function,
+                    &format!("outcome {outcome:?} with reason {reason:?}"),
+                ))
+            }
+        }))
+    }
+}
+
+/// A row of `pgfence.rebalance_inputs`: a member the next assignment counts.
 #[derive(QueryableByName)]
-pub(super) struct RosterRow {
+pub(crate) struct InputRow {
     #[diesel(sql_type = Text)]
-    pub(super) member: String,
+    pub(crate) member: String,
     #[diesel(sql_type = Integer)]
-    pub(super) weight: i32,
+    pub(crate) weight: i32,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) set_id: i64,
+    #[diesel(sql_type = Array<Text>)]
+    pub(crate) pinned: Vec<String>,
+    #[diesel(sql_type = Array<Text>)]
+    pub(crate) excluded: Vec<String>,
     #[diesel(sql_type = Bool)]
-    pub(super) settled: bool,
+    pub(crate) settled: bool,
+}
+
+/// A row of `pgfence.group_assignment`.
+#[derive(QueryableByName)]
+pub(crate) struct AssignmentRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) generation: i64,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) name: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) member: Option<String>,
+}
+
+/// The row of `pgfence.assigned_names`.
+#[derive(QueryableByName)]
+pub(crate) struct AssignedNamesRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) generation: i64,
     #[diesel(sql_type = Array<Text>)]
-    pub(super) names: Vec<String>,
-    #[diesel(sql_type = Array<Text>)]
-    pub(super) pinned: Vec<String>,
-    #[diesel(sql_type = Array<Text>)]
-    pub(super) excluded: Vec<String>,
-    #[diesel(sql_type = Array<Text>)]
-    pub(super) leads: Vec<String>,
+    pub(crate) names: Vec<String>,
 }
 
 /// A row of `pgfence.group_members`.
@@ -154,17 +322,21 @@ pub(super) struct GroupMemberRow {
     #[diesel(sql_type = Bool)]
     pub(super) settled: bool,
     #[diesel(sql_type = Bool)]
+    pub(super) counted: bool,
+    #[diesel(sql_type = Bool)]
     pub(super) left: bool,
     #[diesel(sql_type = BigInt)]
     pub(super) expires_in_ms: i64,
     #[diesel(sql_type = Integer)]
     pub(super) flaps: i32,
-    #[diesel(sql_type = Array<Text>)]
-    pub(super) names: Vec<String>,
+    #[diesel(sql_type = Integer)]
+    pub(super) name_count: i32,
     #[diesel(sql_type = Array<Text>)]
     pub(super) pinned: Vec<String>,
     #[diesel(sql_type = Array<Text>)]
     pub(super) excluded: Vec<String>,
+    #[diesel(sql_type = Array<Text>)]
+    pub(super) assigned: Vec<String>,
     #[diesel(sql_type = Array<Text>)]
     pub(super) leads: Vec<String>,
 }
@@ -181,7 +353,9 @@ mod tests {
             secret: None,
             settled: None,
             expires_in_ms: Some(1500),
-            roster_digest: None,
+            generation: None,
+            rebalance_in_ms: None,
+            channel: None,
         }
     }
 

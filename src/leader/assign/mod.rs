@@ -114,8 +114,9 @@ impl Assignment {
 ///       highest score, even beyond its quota;
 ///    2. each member keeps the names it holds, best scores first, while it is under its quota (a member over
 ///       its quota sheds the names it scores lowest);
-///    3. the remaining (name, eligible member) pairs by descending score: a name goes to the member if it is
-///       still free and the member is under its quota;
+///    3. each name still free, those with a restricted set of eligible members (pins, exclusions, names not
+///       every member declares) first, then the others, each group in name order: to its eligible member with
+///       the highest score among those still under their quota;
 ///    4. a name still free (all its eligible members are full — only possible with pins and exclusions) goes
 ///       beyond quota to its holder if eligible, else to its eligible member with the highest score.
 ///
@@ -133,8 +134,13 @@ impl Assignment {
 ///
 /// # Cost
 ///
-/// `O(P log P + M·N)` for `P` (name, eligible member) pairs, `M` members and `N` names, and `O(P)` memory:
-/// 10,000 names × 100 members take about a tenth of a second optimized (a second in an unoptimized build).
+/// Members that declare the same set (one `Arc`, as the store hands them out) share it. Time
+/// `O(N log N + F·M + R·M)` and memory `O(N + M + R·M)` for `N` names, `M` members, `F` names that are free
+/// once every member kept what it may (the names that must move: about `N/M` on a join or a leave, `N` only
+/// the first time a group is assigned) and `R` names with a restricted set of eligible members (pins,
+/// exclusions, names only some members declare; none in a homogeneous group). Measured (`cargo bench --bench
+/// operations -- assign`, docs/performance.md): a first assignment of 10,000 names over 100 members in a few
+/// tens of milliseconds optimized, a join or a leave in a few milliseconds.
 pub fn assign(members: &[RosterMember], holders: &BTreeMap<String, String>) -> Assignment {
     let group = Group::new(members);
     let current = group.holders(holders);
@@ -148,8 +154,7 @@ pub fn assign(members: &[RosterMember], holders: &BTreeMap<String, String>) -> A
 }
 
 /// An index into `Group::members` (sorted by member name, so index order is name order) or `Group::names`
-/// (sorted). 32 bits keep a (score, member, name) pair at 16 bytes for the sort of step 4.3; a group never has
-/// 2^32 members or names.
+/// (sorted). 32 bits: a group never has 2^32 members or names.
 type Ix = u32;
 
 /// A member as the computation sees it: deduplicated, weight clamped, and the hash state of its name prefix.
@@ -167,8 +172,9 @@ struct Candidate<'a> {
 struct Group<'a> {
     members: Vec<Candidate<'a>>,
     names: Vec<&'a str>,
-    /// Per name, the eligible members (ascending index): after pins narrowed them.
-    eligible: Vec<Vec<Ix>>,
+    /// Per name, its eligible members (ascending index) after pins narrowed them, or `None` when every member
+    /// is eligible (the name of a homogeneous group: no list is kept for it).
+    eligible: Vec<Option<Vec<Ix>>>,
     /// Per name, whether some eligible member pins it (then `eligible` holds only pinning members).
     pinned: Vec<bool>,
     /// Per member, its quota (they add up to the number of names with an eligible member).
@@ -191,36 +197,60 @@ impl<'a> Group<'a> {
         // order of the slice cannot matter.
         unique.sort_by(|a, b| a.member.cmp(&b.member));
 
-        // Linear merges rather than a set or a binary search per pair: every member's names are already sorted,
-        // and with 100 members offering the same 10,000 names the lookups would dominate the whole computation.
-        let mut names: Vec<&str> = Vec::new();
+        // The distinct sets (members of a homogeneous group share one `Arc`): the names are their union, merged
+        // once per set rather than once per member.
+        let mut sets: Vec<&'a BTreeSet<String>> = Vec::new();
+        let mut users: Vec<usize> = Vec::new();
         for member in &unique {
-            names = union(&names, &member.names);
-        }
-        let mut eligible = vec![Vec::new(); names.len()];
-        let mut pinners = vec![Vec::new(); names.len()];
-        for (m, member) in unique.iter().enumerate() {
-            let mut n = 0;
-            for name in &member.names {
-                // Always found, in order: `names` is the sorted union of every member's names.
-                while names[n] < name.as_str() {
-                    n += 1;
+            // By identity only: telling equal copies apart costs nothing but a few more lookups below.
+            match sets.iter().position(|s| std::ptr::eq(*s, &*member.names)) {
+                Some(d) => users[d] += 1,
+                None => {
+                    sets.push(&member.names);
+                    users.push(1);
                 }
-                if member.excluded.contains(name) {
+            }
+        }
+        let mut names: Vec<&str> = Vec::new();
+        for set in &sets {
+            names = union(&names, set);
+        }
+        // A name is restricted when not every member declares it, or some member pins or excludes it: only then
+        // is its list of eligible members built.
+        let special: BTreeSet<&str> = unique
+            .iter()
+            .flat_map(|m| m.pinned.iter().chain(&m.excluded))
+            .map(String::as_str)
+            .collect();
+        let mut eligible: Vec<Option<Vec<Ix>>> = Vec::with_capacity(names.len());
+        let mut pinned = vec![false; names.len()];
+        for (n, name) in names.iter().enumerate() {
+            let declared: usize = sets
+                .iter()
+                .zip(&users)
+                .filter(|(set, _)| set.contains(*name))
+                .map(|(_, count)| count)
+                .sum();
+            if declared == unique.len() && !special.contains(name) {
+                eligible.push(None);
+                continue;
+            }
+            let mut list = Vec::new();
+            let mut pinners = Vec::new();
+            for (m, member) in unique.iter().enumerate() {
+                if !member.names.contains(*name) || member.excluded.contains(*name) {
                     continue;
                 }
-                eligible[n].push(ix(m));
-                if member.pinned.contains(name) {
-                    pinners[n].push(ix(m));
+                list.push(ix(m));
+                if member.pinned.contains(*name) {
+                    pinners.push(ix(m));
                 }
             }
-        }
-        let mut pinned = vec![false; names.len()];
-        for ((eligible, pinners), pinned) in eligible.iter_mut().zip(pinners).zip(&mut pinned) {
             if !pinners.is_empty() {
-                *eligible = pinners;
-                *pinned = true;
+                list = pinners;
+                pinned[n] = true;
             }
+            eligible.push(Some(list));
         }
 
         let members: Vec<Candidate<'a>> = unique
@@ -231,7 +261,10 @@ impl<'a> Group<'a> {
                 prefix: pair_prefix(&m.member),
             })
             .collect();
-        let assignable = eligible.iter().filter(|e| !e.is_empty()).count();
+        let assignable = eligible
+            .iter()
+            .filter(|e| e.as_ref().is_none_or(|list| !list.is_empty()))
+            .count();
         let quota = quotas(&members, assignable);
         Group {
             members,
@@ -242,15 +275,30 @@ impl<'a> Group<'a> {
         }
     }
 
+    /// Whether member `m` may lead name `n`.
+    fn may_lead(&self, m: Ix, n: usize) -> bool {
+        match &self.eligible[n] {
+            None => (m as usize) < self.members.len(),
+            Some(list) => list.binary_search(&m).is_ok(),
+        }
+    }
+
+    /// Whether name `n` has an eligible member.
+    fn assignable(&self, n: usize) -> bool {
+        self.eligible[n]
+            .as_ref()
+            .is_none_or(|list| !list.is_empty())
+    }
+
     /// Per name, its current holder as a member index, if that holder is a member eligible for the name.
     fn holders(&self, holders: &BTreeMap<String, String>) -> Vec<Option<Ix>> {
         self.names
             .iter()
-            .zip(&self.eligible)
-            .map(|(name, eligible)| {
+            .enumerate()
+            .map(|(n, name)| {
                 let holder = holders.get(*name)?;
                 let m = self.members.binary_search_by(|c| c.name.cmp(holder)).ok()?;
-                eligible.binary_search(&ix(m)).ok().map(|_| ix(m))
+                self.may_lead(ix(m), n).then_some(ix(m))
             })
             .collect()
     }
@@ -263,18 +311,34 @@ impl<'a> Group<'a> {
         )
     }
 
-    /// The eligible member of `n` with the highest score (the first in name order among equal scores).
-    fn best(&self, n: usize) -> Ix {
+    /// Of `candidates` (any order), the one with the highest score for `n` (the first in name order among equal
+    /// scores).
+    fn best_of(&self, n: usize, candidates: impl Iterator<Item = Ix>) -> Option<Ix> {
         let mut best: Option<(f64, Ix)> = None;
-        for &m in &self.eligible[n] {
+        for m in candidates {
             let score = self.score(m, ix(n));
-            // `eligible` is in name order: a later member must score strictly higher to win.
-            if best.is_none_or(|(top, _)| score.total_cmp(&top) == Ordering::Greater) {
+            let better = match best {
+                None => true,
+                Some((top, at)) => match score.total_cmp(&top) {
+                    Ordering::Greater => true,
+                    Ordering::Equal => m < at,
+                    Ordering::Less => false,
+                },
+            };
+            if better {
                 best = Some((score, m));
             }
         }
         best.map(|(_, m)| m)
-            .expect("called only for a name with an eligible member")
+    }
+
+    /// The eligible member of `n` with the highest score.
+    fn best(&self, n: usize) -> Ix {
+        let found = match &self.eligible[n] {
+            None => self.best_of(n, 0..ix(self.members.len())),
+            Some(list) => self.best_of(n, list.iter().copied()),
+        };
+        found.expect("called only for a name with an eligible member")
     }
 
     /// One round of step 4 from the holders `holder` (already filtered: members eligible for the name).
@@ -313,24 +377,34 @@ impl<'a> Group<'a> {
             }
         }
 
-        // 4.3 Greedy by descending score over what is left. A member already full cannot take anything in this
-        // step (counts only grow), so its pairs are not even listed.
-        let mut pairs: Vec<(f64, Ix, Ix)> = Vec::new();
-        for (n, eligible) in self.eligible.iter().enumerate() {
-            if owner[n].is_some() {
+        // 4.3 The free names, restricted ones first (they have fewer places to go), each to its best-scoring
+        // eligible member still under quota. Only the members with room are scored: after a join or a leave
+        // that is the names that must move times the members with room, not every (name, member) pair.
+        let mut open: Vec<Ix> = (0..self.members.len())
+            .filter(|&m| count[m] < self.quota[m])
+            .map(ix)
+            .collect();
+        let restricted = (0..self.names.len()).filter(|&n| self.eligible[n].is_some());
+        let everyone = (0..self.names.len()).filter(|&n| self.eligible[n].is_none());
+        for n in restricted.chain(everyone) {
+            if owner[n].is_some() || open.is_empty() {
                 continue;
             }
-            for &m in eligible {
-                if count[m as usize] < self.quota[m as usize] {
-                    pairs.push((self.score(m, ix(n)), m, ix(n)));
-                }
-            }
-        }
-        pairs.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-        for (_, m, n) in pairs {
-            if owner[n as usize].is_none() && count[m as usize] < self.quota[m as usize] {
-                owner[n as usize] = Some(m);
+            let found = match &self.eligible[n] {
+                None => self.best_of(n, open.iter().copied()),
+                Some(list) => self.best_of(
+                    n,
+                    list.iter()
+                        .copied()
+                        .filter(|&m| count[m as usize] < self.quota[m as usize]),
+                ),
+            };
+            if let Some(m) = found {
+                owner[n] = Some(m);
                 count[m as usize] += 1;
+                if count[m as usize] >= self.quota[m as usize] {
+                    open.retain(|&o| o != m);
+                }
             }
         }
 
@@ -338,7 +412,7 @@ impl<'a> Group<'a> {
         // if it may (moving it would put another member over quota just the same), which is also what makes
         // the second round of `assign` settle: the names a member sheds there and nobody can take come back.
         for n in 0..self.names.len() {
-            if owner[n].is_none() && !self.eligible[n].is_empty() {
+            if owner[n].is_none() && self.assignable(n) {
                 owner[n] = Some(holder[n].unwrap_or_else(|| self.best(n)));
             }
         }

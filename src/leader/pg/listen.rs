@@ -1,17 +1,74 @@
-//! The release listener: one connection LISTENing for released leases and roster changes, fanned out to the
-//! elector's waiters, and the cache of lease names its notifications are resolved with.
+//! The release listener: one connection LISTENing for released leases and for the news of the replica groups
+//! this process joined (each group has a channel of its own), fanned out to the elector's waiters, and the cache
+//! of lease names its notifications are resolved with.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use diesel::QueryableByName;
 use diesel_async::AsyncPgConnection;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, Notify};
 
 use crate::error::Result;
-use crate::leader::held::Wake;
+use crate::leader::held::{GroupWake, Wake};
 use crate::store::Store;
+
+/// The group channels the listener LISTENs to: added by joins, LISTENed at once and again after every
+/// reconnection.
+#[derive(Debug, Default)]
+pub(super) struct Channels {
+    wanted: Mutex<BTreeSet<String>>,
+    added: Notify,
+}
+
+impl Channels {
+    /// Asks the listener to LISTEN to `channel` too (a channel is never unlistened: a process joins few groups).
+    pub(super) fn add(&self, channel: &str) {
+        let new = self
+            .wanted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(channel.to_owned());
+        if new {
+            self.added.notify_one();
+        }
+    }
+
+    fn wanted(&self) -> BTreeSet<String> {
+        self.wanted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// `LISTEN` for each of `channels` not in `listening` yet (quoted: a channel is an identifier).
+async fn listen_to(
+    conn: &mut AsyncPgConnection,
+    channels: &Channels,
+    listening: &mut BTreeSet<String>,
+) -> diesel::QueryResult<()> {
+    use diesel_async::SimpleAsyncConnection;
+    for channel in channels.wanted() {
+        if listening.contains(&channel) {
+            continue;
+        }
+        conn.batch_execute(&format!("LISTEN \"{}\"", channel.replace('"', "\"\"")))
+            .await?;
+        listening.insert(channel);
+    }
+    Ok(())
+}
+
+/// What a group channel's payload says; `None` for one it never sends.
+fn group_wake(payload: &str) -> Option<GroupWake> {
+    match payload.split_once(' ') {
+        None if payload == "changed" => Some(GroupWake::Changed),
+        Some(("assigned", generation)) => generation.parse().ok().map(GroupWake::Assigned),
+        _ => None,
+    }
+}
 
 /// First delay before the release listener reconnects; it doubles up to [`LISTEN_RETRY_MAX`].
 const LISTEN_RETRY_MIN: Duration = Duration::from_millis(100);
@@ -21,46 +78,58 @@ const LISTEN_RETRY_MIN: Duration = Duration::from_millis(100);
 /// lost: a server back after 3.2 s would be listened to again only 3.1 s later.
 const LISTEN_RETRY_MAX: Duration = Duration::from_secs(1);
 
-/// Keeps one dedicated connection LISTENing for released leases and fans the names out. Reconnects after
-/// 100 ms, doubling up to 1 s; while it is down, waiters fall back to their timeouts, and once it LISTENs again
-/// every waiter is woken ([`Wake::Resumed`]) to look for a release it did not hear.
+/// Keeps one dedicated connection LISTENing for released leases and for the channels of the groups this process
+/// joined, and fans what it hears out. Reconnects after 100 ms, doubling up to 1 s; while it is down, waiters
+/// fall back to their timeouts, and each time it LISTENs — the first time too: a waiter may have subscribed
+/// before the listener was listening — every waiter is woken ([`Wake::Resumed`]) to look for what it did not
+/// hear.
 ///
-/// A notification carries the released lease's lock key, not its name (any role may LISTEN): the name is
-/// looked up in `pgfence.leases`, which shows only leases of clusters this role has a grant on, and cached
+/// A release notification carries the released lease's lock key, not its name (any role may LISTEN): the name
+/// is looked up in `pgfence.leases`, which shows only leases of clusters this role has a grant on, and cached
 /// (lock keys are never reused and names never change). Keys of leases this role cannot see are ignored.
 pub(super) async fn listen(
     store: Store,
     names: Arc<Mutex<HashMap<i32, String>>>,
     tx: broadcast::Sender<Wake>,
+    channels: Arc<Channels>,
 ) {
     use diesel_async::SimpleAsyncConnection;
     use futures_util::StreamExt;
     let mut delay = LISTEN_RETRY_MIN;
-    let mut listened_before = false;
     loop {
         match store.listening_connection().await {
-            // Two statements, the release channel last: what `pg_stat_activity` shows of the listener.
-            Ok(mut conn) => match async {
-                conn.batch_execute("LISTEN pgfence_members").await?;
-                conn.batch_execute("LISTEN pgfence_lease_free").await
-            }
-            .await
-            {
-                Ok(()) => {
+            Ok(mut conn) => {
+                let mut listening = BTreeSet::new();
+                // The release channel last: what `pg_stat_activity` shows of the listener.
+                let listened = async {
+                    listen_to(&mut conn, &channels, &mut listening).await?;
+                    conn.batch_execute("LISTEN pgfence_lease_free").await
+                }
+                .await;
+                if let Err(e) = listened {
+                    tracing::debug!(error = %e, "LISTEN failed");
+                } else {
                     delay = LISTEN_RETRY_MIN;
-                    if listened_before {
-                        let _ = tx.send(Wake::Resumed);
-                    }
-                    listened_before = true;
+                    let _ = tx.send(Wake::Resumed);
                     loop {
                         // The stream only reads the connection's notification queue: dropping it between
-                        // notifications loses none, and frees the connection for the name lookup.
-                        let next = std::pin::pin!(conn.notifications_stream()).next().await;
-                        match next {
-                            Some(Ok(n)) if n.channel == "pgfence_members" => {
-                                let _ = tx.send(Wake::Members);
+                        // notifications loses none, and frees the connection for the name lookup and LISTENs.
+                        let next = {
+                            let stream = conn.notifications_stream();
+                            let mut stream = std::pin::pin!(stream);
+                            tokio::select! {
+                                next = stream.next() => Some(next),
+                                _ = channels.added.notified() => None,
                             }
-                            Some(Ok(n)) => {
+                        };
+                        match next {
+                            None => {
+                                if let Err(e) = listen_to(&mut conn, &channels, &mut listening).await {
+                                    tracing::debug!(error = %e, "LISTEN to a group's channel failed");
+                                    break;
+                                }
+                            }
+                            Some(Some(Ok(n))) if n.channel == "pgfence_lease_free" => {
                                 let Ok(key) = n.payload.parse::<i32>() else {
                                     continue;
                                 };
@@ -68,16 +137,23 @@ pub(super) async fn listen(
                                     let _ = tx.send(Wake::Free(name));
                                 }
                             }
-                            Some(Err(e)) => {
+                            Some(Some(Ok(n))) => {
+                                if let Some(news) = group_wake(&n.payload) {
+                                    let _ = tx.send(Wake::Group {
+                                        channel: n.channel,
+                                        news,
+                                    });
+                                }
+                            }
+                            Some(Some(Err(e))) => {
                                 tracing::debug!(error = %e, "release listener connection failed");
                                 break;
                             }
-                            None => break,
+                            Some(None) => break,
                         }
                     }
                 }
-                Err(e) => tracing::debug!(error = %e, "LISTEN failed"),
-            },
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "release listener cannot connect")
             }
@@ -123,9 +199,10 @@ async fn lease_name(
 }
 
 /// The lock key and name of every lease of `qualified` that the listener does not know yet, read in one
-/// statement into its cache. Called after a roster read, off the path of any release: so that the release of a
-/// name that changes hands wakes its successor at once, not after a lookup of the key on the listener's
-/// connection (one statement more on the path of every handover of a name this process never saw released).
+/// statement into its cache. Called after a member read its names, off the path of any release: so that the
+/// release of a name that changes hands wakes its successor at once, not after a lookup of the key on the
+/// listener's connection (one statement more on the path of every handover of a name this process never saw
+/// released).
 pub(super) async fn warm_lease_names(
     store: &Store,
     names: &Mutex<HashMap<i32, String>>,
@@ -159,6 +236,21 @@ pub(super) async fn warm_lease_names(
         let mut names = names.lock().unwrap_or_else(|p| p.into_inner());
         for row in rows {
             names.insert(row.lock_key, row.name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A group channel's payloads decode to what they say, and anything else is ignored, never guessed.
+    #[test]
+    fn group_payloads_decode_exactly() {
+        assert_eq!(group_wake("changed"), Some(GroupWake::Changed));
+        assert_eq!(group_wake("assigned 17"), Some(GroupWake::Assigned(17)));
+        for other in ["", "assigned", "assigned x", "changed 1", "moved 3"] {
+            assert_eq!(group_wake(other), None, "{other:?}");
         }
     }
 }

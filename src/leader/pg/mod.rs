@@ -1,8 +1,10 @@
 //! The PostgreSQL [`Elector`](super::Elector): acquisition, batched renewal on a connection of its own
-//! (`renew`), and release announcements through LISTEN/NOTIFY (`listen`).
+//! (`renew`), release announcements and the groups' news through LISTEN/NOTIFY (`listen`), and the group's
+//! rebalance (`rebalance`).
 //!
 //! SQL: `pgfence.renew_many` and the `pgfence_lease_free` notification of `pgfence.release` and
-//! `pgfence.force_release`, in `migrations/2026-11-30-000002_lease_protocol/up.sql`.
+//! `pgfence.force_release`, in `migrations/2026-11-30-000002_lease_protocol/up.sql`; the group calls of
+//! `migrations/2026-11-30-000005_membership/up.sql`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -10,19 +12,20 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 
-use super::group::{Leaver, MemberShared, Membership};
+use super::group::{Assigned, Leaver, MemberShared, Membership};
 use super::held::{BeliefReporter, Health, HeldLease, Releaser, Shared, Wake, Wakeups};
 use super::options::LeaseOptions;
 use super::BoxFuture;
 use super::Elector;
 use crate::error::{Error, Result};
 use crate::lease::{Lease, Released};
-use crate::membership::{Member, MemberSpec, Roster};
+use crate::membership::{Member, MemberSpec, NameSets, Rebalance};
 use crate::store::Store;
-use listen::{listen, warm_lease_names};
+use listen::{listen, warm_lease_names, Channels};
 use renew::{GroupKey, Renewals};
 
 mod listen;
+mod rebalance;
 mod renew;
 
 /// The PostgreSQL [`Elector`]: leases in `pgfence.leases`, renewed in batches, woken by LISTEN/NOTIFY.
@@ -41,6 +44,10 @@ struct PgInner {
     renewals: Arc<Renewals>,
     notifications: OnceLock<broadcast::Sender<Wake>>,
     listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The channels of the groups this process joined, for the listener.
+    channels: Arc<Channels>,
+    /// The name sets read for rebalances (each once).
+    name_sets: NameSets,
 }
 
 impl Drop for PgInner {
@@ -66,6 +73,8 @@ impl PgElector {
                 lease_names: Arc::default(),
                 notifications: OnceLock::new(),
                 listener: Mutex::new(None),
+                channels: Arc::default(),
+                name_sets: NameSets::default(),
             }),
         }
     }
@@ -91,6 +100,7 @@ impl PgElector {
                     self.inner.store.clone(),
                     self.inner.lease_names.clone(),
                     tx.clone(),
+                    self.inner.channels.clone(),
                 ));
                 *self
                     .inner
@@ -186,7 +196,9 @@ impl Elector for PgElector {
         options: &LeaseOptions,
     ) -> Result<Membership> {
         options.validate()?;
-        // Listening before the join: a change of the roster right after it is not missed.
+        // The listener runs before the join; the group's channel is LISTENed to once the join named it, and
+        // the listener then wakes every waiter (`Wake::Resumed`), so a balancer that subscribed before reads
+        // the assignment again instead of missing what was said meanwhile.
         self.notifications();
         let joined = self
             .inner
@@ -194,6 +206,9 @@ impl Elector for PgElector {
             .groups()
             .join(group, member, spec, options.ttl)
             .await?;
+        if !joined.channel().is_empty() {
+            self.inner.channels.add(joined.channel());
+        }
         let shared = MemberShared::new(joined, options.safety_margin);
         let key = GroupKey {
             holder: member.to_owned(),
@@ -212,20 +227,28 @@ impl Elector for PgElector {
         Ok(Membership::new(shared, leaver))
     }
 
-    async fn roster(&self, group: &str) -> Result<Roster> {
-        let roster = self.inner.store.groups().roster(group).await?;
-        let names: std::collections::BTreeSet<String> = roster
-            .members
-            .iter()
-            .flat_map(|m| m.names.iter().map(|n| self.qualify(n)))
-            .collect();
-        // In the background: the roster goes to the balancer at once.
+    async fn assigned(&self, membership: &Membership) -> Result<Assigned> {
+        let member = membership.member_data();
+        let (generation, names) = self
+            .inner
+            .store
+            .groups()
+            .assigned_names(member.group(), member.member())
+            .await?;
+        let qualified: Vec<String> = names.iter().map(|n| self.qualify(n)).collect();
+        // In the background: the names go to the balancer at once; their lock keys are cached before a release
+        // of one of them must be resolved.
         let store = self.inner.store.clone();
         let cache = self.inner.lease_names.clone();
-        tokio::spawn(
-            async move { warm_lease_names(&store, &cache, names.into_iter().collect()).await },
-        );
-        Ok(roster)
+        tokio::spawn(async move { warm_lease_names(&store, &cache, qualified).await });
+        Ok(Assigned {
+            generation,
+            names: names.into_iter().collect(),
+        })
+    }
+
+    async fn rebalance(&self, membership: &Membership) -> Result<Rebalance> {
+        rebalance::rebalance(&self.inner.store, &self.inner.name_sets, membership).await
     }
 
     async fn in_doubt(&self, name: &str) -> Result<Vec<crate::effects::InDoubt>> {

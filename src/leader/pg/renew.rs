@@ -424,8 +424,8 @@ async fn renew_loop(elector: Weak<Renewals>, group: Arc<Group>) {
             } => {
                 if let (Some(membership), Some(reply)) = (&membership, reply) {
                     match reply {
-                        MemberReply::Renewed { settled, digest } => {
-                            membership.renewed(sent, settled, digest)
+                        MemberReply::Renewed { settled, news } => {
+                            membership.renewed(sent, settled, news)
                         }
                         MemberReply::Lost(reason) => {
                             membership.end(format!(

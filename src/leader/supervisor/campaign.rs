@@ -17,6 +17,7 @@ pub(super) type Factory =
     Arc<dyn Fn(LeaderContext) -> BoxFuture<std::result::Result<(), BoxError>> + Send + Sync>;
 
 /// A controller as added: its name, its leadership options and the factory of its callback.
+#[derive(Clone)]
 pub(super) struct Controller {
     pub(super) name: String,
     pub(super) options: LeadershipOptions,

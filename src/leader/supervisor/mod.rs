@@ -29,7 +29,7 @@ mod status;
 
 pub use campaign::BoxError;
 use campaign::{campaign, Controller};
-use spread::{AbortOnDrop, Balancer, NameLoop, View};
+use spread::{AbortOnDrop, Balancer, NameLoopParts, Names, View};
 use status::{lock, Status};
 pub use status::{GroupStatus, Readiness, SupervisorStatus};
 
@@ -313,7 +313,7 @@ impl<E: Elector> Supervisor<E> {
             member: self.holder.clone(),
             is_member: false,
             settled: false,
-            members: Vec::new(),
+            generation: 0,
             assigned: BTreeSet::new(),
             leading: BTreeSet::new(),
             handovers: 0,
@@ -342,25 +342,24 @@ impl<E: Elector> Supervisor<E> {
                 .run(view_tx, shutdown.clone(), names_stop.clone())
                 .instrument(tracing::info_span!("balancer", group = %spread.group)),
         ));
-        let mut loops = tokio::task::JoinSet::new();
-        for controller in self.controllers {
-            let span = tracing::info_span!("controller", controller = %controller.name);
-            let name_loop = NameLoop {
+        let names = Names {
+            template: NameLoopParts {
                 elector: self.elector.clone(),
                 holder: self.holder.clone(),
                 backoff: self.backoff,
                 status: self.status.clone(),
                 group: spread.group.clone(),
-                handovers: handovers.clone(),
-                controller,
-            };
-            loops.spawn(
-                name_loop
-                    .run(view_rx.clone(), names_stop.clone())
-                    .instrument(span),
-            );
-        }
-        while loops.join_next().await.is_some() {}
+                handovers,
+            },
+            controllers: self
+                .controllers
+                .into_iter()
+                .map(|c| (c.name.clone(), c))
+                .collect(),
+        };
+        // Aborted with `run`'s future like the balancer (its loops, in a `JoinSet`, with it).
+        let mut names = AbortOnDrop(tokio::spawn(names.run(view_rx, names_stop)));
+        let _ = (&mut names.0).await;
         let _ = (&mut balancer.0).await;
         Ok(())
     }

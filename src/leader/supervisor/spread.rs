@@ -1,8 +1,10 @@
-//! A spreading supervisor's two kinds of task: the [`Balancer`], which keeps this replica a member of its group
-//! and publishes the group's assignment ([`View`]), and one [`NameLoop`] per controller, which leads its name
-//! while the assignment gives it to this replica and hands it over when the assignment moves it.
+//! A spreading supervisor's three kinds of task: the [`Balancer`], which keeps this replica a member of its
+//! group, rebalances the group when its turn comes, and publishes this replica's names of the stored assignment
+//! ([`View`]); the [`Names`] manager, which runs a [`NameLoop`] for each name this replica is assigned or still
+//! leads (not one per name the group has: a fleet's replica declares thousands); and the loops themselves, each
+//! leading its name while the assignment gives it to this replica and handing it over when it moves.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,63 +15,56 @@ use tokio_util::sync::CancellationToken;
 use super::campaign::{BoxError, Controller};
 use super::status::{lock, set_leading, Status};
 use crate::error::Error;
-use crate::leader::assign::{assign, Assignment};
 use crate::leader::backoff::Backoff;
+use crate::leader::group::{Assigned, Membership};
+use crate::leader::held::{GroupEvent, GroupWake};
 use crate::leader::options::LeaseOptions;
 use crate::leader::run::{run_leadership, Ended, LeaderContext};
 use crate::leader::{BoxFuture, Elector};
-use crate::membership::{MemberSpec, Roster};
+use crate::membership::{MemberSpec, Rebalance};
 use crate::metrics::{
-    METRIC_GROUP_MEMBERS, METRIC_GROUP_NAMES_ASSIGNED, METRIC_GROUP_NAMES_LED, METRIC_HANDOVERS,
-    METRIC_HANDOVER_GAP,
+    METRIC_GROUP_NAMES_ASSIGNED, METRIC_GROUP_NAMES_LED, METRIC_HANDOVERS, METRIC_HANDOVER_GAP,
 };
 
-/// What the balancer publishes to the names' loops: whether this replica is a live, settled member, and the
-/// group's assignment computed from the last roster.
+/// What the balancer publishes to the names: this replica's part of the group's stored assignment.
 #[derive(Debug, Clone, Default)]
 pub(super) struct View {
-    pub(super) member: bool,
-    pub(super) settled: bool,
-    pub(super) assignment: Assignment,
-    pub(super) settled_members: BTreeSet<String>,
-    /// Names another live member holds now.
-    pub(super) held_by_others: BTreeSet<String>,
+    /// Read since the last (re)join: the names below are the group's word. While it is not — the membership
+    /// was lost and is being joined again —, a name this replica leads stays led (its lease still fences it;
+    /// handing it over would hand it to nobody) and no other is taken.
+    pub(super) known: bool,
+    /// The names the stored assignment gives this replica.
+    pub(super) assigned: BTreeSet<String>,
 }
 
 impl View {
-    /// A name is campaigned for by `me` only when the assignment gives it to `me` and `me` is a live member that
-    /// is settled — or, before it settles, when another member holds the name: that holder hands it over only
-    /// once `me` is settled, and `me` is then already waiting for the release (its acquisition follows the
-    /// release by a notification and one statement). A free name waits for the settle: replicas started together
-    /// all count by then, and the first to start does not take every free name only to hand most of them over.
-    fn may_lead(&self, name: &str, me: &str) -> bool {
-        self.member
-            && self.assignment.owner(name) == Some(me)
-            && (self.settled || self.held_by_others.contains(name))
+    /// A name is campaigned for only when the stored assignment, as read since the last join, gives it to this
+    /// replica. The assignment counts only settled members (or ones that kept their names across a rejoin), so
+    /// the names of replicas started together are assigned once, after the quiet time.
+    fn may_lead(&self, name: &str) -> bool {
+        self.known && self.assigned.contains(name)
     }
 
-    /// A name `me` leads is handed over when `me` is no longer a member, or the assignment gives it to a
-    /// settled member (or to nobody: no live member may lead it). Never to a member that is not settled yet:
-    /// the name stays led until its new owner may acquire it, so a handover's gap is the release and one
-    /// acquisition, not a settling period.
-    fn must_release(&self, name: &str, me: &str) -> bool {
-        if !self.member {
-            return true;
-        }
-        match self.assignment.owner(name) {
-            Some(owner) if owner == me => false,
-            Some(owner) => self.settled_members.contains(owner),
-            None => true,
-        }
+    /// A name this replica leads is handed over when the stored assignment, as read since the last join, no
+    /// longer gives it to this replica: its new owner has been told on the group's channel and is waiting for
+    /// the release.
+    fn must_release(&self, name: &str) -> bool {
+        self.known && !self.assigned.contains(name)
     }
 }
 
 /// How long an orderly shutdown waits for the leave before it stops the names' loops anyway.
 const LEAVE_WAIT: Duration = Duration::from_secs(5);
 
-/// Keeps this replica a member of its group and publishes the assignment: joins (again after a loss), reads the
-/// roster whenever it may have changed — the heartbeat's digest moved, a member joined, left or settled, a lease
-/// was released — and at least every `poll`, and leaves the group on shutdown.
+/// The longest random delay before a member asks for a claim that just became due: members that learn of it
+/// together (from the group's channel, or heartbeats of one moment) do not all ask at once. Short next to the
+/// quiet time, and one ask costs one indexed read when another member got the claim.
+const CLAIM_SPREAD: Duration = Duration::from_millis(200);
+
+/// Keeps this replica a member of its group and publishes its names: joins (again after a loss), reads its names
+/// whenever the stored assignment is newer than its last read (the group's channel says `assigned`, a heartbeat
+/// tells the generation), asks for the rebalance when one is due (the channel says `changed`, a heartbeat says
+/// when), and leaves the group on shutdown.
 pub(super) struct Balancer<E: Elector> {
     pub(super) elector: E,
     pub(super) group: String,
@@ -81,6 +76,17 @@ pub(super) struct Balancer<E: Elector> {
     pub(super) status: Arc<Mutex<Status>>,
 }
 
+/// Where the balancer's loop stands with the group, between two events.
+#[derive(Debug, Default)]
+struct Progress {
+    /// The generation of the last read of this replica's names (`None`: read again).
+    read: Option<i64>,
+    /// When to ask for the rebalance next (`None`: nothing pending that this replica knows of).
+    ask_at: Option<tokio::time::Instant>,
+    /// The last rebalance time a heartbeat told, so that a repeat of it does not re-arm the ask.
+    told: Option<std::time::Instant>,
+}
+
 impl<E: Elector> Balancer<E> {
     pub(super) async fn run(
         self,
@@ -90,16 +96,6 @@ impl<E: Elector> Balancer<E> {
     ) {
         // However the balancer ends — in order, or aborted with `run`'s future — the names' loops stop too.
         let _stop_names = names_stop.drop_guard();
-        // The releases that wake the balancer: of this replica's own names. Other releases in the cluster never
-        // touch its share; in a group whose members declare different names, the release of a name this replica
-        // cannot lead may shift the others' counts, and the heartbeat's roster digest brings that within a
-        // renewal period.
-        let own: BTreeSet<String> = self
-            .spec
-            .names
-            .iter()
-            .map(|n| self.elector.qualify(n))
-            .collect();
         let mut failures = 0u32;
         while !shutdown.is_cancelled() {
             let mut wakeups = self.elector.wakeups();
@@ -125,39 +121,24 @@ impl<E: Elector> Balancer<E> {
                             self.backoff.delay(failures)
                         }
                     };
-                    self.publish(&view, None, false, false);
+                    self.unknown(&view);
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
-                        _ = wakeups.wait_group(&own, wait) => {}
+                        _ = tokio::time::sleep(wait) => {}
                     }
                     continue;
                 }
             };
             failures = 0;
-            loop {
-                let state = membership.state();
-                if !state.live {
-                    tracing::warn!(ended = ?state.ended, "membership ended; joining again");
-                    self.publish(&view, None, false, false);
-                    break;
+            self.set_member(true, membership.state().settled);
+            if self.member_loop(&mut membership, &mut wakeups, &view, &shutdown).await {
+                // Bounded: a database that does not answer must not hold the shutdown.
+                match tokio::time::timeout(LEAVE_WAIT, membership.leave()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::warn!(error = %e, "leaving the group failed; it expires after its ttl"),
+                    Err(_) => tracing::warn!("leaving the group took longer than {LEAVE_WAIT:?}; it expires after its ttl"),
                 }
-                match self.elector.roster(&self.group).await {
-                    Ok(roster) => self.publish(&view, Some(roster), true, state.settled),
-                    Err(e) => tracing::warn!(error = %e, "reading the group's roster failed"),
-                }
-                tokio::select! {
-                    _ = shutdown.cancelled() => {
-                        // Bounded: a database that does not answer must not hold the shutdown.
-                        match tokio::time::timeout(LEAVE_WAIT, membership.leave()).await {
-                            Ok(Ok(_)) => {}
-                            Ok(Err(e)) => tracing::warn!(error = %e, "leaving the group failed; it expires after its ttl"),
-                            Err(_) => tracing::warn!("leaving the group took longer than {LEAVE_WAIT:?}; it expires after its ttl"),
-                        }
-                        return;
-                    }
-                    _ = membership.changed() => {}
-                    _ = wakeups.wait_group(&own, self.poll) => {}
-                }
+                return;
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -166,60 +147,195 @@ impl<E: Elector> Balancer<E> {
         }
     }
 
-    /// Publishes the assignment computed from `roster` (none: this replica is not a member and leads nothing),
-    /// and the status and metrics that go with it.
-    fn publish(
+    /// While `membership` is live: reads this replica's names when they may have changed, asks for the
+    /// rebalance when it is due, and reacts to the group's channel. Returns true on shutdown (the caller
+    /// leaves), false when the membership ended (join again).
+    async fn member_loop(
         &self,
+        membership: &mut Membership,
+        wakeups: &mut crate::leader::Wakeups,
         view: &watch::Sender<View>,
-        roster: Option<Roster>,
-        member: bool,
-        settled: bool,
-    ) {
-        let roster = roster.unwrap_or_default();
-        let assignment = if member {
-            assign(&roster.members, &roster.holders)
-        } else {
-            Assignment::default()
-        };
-        let assigned: BTreeSet<String> = assignment
-            .names_of(&self.holder)
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
-        let settled_members = roster
-            .members
-            .iter()
-            .filter(|m| m.settled)
-            .map(|m| m.member.clone())
-            .collect();
-        let held_by_others = roster
-            .holders
-            .iter()
-            .filter(|(_, holder)| **holder != self.holder)
-            .map(|(name, _)| name.clone())
-            .collect();
-        let group = self.group.clone();
-        metrics::gauge!(METRIC_GROUP_MEMBERS, "group" => group.clone())
-            .set(roster.members.len() as f64);
-        metrics::gauge!(METRIC_GROUP_NAMES_ASSIGNED, "group" => group).set(assigned.len() as f64);
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let channel = membership.channel();
+        let mut at = Progress::default();
+        loop {
+            let state = membership.state();
+            if !state.live {
+                tracing::warn!(ended = ?state.ended, "membership ended; joining again");
+                self.unknown(view);
+                return false;
+            }
+            self.set_member(true, state.settled);
+            if state.rebalance_at != at.told {
+                at.told = state.rebalance_at;
+                if let Some(when) = state.rebalance_at {
+                    at.ask_at = Some(tokio::time::Instant::from_std(when) + spread());
+                }
+            }
+            if at.read.is_none_or(|read| state.generation > read) {
+                match self.elector.assigned(membership).await {
+                    Ok(assigned) => {
+                        at.read = Some(assigned.generation);
+                        self.publish(view, assigned);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading this member's names failed; retrying");
+                        at.ask_at = Some(tokio::time::Instant::now() + self.poll.min(Duration::from_secs(1)));
+                    }
+                }
+            }
+            if at.ask_at.is_some_and(|t| t <= tokio::time::Instant::now()) {
+                at.ask_at = self.ask(membership).await;
+            }
+            let wake_at = at
+                .ask_at
+                .unwrap_or_else(|| tokio::time::Instant::now() + self.poll);
+            tokio::select! {
+                _ = shutdown.cancelled() => return true,
+                _ = membership.changed() => {}
+                event = wakeups.group_event(&channel, wake_at) => match event {
+                    Some(GroupEvent::Group(GroupWake::Assigned(generation))) => membership.note_generation(generation),
+                    Some(GroupEvent::Group(GroupWake::Changed)) => {
+                        at.ask_at = Some(tokio::time::Instant::now() + spread());
+                    }
+                    Some(GroupEvent::Missed) => {
+                        at.read = None;
+                        at.ask_at.get_or_insert_with(|| tokio::time::Instant::now() + spread());
+                    }
+                    None => {}
+                },
+            }
+        }
+    }
+
+    /// Asks for the group's rebalance (and does it when this member gets the claim); answers when to ask again.
+    async fn ask(&self, membership: &Membership) -> Option<tokio::time::Instant> {
+        let now = tokio::time::Instant::now();
+        match self.elector.rebalance(membership).await {
+            Ok(Rebalance::Assigned { generation }) => {
+                tracing::debug!(generation, "stored the group's next assignment");
+                None
+            }
+            Ok(Rebalance::NotDue { wait }) => wait.map(|w| now + w + spread()),
+            Ok(Rebalance::Claimed { wait }) => Some(now + wait + spread()),
+            // Another member stored meanwhile, or the inputs moved under the computation: ask again soon (the
+            // answer then says whether anything is still due).
+            Ok(Rebalance::Stale | Rebalance::NotClaimed | Rebalance::Claim { .. }) => Some(now + spread()),
+            Err(e) => {
+                tracing::warn!(error = %e, "rebalancing the group failed; asking again");
+                Some(now + self.poll.min(Duration::from_secs(1)))
+            }
+        }
+    }
+
+    /// The membership was lost or not joined yet: this replica's names are not known; it holds what it leads
+    /// and takes nothing new until it has read them again.
+    fn unknown(&self, view: &watch::Sender<View>) {
+        self.set_member(false, false);
+        view.send_modify(|v| v.known = false);
+    }
+
+    fn set_member(&self, member: bool, settled: bool) {
         if let Some(status) = lock(&self.status).group.as_mut() {
             status.is_member = member;
             status.settled = settled;
-            status.members = roster.members.iter().map(|m| m.member.clone()).collect();
-            status.assigned = assigned;
+        }
+    }
+
+    /// Publishes this replica's names, and the status and metrics that go with them.
+    fn publish(&self, view: &watch::Sender<View>, assigned: Assigned) {
+        let group = self.group.clone();
+        metrics::gauge!(METRIC_GROUP_NAMES_ASSIGNED, "group" => group).set(assigned.names.len() as f64);
+        if let Some(status) = lock(&self.status).group.as_mut() {
+            status.generation = assigned.generation;
+            status.assigned = assigned.names.clone();
         }
         view.send_replace(View {
-            member,
-            settled,
-            assignment,
-            settled_members,
-            held_by_others,
+            known: true,
+            assigned: assigned.names,
         });
     }
 }
 
-/// One name of a spreading supervisor: waits until the assignment gives it to this replica, campaigns, leads,
-/// and hands it over when the assignment moves it.
+/// A uniformly random delay in `0..CLAIM_SPREAD`.
+fn spread() -> Duration {
+    CLAIM_SPREAD.mul_f64(fastrand::f64())
+}
+
+/// Runs a [`NameLoop`] for each name this replica is assigned, and keeps the loop of a name it still leads until
+/// that loop hands the name over: so a replica runs as many loops as it has names, not as many as the group.
+pub(super) struct Names<E: Elector> {
+    pub(super) template: NameLoopParts<E>,
+    pub(super) controllers: HashMap<String, Controller>,
+}
+
+/// What every name's loop shares.
+pub(super) struct NameLoopParts<E: Elector> {
+    pub(super) elector: E,
+    pub(super) holder: String,
+    pub(super) backoff: Backoff,
+    pub(super) status: Arc<Mutex<Status>>,
+    pub(super) group: String,
+    pub(super) handovers: Arc<AtomicU64>,
+}
+
+impl<E: Elector> Names<E> {
+    pub(super) async fn run(self, mut view: watch::Receiver<View>, stop: CancellationToken) {
+        let mut loops = tokio::task::JoinSet::new();
+        let mut running: HashMap<tokio::task::Id, String> = HashMap::new();
+        let mut names: BTreeSet<String> = BTreeSet::new();
+        loop {
+            if stop.is_cancelled() {
+                break;
+            }
+            let assigned = view.borrow_and_update().assigned.clone();
+            for name in assigned {
+                if names.contains(&name) {
+                    continue;
+                }
+                let Some(controller) = self.controllers.get(&name) else {
+                    // Assigned a name this replica did not declare: the group's other members declared it; a
+                    // member's assignment only ever holds names it declared, but never trust it blindly.
+                    continue;
+                };
+                let name_loop = NameLoop {
+                    elector: self.template.elector.clone(),
+                    holder: self.template.holder.clone(),
+                    backoff: self.template.backoff,
+                    status: self.template.status.clone(),
+                    group: self.template.group.clone(),
+                    handovers: self.template.handovers.clone(),
+                    controller: controller.clone(),
+                };
+                let span = tracing::info_span!("controller", controller = %name);
+                let handle = loops.spawn(tracing::Instrument::instrument(
+                    name_loop.run(view.clone(), stop.clone()),
+                    span,
+                ));
+                running.insert(handle.id(), name.clone());
+                names.insert(name);
+            }
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                changed = view.changed() => if changed.is_err() { break },
+                Some(done) = loops.join_next_with_id() => {
+                    let id = match done {
+                        Ok((id, ())) => id,
+                        Err(e) => e.id(),
+                    };
+                    if let Some(name) = running.remove(&id) {
+                        names.remove(&name);
+                    }
+                }
+            }
+        }
+        while loops.join_next().await.is_some() {}
+    }
+}
+
+/// One name of a spreading supervisor: while the assignment gives it to this replica, campaigns and leads; hands
+/// it over when the assignment moves it; ends when the name is neither assigned nor led.
 pub(super) struct NameLoop<E: Elector> {
     pub(super) elector: E,
     pub(super) holder: String,
@@ -235,18 +351,10 @@ impl<E: Elector> NameLoop<E> {
         let name = self.controller.name.clone();
         let mut failures = 0u32;
         loop {
-            // Until the assignment gives the name to this replica.
-            loop {
-                if shutdown.is_cancelled() {
-                    return;
-                }
-                if view.borrow_and_update().may_lead(&name, &self.holder) {
-                    break;
-                }
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    changed = view.changed() => if changed.is_err() { return },
-                }
+            // Only while the assignment gives the name to this replica: otherwise the loop ends (the manager
+            // starts another when the name comes back).
+            if shutdown.is_cancelled() || !view.borrow_and_update().may_lead(&name) {
+                return;
             }
             let token = shutdown.child_token();
             let handover = Arc::new(AtomicBool::new(false));
@@ -260,8 +368,7 @@ impl<E: Elector> NameLoop<E> {
                     handover.clone(),
                     leading.clone(),
                 );
-                let (name, holder, shutdown) =
-                    (name.clone(), self.holder.clone(), shutdown.clone());
+                let (name, shutdown) = (name.clone(), shutdown.clone());
                 async move {
                     loop {
                         if shutdown.is_cancelled() {
@@ -271,9 +378,9 @@ impl<E: Elector> NameLoop<E> {
                         let stop = {
                             let v = view.borrow_and_update();
                             if leading.load(Ordering::SeqCst) {
-                                v.must_release(&name, &holder)
+                                v.must_release(&name)
                             } else {
-                                !v.may_lead(&name, &holder)
+                                !v.may_lead(&name)
                             }
                         };
                         if stop {

@@ -28,10 +28,10 @@ pub struct GroupStatus {
     pub member: String,
     /// Whether it is a live member now.
     pub is_member: bool,
-    /// Whether it is settled (may acquire).
+    /// Whether it is settled (the group's assignment counts it).
     pub settled: bool,
-    /// The live members of the group at the last roster read.
-    pub members: Vec<String>,
+    /// The generation of the group's stored assignment this replica last read.
+    pub generation: i64,
     /// The names the group's assignment gives this replica.
     pub assigned: BTreeSet<String>,
     /// The names this replica leads now.

@@ -10,6 +10,6 @@ BEGIN
     END IF;
     PERFORM pgfence._reject(p_group, 0::bigint, NULL::bigint, NULL::text, 'no_grant'::text, p_operation, NULL::text, NULL::text, p_may_wait => true,
                             p_by_role => true);
-    RETURN ROW('refused', 'no_grant', NULL, NULL, NULL, NULL, NULL)::pgfence.member_result;
+    RETURN ROW('refused', 'no_grant', NULL, NULL, NULL, NULL, NULL, NULL, NULL)::pgfence.member_result;
 END;
 $function$

@@ -33,7 +33,11 @@ AS $function$
                         'pgfence.ungated_write(text, bigint)', 'pgfence.identity()', 'pgfence._reads_all()',
                         'pgfence.join_group(text, text, integer, text[], text[], text[], bigint)',
                         'pgfence.heartbeat(text, text, bigint, text, bigint)',
-                        'pgfence.leave_group(text, text, bigint, text)', 'pgfence.roster(text)',
+                        'pgfence.leave_group(text, text, bigint, text)',
+                        'pgfence.claim_rebalance(text, text, bigint, text)', 'pgfence.rebalance_inputs(text)',
+                        'pgfence.group_names(text, bigint)', 'pgfence.group_assignment(text)',
+                        'pgfence.assigned_names(text, text)',
+                        'pgfence.assign_group(text, text, bigint, text, bigint, bigint, text[], text[], text[], text[])',
                         'pgfence._readable_clusters()',
                         -- Row-level security policies and CHECK constraints run as the querying role.
                         'pgfence._text_problem(text, integer)', 'pgfence._cluster_problem(text)',

@@ -4,4 +4,4 @@ CREATE OR REPLACE FUNCTION pgfence._max_group_names()
  RETURNS integer
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
-AS $function$SELECT 4096$function$
+AS $function$SELECT 131072$function$

@@ -30,7 +30,7 @@ BEGIN
                                 p_may_wait => true, p_by_role => true);
     END IF;
     IF why IS NOT NULL THEN
-        RETURN ROW('refused', why, m.incarnation, NULL, NULL, NULL, NULL)::pgfence.member_result;
+        RETURN ROW('refused', why, m.incarnation, NULL, NULL, NULL, NULL, NULL, NULL)::pgfence.member_result;
     END IF;
     RETURN NULL;
 END;

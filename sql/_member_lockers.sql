@@ -6,6 +6,6 @@ CREATE OR REPLACE FUNCTION pgfence._member_lockers()
  STABLE
 AS $function$
     SELECT coalesce(array_agg(DISTINCT k.pid), '{}') FROM pg_catalog.pg_locks k
-     WHERE k.locktype = 'relation' AND k.relation = 'pgfence.members'::regclass AND k.granted
-       AND k.mode IN ('RowShareLock', 'RowExclusiveLock') AND k.pid <> pg_catalog.pg_backend_pid()
+     WHERE k.locktype = 'relation' AND k.relation IN ('pgfence.members'::regclass, 'pgfence.groups'::regclass)
+       AND k.granted AND k.mode IN ('RowShareLock', 'RowExclusiveLock') AND k.pid <> pg_catalog.pg_backend_pid()
 $function$

@@ -1,6 +1,6 @@
 -- pgfence._member_problem as the migrations leave it; defined last in migrations/2026-11-30-000005_membership/up.sql.
 -- Generated from the database (see README.md): edit the migrations, then bless.
-CREATE OR REPLACE FUNCTION pgfence._member_problem(p_group text, p_member text, p_weight integer, p_names text[], p_pinned text[], p_excluded text[])
+CREATE OR REPLACE FUNCTION pgfence._member_problem(p_group text, p_member text, p_weight integer, p_names text[], p_pinned text[], p_excluded text[], p_known boolean)
  RETURNS text
  LANGUAGE sql
  STABLE
@@ -21,12 +21,14 @@ AS $function$
         (SELECT format('invalid %s %s of %s: %s', k.kind, n.ord, cardinality(k.arr),
                        CASE WHEN n.name IS NULL THEN 'must not be NULL'
                             ELSE pgfence._text_problem(n.name, pgfence._max_name_len()) END)
-           FROM (VALUES ('name', p_names), ('pin', p_pinned), ('exclusion', p_excluded)) AS k(kind, arr),
+           FROM (VALUES ('name', CASE WHEN p_known THEN '{}'::text[] ELSE p_names END), ('pin', p_pinned),
+                        ('exclusion', p_excluded)) AS k(kind, arr),
                 unnest(k.arr) WITH ORDINALITY AS n(name, ord)
           WHERE n.name IS NULL OR pgfence._text_problem(n.name, pgfence._max_name_len()) IS NOT NULL
           LIMIT 1),
         (SELECT format('invalid %s: %s is listed twice', k.kind, pgfence._printable(d.name))
-           FROM (VALUES ('names', p_names), ('pins', p_pinned), ('exclusions', p_excluded)) AS k(kind, arr),
+           FROM (VALUES ('names', CASE WHEN p_known THEN '{}'::text[] ELSE p_names END), ('pins', p_pinned),
+                        ('exclusions', p_excluded)) AS k(kind, arr),
                 LATERAL (SELECT n.name FROM unnest(k.arr) AS n(name) GROUP BY n.name HAVING count(*) > 1
                           LIMIT 1) d
           LIMIT 1),

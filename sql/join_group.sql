@@ -8,11 +8,17 @@ CREATE OR REPLACE FUNCTION pgfence.join_group(p_group text, p_member text, p_wei
  SET lock_timeout TO '10min'
 AS $function$
 DECLARE
-    problem text := pgfence._member_problem(p_group, p_member, p_weight, p_names, p_pinned, p_excluded);
+    known bigint := CASE WHEN cardinality(p_names) <= pgfence._max_group_names()
+                         THEN pgfence._known_name_set(p_names) END;
+    problem text := pgfence._member_problem(p_group, p_member, p_weight, p_names, p_pinned, p_excluded,
+                                            known IS NOT NULL);
     denied pgfence.member_result;
     m pgfence.members;
+    prior pgfence.members;
+    g pgfence.groups;
     ts timestamptz;
     secret text;
+    set_of bigint;
     wait_ms bigint := pgfence._lock_wait_ms();
 BEGIN
     IF problem IS NOT NULL THEN
@@ -24,24 +30,29 @@ BEGIN
         RETURN denied;
     END IF;
     -- Decided without a lock: a live member stays live until it leaves or expires.
-    SELECT * INTO m FROM pgfence.members x WHERE x.grp = p_group AND x.member = p_member;
-    IF FOUND AND m.left_at IS NULL AND m.expires_at > clock_timestamp() THEN
+    SELECT * INTO prior FROM pgfence.members x WHERE x.grp = p_group AND x.member = p_member;
+    IF FOUND AND prior.left_at IS NULL AND prior.expires_at > clock_timestamp() THEN
         RETURN ROW('refused', 'member_taken', NULL, NULL, NULL,
-                   ceil(extract(epoch FROM (m.expires_at - clock_timestamp())) * 1000)::bigint,
-                   NULL)::pgfence.member_result;
+                   ceil(extract(epoch FROM (prior.expires_at - clock_timestamp())) * 1000)::bigint,
+                   NULL, NULL, NULL)::pgfence.member_result;
     END IF;
+    set_of := coalesce(known, pgfence._name_set(p_names));
+    INSERT INTO pgfence.groups (grp, channel, ttl_ms)
+    VALUES (p_group, pgfence._group_channel(p_group), p_ttl_ms)
+    ON CONFLICT (grp) DO NOTHING;
     secret := encode(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()), 'hex');
-    -- The row lock of the upsert: only joiners of this name and the member's own heartbeat or leave (each
-    -- decided on its secret first) take it, each for one statement; bounded all the same.
+    -- The row locks: of the member's row, only joiners of this name and the member's own heartbeat or leave
+    -- (each decided on its secret first) take it; of the group's row, joins, settles, leaves, claims and
+    -- assignments, each for one statement. Bounded all the same.
     PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
     BEGIN
         ts := clock_timestamp();
-        INSERT INTO pgfence.members AS x (grp, member, weight, names, pinned, excluded, secret_hash, ttl_ms,
+        INSERT INTO pgfence.members AS x (grp, member, weight, set_id, pinned, excluded, secret_hash, ttl_ms,
                                           joined_at, renewed_at, expires_at, settle_at, settled_at)
-        VALUES (p_group, p_member, p_weight, p_names, p_pinned, p_excluded, sha256(convert_to(secret, 'UTF8')),
+        VALUES (p_group, p_member, p_weight, set_of, p_pinned, p_excluded, sha256(convert_to(secret, 'UTF8')),
                 p_ttl_ms, ts, ts, ts + p_ttl_ms * interval '1 millisecond', ts, NULL)
         ON CONFLICT (grp, member) DO UPDATE
-           SET incarnation = x.incarnation + 1, weight = EXCLUDED.weight, names = EXCLUDED.names,
+           SET incarnation = x.incarnation + 1, weight = EXCLUDED.weight, set_id = EXCLUDED.set_id,
                pinned = EXCLUDED.pinned, excluded = EXCLUDED.excluded, member_role = session_user,
                secret_hash = EXCLUDED.secret_hash, ttl_ms = EXCLUDED.ttl_ms, joined_at = ts, renewed_at = ts,
                expires_at = EXCLUDED.expires_at, left_at = NULL,
@@ -51,20 +62,26 @@ BEGIN
          -- Only a member that left or expired is replaced (one that joined meanwhile is not).
          WHERE x.left_at IS NOT NULL OR x.expires_at <= ts
         RETURNING * INTO m;
+        -- A member the stored assignment counts, back with another spec: assigned again after the quiet time.
+        IF m.grp IS NOT NULL AND m.counted AND (prior.weight, prior.set_id, prior.pinned, prior.excluded)
+                                               IS DISTINCT FROM (m.weight, m.set_id, m.pinned, m.excluded) THEN
+            PERFORM pgfence._group_changed(p_group, false);
+        END IF;
+        UPDATE pgfence.groups x SET ttl_ms = p_ttl_ms WHERE x.grp = p_group AND x.ttl_ms <> p_ttl_ms;
     EXCEPTION WHEN lock_not_available THEN
-        RAISE EXCEPTION 'pgfence: join of member % to group % waited % ms for its row lock; blocked by %',
+        RAISE EXCEPTION 'pgfence: join of member % to group % waited % ms for a row lock; blocked by %',
             pgfence._printable(p_member), pgfence._printable(p_group), wait_ms,
             pgfence._describe_backends(pgfence._member_lockers()) USING ERRCODE = 'PF003',
-            HINT = 'Another join of the same member name is in a transaction left open: end it.';
+            HINT = 'Another membership call of this group is in a transaction left open: end it.';
     END;
     IF m.grp IS NULL THEN
         SELECT * INTO m FROM pgfence.members x WHERE x.grp = p_group AND x.member = p_member;
         RETURN ROW('refused', 'member_taken', NULL, NULL, NULL,
                    greatest(ceil(extract(epoch FROM (m.expires_at - clock_timestamp())) * 1000)::bigint, 0),
-                   NULL)::pgfence.member_result;
+                   NULL, NULL, NULL)::pgfence.member_result;
     END IF;
-    PERFORM pg_notify('pgfence_members', '');
-    RETURN ROW('joined', NULL, m.incarnation, secret, m.settled_at IS NOT NULL, p_ttl_ms,
-               NULL)::pgfence.member_result;
+    SELECT * INTO g FROM pgfence.groups x WHERE x.grp = p_group;
+    RETURN ROW('joined', NULL, m.incarnation, secret, m.settled_at IS NOT NULL, p_ttl_ms, g.generation,
+               pgfence._rebalance_in_ms(g), g.channel)::pgfence.member_result;
 END;
 $function$

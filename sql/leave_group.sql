@@ -10,7 +10,7 @@ AS $function$
 DECLARE
     refused pgfence.member_result;
     wait_ms bigint := pgfence._lock_wait_ms();
-    n bigint;
+    m pgfence.members;
 BEGIN
     refused := pgfence._member_call(p_group, p_member, p_incarnation, p_secret, 'leave_group'::text);
     IF refused.outcome IS NOT NULL THEN
@@ -21,18 +21,20 @@ BEGIN
         UPDATE pgfence.members x
            SET left_at = clock_timestamp(), expires_at = least(x.expires_at, clock_timestamp()), flaps = 0
          WHERE x.grp = p_group AND x.member = p_member AND x.incarnation = p_incarnation AND x.left_at IS NULL
-           AND x.expires_at > clock_timestamp();
-        GET DIAGNOSTICS n = ROW_COUNT;
+           AND x.expires_at > clock_timestamp()
+        RETURNING * INTO m;
+        IF m.counted OR m.settled_at IS NOT NULL THEN
+            PERFORM pgfence._group_changed(p_group, true);
+        END IF;
     EXCEPTION WHEN lock_not_available THEN
-        RAISE EXCEPTION 'pgfence: leave of member % waited % ms for its row lock; blocked by %',
+        RAISE EXCEPTION 'pgfence: leave of member % waited % ms for a row lock; blocked by %',
             pgfence._printable(p_member), wait_ms, pgfence._describe_backends(pgfence._member_lockers())
             USING ERRCODE = 'PF003';
     END;
-    IF n = 0 THEN
+    IF m.grp IS NULL THEN
         -- Expired or superseded between the unlocked read and the update.
-        RETURN ROW('refused', 'expired', p_incarnation, NULL, NULL, NULL, NULL)::pgfence.member_result;
+        RETURN ROW('refused', 'expired', p_incarnation, NULL, NULL, NULL, NULL, NULL, NULL)::pgfence.member_result;
     END IF;
-    PERFORM pg_notify('pgfence_members', '');
-    RETURN ROW('left', NULL, p_incarnation, NULL, false, 0, NULL)::pgfence.member_result;
+    RETURN ROW('left', NULL, p_incarnation, NULL, false, 0, NULL, NULL, NULL)::pgfence.member_result;
 END;
 $function$

@@ -176,8 +176,8 @@ pub mod groups {
     //! ([`Spread`](crate::leader::Spread)).
 
     pub use crate::membership::{
-        GroupAssignment, GroupMember, GroupNews, Groups, Member, MemberSpec, NameSets, Rebalance,
-        RosterMember,
+        GroupAssignment, GroupMember, GroupNews, Groups, Member, MemberSpec, NameSets, OwnNames,
+        Rebalance, RosterMember,
     };
 }
 

@@ -255,8 +255,18 @@ impl<E: Elector> Elector for Watched<E> {
         self.inner.join(group, member, spec, options).await
     }
 
-    async fn roster(&self, group: &str) -> pgfence::Result<pgfence::groups::Roster> {
-        self.inner.roster(group).await
+    async fn assigned(
+        &self,
+        membership: &pgfence::leader::Membership,
+    ) -> pgfence::Result<pgfence::leader::Assigned> {
+        self.inner.assigned(membership).await
+    }
+
+    async fn rebalance(
+        &self,
+        membership: &pgfence::leader::Membership,
+    ) -> pgfence::Result<pgfence::groups::Rebalance> {
+        self.inner.rebalance(membership).await
     }
 
     async fn in_doubt(&self, name: &str) -> pgfence::Result<Vec<pgfence::effects::InDoubt>> {
@@ -2813,7 +2823,7 @@ async fn spreading_metrics_count_members_assigned_led_and_handovers() {
     let readiness = b.readiness().await;
     let group_status = readiness.group.unwrap();
     assert_eq!(group_status.assigned, group_status.leading);
-    assert_eq!(group_status.members, ["a", "b"]);
+    assert!(group_status.generation >= 2, "{group_status:?}");
     a_stop.cancel();
     b_stop.cancel();
     a_run.await.unwrap().unwrap();

@@ -1,5 +1,5 @@
-//! Replica groups in the database: joins, heartbeats, leaves, the roster, and every refusal — through Rust and
-//! through SQL, with real roles. Membership is no fence (invariant 3 stays the lease's), but it must be as hard
+//! Replica groups in the database: joins, heartbeats, leaves, the stored assignment (claimed, computed by one
+//! member, read by each), and every refusal — through Rust and through SQL, with real roles. Membership is no fence (invariant 3 stays the lease's), but it must be as hard
 //! to bend as a lease: the same member name never counts twice, a forged heartbeat is refused, audited and holds
 //! no lock, a role reads and joins only groups of its clusters (invariant 8), and bad input is a typed error
 //! that writes nothing.
@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use common::fixture::{app_role, app_store};
 use common::{client_as, sqlstate, store_as, TestDb};
-use pgfence::groups::MemberSpec;
+use std::collections::BTreeMap;
+
+use pgfence::groups::{MemberSpec, NameSets, Rebalance};
 use pgfence::{Error, LossReason, Store};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -23,11 +25,24 @@ async fn member_rows(db: &TestDb) -> i64 {
     db.scalar("SELECT count(*) FROM pgfence.members").await
 }
 
-/// Invariant: the roster is the assignment's one input — every live member with what it declared, and which of
-/// its names it leads now (a live tenure under its name); its digest moves with it and a leave takes the member
-/// out at once.
+/// The members the group's next assignment counts, with whether each is settled.
+async fn counted(store: &Store, group: &str) -> Vec<(String, bool)> {
+    store
+        .groups()
+        .rebalance_inputs(group, &NameSets::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| (m.member, m.settled))
+        .collect()
+}
+
+/// Invariant: the stored assignment counts settled members only, is computed under one member's claim once the
+/// quiet time after a change has passed, is read by each member as its own names (with its generation), and a
+/// leave of a counted member makes the next one due at once; the members' rows show what each is assigned and
+/// leads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_joins_heartbeats_and_leaves_and_the_roster_shows_what_it_leads() {
+async fn a_member_joins_settles_the_group_is_assigned_once_and_a_leave_is_due_at_once() {
     let db = TestDb::new().await;
     let store = db.store("c").await;
     let mut a = store
@@ -36,43 +51,72 @@ async fn a_member_joins_heartbeats_and_leaves_and_the_roster_shows_what_it_leads
         .await
         .unwrap();
     assert_eq!(
-        (a.incarnation(), a.settled()),
-        (1, false),
-        "settled at its first heartbeat"
+        (a.incarnation(), a.settled(), a.news_at_join().generation),
+        (1, false, 0),
+        "settled at its first heartbeat; nothing assigned yet"
     );
-    let b = store
+    assert!(a.channel().starts_with("pgfence_group_"), "{}", a.channel());
+    let mut b = store
         .groups()
         .join("g", "b", &spec(&["x", "y"]).exclude(["y"]), TTL)
         .await
         .unwrap();
-    let before = store.groups().heartbeat(&mut a, TTL).await.unwrap();
+    assert!(counted(&store, "g").await.is_empty(), "nobody settled yet");
+    let news = store.groups().heartbeat(&mut a, TTL).await.unwrap();
     assert!(a.settled());
+    let quiet = news.rebalance_in.expect("a settle makes an assignment due");
+    assert!(quiet <= Duration::from_secs(1), "{quiet:?}");
+    store.groups().heartbeat(&mut b, TTL).await.unwrap();
     assert_eq!(
-        before,
-        store.groups().heartbeat(&mut a, TTL).await.unwrap(),
-        "nothing changed"
+        counted(&store, "g").await,
+        [("a".to_owned(), true), ("b".to_owned(), true)]
+    );
+    // Before the quiet time has passed, nobody may claim it.
+    match store.groups().claim_rebalance(&a).await.unwrap() {
+        Rebalance::NotDue { wait: Some(_) } => {}
+        other => panic!("expected not due yet, got {other:?}"),
+    }
+    let (version, generation) = claim(&store, &a).await;
+    match store.groups().claim_rebalance(&b).await.unwrap() {
+        Rebalance::Claimed { wait } => assert!(wait > Duration::ZERO),
+        other => panic!("expected claimed by a, got {other:?}"),
+    }
+    let moves: BTreeMap<String, String> = [("x", "b"), ("y", "a")]
+        .into_iter()
+        .map(|(n, m)| (n.to_owned(), m.to_owned()))
+        .collect();
+    let counted = ["a".to_owned(), "b".to_owned()];
+    assert_eq!(
+        store
+            .groups()
+            .store_assignment(&a, version, generation, &moves, &[], &counted)
+            .await
+            .unwrap(),
+        Rebalance::Assigned { generation: 1 }
+    );
+    let own = store.groups().assigned_names("g", "b").await.unwrap();
+    assert_eq!(
+        (own.generation, own.names, own.members),
+        (1, vec!["x".to_owned()], 2)
+    );
+    assert_eq!(store.groups().assignment("g").await.unwrap().owners, moves);
+    assert_eq!(
+        store.groups().heartbeat(&mut b, TTL).await.unwrap().rebalance_in,
+        None,
+        "nothing pending"
     );
 
-    let roster = store.groups().roster("g").await.unwrap();
-    let members: Vec<_> = roster
-        .members
-        .iter()
-        .map(|m| (m.member.as_str(), m.weight))
-        .collect();
-    assert_eq!(members, [("a", 3), ("b", 1)]);
-    assert!(roster.members[0].pinned.contains("y") && roster.members[1].excluded.contains("y"));
-    assert!(roster.holders.is_empty());
-
     // A lease held under the member's name is what it leads; another holder's is not.
-    let lease = store.acquire("x", "a", TTL).await.unwrap();
+    let lease = store.acquire("x", "b", TTL).await.unwrap();
     store.acquire("y", "someone-else", TTL).await.unwrap();
-    let roster = store.groups().roster("g").await.unwrap();
-    assert_eq!(roster.holders.get("x").map(String::as_str), Some("a"));
-    assert_eq!(roster.holders.get("y"), None);
-    assert_ne!(
-        before,
-        store.groups().heartbeat(&mut a, TTL).await.unwrap(),
-        "a name changed hands"
+    let rows = store.groups().members(Some("c/g")).await.unwrap();
+    let leads: Vec<_> = rows.iter().map(|r| (r.assigned.clone(), r.leads.clone())).collect();
+    assert_eq!(
+        leads,
+        [
+            (vec!["y".to_owned()], vec![]),
+            (vec!["x".to_owned()], vec!["x".to_owned()])
+        ]
     );
     store.release(&lease).await.unwrap();
 
@@ -81,18 +125,36 @@ async fn a_member_joins_heartbeats_and_leaves_and_the_roster_shows_what_it_leads
         !store.groups().leave(&b).await.unwrap(),
         "leaving twice changes nothing"
     );
-    let roster = store.groups().roster("g").await.unwrap();
-    assert_eq!(roster.members.len(), 1);
-    let rows = store.groups().members(Some("c/g")).await.unwrap();
+    let news = store.groups().heartbeat(&mut a, TTL).await.unwrap();
     assert_eq!(
-        rows.len(),
-        2,
-        "a member that left stays visible to operators"
+        news.rebalance_in,
+        Some(Duration::ZERO),
+        "a counted member's leave is due at once"
     );
+    let rows = store.groups().members(Some("c/g")).await.unwrap();
+    assert_eq!(rows.len(), 2, "a member that left stays visible to operators");
     assert!(rows
         .iter()
         .any(|r| r.member == "b" && !r.live && !r.settled));
     assert!(matches!(store.groups().leave(&a).await, Ok(true)));
+}
+
+/// Claims the group's next assignment for `member` once it is due (waiting the database's word for how long).
+async fn claim(store: &Store, member: &pgfence::groups::Member) -> (i64, i64) {
+    for _ in 0..50 {
+        match store.groups().claim_rebalance(member).await.unwrap() {
+            Rebalance::Claim {
+                version,
+                generation,
+                ..
+            } => return (version, generation),
+            Rebalance::NotDue { wait: Some(wait) } | Rebalance::Claimed { wait } => {
+                tokio::time::sleep(wait + Duration::from_millis(5)).await
+            }
+            other => panic!("expected a claim, got {other:?}"),
+        }
+    }
+    panic!("no claim after 50 tries");
 }
 
 /// Invariant: the same member name from two processes never counts twice — the second is refused while the first
@@ -116,7 +178,11 @@ async fn the_same_member_name_from_two_processes_never_counts_twice() {
         }
         other => panic!("expected MemberTaken, got {other:?}"),
     }
-    assert_eq!(one.groups().roster("g").await.unwrap().members.len(), 1);
+    assert_eq!(
+        one.groups().members(Some("c/g")).await.unwrap().len(),
+        1,
+        "one row: the refused join wrote nothing"
+    );
     one.groups().leave(&first).await.unwrap();
     let mut second = two
         .groups()
@@ -282,7 +348,8 @@ async fn another_clusters_role_cannot_join_or_read_a_group() {
         }) => {}
         other => panic!("{other:?}"),
     }
-    assert!(intruder.groups().roster("g").await.is_err());
+    assert!(intruder.groups().assignment("g").await.is_err());
+    assert!(intruder.groups().assigned_names("g", "a").await.is_err());
     assert!(intruder.groups().members(None).await.unwrap().is_empty());
     let client = client_as(&db, &other).await;
     for query in [
@@ -295,9 +362,9 @@ async fn another_clusters_role_cannot_join_or_read_a_group() {
         }
     }
     assert_eq!(
-        mine.groups().roster("g").await.unwrap().members.len(),
+        mine.groups().members(Some("c/g")).await.unwrap().len(),
         1,
-        "nothing of the intruder's counted"
+        "nothing of the intruder's written"
     );
     assert_eq!(
         db.scalar(&format!(
@@ -309,8 +376,8 @@ async fn another_clusters_role_cannot_join_or_read_a_group() {
 }
 
 /// Invariant (hysteresis, database clock): a member whose last incarnation expired instead of leaving is a flap
-/// — it counts for the roster at once but is settled (may acquire) only one ttl later; one that left in order is
-/// settled at its first heartbeat.
+/// — it is settled (counted by the next assignment) only one ttl later; one that left in order is settled at its
+/// first heartbeat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_expired_settles_one_ttl_after_it_joins_again() {
     let db = TestDb::new().await;
@@ -330,7 +397,7 @@ async fn a_member_that_expired_settles_one_ttl_after_it_joins_again() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(
-        store.groups().roster("g").await.unwrap().members.is_empty(),
+        counted(&store, "g").await.is_empty(),
         "an expired member is not counted"
     );
     let mut again = store
@@ -339,10 +406,9 @@ async fn a_member_that_expired_settles_one_ttl_after_it_joins_again() {
         .await
         .unwrap();
     assert!(!again.settled(), "a flap is not settled at once");
-    let roster = store.groups().roster("g").await.unwrap();
-    assert_eq!(
-        (roster.members.len(), roster.members[0].settled),
-        (1, false)
+    assert!(
+        counted(&store, "g").await.is_empty(),
+        "a flap that was never assigned anything is not counted before it settles"
     );
     assert_eq!(
         db.scalar("SELECT flaps::bigint FROM pgfence.members").await,

@@ -901,8 +901,18 @@ impl Elector for Watched {
         self.inner.join(group, member, spec, options).await
     }
 
-    async fn roster(&self, group: &str) -> pgfence::Result<pgfence::groups::Roster> {
-        self.inner.roster(group).await
+    async fn assigned(
+        &self,
+        membership: &pgfence::leader::Membership,
+    ) -> pgfence::Result<pgfence::leader::Assigned> {
+        self.inner.assigned(membership).await
+    }
+
+    async fn rebalance(
+        &self,
+        membership: &pgfence::leader::Membership,
+    ) -> pgfence::Result<pgfence::groups::Rebalance> {
+        self.inner.rebalance(membership).await
     }
 
     async fn in_doubt(&self, name: &str) -> pgfence::Result<Vec<pgfence::effects::InDoubt>> {

@@ -155,7 +155,7 @@ async fn three_replicas_lead_four_each_and_a_fourth_takes_exactly_three() {
     let group = replicas[3].status.group().unwrap();
     assert_eq!(group.assigned.len(), 3);
     assert_eq!(group.leading, group.assigned);
-    assert_eq!(group.members.len(), 4);
+    assert!(group.generation >= 2, "assigned at least twice: {group:?}");
     let handovers: u64 = replicas
         .iter()
         .map(|r| r.status.group().unwrap().handovers)

@@ -665,17 +665,20 @@ END;
 $$;
 
 -- A member's own part of the stored assignment: the generation and the names it is assigned, in name order
--- (an empty array for none; generation 0 before the group's first assignment). Costs O(its names).
-CREATE FUNCTION pgfence.assigned_names(p_group text, p_member text, OUT generation bigint, OUT names text[])
+-- (an empty array for none; generation 0 before the group's first assignment), and how many members the stored
+-- assignment counts. Costs O(its names + members).
+CREATE FUNCTION pgfence.assigned_names(p_group text, p_member text, OUT generation bigint, OUT names text[],
+                                       OUT members integer)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM pgfence._check_group_read(p_group);
     PERFORM pgfence._check_text('member'::text, p_member, pgfence._max_holder_len());
-    -- One snapshot for both: the generation is that of the names read.
+    -- One snapshot for all three: the generation is that of the names read.
     SELECT coalesce(g.generation, 0),
            ARRAY(SELECT a.name FROM pgfence.assignments a WHERE a.grp = p_group AND a.member = p_member
-                  ORDER BY a.name)
-      INTO generation, names
+                  ORDER BY a.name),
+           (SELECT count(*) FROM pgfence.members m WHERE m.grp = p_group AND m.counted)
+      INTO generation, names, members
       FROM (SELECT 1) one LEFT JOIN pgfence.groups g ON g.grp = p_group;
 END;
 $$;

@@ -284,4 +284,6 @@ pub struct Assigned {
     pub generation: i64,
     /// The names it gives this member.
     pub names: std::collections::BTreeSet<String>,
+    /// How many members it counts.
+    pub members: usize,
 }

@@ -372,6 +372,7 @@ impl Elector for MemoryElector {
         }
         Ok(Assigned {
             generation: *generation,
+            members: members.len(),
             names: owners
                 .iter()
                 .filter(|(_, owner)| *owner == member.member())

@@ -14,7 +14,7 @@ use super::rows::{
 };
 use super::{
     member_lost, validate_group, GroupAssignment, GroupMember, GroupNews, Groups, Member,
-    MemberSpec, Rebalance, RosterMember,
+    MemberSpec, OwnNames, Rebalance, RosterMember,
 };
 use crate::error::{Error, Result};
 use crate::reply::{unexpected, RowsOf};
@@ -271,13 +271,13 @@ impl Groups<'_> {
         Ok(assignment)
     }
 
-    /// `member`'s own part of the stored assignment of `group` (`pgfence.assigned_names`): its generation and
-    /// the names assigned to `member`, sorted. O(its names).
+    /// `member`'s own part of the stored assignment of `group` (`pgfence.assigned_names`): its generation, the
+    /// names assigned to `member` (sorted) and how many members it counts. O(its names + members).
     ///
     /// # Errors
     ///
     /// As [`rebalance_inputs`](Self::rebalance_inputs); [`Error::InvalidInput`] for an invalid member name.
-    pub async fn assigned_names(&self, group: &str, member: &str) -> Result<(i64, Vec<String>)> {
+    pub async fn assigned_names(&self, group: &str, member: &str) -> Result<OwnNames> {
         validate_group(group)?;
         validate_holder("member", member)?;
         let rows: Vec<AssignedNamesRow> = self
@@ -290,7 +290,11 @@ impl Groups<'_> {
             .into_iter()
             .next()
             .ok_or_else(|| unexpected("assigned_names", "no row"))?;
-        Ok((row.generation, row.names))
+        Ok(OwnNames {
+            generation: row.generation,
+            names: row.names,
+            members: row.members.max(0) as usize,
+        })
     }
 
     /// Stores the next assignment of `member`'s group (`pgfence.assign_group`), computed under a claim from the

@@ -311,6 +311,18 @@ pub struct GroupAssignment {
     pub owners: BTreeMap<String, String>,
 }
 
+/// A member's own part of its group's stored assignment (`pgfence.assigned_names`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct OwnNames {
+    /// The generation of the stored assignment (0 before the first).
+    pub generation: i64,
+    /// The names assigned to the member, sorted.
+    pub names: Vec<String>,
+    /// How many members the stored assignment counts.
+    pub members: usize,
+}
+
 /// A row of `pgfence.group_members`: a member of a group as an operator sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]

@@ -304,6 +304,8 @@ pub(crate) struct AssignedNamesRow {
     pub(crate) generation: i64,
     #[diesel(sql_type = Array<Text>)]
     pub(crate) names: Vec<String>,
+    #[diesel(sql_type = Integer)]
+    pub(crate) members: i32,
 }
 
 /// A row of `pgfence.group_members`.

@@ -229,21 +229,22 @@ impl Elector for PgElector {
 
     async fn assigned(&self, membership: &Membership) -> Result<Assigned> {
         let member = membership.member_data();
-        let (generation, names) = self
+        let own = self
             .inner
             .store
             .groups()
             .assigned_names(member.group(), member.member())
             .await?;
-        let qualified: Vec<String> = names.iter().map(|n| self.qualify(n)).collect();
+        let qualified: Vec<String> = own.names.iter().map(|n| self.qualify(n)).collect();
         // In the background: the names go to the balancer at once; their lock keys are cached before a release
         // of one of them must be resolved.
         let store = self.inner.store.clone();
         let cache = self.inner.lease_names.clone();
         tokio::spawn(async move { warm_lease_names(&store, &cache, qualified).await });
         Ok(Assigned {
-            generation,
-            names: names.into_iter().collect(),
+            generation: own.generation,
+            names: own.names.into_iter().collect(),
+            members: own.members,
         })
     }
 

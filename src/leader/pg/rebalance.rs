@@ -7,7 +7,6 @@ use crate::error::Result;
 use crate::leader::assign::assign;
 use crate::leader::group::Membership;
 use crate::membership::{NameSets, Rebalance};
-use crate::metrics::METRIC_GROUP_MEMBERS;
 use crate::store::Store;
 
 /// Rebalances `membership`'s group if this member gets the claim: [`Rebalance::Assigned`] with the new
@@ -50,7 +49,6 @@ pub(super) async fn rebalance(
         .cloned()
         .collect();
     let counted: Vec<String> = inputs.iter().map(|m| m.member.clone()).collect();
-    metrics::gauge!(METRIC_GROUP_MEMBERS, "group" => member.group().to_owned()).set(counted.len() as f64);
     tracing::info!(
         group = %member.qualified_group(),
         members = counted.len(),

@@ -23,7 +23,8 @@ use crate::leader::run::{run_leadership, Ended, LeaderContext};
 use crate::leader::{BoxFuture, Elector};
 use crate::membership::{MemberSpec, Rebalance};
 use crate::metrics::{
-    METRIC_GROUP_NAMES_ASSIGNED, METRIC_GROUP_NAMES_LED, METRIC_HANDOVERS, METRIC_HANDOVER_GAP,
+    METRIC_GROUP_MEMBERS, METRIC_GROUP_NAMES_ASSIGNED, METRIC_GROUP_NAMES_LED, METRIC_HANDOVERS,
+    METRIC_HANDOVER_GAP,
 };
 
 /// What the balancer publishes to the names: this replica's part of the group's stored assignment.
@@ -246,6 +247,7 @@ impl<E: Elector> Balancer<E> {
     /// Publishes this replica's names, and the status and metrics that go with them.
     fn publish(&self, view: &watch::Sender<View>, assigned: Assigned) {
         let group = self.group.clone();
+        metrics::gauge!(METRIC_GROUP_MEMBERS, "group" => group.clone()).set(assigned.members as f64);
         metrics::gauge!(METRIC_GROUP_NAMES_ASSIGNED, "group" => group).set(assigned.names.len() as f64);
         if let Some(status) = lock(&self.status).group.as_mut() {
             status.generation = assigned.generation;

@@ -46,7 +46,7 @@ fn restricted() -> impl Strategy<Value = (Vec<RosterMember>, BTreeMap<String, St
                             Stance::PinsExcluded => (true, true, true),
                         };
                         if offers {
-                            m.names.insert(name.clone());
+                            std::sync::Arc::make_mut(&mut m.names).insert(name.clone());
                         }
                         if pins {
                             m.pinned.insert(name.clone());

@@ -262,11 +262,19 @@ async fn bad_member_input_is_a_typed_error_and_writes_nothing() {
         "pgfence.join_group('cg', 'a', 1, '{x}', '{}', '{}', 1000)",
         "pgfence.join_group('c/g', NULL, 1, '{x}', '{}', '{}', 1000)",
         "pgfence.join_group('c/g', 'a', 1, '{x}', '{}', '{}', 10)",
-        "pgfence.join_group('c/g', 'a', 1, (SELECT array_agg(i::text) FROM generate_series(1, 4097) i), '{}', '{}', 1000)",
+        "pgfence.join_group('c/g', 'a', 1, (SELECT array_agg(i::text) FROM generate_series(1, 131073) i), '{}', '{}', 1000)",
         "pgfence.heartbeat('c/g', 'a', 0, 'x', 1000)",
         "pgfence.heartbeat('c/g', 'a', 1, NULL, 1000)",
         "pgfence.leave_group('c/g', 'a', 1, NULL)",
-        "pgfence.roster('nocluster')",
+        "pgfence.claim_rebalance('c/g', 'a', 0, 'x')",
+        "pgfence.assign_group('c/g', 'a', 1, 'x', -1, 0, '{}', '{}', '{}', '{}')",
+        "pgfence.assign_group('c/g', 'a', 1, 'x', 0, NULL, '{}', '{}', '{}', '{}')",
+        "pgfence.assign_group('c/g', 'a', 1, 'x', 0, 0, '{x}', '{}', '{}', '{}')",
+        "pgfence.assign_group('c/g', 'a', 1, 'x', 0, 0, '{x}', '{NULL}', '{}', '{}')",
+        "pgfence.assign_group('c/g', 'a', 1, 'x', 0, 0, '{}', '{}', NULL, '{}')",
+        "pgfence.group_assignment('nocluster')",
+        "pgfence.rebalance_inputs('c/g\n')",
+        "pgfence.assigned_names('c/g', NULL)",
     ] {
         let err = client
             .query(&format!("SELECT * FROM {call}"), &[])
@@ -275,6 +283,12 @@ async fn bad_member_input_is_a_typed_error_and_writes_nothing() {
         assert_eq!(sqlstate(&err), "22023", "{call}: {err}");
     }
     assert_eq!(member_rows(&db).await, 0);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM pgfence.name_sets").await
+            + db.scalar("SELECT count(*) FROM pgfence.groups").await,
+        0,
+        "no name set or group stored"
+    );
     assert_eq!(
         db.scalar("SELECT count(*) FROM pgfence.rejections").await,
         0,

@@ -38,7 +38,8 @@ use self::plan::Plan;
 use self::progress::Progress;
 use self::renewal::measure_renewal;
 use self::report::{Collector, Measurement, RenewalCost, ServerCost, Target};
-use self::server::{connect_admin, raw_config, Server};
+pub(crate) use self::server::connect_admin;
+use self::server::{raw_config, Server};
 use self::writes::{measure_writes, setup_writes};
 use super::{CliResult, Failure, Global};
 

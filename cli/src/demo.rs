@@ -23,8 +23,11 @@ use serde_json::json;
 
 use super::{table, CliResult, Failure, Global};
 
+mod fleet;
 mod rescue;
 mod spread;
+
+pub(crate) use fleet::FleetArgs;
 
 /// The demo's stories.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -36,6 +39,9 @@ pub(crate) enum Scenario {
     /// Work in flight when leadership moves: leaders frozen between an engine call and its outcome, successors
     /// that ask the engine by the effect key and confirm or retry, late outcomes refused and kept.
     Rescue,
+    /// A fleet of replica processes sharing one sharded controller, measured: convergence after a rolling
+    /// start, stability, server work, connections, memory, a kill, a stop and a join (`--replicas`, `--names`).
+    Fleet,
 }
 
 const LEASE: &str = "scheduler";
@@ -127,11 +133,16 @@ pub(super) async fn run(
     scenario: Scenario,
     json: bool,
     handovers: u32,
+    fleet_args: FleetArgs,
 ) -> CliResult {
     let story = Narrator {
         started: Instant::now(),
         to_stderr: json,
     };
+    if scenario == Scenario::Fleet {
+        // A server of its own size (connections, pg_stat_statements) when none is given.
+        return fleet::run(global, &story, global.database_url.clone(), fleet_args, json).await;
+    }
     let (server, url, cluster) = database(global, &story).await?;
     if scenario == Scenario::Spread {
         return spread::run(global, &story, server, url, cluster, json).await;

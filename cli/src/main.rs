@@ -102,6 +102,8 @@ enum Command {
         /// handovers happened, then judge everything (0: the story alone).
         #[arg(long, value_name = "N", default_value_t = 0)]
         handovers: u32,
+        #[command(flatten)]
+        fleet: demo::FleetArgs,
     },
     /// Every lease: holder, epoch, held/expired/released, time left (database clock), transitions, last write;
     /// then every replica group: its members, the names each leads and the names the group's assignment gives
@@ -281,7 +283,7 @@ fn parse_age(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| "age too large".to_owned())
 }
 
-fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (number, unit) = text
         .find(|c: char| !c.is_ascii_digit() && c != '.')
@@ -415,7 +417,8 @@ async fn run(cli: Cli) -> CliResult {
             scenario,
             json,
             handovers,
-        } => demo::run(global, scenario, json, handovers).await,
+            fleet,
+        } => demo::run(global, scenario, json, handovers, fleet).await,
         Command::Bench(args) => bench::run(global, args).await,
         Command::Replica(args) => replica::run(global, args).await,
         Command::RescueWorker(args) => rescue::run(global, args).await,

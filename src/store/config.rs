@@ -21,6 +21,7 @@ pub struct StoreConfig {
     url: String,
     pub(super) cluster: String,
     pub(super) pool_size: u32,
+    pub(super) idle_timeout: Duration,
     pub(super) ping_on_checkout: bool,
     pub(super) connect_timeout: Duration,
     pub(super) checkout_timeout: Duration,
@@ -40,6 +41,7 @@ impl fmt::Debug for StoreConfig {
             .field("target", &redact(&self.url))
             .field("cluster", &self.cluster)
             .field("pool_size", &self.pool_size)
+            .field("idle_timeout", &self.idle_timeout)
             .field("ping_on_checkout", &self.ping_on_checkout)
             .field("connect_timeout", &self.connect_timeout)
             .field("checkout_timeout", &self.checkout_timeout)
@@ -63,6 +65,7 @@ impl StoreConfig {
             url: url.into(),
             cluster: cluster.into(),
             pool_size: 16,
+            idle_timeout: Duration::from_secs(600),
             ping_on_checkout: false,
             native_guard: true,
             connect_timeout: Duration::from_secs(5),
@@ -179,6 +182,15 @@ impl StoreConfig {
     /// connection of their own).
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size.max(1);
+        self
+    }
+
+    /// How long a pooled connection may sit idle before the pool closes it (default 10 minutes, at least one
+    /// second). A replica of a large fleet sets it short (`pgfence replica` uses 10 s), so that its pool
+    /// shrinks to nothing between bursts of writes: at steady state it then keeps only its renewal connection
+    /// and its listener. Idle connections are looked for every `min(idle_timeout, 30 s)`.
+    pub fn idle_timeout(mut self, idle: Duration) -> Self {
+        self.idle_timeout = idle.max(Duration::from_secs(1));
         self
     }
 

@@ -538,6 +538,9 @@ fn build_pool(
         AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config("", manager_config);
     let pool = bb8::Pool::builder()
         .max_size(config.pool_size)
+        .min_idle(0)
+        .idle_timeout(config.idle_timeout)
+        .reaper_rate(config.idle_timeout.min(Duration::from_secs(30)))
         .connection_timeout(config.checkout_timeout)
         // A ping on every checkout costs a round trip per operation (see `ping_on_checkout`); by default
         // broken connections are detected by the failing statement instead and then discarded.

@@ -20,7 +20,7 @@ pub(super) struct Server {
     prefix: String,
 }
 
-pub(super) async fn connect_admin(url: &str) -> Result<tokio_postgres::Client, Failure> {
+pub(crate) async fn connect_admin(url: &str) -> Result<tokio_postgres::Client, Failure> {
     // TLS as for every pgfence connection: the URL's sslmode/sslrootcert/…, else PGSSLMODE/PGSSLROOTCERT/….
     let mut connector = pgfence::connection::Connector::new(url)?;
     let config = connector.config_mut();

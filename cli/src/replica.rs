@@ -449,11 +449,12 @@ pub(crate) async fn run(global: &Global, args: ReplicaArgs) -> CliResult {
     let store = Store::connect(
         global
             .config(url, &global.cluster)
-            // A connection per name writing at once, and a few for acquisitions, the group's reads and belief
-            // reports (renewals have a connection of their own, and so has the listener). Idle connections close
-            // after 10 s: at steady state a replica keeps its renewal connection and its listener, so a fleet of
-            // 100 replicas holds about 200 backends.
-            .pool_size((names.len() as u32 + 2).clamp(3, 10))
+            // Acquisitions, the group's reads, belief reports and `--write-every` writes share at most 4
+            // connections (they queue for one; renewals have a connection of their own, and so has the
+            // listener): a fleet converging at once must not open ten per replica. Idle connections close after
+            // 10 s: at steady state a replica keeps its renewal connection and its listener, so a fleet of 100
+            // replicas holds about 200 backends.
+            .pool_size((names.len() as u32 + 1).clamp(2, 4))
             .idle_timeout(Duration::from_secs(10))
             .application_name(application_name(&args.member)),
     )

@@ -420,8 +420,10 @@ BEGIN
     tl := pgfence._timeline();
 
     -- Clusters the role has no grant on: their leases are refused.
-    refused := ARRAY(SELECT DISTINCT c FROM unnest(p_leases) AS n, pgfence._cluster_of(n) AS c
-                      WHERE NOT pgfence._may_use(c));
+    -- Asked once per distinct cluster, not once per lease: the grant check is most of a renewal's server time
+    -- (about 0.2 ms a call), and a member renews every lease it leads in this one statement.
+    refused := ARRAY(SELECT d.c FROM (SELECT DISTINCT pgfence._cluster_of(n) AS c FROM unnest(p_leases) AS n) d
+                      WHERE NOT pgfence._may_use(d.c));
 
     -- The unlocked judgment of every entry whose secret is not its tenure's (see renew): refused for good. The
     -- rest presented their tenure's secret: the only rows this call locks, judged on the locked rows.

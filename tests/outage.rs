@@ -586,3 +586,63 @@ async fn a_waiting_candidate_is_woken_soon_after_the_server_returns() {
         ms(released.elapsed())
     );
 }
+
+/// Invariant (liveness of a group of one): a lone spreading replica whose membership and lease expired during an
+/// outage longer than the ttl leads its controller again once the server is back, as one tenure — it finds its
+/// name still assigned to it when it joins again, acquires it and keeps it. It never acquires the name only to
+/// hand it over to nobody (no tenure of the name is released after the outage, no handover is counted), and its
+/// callback runs once after the outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_replica_leads_again_after_an_outage_longer_than_the_ttl_without_handing_over() {
+    let server = dedicated_server().await;
+    let store = migrated_store(&server).await;
+    let (started, mut starts) = tokio::sync::mpsc::unbounded_channel::<i64>();
+    let supervisor = pgfence::leader::Supervisor::new(PgElector::new(store.clone()), "solo")
+        .spread(pgfence::leader::Spread::new("g"))
+        .controller("ctl", LeadershipOptions::new(TTL), move |ctx| {
+            let started = started.clone();
+            async move {
+                let _ = started.send(ctx.epoch().get());
+                ctx.cancelled().await;
+                Ok(())
+            }
+        });
+    let status = supervisor.status();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(supervisor.run(shutdown.clone()));
+    let first = tokio::time::timeout(Duration::from_secs(20), starts.recv())
+        .await
+        .expect("the lone replica never led")
+        .unwrap();
+
+    blocking(|| server.stop()).unwrap();
+    // Past the ttl and the local deadlines of the lease and the membership (2 s).
+    tokio::time::sleep(TTL * 3).await;
+    blocking(|| server.start_again()).unwrap();
+    let back = Instant::now();
+    let again = tokio::time::timeout(Duration::from_secs(20), starts.recv())
+        .await
+        .expect("the lone replica did not lead again after the outage")
+        .unwrap();
+    eprintln!("led epoch {first}, then epoch {again} {} ms after the server returned", ms(back.elapsed()));
+    assert!(again > first, "a new tenure after the expiry");
+    // Two ttls more: it keeps what it took.
+    assert!(
+        tokio::time::timeout(TTL * 2, starts.recv()).await.is_err(),
+        "the callback ran again: the tenure after the outage did not last"
+    );
+    let operator = Store::connect(StoreConfig::new(server.url(), "outage"))
+        .await
+        .unwrap();
+    let tenures = retrying("the tenures", || {
+        let operator = operator.clone();
+        async move { operator.history().tenures("ctl").await }
+    })
+    .await;
+    let after: Vec<_> = tenures.iter().filter(|t| t.epoch.get() > first).collect();
+    assert_eq!(after.len(), 1, "one tenure after the outage: {after:?}");
+    assert!(after[0].ended_at.is_none(), "still held: {after:?}");
+    assert_eq!(status.group().unwrap().handovers, 0, "handed over to nobody");
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}

@@ -18,6 +18,8 @@ mod hardening;
 mod hostile;
 #[path = "layout.rs"]
 mod layout;
+#[path = "ledger_races.rs"]
+mod ledger_races;
 #[path = "lease.rs"]
 mod lease;
 #[path = "membership.rs"]

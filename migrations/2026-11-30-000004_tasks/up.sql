@@ -64,6 +64,60 @@ BEGIN
 END;
 $$;
 
+-- The backends holding the row lock of task p_key of lease p_lease, for PF003's message: the transaction in the
+-- row's xmax when it is one (an update or an exclusive lock), else every other backend holding a row-level lock
+-- on pgfence.tasks (a MultiXact: the lock shared with foreign-key checks).
+CREATE FUNCTION pgfence._task_lockers(p_lease text, p_key text) RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    WITH exact AS (
+        SELECT k.pid FROM pg_catalog.pg_locks k
+         WHERE k.locktype = 'transactionid' AND k.granted AND k.pid <> pg_catalog.pg_backend_pid()
+           AND k.transactionid = (SELECT t.xmax FROM pgfence.tasks t WHERE t.lease = p_lease AND t.key = p_key)
+    ), candidates AS (
+        SELECT k.pid FROM pg_catalog.pg_locks k
+         WHERE k.locktype = 'relation' AND k.relation = 'pgfence.tasks'::regclass AND k.granted
+           AND k.mode IN ('RowShareLock', 'RowExclusiveLock') AND k.pid <> pg_catalog.pg_backend_pid()
+    )
+    SELECT coalesce((SELECT array_agg(DISTINCT pid) FROM exact),
+                    (SELECT array_agg(DISTINCT pid) FROM candidates), '{}')
+$$;
+
+-- Locks task p_key of lease p_lease (FOR NO KEY UPDATE: the FOR KEY SHARE of foreign-key checks still passes)
+-- for a write that decides on the task or on its effects: every ledger write (record_intent, record_outcome,
+-- settle_effect) and claim_task and transition_task take it after their guard and BEFORE the read they decide
+-- on. So two such calls on one task — a repeat of a call racing the first, still in flight, or two tasks of one
+-- leader reporting and settling at once — run one after the other: the second waits for the first's transaction,
+-- and its read, a new statement (a new snapshot under READ COMMITTED), sees what the first committed. It decides
+-- as it would had it been sent after the first returned. The lock is free in the usual case and taken without
+-- waiting (SKIP LOCKED: no subtransaction); otherwise the wait is at most _lock_wait_ms(), then PF003 naming the
+-- holders. Returns the locked row (all NULL: no such task).
+CREATE FUNCTION pgfence._lock_task(p_lease text, p_key text, p_operation text) RETURNS pgfence.tasks
+LANGUAGE plpgsql SET lock_timeout = '10min' AS $$
+DECLARE
+    t pgfence.tasks;
+    wait_ms bigint;
+BEGIN
+    SELECT * INTO t FROM pgfence.tasks WHERE lease = p_lease AND key = p_key FOR NO KEY UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        RETURN t;
+    END IF;
+    -- Held by another transaction (or no such task): wait, bounded (local to this function: its SET clause
+    -- restores the caller's lock_timeout on exit).
+    wait_ms := pgfence._lock_wait_ms();
+    PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+    BEGIN
+        SELECT * INTO t FROM pgfence.tasks WHERE lease = p_lease AND key = p_key FOR NO KEY UPDATE;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'pgfence: % waited % ms for the row lock of task % of lease %; blocked by %',
+            pgfence._printable(p_operation), wait_ms, pgfence._printable(p_key), pgfence._printable(p_lease),
+            pgfence._describe_backends(pgfence._task_lockers(p_lease, p_key))
+            USING ERRCODE = 'PF003',
+                  HINT = 'Another transaction writing this task or its effects stays open: let it finish and retry.';
+    END;
+    RETURN t;
+END;
+$$;
+
 -- Every task write takes (lease, epoch, secret) first and all its arguments without defaults (a NULL payload is
 -- '{}'): an argument list of an older signature matches none of them and fails (42883) instead of binding the
 -- task key to the secret.
@@ -113,7 +167,9 @@ BEGIN
         RETURN r;
     END IF;
     -- Tasks follow their effects: not moved while an ended tenure's effect is unsettled (the duplicate a re-run
-    -- would make is refused here, not guessed).
+    -- would make is refused here, not guessed). Read under the task's row lock (_lock_task): a ledger write of
+    -- this task in flight (its 'unknown' outcome, say) is waited for, not read past.
+    PERFORM pgfence._lock_task(p_lease, p_key, 'claim_task'::text);
     SELECT * INTO e FROM pgfence._task_in_doubt(p_lease, p_key, p_epoch);
     IF FOUND THEN
         RETURN pgfence._in_doubt_result(e, p_key);
@@ -157,7 +213,9 @@ BEGIN
         RETURN r;
     END IF;
     -- Tasks follow their effects: not moved while an ended tenure's effect is unsettled (the duplicate a re-run
-    -- would make is refused here, not guessed).
+    -- would make is refused here, not guessed). Read under the task's row lock (_lock_task): a ledger write of
+    -- this task in flight (its 'unknown' outcome, say) is waited for, not read past.
+    PERFORM pgfence._lock_task(p_lease, p_key, 'transition_task'::text);
     SELECT * INTO e FROM pgfence._task_in_doubt(p_lease, p_key, p_epoch);
     IF FOUND THEN
         RETURN pgfence._in_doubt_result(e, p_key);
@@ -331,6 +389,9 @@ BEGIN
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN pgfence._effect_refusal(r, p_task_key, p_effect_key, false);
     END IF;
+    -- The task's row lock first (_lock_task): another ledger write of this task in flight is waited for, and the
+    -- read below sees what it committed.
+    PERFORM pgfence._lock_task(p_lease, p_task_key, 'record_intent'::text);
     -- One read for what the write decides on: the task, an effect of it in doubt (_task_in_doubt's rule), the
     -- key's last attempt, and the tenure's secret hash (kept with the attempt; the guard admitted this epoch, so
     -- tenure_secrets names it until this transaction ends).
@@ -478,6 +539,14 @@ BEGIN
                                        pgfence._keep_late_report(p_lease, p_epoch, p_secret, p_effect_key,
                                                                  p_outcome, p_detail));
     END IF;
+    -- The key's task, then its row lock (_lock_task: another ledger write of this task in flight — a repeat of
+    -- this call, a settle — is waited for), then the read that decides, which sees what that write committed.
+    SELECT x.key INTO task_key FROM pgfence.effects y JOIN pgfence.tasks x ON x.id = y.task_id
+     WHERE y.lease = p_lease AND y.effect_key = p_effect_key
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM pgfence._lock_task(p_lease, task_key, 'record_outcome'::text);
+    END IF;
     -- One read: the key's last attempt and its task's key.
     SELECT y AS attempt, x.key AS task_key, x.fence AS task_fence INTO got
       FROM pgfence.effects y JOIN pgfence.tasks x ON x.id = y.task_id
@@ -513,11 +582,16 @@ BEGIN
      WHERE id = attempt_id AND settlement IS NULL AND (outcome IS NULL OR outcome = 'unknown')
     RETURNING * INTO e;
     IF NOT FOUND THEN
-        -- Settled or reported by another call of this tenure meanwhile (committed: the row lock waited for it).
+        -- Unreachable while the task's row lock is taken before the read (every write of the attempt takes it):
+        -- answered as the checks above answer the attempt as it is now.
         SELECT * INTO e FROM pgfence.effects WHERE id = attempt_id;
-        RETURN pgfence._effect_result(e, 'conflict'::text,
-                                      CASE WHEN e.settlement IS NOT NULL THEN 'settled' ELSE 'outcome_recorded' END,
-                                      task_key, false, NULL::bigint, NULL::bigint);
+        RETURN pgfence._effect_result(e,
+                   CASE WHEN e.settlement IS NULL AND e.outcome = p_outcome AND e.outcome_detail = p_detail THEN 'ok'
+                        ELSE 'conflict' END,
+                   CASE WHEN e.settlement IS NOT NULL THEN 'settled'
+                        WHEN e.outcome = p_outcome AND e.outcome_detail = p_detail THEN NULL
+                        ELSE 'outcome_recorded' END,
+                   task_key, false, NULL::bigint, NULL::bigint);
     END IF;
     INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
     VALUES (e.task_id, p_lease, p_epoch, 'effect_' || p_outcome,
@@ -576,6 +650,10 @@ BEGIN
                                        NULL::text, p_effect_key, false);
     END IF;
     SELECT t.key INTO task_key FROM pgfence.tasks t WHERE t.id = e.task_id;
+    -- The task's row lock (_lock_task: another ledger write of this task in flight — its tenure's final outcome, a
+    -- second settle — is waited for), then the key's last attempt read again: what is decided on below.
+    PERFORM pgfence._lock_task(p_lease, task_key, 'settle_effect'::text);
+    SELECT * INTO e FROM pgfence._last_attempt(p_lease, p_effect_key);
     IF e.settlement IS NOT NULL THEN
         RETURN pgfence._effect_result(e, 'conflict'::text, 'settled'::text, task_key, false, NULL::bigint,
                                       NULL::bigint);
@@ -592,18 +670,19 @@ BEGIN
         RETURN pgfence._effect_refusal(pgfence._explain_miss(p_lease, p_epoch, task_key, 'settle_effect'::text),
                                        task_key, p_effect_key, false);
     END IF;
-    -- Exactly once: a concurrent settle of the same attempt (another call of this tenure; a later tenure's waits
-    -- for this one at its acquisition) holds the row until it commits, and then this finds it settled.
+    -- Exactly once, and only in doubt: every condition decided on above re-checked on the row (another call of
+    -- this tenure waited for at the task's row lock; a later tenure's waits for this one at its acquisition).
     attempt_id := e.id;
     UPDATE pgfence.effects
        SET settlement = p_resolution, settled_epoch = p_epoch, settle_detail = p_detail,
            settled_at = clock_timestamp()
-     WHERE id = attempt_id AND settlement IS NULL
+     WHERE id = attempt_id AND settlement IS NULL AND (outcome IS NULL OR outcome = 'unknown')
     RETURNING * INTO e;
     IF NOT FOUND THEN
         SELECT * INTO e FROM pgfence.effects WHERE id = attempt_id;
-        RETURN pgfence._effect_result(e, 'conflict'::text, 'settled'::text, task_key, false, NULL::bigint,
-                                      NULL::bigint);
+        RETURN pgfence._effect_result(e, 'conflict'::text,
+                                      CASE WHEN e.settlement IS NOT NULL THEN 'settled' ELSE 'not_in_doubt' END,
+                                      task_key, false, NULL::bigint, NULL::bigint);
     END IF;
     -- In doubt since its tenure ended (an attempt with no outcome) or since its 'unknown' outcome.
     SELECT ceil(extract(epoch FROM e.settled_at

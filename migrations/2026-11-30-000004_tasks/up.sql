@@ -507,7 +507,9 @@ $$;
 -- Records, under tenure (p_lease, p_epoch), the outcome of its attempt of p_effect_key AFTER the external call:
 -- p_outcome 'done' (p_detail: the external system's answer), 'failed', or 'unknown' (no answer: a timeout; the
 -- attempt is then in doubt until settled). 'unknown' may later become 'done' or 'failed' by the same tenure; a
--- final outcome stands (the same one again: created = false, nothing written). Refused (audited) when the tenure
+-- final outcome stands (the same one again: created = false, nothing written; 'unknown' again likewise). Under
+-- the task's row lock (_lock_task): a repeat or a settle of this tenure racing this call answers as it would
+-- after it. Refused (audited) when the tenure
 -- has ended — and then kept as the attempt's late report (pgfence.effect_reports) when the secret is the one
 -- that recorded the intent, for the successor to see: evidence, not a write. 'conflict' when the key's last
 -- attempt is another tenure's ('not_this_tenure': settle it), settled ('settled') or has another final outcome
@@ -611,9 +613,12 @@ $$;
 --   'abandoned': it is given up (p_detail must carry a non-empty text 'reason'). Abandoning says what was seen,
 --                not what will be: a request still in transit may yet be applied — abandon only what the
 --                external system will refuse from now on (its key cancelled, or past its delivery deadline).
--- Exactly once: an attempt is settled by one call only — a second settle, by this tenure or a later one, answers
--- 'conflict'/'settled' naming the epoch that settled it, and a tenure that has ended is refused by the guard. The
--- settle is the task's event 'effect_confirmed' / 'effect_retried' / 'effect_abandoned' with this epoch. Other
+-- Exactly once: an attempt is settled by one call only, and a tenure that has ended is refused by the guard. A
+-- settle targets the key's last attempt, so a second settle answers as the first left it: after 'confirmed' or
+-- 'abandoned', 'conflict'/'settled' naming the epoch that settled it; after 'retried' the last attempt is the
+-- retry — this tenure's second settle answers 'in_flight', a later tenure's settles the retry if it is in doubt
+-- or answers 'not_in_doubt'. Under the task's row lock (_lock_task): a second call of this tenure racing this
+-- one (a repeat, its final outcome) answers as it would after it. The settle is the task's event 'effect_confirmed' / 'effect_retried' / 'effect_abandoned' with this epoch. Other
 -- answers, writing nothing: 'conflict' — 'not_in_doubt' (it has a final outcome) or 'in_flight' (its tenure is
 -- this one and has not reported); 'not_found' for an unknown key.
 CREATE FUNCTION pgfence.settle_effect(p_lease text, p_epoch bigint, p_secret text, p_effect_key text,
@@ -721,7 +726,8 @@ $$;
 -- 'unknown', or that has no outcome and whose tenure is no longer live by the guard's rule (_loss_reason: an
 -- earlier epoch, or the lease's current tenure released, expired or granted before the last promotion) — with its task, the ended tenure as pgfence.tenure_history tells it (holder, how and
 -- when it ended, when it was last heard from: its last accepted write and its last belief report) and its late
--- report, if any. Oldest first; nothing for a lease of a cluster the session's role may not read (the rule of
+-- report, if any. end_reason and ended_at are tenure_history's: NULL until the tenure's end is recorded (a tenure
+-- that merely expired with no successor yet, or one still live whose attempt is 'unknown'). Oldest first; nothing for a lease of a cluster the session's role may not read (the rule of
 -- row-level security: _reads_all, _readable_clusters). Raises 22023 for a malformed lease name.
 CREATE FUNCTION pgfence.in_doubt_effects(p_lease text)
 RETURNS TABLE (effect_id bigint, task_id bigint, task_key text, effect_key text, attempt integer, epoch bigint,

@@ -41,7 +41,8 @@ const INTEND: &str = ledger!("record_intent($1, $2, $3, 'job', 'job/x', '{\"laun
 const DONE: &str = ledger!("record_outcome($1, $2, $3, 'job/x', 'done', '{\"w\": 1}')");
 const FAILED: &str = ledger!("record_outcome($1, $2, $3, 'job/x', 'failed', '{\"status\": 500}')");
 const UNKNOWN: &str = ledger!("record_outcome($1, $2, $3, 'job/x', 'unknown', '{}')");
-const CONFIRM: &str = ledger!("settle_effect($1, $2, $3, 'job/x', 'confirmed', '{\"seen\": true}')");
+const CONFIRM: &str =
+    ledger!("settle_effect($1, $2, $3, 'job/x', 'confirmed', '{\"seen\": true}')");
 const RETRY: &str = ledger!("settle_effect($1, $2, $3, 'job/x', 'retried', '{\"seen\": false}')");
 const ABANDON: &str =
     ledger!("settle_effect($1, $2, $3, 'job/x', 'abandoned', '{\"reason\": \"key cancelled\"}')");
@@ -129,21 +130,38 @@ async fn blocked_by(
 
 /// Runs `case` on lease `lease` (a new one): in sequence, or with the first call held open until the second
 /// waits for it. The second call's answer and the history; Err: the second call did not wait.
-async fn run(db: &TestDb, lease: &str, case: &Case, held: bool) -> Result<(String, String), String> {
+async fn run(
+    db: &TestDb,
+    lease: &str,
+    case: &Case,
+    held: bool,
+) -> Result<(String, String), String> {
     let c = db.client().await;
     let (epoch, secret) = common::sql_acquire(&c, lease, "h", 600_000).await;
     let t = Tenure(lease.to_owned(), epoch, secret);
     for sql in case.setup {
         let answer = call(&c, sql, &t).await;
-        assert!(answer.starts_with("(ok,"), "{}: setup {sql}: {answer}", case.name);
+        assert!(
+            answer.starts_with("(ok,"),
+            "{}: setup {sql}: {answer}",
+            case.name
+        );
     }
     let first = db.client().await;
-    let holder: i32 = first.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let holder: i32 = first
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
     first.batch_execute("BEGIN").await.unwrap();
     call(&first, case.first, &t).await;
     let answer = if held {
         let second = db.client().await;
-        let waiter: i32 = second.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+        let waiter: i32 = second
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
         let (sql, t) = (case.second, t.clone());
         let racer = tokio::spawn(async move { call(&second, sql, &t).await });
         let waited = blocked_by(&c, waiter, holder, &racer).await;
@@ -164,9 +182,14 @@ async fn differences(prefix: &str, cases: &[Case]) -> Vec<String> {
     let db = TestDb::new().await;
     let mut out = Vec::new();
     for (i, case) in cases.iter().enumerate() {
-        let (answer, seq) = run(&db, &format!("c/{prefix}{i}-seq"), case, false).await.unwrap();
+        let (answer, seq) = run(&db, &format!("c/{prefix}{i}-seq"), case, false)
+            .await
+            .unwrap();
         if answer != case.answer {
-            out.push(format!("{}: in sequence the second call answered {answer}, not {}", case.name, case.answer));
+            out.push(format!(
+                "{}: in sequence the second call answered {answer}, not {}",
+                case.name, case.answer
+            ));
         }
         match run(&db, &format!("c/{prefix}{i}-held"), case, true).await {
             Err(e) => out.push(format!("{}: {e}", case.name)),
@@ -221,18 +244,90 @@ async fn the_three_self_races_of_the_ledger_answer_as_in_sequence() {
 async fn every_pair_of_ledger_writes_on_one_attempt_answers_as_in_sequence() {
     let unknown: &[&str] = &[CREATE, INTEND, UNKNOWN];
     let cases = [
-        Case { name: "'done' after 'unknown', repeated", setup: unknown, first: DONE, second: DONE, answer: "(ok,,1,done,f)" },
-        Case { name: "'retried' repeated", setup: unknown, first: RETRY, second: RETRY, answer: "(conflict,in_flight,2,open,f)" },
-        Case { name: "'confirmed' repeated", setup: unknown, first: CONFIRM, second: CONFIRM, answer: "(conflict,settled,1,confirmed,f)" },
-        Case { name: "'done' after 'retried'", setup: unknown, first: RETRY, second: DONE, answer: "(ok,,2,done,t)" },
-        Case { name: "'done' after 'confirmed'", setup: unknown, first: CONFIRM, second: DONE, answer: "(conflict,settled,1,confirmed,f)" },
-        Case { name: "'confirmed' after 'unknown'", setup: &[CREATE, INTEND], first: UNKNOWN, second: CONFIRM, answer: "(ok,,1,confirmed,t)" },
-        Case { name: "'confirmed' after 'failed'", setup: &[CREATE, INTEND], first: FAILED, second: CONFIRM, answer: "(conflict,not_in_doubt,1,failed,f)" },
-        Case { name: "intent repeated", setup: &[CREATE], first: INTEND, second: INTEND, answer: "(ok,,1,open,f)" },
-        Case { name: "intent after 'failed'", setup: &[CREATE, INTEND], first: FAILED, second: INTEND, answer: "(ok,,2,open,t)" },
-        Case { name: "intent after 'abandoned'", setup: unknown, first: ABANDON, second: INTEND, answer: "(ok,,2,open,t)" },
-        Case { name: "intent after 'unknown'", setup: &[CREATE, INTEND], first: UNKNOWN, second: INTEND, answer: "(in_doubt,job/x,1,unknown,f)" },
-        Case { name: "intent after 'done'", setup: &[CREATE, INTEND], first: DONE, second: INTEND, answer: "(conflict,done,1,done,f)" },
+        Case {
+            name: "'done' after 'unknown', repeated",
+            setup: unknown,
+            first: DONE,
+            second: DONE,
+            answer: "(ok,,1,done,f)",
+        },
+        Case {
+            name: "'retried' repeated",
+            setup: unknown,
+            first: RETRY,
+            second: RETRY,
+            answer: "(conflict,in_flight,2,open,f)",
+        },
+        Case {
+            name: "'confirmed' repeated",
+            setup: unknown,
+            first: CONFIRM,
+            second: CONFIRM,
+            answer: "(conflict,settled,1,confirmed,f)",
+        },
+        Case {
+            name: "'done' after 'retried'",
+            setup: unknown,
+            first: RETRY,
+            second: DONE,
+            answer: "(ok,,2,done,t)",
+        },
+        Case {
+            name: "'done' after 'confirmed'",
+            setup: unknown,
+            first: CONFIRM,
+            second: DONE,
+            answer: "(conflict,settled,1,confirmed,f)",
+        },
+        Case {
+            name: "'confirmed' after 'unknown'",
+            setup: &[CREATE, INTEND],
+            first: UNKNOWN,
+            second: CONFIRM,
+            answer: "(ok,,1,confirmed,t)",
+        },
+        Case {
+            name: "'confirmed' after 'failed'",
+            setup: &[CREATE, INTEND],
+            first: FAILED,
+            second: CONFIRM,
+            answer: "(conflict,not_in_doubt,1,failed,f)",
+        },
+        Case {
+            name: "intent repeated",
+            setup: &[CREATE],
+            first: INTEND,
+            second: INTEND,
+            answer: "(ok,,1,open,f)",
+        },
+        Case {
+            name: "intent after 'failed'",
+            setup: &[CREATE, INTEND],
+            first: FAILED,
+            second: INTEND,
+            answer: "(ok,,2,open,t)",
+        },
+        Case {
+            name: "intent after 'abandoned'",
+            setup: unknown,
+            first: ABANDON,
+            second: INTEND,
+            answer: "(ok,,2,open,t)",
+        },
+        Case {
+            name: "intent after 'unknown'",
+            setup: &[CREATE, INTEND],
+            first: UNKNOWN,
+            second: INTEND,
+            answer: "(in_doubt,job/x,1,unknown,f)",
+        },
+        Case {
+            name: "intent after 'done'",
+            setup: &[CREATE, INTEND],
+            first: DONE,
+            second: INTEND,
+            answer: "(conflict,done,1,done,f)",
+        },
     ];
     let found = differences("pair", &cases).await;
     assert!(found.is_empty(), "{}", found.join("\n"));
@@ -245,12 +340,48 @@ async fn every_pair_of_ledger_writes_on_one_attempt_answers_as_in_sequence() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_write_racing_itself_answers_as_in_sequence() {
     let cases = [
-        Case { name: "create repeated", setup: &[], first: CREATE, second: CREATE, answer: "(ok,,pending,1,f)" },
-        Case { name: "claim repeated", setup: &[CREATE], first: CLAIM, second: CLAIM, answer: "(conflict,claimed,claimed,2,f)" },
-        Case { name: "transition repeated", setup: &[CREATE, CLAIM], first: RUN, second: RUN, answer: "(conflict,running,running,3,f)" },
-        Case { name: "event appended twice", setup: &[CREATE], first: APPEND, second: APPEND, answer: "(ok,,pending,1,f)" },
-        Case { name: "claim after 'unknown'", setup: &[CREATE, INTEND], first: UNKNOWN, second: CLAIM, answer: "(in_doubt,job/x,,,)" },
-        Case { name: "transition after 'unknown'", setup: &[CREATE, CLAIM, INTEND], first: UNKNOWN, second: RUN, answer: "(in_doubt,job/x,,,)" },
+        Case {
+            name: "create repeated",
+            setup: &[],
+            first: CREATE,
+            second: CREATE,
+            answer: "(ok,,pending,1,f)",
+        },
+        Case {
+            name: "claim repeated",
+            setup: &[CREATE],
+            first: CLAIM,
+            second: CLAIM,
+            answer: "(conflict,claimed,claimed,2,f)",
+        },
+        Case {
+            name: "transition repeated",
+            setup: &[CREATE, CLAIM],
+            first: RUN,
+            second: RUN,
+            answer: "(conflict,running,running,3,f)",
+        },
+        Case {
+            name: "event appended twice",
+            setup: &[CREATE],
+            first: APPEND,
+            second: APPEND,
+            answer: "(ok,,pending,1,f)",
+        },
+        Case {
+            name: "claim after 'unknown'",
+            setup: &[CREATE, INTEND],
+            first: UNKNOWN,
+            second: CLAIM,
+            answer: "(in_doubt,job/x,,,)",
+        },
+        Case {
+            name: "transition after 'unknown'",
+            setup: &[CREATE, CLAIM, INTEND],
+            first: UNKNOWN,
+            second: RUN,
+            answer: "(in_doubt,job/x,,,)",
+        },
     ];
     let found = differences("task", &cases).await;
     assert!(found.is_empty(), "{}", found.join("\n"));

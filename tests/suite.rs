@@ -18,10 +18,10 @@ mod hardening;
 mod hostile;
 #[path = "layout.rs"]
 mod layout;
-#[path = "ledger_races.rs"]
-mod ledger_races;
 #[path = "lease.rs"]
 mod lease;
+#[path = "ledger_races.rs"]
+mod ledger_races;
 #[path = "membership.rs"]
 mod membership;
 #[path = "migrations.rs"]

@@ -773,7 +773,7 @@ impl Effects {
                     Err(_) => s.proc_mut(e).second = None,
                 }
             }
-        Action::SecondCommit(e) => {
+            Action::SecondCommit(e) => {
                 let st = s.proc(e).second?;
                 let _ = self.settle_commit(&mut s, e, st);
                 s.proc_mut(e).second = None;
@@ -1030,7 +1030,9 @@ pub fn properties() -> Vec<Property<Effects>> {
         }),
         Property::sometimes(S_SELF_REPORT, |_: &Effects, s: &State| {
             s.self_reports_left == 0
-                && s.attempts.iter().any(|a| a.outcome == Some(Outcome::Done) && a.epoch == s.current)
+                && s.attempts
+                    .iter()
+                    .any(|a| a.outcome == Some(Outcome::Done) && a.epoch == s.current)
         }),
         Property::sometimes(S_ABANDONED_APPLIED, |_: &Effects, s: &State| {
             s.abandoned_applied

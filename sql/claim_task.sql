@@ -18,7 +18,9 @@ BEGIN
         RETURN r;
     END IF;
     -- Tasks follow their effects: not moved while an ended tenure's effect is unsettled (the duplicate a re-run
-    -- would make is refused here, not guessed).
+    -- would make is refused here, not guessed). Read under the task's row lock (_lock_task): a ledger write of
+    -- this task in flight (its 'unknown' outcome, say) is waited for, not read past.
+    PERFORM pgfence._lock_task(p_lease, p_key, 'claim_task'::text);
     SELECT * INTO e FROM pgfence._task_in_doubt(p_lease, p_key, p_epoch);
     IF FOUND THEN
         RETURN pgfence._in_doubt_result(e, p_key);

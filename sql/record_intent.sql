@@ -21,6 +21,9 @@ BEGIN
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN pgfence._effect_refusal(r, p_task_key, p_effect_key, false);
     END IF;
+    -- The task's row lock first (_lock_task): another ledger write of this task in flight is waited for, and the
+    -- read below sees what it committed.
+    PERFORM pgfence._lock_task(p_lease, p_task_key, 'record_intent'::text);
     -- One read for what the write decides on: the task, an effect of it in doubt (_task_in_doubt's rule), the
     -- key's last attempt, and the tenure's secret hash (kept with the attempt; the guard admitted this epoch, so
     -- tenure_secrets names it until this transaction ends).

@@ -29,6 +29,14 @@ BEGIN
                                        pgfence._keep_late_report(p_lease, p_epoch, p_secret, p_effect_key,
                                                                  p_outcome, p_detail));
     END IF;
+    -- The key's task, then its row lock (_lock_task: another ledger write of this task in flight — a repeat of
+    -- this call, a settle — is waited for), then the read that decides, which sees what that write committed.
+    SELECT x.key INTO task_key FROM pgfence.effects y JOIN pgfence.tasks x ON x.id = y.task_id
+     WHERE y.lease = p_lease AND y.effect_key = p_effect_key
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM pgfence._lock_task(p_lease, task_key, 'record_outcome'::text);
+    END IF;
     -- One read: the key's last attempt and its task's key.
     SELECT y AS attempt, x.key AS task_key, x.fence AS task_fence INTO got
       FROM pgfence.effects y JOIN pgfence.tasks x ON x.id = y.task_id
@@ -64,11 +72,16 @@ BEGIN
      WHERE id = attempt_id AND settlement IS NULL AND (outcome IS NULL OR outcome = 'unknown')
     RETURNING * INTO e;
     IF NOT FOUND THEN
-        -- Settled or reported by another call of this tenure meanwhile (committed: the row lock waited for it).
+        -- Unreachable while the task's row lock is taken before the read (every write of the attempt takes it):
+        -- answered as the checks above answer the attempt as it is now.
         SELECT * INTO e FROM pgfence.effects WHERE id = attempt_id;
-        RETURN pgfence._effect_result(e, 'conflict'::text,
-                                      CASE WHEN e.settlement IS NOT NULL THEN 'settled' ELSE 'outcome_recorded' END,
-                                      task_key, false, NULL::bigint, NULL::bigint);
+        RETURN pgfence._effect_result(e,
+                   CASE WHEN e.settlement IS NULL AND e.outcome = p_outcome AND e.outcome_detail = p_detail THEN 'ok'
+                        ELSE 'conflict' END,
+                   CASE WHEN e.settlement IS NOT NULL THEN 'settled'
+                        WHEN e.outcome = p_outcome AND e.outcome_detail = p_detail THEN NULL
+                        ELSE 'outcome_recorded' END,
+                   task_key, false, NULL::bigint, NULL::bigint);
     END IF;
     INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
     VALUES (e.task_id, p_lease, p_epoch, 'effect_' || p_outcome,

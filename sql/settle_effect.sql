@@ -36,6 +36,10 @@ BEGIN
                                        NULL::text, p_effect_key, false);
     END IF;
     SELECT t.key INTO task_key FROM pgfence.tasks t WHERE t.id = e.task_id;
+    -- The task's row lock (_lock_task: another ledger write of this task in flight — its tenure's final outcome, a
+    -- second settle — is waited for), then the key's last attempt read again: what is decided on below.
+    PERFORM pgfence._lock_task(p_lease, task_key, 'settle_effect'::text);
+    SELECT * INTO e FROM pgfence._last_attempt(p_lease, p_effect_key);
     IF e.settlement IS NOT NULL THEN
         RETURN pgfence._effect_result(e, 'conflict'::text, 'settled'::text, task_key, false, NULL::bigint,
                                       NULL::bigint);
@@ -52,18 +56,19 @@ BEGIN
         RETURN pgfence._effect_refusal(pgfence._explain_miss(p_lease, p_epoch, task_key, 'settle_effect'::text),
                                        task_key, p_effect_key, false);
     END IF;
-    -- Exactly once: a concurrent settle of the same attempt (another call of this tenure; a later tenure's waits
-    -- for this one at its acquisition) holds the row until it commits, and then this finds it settled.
+    -- Exactly once, and only in doubt: every condition decided on above re-checked on the row (another call of
+    -- this tenure waited for at the task's row lock; a later tenure's waits for this one at its acquisition).
     attempt_id := e.id;
     UPDATE pgfence.effects
        SET settlement = p_resolution, settled_epoch = p_epoch, settle_detail = p_detail,
            settled_at = clock_timestamp()
-     WHERE id = attempt_id AND settlement IS NULL
+     WHERE id = attempt_id AND settlement IS NULL AND (outcome IS NULL OR outcome = 'unknown')
     RETURNING * INTO e;
     IF NOT FOUND THEN
         SELECT * INTO e FROM pgfence.effects WHERE id = attempt_id;
-        RETURN pgfence._effect_result(e, 'conflict'::text, 'settled'::text, task_key, false, NULL::bigint,
-                                      NULL::bigint);
+        RETURN pgfence._effect_result(e, 'conflict'::text,
+                                      CASE WHEN e.settlement IS NOT NULL THEN 'settled' ELSE 'not_in_doubt' END,
+                                      task_key, false, NULL::bigint, NULL::bigint);
     END IF;
     -- In doubt since its tenure ended (an attempt with no outcome) or since its 'unknown' outcome.
     SELECT ceil(extract(epoch FROM e.settled_at

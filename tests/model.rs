@@ -681,6 +681,26 @@ fn effects_settled_by_two_workers_keep_every_property() {
     );
 }
 
+/// A tenure racing itself (issue #43): its settle of its own 'unknown' attempt and another worker's 'done' for
+/// it, in either order and interleaved between the settle's pre-checks and its UPDATE.
+#[test]
+fn effects_of_a_tenure_racing_itself_keep_every_property() {
+    check_effects(
+        "effects (a tenure racing itself)",
+        effects::Config::self_race(),
+        &[effects::S_SELF_REPORT, effects::S_OWN_UNKNOWN],
+    );
+}
+
+#[test]
+fn effects_a_settle_rechecking_only_the_settlement_is_found() {
+    find_in_effects(
+        effects::Config::self_race(),
+        &[effects::Weakening::SettleRechecksOnlySettlement],
+        effects::SETTLED_IN_DOUBT,
+    );
+}
+
 #[test]
 fn effects_a_settle_without_the_fence_is_found() {
     find_in_effects(

@@ -20,6 +20,8 @@ mod hostile;
 mod layout;
 #[path = "lease.rs"]
 mod lease;
+#[path = "ledger_races.rs"]
+mod ledger_races;
 #[path = "membership.rs"]
 mod membership;
 #[path = "migrations.rs"]

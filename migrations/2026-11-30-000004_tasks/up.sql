@@ -64,6 +64,60 @@ BEGIN
 END;
 $$;
 
+-- The backends holding the row lock of task p_key of lease p_lease, for PF003's message: the transaction in the
+-- row's xmax when it is one (an update or an exclusive lock), else every other backend holding a row-level lock
+-- on pgfence.tasks (a MultiXact: the lock shared with foreign-key checks).
+CREATE FUNCTION pgfence._task_lockers(p_lease text, p_key text) RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+    WITH exact AS (
+        SELECT k.pid FROM pg_catalog.pg_locks k
+         WHERE k.locktype = 'transactionid' AND k.granted AND k.pid <> pg_catalog.pg_backend_pid()
+           AND k.transactionid = (SELECT t.xmax FROM pgfence.tasks t WHERE t.lease = p_lease AND t.key = p_key)
+    ), candidates AS (
+        SELECT k.pid FROM pg_catalog.pg_locks k
+         WHERE k.locktype = 'relation' AND k.relation = 'pgfence.tasks'::regclass AND k.granted
+           AND k.mode IN ('RowShareLock', 'RowExclusiveLock') AND k.pid <> pg_catalog.pg_backend_pid()
+    )
+    SELECT coalesce((SELECT array_agg(DISTINCT pid) FROM exact),
+                    (SELECT array_agg(DISTINCT pid) FROM candidates), '{}')
+$$;
+
+-- Locks task p_key of lease p_lease (FOR NO KEY UPDATE: the FOR KEY SHARE of foreign-key checks still passes)
+-- for a write that decides on the task or on its effects: every ledger write (record_intent, record_outcome,
+-- settle_effect) and claim_task and transition_task take it after their guard and BEFORE the read they decide
+-- on. So two such calls on one task — a repeat of a call racing the first, still in flight, or two tasks of one
+-- leader reporting and settling at once — run one after the other: the second waits for the first's transaction,
+-- and its read, a new statement (a new snapshot under READ COMMITTED), sees what the first committed. It decides
+-- as it would had it been sent after the first returned. The lock is free in the usual case and taken without
+-- waiting (SKIP LOCKED: no subtransaction); otherwise the wait is at most _lock_wait_ms(), then PF003 naming the
+-- holders. Returns the locked row (all NULL: no such task).
+CREATE FUNCTION pgfence._lock_task(p_lease text, p_key text, p_operation text) RETURNS pgfence.tasks
+LANGUAGE plpgsql SET lock_timeout = '10min' AS $$
+DECLARE
+    t pgfence.tasks;
+    wait_ms bigint;
+BEGIN
+    SELECT * INTO t FROM pgfence.tasks WHERE lease = p_lease AND key = p_key FOR NO KEY UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        RETURN t;
+    END IF;
+    -- Held by another transaction (or no such task): wait, bounded (local to this function: its SET clause
+    -- restores the caller's lock_timeout on exit).
+    wait_ms := pgfence._lock_wait_ms();
+    PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+    BEGIN
+        SELECT * INTO t FROM pgfence.tasks WHERE lease = p_lease AND key = p_key FOR NO KEY UPDATE;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE EXCEPTION 'pgfence: % waited % ms for the row lock of task % of lease %; blocked by %',
+            pgfence._printable(p_operation), wait_ms, pgfence._printable(p_key), pgfence._printable(p_lease),
+            pgfence._describe_backends(pgfence._task_lockers(p_lease, p_key))
+            USING ERRCODE = 'PF003',
+                  HINT = 'Another transaction writing this task or its effects stays open: let it finish and retry.';
+    END;
+    RETURN t;
+END;
+$$;
+
 -- Every task write takes (lease, epoch, secret) first and all its arguments without defaults (a NULL payload is
 -- '{}'): an argument list of an older signature matches none of them and fails (42883) instead of binding the
 -- task key to the secret.
@@ -113,7 +167,9 @@ BEGIN
         RETURN r;
     END IF;
     -- Tasks follow their effects: not moved while an ended tenure's effect is unsettled (the duplicate a re-run
-    -- would make is refused here, not guessed).
+    -- would make is refused here, not guessed). Read under the task's row lock (_lock_task): a ledger write of
+    -- this task in flight (its 'unknown' outcome, say) is waited for, not read past.
+    PERFORM pgfence._lock_task(p_lease, p_key, 'claim_task'::text);
     SELECT * INTO e FROM pgfence._task_in_doubt(p_lease, p_key, p_epoch);
     IF FOUND THEN
         RETURN pgfence._in_doubt_result(e, p_key);
@@ -157,7 +213,9 @@ BEGIN
         RETURN r;
     END IF;
     -- Tasks follow their effects: not moved while an ended tenure's effect is unsettled (the duplicate a re-run
-    -- would make is refused here, not guessed).
+    -- would make is refused here, not guessed). Read under the task's row lock (_lock_task): a ledger write of
+    -- this task in flight (its 'unknown' outcome, say) is waited for, not read past.
+    PERFORM pgfence._lock_task(p_lease, p_key, 'transition_task'::text);
     SELECT * INTO e FROM pgfence._task_in_doubt(p_lease, p_key, p_epoch);
     IF FOUND THEN
         RETURN pgfence._in_doubt_result(e, p_key);
@@ -331,6 +389,9 @@ BEGIN
     IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
         RETURN pgfence._effect_refusal(r, p_task_key, p_effect_key, false);
     END IF;
+    -- The task's row lock first (_lock_task): another ledger write of this task in flight is waited for, and the
+    -- read below sees what it committed.
+    PERFORM pgfence._lock_task(p_lease, p_task_key, 'record_intent'::text);
     -- One read for what the write decides on: the task, an effect of it in doubt (_task_in_doubt's rule), the
     -- key's last attempt, and the tenure's secret hash (kept with the attempt; the guard admitted this epoch, so
     -- tenure_secrets names it until this transaction ends).
@@ -446,7 +507,9 @@ $$;
 -- Records, under tenure (p_lease, p_epoch), the outcome of its attempt of p_effect_key AFTER the external call:
 -- p_outcome 'done' (p_detail: the external system's answer), 'failed', or 'unknown' (no answer: a timeout; the
 -- attempt is then in doubt until settled). 'unknown' may later become 'done' or 'failed' by the same tenure; a
--- final outcome stands (the same one again: created = false, nothing written). Refused (audited) when the tenure
+-- final outcome stands (the same one again: created = false, nothing written; 'unknown' again likewise). Under
+-- the task's row lock (_lock_task): a repeat or a settle of this tenure racing this call answers as it would
+-- after it. Refused (audited) when the tenure
 -- has ended — and then kept as the attempt's late report (pgfence.effect_reports) when the secret is the one
 -- that recorded the intent, for the successor to see: evidence, not a write. 'conflict' when the key's last
 -- attempt is another tenure's ('not_this_tenure': settle it), settled ('settled') or has another final outcome
@@ -477,6 +540,14 @@ BEGIN
         RETURN pgfence._effect_refusal(r, NULL::text, p_effect_key,
                                        pgfence._keep_late_report(p_lease, p_epoch, p_secret, p_effect_key,
                                                                  p_outcome, p_detail));
+    END IF;
+    -- The key's task, then its row lock (_lock_task: another ledger write of this task in flight — a repeat of
+    -- this call, a settle — is waited for), then the read that decides, which sees what that write committed.
+    SELECT x.key INTO task_key FROM pgfence.effects y JOIN pgfence.tasks x ON x.id = y.task_id
+     WHERE y.lease = p_lease AND y.effect_key = p_effect_key
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM pgfence._lock_task(p_lease, task_key, 'record_outcome'::text);
     END IF;
     -- One read: the key's last attempt and its task's key.
     SELECT y AS attempt, x.key AS task_key, x.fence AS task_fence INTO got
@@ -513,11 +584,16 @@ BEGIN
      WHERE id = attempt_id AND settlement IS NULL AND (outcome IS NULL OR outcome = 'unknown')
     RETURNING * INTO e;
     IF NOT FOUND THEN
-        -- Settled or reported by another call of this tenure meanwhile (committed: the row lock waited for it).
+        -- Unreachable while the task's row lock is taken before the read (every write of the attempt takes it):
+        -- answered as the checks above answer the attempt as it is now.
         SELECT * INTO e FROM pgfence.effects WHERE id = attempt_id;
-        RETURN pgfence._effect_result(e, 'conflict'::text,
-                                      CASE WHEN e.settlement IS NOT NULL THEN 'settled' ELSE 'outcome_recorded' END,
-                                      task_key, false, NULL::bigint, NULL::bigint);
+        RETURN pgfence._effect_result(e,
+                   CASE WHEN e.settlement IS NULL AND e.outcome = p_outcome AND e.outcome_detail = p_detail THEN 'ok'
+                        ELSE 'conflict' END,
+                   CASE WHEN e.settlement IS NOT NULL THEN 'settled'
+                        WHEN e.outcome = p_outcome AND e.outcome_detail = p_detail THEN NULL
+                        ELSE 'outcome_recorded' END,
+                   task_key, false, NULL::bigint, NULL::bigint);
     END IF;
     INSERT INTO pgfence.task_events (task_id, lease, epoch, kind, payload)
     VALUES (e.task_id, p_lease, p_epoch, 'effect_' || p_outcome,
@@ -537,9 +613,12 @@ $$;
 --   'abandoned': it is given up (p_detail must carry a non-empty text 'reason'). Abandoning says what was seen,
 --                not what will be: a request still in transit may yet be applied — abandon only what the
 --                external system will refuse from now on (its key cancelled, or past its delivery deadline).
--- Exactly once: an attempt is settled by one call only — a second settle, by this tenure or a later one, answers
--- 'conflict'/'settled' naming the epoch that settled it, and a tenure that has ended is refused by the guard. The
--- settle is the task's event 'effect_confirmed' / 'effect_retried' / 'effect_abandoned' with this epoch. Other
+-- Exactly once: an attempt is settled by one call only, and a tenure that has ended is refused by the guard. A
+-- settle targets the key's last attempt, so a second settle answers as the first left it: after 'confirmed' or
+-- 'abandoned', 'conflict'/'settled' naming the epoch that settled it; after 'retried' the last attempt is the
+-- retry — this tenure's second settle answers 'in_flight', a later tenure's settles the retry if it is in doubt
+-- or answers 'not_in_doubt'. Under the task's row lock (_lock_task): a second call of this tenure racing this
+-- one (a repeat, its final outcome) answers as it would after it. The settle is the task's event 'effect_confirmed' / 'effect_retried' / 'effect_abandoned' with this epoch. Other
 -- answers, writing nothing: 'conflict' — 'not_in_doubt' (it has a final outcome) or 'in_flight' (its tenure is
 -- this one and has not reported); 'not_found' for an unknown key.
 CREATE FUNCTION pgfence.settle_effect(p_lease text, p_epoch bigint, p_secret text, p_effect_key text,
@@ -576,6 +655,10 @@ BEGIN
                                        NULL::text, p_effect_key, false);
     END IF;
     SELECT t.key INTO task_key FROM pgfence.tasks t WHERE t.id = e.task_id;
+    -- The task's row lock (_lock_task: another ledger write of this task in flight — its tenure's final outcome, a
+    -- second settle — is waited for), then the key's last attempt read again: what is decided on below.
+    PERFORM pgfence._lock_task(p_lease, task_key, 'settle_effect'::text);
+    SELECT * INTO e FROM pgfence._last_attempt(p_lease, p_effect_key);
     IF e.settlement IS NOT NULL THEN
         RETURN pgfence._effect_result(e, 'conflict'::text, 'settled'::text, task_key, false, NULL::bigint,
                                       NULL::bigint);
@@ -592,18 +675,19 @@ BEGIN
         RETURN pgfence._effect_refusal(pgfence._explain_miss(p_lease, p_epoch, task_key, 'settle_effect'::text),
                                        task_key, p_effect_key, false);
     END IF;
-    -- Exactly once: a concurrent settle of the same attempt (another call of this tenure; a later tenure's waits
-    -- for this one at its acquisition) holds the row until it commits, and then this finds it settled.
+    -- Exactly once, and only in doubt: every condition decided on above re-checked on the row (another call of
+    -- this tenure waited for at the task's row lock; a later tenure's waits for this one at its acquisition).
     attempt_id := e.id;
     UPDATE pgfence.effects
        SET settlement = p_resolution, settled_epoch = p_epoch, settle_detail = p_detail,
            settled_at = clock_timestamp()
-     WHERE id = attempt_id AND settlement IS NULL
+     WHERE id = attempt_id AND settlement IS NULL AND (outcome IS NULL OR outcome = 'unknown')
     RETURNING * INTO e;
     IF NOT FOUND THEN
         SELECT * INTO e FROM pgfence.effects WHERE id = attempt_id;
-        RETURN pgfence._effect_result(e, 'conflict'::text, 'settled'::text, task_key, false, NULL::bigint,
-                                      NULL::bigint);
+        RETURN pgfence._effect_result(e, 'conflict'::text,
+                                      CASE WHEN e.settlement IS NOT NULL THEN 'settled' ELSE 'not_in_doubt' END,
+                                      task_key, false, NULL::bigint, NULL::bigint);
     END IF;
     -- In doubt since its tenure ended (an attempt with no outcome) or since its 'unknown' outcome.
     SELECT ceil(extract(epoch FROM e.settled_at
@@ -642,7 +726,8 @@ $$;
 -- 'unknown', or that has no outcome and whose tenure is no longer live by the guard's rule (_loss_reason: an
 -- earlier epoch, or the lease's current tenure released, expired or granted before the last promotion) — with its task, the ended tenure as pgfence.tenure_history tells it (holder, how and
 -- when it ended, when it was last heard from: its last accepted write and its last belief report) and its late
--- report, if any. Oldest first; nothing for a lease of a cluster the session's role may not read (the rule of
+-- report, if any. end_reason and ended_at are tenure_history's: NULL until the tenure's end is recorded (a tenure
+-- that merely expired with no successor yet, or one still live whose attempt is 'unknown'). Oldest first; nothing for a lease of a cluster the session's role may not read (the rule of
 -- row-level security: _reads_all, _readable_clusters). Raises 22023 for a malformed lease name.
 CREATE FUNCTION pgfence.in_doubt_effects(p_lease text)
 RETURNS TABLE (effect_id bigint, task_id bigint, task_key text, effect_key text, attempt integer, epoch bigint,

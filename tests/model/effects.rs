@@ -12,8 +12,11 @@
 //! commits only while e is the current tenure, and a takeover waits for the guarded writes past their check (or
 //! ends them after the grace: they roll back). So a ledger write that is one statement is one step, judged
 //! against the current epoch; `settle_effect`'s pre-checks (its guard and the read of the key's last attempt)
-//! and its UPDATE are two steps, because two settles of one tenure may interleave between them (the row
-//! condition `settlement IS NULL` is what decides), and a takeover between them rolls the settle back. A tenure
+//! and its UPDATE are two steps, because two calls of one tenure may interleave between them — a second settle,
+//! or the tenure's own final outcome reported by another of its workers (`SelfReport`) — and a takeover between
+//! them rolls the settle back. The UPDATE re-checks on the row every condition the pre-checks decided on (in the
+//! SQL the task's row lock is taken before the read that decides, so the second of two calls of one tenure
+//! decides on what the first committed: the model's re-check at the commit is that read). A tenure
 //! ends only by its successor's acquisition (`Supersede`), at any step; the ended tenure's process goes on (it
 //! does not know), its writes refused, until its first refusal stops its callback (`Error::Stale`). The last
 //! tenure is never superseded: it is the one that must finish the work.
@@ -45,6 +48,10 @@ pub enum Weakening {
     /// A refused `record_outcome` writes the late outcome on the attempt (when it has none) instead of keeping
     /// it in `effect_reports` only.
     LateReportWrites,
+    /// `settle_effect` decides on the attempt as it read it before the task's row lock, its UPDATE re-checking
+    /// the settlement only (the SQL before issue #43): a settle racing its own tenure's final outcome settles
+    /// an attempt that is done.
+    SettleRechecksOnlySettlement,
 }
 
 /// The bounds of one exploration, and the weakenings applied.
@@ -63,6 +70,10 @@ pub struct Config {
     pub abandon: bool,
     /// Second settles (another worker of the same tenure settling the same effect 'confirmed' concurrently).
     pub double_settles: u8,
+    /// Self-reports: another worker of the tenure records 'done' for the attempt the tenure reported 'unknown'
+    /// and is settling (the reply of the timed-out call reached it after all), between the settle's pre-checks
+    /// and its UPDATE.
+    pub self_reports: u8,
     pub weakenings: Vec<Weakening>,
 }
 
@@ -76,6 +87,7 @@ impl Config {
             engine_fails: true,
             abandon: true,
             double_settles: 0,
+            self_reports: 0,
             weakenings: Vec::new(),
         }
     }
@@ -107,6 +119,17 @@ impl Config {
             engine_fails: false,
             abandon: false,
             double_settles: 1,
+            ..Config::one_task()
+        }
+    }
+
+    /// One task, one handover, and a tenure racing itself: its settle of its own 'unknown' attempt and another
+    /// worker's 'done' for it.
+    pub fn self_race() -> Config {
+        Config {
+            handovers: 1,
+            abandon: false,
+            self_reports: 1,
             ..Config::one_task()
         }
     }
@@ -231,6 +254,7 @@ pub struct State {
     pub delivered: Vec<(Key, u8)>,
     pub faults_left: u8,
     pub seconds_left: u8,
+    pub self_reports_left: u8,
     /// Ghost: a ledger write committed from a tenure that had ended.
     pub stale_commit: bool,
     /// Ghost: a refused `record_outcome` changed an attempt (beyond its late report).
@@ -282,6 +306,10 @@ pub enum Action {
     SecondStart(Epoch, Task),
     SecondCheck(Epoch),
     SecondCommit(Epoch),
+    /// Another worker of tenure e (a reply handler) records 'done' for task t's attempt that the tenure reported
+    /// 'unknown' and is settling, between the settle's pre-checks and its UPDATE: `pgfence.record_outcome`
+    /// 'done', one step (the engine has applied the key: that is the reply it got).
+    SelfReport(Epoch, Task),
     /// The engine receives request i (dedupes by key).
     Deliver(usize, Delivery),
     /// Request i is lost on the way (never delivered).
@@ -552,6 +580,10 @@ impl Effects {
         if a.settlement.is_some() && !self.cfg.weak(Weakening::SettleWithoutNullCheck) {
             return Err(()); // 0 rows: 'conflict' 'settled'
         }
+        let in_doubt = matches!(a.outcome, None | Some(Outcome::Unknown));
+        if !in_doubt && !self.cfg.weak(Weakening::SettleRechecksOnlySettlement) {
+            return Err(()); // a final outcome since the pre-checks: 'conflict' 'not_in_doubt'
+        }
         let mint = self.cfg.weak(Weakening::RetryMintsNewKey);
         let (key, n) = if mint {
             (
@@ -746,6 +778,21 @@ impl Effects {
                 let _ = self.settle_commit(&mut s, e, st);
                 s.proc_mut(e).second = None;
             }
+            Action::SelfReport(e, t) => {
+                let Prog::Settle(Settle {
+                    checked: Some(id), ..
+                }) = s.prog(e, t)
+                else {
+                    return None;
+                };
+                s.self_reports_left -= 1;
+                // record_outcome 'done' by the current tenure on its own attempt: written while unsettled and
+                // not final ('unknown' may become 'done'); else a conflict, nothing written.
+                let a = &mut s.attempts[id as usize];
+                if a.epoch == e && a.settlement.is_none() && a.outcome == Some(Outcome::Unknown) {
+                    a.outcome = Some(Outcome::Done);
+                }
+            }
             Action::Deliver(i, d) => self.deliver(&mut s, i, d),
             Action::Drop(i) => {
                 s.msgs.remove(i);
@@ -777,6 +824,17 @@ impl Effects {
                 }
             }
             Prog::Settle(st) => {
+                if let Some(id) = st.checked {
+                    let a = &s.attempts[id as usize];
+                    if s.self_reports_left > 0
+                        && e == s.current
+                        && a.epoch == e
+                        && a.outcome == Some(Outcome::Unknown)
+                        && s.is_applied(a.key)
+                    {
+                        out.push(Action::SelfReport(e, t));
+                    }
+                }
                 out.push(match st.checked {
                     None => Action::SettleCheck(e, t),
                     Some(_) => Action::SettleCommit(e, t),
@@ -808,6 +866,7 @@ impl Model for Effects {
             delivered: Vec::new(),
             faults_left: self.cfg.faults,
             seconds_left: self.cfg.double_settles,
+            self_reports_left: self.cfg.self_reports,
             stale_commit: false,
             late_changed: false,
             late_after_settle: false,
@@ -885,6 +944,8 @@ pub const LATE_INERT: &str =
     "a late report changes no attempt (outcome, settlement) and is kept only for its own tenure's attempt";
 pub const NO_LOST_INTENT: &str =
     "in a final state every intent has a final outcome (done, failed) or a settlement";
+pub const SETTLED_IN_DOUBT: &str =
+    "an attempt is settled only in doubt: no attempt with a final outcome (done, failed) is settled";
 pub const EXACTLY_ONCE: &str = "in a final state every task's effect was applied by the engine exactly once, under its one key, and its last attempt is done or confirmed — or abandoned while the engine had not applied it";
 
 pub const S_LATE_AFTER_SETTLE: &str =
@@ -900,6 +961,8 @@ pub const S_CONFIRMED: &str =
     "example: a successor confirms an effect whose tenure ended without its outcome (the engine had applied it)";
 pub const S_OWN_UNKNOWN: &str =
     "example: a tenure settles the attempt it recorded 'unknown' itself";
+pub const S_SELF_REPORT: &str =
+    "example: a tenure's own 'done' for its 'unknown' attempt commits between its settle's pre-checks and UPDATE";
 pub const S_ABANDONED_APPLIED: &str =
     "example: an effect abandoned when the engine had not applied it is applied afterwards by a request in flight";
 
@@ -909,6 +972,11 @@ pub fn properties() -> Vec<Property<Effects>> {
             s.attempts.iter().all(|a| a.settles <= 1)
         }),
         Property::always(FENCED, |_: &Effects, s: &State| !s.stale_commit),
+        Property::always(SETTLED_IN_DOUBT, |_: &Effects, s: &State| {
+            s.attempts.iter().all(|a| {
+                a.settlement.is_none() || matches!(a.outcome, None | Some(Outcome::Unknown))
+            })
+        }),
         Property::always(ONE_KEY, |m: &Effects, s: &State| {
             (0..m.cfg.tasks).all(|t| s.applied_for(t) <= 1)
         }),
@@ -960,6 +1028,12 @@ pub fn properties() -> Vec<Property<Effects>> {
                     && matches!(a.settlement, Some((_, by)) if by == a.epoch)
             })
         }),
+        Property::sometimes(S_SELF_REPORT, |_: &Effects, s: &State| {
+            s.self_reports_left == 0
+                && s.attempts
+                    .iter()
+                    .any(|a| a.outcome == Some(Outcome::Done) && a.epoch == s.current)
+        }),
         Property::sometimes(S_ABANDONED_APPLIED, |_: &Effects, s: &State| {
             s.abandoned_applied
         }),
@@ -994,9 +1068,10 @@ pub fn describe(action: &Action) -> String {
         Action::Report(e, t) => format!("tenure {e}: pgfence.record_outcome task {t} (guarded; if refused: _keep_late_report)"),
         Action::Ask(e, t, r) => format!("tenure {e}: asks the engine by task {t}'s key: decides '{}'", res(r)),
         Action::SettleCheck(e, t) => format!("tenure {e}: pgfence.settle_effect task {t}: guard, _last_attempt, in doubt?"),
-        Action::SettleCommit(e, t) => format!("tenure {e}: settle_effect task {t}: UPDATE … WHERE settlement IS NULL (+ retry INSERT); COMMIT"),
+        Action::SettleCommit(e, t) => format!("tenure {e}: settle_effect task {t}: UPDATE … WHERE settlement IS NULL AND still in doubt (+ retry INSERT); COMMIT"),
         Action::SecondStart(e, t) => format!("tenure {e}: a second worker settles task {t} 'confirmed' too"),
         Action::SecondCheck(e) => format!("tenure {e}: the second worker's settle_effect: guard, _last_attempt, in doubt?"),
+        Action::SelfReport(e, t) => format!("tenure {e}: another worker's pgfence.record_outcome 'done' for task {t}'s attempt (the timed-out call's reply came after all)"),
         Action::SecondCommit(e) => format!("tenure {e}: the second worker's UPDATE … WHERE settlement IS NULL; COMMIT"),
         Action::Deliver(i, Delivery::Applied { reply_lost }) => format!(
             "engine: receives request #{i}, applies its key (or dedupes){}",

@@ -84,7 +84,7 @@ class Mutation:
 # The suites that are modules of the shared test binary tests/suite.rs (see Cargo.toml's [[test]] targets).
 SUITE_MODULES = {"guard", "lease", "store", "privileges", "trust", "sqlstate", "hostile", "multihost", "embedded",
                  "tls", "takeover", "standby", "migrations", "overlap", "hardening", "layout", "regress",
-                 "membership", "spread", "native"}
+                 "membership", "spread", "native", "effects", "ledger_races"}
 
 
 # The native guard's differential test: every combination of the verdict's inputs through both guards.
@@ -776,6 +776,59 @@ MUTATIONS: list[Mutation] = [
               """     WHERE e.lease = p_lease AND e.settlement IS NULL
        AND e.id < (SELECT max(x.id) FROM pgfence.effects x WHERE x.lease = e.lease AND x.epoch = e.epoch)""")],
         [RESCUE_STORY],
+    ),
+    # A tenure racing itself (issue #43): each ledger write, claim and transition decides on what it reads after
+    # the task's row lock. Caught by tests/ledger_races.rs, whose interleavings are forced (the first call's
+    # transaction held open until the second is seen waiting in pg_locks): deterministic.
+    Mutation(
+        "outcome-decides-before-the-task-lock",
+        "record_outcome reads the attempt without the task's row lock: a repeat racing the first call reads it "
+        "open and answers conflict/outcome_recorded ('done'), or writes a second 'unknown'",
+        [Edit("sql:record_outcome",
+              """        PERFORM pgfence._lock_task(p_lease, task_key, 'record_outcome'::text);""",
+              """        NULL;""")],
+        [cargo_test("ledger_races", "the_three_self_races_of_the_ledger_answer_as_in_sequence")],
+    ),
+    Mutation(
+        "settle-decides-on-the-read-before-the-lock",
+        "settle_effect takes the task's row lock but decides on the attempt it read before it: a second settle "
+        "after a 'retried' answers 'settled' instead of finding the retry in flight",
+        [Edit("sql:settle_effect",
+              """    PERFORM pgfence._lock_task(p_lease, task_key, 'settle_effect'::text);
+    SELECT * INTO e FROM pgfence._last_attempt(p_lease, p_effect_key);
+""",
+              """    PERFORM pgfence._lock_task(p_lease, task_key, 'settle_effect'::text);
+""")],
+        [cargo_test("ledger_races", "every_pair_of_ledger_writes_on_one_attempt_answers_as_in_sequence")],
+    ),
+    Mutation(
+        "settle-rechecks-only-the-settlement",
+        "settle_effect without the task's row lock, its UPDATE re-checking the settlement but not the outcome: a "
+        "settle racing its own tenure's 'done' settles a done attempt and opens a retry of it",
+        [Edit("sql:settle_effect",
+              """    PERFORM pgfence._lock_task(p_lease, task_key, 'settle_effect'::text);
+    SELECT * INTO e FROM pgfence._last_attempt(p_lease, p_effect_key);
+""", ""),
+         Edit("sql:settle_effect",
+              """     WHERE id = attempt_id AND settlement IS NULL AND (outcome IS NULL OR outcome = 'unknown')""",
+              """     WHERE id = attempt_id AND settlement IS NULL""")],
+        [cargo_test("ledger_races", "the_three_self_races_of_the_ledger_answer_as_in_sequence")],
+    ),
+    Mutation(
+        "intent-decides-before-the-task-lock",
+        "record_intent reads the key's last attempt without the task's row lock: an intent racing its tenure's "
+        "'failed' is answered as a retry of the failed attempt instead of opening the next one",
+        [Edit("sql:record_intent",
+              """    PERFORM pgfence._lock_task(p_lease, p_task_key, 'record_intent'::text);\n""", "")],
+        [cargo_test("ledger_races", "every_pair_of_ledger_writes_on_one_attempt_answers_as_in_sequence")],
+    ),
+    Mutation(
+        "tasks-move-before-the-task-lock",
+        "claim_task and transition_task read the task's effects in doubt without the task's row lock: a claim "
+        "racing its tenure's 'unknown' outcome moves the task",
+        [Edit("sql:claim_task", """    PERFORM pgfence._lock_task(p_lease, p_key, 'claim_task'::text);\n""", ""),
+         Edit("sql:transition_task", """    PERFORM pgfence._lock_task(p_lease, p_key, 'transition_task'::text);\n""", "")],
+        [cargo_test("ledger_races", "a_task_write_racing_itself_answers_as_in_sequence")],
     ),
     Mutation(
         "retry-mints-a-new-key",

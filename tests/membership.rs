@@ -85,11 +85,11 @@ async fn a_member_joins_settles_the_group_is_assigned_once_and_a_leave_is_due_at
         .into_iter()
         .map(|(n, m)| (n.to_owned(), m.to_owned()))
         .collect();
-    let counted = ["a".to_owned(), "b".to_owned()];
+    let both = ["a".to_owned(), "b".to_owned()];
     assert_eq!(
         store
             .groups()
-            .store_assignment(&a, version, generation, &moves, &[], &counted)
+            .store_assignment(&a, version, generation, &moves, &[], &both)
             .await
             .unwrap(),
         Rebalance::Assigned { generation: 1 }
@@ -130,6 +130,32 @@ async fn a_member_joins_settles_the_group_is_assigned_once_and_a_leave_is_due_at
         news.rebalance_in,
         Some(Duration::ZERO),
         "a counted member's leave is due at once"
+    );
+    assert_eq!(
+        counted(&store, "g").await,
+        [("a".to_owned(), true)],
+        "a member that left is not counted"
+    );
+    // A computation from the generation before the stored one is refused, whoever claims.
+    let (version, _) = claim(&store, &a).await;
+    let to_a: BTreeMap<String, String> = [("x".to_owned(), "a".to_owned())].into();
+    let only_a = ["a".to_owned()];
+    assert_eq!(
+        store
+            .groups()
+            .store_assignment(&a, version, 0, &to_a, &[], &only_a)
+            .await
+            .unwrap(),
+        Rebalance::Stale,
+        "computed from generation 0, stored is 1"
+    );
+    assert_eq!(
+        store
+            .groups()
+            .store_assignment(&a, version, 1, &to_a, &[], &only_a)
+            .await
+            .unwrap(),
+        Rebalance::Assigned { generation: 2 }
     );
     let rows = store.groups().members(Some("c/g")).await.unwrap();
     assert_eq!(rows.len(), 2, "a member that left stays visible to operators");

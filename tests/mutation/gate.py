@@ -629,7 +629,7 @@ MUTATIONS: list[Mutation] = [
         "member-name-counted-twice",
         "a join under the name of a live member replaces it (two processes using one member name both count, "
         "each in turn, and the first is displaced while live)",
-        [Edit("sql:join_group", """    IF FOUND AND m.left_at IS NULL AND m.expires_at > clock_timestamp() THEN""", """    IF false THEN"""),
+        [Edit("sql:join_group", """    IF FOUND AND prior.left_at IS NULL AND prior.expires_at > clock_timestamp() THEN""", """    IF false THEN"""),
          Edit("sql:join_group", """         WHERE x.left_at IS NOT NULL OR x.expires_at <= ts
 """, "")],
         [cargo_test("membership", "the_same_member_name_from_two_processes_never_counts_twice")],
@@ -650,10 +650,27 @@ MUTATIONS: list[Mutation] = [
         [cargo_test("membership", "a_member_that_expired_settles_one_ttl_after_it_joins_again")],
     ),
     Mutation(
-        "roster-counts-gone-members",
-        "the roster counts members that left or expired (their names are never reassigned)",
-        [Edit("sql:roster", """     WHERE g."group" = p_group AND g.live""", """     WHERE g."group" = p_group""")],
-        [cargo_test("membership", "a_member_joins_heartbeats_and_leaves_and_the_roster_shows_what_it_leads")],
+        "assignment-counts-gone-members",
+        "the next assignment counts members that left or expired (their names are never reassigned)",
+        [Edit("sql:rebalance_inputs", """     WHERE m.grp = p_group AND m.left_at IS NULL AND m.expires_at > clock_timestamp()""",
+              """     WHERE m.grp = p_group""")],
+        [cargo_test("membership", "a_member_joins_settles_the_group_is_assigned_once_and_a_leave_is_due_at_once")],
+    ),
+    Mutation(
+        "assignment-without-generation-check",
+        "a member stores an assignment computed from an older one (two claimants, one whose claim lapsed, "
+        "overwrite each other's moves)",
+        [Edit("sql:assign_group", """    IF g.generation <> p_generation OR p_version > g.version THEN""",
+              """    IF p_version > g.version THEN""")],
+        [cargo_test("membership", "a_member_joins_settles_the_group_is_assigned_once_and_a_leave_is_due_at_once")],
+    ),
+    Mutation(
+        "lost-membership-hands-names-to-nobody",
+        "a replica whose membership was lost hands over every name it leads at once, before it joined again and "
+        "read whether they are still its own (a lone replica after an outage hands its controller to nobody)",
+        [Edit("src/leader/supervisor/spread.rs", """        self.known && !self.assigned.contains(name)""",
+              """        !self.known || !self.assigned.contains(name)""")],
+        [cargo_test("outage", "a_lone_replica_leads_again_after_an_outage_longer_than_the_ttl_without_handing_over")],
     ),
     Mutation(
         "assignment-not-sticky",

@@ -449,12 +449,12 @@ pub(crate) async fn run(global: &Global, args: ReplicaArgs) -> CliResult {
     let store = Store::connect(
         global
             .config(url, &global.cluster)
-            // Acquisitions, the group's reads, belief reports and `--write-every` writes share at most 4
-            // connections (they queue for one; renewals have a connection of their own, and so has the
-            // listener): a fleet converging at once must not open ten per replica. Idle connections close after
-            // 10 s: at steady state a replica keeps its renewal connection and its listener, so a fleet of 100
-            // replicas holds about 200 backends.
-            .pool_size((names.len() as u32 + 1).clamp(2, 4))
+            // Acquisitions, the group's reads, belief reports and `--write-every` writes share 2 connections
+            // (they queue for one; renewals have a connection of their own, and so has the listener): a fleet
+            // converging at once opens at most 4 per replica, not 12. Idle connections close after 10 s: at
+            // steady state a replica keeps its renewal connection and its listener, so a fleet of 100 replicas
+            // holds about 200 backends.
+            .pool_size(2)
             .idle_timeout(Duration::from_secs(10))
             .application_name(application_name(&args.member)),
     )
@@ -512,7 +512,8 @@ pub(crate) async fn run(global: &Global, args: ReplicaArgs) -> CliResult {
         async move {
             let mut member = false;
             loop {
-                let now = status.group().is_some_and(|g| g.is_member);
+                // Only the flag: the whole status of a replica of a large group lists thousands of names.
+                let now = status.is_member().unwrap_or(false);
                 if now != member {
                     member = now;
                     let event = if now { "joined" } else { "left_group" };

@@ -77,6 +77,8 @@ pub(crate) struct FleetReport {
     renewal_calls: i64,
     /// Server time of every statement per second of the window.
     server_ms_per_s: f64,
+    /// The statements of the window with the most calls: (calls per second, mean server ms, the statement).
+    top_statements: Vec<(f64, f64, String)>,
     /// Client backends of the replicas at steady state: total, and the most of one replica.
     connections: i64,
     connections_max_per_replica: i64,
@@ -349,6 +351,7 @@ async fn server(
         return Ok((None, url, cluster));
     }
     let mut options = EmbeddedOptions::default();
+    // A replica opens at most 4 (its listener, its renewal connection, a pool of 2) while it converges.
     let connections = (args.replicas as u64 * 4 + 60).max(200);
     options.extra_settings = vec![
         ("max_connections".into(), connections.to_string()),
@@ -438,6 +441,16 @@ async fn steady(
         report.server_ms_per_s = total / seconds;
         report.renewal_calls = renewals;
         report.renewal_ms = renewal_time.filter(|_| renewals > 0).map(|t| t / renewals as f64);
+        let top = fleet
+            .query(
+                "SELECT calls::float8, mean_exec_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 100) \
+                   FROM pg_stat_statements ORDER BY calls DESC LIMIT 6",
+            )
+            .await?;
+        report.top_statements = top
+            .iter()
+            .map(|r| (r.get::<_, f64>(0) / seconds, r.get(1), r.get(2)))
+            .collect();
     }
     let members: Vec<String> = fleet.replicas.iter().map(|r| r.member.clone()).collect();
     let rows = fleet
@@ -595,6 +608,9 @@ fn print_report(r: &FleetReport) {
         r.renewal_calls
     );
     println!("  server time per second            {:.1} ms", r.server_ms_per_s);
+    for (per_s, mean, statement) in &r.top_statements {
+        println!("      {per_s:>8.1}/s {mean:>7.2} ms  {statement}");
+    }
     println!(
         "  client connections                {} (at most {} per replica)",
         r.connections, r.connections_max_per_replica

@@ -82,6 +82,13 @@ impl<E: Elector> SupervisorStatus<E> {
         })
     }
 
+    /// Whether this replica is a live member of its group now (`None` for a supervisor that does not spread):
+    /// [`group`](Self::group)'s `is_member` without building the rest of the status, cheap enough to poll (the
+    /// status of a replica of a large group lists thousands of names).
+    pub fn is_member(&self) -> Option<bool> {
+        lock(&self.status).group.as_ref().map(|g| g.is_member)
+    }
+
     /// Store health, leadership per controller, and the group. It only reads: dropping the future is safe.
     pub async fn readiness(&self) -> Readiness {
         Readiness {

@@ -624,7 +624,10 @@ async fn a_lone_replica_leads_again_after_an_outage_longer_than_the_ttl_without_
         .await
         .expect("the lone replica did not lead again after the outage")
         .unwrap();
-    eprintln!("led epoch {first}, then epoch {again} {} ms after the server returned", ms(back.elapsed()));
+    eprintln!(
+        "led epoch {first}, then epoch {again} {} ms after the server returned",
+        ms(back.elapsed())
+    );
     assert!(again > first, "a new tenure after the expiry");
     // Two ttls more: it keeps what it took.
     assert!(
@@ -642,7 +645,11 @@ async fn a_lone_replica_leads_again_after_an_outage_longer_than_the_ttl_without_
     let after: Vec<_> = tenures.iter().filter(|t| t.epoch.get() > first).collect();
     assert_eq!(after.len(), 1, "one tenure after the outage: {after:?}");
     assert!(after[0].ended_at.is_none(), "still held: {after:?}");
-    assert_eq!(status.group().unwrap().handovers, 0, "handed over to nobody");
+    assert_eq!(
+        status.group().unwrap().handovers,
+        0,
+        "handed over to nobody"
+    );
     shutdown.cancel();
     run.await.unwrap().unwrap();
 }

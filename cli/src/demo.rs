@@ -141,7 +141,14 @@ pub(super) async fn run(
     };
     if scenario == Scenario::Fleet {
         // A server of its own size (connections, pg_stat_statements) when none is given.
-        return fleet::run(global, &story, global.database_url.clone(), fleet_args, json).await;
+        return fleet::run(
+            global,
+            &story,
+            global.database_url.clone(),
+            fleet_args,
+            json,
+        )
+        .await;
     }
     let (server, url, cluster) = database(global, &story).await?;
     if scenario == Scenario::Spread {

@@ -35,9 +35,17 @@ async fn twenty_replicas_balance_two_thousand_names_and_recover_from_a_kill() {
     };
     // Balanced within 2 ttl of the last start is the goal; 6 ttl is what a loaded 2-core machine must still meet.
     assert!(int("converged_ms") <= 60_000, "{report}");
-    assert_eq!(int("moved_while_stable"), 0, "nothing moves while nothing changes: {report}");
+    assert_eq!(
+        int("moved_while_stable"),
+        0,
+        "nothing moves while nothing changes: {report}"
+    );
     assert!(int("killed_names") >= 95, "{report}");
-    assert_eq!(int("moved_by_kill"), 0, "a kill moves only the killed replica's names: {report}");
+    assert_eq!(
+        int("moved_by_kill"),
+        0,
+        "a kill moves only the killed replica's names: {report}"
+    );
     // Re-led within ttl + poll + 1 s is the goal (16 s here); the bound leaves room for a loaded machine.
     assert!(int("killed_releds_ms") <= 40_000, "{report}");
     assert!(int("stopped_names") >= 95, "{report}");

@@ -492,7 +492,9 @@ impl Wakeups {
                 }
                 Ok(Ok(Wake::Free(_) | Wake::Group { .. })) => continue,
                 Ok(Ok(Wake::Resumed | Wake::Members))
-                | Ok(Err(broadcast::error::RecvError::Lagged(_))) => return Some(GroupEvent::Missed),
+                | Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
+                    return Some(GroupEvent::Missed)
+                }
                 Ok(Err(broadcast::error::RecvError::Closed)) => {
                     tokio::time::sleep_until(deadline).await;
                     return None;

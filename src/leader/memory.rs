@@ -32,9 +32,12 @@ struct MemoryInner {
     wake: OnceLock<broadcast::Sender<Wake>>,
     /// Qualified group → member name → its membership.
     groups: Mutex<HashMap<String, BTreeMap<String, MemoryMember>>>,
-    /// Qualified group → its stored assignment: generation, name → member.
-    assignments: Mutex<HashMap<String, (i64, BTreeMap<String, String>)>>,
+    /// Qualified group → its stored assignment.
+    assignments: Mutex<HashMap<String, Stored>>,
 }
+
+/// A group's stored assignment: its generation, and name → member.
+type Stored = (i64, BTreeMap<String, String>);
 
 #[derive(Debug)]
 struct MemoryMember {

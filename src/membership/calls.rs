@@ -344,8 +344,7 @@ impl Groups<'_> {
     {
         use diesel_async::RunQueryDsl;
         let mut conn = self.store.checked().await?;
-        let rows: std::result::Result<Vec<R>, diesel::result::Error> =
-            query.load(&mut *conn).await;
+        let rows: std::result::Result<Vec<R>, diesel::result::Error> = query.load(&mut *conn).await;
         conn.settle(&rows);
         Ok(rows?)
     }

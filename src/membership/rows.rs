@@ -62,6 +62,8 @@ pub(crate) mod sql {
         fn claim_rebalance(grp: Text, member: Text, incarnation: BigInt, secret: Text) -> RebalanceResult;
     }
     diesel::define_sql_function! {
+        // The function's own arguments, one bind each.
+        #[allow(clippy::too_many_arguments)]
         #[sql_name = "pgfence.assign_group"]
         fn assign_group(grp: Text, member: Text, incarnation: BigInt, secret: Text, version: BigInt,
                         generation: BigInt, names: Array<Text>, owners: Array<Text>, removed: Array<Text>,
@@ -235,37 +237,42 @@ pub enum Rebalance {
 }
 
 impl RebalanceResultRow {
-    pub(crate) fn decode(self, function: &str) -> Result<std::result::Result<Rebalance, LossReason>> {
+    pub(crate) fn decode(
+        self,
+        function: &str,
+    ) -> Result<std::result::Result<Rebalance, LossReason>> {
         let missing = |what: &str| unexpected(function, &format!("{what} missing"));
-        Ok(Ok(match (self.outcome.as_deref(), self.reason.as_deref()) {
-            (Some("claim"), None) => Rebalance::Claim {
-                version: self.version.ok_or_else(|| missing("version"))?,
-                generation: self.generation.ok_or_else(|| missing("generation"))?,
-                within: millis(self.in_ms.ok_or_else(|| missing("in_ms"))?),
+        Ok(Ok(
+            match (self.outcome.as_deref(), self.reason.as_deref()) {
+                (Some("claim"), None) => Rebalance::Claim {
+                    version: self.version.ok_or_else(|| missing("version"))?,
+                    generation: self.generation.ok_or_else(|| missing("generation"))?,
+                    within: millis(self.in_ms.ok_or_else(|| missing("in_ms"))?),
+                },
+                (Some("not_due"), None) => Rebalance::NotDue {
+                    wait: self.in_ms.map(millis),
+                },
+                (Some("claimed"), None) => Rebalance::Claimed {
+                    wait: millis(self.in_ms.ok_or_else(|| missing("in_ms"))?),
+                },
+                (Some("assigned"), None) => Rebalance::Assigned {
+                    generation: self.generation.ok_or_else(|| missing("generation"))?,
+                },
+                (Some("stale"), Some("generation" | "member_gone")) => Rebalance::Stale,
+                (Some("refused"), Some("not_claimed")) => Rebalance::NotClaimed,
+                (Some("refused"), Some(reason)) => {
+                    return Ok(Err(LossReason::from_member_sql(reason).ok_or_else(
+                        || unexpected(function, &format!("reason {reason:?}")),
+                    )?))
+                }
+                (outcome, reason) => {
+                    return Err(unexpected(
+                        function,
+                        &format!("outcome {outcome:?} with reason {reason:?}"),
+                    ))
+                }
             },
-            (Some("not_due"), None) => Rebalance::NotDue {
-                wait: self.in_ms.map(millis),
-            },
-            (Some("claimed"), None) => Rebalance::Claimed {
-                wait: millis(self.in_ms.ok_or_else(|| missing("in_ms"))?),
-            },
-            (Some("assigned"), None) => Rebalance::Assigned {
-                generation: self.generation.ok_or_else(|| missing("generation"))?,
-            },
-            (Some("stale"), Some("generation" | "member_gone")) => Rebalance::Stale,
-            (Some("refused"), Some("not_claimed")) => Rebalance::NotClaimed,
-            (Some("refused"), Some(reason)) => {
-                return Ok(Err(LossReason::from_member_sql(reason).ok_or_else(|| {
-                    unexpected(function, &format!("reason {reason:?}"))
-                })?))
-            }
-            (outcome, reason) => {
-                return Err(unexpected(
-                    function,
-                    &format!("outcome {outcome:?} with reason {reason:?}"),
-                ))
-            }
-        }))
+        ))
     }
 }
 

@@ -27,6 +27,9 @@ use serde::Serialize;
 use super::{admin_store, child_flags, Narrator};
 use crate::{CliResult, Failure, Global};
 
+mod report;
+use report::{plot, print_report};
+
 /// The group of the fleet, and its sharded controller's name.
 const GROUP: &str = "fleet";
 const SHARDED: &str = "shard";
@@ -129,7 +132,12 @@ impl Fleet {
         let child = tokio::process::Command::new(&self.exe)
             .args(&self.flags)
             .args(["replica", "--group", GROUP, "--member", member])
-            .args(["--sharded", SHARDED, "--shards", &self.args.names.to_string()])
+            .args([
+                "--sharded",
+                SHARDED,
+                "--shards",
+                &self.args.names.to_string(),
+            ])
             .args(["--ttl", &ms(self.args.ttl), "--grace", "1s"])
             // The URL travels in the environment, never on a command line that `ps` shows.
             .env("DATABASE_URL", &self.url)
@@ -249,7 +257,10 @@ impl Fleet {
             .await
             .map_err(|e| Failure::new(1, format!("fleet: kill: {e}")))?;
         if !status.success() {
-            return Err(Failure::new(1, format!("fleet: kill {signal} {pid} failed")));
+            return Err(Failure::new(
+                1,
+                format!("fleet: kill {signal} {pid} failed"),
+            ));
         }
         Ok(())
     }
@@ -355,7 +366,10 @@ async fn server(
     let connections = (args.replicas as u64 * 4 + 60).max(200);
     options.extra_settings = vec![
         ("max_connections".into(), connections.to_string()),
-        ("shared_preload_libraries".into(), "pg_stat_statements".into()),
+        (
+            "shared_preload_libraries".into(),
+            "pg_stat_statements".into(),
+        ),
         ("synchronous_commit".into(), "off".into()),
     ];
     let _ = global;
@@ -435,12 +449,18 @@ async fn steady(
                    FROM pg_stat_statements",
             )
             .await?;
-        let (calls, total, renewals, renewal_time): (f64, f64, i64, Option<f64>) =
-            (rows[0].get(0), rows[0].get(1), rows[0].get(2), rows[0].get(3));
+        let (calls, total, renewals, renewal_time): (f64, f64, i64, Option<f64>) = (
+            rows[0].get(0),
+            rows[0].get(1),
+            rows[0].get(2),
+            rows[0].get(3),
+        );
         report.statements_per_s = calls / seconds;
         report.server_ms_per_s = total / seconds;
         report.renewal_calls = renewals;
-        report.renewal_ms = renewal_time.filter(|_| renewals > 0).map(|t| t / renewals as f64);
+        report.renewal_ms = renewal_time
+            .filter(|_| renewals > 0)
+            .map(|t| t / renewals as f64);
         let top = fleet
             .query(
                 "SELECT calls::float8, mean_exec_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 100) \
@@ -483,7 +503,11 @@ async fn steady(
 }
 
 /// One replica SIGKILLed: its names must be led again by the others, and nothing else may move.
-async fn kill(fleet: &mut Fleet, report: &mut FleetReport, story: &Narrator) -> Result<(), Failure> {
+async fn kill(
+    fleet: &mut Fleet,
+    report: &mut FleetReport,
+    story: &Narrator,
+) -> Result<(), Failure> {
     let leads = fleet.leads().await?;
     let victim = fleet.replicas[0].member.clone();
     let names = leads.get(&victim).cloned().unwrap_or_default();
@@ -514,7 +538,11 @@ async fn kill(fleet: &mut Fleet, report: &mut FleetReport, story: &Narrator) -> 
 }
 
 /// One replica SIGTERMed: its names are handed over; the gap of each handover, by the database clock.
-async fn stop(fleet: &mut Fleet, report: &mut FleetReport, story: &Narrator) -> Result<(), Failure> {
+async fn stop(
+    fleet: &mut Fleet,
+    report: &mut FleetReport,
+    story: &Narrator,
+) -> Result<(), Failure> {
     let leads = fleet.leads().await?;
     let member = fleet.replicas[0].member.clone();
     let names = leads.get(&member).cloned().unwrap_or_default();
@@ -559,7 +587,11 @@ async fn stop(fleet: &mut Fleet, report: &mut FleetReport, story: &Narrator) -> 
 }
 
 /// A replica joins: it takes its quota, and only that moves.
-async fn join(fleet: &mut Fleet, report: &mut FleetReport, story: &Narrator) -> Result<(), Failure> {
+async fn join(
+    fleet: &mut Fleet,
+    report: &mut FleetReport,
+    story: &Narrator,
+) -> Result<(), Failure> {
     let since = fleet.db_now().await?;
     let joined = Instant::now();
     fleet.spawn("r-joined")?;
@@ -582,91 +614,5 @@ async fn join(fleet: &mut Fleet, report: &mut FleetReport, story: &Narrator) -> 
             report.join_led, report.join_ms, report.moved_by_join
         ),
     );
-    Ok(())
-}
-
-fn print_report(r: &FleetReport) {
-    let ms = |v: Option<u128>| v.map_or("never".to_owned(), |v| format!("{:.1} s", v as f64 / 1000.0));
-    let f = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
-    println!(
-        "fleet: {} replicas x {} names, ttl {:.0} s (rolling start, one every {} ms)",
-        r.replicas,
-        r.names,
-        r.ttl_ms as f64 / 1000.0,
-        START_EVERY.as_millis()
-    );
-    println!("  balanced after the last start     {}", ms(r.converged_ms));
-    println!(
-        "  tenures begun while stable        {} (in {:.0} s)",
-        r.moved_while_stable,
-        r.stable_ms as f64 / 1000.0
-    );
-    println!("  statements per second             {:.1}", r.statements_per_s);
-    println!(
-        "  renewal statement (per tick)      {} ms mean server time ({} calls)",
-        f(r.renewal_ms),
-        r.renewal_calls
-    );
-    println!("  server time per second            {:.1} ms", r.server_ms_per_s);
-    for (per_s, mean, statement) in &r.top_statements {
-        println!("      {per_s:>8.1}/s {mean:>7.2} ms  {statement}");
-    }
-    println!(
-        "  client connections                {} (at most {} per replica)",
-        r.connections, r.connections_max_per_replica
-    );
-    println!(
-        "  memory per replica                {:.1} MiB median, {:.1} MiB max",
-        r.rss_median_mib, r.rss_max_mib
-    );
-    println!(
-        "  SIGKILL of one ({} names)         led again after {}; {} other names moved",
-        r.killed_names,
-        ms(r.killed_releds_ms),
-        r.moved_by_kill
-    );
-    println!(
-        "  SIGTERM of one ({} names)         handover gap p50 {} ms, p99 {} ms, max {} ms",
-        r.stopped_names,
-        f(r.handover_p50_ms),
-        f(r.handover_p99_ms),
-        f(r.handover_max_ms)
-    );
-    println!(
-        "  a replica joins                   leads {} after {}; {} tenures began",
-        r.join_led,
-        ms(r.join_ms),
-        r.moved_by_join
-    );
-}
-
-/// The names led over the run, as an SVG line.
-fn plot(path: &std::path::Path, samples: &[(f64, u64)]) -> Result<(), Failure> {
-    use plotters::prelude::*;
-    let fail = |e: &dyn std::fmt::Display| Failure::new(1, format!("fleet plot: {e}"));
-    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| fail(&e))?;
-    let x_max = samples.last().map_or(1.0, |s| s.0).max(1.0);
-    let y_max = samples.iter().map(|s| s.1).max().unwrap_or(1).max(1) as f64 * 1.1;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("names led over time", ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
-        .map_err(|e| fail(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds since the first replica started")
-        .y_desc("names led")
-        .draw()
-        .map_err(|e| fail(&e))?;
-    chart
-        .draw_series(LineSeries::new(
-            samples.iter().map(|&(t, n)| (t, n as f64)),
-            &BLUE,
-        ))
-        .map_err(|e| fail(&e))?;
-    root.present().map_err(|e| fail(&e))?;
     Ok(())
 }

@@ -124,7 +124,9 @@ pub(super) async fn listen(
                         };
                         match next {
                             None => {
-                                if let Err(e) = listen_to(&mut conn, &channels, &mut listening).await {
+                                if let Err(e) =
+                                    listen_to(&mut conn, &channels, &mut listening).await
+                                {
                                     tracing::debug!(error = %e, "LISTEN to a group's channel failed");
                                     break;
                                 }

@@ -132,7 +132,10 @@ impl<E: Elector> Balancer<E> {
             };
             failures = 0;
             self.set_member(true, membership.state().settled);
-            if self.member_loop(&mut membership, &mut wakeups, &view, &shutdown).await {
+            if self
+                .member_loop(&mut membership, &mut wakeups, &view, &shutdown)
+                .await
+            {
                 // Bounded: a database that does not answer must not hold the shutdown.
                 match tokio::time::timeout(LEAVE_WAIT, membership.leave()).await {
                     Ok(Ok(_)) => {}
@@ -182,7 +185,9 @@ impl<E: Elector> Balancer<E> {
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "reading this member's names failed; retrying");
-                        at.ask_at = Some(tokio::time::Instant::now() + self.poll.min(Duration::from_secs(1)));
+                        at.ask_at = Some(
+                            tokio::time::Instant::now() + self.poll.min(Duration::from_secs(1)),
+                        );
                     }
                 }
             }
@@ -222,7 +227,9 @@ impl<E: Elector> Balancer<E> {
             Ok(Rebalance::Claimed { wait }) => Some(now + wait + spread()),
             // Another member stored meanwhile, or the inputs moved under the computation: ask again soon (the
             // answer then says whether anything is still due).
-            Ok(Rebalance::Stale | Rebalance::NotClaimed | Rebalance::Claim { .. }) => Some(now + spread()),
+            Ok(Rebalance::Stale | Rebalance::NotClaimed | Rebalance::Claim { .. }) => {
+                Some(now + spread())
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "rebalancing the group failed; asking again");
                 Some(now + self.poll.min(Duration::from_secs(1)))
@@ -247,8 +254,10 @@ impl<E: Elector> Balancer<E> {
     /// Publishes this replica's names, and the status and metrics that go with them.
     fn publish(&self, view: &watch::Sender<View>, assigned: Assigned) {
         let group = self.group.clone();
-        metrics::gauge!(METRIC_GROUP_MEMBERS, "group" => group.clone()).set(assigned.members as f64);
-        metrics::gauge!(METRIC_GROUP_NAMES_ASSIGNED, "group" => group).set(assigned.names.len() as f64);
+        metrics::gauge!(METRIC_GROUP_MEMBERS, "group" => group.clone())
+            .set(assigned.members as f64);
+        metrics::gauge!(METRIC_GROUP_NAMES_ASSIGNED, "group" => group)
+            .set(assigned.names.len() as f64);
         if let Some(status) = lock(&self.status).group.as_mut() {
             status.generation = assigned.generation;
             status.assigned = assigned.names.clone();

@@ -563,10 +563,14 @@ fn handover_gaps_are_bounded(s: &Scenario, from: usize) {
         "  release -> successor's acquisition, database clock: p50 {:.1} ms",
         db_gap_p50 as f64 / 1000.0
     );
-    // The targets are p50 20 ms and p99 100 ms. Five replica processes on two cores measure p50 28-32 ms and
-    // p99 50-55 ms, in a debug and an optimized build alike (docs/leadership.md, "Measured"): p99 is met, p50
-    // is not. The bounds asserted here guard against a regression.
-    let (p50_bound, p99_bound) = (60.0, 200.0);
+    // The targets are p50 20 ms and p99 100 ms. With the stored assignment, the predecessor and the successor
+    // learn of a move together (the group's `assigned` notification) and each reads its own names; the
+    // successor then campaigns while the predecessor drains and releases, so a release often comes before the
+    // successor's first attempt. Five replica processes on two cores (debug build) measure p50 85-87 ms and p99
+    // 146 ms (the design that had every member read the whole roster measured p50 28-32 ms and p99 50-55 ms,
+    // and collapsed at 30 x 3,000: docs/leadership.md, "Fleets"). The bounds asserted here guard against a
+    // regression from that.
+    let (p50_bound, p99_bound) = (150.0, 400.0);
     assert!(
         p50 <= p50_bound && p99 <= p99_bound,
         "handover gap p50 {p50:.1} ms, p99 {p99:.1} ms (bounds {p50_bound} / {p99_bound} ms)"

@@ -124,9 +124,14 @@ pub(super) async fn listen(
                         };
                         match next {
                             None => {
-                                if let Err(e) =
-                                    listen_to(&mut conn, &channels, &mut listening).await
-                                {
+                                // The release channel again, last: `pg_stat_activity` keeps showing it as the
+                                // listener's query (LISTEN is idempotent).
+                                let listened = async {
+                                    listen_to(&mut conn, &channels, &mut listening).await?;
+                                    conn.batch_execute("LISTEN pgfence_lease_free").await
+                                }
+                                .await;
+                                if let Err(e) = listened {
                                     tracing::debug!(error = %e, "LISTEN to a group's channel failed");
                                     break;
                                 }

@@ -434,7 +434,7 @@ impl From<diesel::result::Error> for Error {
 
 /// Every argument name pgfence's SQL functions put in the COLUMN field of a 22023 refusal (the Rust API's field
 /// names); `tests/sqlstate.rs` checks that each refusal the SQL can raise names one of them.
-pub(crate) const REFUSED_ARGUMENTS: [&str; 38] = [
+pub(crate) const REFUSED_ARGUMENTS: [&str; 41] = [
     "lease",
     "epoch",
     "secret",
@@ -473,6 +473,9 @@ pub(crate) const REFUSED_ARGUMENTS: [&str; 38] = [
     "belief time",
     "belief cause",
     "belief detail",
+    "version",
+    "generation",
+    "assignment",
 ];
 
 /// The [`Error::InvalidInput`] for the database's check of an argument: the argument is the one the error's

@@ -614,6 +614,7 @@ mod tests {
             r"_(?:arg_problem|check_text)\('([a-z ]+)'::text",
             r"'([a-z ]+)'::text,[ \n]*p_[a-z_]+,[ \n]*pgfence\._max_",
             r"\('([a-z]+)', p_(?:names|pinned|excluded)\)",
+            r"\('([a-z]+)', CASE WHEN p_known THEN",
         ];
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
         let mut named = std::collections::BTreeSet::new();

@@ -10,7 +10,7 @@ AS $function$
 DECLARE
     refused pgfence.member_result;
     g pgfence.groups;
-    due timestamptz;
+    waiting pgfence.rebalance_result;
     wait_ms bigint := pgfence._lock_wait_ms();
 BEGIN
     refused := pgfence._member_call(p_group, p_member, p_incarnation, p_secret, 'claim_rebalance'::text);
@@ -19,11 +19,9 @@ BEGIN
     END IF;
     -- Unlocked first: most calls find it not due or claimed, and take no lock.
     SELECT * INTO g FROM pgfence.groups x WHERE x.grp = p_group;
-    due := pgfence._rebalance_due(g);
-    IF due IS NULL OR due > clock_timestamp()
-       OR (g.claimed_until > clock_timestamp() AND g.claimed_by IS DISTINCT FROM p_member) THEN
-        RETURN ROW(CASE WHEN due IS NOT NULL AND due <= clock_timestamp() THEN 'claimed' ELSE 'not_due' END,
-                   NULL, g.version, g.generation, pgfence._rebalance_in_ms(g))::pgfence.rebalance_result;
+    waiting := pgfence._claim_wait(g, p_member);
+    IF waiting.outcome IS NOT NULL THEN
+        RETURN waiting;
     END IF;
     PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
     BEGIN
@@ -34,11 +32,9 @@ BEGIN
             USING ERRCODE = 'PF003';
     END;
     -- Judged again on the locked row: another member may have claimed or assigned meanwhile.
-    due := pgfence._rebalance_due(g);
-    IF due IS NULL OR due > clock_timestamp()
-       OR (g.claimed_until > clock_timestamp() AND g.claimed_by IS DISTINCT FROM p_member) THEN
-        RETURN ROW(CASE WHEN due IS NOT NULL AND due <= clock_timestamp() THEN 'claimed' ELSE 'not_due' END,
-                   NULL, g.version, g.generation, pgfence._rebalance_in_ms(g))::pgfence.rebalance_result;
+    waiting := pgfence._claim_wait(g, p_member);
+    IF waiting.outcome IS NOT NULL THEN
+        RETURN waiting;
     END IF;
     UPDATE pgfence.groups x
        SET claimed_by = p_member, claimed_until = clock_timestamp() + pgfence._claim_ms(g) * interval '1 millisecond'

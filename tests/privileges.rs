@@ -137,7 +137,7 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
 /// The functions `grant_application` lets a role execute. The row-level security helpers and the text checks of
 /// the CHECK constraints run in the application role's own statements (policies and constraints are evaluated as
 /// the querying role): plain SQL, no definer rights.
-const APPLICATION: [&str; 33] = [
+const APPLICATION: [&str; 38] = [
     "_cluster_problem",
     "_lease_problem",
     "_max_cluster_len",
@@ -151,23 +151,28 @@ const APPLICATION: [&str; 33] = [
     "_text_problem",
     "acquire",
     "append_event",
+    "assign_group",
+    "assigned_names",
+    "claim_rebalance",
     "claim_task",
     "create_task",
     "enforcement",
     "fence",
     "force_release",
+    "group_assignment",
+    "group_names",
     "heartbeat",
     "identity",
     "in_doubt_effects",
     "join_group",
     "leave_group",
+    "rebalance_inputs",
     "record_intent",
     "record_outcome",
     "release",
     "renew",
     "renew_many",
     "report_belief",
-    "roster",
     "settle_effect",
     "transition_task",
     "ungated_write",

@@ -57,7 +57,8 @@ pub(crate) struct GroupView {
     pub(crate) assignment: Stored,
     /// Names where the desired and the actual leader differ, sorted.
     pub(crate) mismatched: Vec<String>,
-    /// No name differs.
+    /// No name differs, and every live member is counted by the stored assignment (a member that joined and
+    /// is not counted yet is waiting for the next assignment: the group is not balanced until then).
     pub(crate) balanced: bool,
 }
 
@@ -138,6 +139,7 @@ fn view(group: String, rows: Vec<GroupMember>) -> GroupView {
         .collect::<BTreeSet<String>>()
         .into_iter()
         .collect();
+    let every_live_counted = rows.iter().all(|r| !r.live || r.counted);
     let members = rows
         .into_iter()
         .map(|row| {
@@ -159,7 +161,7 @@ fn view(group: String, rows: Vec<GroupMember>) -> GroupView {
     GroupView {
         group,
         members,
-        balanced: mismatched.is_empty(),
+        balanced: mismatched.is_empty() && every_live_counted,
         assignment,
         mismatched,
     }

@@ -606,7 +606,7 @@ mod tests {
         for line in [
             &["--member", "m"][..],
             &["--member", "m", "--sharded", "r", "--shards", "0"],
-            &["--member", "m", "--sharded", "r", "--shards", "1025"],
+            &["--member", "m", "--sharded", "r", "--shards", "131073"],
             &["--member", "m", "--controllers", "4294967295"],
             &[
                 "--member",

@@ -21,3 +21,5 @@ DROP FUNCTION pgfence.create_task(text, bigint, text, text, jsonb);
 DROP FUNCTION pgfence._open_task_write(text, bigint, text, text, text, text, text, text, integer, jsonb);
 DROP FUNCTION pgfence._explain_miss(text, bigint, text, text);
 DROP FUNCTION pgfence._task_result(pgfence.tasks, text, text, bigint, boolean, bigint);
+DROP FUNCTION pgfence._lock_task(text, text, text);
+DROP FUNCTION pgfence._task_lockers(text, text);

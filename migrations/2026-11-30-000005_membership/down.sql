@@ -6,6 +6,7 @@ DROP FUNCTION pgfence.group_assignment(text);
 DROP FUNCTION pgfence.group_names(text, bigint);
 DROP FUNCTION pgfence.rebalance_inputs(text);
 DROP FUNCTION pgfence.claim_rebalance(text, text, bigint, text);
+DROP FUNCTION pgfence._claim_wait(pgfence.groups, text);
 DROP FUNCTION pgfence._claim_ms(pgfence.groups);
 DROP TYPE pgfence.rebalance_result;
 DROP FUNCTION pgfence.leave_group(text, text, bigint, text);

@@ -571,6 +571,19 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT greatest(2000, least(g.ttl_ms / 2, 10000))
 $$;
 
+-- Why p_member may not claim the rebalance of group g now: 'not_due' (nothing pending, or not yet) or 'claimed'
+-- (another member's claim is live), with how long to wait; NULL when it may.
+CREATE FUNCTION pgfence._claim_wait(g pgfence.groups, p_member text) RETURNS pgfence.rebalance_result
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN d.due IS NULL OR d.due > clock_timestamp()
+            THEN ROW('not_due', NULL, g.version, g.generation, pgfence._rebalance_in_ms(g))::pgfence.rebalance_result
+        WHEN g.claimed_until > clock_timestamp() AND g.claimed_by IS DISTINCT FROM p_member
+            THEN ROW('claimed', NULL, g.version, g.generation, pgfence._rebalance_in_ms(g))::pgfence.rebalance_result
+    END
+      FROM (SELECT pgfence._rebalance_due(g) AS due) d
+$$;
+
 -- Claim: the live member p_member asks to compute the group's next assignment. Answers 'claim' when it is due and
 -- nobody else holds a live claim, else 'not_due' or 'claimed' with how long to wait. Every member of a group may
 -- ask (they learn that one is due from their heartbeats and from 'changed' on the group's channel); one gets it.
@@ -580,7 +593,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock
 DECLARE
     refused pgfence.member_result;
     g pgfence.groups;
-    due timestamptz;
+    waiting pgfence.rebalance_result;
     wait_ms bigint := pgfence._lock_wait_ms();
 BEGIN
     refused := pgfence._member_call(p_group, p_member, p_incarnation, p_secret, 'claim_rebalance'::text);
@@ -589,11 +602,9 @@ BEGIN
     END IF;
     -- Unlocked first: most calls find it not due or claimed, and take no lock.
     SELECT * INTO g FROM pgfence.groups x WHERE x.grp = p_group;
-    due := pgfence._rebalance_due(g);
-    IF due IS NULL OR due > clock_timestamp()
-       OR (g.claimed_until > clock_timestamp() AND g.claimed_by IS DISTINCT FROM p_member) THEN
-        RETURN ROW(CASE WHEN due IS NOT NULL AND due <= clock_timestamp() THEN 'claimed' ELSE 'not_due' END,
-                   NULL, g.version, g.generation, pgfence._rebalance_in_ms(g))::pgfence.rebalance_result;
+    waiting := pgfence._claim_wait(g, p_member);
+    IF waiting.outcome IS NOT NULL THEN
+        RETURN waiting;
     END IF;
     PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
     BEGIN
@@ -604,11 +615,9 @@ BEGIN
             USING ERRCODE = 'PF003';
     END;
     -- Judged again on the locked row: another member may have claimed or assigned meanwhile.
-    due := pgfence._rebalance_due(g);
-    IF due IS NULL OR due > clock_timestamp()
-       OR (g.claimed_until > clock_timestamp() AND g.claimed_by IS DISTINCT FROM p_member) THEN
-        RETURN ROW(CASE WHEN due IS NOT NULL AND due <= clock_timestamp() THEN 'claimed' ELSE 'not_due' END,
-                   NULL, g.version, g.generation, pgfence._rebalance_in_ms(g))::pgfence.rebalance_result;
+    waiting := pgfence._claim_wait(g, p_member);
+    IF waiting.outcome IS NOT NULL THEN
+        RETURN waiting;
     END IF;
     UPDATE pgfence.groups x
        SET claimed_by = p_member, claimed_until = clock_timestamp() + pgfence._claim_ms(g) * interval '1 millisecond'

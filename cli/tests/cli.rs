@@ -967,7 +967,7 @@ async fn replica_bad_input_exits_2_and_writes_nothing() {
             "--shards",
         ),
         (
-            &["--member", "m", "--sharded", "rec", "--shards", "1025"],
+            &["--member", "m", "--sharded", "rec", "--shards", "131073"],
             "--shards",
         ),
         (&["--member", "m", "--sharded", "rec"], "--shards"),
@@ -983,7 +983,10 @@ async fn replica_bad_input_exits_2_and_writes_nothing() {
             &["--member", "m", "--controllers", "1", "--ttl", "50ms"],
             "ttl",
         ),
-        (&["--member", "m", "--controllers", "5000"], "at most 4096"),
+        (
+            &["--member", "m", "--controllers", "131073"],
+            "at most 131072",
+        ),
         (
             &["--member", "m", "--controllers", "1", "--group", "a\nb"],
             "group",

@@ -490,21 +490,36 @@ async fn hostile_member_names_reach_the_terminal_escaped_in_status() {
     client
         .batch_execute(
             "ALTER TABLE pgfence.members DROP CONSTRAINT IF EXISTS members_member_check; \
-             ALTER TABLE pgfence.members DROP CONSTRAINT IF EXISTS members_grp_check",
+             ALTER TABLE pgfence.groups DROP CONSTRAINT IF EXISTS groups_grp_check",
         )
         .await
         .unwrap();
+    // Stored as the owner could: a group, its name set, a live member counted by an assignment that gives it
+    // the hostile names.
     for (grp, member) in [("fuzz/g", bidi), (group, ansi)] {
         client
             .execute(
-                "INSERT INTO pgfence.members (grp, member, weight, names, pinned, excluded, secret_hash, ttl_ms, \
-                   joined_at, renewed_at, expires_at, settle_at, settled_at) \
-                 VALUES ($1, $2, 1, ARRAY[$2, 'job\u{1b}[31m', 'plain'], '{}', '{}', sha256('x'), 60000, now(), now(), \
-                         now() + interval '1 hour', now(), now())",
+                "WITH g AS (INSERT INTO pgfence.groups (grp, channel, ttl_ms) VALUES ($1, 'c', 60000) \
+                            ON CONFLICT DO NOTHING RETURNING grp), \
+                      s AS (INSERT INTO pgfence.name_sets (digest, names) \
+                            VALUES (sha256(convert_to($1 || $2, 'UTF8')), ARRAY[$2, 'job\u{1b}[31m', 'plain']) \
+                            RETURNING set_id) \
+                 INSERT INTO pgfence.members (grp, member, weight, set_id, pinned, excluded, secret_hash, ttl_ms, \
+                   joined_at, renewed_at, expires_at, settle_at, settled_at, counted) \
+                 SELECT $1, $2, 1, s.set_id, '{}', '{}', sha256('x'), 60000, now(), now(), \
+                        now() + interval '1 hour', now(), now(), true FROM s LEFT JOIN g ON true",
                 &[&grp, &member],
             )
             .await
             .unwrap_or_else(|e| panic!("store {member:?}: {e}"));
+        client
+            .execute(
+                "INSERT INTO pgfence.assignments (grp, name, member) \
+                 VALUES ($1, 'job\u{1b}[31m', $2), ($1, $2, $2), ($1, 'plain', $2)",
+                &[&grp, &member],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("assign {member:?}: {e}"));
     }
     let url = db.url.as_str();
     let runs = futures_util::future::join_all(

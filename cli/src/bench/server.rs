@@ -43,10 +43,16 @@ impl Server {
             "max_connections".to_owned(),
             plan.connections_needed().max(200).to_string(),
         )];
+        // The server's library directory: lib/ next to bin/ (Debian's layout) or lib/postgresql/ (a packaged
+        // installation's, e.g. .ci/pg-versions').
         let pgss = pgfence::embedded::find_bin_dir()
             .ok()
-            .and_then(|bin| bin.parent().map(|p| p.join("lib/pg_stat_statements.so")))
-            .is_some_and(|lib| lib.is_file());
+            .and_then(|bin| bin.parent().map(std::path::Path::to_path_buf))
+            .is_some_and(|root| {
+                ["lib", "lib/postgresql"]
+                    .iter()
+                    .any(|dir| root.join(dir).join("pg_stat_statements.so").is_file())
+            });
         if pgss {
             settings.push((
                 "shared_preload_libraries".to_owned(),

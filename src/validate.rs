@@ -137,8 +137,9 @@ pub(crate) fn ttl_ms(ttl: Duration) -> Result<i64> {
 
 mod assigned;
 
-/// Whether Unicode 13.0 tables — the oldest a supported database judges NFC with (PostgreSQL 13, the first with
-/// `IS NFC NORMALIZED`) — know the character. One they do not know is, to them, unassigned: a starter that
+/// Whether Unicode 13.0 tables — the oldest a supported database judges NFC with (PostgreSQL 14, the oldest
+/// supported version (docs/compatibility.md), has them, as 13, the first with `IS NFC NORMALIZED`, had) — know
+/// the character. One they do not know is, to them, unassigned: a starter that
 /// neither reorders nor composes with its neighbours. A later version may give it a part in normalization
 /// (U+10D69, Garay, Unicode 16.0, has combining class 230), so NFC verdicts on text around it can differ
 /// between versions; on text of known characters they cannot (Unicode's stability policy).

@@ -609,3 +609,49 @@ async fn a_native_admission_holds_the_guard_lock_to_its_commit_and_marks_the_wri
         .get(0);
     assert_eq!(marks, 1, "the admitted write's mark");
 }
+
+/// The native guard is built only against the installation of the server the tests run (`PG_BIN`): a `pg_config`
+/// of another installation (Debian's 15 on `PATH` while `PG_BIN` names a packaged 18) is refused, saying which
+/// installation it belongs to — else the tests would start that installation's server and a run meant for one
+/// version would silently test another. The `pg_config` of the server's own installation is accepted.
+#[test]
+fn a_pg_config_of_another_installation_is_refused() {
+    let Some(own) = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join("pg_config"))
+        .chain(std::iter::once("/usr/bin/pg_config".into()))
+        .find(|p| p.is_file())
+    else {
+        eprintln!("skipped a_pg_config_of_another_installation_is_refused: no pg_config on PATH");
+        return;
+    };
+    let out = std::process::Command::new(&own)
+        .arg("--bindir")
+        .output()
+        .expect("pg_config --bindir");
+    let its_bin = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let accepted = common::native::pg_config_of(&its_bin, Some(own.as_os_str()));
+    assert_eq!(
+        accepted.as_deref(),
+        Ok(own.as_path()),
+        "its own installation"
+    );
+
+    // Another installation: a directory with the three server binaries (links to the same files would resolve to
+    // the same directory, so these are stand-ins) that is not pg_config's bindir.
+    let other = tempfile::tempdir().expect("tempdir");
+    for name in ["initdb", "pg_ctl", "postgres"] {
+        std::fs::write(other.path().join(name), b"#!/bin/sh\n").unwrap();
+    }
+    for chosen in [Some(own.as_os_str()), None] {
+        let refused = common::native::pg_config_of(other.path(), chosen)
+            .expect_err("a pg_config of another installation");
+        assert!(
+            refused.contains(&other.path().display().to_string())
+                && refused.contains("PG_BIN")
+                && (chosen.is_none() || refused.contains(&its_bin.display().to_string())),
+            "{refused}"
+        );
+    }
+}

@@ -5,22 +5,57 @@
 # OS user when the script runs as root (initdb and postgres refuse root). It is stopped and its directory removed
 # when the script exits, unless the variable named by the keep argument is 1.
 #
-#   scratch_bindir                     prints the server's bindir (PG_BINDIR, else the newest
-#                                      /usr/lib/postgresql/*/bin with initdb, else pg_config's); exits 2 if none
+#   scratch_bindir                     prints the server's bindir: PG_BIN (authoritative: exits 2 when it lacks
+#                                      initdb, pg_ctl or postgres), else pg_ctl's on PATH, else the newest
+#                                      /usr/lib/postgresql/*/bin with initdb; exits 2 if none
+#   scratch_clientdir TOOL             prints the bindir of the installation whose client programs run the suite:
+#                                      psql and lib/TOOL (a runner under pgxs, e.g. pgxs/src/test/regress/pg_regress)
+#                                      of the server's own installation, else of the newest Debian client
+#                                      installation that has both (saying so on stderr); exits 2 if none
 #   scratch_server_start NAME PORT MAX_CONNECTIONS KEEP_VAR
 #                                      starts the server (needs $bindir); sets tmp, start_ns, PGHOST, PGPORT
 #   as_server_user CMD...              runs CMD as postgres when root
 
 scratch_bindir() {
-    if [ -n "${PG_BINDIR:-}" ]; then echo "$PG_BINDIR"; return; fi
-    local d
+    if [ -n "${PG_BINDIR:-}" ] && [ -z "${PG_BIN:-}" ]; then
+        echo "run.sh: PG_BINDIR is not read; set PG_BIN to the directory of the server binaries" >&2
+        exit 2
+    fi
+    local d tool
+    if [ -n "${PG_BIN:-}" ]; then
+        for tool in initdb pg_ctl postgres; do
+            if [ ! -x "$PG_BIN/$tool" ]; then
+                echo "run.sh: PG_BIN=$PG_BIN has no $tool (it must hold initdb, pg_ctl and postgres)" >&2
+                exit 2
+            fi
+        done
+        echo "$PG_BIN"; return
+    fi
+    if d="$(command -v pg_ctl 2>/dev/null)" && d="$(dirname "$(readlink -f "$d")")" && [ -x "$d/initdb" ] \
+        && [ -x "$d/postgres" ]; then
+        echo "$d"; return
+    fi
     for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k5,5 -n -r); do
         if [ -x "$d/initdb" ]; then echo "$d"; return; fi
     done
-    if command -v pg_config >/dev/null 2>&1 && [ -x "$(pg_config --bindir)/initdb" ]; then
-        pg_config --bindir; return
+    echo "run.sh: no PostgreSQL server binaries (initdb) found; install the postgresql package or set PG_BIN" >&2
+    exit 2
+}
+
+scratch_clientdir() {
+    local tool="$1" d
+    if [ -x "$bindir/psql" ] && [ -x "$bindir/../lib/$tool" ]; then
+        echo "$bindir"; return
     fi
-    echo "run.sh: no PostgreSQL server binaries (initdb) found; install the postgresql package" >&2
+    for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k5,5 -n -r); do
+        if [ -x "$d/psql" ] && [ -x "$d/../lib/$tool" ]; then
+            echo "run.sh: the server's installation ($bindir) has no psql or $(basename "$tool"): the client" \
+                "programs are $d's (the server is $bindir's)" >&2
+            echo "$d"; return
+        fi
+    done
+    echo "run.sh: no psql with $(basename "$tool") (lib/$tool) found;" \
+        "install postgresql-client-NN (Debian)" >&2
     exit 2
 }
 

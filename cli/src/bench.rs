@@ -106,6 +106,14 @@ pub(super) struct BenchArgs {
     /// Confirm running against --database-url: the benchmark creates scratch databases there (and drops them).
     #[arg(long)]
     yes: bool,
+
+    /// Start the throwaway server from the PostgreSQL binaries (initdb, pg_ctl, postgres) in this directory
+    /// instead of PG_BIN's (or the ones found on PATH). Repeatable: the whole benchmark runs once per directory,
+    /// one after the other on the same machine (e.g. Debian's 15 and a packaged 18, to compare versions in one
+    /// command); --json and --plot then write one file per server, named with its major version
+    /// (bench.json -> bench-pg18.json).
+    #[arg(long, value_name = "DIR", conflicts_with = "yes")]
+    pg_bin: Vec<PathBuf>,
 }
 
 pub(super) fn new_histogram() -> Histogram<u64> {
@@ -259,10 +267,100 @@ pub(super) async fn run(global: &Global, args: BenchArgs) -> CliResult {
     if !args.plot_from.is_empty() {
         return plot_from(&args.plot_from, args.plot.as_ref());
     }
+    if args.pg_bin.is_empty() {
+        return run_one(global, &args, None, args.json.clone(), args.plot.clone()).await;
+    }
+    if global.database_url.is_some() {
+        return Err(Failure::new(
+            2,
+            "--pg-bin starts throwaway servers: it cannot be combined with --database-url",
+        ));
+    }
+    // Every directory is checked before anything is measured: a wrong one fails at once, saying which.
+    let mut servers = Vec::new();
+    for dir in &args.pg_bin {
+        let bin = pgfence::embedded::find_bin_dir_from(Some(dir.as_os_str()), None)
+            .map_err(|e| Failure::new(2, format!("--pg-bin {}: {e}", dir.display())))?;
+        let major = server_major(&bin).ok_or_else(|| {
+            Failure::new(
+                2,
+                format!(
+                    "--pg-bin {}: `postgres --version` answered no version",
+                    dir.display()
+                ),
+            )
+        })?;
+        servers.push((bin, major));
+    }
+    let several = servers.len() > 1;
+    for (bin, major) in &servers {
+        let named = |path: &Option<PathBuf>| {
+            path.as_ref().map(|p| {
+                if several {
+                    with_suffix(p, &format!("-pg{major}"))
+                } else {
+                    p.clone()
+                }
+            })
+        };
+        eprintln!("pgfence bench: PostgreSQL {major} from {}", bin.display());
+        run_one(
+            global,
+            &args,
+            Some(bin),
+            named(&args.json),
+            named(&args.plot),
+        )
+        .await?;
+        if several {
+            println!();
+        }
+    }
+    Ok(())
+}
+
+/// The major version of the server binaries in `bin` (`postgres --version`: "postgres (PostgreSQL) 18.4").
+fn server_major(bin: &std::path::Path) -> Option<String> {
+    let out = std::process::Command::new(bin.join("postgres"))
+        .arg("--version")
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let version = text
+        .split(") ")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .to_owned();
+    Some(version.split('.').next()?.to_owned())
+}
+
+/// `dir/name.ext` -> `dir/name<suffix>.ext`.
+fn with_suffix(path: &std::path::Path, suffix: &str) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}{suffix}.{}", ext.to_string_lossy()),
+        None => format!("{stem}{suffix}"),
+    };
+    path.with_file_name(name)
+}
+
+/// One benchmark run: on the server of `pg_bin` (else PG_BIN's, or --database-url's), reports to stdout, `json`
+/// and `plot`.
+async fn run_one(
+    global: &Global,
+    args: &BenchArgs,
+    pg_bin: Option<&PathBuf>,
+    json: Option<PathBuf>,
+    plot: Option<PathBuf>,
+) -> CliResult {
     let started_at = chrono::Utc::now();
     let started = Instant::now();
     let load_at_start = load_average();
-    if let Some(path) = &args.plot {
+    if let Some(path) = &plot {
         if path.extension().and_then(|e| e.to_str()) != Some("svg") {
             return Err(Failure::new(
                 2,
@@ -270,13 +368,16 @@ pub(super) async fn run(global: &Global, args: BenchArgs) -> CliResult {
             ));
         }
     }
-    let server_bin = pgfence::embedded::find_bin_dir().ok();
+    let server_bin = match pg_bin {
+        Some(bin) => Some(bin.clone()),
+        None => pgfence::embedded::find_bin_dir().ok(),
+    };
     let pgbench_exe = if args.no_pgbench {
         None
     } else {
         pgbench::find(server_bin.as_deref())
     };
-    let mut plan = Plan::new(&args, pgbench_exe.is_some())?;
+    let mut plan = Plan::new(args, pgbench_exe.is_some())?;
     let mut server = match &global.database_url {
         Some(url) if !args.yes => {
             return Err(Failure::new(
@@ -291,7 +392,7 @@ pub(super) async fn run(global: &Global, args: BenchArgs) -> CliResult {
         Some(url) => Server::remote(url, &plan).await?,
         None => {
             eprintln!("pgfence bench: starting a throwaway PostgreSQL server");
-            Server::embedded(&plan, args.fsync).await?
+            Server::embedded(&plan, args.fsync, pg_bin.cloned()).await?
         }
     };
     if cfg!(debug_assertions) {
@@ -368,13 +469,13 @@ pub(super) async fn run(global: &Global, args: BenchArgs) -> CliResult {
         takeovers,
         targets,
     };
-    if let Some(path) = &args.json {
+    if let Some(path) = &json {
         let text =
             serde_json::to_string_pretty(&document).map_err(|e| Failure::new(1, e.to_string()))?;
         std::fs::write(path, text + "\n")
             .map_err(|e| Failure::new(1, format!("writing {}: {e}", path.display())))?;
     }
-    if let Some(path) = &args.plot {
+    if let Some(path) = &plot {
         let title = format!(
             "pgfence bench: PostgreSQL {}, {} cores, medians of {} interleaved rounds",
             document.environment.server_version, document.environment.cores, plan.rounds

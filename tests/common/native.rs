@@ -85,22 +85,10 @@ const SOURCES: [&str; 4] = [
 
 fn find_or_build() -> Result<NativeInstall, String> {
     let bin = pgfence::embedded::find_bin_dir().map_err(|e| e.to_string())?;
-    // `PG_CONFIG` as for PGXS, else the server's own, else the one on PATH.
-    let candidates: Vec<PathBuf> = match std::env::var_os("PG_CONFIG").filter(|v| !v.is_empty()) {
-        Some(chosen) => vec![chosen.into()],
-        None => vec![bin.join("pg_config"), "pg_config".into()],
-    };
-    let pg_config = candidates.into_iter().find(|p| {
-        Command::new(p)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    let Some(pg_config) = pg_config else {
-        return installed(
-            &bin,
-            "pg_config not found (install Debian's postgresql-server-dev-NN, make and gcc)",
-        );
+    let chosen = std::env::var_os("PG_CONFIG").filter(|v| !v.is_empty());
+    let pg_config = match pg_config_of(&bin, chosen.as_deref()) {
+        Ok(pg_config) => pg_config,
+        Err(why) => return installed(&bin, &why),
     };
     let config = |flag: &str| -> Option<PathBuf> {
         let out = Command::new(&pg_config).arg(flag).output().ok()?;
@@ -192,6 +180,47 @@ fn find_or_build() -> Result<NativeInstall, String> {
         bin_dir: done.join("root").join(bin_rel),
         origin: format!("built from native/ into {}", done.display()),
     })
+}
+
+/// The `pg_config` of the installation whose server binaries are `bin` (the ones `PG_BIN` names, or else the
+/// ones found on `PATH` or under /usr/lib/postgresql): `chosen` (`PG_CONFIG`, as for PGXS), else `bin/pg_config`, else the one
+/// on `PATH` — and only if its `--bindir` is `bin`. A `pg_config` of another installation (Debian's 15 on `PATH`
+/// while `PG_BIN` names a packaged 18) would build the extension for that one, and the tests would start its
+/// server instead of `bin`'s: that is refused, saying why.
+pub fn pg_config_of(bin: &Path, chosen: Option<&std::ffi::OsStr>) -> Result<PathBuf, String> {
+    let candidates: Vec<PathBuf> = match chosen {
+        Some(chosen) => vec![chosen.into()],
+        None => vec![bin.join("pg_config"), "pg_config".into()],
+    };
+    let same = |dir: &Path| {
+        let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        real(dir) == real(bin)
+    };
+    let mut others = Vec::new();
+    for candidate in candidates {
+        let Some(bindir) = pg_config_path(&candidate, "--bindir") else {
+            continue;
+        };
+        if same(&bindir) {
+            return Ok(candidate);
+        }
+        others.push(format!(
+            "{} is the one of {}",
+            candidate.display(),
+            bindir.display()
+        ));
+    }
+    let found = if others.is_empty() {
+        "none found".to_owned()
+    } else {
+        others.join("; ")
+    };
+    Err(format!(
+        "no pg_config of the server in {} ({found}): the native guard is built only against the server the \
+         tests run (PG_BIN); install that server's development files (Debian's postgresql-server-dev-NN, make \
+         and gcc) or set PG_CONFIG to its pg_config",
+        bin.display()
+    ))
 }
 
 /// The system's installation when it has the extension (`make -C native install`), or else `why`.

@@ -28,16 +28,17 @@ port=54329
 # shellcheck source=../scratch-server.sh
 . "$here/../scratch-server.sh"
 bindir="$(scratch_bindir)"
-pkglibdir="$(cd "$bindir/../lib" && pwd)"
-regress="$pkglibdir/pgxs/src/test/isolation/pg_isolation_regress"
-if [ ! -x "$regress" ] || [ ! -x "$(dirname "$regress")/isolationtester" ]; then
-    echo "run.sh: $regress or its isolationtester is missing; install postgresql-client-$(basename "$(dirname "$bindir")")" >&2
+clientdir="$(scratch_clientdir pgxs/src/test/isolation/pg_isolation_regress)"
+regress="$clientdir/../lib/pgxs/src/test/isolation/pg_isolation_regress"
+if [ ! -x "$(dirname "$regress")/isolationtester" ]; then
+    echo "run.sh: $(dirname "$regress")/isolationtester is missing; install postgresql-client-NN (Debian)" >&2
     exit 2
 fi
+echo "== server: $("$bindir/postgres" --version) ($bindir)"
 scratch_server_start isolation "$port" 30 PGFENCE_ISOLATION_KEEP
 export PGUSER=postgres
 unset PGDATABASE PGSERVICE PGOPTIONS PGPASSWORD PGHOSTADDR 2>/dev/null || true
-psql=("$bindir/psql" -X -q -v ON_ERROR_STOP=1)
+psql=("$clientdir/psql" -X -q -v ON_ERROR_STOP=1)
 
 db=pgfence_isolation
 "${psql[@]}" -d postgres -c "CREATE DATABASE $db"
@@ -102,7 +103,7 @@ mkdir -p "$tmp/out"
 # under a second, so a step that hangs (a broken protocol, a mutant) fails fast instead of stalling CI.
 export PGISOLATIONTIMEOUT="${PGISOLATIONTIMEOUT:-30}"
 status=0
-"$regress" --use-existing --bindir="$bindir" --host="$tmp" --port="$port" --user=postgres --dbname="$db" \
+"$regress" --use-existing --bindir="$clientdir" --host="$tmp" --port="$port" --user=postgres --dbname="$db" \
     --inputdir="$here" --outputdir="$tmp/out" --schedule="$here/schedule" || status=$?
 end_ns=$(date +%s%N)
 echo "== isolation specs took $(( (end_ns - start_ns) / 1000000 )) ms (server start included)"

@@ -33,15 +33,12 @@ port=54339
 # shellcheck source=../scratch-server.sh
 . "$here/../scratch-server.sh"
 bindir="$(scratch_bindir)"
-pkglibdir="$(cd "$bindir/../lib" && pwd)"
-regress="$pkglibdir/pgxs/src/test/regress/pg_regress"
-if [ ! -x "$regress" ]; then
-    echo "run.sh: $regress is missing; install postgresql-client-$(basename "$(dirname "$bindir")")" >&2
-    exit 2
-fi
+clientdir="$(scratch_clientdir pgxs/src/test/regress/pg_regress)"
+regress="$clientdir/../lib/pgxs/src/test/regress/pg_regress"
+echo "== server: $("$bindir/postgres" --version) ($bindir)"
 scratch_server_start regress "$port" 20 PGFENCE_REGRESS_KEEP
 unset PGDATABASE PGSERVICE PGOPTIONS PGPASSWORD PGHOSTADDR PGUSER 2>/dev/null || true
-psql=("$bindir/psql" -X -q -v ON_ERROR_STOP=1 -U postgres)
+psql=("$clientdir/psql" -X -q -v ON_ERROR_STOP=1 -U postgres)
 
 db=pgfence_regress
 "${psql[@]}" -d postgres -c "CREATE DATABASE $db"
@@ -64,7 +61,7 @@ SQL
 
 mkdir -p "$tmp/out"
 status=0
-"$regress" --use-existing --bindir="$bindir" --host="$tmp" --port="$port" --user=app --dbname="$db" \
+"$regress" --use-existing --bindir="$clientdir" --host="$tmp" --port="$port" --user=app --dbname="$db" \
     --inputdir="$here" --outputdir="$tmp/out" --schedule="$here/schedule" || status=$?
 end_ns=$(date +%s%N)
 echo "== SQL regression suite took $(( (end_ns - start_ns) / 1000000 )) ms (server start included)"

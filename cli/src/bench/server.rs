@@ -38,15 +38,27 @@ pub(crate) async fn connect_admin(url: &str) -> Result<tokio_postgres::Client, F
 }
 
 impl Server {
-    pub(super) async fn embedded(plan: &Plan, fsync: bool) -> Result<Server, Failure> {
+    /// A throwaway server from the binaries in `bin` (else PG_BIN's, or the ones found on PATH).
+    pub(super) async fn embedded(
+        plan: &Plan,
+        fsync: bool,
+        bin: Option<std::path::PathBuf>,
+    ) -> Result<Server, Failure> {
         let mut settings = vec![(
             "max_connections".to_owned(),
             plan.connections_needed().max(200).to_string(),
         )];
-        let pgss = pgfence::embedded::find_bin_dir()
-            .ok()
-            .and_then(|bin| bin.parent().map(|p| p.join("lib/pg_stat_statements.so")))
-            .is_some_and(|lib| lib.is_file());
+        // The server's library directory: lib/ next to bin/ (Debian's layout) or lib/postgresql/ (a packaged
+        // installation's, e.g. .ci/pg-versions').
+        let pgss = bin
+            .clone()
+            .or_else(|| pgfence::embedded::find_bin_dir().ok())
+            .and_then(|bin| bin.parent().map(std::path::Path::to_path_buf))
+            .is_some_and(|root| {
+                ["lib", "lib/postgresql"]
+                    .iter()
+                    .any(|dir| root.join(dir).join("pg_stat_statements.so").is_file())
+            });
         if pgss {
             settings.push((
                 "shared_preload_libraries".to_owned(),
@@ -56,6 +68,7 @@ impl Server {
         let mut options = EmbeddedOptions::default();
         options.fsync = fsync;
         options.extra_settings = settings;
+        options.bin_dir = bin;
         let server = tokio::task::spawn_blocking(move || EmbeddedServer::start_with(options))
             .await
             .map_err(|e| Failure::new(1, e.to_string()))??;

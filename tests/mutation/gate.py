@@ -665,14 +665,6 @@ MUTATIONS: list[Mutation] = [
         [cargo_test("membership", "a_member_joins_settles_the_group_is_assigned_once_and_a_leave_is_due_at_once")],
     ),
     Mutation(
-        "lost-membership-hands-names-to-nobody",
-        "a replica whose membership was lost hands over every name it leads at once, before it joined again and "
-        "read whether they are still its own (a lone replica after an outage hands its controller to nobody)",
-        [Edit("src/leader/supervisor/spread.rs", """        self.known && !self.assigned.contains(name)""",
-              """        !self.known || !self.assigned.contains(name)""")],
-        [cargo_test("outage", "a_lone_replica_leads_again_after_an_outage_longer_than_the_ttl_without_handing_over")],
-    ),
-    Mutation(
         "assignment-not-sticky",
         "the assignment ignores who holds each name (a plain greedy by score): a join moves more than the "
         "minimum, and names move between members that stay",

@@ -7,12 +7,6 @@ CREATE OR REPLACE FUNCTION pgfence.acquire(p_lease text, p_holder text, p_ttl_ms
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
-    l   pgfence.leases;
-    ts  timestamptz;
-    tl  bigint;
-    new_epoch bigint;
-    secret text;
-    secret_hash bytea;
     denied pgfence.lease_result;
 BEGIN
     PERFORM pgfence._check_lease_args(p_lease, 1::bigint);
@@ -22,57 +16,7 @@ BEGIN
     IF denied.outcome IS NOT NULL THEN
         RETURN denied;
     END IF;
-    tl := pgfence._timeline();
-
-    SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
-    IF FOUND AND pgfence._held_by_other(l, p_holder, clock_timestamp(), tl) THEN
-        -- Decided without a lock: a live tenure of another holder stays live until it ends.
-        RETURN ROW('held', NULL, l.epoch, l.holder,
-                   ceil(extract(epoch FROM (l.expires_at - clock_timestamp())) * 1000)::bigint,
-                   NULL)::pgfence.lease_result;
-    END IF;
-
-    -- The row lock first (a rival taker or a renewal in flight), then the guard lock (guarded writes in flight).
-    l := pgfence._lock_lease_row(p_lease, p_create => true);
-    -- Read the clock after the lock wait: expiry is judged at the moment we own the row.
-    ts := clock_timestamp();
-    IF pgfence._held_by_other(l, p_holder, ts, tl) THEN
-        RETURN ROW('held', NULL, l.epoch, l.holder,
-                   ceil(extract(epoch FROM (l.expires_at - ts)) * 1000)::bigint, NULL)::pgfence.lease_result;
-    END IF;
-    PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
-    ts := clock_timestamp();
-
-    IF l.epoch > 0 THEN
-        PERFORM pgfence._end_tenure(p_lease, l.epoch,
-                                    LEAST(l.expires_at, ts),
-                                    coalesce(NULLIF(pgfence._loss_reason(l, NULL::text, l.epoch, ts, tl),
-                                                    'released'::text), 'reacquired'::text));
-    END IF;
-
-    -- Failover safety: after a promotion the server writes WAL on a new timeline, and an asynchronous standby
-    -- may have lost the last epochs its old primary issued. Every epoch issued on timeline t is at least
-    -- (t - 1) * 2^32 + 1, which exceeds every epoch issued on earlier timelines (fewer than 2^32 acquisitions per
-    -- lease and timeline), so epochs keep increasing across failovers even when the counter went backwards.
-    new_epoch := GREATEST(l.epoch + 1, (tl - 1) * 4294967296 + 1);
-    UPDATE pgfence.leases
-       SET holder = p_holder, holder_role = session_user, epoch = new_epoch, state = 'held', ttl_ms = p_ttl_ms,
-           timeline = tl,
-           expires_at = ts + p_ttl_ms * interval '1 millisecond', acquired_at = ts, renewed_at = ts,
-           transitions = transitions + CASE WHEN holder IS DISTINCT FROM p_holder THEN 1 ELSE 0 END
-     WHERE name = p_lease;
-    INSERT INTO pgfence.tenures (lease, epoch, holder, acquired_at, timeline, system_identifier, instance_id,
-                                 server_addr, client_addr, application_name)
-    SELECT p_lease, new_epoch, p_holder, ts, tl, v.system_identifier, v.instance_id, v.server_addr,
-           v.client_addr, v.application_name
-      FROM pgfence._server_view() v;
-    -- 256 bits from the server's strong random source (two version-4 UUIDs: 244 random bits), as hexadecimal.
-    secret := encode(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()), 'hex');
-    secret_hash := sha256(convert_to(secret, 'UTF8'));
-    INSERT INTO pgfence.tenure_secrets (lease, epoch, hash)
-    VALUES (p_lease, new_epoch, secret_hash)
-    ON CONFLICT (lease) DO UPDATE SET epoch = EXCLUDED.epoch, hash = EXCLUDED.hash;
-    INSERT INTO pgfence.beliefs (lease, epoch, report_hash) VALUES (p_lease, new_epoch, secret_hash);
-    RETURN ROW('acquired', NULL, new_epoch, p_holder, p_ttl_ms, secret)::pgfence.lease_result;
+    RETURN pgfence._acquire_checked(p_lease, p_holder, p_ttl_ms, pgfence._timeline(),
+                                    (SELECT v FROM pgfence._server_view() v));
 END;
 $function$

@@ -137,7 +137,7 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
 /// The functions `grant_application` lets a role execute. The row-level security helpers and the text checks of
 /// the CHECK constraints run in the application role's own statements (policies and constraints are evaluated as
 /// the querying role): plain SQL, no definer rights.
-const APPLICATION: [&str; 38] = [
+const APPLICATION: [&str; 39] = [
     "_cluster_problem",
     "_lease_problem",
     "_max_cluster_len",
@@ -150,6 +150,7 @@ const APPLICATION: [&str; 38] = [
     "_reads_all",
     "_text_problem",
     "acquire",
+    "acquire_many",
     "append_event",
     "assign_group",
     "assigned_names",

@@ -6,6 +6,8 @@
 
 mod common;
 
+#[path = "acquire_many.rs"]
+mod acquire_many;
 #[path = "effects.rs"]
 mod effects;
 #[path = "embedded.rs"]

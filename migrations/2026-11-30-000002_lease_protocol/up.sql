@@ -244,33 +244,22 @@ BEGIN
 END;
 $$;
 
--- Acquire by compare-and-set: succeeds when the lease is new, released, expired (by the database clock) or
--- held by a tenure granted before the last promotion, and issues epoch + 1. The same holder acquiring again
--- while it holds also gets a new epoch: an acquisition always starts a new tenure and fences every earlier one
--- (a restarted process reusing its holder name must not inherit the writes in flight of its previous
--- incarnation). To extend a tenure, renew it. An acquisition returns the new tenure's secret, once: every
--- write, renewal and release of the tenure presents it (the database keeps only its SHA-256).
-CREATE FUNCTION pgfence.acquire(p_lease text, p_holder text, p_ttl_ms bigint)
+-- One acquisition, the caller having checked the arguments and the role's grant (acquire, acquire_many): by
+-- compare-and-set, decided first without a lock (a live tenure of another holder answers 'held' at once), then on
+-- the locked row after the guard lock (writes of the ending tenure past their check finish or are ended). p_view
+-- is the server's view for the tenure row (`_server_view`, read once per statement).
+CREATE FUNCTION pgfence._acquire_checked(p_lease text, p_holder text, p_ttl_ms bigint, p_timeline bigint,
+                                         p_view record)
 RETURNS pgfence.lease_result
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
     l   pgfence.leases;
     ts  timestamptz;
-    tl  bigint;
+    tl  bigint := p_timeline;
     new_epoch bigint;
     secret text;
     secret_hash bytea;
-    denied pgfence.lease_result;
 BEGIN
-    PERFORM pgfence._check_lease_args(p_lease, 1::bigint);
-    PERFORM pgfence._check_text('holder'::text, p_holder, pgfence._max_holder_len());
-    PERFORM pgfence._check_ttl(p_ttl_ms);
-    denied := pgfence._deny_lease_call(p_lease, 0::bigint, 'acquire'::text);
-    IF denied.outcome IS NOT NULL THEN
-        RETURN denied;
-    END IF;
-    tl := pgfence._timeline();
-
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
     IF FOUND AND pgfence._held_by_other(l, p_holder, clock_timestamp(), tl) THEN
         -- Decided without a lock: a live tenure of another holder stays live until it ends.
@@ -310,9 +299,8 @@ BEGIN
      WHERE name = p_lease;
     INSERT INTO pgfence.tenures (lease, epoch, holder, acquired_at, timeline, system_identifier, instance_id,
                                  server_addr, client_addr, application_name)
-    SELECT p_lease, new_epoch, p_holder, ts, tl, v.system_identifier, v.instance_id, v.server_addr,
-           v.client_addr, v.application_name
-      FROM pgfence._server_view() v;
+    VALUES (p_lease, new_epoch, p_holder, ts, tl, p_view.system_identifier, p_view.instance_id,
+            p_view.server_addr, p_view.client_addr, p_view.application_name);
     -- 256 bits from the server's strong random source (two version-4 UUIDs: 244 random bits), as hexadecimal.
     secret := encode(uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()), 'hex');
     secret_hash := sha256(convert_to(secret, 'UTF8'));
@@ -321,6 +309,94 @@ BEGIN
     ON CONFLICT (lease) DO UPDATE SET epoch = EXCLUDED.epoch, hash = EXCLUDED.hash;
     INSERT INTO pgfence.beliefs (lease, epoch, report_hash) VALUES (p_lease, new_epoch, secret_hash);
     RETURN ROW('acquired', NULL, new_epoch, p_holder, p_ttl_ms, secret)::pgfence.lease_result;
+END;
+$$;
+
+-- Acquire by compare-and-set: succeeds when the lease is new, released, expired (by the database clock) or
+-- held by a tenure granted before the last promotion, and issues epoch + 1. The same holder acquiring again
+-- while it holds also gets a new epoch: an acquisition always starts a new tenure and fences every earlier one
+-- (a restarted process reusing its holder name must not inherit the writes in flight of its previous
+-- incarnation). To extend a tenure, renew it. An acquisition returns the new tenure's secret, once: every
+-- write, renewal and release of the tenure presents it (the database keeps only its SHA-256).
+CREATE FUNCTION pgfence.acquire(p_lease text, p_holder text, p_ttl_ms bigint)
+RETURNS pgfence.lease_result
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    denied pgfence.lease_result;
+BEGIN
+    PERFORM pgfence._check_lease_args(p_lease, 1::bigint);
+    PERFORM pgfence._check_text('holder'::text, p_holder, pgfence._max_holder_len());
+    PERFORM pgfence._check_ttl(p_ttl_ms);
+    denied := pgfence._deny_lease_call(p_lease, 0::bigint, 'acquire'::text);
+    IF denied.outcome IS NOT NULL THEN
+        RETURN denied;
+    END IF;
+    RETURN pgfence._acquire_checked(p_lease, p_holder, p_ttl_ms, pgfence._timeline(),
+                                    (SELECT v FROM pgfence._server_view() v));
+END;
+$$;
+
+-- The most leases one acquire_many call takes: a batch holds the row and guard locks of the leases it acquired
+-- until it commits, so it is kept short.
+CREATE FUNCTION pgfence._max_acquire_batch() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 256';
+
+-- Several acquisitions for one holder in one statement and one transaction, each exactly as acquire's (a
+-- supervisor starting many tenures at once: the names a rebalance gave it). Leases are taken in name order (two
+-- batches over overlapping names cannot deadlock on their rows); each answers a row, in name order. Asked once
+-- per distinct cluster: the role's grant (a cluster without one answers 'refused' / 'no_grant' for its leases,
+-- audited once). For each lease acquired, also what a new tenure reads first, in the same snapshot of its start:
+-- in_doubt, how many effects earlier tenures left in doubt (`in_doubt_effects`: 0 spares the successor that
+-- read), and gap_us, how long the lease had no holder when the tenure before was released (a handover), by the
+-- database clock. Bad input (NULL, empty, too many, a lease named twice, a malformed one) writes nothing.
+CREATE FUNCTION pgfence.acquire_many(p_leases text[], p_holder text, p_ttl_ms bigint)
+RETURNS TABLE (lease text, outcome text, reason text, epoch bigint, holder text, expires_in_ms bigint,
+               secret text, in_doubt integer, gap_us bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    tl bigint;
+    view record;
+    refused text[];
+    r pgfence.lease_result;
+    n text;
+BEGIN
+    IF p_leases IS NULL OR cardinality(p_leases) = 0 OR cardinality(p_leases) > pgfence._max_acquire_batch()
+       OR array_position(p_leases, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: acquire_many takes 1 to % leases, none NULL', pgfence._max_acquire_batch()
+            USING ERRCODE = '22023', COLUMN = 'leases';
+    END IF;
+    IF (SELECT count(DISTINCT x) FROM unnest(p_leases) x) <> cardinality(p_leases) THEN
+        RAISE EXCEPTION 'pgfence: acquire_many names a lease twice' USING ERRCODE = '22023', COLUMN = 'leases';
+    END IF;
+    PERFORM pgfence._check_lease_args(x, 1::bigint) FROM unnest(p_leases) x;
+    PERFORM pgfence._check_text('holder'::text, p_holder, pgfence._max_holder_len());
+    PERFORM pgfence._check_ttl(p_ttl_ms);
+    -- One audited refusal per cluster without a grant (acquire's answer, through the same function).
+    refused := ARRAY(SELECT d.c FROM (SELECT pgfence._cluster_of(x) AS c, min(x) AS first
+                                        FROM unnest(p_leases) x GROUP BY 1) d
+                      WHERE (pgfence._deny_lease_call(d.first, 0::bigint, 'acquire'::text)).outcome IS NOT NULL);
+    tl := pgfence._timeline();
+    SELECT * INTO view FROM pgfence._server_view();
+    FOR n IN SELECT x FROM unnest(p_leases) x ORDER BY x LOOP
+        IF pgfence._cluster_of(n) = ANY (refused) THEN
+            RETURN QUERY SELECT n, 'refused'::text, 'no_grant'::text, NULL::bigint, NULL::text, NULL::bigint,
+                                NULL::text, NULL::integer, NULL::bigint;
+            CONTINUE;
+        END IF;
+        r := pgfence._acquire_checked(n, p_holder, p_ttl_ms, tl, view);
+        IF r.outcome <> 'acquired' THEN
+            RETURN QUERY SELECT n, r.outcome, r.reason, r.epoch, r.holder, r.expires_in_ms, NULL::text,
+                                NULL::integer, NULL::bigint;
+            CONTINUE;
+        END IF;
+        RETURN QUERY
+        SELECT n, r.outcome, r.reason, r.epoch, r.holder, r.expires_in_ms, r.secret,
+               (SELECT count(*)::integer FROM pgfence.in_doubt_effects(n)),
+               (SELECT CASE WHEN p.end_reason = 'released'
+                            THEN (extract(epoch FROM (t.acquired_at - p.ended_at)) * 1000000)::bigint END
+                  FROM pgfence.tenures p, pgfence.tenures t
+                 WHERE p.lease = n AND t.lease = n AND t.epoch = r.epoch AND p.epoch < r.epoch
+                 ORDER BY p.epoch DESC LIMIT 1);
+    END LOOP;
 END;
 $$;
 

@@ -214,7 +214,8 @@ LANGUAGE sql STABLE AS $$
                         'pgfence.effect_reports']::regclass[]) AS t(o)
     UNION ALL
     SELECT 'FUNCTION', f.o, 'EXECUTE', false
-      FROM unnest(ARRAY['pgfence.acquire(text, text, bigint)', 'pgfence.renew(text, bigint, text, bigint)',
+      FROM unnest(ARRAY['pgfence.acquire(text, text, bigint)', 'pgfence.acquire_many(text[], text, bigint)',
+                        'pgfence.renew(text, bigint, text, bigint)',
                         'pgfence.renew_many(text[], bigint[], text[], bigint)',
                         'pgfence.release(text, bigint, text)',
                         -- Judged per cluster by the function itself ('refused' / 'no_grant' without operator

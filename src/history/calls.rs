@@ -57,7 +57,79 @@ impl History<'_> {
         self.report_belief(lease, "end", at, Some(end)).await
     }
 
-    async fn report_belief(
+    /// Several belief reports in one statement (`pgfence.report_belief` laterally over arrays: one round trip,
+    /// one transaction): each one's answer, in order. The call fails as a whole (nothing recorded) when the
+    /// statement does.
+    pub(crate) async fn report_beliefs(
+        &self,
+        reports: &[super::queue::Report],
+    ) -> Result<Vec<Result<()>>> {
+        use diesel::sql_types::Array;
+        use diesel_async::RunQueryDsl;
+
+        #[derive(QueryableByName)]
+        struct Outcome {
+            #[diesel(sql_type = Text)]
+            outcome: String,
+            #[diesel(sql_type = Nullable<Text>)]
+            reason: Option<String>,
+        }
+
+        let mut conn = self.store.conn().await?;
+        let rows: Vec<Outcome> = diesel::sql_query(
+            "SELECT r.outcome, r.reason \
+               FROM unnest($1::text[], $2::int8[], $3::text[], $4::text[], $5::timestamptz[], $6::text[], \
+                           $7::text[], $8::text[]) \
+                    WITH ORDINALITY AS u(lease, epoch, secret, event, at, endpoint, cause, detail, ord) \
+              CROSS JOIN LATERAL pgfence.report_belief(u.lease, u.epoch, u.secret, u.event, u.at, $9, \
+                                                       u.endpoint, u.cause, u.detail) r \
+              ORDER BY u.ord",
+        )
+        .bind::<Array<Text>, _>(reports.iter().map(|r| r.lease.qualified_name()).collect::<Vec<_>>())
+        .bind::<Array<BigInt>, _>(reports.iter().map(|r| r.lease.epoch().get()).collect::<Vec<_>>())
+        .bind::<Array<Text>, _>(
+            reports
+                .iter()
+                .map(|r| r.lease.secret.expose_secret())
+                .collect::<Vec<_>>(),
+        )
+        .bind::<Array<Text>, _>(reports.iter().map(|r| r.event).collect::<Vec<_>>())
+        .bind::<Array<Timestamptz>, _>(reports.iter().map(|r| r.at).collect::<Vec<_>>())
+        .bind::<Array<Nullable<Text>>, _>(
+            reports
+                .iter()
+                .map(|r| if r.end.is_none() { self.store.endpoint() } else { None })
+                .collect::<Vec<_>>(),
+        )
+        .bind::<Array<Nullable<Text>>, _>(
+            reports
+                .iter()
+                .map(|r| r.end.map(BeliefEnd::cause))
+                .collect::<Vec<_>>(),
+        )
+        .bind::<Array<Nullable<Text>>, _>(
+            reports
+                .iter()
+                .map(|r| r.end.and_then(BeliefEnd::detail))
+                .collect::<Vec<_>>(),
+        )
+        .bind::<Timestamptz, _>(Utc::now())
+        .load(&mut *conn)
+        .await?;
+        if rows.len() != reports.len() {
+            return Err(crate::reply::unexpected(
+                "report_belief",
+                "a batch answered another number of rows",
+            ));
+        }
+        Ok(rows
+            .into_iter()
+            .zip(reports)
+            .map(|(row, report)| belief_answer(&report.lease, row.outcome, row.reason))
+            .collect())
+    }
+
+    pub(crate) async fn report_belief(
         &self,
         lease: &Lease,
         event: &'static str,
@@ -93,18 +165,7 @@ impl History<'_> {
         .bind::<Nullable<Text>, _>(end.and_then(BeliefEnd::detail))
         .get_result(&mut *conn)
         .await?;
-        match row.outcome.as_str() {
-            "recorded" | "kept" => Ok(()),
-            "refused" => Err(Error::Denied {
-                lease: lease.qualified_name().to_owned(),
-                operation: "report_belief".to_owned(),
-                reason: crate::reply::deny_reason("report_belief", row.reason.as_deref())?,
-            }),
-            other => Err(crate::reply::unexpected(
-                "report_belief",
-                &format!("outcome {other}"),
-            )),
-        }
+        belief_answer(lease, row.outcome, row.reason)
     }
 
     /// Every tenure of `name`, oldest first: the database's interval, the server's view of the acquiring
@@ -240,5 +301,21 @@ impl TryFrom<TenureRow> for Tenure {
                 end_received_at: r.end_received_at,
             },
         })
+    }
+}
+
+/// What `pgfence.report_belief` answered for a report of `lease`.
+fn belief_answer(lease: &Lease, outcome: String, reason: Option<String>) -> Result<()> {
+    match outcome.as_str() {
+        "recorded" | "kept" => Ok(()),
+        "refused" => Err(Error::Denied {
+            lease: lease.qualified_name().to_owned(),
+            operation: "report_belief".to_owned(),
+            reason: crate::reply::deny_reason("report_belief", reason.as_deref())?,
+        }),
+        other => Err(crate::reply::unexpected(
+            "report_belief",
+            &format!("outcome {other}"),
+        )),
     }
 }

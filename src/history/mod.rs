@@ -27,6 +27,7 @@ use crate::store::Store;
 use crate::types::{Epoch, LossReason};
 
 mod calls;
+pub(crate) mod queue;
 mod review;
 
 /// The record of a [`Store`]'s leases ([`Store::history`]): the holders' belief reports, every tenure of a

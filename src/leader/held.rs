@@ -14,16 +14,27 @@ use super::end::TenureEnd;
 use super::BoxFuture;
 use crate::error::Result;
 use crate::fence::Fence;
+use crate::history::queue::{BeliefQueue, Report};
 use crate::history::BeliefEnd;
 use crate::lease::{Lease, Released};
-use crate::metrics::{
-    METRIC_BELIEF_REPORTS_FAILED, METRIC_LEADER, METRIC_LOSSES, METRIC_TRANSITIONS,
-};
+use crate::metrics::{METRIC_LEADER, METRIC_LOSSES, METRIC_TRANSITIONS};
 use crate::types::{Epoch, LossReason};
+
+/// What the acquisition itself already read for a new tenure (the PostgreSQL elector's batched acquisition
+/// answers both in the statement that began it), so that the runtime does not read it again. `None`: not read.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct FirstReads {
+    /// How many effects earlier tenures left in doubt as this one began.
+    pub(super) in_doubt: Option<u32>,
+    /// The handover gap before this tenure (`Some(None)`: the tenure before was not released, or there is none).
+    pub(super) gap: Option<Option<Duration>>,
+}
 
 /// State shared by a [`HeldLease`], its renewal group and the elector.
 pub(super) struct Shared {
     pub(super) lease: Lease,
+    /// What the acquisition read for the tenure's start.
+    pub(super) first: FirstReads,
     pub(super) margin: Duration,
     /// Send time of the last successful acquire or renew + ttl, by the monotonic clock.
     pub(super) deadline: Mutex<Instant>,
@@ -37,60 +48,33 @@ pub(super) struct Shared {
     pub(super) reporter: Mutex<Option<BeliefReporter>>,
 }
 
-/// How long a belief report may take before it is given up (and counted as failed).
-const REPORT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Reports a tenure's belief to the store it was acquired from, in the background.
+/// Reports a tenure's belief to the store it was acquired from, in the background (batched with the other
+/// reports of the elector: [`BeliefQueue`]).
 #[derive(Debug, Clone)]
 pub(super) struct BeliefReporter {
-    pub(super) store: crate::store::Store,
-    pub(super) runtime: tokio::runtime::Handle,
+    pub(super) queue: Arc<BeliefQueue>,
 }
 
 impl BeliefReporter {
     /// Reports the start of the belief in `lease` (its acquisition reply's arrival).
     pub(super) fn started(&self, lease: &Lease) {
-        let (store, lease) = (self.store.clone(), lease.clone());
-        self.runtime.spawn(async move {
-            let history = store.history();
-            let report = history.report_belief_start(&lease);
-            report_outcome(
-                &lease,
-                "start",
-                tokio::time::timeout(REPORT_TIMEOUT, report).await,
-            );
+        self.queue.push(Report {
+            lease: lease.clone(),
+            event: "start",
+            at: lease.believed_from(),
+            end: None,
         });
     }
 
     /// Reports the end of the belief in `lease` at `at` (this process's wall clock).
     fn ended(self, lease: &Lease, at: chrono::DateTime<chrono::Utc>, end: BeliefEnd) {
-        let lease = lease.clone();
-        self.runtime.spawn(async move {
-            let history = self.store.history();
-            let report = history.report_belief_end(&lease, at, end);
-            report_outcome(
-                &lease,
-                "end",
-                tokio::time::timeout(REPORT_TIMEOUT, report).await,
-            );
+        self.queue.push(Report {
+            lease: lease.clone(),
+            event: "end",
+            at,
+            end: Some(end),
         });
     }
-}
-
-fn report_outcome(
-    lease: &Lease,
-    event: &'static str,
-    outcome: std::result::Result<Result<()>, tokio::time::error::Elapsed>,
-) {
-    let error = match outcome {
-        Ok(Ok(())) => return,
-        Ok(Err(e)) => e.to_string(),
-        Err(_) => format!("no answer within {REPORT_TIMEOUT:?}"),
-    };
-    tracing::warn!(lease = %lease.qualified_name(), epoch = %lease.epoch(), event, %error,
-        "belief report failed; the review shows this belief as unknown");
-    metrics::counter!(METRIC_BELIEF_REPORTS_FAILED, "lease" => lease.qualified_name().to_owned())
-        .increment(1);
 }
 
 impl fmt::Debug for Shared {
@@ -107,6 +91,7 @@ impl Shared {
     /// A held tenure; `reporter` reports the start of its belief now and its end when it ends.
     pub(super) fn new(
         lease: Lease,
+        first: FirstReads,
         margin: Duration,
         deadline: Instant,
         reporter: Option<BeliefReporter>,
@@ -116,6 +101,7 @@ impl Shared {
         }
         let shared = Arc::new(Shared {
             lease,
+            first,
             margin,
             deadline: Mutex::new(deadline),
             last_error: Mutex::new(None),

@@ -8,7 +8,7 @@ use tokio::sync::broadcast;
 
 use super::end::TenureEnd;
 use super::group::{Assigned, Leaver, MemberShared, Membership};
-use super::held::{Health, HeldLease, Releaser, Shared, Wake, Wakeups};
+use super::held::{FirstReads, Health, HeldLease, Releaser, Shared, Wake, Wakeups};
 use super::options::LeaseOptions;
 use super::BoxFuture;
 use super::Elector;
@@ -275,7 +275,13 @@ impl Elector for MemoryElector {
                 Instant::now(),
             );
             // Memory leases do not expire by time: only release and `lose` end them.
-            let shared = Shared::new(lease, Duration::ZERO, far_future(), None);
+            let shared = Shared::new(
+                lease,
+                FirstReads::default(),
+                Duration::ZERO,
+                far_future(),
+                None,
+            );
             entry.current = Some(Arc::downgrade(&shared));
             shared
         };

@@ -102,6 +102,11 @@ impl LeaderContext {
         self.tenure.believed_held()
     }
 
+    /// What the acquisition read for this tenure's start.
+    pub(super) fn first_reads(&self) -> super::held::FirstReads {
+        self.tenure.first
+    }
+
     /// By the monotonic clock, the instant until which this process trusts the tenure (send time of the last
     /// successful renewal + ttl − `safety_margin`); see [`HeldLease::trust_until`](super::HeldLease::trust_until). Useful to bound a write's
     /// timeout.
@@ -345,7 +350,11 @@ where
     // What the tenures before this one left in doubt, read before the callback runs, so that a controller
     // settles it before its first write instead of remembering to look. A transient failure is retried while
     // the tenure lasts; any other ends the run with the error (the tenure released).
+    // (Not read again when the acquisition answered it: none in doubt.)
     let in_doubt = loop {
+        if lease.shared.first.in_doubt == Some(0) {
+            break Vec::new();
+        }
         match elector.in_doubt(name).await {
             Ok(list) => break list,
             Err(e) if e.is_transient() => {

@@ -66,35 +66,7 @@ impl Store {
                 ttl_ms,
             )))
             .await?;
-        // Microseconds, as the database keeps it.
-        let believed_from = chrono::SubsecRound::trunc_subsecs(Utc::now(), 6);
-        match row.decode("acquire")? {
-            LeaseReply::Acquired { epoch, secret } => {
-                tracing::info!(lease = %qualified, %epoch, holder, "lease acquired");
-                Ok(Lease {
-                    name: name.to_owned(),
-                    qualified,
-                    holder: holder.to_owned(),
-                    epoch,
-                    secret,
-                    ttl,
-                    local_deadline: sent + ttl,
-                    believed_from,
-                })
-            }
-            LeaseReply::Denied(reason) => Err(denied(qualified, "acquire", reason)),
-            LeaseReply::Held {
-                holder,
-                epoch,
-                expires_in,
-            } => Err(Error::Held {
-                lease: qualified,
-                holder,
-                epoch,
-                expires_in,
-            }),
-            other => Err(unexpected_reply("acquire", &other)),
-        }
+        acquisition(name, qualified, holder, ttl, sent, row)
     }
 
     /// Extends the tenure by its ttl, only while holder and epoch still match and the lease has not expired by
@@ -276,6 +248,47 @@ impl Admin<'_> {
 }
 
 /// The [`Error::Denied`] of a lease call the database refused (and audited).
+/// A tenure from what `pgfence.acquire` (or one row of `pgfence.acquire_many`) answered for `name`, sent at
+/// `sent`: the lease, or why not.
+pub(super) fn acquisition(
+    name: &str,
+    qualified: String,
+    holder: &str,
+    ttl: Duration,
+    sent: Instant,
+    row: LeaseResultRow,
+) -> Result<Lease> {
+    // Microseconds, as the database keeps it.
+    let believed_from = chrono::SubsecRound::trunc_subsecs(Utc::now(), 6);
+    match row.decode("acquire")? {
+        LeaseReply::Acquired { epoch, secret } => {
+            tracing::info!(lease = %qualified, %epoch, holder, "lease acquired");
+            Ok(Lease {
+                name: name.to_owned(),
+                qualified,
+                holder: holder.to_owned(),
+                epoch,
+                secret,
+                ttl,
+                local_deadline: sent + ttl,
+                believed_from,
+            })
+        }
+        LeaseReply::Denied(reason) => Err(denied(qualified, "acquire", reason)),
+        LeaseReply::Held {
+            holder,
+            epoch,
+            expires_in,
+        } => Err(Error::Held {
+            lease: qualified,
+            holder,
+            epoch,
+            expires_in,
+        }),
+        other => Err(unexpected_reply("acquire", &other)),
+    }
+}
+
 fn denied(lease: String, operation: &str, reason: LossReason) -> Error {
     tracing::warn!(%lease, operation, reason = %denial_text(reason), "lease call denied");
     Error::Denied {

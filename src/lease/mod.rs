@@ -16,9 +16,11 @@ use serde::{Deserialize, Serialize};
 use crate::types::{Epoch, LossReason};
 
 mod calls;
+mod many;
 mod rows;
 mod secret;
 
+pub(crate) use many::{Begun, MAX_ACQUIRE_BATCH};
 pub use secret::TenureSecret;
 
 /// A tenure this process holds: the lease name, the holder, the epoch the database issued and the local

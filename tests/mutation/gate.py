@@ -84,7 +84,7 @@ class Mutation:
 # The suites that are modules of the shared test binary tests/suite.rs (see Cargo.toml's [[test]] targets).
 SUITE_MODULES = {"guard", "lease", "store", "privileges", "trust", "sqlstate", "hostile", "multihost", "embedded",
                  "tls", "takeover", "standby", "migrations", "overlap", "hardening", "layout", "regress",
-                 "membership", "spread", "native", "effects", "ledger_races"}
+                 "membership", "spread", "native", "effects", "ledger_races", "acquire_many"}
 
 
 # The native guard's differential test: every combination of the verdict's inputs through both guards.
@@ -551,6 +551,21 @@ MUTATIONS: list[Mutation] = [
         [Edit("sql:renew_many", "    -- Clusters the role has no grant on: their leases are refused.\n",
               "    PERFORM 1 FROM pgfence.leases l WHERE l.name = ANY (p_leases) ORDER BY l.name FOR NO KEY UPDATE OF l;\n")],
         [cargo_test("hardening", "a_forged_call_left_open_delays_neither_the_holder_nor_a_takeover")],
+    ),
+    Mutation(
+        "acquire-many-ignores-grant",
+        "a batched acquisition acquires the leases of a cluster the role has no grant on",
+        [Edit("sql:acquire_many",
+              "WHERE (pgfence._deny_lease_call(d.first, 0::bigint, 'acquire'::text)).outcome IS NOT NULL);",
+              "WHERE false);")],
+        [cargo_test("acquire_many", "a_batch_refuses_the_leases_of_a_cluster_without_a_grant_and_audits_once")],
+    ),
+    Mutation(
+        "acquire-many-counts-no-doubt",
+        "a batched acquisition answers that nothing is in doubt, so the runtime hands a new tenure's callback none "
+        "of the effects its predecessors left in doubt",
+        [Edit("sql:acquire_many", "(SELECT count(*)::integer FROM pgfence.in_doubt_effects(n))", "0")],
+        [cargo_test("effects", "a_new_tenure_s_callback_is_handed_the_effects_in_doubt")],
     ),
     Mutation(
         "belief-report-locks-before-the-check",

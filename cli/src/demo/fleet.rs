@@ -70,6 +70,11 @@ pub(crate) struct FleetReport {
     ttl_ms: u128,
     /// From the last start to balanced (every name led, every replica within its quota).
     converged_ms: Option<u128>,
+    /// From the first start to balanced: every statement's calls and server time, and the statements with the
+    /// most server time (calls, total server ms, the statement) — where the convergence went.
+    converging_calls: f64,
+    converging_server_ms: f64,
+    converging_statements: Vec<(f64, f64, String)>,
     /// Tenures begun during the stable window (0: nothing moved).
     moved_while_stable: i64,
     stable_ms: u128,
@@ -399,6 +404,9 @@ async fn measure(
             fleet.args.names
         ),
     );
+    if statements {
+        fleet.query("SELECT pg_stat_statements_reset()").await?;
+    }
     for i in 0..m {
         fleet.spawn(&format!("r{i:03}"))?;
         tokio::time::sleep(START_EVERY).await;
@@ -411,6 +419,13 @@ async fn measure(
         return Ok(());
     };
     story.say("fleet", format!("balanced {took:?} after the last start"));
+    if statements {
+        (
+            report.converging_calls,
+            report.converging_server_ms,
+            report.converging_statements,
+        ) = report::statement_profile(fleet).await?;
+    }
     steady(fleet, report, story, statements).await?;
     kill(fleet, report, story).await?;
     stop(fleet, report, story).await?;

@@ -1,8 +1,8 @@
-//! The PostgreSQL [`Elector`](super::Elector): acquisition, batched renewal on a connection of its own
+//! The PostgreSQL [`Elector`](super::Elector): batched acquisition (`acquire`), batched renewal on a connection of its own
 //! (`renew`), release announcements and the groups' news through LISTEN/NOTIFY (`listen`), and the group's
 //! rebalance (`rebalance`).
 //!
-//! SQL: `pgfence.renew_many` and the `pgfence_lease_free` notification of `pgfence.release` and
+//! SQL: `pgfence.acquire_many`, `pgfence.renew_many` and the `pgfence_lease_free` notification of `pgfence.release` and
 //! `pgfence.force_release`, in `migrations/2026-11-30-000002_lease_protocol/up.sql`; the group calls of
 //! `migrations/2026-11-30-000005_membership/up.sql`.
 
@@ -18,12 +18,15 @@ use super::options::LeaseOptions;
 use super::BoxFuture;
 use super::Elector;
 use crate::error::{Error, Result};
+use crate::history::queue::BeliefQueue;
 use crate::lease::{Lease, Released};
 use crate::membership::{Member, MemberSpec, NameSets, Rebalance};
 use crate::store::Store;
+use acquire::Acquisitions;
 use listen::{listen, warm_lease_names, Channels};
 use renew::{GroupKey, Renewals};
 
+mod acquire;
 mod listen;
 mod rebalance;
 mod renew;
@@ -38,6 +41,10 @@ pub struct PgElector {
 #[derive(Debug)]
 struct PgInner {
     store: Store,
+    /// Acquisitions, batched per holder and ttl.
+    acquisitions: Arc<Acquisitions>,
+    /// Belief reports, batched (made on the runtime of the first acquisition).
+    beliefs: OnceLock<Arc<BeliefQueue>>,
     /// Lock key → lease name, for the release listener (a notification carries the key); shared so that a
     /// roster read can warm it (`warm_lease_names`) and a release is never waited on behind a lookup.
     lease_names: Arc<Mutex<HashMap<i32, String>>>,
@@ -69,6 +76,8 @@ impl PgElector {
         PgElector {
             inner: Arc::new(PgInner {
                 renewals: Arc::new(Renewals::new(store.clone())),
+                acquisitions: Acquisitions::new(store.clone()),
+                beliefs: OnceLock::new(),
                 store,
                 lease_names: Arc::default(),
                 notifications: OnceLock::new(),
@@ -158,13 +167,20 @@ impl Elector for PgElector {
 
     async fn acquire(&self, name: &str, holder: &str, options: &LeaseOptions) -> Result<HeldLease> {
         options.validate()?;
-        let lease = self.inner.store.acquire(name, holder, options.ttl).await?;
+        let (lease, first) = self
+            .inner
+            .acquisitions
+            .acquire(name, holder, options.ttl)
+            .await?;
         let deadline = lease.local_deadline();
         let reporter = options.report_beliefs.then(|| BeliefReporter {
-            store: self.inner.store.clone(),
-            runtime: tokio::runtime::Handle::current(),
+            queue: self
+                .inner
+                .beliefs
+                .get_or_init(|| BeliefQueue::new(self.inner.store.clone()))
+                .clone(),
         });
-        let shared = Shared::new(lease, options.safety_margin, deadline, reporter);
+        let shared = Shared::new(lease, first, options.safety_margin, deadline, reporter);
         self.join_group(
             GroupKey {
                 holder: holder.to_owned(),

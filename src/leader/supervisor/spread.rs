@@ -57,6 +57,10 @@ impl View {
 /// How long an orderly shutdown waits for the leave before it stops the names' loops anyway.
 const LEAVE_WAIT: Duration = Duration::from_secs(5);
 
+/// How long an orderly shutdown, once it left, waits for the group's assignment without it before it stops the
+/// names' loops anyway (the leave makes the assignment due at once: a claim, one computation, one write).
+const SUCCESSOR_WAIT: Duration = Duration::from_secs(2);
+
 /// The longest random delay before a member asks for a claim that just became due: members that learn of it
 /// together (from the group's channel, or heartbeats of one moment) do not all ask at once. Short next to the
 /// quiet time, and one ask costs one indexed read when another member got the claim.
@@ -136,9 +140,10 @@ impl<E: Elector> Balancer<E> {
                 .member_loop(&mut membership, &mut wakeups, &view, &shutdown)
                 .await
             {
+                let (channel, generation) = (membership.channel(), membership.state().generation);
                 // Bounded: a database that does not answer must not hold the shutdown.
                 match tokio::time::timeout(LEAVE_WAIT, membership.leave()).await {
-                    Ok(Ok(_)) => {}
+                    Ok(Ok(_)) => self.await_successors(&mut wakeups, &channel, generation).await,
                     Ok(Err(e)) => tracing::warn!(error = %e, "leaving the group failed; it expires after its ttl"),
                     Err(_) => tracing::warn!("leaving the group took longer than {LEAVE_WAIT:?}; it expires after its ttl"),
                 }
@@ -215,6 +220,30 @@ impl<E: Elector> Balancer<E> {
         }
     }
 
+    /// After an orderly leave, before the names' loops stop: waits (at most [`SUCCESSOR_WAIT`]) until the group
+    /// stored the assignment without this replica, so that each of its names has a successor campaigning — having
+    /// read its names — when the release comes, and the handover costs a notification, not a rebalance. Not when
+    /// this replica was the only member counted (nobody is there to take over).
+    async fn await_successors(
+        &self,
+        wakeups: &mut crate::leader::Wakeups,
+        channel: &str,
+        generation: i64,
+    ) {
+        if lock(&self.status).counted <= 1 {
+            return;
+        }
+        let until = tokio::time::Instant::now() + SUCCESSOR_WAIT;
+        loop {
+            match wakeups.group_event(channel, until).await {
+                Some(GroupEvent::Group(GroupWake::Assigned(g))) if g > generation => return,
+                Some(GroupEvent::Group(_)) => {}
+                // Something may have been missed, or the wait ran out: stop waiting.
+                Some(GroupEvent::Missed) | None => return,
+            }
+        }
+    }
+
     /// Asks for the group's rebalance (and does it when this member gets the claim); answers when to ask again.
     async fn ask(&self, membership: &Membership) -> Option<tokio::time::Instant> {
         let now = tokio::time::Instant::now();
@@ -258,10 +287,13 @@ impl<E: Elector> Balancer<E> {
             .set(assigned.members as f64);
         metrics::gauge!(METRIC_GROUP_NAMES_ASSIGNED, "group" => group)
             .set(assigned.names.len() as f64);
-        if let Some(status) = lock(&self.status).group.as_mut() {
-            status.generation = assigned.generation;
-            status.assigned = assigned.names.clone();
+        let mut status = lock(&self.status);
+        status.counted = assigned.members;
+        if let Some(group) = status.group.as_mut() {
+            group.generation = assigned.generation;
+            group.assigned = assigned.names.clone();
         }
+        drop(status);
         view.send_replace(View {
             known: true,
             assigned: assigned.names,
@@ -486,8 +518,13 @@ impl<E: Elector> NameLoop<E> {
             metrics::gauge!(METRIC_GROUP_NAMES_LED, "group" => group.clone()).set(led as f64);
             let token = ctx.cancellation_token();
             let epoch = ctx.epoch();
+            let known_gap = ctx.first_reads().gap;
             tokio::spawn(async move {
-                if let Some(gap) = elector.handover_gap(&name, epoch).await {
+                let gap = match known_gap {
+                    Some(gap) => gap,
+                    None => elector.handover_gap(&name, epoch).await,
+                };
+                if let Some(gap) = gap {
                     metrics::histogram!(METRIC_HANDOVER_GAP, "group" => group)
                         .record(gap.as_secs_f64());
                 }

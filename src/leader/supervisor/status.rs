@@ -16,6 +16,8 @@ pub(super) struct Status {
     pub(super) group: Option<GroupStatus>,
     /// Tenures handed over, counted by the names' loops.
     pub(super) handovers: Arc<AtomicU64>,
+    /// The members the group's last assignment counted, as this replica last read it.
+    pub(super) counted: usize,
 }
 
 /// Where a spreading supervisor stands in its group.

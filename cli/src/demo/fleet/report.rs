@@ -1,7 +1,31 @@
 //! The fleet scenario's report: the table on stdout, and the names led over time as a picture.
 
-use super::{FleetReport, START_EVERY};
+use super::{Fleet, FleetReport, START_EVERY};
 use crate::Failure;
+
+/// Every statement since the last reset of `pg_stat_statements`: (calls, total server ms, the statements with the
+/// most server time: calls, total server ms, the statement's first 100 characters).
+pub(super) async fn statement_profile(
+    fleet: &Fleet,
+) -> Result<(f64, f64, Vec<(f64, f64, String)>), Failure> {
+    let total = fleet
+        .query(
+            "SELECT coalesce(sum(calls), 0)::float8, coalesce(sum(total_exec_time), 0)::float8 \
+               FROM pg_stat_statements",
+        )
+        .await?;
+    let top = fleet
+        .query(
+            "SELECT calls::float8, total_exec_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 100) \
+               FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 8",
+        )
+        .await?;
+    Ok((
+        total[0].get(0),
+        total[0].get(1),
+        top.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect(),
+    ))
+}
 
 pub(super) fn print_report(r: &FleetReport) {
     let ms = |v: Option<u128>| {
@@ -18,6 +42,15 @@ pub(super) fn print_report(r: &FleetReport) {
         START_EVERY.as_millis()
     );
     println!("  balanced after the last start     {}", ms(r.converged_ms));
+    if r.converging_calls > 0.0 {
+        println!(
+            "  statements until balanced         {:.0} ({:.0} ms server time)",
+            r.converging_calls, r.converging_server_ms
+        );
+        for (calls, total, statement) in &r.converging_statements {
+            println!("      {calls:>8.0} {total:>9.0} ms  {statement}");
+        }
+    }
     println!(
         "  tenures begun while stable        {} (in {:.0} s)",
         r.moved_while_stable,

@@ -1,0 +1,227 @@
+//! `pgfence.acquire_many`, the batched acquisition the PostgreSQL elector sends when many of its names must be
+//! acquired at once: each lease is answered exactly as `pgfence.acquire` would answer it, bad input writes
+//! nothing, a cluster without a grant is refused and audited, and the elector's concurrent acquisitions of one
+//! holder go out together.
+
+use std::time::Duration;
+
+use crate::common::{client_as, fixture, sqlstate, wait_until_expired, TestDb};
+use pgfence::leader::{Elector, LeaseOptions, PgElector};
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// One row of `acquire_many`: (lease, outcome, reason, epoch, holder, secret, in_doubt, gap_us).
+type Row = (
+    String,
+    String,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<i32>,
+    Option<i64>,
+);
+
+async fn acquire_many(c: &tokio_postgres::Client, leases: &[&str], holder: &str) -> Vec<Row> {
+    c.query(
+        "SELECT lease, outcome, reason, epoch, holder, secret, in_doubt, gap_us \
+           FROM pgfence.acquire_many($1, $2, 30000)",
+        &[&leases, &holder],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| {
+        (
+            r.get(0),
+            r.get(1),
+            r.get(2),
+            r.get(3),
+            r.get(4),
+            r.get(5),
+            r.get(6),
+            r.get(7),
+        )
+    })
+    .collect()
+}
+
+/// Invariant 1 (strictly increasing epochs, compare-and-set), through the batch: a new lease, one another holder
+/// holds live, one released and one expired are answered as `acquire` answers each — acquired with the next
+/// epoch (the previous tenure ended), held with the live holder, acquired, acquired — in name order, each
+/// acquired tenure with a secret the lease's renewal accepts; the handover gap is given only after a release.
+#[tokio::test]
+async fn each_lease_of_a_batch_is_answered_as_acquire_answers_it() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let held = fixture::lease(&store, "b-held").holder("other").await;
+    let released = fixture::lease(&store, "c-released").holder("other").await;
+    store.release(&released).await.unwrap();
+    let expired = fixture::lease(&store, "d-expired")
+        .holder("other")
+        .ttl(Duration::from_millis(200))
+        .await;
+    let c = db.client().await;
+    wait_until_expired(&c, "c/d-expired").await;
+
+    let rows = acquire_many(
+        &c,
+        &["c/d-expired", "c/a-new", "c/c-released", "c/b-held"],
+        "me",
+    )
+    .await;
+    let names: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(
+        names,
+        ["c/a-new", "c/b-held", "c/c-released", "c/d-expired"],
+        "name order"
+    );
+    let outcome = |i: usize| (rows[i].1.as_str(), rows[i].3);
+    assert_eq!(outcome(0), ("acquired", Some(1)));
+    assert_eq!(outcome(1), ("held", Some(held.epoch().get())));
+    assert_eq!(rows[1].4.as_deref(), Some("other"));
+    assert!(rows[1].5.is_none(), "a held lease gives no secret");
+    assert_eq!(outcome(2), ("acquired", Some(released.epoch().get() + 1)));
+    assert_eq!(outcome(3), ("acquired", Some(expired.epoch().get() + 1)));
+    assert!(
+        rows[2].7.is_some_and(|us| us >= 0),
+        "a released predecessor: a gap"
+    );
+    assert_eq!(rows[3].7, None, "an expired predecessor: no handover gap");
+    assert_eq!(rows[0].7, None, "no predecessor: no gap");
+    for row in [&rows[0], &rows[2], &rows[3]] {
+        assert_eq!(row.6, Some(0), "nothing in doubt");
+        let renewed: String = c
+            .query_one(
+                "SELECT outcome FROM pgfence.renew($1, $2, $3, 30000)",
+                &[&row.0, &row.3.unwrap(), &row.5.as_deref().unwrap()],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(renewed, "renewed", "{}", row.0);
+    }
+    let ended: String = c
+        .query_one(
+            "SELECT end_reason FROM pgfence.tenures WHERE lease = 'c/d-expired' AND epoch = $1",
+            &[&expired.epoch().get()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        ended, "expired",
+        "the tenure before was ended as acquire ends it"
+    );
+}
+
+/// Bad input writes nothing (invariant: a refused call leaves no trace but its error): NULL, empty, too many,
+/// a NULL lease, a lease named twice, a malformed one, a bad holder or ttl — 22023 before any lease row exists.
+#[tokio::test]
+async fn bad_input_to_a_batch_writes_nothing() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    let many: Vec<String> = (0..257).map(|i| format!("c/n{i}")).collect();
+    let cases = [
+        "SELECT * FROM pgfence.acquire_many(NULL, 'me', 30000)".to_owned(),
+        "SELECT * FROM pgfence.acquire_many('{}', 'me', 30000)".to_owned(),
+        format!(
+            "SELECT * FROM pgfence.acquire_many('{{{}}}', 'me', 30000)",
+            many.join(",")
+        ),
+        "SELECT * FROM pgfence.acquire_many(ARRAY['c/a', NULL], 'me', 30000)".to_owned(),
+        "SELECT * FROM pgfence.acquire_many(ARRAY['c/a', 'c/a'], 'me', 30000)".to_owned(),
+        "SELECT * FROM pgfence.acquire_many(ARRAY['c/a', 'no-cluster'], 'me', 30000)".to_owned(),
+        "SELECT * FROM pgfence.acquire_many(ARRAY['c/a'], '', 30000)".to_owned(),
+        "SELECT * FROM pgfence.acquire_many(ARRAY['c/a'], 'me', 1)".to_owned(),
+    ];
+    for sql in &cases {
+        let err = c.batch_execute(sql).await.unwrap_err();
+        assert_eq!(sqlstate(&err), "22023", "{sql}: {err}");
+    }
+    let rows: i64 = c
+        .query_one(
+            "SELECT (SELECT count(*) FROM pgfence.leases) + (SELECT count(*) FROM pgfence.tenures) \
+                  + (SELECT count(*) FROM pgfence.rejections)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "nothing written");
+}
+
+/// Invariant 6 (a role reaches only the clusters it was granted), through the batch: the leases of a cluster the
+/// role has no grant on are refused with `no_grant` and audited once for the call; the granted cluster's leases
+/// are acquired in the same call.
+#[tokio::test]
+async fn a_batch_refuses_the_leases_of_a_cluster_without_a_grant_and_audits_once() {
+    let db = TestDb::new().await;
+    let owner = db.store("c").await;
+    let (role, _store) = fixture::app_store(&db, &owner, "app", "c").await;
+    let c = client_as(&db, &role).await;
+    let rows = acquire_many(&c, &["c/a", "x/a", "x/b"], "me").await;
+    let answers: Vec<(&str, &str, Option<&str>)> = rows
+        .iter()
+        .map(|r| (r.0.as_str(), r.1.as_str(), r.2.as_deref()))
+        .collect();
+    assert_eq!(
+        answers,
+        [
+            ("c/a", "acquired", None),
+            ("x/a", "refused", Some("no_grant")),
+            ("x/b", "refused", Some("no_grant"))
+        ]
+    );
+    let admin = db.client().await;
+    let audited: i64 = admin
+        .query_one(
+            "SELECT coalesce(sum(count), 0)::int8 FROM pgfence.rejections WHERE reason = 'no_grant'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(audited, 1, "one refusal audited for the call");
+    let x_rows: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pgfence.leases WHERE name LIKE 'x/%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(x_rows, 0, "nothing written for the refused cluster");
+}
+
+/// The elector batches: 300 acquisitions of one holder started together (polled once each before the batch's
+/// task can run: a current-thread runtime) are sent as two statements (256 + 44, the batch's limit) — each
+/// statement is one transaction, so the leases it acquired share one xmin — and every caller gets its own tenure.
+/// A caller of the same names under another holder meanwhile is answered `Held`, as by `acquire`.
+#[tokio::test]
+async fn concurrent_acquisitions_of_one_holder_go_out_as_few_statements() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let elector = PgElector::new(store.clone());
+    let options = LeaseOptions::new(TTL);
+    let names: Vec<String> = (0..300).map(|i| format!("shard/{i:03}")).collect();
+    let acquired =
+        futures_util::future::join_all(names.iter().map(|n| elector.acquire(n, "pod-a", &options)))
+            .await;
+    let mut epochs = Vec::new();
+    for (name, lease) in names.iter().zip(&acquired) {
+        let lease = lease.as_ref().unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(lease.name(), name);
+        epochs.push(lease.epoch().get());
+    }
+    assert!(epochs.iter().all(|e| *e == 1));
+    let statements = db
+        .scalar("SELECT count(DISTINCT xmin::text) FROM pgfence.leases WHERE name LIKE 'c/shard/%'")
+        .await;
+    assert_eq!(statements, 2, "300 acquisitions in 2 statements");
+    let other = elector.acquire(&names[0], "pod-b", &options).await;
+    assert!(
+        matches!(other, Err(pgfence::Error::Held { ref holder, .. }) if holder == "pod-a"),
+        "{other:?}"
+    );
+}

@@ -1,6 +1,6 @@
 -- pgfence._acquire_checked as the migrations leave it; defined last in migrations/2026-11-30-000002_lease_protocol/up.sql.
 -- Generated from the database (see README.md): edit the migrations, then bless.
-CREATE OR REPLACE FUNCTION pgfence._acquire_checked(p_lease text, p_holder text, p_ttl_ms bigint, p_timeline bigint, p_view record)
+CREATE OR REPLACE FUNCTION pgfence._acquire_checked(p_lease text, p_holder text, p_ttl_ms bigint, p_timeline bigint, p_view record, p_wait boolean DEFAULT true)
  RETURNS pgfence.lease_result
  LANGUAGE plpgsql
 AS $function$
@@ -21,14 +21,27 @@ BEGIN
     END IF;
 
     -- The row lock first (a rival taker or a renewal in flight), then the guard lock (guarded writes in flight).
-    l := pgfence._lock_lease_row(p_lease, p_create => true);
+    IF p_wait THEN
+        l := pgfence._lock_lease_row(p_lease, p_create => true);
+    ELSE
+        INSERT INTO pgfence.leases (name) VALUES (p_lease) ON CONFLICT (name) DO NOTHING;
+        SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR NO KEY UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN ROW('busy', NULL, NULL, NULL, NULL, NULL)::pgfence.lease_result;
+        END IF;
+    END IF;
     -- Read the clock after the lock wait: expiry is judged at the moment we own the row.
     ts := clock_timestamp();
     IF pgfence._held_by_other(l, p_holder, ts, tl) THEN
         RETURN ROW('held', NULL, l.epoch, l.holder,
                    ceil(extract(epoch FROM (l.expires_at - ts)) * 1000)::bigint, NULL)::pgfence.lease_result;
     END IF;
-    PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
+    IF p_wait THEN
+        PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
+    ELSIF NOT (pg_catalog.pg_try_advisory_xact_lock(pgfence._guard_lock_class(), -l.lock_key)
+               AND pg_catalog.pg_try_advisory_xact_lock(pgfence._guard_lock_class(), l.lock_key)) THEN
+        RETURN ROW('busy', NULL, NULL, NULL, NULL, NULL)::pgfence.lease_result;
+    END IF;
     ts := clock_timestamp();
 
     IF l.epoch > 0 THEN

@@ -36,7 +36,7 @@ BEGIN
                                 NULL::text, NULL::integer, NULL::bigint;
             CONTINUE;
         END IF;
-        r := pgfence._acquire_checked(n, p_holder, p_ttl_ms, tl, view);
+        r := pgfence._acquire_checked(n, p_holder, p_ttl_ms, tl, view, p_wait => false);
         IF r.outcome <> 'acquired' THEN
             RETURN QUERY SELECT n, r.outcome, r.reason, r.epoch, r.holder, r.expires_in_ms, NULL::text,
                                 NULL::integer, NULL::bigint;

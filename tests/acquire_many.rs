@@ -225,3 +225,42 @@ async fn concurrent_acquisitions_of_one_holder_go_out_as_few_statements() {
         "{other:?}"
     );
 }
+
+/// Liveness (every wait on a lock is bounded): a batch waits for no lock, since it holds what it took until all
+/// of it commits. A lease whose row another transaction holds is answered `busy` at once — nothing done for it,
+/// its epoch unchanged — while the batch's other lease is acquired; through the elector, the busy lease is then
+/// acquired alone (with `acquire`'s bounded wait) once the row is free.
+#[tokio::test]
+async fn a_batch_answers_busy_for_a_locked_lease_and_the_elector_acquires_it_alone() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let old = fixture::lease(&store, "locked").holder("other").await;
+    store.release(&old).await.unwrap();
+    let lock = crate::common::RowLock::take(&db, "c/locked").await;
+    let c = db.client().await;
+    let rows = tokio::time::timeout(
+        Duration::from_secs(5),
+        acquire_many(&c, &["c/locked", "c/free"], "me"),
+    )
+    .await
+    .expect("a batch waits for no lock");
+    let answers: Vec<(&str, &str)> = rows.iter().map(|r| (r.0.as_str(), r.1.as_str())).collect();
+    assert_eq!(answers, [("c/free", "acquired"), ("c/locked", "busy")]);
+    let epoch = db
+        .scalar("SELECT epoch FROM pgfence.leases WHERE name = 'c/locked'")
+        .await;
+    assert_eq!(epoch, old.epoch().get(), "nothing done for the busy lease");
+
+    let elector = PgElector::new(store.clone());
+    let options = LeaseOptions::new(TTL);
+    let acquiring = elector.acquire("locked", "pod-a", &options);
+    tokio::pin!(acquiring);
+    // Alone, it waits for the row (bounded): seen waiting in pg_locks, then the lock is let go.
+    tokio::select! {
+        _ = &mut acquiring => panic!("acquired while the row is locked"),
+        _ = crate::common::wait_until_blocked_on_lock(&db, 1) => {}
+    }
+    lock.release().await;
+    let lease = acquiring.await.unwrap();
+    assert_eq!(lease.epoch().get(), old.epoch().get() + 1);
+}

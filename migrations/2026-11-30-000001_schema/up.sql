@@ -492,7 +492,8 @@ CREATE TABLE pgfence.tenure_secrets (
 
 -- outcome: 'acquired' | 'renewed' | 'released' (done) | 'held' (acquire: another holder's live tenure) |
 --          'not_held' (release, force_release: no live tenure of that epoch to end) | 'refused' (the presented
---          tenure, or the role, may not do this; audited)
+--          tenure, or the role, may not do this; audited) | 'busy' (acquire_many only: another transaction holds
+--          the lease's row or guard lock; nothing done for it, acquire it alone)
 -- reason (for 'refused'): 'no_grant' | 'bad_secret' | 'superseded' | 'expired' | 'released' | 'unknown_lease'
 --                         | 'future_epoch' | 'failover'; (for 'not_held'): the same loss reasons;
 --        (for 'released'): NULL, or 'expired' / 'failover' when the tenure had already ended that way

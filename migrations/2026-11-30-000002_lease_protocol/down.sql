@@ -14,7 +14,7 @@ DROP FUNCTION pgfence.renew(text, bigint, text, bigint);
 DROP FUNCTION pgfence.acquire_many(text[], text, bigint);
 DROP FUNCTION pgfence._max_acquire_batch();
 DROP FUNCTION pgfence.acquire(text, text, bigint);
-DROP FUNCTION pgfence._acquire_checked(text, text, bigint, bigint, record);
+DROP FUNCTION pgfence._acquire_checked(text, text, bigint, bigint, record, boolean);
 DROP FUNCTION pgfence._server_view();
 DROP FUNCTION pgfence._deny_lease_call(text, bigint, text, boolean);
 DROP FUNCTION pgfence._end_tenure(text, bigint, timestamptz, text);

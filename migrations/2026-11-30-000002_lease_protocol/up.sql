@@ -247,9 +247,11 @@ $$;
 -- One acquisition, the caller having checked the arguments and the role's grant (acquire, acquire_many): by
 -- compare-and-set, decided first without a lock (a live tenure of another holder answers 'held' at once), then on
 -- the locked row after the guard lock (writes of the ending tenure past their check finish or are ended). p_view
--- is the server's view for the tenure row (`_server_view`, read once per statement).
+-- is the server's view for the tenure row (`_server_view`, read once per statement). Without p_wait (a batch,
+-- whose locks are held until all of it commits) it waits for no lock: a lease whose row or guard lock another
+-- transaction holds answers 'busy', and is acquired alone, with acquire's bounded waits.
 CREATE FUNCTION pgfence._acquire_checked(p_lease text, p_holder text, p_ttl_ms bigint, p_timeline bigint,
-                                         p_view record)
+                                         p_view record, p_wait boolean DEFAULT true)
 RETURNS pgfence.lease_result
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -269,14 +271,27 @@ BEGIN
     END IF;
 
     -- The row lock first (a rival taker or a renewal in flight), then the guard lock (guarded writes in flight).
-    l := pgfence._lock_lease_row(p_lease, p_create => true);
+    IF p_wait THEN
+        l := pgfence._lock_lease_row(p_lease, p_create => true);
+    ELSE
+        INSERT INTO pgfence.leases (name) VALUES (p_lease) ON CONFLICT (name) DO NOTHING;
+        SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR NO KEY UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN ROW('busy', NULL, NULL, NULL, NULL, NULL)::pgfence.lease_result;
+        END IF;
+    END IF;
     -- Read the clock after the lock wait: expiry is judged at the moment we own the row.
     ts := clock_timestamp();
     IF pgfence._held_by_other(l, p_holder, ts, tl) THEN
         RETURN ROW('held', NULL, l.epoch, l.holder,
                    ceil(extract(epoch FROM (l.expires_at - ts)) * 1000)::bigint, NULL)::pgfence.lease_result;
     END IF;
-    PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
+    IF p_wait THEN
+        PERFORM pgfence._take_guard_lock(p_lease, l.lock_key);
+    ELSIF NOT (pg_catalog.pg_try_advisory_xact_lock(pgfence._guard_lock_class(), -l.lock_key)
+               AND pg_catalog.pg_try_advisory_xact_lock(pgfence._guard_lock_class(), l.lock_key)) THEN
+        RETURN ROW('busy', NULL, NULL, NULL, NULL, NULL)::pgfence.lease_result;
+    END IF;
     ts := clock_timestamp();
 
     IF l.epoch > 0 THEN
@@ -341,8 +356,9 @@ $$;
 CREATE FUNCTION pgfence._max_acquire_batch() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 256';
 
 -- Several acquisitions for one holder in one statement and one transaction, each exactly as acquire's (a
--- supervisor starting many tenures at once: the names a rebalance gave it). Leases are taken in name order (two
--- batches over overlapping names cannot deadlock on their rows); each answers a row, in name order. Asked once
+-- supervisor starting many tenures at once: the names a rebalance gave it), but waiting for no lock: a lease whose
+-- row or guard lock another transaction holds answers 'busy' (acquire it alone), so a batch never holds the
+-- leases it took behind one it waits for. Leases are taken in name order; each answers a row, in name order. Asked once
 -- per distinct cluster: the role's grant (a cluster without one answers 'refused' / 'no_grant' for its leases,
 -- audited once). For each lease acquired, also what a new tenure reads first, in the same snapshot of its start:
 -- in_doubt, how many effects earlier tenures left in doubt (`in_doubt_effects`: 0 spares the successor that
@@ -382,7 +398,7 @@ BEGIN
                                 NULL::text, NULL::integer, NULL::bigint;
             CONTINUE;
         END IF;
-        r := pgfence._acquire_checked(n, p_holder, p_ttl_ms, tl, view);
+        r := pgfence._acquire_checked(n, p_holder, p_ttl_ms, tl, view, p_wait => false);
         IF r.outcome <> 'acquired' THEN
             RETURN QUERY SELECT n, r.outcome, r.reason, r.epoch, r.holder, r.expires_in_ms, NULL::text,
                                 NULL::integer, NULL::bigint;

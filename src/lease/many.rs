@@ -62,9 +62,10 @@ pub(crate) struct Begun {
 
 impl Store {
     /// Acquires each of `names` (at most [`MAX_ACQUIRE_BATCH`], none twice) for `holder`, as
-    /// [`acquire`](Self::acquire) would one by one, in one statement: the answer for each name, in the order given.
-    /// The call as a whole fails (nothing acquired) on bad input, on a lock wait that ran out, or when the
-    /// connection fails; each name's own refusal ([`Error::Held`], [`Error::Denied`]) is its answer.
+    /// [`acquire`](Self::acquire) would one by one, in one statement: the answer for each name, in the order given,
+    /// `None` for a name whose lease row or guard lock another transaction held (the batch waits for no lock:
+    /// acquire that one alone). The call as a whole fails (nothing acquired) on bad input or when the connection
+    /// fails; each name's own refusal ([`Error::Held`], [`Error::Denied`]) is its answer.
     ///
     /// Not cancel safe, as `acquire`: a dropped call may have begun tenures nobody holds.
     pub(crate) async fn acquire_many(
@@ -72,7 +73,7 @@ impl Store {
         names: &[String],
         holder: &str,
         ttl: Duration,
-    ) -> Result<Vec<Result<Begun>>> {
+    ) -> Result<Vec<Option<Result<Begun>>>> {
         use diesel_async::RunQueryDsl;
         if names.is_empty() || names.len() > MAX_ACQUIRE_BATCH {
             return Err(Error::invalid(
@@ -104,16 +105,22 @@ impl Store {
             .iter()
             .zip(qualified)
             .map(|(name, qualified)| {
-                let row = by_lease
-                    .remove(&qualified)
-                    .ok_or_else(|| unexpected("acquire_many", "a lease without its row"))?;
+                let Some(row) = by_lease.remove(&qualified) else {
+                    return Some(Err(unexpected("acquire_many", "a lease without its row")));
+                };
+                if row.result.is_busy() {
+                    return None;
+                }
                 let (in_doubt, gap_us) = (row.in_doubt, row.gap_us);
-                let lease = acquisition(name, qualified, holder, ttl, sent, row.result)?;
-                Ok(Begun {
-                    lease,
-                    in_doubt: in_doubt.and_then(|n| u32::try_from(n).ok()),
-                    gap: gap_us.map(|us| Duration::from_micros(us.max(0) as u64)),
-                })
+                Some(
+                    acquisition(name, qualified, holder, ttl, sent, row.result).map(|lease| {
+                        Begun {
+                            lease,
+                            in_doubt: in_doubt.and_then(|n| u32::try_from(n).ok()),
+                            gap: gap_us.map(|us| Duration::from_micros(us.max(0) as u64)),
+                        }
+                    }),
+                )
             })
             .collect())
     }

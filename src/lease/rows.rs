@@ -108,6 +108,11 @@ impl LeaseReply {
 }
 
 impl LeaseResultRow {
+    /// `busy` (`acquire_many` only): another transaction held the lease's row or guard lock; nothing was done.
+    pub(super) fn is_busy(&self) -> bool {
+        self.outcome.as_deref() == Some("busy")
+    }
+
     /// The reply of `pgfence.<function>`; an outcome or reason it never gives is an error.
     pub(super) fn decode(self, function: &str) -> Result<LeaseReply> {
         let missing = |what: &str| unexpected(function, &format!("{what} missing"));

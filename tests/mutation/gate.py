@@ -790,7 +790,7 @@ MUTATIONS: list[Mutation] = [
               """    r := pgfence._open_effect_write(p_lease, p_epoch, p_secret, p_effect_key, 'settle_effect'::text, NULL::text,
                                     NULL::text, NULL::integer, p_detail);""",
               """    r := NULL;""")],
-        [RESCUE_STORY],
+        [cargo_test("effects", "an_ended_tenure_cannot_settle_and_is_audited"), RESCUE_STORY],
     ),
     Mutation(
         "in-doubt-omits-the-last-intent",
@@ -799,7 +799,7 @@ MUTATIONS: list[Mutation] = [
               """     WHERE e.lease = p_lease AND e.settlement IS NULL""",
               """     WHERE e.lease = p_lease AND e.settlement IS NULL
        AND e.id < (SELECT max(x.id) FROM pgfence.effects x WHERE x.lease = e.lease AND x.epoch = e.epoch)""")],
-        [RESCUE_STORY],
+        [cargo_test("effects", "a_successor_finds_the_ended_tenures_intent_in_doubt_and_settles_it_once"), RESCUE_STORY],
     ),
     # A tenure racing itself (issue #43): each ledger write, claim and transition decides on what it reads after
     # the task's row lock. Caught by tests/ledger_races.rs, whose interleavings are forced (the first call's
@@ -862,7 +862,7 @@ MUTATIONS: list[Mutation] = [
               """        SELECT e.task_id, p_lease, p_effect_key, e.attempt + 1, p_epoch, s.hash, e.intent""",
               """        SELECT e.task_id, p_lease, p_effect_key || '#' || (e.attempt + 1), e.attempt + 1, p_epoch, s.hash,
                e.intent""")],
-        [RESCUE_STORY],
+        [cargo_test("effects", "a_retry_is_the_next_attempt_of_the_same_key_under_the_new_epoch"), RESCUE_STORY],
     ),
 ]
 

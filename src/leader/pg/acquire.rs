@@ -5,9 +5,10 @@
 //! per-statement checks and commits). The statement also answers each new tenure's first reads (its effects in
 //! doubt, its handover gap), which the runtime would otherwise read in two more statements.
 //!
-//! A batch that fails as a whole (a lock wait that ran out, a deadlock with another batch, a lost connection)
-//! is not answered for its callers: each then acquires on its own with `pgfence.acquire`, as it would without
-//! batching, and gets its own answer.
+//! A batch waits for no lock (its locks are held until all of it commits): a lease whose row or guard lock
+//! another transaction holds is answered busy, and its caller acquires it on its own with `pgfence.acquire` (with
+//! its bounded waits), as it would without batching. So does every caller of a batch that fails as a whole (a
+//! lost connection).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -24,7 +25,7 @@ use crate::store::Store;
 enum Answer {
     /// The batch answered for this name.
     Done(Result<(Lease, FirstReads)>),
-    /// The batch failed as a whole: acquire alone.
+    /// The lease was busy, or the batch failed as a whole: acquire alone.
     Alone,
 }
 
@@ -133,8 +134,13 @@ impl Acquisitions {
         }
     }
 
-    /// Hands `answer` to its caller; a tenure begun for a caller that stopped waiting is released.
-    fn answer(&self, pending: Pending, answer: Result<Begun>) {
+    /// Hands `answer` to its caller (`None`: the lease was busy, acquire alone); a tenure begun for a caller that
+    /// stopped waiting is released.
+    fn answer(&self, pending: Pending, answer: Option<Result<Begun>>) {
+        let Some(answer) = answer else {
+            let _ = pending.answer.send(Answer::Alone);
+            return;
+        };
         let answer = answer.map(|begun| {
             let first = FirstReads {
                 in_doubt: begun.in_doubt,

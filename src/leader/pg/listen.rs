@@ -85,11 +85,14 @@ const LISTEN_RETRY_MAX: Duration = Duration::from_secs(1);
 /// hear.
 ///
 /// A release notification carries the released lease's lock key, not its name (any role may LISTEN): the name
-/// is looked up in `pgfence.leases`, which shows only leases of clusters this role has a grant on, and cached
-/// (lock keys are never reused and names never change). Keys of leases this role cannot see are ignored.
+/// is known from the cache ([`LeaseKeys`]), which holds the keys of the names this process was assigned or waited
+/// for. A key it does not know is looked up in `pgfence.leases` (which shows only leases of clusters this role
+/// has a grant on) only while a waiter's key is still being read; otherwise it is the release of a name nobody
+/// here waits for, and is skipped — in a fleet every replica hears every release, and looking each one up would
+/// cost (releases × replicas) statements and hold the listener's queue behind them.
 pub(super) async fn listen(
     store: Store,
-    names: Arc<Mutex<HashMap<i32, String>>>,
+    names: Arc<LeaseKeys>,
     tx: broadcast::Sender<Wake>,
     channels: Arc<Channels>,
 ) {
@@ -170,18 +173,41 @@ pub(super) async fn listen(
     }
 }
 
-/// The name of the lease with lock key `key`, if this role can see it (cached). Looked up on the listener's own
-/// connection, the one that just proved alive: right after an outage the pool may still hand out connections
-/// that died with the server, or none at all during its reconnect backoff, and the notification would be lost.
-async fn lease_name(
-    conn: &mut AsyncPgConnection,
-    names: &Mutex<HashMap<i32, String>>,
-    key: i32,
-) -> Option<String> {
+/// The lock keys this process knows the names of (lock keys are never reused and names never change), and how
+/// many waiters are still reading theirs.
+#[derive(Debug, Default)]
+pub(super) struct LeaseKeys {
+    pub(super) names: Mutex<HashMap<i32, String>>,
+    /// Waiters whose lease's key is being read (`warm_lease_names` in flight): while there are any, a release of
+    /// an unknown key is looked up, as it may be theirs.
+    pub(super) reading: std::sync::atomic::AtomicUsize,
+}
+
+impl LeaseKeys {
+    /// Whether the key of `qualified` is known.
+    pub(super) fn knows(&self, qualified: &str) -> bool {
+        self.names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .any(|n| n == qualified)
+    }
+}
+
+/// The name of the lease with lock key `key`, if this role can see it and someone here may wait for it (cached).
+/// Looked up on the listener's own connection, the one that just proved alive: right after an outage the pool
+/// may still hand out connections that died with the server, or none at all during its reconnect backoff, and
+/// the notification would be lost.
+async fn lease_name(conn: &mut AsyncPgConnection, keys: &LeaseKeys, key: i32) -> Option<String> {
     use diesel::OptionalExtension;
     use diesel_async::RunQueryDsl;
+    use std::sync::atomic::Ordering;
+    let names = &keys.names;
     if let Some(name) = names.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Some(name.clone());
+    }
+    if std::sync::atomic::AtomicUsize::load(&keys.reading, Ordering::SeqCst) == 0 {
+        return None;
     }
     let name: Option<String> = diesel::select(
         diesel::dsl::sql::<diesel::sql_types::Nullable<diesel::sql_types::Text>>(
@@ -210,11 +236,8 @@ async fn lease_name(
 /// release of a name that changes hands wakes its successor at once, not after a lookup of the key on the
 /// listener's connection (one statement more on the path of every handover of a name this process never saw
 /// released).
-pub(super) async fn warm_lease_names(
-    store: &Store,
-    names: &Mutex<HashMap<i32, String>>,
-    qualified: Vec<String>,
-) {
+pub(super) async fn warm_lease_names(store: &Store, keys: &LeaseKeys, qualified: Vec<String>) {
+    let names = &keys.names;
     let missing: Vec<String> = {
         let names = names.lock().unwrap_or_else(|p| p.into_inner());
         let known: std::collections::HashSet<&String> = names.values().collect();

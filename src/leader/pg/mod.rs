@@ -6,7 +6,7 @@
 //! `pgfence.force_release`, in `migrations/2026-11-30-000002_lease_protocol/up.sql`; the group calls of
 //! `migrations/2026-11-30-000005_membership/up.sql`.
 
-use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ use crate::lease::{Lease, Released};
 use crate::membership::{Member, MemberSpec, NameSets, Rebalance};
 use crate::store::Store;
 use acquire::Acquisitions;
-use listen::{listen, warm_lease_names, Channels};
+use listen::{listen, warm_lease_names, Channels, LeaseKeys};
 use renew::{GroupKey, Renewals};
 
 mod acquire;
@@ -45,9 +45,10 @@ struct PgInner {
     acquisitions: Arc<Acquisitions>,
     /// Belief reports, batched (made on the runtime of the first acquisition).
     beliefs: OnceLock<Arc<BeliefQueue>>,
-    /// Lock key → lease name, for the release listener (a notification carries the key); shared so that a
-    /// roster read can warm it (`warm_lease_names`) and a release is never waited on behind a lookup.
-    lease_names: Arc<Mutex<HashMap<i32, String>>>,
+    /// Lock key → lease name, for the release listener (a notification carries the key): warmed with the names
+    /// a member is assigned and with each name an acquisition found held (`warm_lease_names`), so that a
+    /// release is never waited on behind a lookup.
+    lease_names: Arc<LeaseKeys>,
     renewals: Arc<Renewals>,
     notifications: OnceLock<broadcast::Sender<Wake>>,
     listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -99,6 +100,22 @@ impl PgElector {
 
     fn attach_membership(&self, key: GroupKey, membership: Arc<MemberShared>) -> Result<()> {
         self.inner.renewals.attach_membership(key, membership)
+    }
+
+    /// The caller will wait for `qualified`'s release: reads its lock key unless the listener knows it (once per
+    /// name and process), counted while it is read so that the listener looks up unknown keys meanwhile.
+    fn learn_key(&self, qualified: &str) {
+        let keys = self.inner.lease_names.clone();
+        if keys.knows(qualified) {
+            return;
+        }
+        keys.reading.fetch_add(1, Ordering::SeqCst);
+        let store = self.inner.store.clone();
+        let qualified = qualified.to_owned();
+        tokio::spawn(async move {
+            warm_lease_names(&store, &keys, vec![qualified]).await;
+            keys.reading.fetch_sub(1, Ordering::SeqCst);
+        });
     }
 
     fn notifications(&self) -> &broadcast::Sender<Wake> {
@@ -167,11 +184,20 @@ impl Elector for PgElector {
 
     async fn acquire(&self, name: &str, holder: &str, options: &LeaseOptions) -> Result<HeldLease> {
         options.validate()?;
-        let (lease, first) = self
+        let acquired = self
             .inner
             .acquisitions
             .acquire(name, holder, options.ttl)
-            .await?;
+            .await;
+        let (lease, first) = match acquired {
+            Ok(acquired) => acquired,
+            Err(e) => {
+                if let Error::Held { lease, .. } = &e {
+                    self.learn_key(lease);
+                }
+                return Err(e);
+            }
+        };
         let deadline = lease.local_deadline();
         let reporter = options.report_beliefs.then(|| BeliefReporter {
             queue: self

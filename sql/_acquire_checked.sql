@@ -6,6 +6,7 @@ CREATE OR REPLACE FUNCTION pgfence._acquire_checked(p_lease text, p_holder text,
 AS $function$
 DECLARE
     l   pgfence.leases;
+    known boolean;
     ts  timestamptz;
     tl  bigint := p_timeline;
     new_epoch bigint;
@@ -13,7 +14,8 @@ DECLARE
     secret_hash bytea;
 BEGIN
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
-    IF FOUND AND pgfence._held_by_other(l, p_holder, clock_timestamp(), tl) THEN
+    known := FOUND;
+    IF known AND pgfence._held_by_other(l, p_holder, clock_timestamp(), tl) THEN
         -- Decided without a lock: a live tenure of another holder stays live until it ends.
         RETURN ROW('held', NULL, l.epoch, l.holder,
                    ceil(extract(epoch FROM (l.expires_at - clock_timestamp())) * 1000)::bigint,
@@ -21,10 +23,13 @@ BEGIN
     END IF;
 
     -- The row lock first (a rival taker or a renewal in flight), then the guard lock (guarded writes in flight).
+    -- (A lease row is never deleted while pgfence runs: one that was read exists; a new one is inserted.)
     IF p_wait THEN
-        l := pgfence._lock_lease_row(p_lease, p_create => true);
+        l := pgfence._lock_lease_row(p_lease, p_create => NOT known);
     ELSE
-        INSERT INTO pgfence.leases (name) VALUES (p_lease) ON CONFLICT (name) DO NOTHING;
+        IF NOT known THEN
+            INSERT INTO pgfence.leases (name) VALUES (p_lease) ON CONFLICT (name) DO NOTHING;
+        END IF;
         SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR NO KEY UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
             RETURN ROW('busy', NULL, NULL, NULL, NULL, NULL)::pgfence.lease_result;

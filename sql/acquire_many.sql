@@ -44,7 +44,11 @@ BEGIN
         END IF;
         RETURN QUERY
         SELECT n, r.outcome, r.reason, r.epoch, r.holder, r.expires_in_ms, r.secret,
-               (SELECT count(*)::integer FROM pgfence.in_doubt_effects(n)),
+               -- Nothing can be in doubt without an unsettled attempt (one index probe, the usual answer);
+               -- otherwise the ledger's own list is counted.
+               CASE WHEN EXISTS (SELECT 1 FROM pgfence.effects e WHERE e.lease = n AND e.settlement IS NULL
+                                   AND (e.outcome IS NULL OR e.outcome = 'unknown'))
+                    THEN (SELECT count(*)::integer FROM pgfence.in_doubt_effects(n)) ELSE 0 END,
                (SELECT CASE WHEN p.end_reason = 'released'
                             THEN (extract(epoch FROM (t.acquired_at - p.ended_at)) * 1000000)::bigint END
                   FROM pgfence.tenures p, pgfence.tenures t

@@ -256,6 +256,7 @@ RETURNS pgfence.lease_result
 LANGUAGE plpgsql AS $$
 DECLARE
     l   pgfence.leases;
+    known boolean;
     ts  timestamptz;
     tl  bigint := p_timeline;
     new_epoch bigint;
@@ -263,7 +264,8 @@ DECLARE
     secret_hash bytea;
 BEGIN
     SELECT * INTO l FROM pgfence.leases WHERE name = p_lease;
-    IF FOUND AND pgfence._held_by_other(l, p_holder, clock_timestamp(), tl) THEN
+    known := FOUND;
+    IF known AND pgfence._held_by_other(l, p_holder, clock_timestamp(), tl) THEN
         -- Decided without a lock: a live tenure of another holder stays live until it ends.
         RETURN ROW('held', NULL, l.epoch, l.holder,
                    ceil(extract(epoch FROM (l.expires_at - clock_timestamp())) * 1000)::bigint,
@@ -271,10 +273,13 @@ BEGIN
     END IF;
 
     -- The row lock first (a rival taker or a renewal in flight), then the guard lock (guarded writes in flight).
+    -- (A lease row is never deleted while pgfence runs: one that was read exists; a new one is inserted.)
     IF p_wait THEN
-        l := pgfence._lock_lease_row(p_lease, p_create => true);
+        l := pgfence._lock_lease_row(p_lease, p_create => NOT known);
     ELSE
-        INSERT INTO pgfence.leases (name) VALUES (p_lease) ON CONFLICT (name) DO NOTHING;
+        IF NOT known THEN
+            INSERT INTO pgfence.leases (name) VALUES (p_lease) ON CONFLICT (name) DO NOTHING;
+        END IF;
         SELECT * INTO l FROM pgfence.leases WHERE name = p_lease FOR NO KEY UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
             RETURN ROW('busy', NULL, NULL, NULL, NULL, NULL)::pgfence.lease_result;
@@ -406,7 +411,11 @@ BEGIN
         END IF;
         RETURN QUERY
         SELECT n, r.outcome, r.reason, r.epoch, r.holder, r.expires_in_ms, r.secret,
-               (SELECT count(*)::integer FROM pgfence.in_doubt_effects(n)),
+               -- Nothing can be in doubt without an unsettled attempt (one index probe, the usual answer);
+               -- otherwise the ledger's own list is counted.
+               CASE WHEN EXISTS (SELECT 1 FROM pgfence.effects e WHERE e.lease = n AND e.settlement IS NULL
+                                   AND (e.outcome IS NULL OR e.outcome = 'unknown'))
+                    THEN (SELECT count(*)::integer FROM pgfence.in_doubt_effects(n)) ELSE 0 END,
                (SELECT CASE WHEN p.end_reason = 'released'
                             THEN (extract(epoch FROM (t.acquired_at - p.ended_at)) * 1000000)::bigint END
                   FROM pgfence.tenures p, pgfence.tenures t

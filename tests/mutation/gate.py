@@ -564,7 +564,7 @@ MUTATIONS: list[Mutation] = [
         "acquire-many-counts-no-doubt",
         "a batched acquisition answers that nothing is in doubt, so the runtime hands a new tenure's callback none "
         "of the effects its predecessors left in doubt",
-        [Edit("sql:acquire_many", "(SELECT count(*)::integer FROM pgfence.in_doubt_effects(n))", "0")],
+        [Edit("sql:acquire_many", "THEN (SELECT count(*)::integer FROM pgfence.in_doubt_effects(n)) ELSE 0 END", "THEN 0 ELSE 0 END")],
         [cargo_test("effects", "a_new_tenure_s_callback_is_handed_the_effects_in_doubt")],
     ),
     Mutation(

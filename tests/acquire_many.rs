@@ -1,7 +1,7 @@
 //! `pgfence.acquire_many`, the batched acquisition the PostgreSQL elector sends when many of its names must be
 //! acquired at once: each lease is answered exactly as `pgfence.acquire` would answer it, bad input writes
-//! nothing, a cluster without a grant is refused and audited, and the elector's concurrent acquisitions of one
-//! holder go out together.
+//! nothing, a cluster without a grant is refused and audited, and a locked lease is answered busy at once (the
+//! elector then acquires it alone).
 
 use std::time::Duration;
 
@@ -192,38 +192,6 @@ async fn a_batch_refuses_the_leases_of_a_cluster_without_a_grant_and_audits_once
         .unwrap()
         .get(0);
     assert_eq!(x_rows, 0, "nothing written for the refused cluster");
-}
-
-/// The elector batches: 300 acquisitions of one holder started together (polled once each before the batch's
-/// task can run: a current-thread runtime) are sent as two statements (256 + 44, the batch's limit) — each
-/// statement is one transaction, so the leases it acquired share one xmin — and every caller gets its own tenure.
-/// A caller of the same names under another holder meanwhile is answered `Held`, as by `acquire`.
-#[tokio::test]
-async fn concurrent_acquisitions_of_one_holder_go_out_as_few_statements() {
-    let db = TestDb::new().await;
-    let store = db.store("c").await;
-    let elector = PgElector::new(store.clone());
-    let options = LeaseOptions::new(TTL);
-    let names: Vec<String> = (0..300).map(|i| format!("shard/{i:03}")).collect();
-    let acquired =
-        futures_util::future::join_all(names.iter().map(|n| elector.acquire(n, "pod-a", &options)))
-            .await;
-    let mut epochs = Vec::new();
-    for (name, lease) in names.iter().zip(&acquired) {
-        let lease = lease.as_ref().unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(lease.name(), name);
-        epochs.push(lease.epoch().get());
-    }
-    assert!(epochs.iter().all(|e| *e == 1));
-    let statements = db
-        .scalar("SELECT count(DISTINCT xmin::text) FROM pgfence.leases WHERE name LIKE 'c/shard/%'")
-        .await;
-    assert_eq!(statements, 2, "300 acquisitions in 2 statements");
-    let other = elector.acquire(&names[0], "pod-b", &options).await;
-    assert!(
-        matches!(other, Err(pgfence::Error::Held { ref holder, .. }) if holder == "pod-a"),
-        "{other:?}"
-    );
 }
 
 /// Liveness (every wait on a lock is bounded): a batch waits for no lock, since it holds what it took until all

@@ -18,8 +18,8 @@ use crate::store::Store;
 /// How long a belief report (or a batch of them) may take before it is given up (and counted as failed).
 pub(crate) const REPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The most reports one statement carries.
-const MAX_BATCH: usize = 256;
+/// The most reports one statement carries (a batch holds one of the pool's connections while it runs).
+const MAX_BATCH: usize = 32;
 
 /// One report: the start of the belief in `lease` (its acquisition reply's arrival), or its end at `at` (this
 /// process's wall clock).

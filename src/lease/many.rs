@@ -17,7 +17,7 @@ use crate::store::Store;
 use crate::validate::{ttl_ms, validate_holder, validate_name};
 
 /// The most leases one `pgfence.acquire_many` call takes (`pgfence._max_acquire_batch()`).
-pub(crate) const MAX_ACQUIRE_BATCH: usize = 256;
+const MAX_ACQUIRE_BATCH: usize = 256;
 
 mod sql {
     use diesel::sql_types::{Array, BigInt, Text};

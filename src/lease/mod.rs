@@ -20,7 +20,6 @@ mod many;
 mod rows;
 mod secret;
 
-pub(crate) use many::{Begun, MAX_ACQUIRE_BATCH};
 pub use secret::TenureSecret;
 
 /// A tenure this process holds: the lease name, the holder, the epoch the database issued and the local

@@ -1,4 +1,5 @@
-//! The PostgreSQL [`Elector`](super::Elector): batched acquisition (`acquire`), batched renewal on a connection of its own
+//! The PostgreSQL [`Elector`](super::Elector): acquisition with a new tenure's first reads (`acquire`), batched
+//! renewal on a connection of its own
 //! (`renew`), release announcements and the groups' news through LISTEN/NOTIFY (`listen`), and the group's
 //! rebalance (`rebalance`).
 //!
@@ -22,7 +23,6 @@ use crate::history::queue::BeliefQueue;
 use crate::lease::{Lease, Released};
 use crate::membership::{Member, MemberSpec, NameSets, Rebalance};
 use crate::store::Store;
-use acquire::Acquisitions;
 use listen::{listen, warm_lease_names, Channels, LeaseKeys};
 use renew::{GroupKey, Renewals};
 
@@ -41,8 +41,6 @@ pub struct PgElector {
 #[derive(Debug)]
 struct PgInner {
     store: Store,
-    /// Acquisitions, batched per holder and ttl.
-    acquisitions: Arc<Acquisitions>,
     /// Belief reports, batched (made on the runtime of the first acquisition).
     beliefs: OnceLock<Arc<BeliefQueue>>,
     /// Lock key → lease name, for the release listener (a notification carries the key): warmed with the names
@@ -77,7 +75,6 @@ impl PgElector {
         PgElector {
             inner: Arc::new(PgInner {
                 renewals: Arc::new(Renewals::new(store.clone())),
-                acquisitions: Acquisitions::new(store.clone()),
                 beliefs: OnceLock::new(),
                 store,
                 lease_names: Arc::default(),
@@ -184,11 +181,7 @@ impl Elector for PgElector {
 
     async fn acquire(&self, name: &str, holder: &str, options: &LeaseOptions) -> Result<HeldLease> {
         options.validate()?;
-        let acquired = self
-            .inner
-            .acquisitions
-            .acquire(name, holder, options.ttl)
-            .await;
+        let acquired = acquire::acquire(&self.inner.store, name, holder, options.ttl).await;
         let (lease, first) = match acquired {
             Ok(acquired) => acquired,
             Err(e) => {

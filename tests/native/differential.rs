@@ -533,7 +533,7 @@ async fn install_beside(owner: &tokio_postgres::Client, shape: &str) -> String {
     let args = "(text, bigint, text, text, text, text)";
     owner
         .batch_execute(&format!(
-            "SELECT pgfence._install_guard('{shape}'); \
+            "SELECT pgfence._install_guard('plpgsql'); SELECT pgfence._install_guard('{shape}'); \
              DO $$ BEGIN \
                  EXECUTE replace(pg_get_functiondef('pgfence.fence{args}'::regprocedure), \
                                  'FUNCTION pgfence.fence(', 'FUNCTION {name}('); \

@@ -35,8 +35,8 @@ async fn shape(c: &tokio_postgres::Client) -> String {
 async fn the_installer_chooses_by_the_server_version_and_is_idempotent() {
     let db = TestDb::new().await;
     let c = db.client().await;
-    let version: i32 = db
-        .scalar("SELECT current_setting('server_version_num')::integer")
+    let version = db
+        .scalar("SELECT current_setting('server_version_num')::bigint")
         .await;
     let best = if version >= 180_000 { "sql" } else { "plpgsql" };
     let other = if best == "sql" { "plpgsql" } else { "sql" };

@@ -50,13 +50,14 @@ SQL
 # Copies of each shape (and the variants) in schema v, with the definitions pgfence._install_guard installs.
 python3 - <<'PY' | "${psql[@]}" -d t >/dev/null
 import subprocess
+def run(sql):
+    return subprocess.run(["psql", "-X", "-At", "-d", "t", "-c", sql], check=True, capture_output=True,
+                          text=True).stdout
 def definition(shape):
-    run = lambda sql: subprocess.run(["psql", "-X", "-At", "-d", "t", "-c", sql], check=True,
-                                     capture_output=True, text=True).stdout
     run(f"SELECT pgfence._install_guard('{shape}')")
     return run("SELECT pg_get_functiondef('pgfence.fence(text,bigint,text,text,text,text)'::regprocedure)")
 plpgsql, sql = definition("plpgsql"), definition("sql")
-subprocess.run(["psql", "-X", "-q", "-d", "t", "-c", "SELECT pgfence._install_guard()"], check=True)
+run("SELECT pgfence._install_guard()")
 secret = """             AND pg_catalog.length(p_secret) OPERATOR(pg_catalog.<=) 128
              AND s.hash OPERATOR(pg_catalog.=) pg_catalog.sha256(pg_catalog.convert_to(p_secret, 'UTF8'))\n"""
 grant = sql[sql.index("             AND (pg_catalog.pg_has_role(session_user, current_user, 'MEMBER')"):

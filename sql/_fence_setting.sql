@@ -5,5 +5,5 @@ CREATE OR REPLACE FUNCTION pgfence._fence_setting(p_lock_key integer)
  LANGUAGE sql
  IMMUTABLE
 AS $function$
-    SELECT 'pgfence.tenure_secret_' || p_lock_key::text
+    SELECT 'pgfence.tenure_secret_' OPERATOR(pg_catalog.||) p_lock_key::pg_catalog.text
 $function$

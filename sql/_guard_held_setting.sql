@@ -5,5 +5,5 @@ CREATE OR REPLACE FUNCTION pgfence._guard_held_setting(p_lock_key integer)
  LANGUAGE sql
  IMMUTABLE
 AS $function$
-    SELECT 'pgfence.guard_held_' || p_lock_key::text
+    SELECT 'pgfence.guard_held_' OPERATOR(pg_catalog.||) p_lock_key::pg_catalog.text
 $function$

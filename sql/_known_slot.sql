@@ -5,5 +5,6 @@ CREATE OR REPLACE FUNCTION pgfence._known_slot(p_lease text)
  LANGUAGE sql
  IMMUTABLE
 AS $function$
-    SELECT 'pgfence.known_' || (pg_catalog.hashtext(p_lease) & 15)::text
+    SELECT 'pgfence.known_' OPERATOR(pg_catalog.||)
+           (pg_catalog.hashtext(p_lease) OPERATOR(pg_catalog.&) 15)::pg_catalog.text
 $function$

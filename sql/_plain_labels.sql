@@ -5,8 +5,12 @@ CREATE OR REPLACE FUNCTION pgfence._plain_labels(p_operation text, p_table text,
  LANGUAGE sql
  IMMUTABLE
 AS $function$
-    SELECT octet_length(p_operation) BETWEEN 1 AND pgfence._max_label_len()
-           AND coalesce(octet_length(p_table) BETWEEN 1 AND pgfence._max_label_len(), true)
-           AND coalesce(octet_length(p_key) BETWEEN 1 AND pgfence._max_holder_len(), true)
-           AND (p_operation || coalesce(p_table, '') || coalesce(p_key, '')) ~ '^[ -~]+$'
+    SELECT pg_catalog.octet_length(p_operation) OPERATOR(pg_catalog.>=) 1
+           AND pg_catalog.octet_length(p_operation) OPERATOR(pg_catalog.<=) pgfence._max_label_len()
+           AND coalesce(pg_catalog.octet_length(p_table) OPERATOR(pg_catalog.>=) 1
+                        AND pg_catalog.octet_length(p_table) OPERATOR(pg_catalog.<=) pgfence._max_label_len(), true)
+           AND coalesce(pg_catalog.octet_length(p_key) OPERATOR(pg_catalog.>=) 1
+                        AND pg_catalog.octet_length(p_key) OPERATOR(pg_catalog.<=) pgfence._max_holder_len(), true)
+           AND (p_operation OPERATOR(pg_catalog.||) coalesce(p_table, '') OPERATOR(pg_catalog.||) coalesce(p_key, ''))
+               OPERATOR(pg_catalog.~) '^[ -~]+$'
 $function$

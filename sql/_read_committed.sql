@@ -5,5 +5,5 @@ CREATE OR REPLACE FUNCTION pgfence._read_committed()
  LANGUAGE sql
  STABLE
 AS $function$
-    SELECT pg_catalog.current_setting('transaction_isolation') = 'read committed'
+    SELECT pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed'
 $function$

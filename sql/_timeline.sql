@@ -4,5 +4,6 @@ CREATE OR REPLACE FUNCTION pgfence._timeline()
  RETURNS bigint
  LANGUAGE sql
 AS $function$
-    SELECT ('x' || substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
+    SELECT ('x' OPERATOR(pg_catalog.||)
+            pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
 $function$

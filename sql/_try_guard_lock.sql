@@ -4,8 +4,10 @@ CREATE OR REPLACE FUNCTION pgfence._try_guard_lock(p_lock_key integer)
  RETURNS boolean
  LANGUAGE sql
 AS $function$
-    SELECT (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(pgfence._guard_lock_class(), -p_lock_key)
-                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(pgfence._guard_lock_class(), -p_lock_key)
+    SELECT (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(pgfence._guard_lock_class(),
+                                                             OPERATOR(pg_catalog.-) p_lock_key)
+                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(pgfence._guard_lock_class(),
+                                                                     OPERATOR(pg_catalog.-) p_lock_key)
                            THEN pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), p_lock_key) END
                  ELSE false END) IS TRUE
 $function$

@@ -6,42 +6,16 @@ CREATE OR REPLACE FUNCTION pgfence.fence(p_lease text, p_epoch bigint, p_secret 
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-DECLARE
-    problem text;
-    mark text;
-    r pgfence.write_result;
 BEGIN
     -- The labels first, by the cheap test (the lease and the epoch need none on the fast path: it admits only
     -- the name and the epoch of a held tenure, which were checked when it was acquired).
     IF pgfence._plain_labels(p_operation, p_table, p_key) IS NOT TRUE THEN
-        problem := coalesce(pgfence._arg_problem('operation'::text, p_operation, pgfence._max_label_len()),
-                            pgfence._arg_problem('target table'::text, p_table, pgfence._max_label_len(),
-                                                 p_optional => true),
-                            pgfence._arg_problem('target key'::text, p_key, pgfence._max_holder_len(),
-                                                 p_optional => true));
-        IF problem IS NOT NULL THEN
-            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
-        END IF;
+        PERFORM pgfence._check_labels(p_operation, p_table, p_key);
     END IF;
-    IF NOT pgfence._admit(p_lease, p_epoch, p_secret, true) THEN
-        IF (pgfence._plain_lease_args(p_lease, p_epoch) AND p_secret IS NOT NULL) IS NOT TRUE THEN
-            problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch), pgfence._secret_problem(p_secret));
-            IF problem IS NOT NULL THEN
-                RAISE EXCEPTION 'pgfence: %', problem
-                    USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
-            END IF;
-        END IF;
-        r := pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);
-        IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
-            RETURN r;
-        END IF;
-        -- The write mark (see _mark), as the fast path leaves it.
-        mark := p_epoch::text || ':' || pg_catalog.date_part('epoch', clock_timestamp())::bigint::text || ':'
-                || p_lease;
-        IF mark IS DISTINCT FROM pg_catalog.current_setting('pgfence.write_mark', true) THEN
-            PERFORM pgfence._mark(p_lease, p_epoch, mark);
-        END IF;
+    IF pgfence._admit(p_lease, p_epoch, p_secret, true) THEN
+        RETURN ROW('ok', NULL, p_epoch, NULL, NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL,
+                   NULL)::pgfence.write_result;
     END IF;
-    RETURN ROW('ok', NULL, p_epoch, NULL, NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::pgfence.write_result;
+    RETURN pgfence._fence_slow(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);
 END;
 $function$

@@ -277,6 +277,8 @@ fn liveness_comparisons(text: &str) -> Vec<String> {
                     .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
                     .count();
                 let rest = code[from..].trim_start();
+                // A qualified operator is the same comparison (the SQL shape of the guard writes them so).
+                let rest = rest.strip_prefix("OPERATOR(pg_catalog.").unwrap_or(rest);
                 let op = ["<=", ">=", "<>", "<", ">", "="]
                     .into_iter()
                     .find(|op| rest.starts_with(op));
@@ -311,8 +313,21 @@ fn the_verdict_on_a_write_is_written_once() {
         "assign_group",
         "rebalance_inputs",
     ];
+    // The one exception, on purpose: the SQL shape of pgfence.fence (in _install_guard's text) states the three
+    // rules again with every operator qualified, since the rules' own functions, inlined there, would be planned
+    // under the caller's search_path (they pin none). It is held to them call by call instead, over the verdict's
+    // whole truth table (tests/native/differential.rs: every SQL shape against the plpgsql shape).
+    let restated = "_install_guard";
     let mut copies = Vec::new();
     for (name, text) in files_in_sql_dir() {
+        if name == restated {
+            assert!(
+                !liveness_comparisons(&text).is_empty()
+                    && text.contains("pg_has_role(session_user, g.role"),
+                "{restated} no longer restates the rules: drop the exception"
+            );
+            continue;
+        }
         if name != "_loss_reason" && !membership.contains(&name.as_str()) {
             for found in liveness_comparisons(&text) {
                 copies.push(format!("{name}: judges liveness itself: {found}"));

@@ -14,6 +14,8 @@ mod effects;
 mod embedded;
 #[path = "guard.rs"]
 mod guard;
+#[path = "guard_shapes.rs"]
+mod guard_shapes;
 #[path = "hardening.rs"]
 mod hardening;
 #[path = "hostile.rs"]

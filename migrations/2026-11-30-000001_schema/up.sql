@@ -593,13 +593,19 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- Whether the labels of a guarded write (operation, target table, target key: what pgfence.fence records in the
--- audit) pass their _arg_problem checks for certain: one regular expression over the three, not one each.
+-- audit) pass their _arg_problem checks for certain: one regular expression over the three, not one each. Every
+-- name and operator qualified (no BETWEEN: it names its operators unqualified): the guard's SQL shape
+-- (pgfence._install_guard, 000003_guard) inlines it under its caller's search_path.
 CREATE FUNCTION pgfence._plain_labels(p_operation text, p_table text, p_key text) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT octet_length(p_operation) BETWEEN 1 AND pgfence._max_label_len()
-           AND coalesce(octet_length(p_table) BETWEEN 1 AND pgfence._max_label_len(), true)
-           AND coalesce(octet_length(p_key) BETWEEN 1 AND pgfence._max_holder_len(), true)
-           AND (p_operation || coalesce(p_table, '') || coalesce(p_key, '')) ~ '^[ -~]+$'
+    SELECT pg_catalog.octet_length(p_operation) OPERATOR(pg_catalog.>=) 1
+           AND pg_catalog.octet_length(p_operation) OPERATOR(pg_catalog.<=) pgfence._max_label_len()
+           AND coalesce(pg_catalog.octet_length(p_table) OPERATOR(pg_catalog.>=) 1
+                        AND pg_catalog.octet_length(p_table) OPERATOR(pg_catalog.<=) pgfence._max_label_len(), true)
+           AND coalesce(pg_catalog.octet_length(p_key) OPERATOR(pg_catalog.>=) 1
+                        AND pg_catalog.octet_length(p_key) OPERATOR(pg_catalog.<=) pgfence._max_holder_len(), true)
+           AND (p_operation OPERATOR(pg_catalog.||) coalesce(p_table, '') OPERATOR(pg_catalog.||) coalesce(p_key, ''))
+               OPERATOR(pg_catalog.~) '^[ -~]+$'
 $$;
 
 -- Whether (p_lease, p_epoch) pass _lease_args_problem for certain: a cluster of 1 to _max_cluster_len() printable
@@ -699,10 +705,13 @@ $$;
 -- Lock waits and the messages that name who blocks, shared by every concern.
 
 -- The WAL timeline the server writes on now (the first 8 hex digits of the current WAL file name). Unlike
--- pg_control_checkpoint(), it changes at the moment of a promotion, not at the next checkpoint.
+-- pg_control_checkpoint(), it changes at the moment of a promotion, not at the next checkpoint. Every name and
+-- operator qualified: the guard's SQL shape (pgfence._install_guard, 000003_guard) inlines it under its caller's
+-- search_path.
 CREATE FUNCTION pgfence._timeline() RETURNS bigint
 LANGUAGE sql VOLATILE AS $$
-    SELECT ('x' || substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
+    SELECT ('x' OPERATOR(pg_catalog.||)
+            pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
 $$;
 
 -- The bound of every lock wait of a pgfence function other than the takeover's grace: a takeover holds the lease

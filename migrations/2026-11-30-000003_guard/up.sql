@@ -81,9 +81,11 @@ $$;
 
 -- The name of the transaction-local setting in which pgfence.fence leaves the presented secret for the raw-SQL
 -- enforcement triggers (per lease: one transaction may be fenced by several leases).
+-- (This and the other small SQL helpers of the guard below name every function, operator and type qualified: the
+-- guard's SQL shape inlines them under its caller's search_path; see pgfence._install_guard.)
 CREATE FUNCTION pgfence._fence_setting(p_lock_key integer) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT 'pgfence.tenure_secret_' || p_lock_key::text
+    SELECT 'pgfence.tenure_secret_' OPERATOR(pg_catalog.||) p_lock_key::pg_catalog.text
 $$;
 
 -- Whether the transaction runs under READ COMMITTED, the one isolation every guard decides under: each statement
@@ -92,14 +94,14 @@ $$;
 -- inlined where it is used: each guard raises its own PF004.)
 CREATE FUNCTION pgfence._read_committed() RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT pg_catalog.current_setting('transaction_isolation') = 'read committed'
+    SELECT pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed'
 $$;
 
 -- The name of the transaction-local setting a guard leaves when it holds the lease's guard lock without having
 -- accepted the write (the marker by which _await_takeover knows the transaction holds the lock).
 CREATE FUNCTION pgfence._guard_held_setting(p_lock_key integer) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT 'pgfence.guard_held_' || p_lock_key::text
+    SELECT 'pgfence.guard_held_' OPERATOR(pg_catalog.||) p_lock_key::pg_catalog.text
 $$;
 
 -- ---------------------------------------------------------------------------------------------------------
@@ -124,7 +126,8 @@ $$;
 -- The session setting that remembers a lease's guard lock key (see above).
 CREATE FUNCTION pgfence._known_slot(p_lease text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT 'pgfence.known_' || (pg_catalog.hashtext(p_lease) & 15)::text
+    SELECT 'pgfence.known_' OPERATOR(pg_catalog.||)
+           (pg_catalog.hashtext(p_lease) OPERATOR(pg_catalog.&) 15)::pg_catalog.text
 $$;
 
 -- The guard lock of a lease, taken SHARED without waiting and only if no takeover of the lease is in flight: a
@@ -136,8 +139,10 @@ $$;
 -- nothing is held. (IS TRUE: a NULL could only ever mean "not taken".) An SQL function, inlined where it is used.
 CREATE FUNCTION pgfence._try_guard_lock(p_lock_key integer) RETURNS boolean
 LANGUAGE sql VOLATILE AS $$
-    SELECT (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(pgfence._guard_lock_class(), -p_lock_key)
-                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(pgfence._guard_lock_class(), -p_lock_key)
+    SELECT (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(pgfence._guard_lock_class(),
+                                                             OPERATOR(pg_catalog.-) p_lock_key)
+                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(pgfence._guard_lock_class(),
+                                                                     OPERATOR(pg_catalog.-) p_lock_key)
                            THEN pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), p_lock_key) END
                  ELSE false END) IS TRUE
 $$;
@@ -192,9 +197,10 @@ $$;
 -- The write mark (pgfence.write_marks: see the table for what a mark stands for): the session's first admitted
 -- write of tenure (p_lease, p_epoch) in each second, by the clock after the guard admitted it, is recorded in the
 -- transaction of the write; p_mark is the text that names that second (_admits'), remembered by the session so
--- its other writes of that second record nothing.
-CREATE FUNCTION pgfence._mark(p_lease text, p_epoch bigint, p_mark text) RETURNS void
-LANGUAGE plpgsql AS $$
+-- its other writes of that second record nothing. Returns true (the guard's SQL shape calls it inside a CASE);
+-- its search_path pinned, as that shape calls it under its caller's.
+CREATE FUNCTION pgfence._mark(p_lease text, p_epoch bigint, p_mark text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     kept text;
 BEGIN
@@ -202,6 +208,7 @@ BEGIN
     VALUES (p_lease, p_epoch, pg_catalog.pg_backend_pid(), clock_timestamp())
     ON CONFLICT (lease, epoch, backend) DO UPDATE SET last_at = greatest(m.last_at, EXCLUDED.last_at);
     kept := pg_catalog.set_config('pgfence.write_mark', p_mark, false);
+    RETURN true;
 END;
 $$;
 
@@ -355,49 +362,211 @@ $$;
 -- (pgfence.write_marks: see the table for what a mark stands for). Every argument is required (the operation
 -- label, the target table and key of the audit: NULL when there is none): no shorter argument list resolves to
 -- it, so a call written for an older signature fails (42883) instead of presenting a label as the secret.
-CREATE FUNCTION pgfence.fence(p_lease text, p_epoch bigint, p_secret text, p_operation text, p_table text,
-                              p_key text)
+--
+-- pgfence.fence comes in two shapes with one verdict, installed by pgfence._install_guard (below): the fast path
+-- (_admit's) in plpgsql, or in one SQL function. Both hand everything but the fast path's admission to
+-- pgfence._fence_slow, which decides as _guard does; the labels are checked first by both (_check_labels).
+
+-- The labels of a guarded write: 22023 naming the argument when one is not a valid label, else true (called only
+-- when the cheap test, _plain_labels, did not pass them). Its search_path pinned: the SQL shape of pgfence.fence
+-- calls it under its caller's.
+CREATE FUNCTION pgfence._check_labels(p_operation text, p_table text, p_key text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    problem text;
+BEGIN
+    problem := coalesce(pgfence._arg_problem('operation'::text, p_operation, pgfence._max_label_len()),
+                        pgfence._arg_problem('target table'::text, p_table, pgfence._max_label_len(),
+                                             p_optional => true),
+                        pgfence._arg_problem('target key'::text, p_key, pgfence._max_holder_len(),
+                                             p_optional => true));
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
+    END IF;
+    RETURN true;
+END;
+$$;
+
+-- pgfence.fence past its fast path (labels already checked): the lease arguments and the secret checked, then the
+-- full guard (_guard), which decides; an admitted write is marked. Its search_path pinned: the SQL shape of
+-- pgfence.fence calls it under its caller's. Runs as the owner only inside pgfence.fence (SECURITY INVOKER: a
+-- direct call by another role could not read the tables).
+CREATE FUNCTION pgfence._fence_slow(p_lease text, p_epoch bigint, p_secret text, p_operation text, p_table text,
+                                    p_key text)
 RETURNS pgfence.write_result
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     problem text;
     mark text;
     r pgfence.write_result;
 BEGIN
-    -- The labels first, by the cheap test (the lease and the epoch need none on the fast path: it admits only
-    -- the name and the epoch of a held tenure, which were checked when it was acquired).
-    IF pgfence._plain_labels(p_operation, p_table, p_key) IS NOT TRUE THEN
-        problem := coalesce(pgfence._arg_problem('operation'::text, p_operation, pgfence._max_label_len()),
-                            pgfence._arg_problem('target table'::text, p_table, pgfence._max_label_len(),
-                                                 p_optional => true),
-                            pgfence._arg_problem('target key'::text, p_key, pgfence._max_holder_len(),
-                                                 p_optional => true));
+    IF (pgfence._plain_lease_args(p_lease, p_epoch) AND p_secret IS NOT NULL) IS NOT TRUE THEN
+        problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch), pgfence._secret_problem(p_secret));
         IF problem IS NOT NULL THEN
-            RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
+            RAISE EXCEPTION 'pgfence: %', problem
+                USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
         END IF;
     END IF;
-    IF NOT pgfence._admit(p_lease, p_epoch, p_secret, true) THEN
-        IF (pgfence._plain_lease_args(p_lease, p_epoch) AND p_secret IS NOT NULL) IS NOT TRUE THEN
-            problem := coalesce(pgfence._lease_args_problem(p_lease, p_epoch), pgfence._secret_problem(p_secret));
-            IF problem IS NOT NULL THEN
-                RAISE EXCEPTION 'pgfence: %', problem
-                    USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
-            END IF;
-        END IF;
-        r := pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);
-        IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
-            RETURN r;
-        END IF;
-        -- The write mark (see _mark), as the fast path leaves it.
-        mark := p_epoch::text || ':' || pg_catalog.date_part('epoch', clock_timestamp())::bigint::text || ':'
-                || p_lease;
-        IF mark IS DISTINCT FROM pg_catalog.current_setting('pgfence.write_mark', true) THEN
-            PERFORM pgfence._mark(p_lease, p_epoch, mark);
-        END IF;
+    r := pgfence._guard(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);
+    IF r.outcome IS NOT NULL THEN  -- (a composite IS NOT NULL only when all its fields are)
+        RETURN r;
+    END IF;
+    -- The write mark (see _mark), as the fast path leaves it.
+    mark := p_epoch::text || ':' || pg_catalog.date_part('epoch', clock_timestamp())::bigint::text || ':'
+            || p_lease;
+    IF mark IS DISTINCT FROM pg_catalog.current_setting('pgfence.write_mark', true) THEN
+        PERFORM pgfence._mark(p_lease, p_epoch, mark);
     END IF;
     RETURN ROW('ok', NULL, p_epoch, NULL, NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::pgfence.write_result;
 END;
 $$;
+
+-- Installs pgfence.fence in the shape p_shape ('plpgsql' or 'sql'; NULL: the fastest the server supports) and
+-- returns the shape installed. Idempotent: a pgfence.fence already of that shape is left as it is. Called by this
+-- migration and by every migrate (Store::migrate, `pgfence migrate`), so a server upgraded to 18 gets the SQL
+-- shape at its next migrate; an operator may call it (as the schema owner) at any time. CREATE OR REPLACE keeps
+-- the function's identity and privileges.
+--   'plpgsql' (PostgreSQL 17 and older): SECURITY DEFINER with search_path pinned; the fast path is _admit. Those
+--             servers plan a SQL function's statements on every call, which costs more than plpgsql's cached
+--             plans and the pinned search_path together.
+--   'sql'     (PostgreSQL 18, server_version_num >= 180000, which keeps a SQL function's plans in its plan
+--             cache): one SECURITY DEFINER SQL function of two statements without a SET clause (whose save and
+--             restore of the setting costs on every call). Its defence against a hostile search_path is that
+--             every function, operator, type and table it names — and every one named by the helpers it inlines
+--             (_plain_labels, _read_committed, _try_guard_lock, _guard_lock_class, _timeline, _fence_setting,
+--             _guard_held_setting, _known_slot, _max_*_len) — is qualified; what it calls and does not inline
+--             (_check_labels, _mark, _fence_slow) pins its own. Its first statement takes the guard lock as _admit
+--             does (when the labels are plain, under READ COMMITTED, for the lock key the session remembers for
+--             this epoch), and leaves whether it did in the transaction-local setting pgfence.fast_lock (written
+--             on every call, so a value set beforehand is never read); the second, on a new snapshot (each
+--             statement of a VOLATILE SQL function takes one, as plpgsql's do), reads the lease, its secret's hash
+--             and the grants, decides as _admits does — written out here with qualified operators, with the
+--             conditions stated positively so that a NULL never admits — and either admits (the secret left for
+--             the raw-SQL enforcement, the write marked) or leaves the marker of a held guard lock and hands the
+--             call to _fence_slow. The differential test runs every shape through the verdict's truth table
+--             (tests/native/differential.rs).
+CREATE FUNCTION pgfence._install_guard(p_shape text DEFAULT NULL) RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    shape text := coalesce(p_shape, CASE WHEN current_setting('server_version_num')::integer >= 180000
+                                         THEN 'sql' ELSE 'plpgsql' END);
+    installed text;
+BEGIN
+    IF shape NOT IN ('plpgsql', 'sql') THEN
+        RAISE EXCEPTION 'pgfence: the guard''s shape is ''plpgsql'' or ''sql'', not %', pgfence._printable(shape)
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT l.lanname INTO installed
+      FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+     WHERE p.oid = to_regprocedure('pgfence.fence(text, bigint, text, text, text, text)');
+    IF installed IS NOT DISTINCT FROM shape THEN
+        RETURN shape;
+    END IF;
+    IF shape = 'plpgsql' THEN
+        EXECUTE $shape$
+CREATE OR REPLACE FUNCTION pgfence.fence(p_lease text, p_epoch bigint, p_secret text, p_operation text,
+                                         p_table text, p_key text)
+RETURNS pgfence.write_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fence$
+BEGIN
+    -- The labels first, by the cheap test (the lease and the epoch need none on the fast path: it admits only
+    -- the name and the epoch of a held tenure, which were checked when it was acquired).
+    IF pgfence._plain_labels(p_operation, p_table, p_key) IS NOT TRUE THEN
+        PERFORM pgfence._check_labels(p_operation, p_table, p_key);
+    END IF;
+    IF pgfence._admit(p_lease, p_epoch, p_secret, true) THEN
+        RETURN ROW('ok', NULL, p_epoch, NULL, NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL,
+                   NULL)::pgfence.write_result;
+    END IF;
+    RETURN pgfence._fence_slow(p_lease, p_epoch, p_secret, p_operation, p_table, p_key);
+END;
+$fence$
+$shape$;
+    ELSE
+        EXECUTE $shape$
+CREATE OR REPLACE FUNCTION pgfence.fence(p_lease text, p_epoch bigint, p_secret text, p_operation text,
+                                         p_table text, p_key text)
+RETURNS pgfence.write_result
+LANGUAGE sql VOLATILE SECURITY DEFINER AS $fence$
+-- 1. The guard lock, for the lock key the session remembers for this lease and epoch ("<lock_key> <epoch>
+--    <lease>" in its _known_slot, 1 to 9 digits), when the labels pass (else 22023) and the isolation is READ
+--    COMMITTED; pgfence.fast_lock says whether it was taken ('' when not).
+SELECT pg_catalog.set_config('pgfence.fast_lock',
+           CASE WHEN ((pgfence._plain_labels(p_operation, p_table, p_key)
+                       OR pgfence._check_labels(p_operation, p_table, p_key))
+                      AND pgfence._read_committed()) IS NOT TRUE
+                     OR k.k IS NULL
+                THEN ''
+                WHEN pgfence._try_guard_lock(k.k) THEN k.k::pg_catalog.text
+                ELSE '' END,
+           true)
+  FROM (SELECT CASE WHEN m.known OPERATOR(pg_catalog.=)
+                             (m.prefix OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) p_epoch::pg_catalog.text
+                              OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) p_lease)
+                         AND pg_catalog.octet_length(m.prefix) OPERATOR(pg_catalog.>=) 1
+                         AND pg_catalog.octet_length(m.prefix) OPERATOR(pg_catalog.<=) 9
+                         AND pg_catalog.ltrim(m.prefix, '0123456789') OPERATOR(pg_catalog.=) ''
+                    THEN m.prefix::integer END AS k
+          FROM (SELECT s.known, pg_catalog.split_part(s.known, ' ', 1) AS prefix
+                  FROM (SELECT pg_catalog.current_setting(pgfence._known_slot(p_lease), true) AS known
+                        OFFSET 0) s
+                OFFSET 0) m
+        OFFSET 0) k;
+-- 2. On a new snapshot, taken after the lock: the verdict of _admits on the lease's row, its secret's hash and
+--    the grants; admitted, or the marker of the held lock and the full guard.
+SELECT CASE
+           WHEN x.k IS NULL
+               THEN pgfence._fence_slow(p_lease, p_epoch, p_secret, p_operation, p_table, p_key)
+           WHEN a.admitted IS NOT TRUE
+               THEN CASE WHEN pg_catalog.set_config(pgfence._guard_held_setting(x.k), 'on', true) IS NOT NULL
+                         THEN pgfence._fence_slow(p_lease, p_epoch, p_secret, p_operation, p_table, p_key) END
+           WHEN pg_catalog.set_config(pgfence._fence_setting(x.k), p_secret, true) IS NULL
+               THEN NULL
+           WHEN a.mark IS NOT NULL AND pgfence._mark(p_lease, p_epoch, a.mark) IS NOT TRUE
+               THEN NULL
+           ELSE ROW('ok', NULL, p_epoch, NULL, NULL, p_key, NULL, NULL, NULL, NULL, NULL, NULL,
+                    NULL)::pgfence.write_result
+       END
+  FROM (SELECT CASE WHEN pg_catalog.current_setting('pgfence.fast_lock') OPERATOR(pg_catalog.<>) ''
+                    THEN pg_catalog.current_setting('pgfence.fast_lock')::integer END AS k
+          OFFSET 0) x
+  LEFT JOIN LATERAL (
+      SELECT l.lock_key OPERATOR(pg_catalog.=) x.k
+             -- _loss_reason(l, NULL, p_epoch, now, timeline) IS NULL:
+             AND l.epoch OPERATOR(pg_catalog.=) p_epoch
+             AND l.state OPERATOR(pg_catalog.<>) 'released'
+             AND l.timeline OPERATOR(pg_catalog.>=) t.tl
+             AND l.expires_at OPERATOR(pg_catalog.>) t.now
+             -- _secret_verdict(s.epoch, s.hash, p_epoch, p_secret) = 'ok':
+             AND s.epoch OPERATOR(pg_catalog.=) p_epoch
+             AND pg_catalog.length(p_secret) OPERATOR(pg_catalog.<=) 128
+             AND s.hash OPERATOR(pg_catalog.=) pg_catalog.sha256(pg_catalog.convert_to(p_secret, 'UTF8'))
+             -- _grant_of(_cluster_of(p_lease), false, current_user): the owner's members, or a grant row.
+             AND (pg_catalog.pg_has_role(session_user, current_user, 'MEMBER')
+                  OR EXISTS (SELECT FROM pgfence.grants g
+                              WHERE (g.cluster OPERATOR(pg_catalog.=) pg_catalog.split_part(p_lease, '/', 1)
+                                     OR g.cluster IS NULL)
+                                AND pg_catalog.pg_has_role(session_user, g.role::pg_catalog.oid, 'MEMBER')))
+             AS admitted,
+             -- The write mark of this second, unless the session recorded it already (_mark).
+             CASE WHEN t.mark OPERATOR(pg_catalog.=) pg_catalog.current_setting('pgfence.write_mark', true)
+                  THEN NULL ELSE t.mark END AS mark
+        FROM pgfence.leases l
+        JOIN pgfence.tenure_secrets s ON s.lease OPERATOR(pg_catalog.=) l.name,
+             (SELECT c.now, pgfence._timeline() AS tl,
+                     p_epoch::pg_catalog.text OPERATOR(pg_catalog.||) ':'
+                     OPERATOR(pg_catalog.||) pg_catalog.date_part('epoch', c.now)::bigint::pg_catalog.text
+                     OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) p_lease AS mark
+                FROM (SELECT pg_catalog.clock_timestamp() AS now OFFSET 0) c OFFSET 0) t
+       WHERE l.name OPERATOR(pg_catalog.=) p_lease AND x.k IS NOT NULL) a ON true
+$fence$
+$shape$;
+    END IF;
+    RETURN shape;
+END;
+$$;
+
+SELECT pgfence._install_guard();
 
 -- The safety net of the one-statement guarded write (Store::guarded_write; see pgfence.fence above): the caller's
 -- statement changed rows although its guard refused, so its SQL does not test pgfence_guard.passed. Raising

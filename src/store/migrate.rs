@@ -359,13 +359,25 @@ async fn run_migrations(mut conn: AsyncPgConnection, lock_wait: Duration) -> Res
         let mut wrapped: diesel_async::async_connection_wrapper::AsyncConnectionWrapper<
             AsyncPgConnection,
         > = diesel_async::async_connection_wrapper::AsyncConnectionWrapper::from(conn);
-        wrapped
+        let applied = wrapped
             .run_pending_migrations(MIGRATIONS)
             .map(|versions| versions.iter().map(|v| v.to_string()).collect::<Vec<_>>())
             .map_err(|e| Error::Migration {
                 reason: e.to_string(),
                 source: Some(e),
-            })
+            })?;
+        // The guard's shape for this server, on every migrate (a server upgraded to PostgreSQL 18 since the
+        // schema was made gets the SQL shape now; idempotent: nothing changes when the shape is already the one
+        // the server supports best). See pgfence._install_guard in 000003_guard.
+        diesel::connection::SimpleConnection::batch_execute(
+            &mut wrapped,
+            "SELECT pgfence._install_guard()",
+        )
+        .map_err(|e| Error::Migration {
+            reason: format!("installing the guard's shape for this server: {e}"),
+            source: Some(Box::new(e)),
+        })?;
+        Ok::<_, Error>(applied)
     })
     .await
     .map_err(|e| Error::Migration {

@@ -82,7 +82,7 @@ class Mutation:
 
 
 # The suites that are modules of the shared test binary tests/suite.rs (see Cargo.toml's [[test]] targets).
-SUITE_MODULES = {"guard", "lease", "store", "privileges", "trust", "sqlstate", "hostile", "multihost", "embedded",
+SUITE_MODULES = {"guard", "guard_shapes", "lease", "store", "privileges", "trust", "sqlstate", "hostile", "multihost", "embedded",
                  "tls", "takeover", "standby", "migrations", "overlap", "hardening", "layout", "regress",
                  "membership", "spread", "native", "effects", "ledger_races", "acquire_many"}
 
@@ -129,7 +129,28 @@ TAKE_LOCK_FAST_PATH = """    IF pg_catalog.pg_try_advisory_xact_lock(pgfence._gu
         RETURN;
     END IF;"""
 
+# The truth table through every SQL shape of the portable guard (no native build needed).
+SQL_SHAPES_TABLE = "differential::every_sql_shape_of_the_guard_agrees_with_the_verdict_on_every_combination"
+
 MUTATIONS: list[Mutation] = [
+    Mutation(
+        "sql-shape-ignores-grant",
+        "the SQL shape of pgfence.fence admits from its fast path without reading the grants: a session that "
+        "remembers a tenure admits it for a login role without a grant on the cluster",
+        [Edit("sql:_install_guard",
+              "             AND (pg_catalog.pg_has_role(session_user, current_user, 'MEMBER')\n",
+              "             AND (true OR pg_catalog.pg_has_role(session_user, current_user, 'MEMBER')\n")],
+        [cargo_test("native", SQL_SHAPES_TABLE)],
+    ),
+    Mutation(
+        "sql-shape-unqualified-operator",
+        "the SQL shape of pgfence.fence compares the secret's hash with an unqualified =, which a caller's "
+        "search_path can redirect to its own operator",
+        [Edit("sql:_install_guard",
+              "AND s.hash OPERATOR(pg_catalog.=) pg_catalog.sha256(",
+              "AND s.hash = pg_catalog.sha256(")],
+        [cargo_test("guard_shapes", "a_hostile_search_path_cannot_redirect_either_shape_of_the_guard")],
+    ),
     Mutation(
         "guard-without-lock",
         "the guard reads the lease without taking its shared guard lock",

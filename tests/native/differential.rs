@@ -1,7 +1,8 @@
-//! The native guard against the portable one, over the verdict's whole truth table: every combination of the
-//! lease's state, the presented epoch, the timeline, the secret, the caller's grant, the isolation level and
-//! whether the native session remembers the tenure, called through `pgfence_native.fence` in one session and
-//! `pgfence.fence` in another with the same identity. Each call runs in a transaction of its own that is rolled
+//! The native guard, and every SQL shape of the portable guard (`pgfence._install_guard`), against the portable
+//! guard's plpgsql shape, over the verdict's whole truth table: every combination of the lease's state, the
+//! presented epoch, the timeline, the secret, the caller's grant, the isolation level and whether the session
+//! remembers the tenure, called through the guard under test (`pgfence_native.fence`, or a copy of an SQL shape)
+//! in one session and `pgfence.fence` in another with the same identity. Each call runs in a transaction of its own that is rolled
 //! back; the two must agree on everything a caller or a later statement of the transaction can see — the whole
 //! answer row (or the error's SQLSTATE), the advisory locks the session holds after it, the tenure-secret and
 //! guard-held settings the raw-SQL enforcement reads, and the write mark.
@@ -12,7 +13,8 @@
 //! `native-ignores-execute-privilege`, `native-ignores-expiry`, `native-ignores-timeline`, `native-any-isolation`,
 //! `native-without-lock` and `native-skips-the-write-mark`; the other three native mutations concern a takeover
 //! in flight, a snapshot older than the lock and a schema created anew, which no single call's state shows: the
-//! same comparison at those moments is tests/native/moments.rs.
+//! same comparison at those moments is tests/native/moments.rs. The SQL shapes' table needs no native build (it
+//! runs on every server of the version matrix, .ci/pg-matrix) and is shown to fail on `sql-shape-ignores-grant`.
 
 use crate::common;
 
@@ -190,10 +192,12 @@ async fn observe(
     seen
 }
 
-/// The three sessions of the table: the native guard's, the portable guard's (same identity, no memory) and the
-/// owner's, which makes the leases' states.
+/// The three sessions of the table: the guard under test's (`function`: `pgfence_native.fence`, whose memory is
+/// the native guard's, or a copy of an SQL shape, whose memory is the session's `pgfence._known_slot`), the
+/// portable guard's (same identity) and the owner's, which makes the leases' states.
 struct Sessions {
     native: tokio_postgres::Client,
+    function: String,
     portable: tokio_postgres::Client,
     owner: tokio_postgres::Client,
 }
@@ -218,12 +222,47 @@ impl Sessions {
         common::sql_acquire(&self.owner, lease, holder, 600_000).await
     }
 
-    /// The epochs of `lease` the native session remembers (read as the superuser).
+    /// The epochs of `lease` the session under test remembers (read as the superuser).
     async fn remembered(&self, lease: &str, who: &(String, Option<String>)) -> Vec<i64> {
         self.become_(None).await;
-        let epochs = common::remembered(&self.native, lease).await;
+        let epochs = self.memory(lease).await;
         self.become_(Some(who)).await;
         epochs
+    }
+
+    /// A copy of an SQL shape gets `pgfence.fence`'s privileges again (a grant or a revocation of a cluster
+    /// re-grants a role's privileges on the documented functions only).
+    async fn sync_privileges(&self) {
+        if self.function == "pgfence_native.fence" {
+            return;
+        }
+        self.owner
+            .batch_execute(&format!(
+                "UPDATE pg_proc SET proacl = (SELECT f.proacl FROM pg_proc f \
+                  WHERE f.oid = 'pgfence.fence(text, bigint, text, text, text, text)'::regprocedure) \
+                  WHERE oid = '{}(text, bigint, text, text, text, text)'::regprocedure",
+                self.function
+            ))
+            .await
+            .unwrap();
+    }
+
+    /// The epochs of `lease` the session under test remembers: the native guard's memory, or the lock key's memory
+    /// of the SQL shapes ("<lock key> <epoch> <lease>" in the session setting `pgfence._known_slot` names).
+    async fn memory(&self, lease: &str) -> Vec<i64> {
+        if self.function == "pgfence_native.fence" {
+            return common::remembered(&self.native, lease).await;
+        }
+        self.native
+            .query(
+                "SELECT m[1]::bigint FROM regexp_match(coalesce(current_setting(pgfence._known_slot($1), true), ''),                  '^[0-9]+ ([0-9]+) (.*)$') m WHERE m[2] = $1",
+                &[&lease],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
     }
 }
 
@@ -264,13 +303,14 @@ async fn prepare(s: &Sessions, roles: &Roles, setup: Setup, i: usize) -> Tenure 
             ))
             .await
             .unwrap();
+        s.sync_privileges().await;
     }
     s.become_(None).await;
     if setup.remembered {
         // Admitted once, committed, by each session: the native session remembers the tenure in its memory, the
         // portable one in its session setting (pgfence._known_slot); both then take their fast paths.
         for (c, function) in [
-            (&s.native, "pgfence_native.fence"),
+            (&s.native, s.function.as_str()),
             (&s.portable, "pgfence.fence"),
         ] {
             let outcome: String = c
@@ -283,7 +323,7 @@ async fn prepare(s: &Sessions, roles: &Roles, setup: Setup, i: usize) -> Tenure 
                 .get(0);
             assert_eq!(outcome, "ok", "{setup:?}: T not admitted by {function}");
         }
-        let epochs = common::remembered(&s.native, &lease).await;
+        let epochs = s.memory(&lease).await;
         assert_eq!(epochs.len(), 1, "{setup:?}: T not remembered");
     }
     s.become_(Some(who)).await;
@@ -292,6 +332,7 @@ async fn prepare(s: &Sessions, roles: &Roles, setup: Setup, i: usize) -> Tenure 
             .batch_execute(&format!("SELECT pgfence.revoke('{}', 'c')", who.0))
             .await
             .unwrap();
+        s.sync_privileges().await;
     }
     let change = match setup.state {
         LeaseState::Held | LeaseState::Unknown => String::new(),
@@ -395,14 +436,7 @@ async fn run_setup(
             Secret::Null => None,
         };
         let call = (t.presented.as_str(), epoch, value);
-        let native = observe(
-            &s.native,
-            "pgfence_native.fence",
-            isolation,
-            call,
-            t.lock_key,
-        )
-        .await;
+        let native = observe(&s.native, &s.function, isolation, call, t.lock_key).await;
         let portable = observe(&s.portable, "pgfence.fence", isolation, call, t.lock_key).await;
         let answer = portable.split(" || ").next().unwrap_or("").to_owned();
         let answer = answer
@@ -413,37 +447,23 @@ async fn run_setup(
         *tally.entry(answer).or_default() += 1;
         if native != portable {
             differ.push(format!(
-                "{setup:?}, epoch T{:+}, secret {secret:?}, {isolation}:\n  native:   {native}\n  portable: {portable}",
-                epoch - t.epoch
+                "{setup:?}, epoch T{:+}, secret {secret:?}, {isolation}:\n  {}: {native}\n  portable: {portable}",
+                epoch - t.epoch,
+                s.function
             ));
         }
     }
     differ
 }
 
-/// Invariants 3, 4 and 5 on the native path: over every combination of lease state (held, expired, released,
-/// force-released, superseded, unknown), presented epoch (previous, current, future), timeline (current, before
-/// the last promotion), secret (right, wrong, the previous tenure's, NULL), grant (own cluster, another cluster,
-/// none, every cluster, revoked, through membership, SET ROLE), isolation level and memory (remembered or not),
-/// the native guard and the portable guard leave the caller the same answer and the transaction the same
-/// locks, settings and write mark. 6,048 combinations.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_native_guard_agrees_with_the_verdict_on_every_combination() {
-    let db = TestDb::new().await;
-    if !common::create_native(&db.client().await).await {
-        return;
-    }
-    let s = Sessions {
-        native: db.client().await,
-        portable: db.client().await,
-        owner: db.client().await,
-    };
-    let roles = Roles::make(&db, &s.owner).await;
+/// Runs the whole table through `s` and checks that the two guards agreed on every call, that every combination
+/// ran and that the table reached every answer the verdict gives.
+async fn run_table(s: &Sessions, roles: &Roles) {
     let mut tally = BTreeMap::new();
     let mut differ = Vec::new();
     let all = setups();
     for (i, setup) in all.iter().copied().enumerate() {
-        differ.extend(run_setup(&s, &roles, setup, i, &mut tally).await);
+        differ.extend(run_setup(s, roles, setup, i, &mut tally).await);
         // Enough to show what differs; the rest of the table would say the same again.
         if differ.len() >= 8 {
             break;
@@ -478,5 +498,99 @@ async fn the_native_guard_agrees_with_the_verdict_on_every_combination() {
             seen.iter().any(|k| k.contains(want)),
             "no call answered {want}: {tally:#?}"
         );
+    }
+}
+
+/// Invariants 3, 4 and 5 on the native path: over every combination of lease state (held, expired, released,
+/// force-released, superseded, unknown), presented epoch (previous, current, future), timeline (current, before
+/// the last promotion), secret (right, wrong, the previous tenure's, NULL), grant (own cluster, another cluster,
+/// none, every cluster, revoked, through membership, SET ROLE), isolation level and memory (remembered or not),
+/// the native guard and the portable guard (the shape the server's migrate installed) leave the caller the same
+/// answer and the transaction the same locks, settings and write mark. 6,048 combinations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_guard_agrees_with_the_verdict_on_every_combination() {
+    let db = TestDb::new().await;
+    if !common::create_native(&db.client().await).await {
+        return;
+    }
+    let s = Sessions {
+        native: db.client().await,
+        function: "pgfence_native.fence".to_owned(),
+        portable: db.client().await,
+        owner: db.client().await,
+    };
+    let roles = Roles::make(&db, &s.owner).await;
+    run_table(&s, &roles).await;
+}
+
+/// The shapes of `pgfence.fence` that `pgfence._install_guard` installs besides the reference, plpgsql.
+const SQL_SHAPES: [&str; 1] = ["sql"];
+
+/// Installs the plpgsql shape as `pgfence.fence` (the reference) and a copy of `shape` beside it, with
+/// `pgfence.fence`'s owner (its privileges: [`Sessions::sync_privileges`]); returns the copy's name.
+async fn install_beside(owner: &tokio_postgres::Client, shape: &str) -> String {
+    let name = format!("pgfence._fence_shape_{shape}");
+    let args = "(text, bigint, text, text, text, text)";
+    owner
+        .batch_execute(&format!(
+            "SELECT pgfence._install_guard('plpgsql'); SELECT pgfence._install_guard('{shape}'); \
+             DO $$ BEGIN \
+                 EXECUTE replace(pg_get_functiondef('pgfence.fence{args}'::regprocedure), \
+                                 'FUNCTION pgfence.fence(', 'FUNCTION {name}('); \
+                 EXECUTE format('ALTER FUNCTION {name}{args} OWNER TO %s', \
+                                (SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = 'pgfence')); \
+                 REVOKE ALL ON FUNCTION {name}{args} FROM PUBLIC; \
+             END $$; \
+             SELECT pgfence._install_guard('plpgsql')"
+        ))
+        .await
+        .unwrap();
+    let languages: Vec<String> = owner
+        .query(
+            &format!(
+                "SELECT l.lanname::text FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang \
+                  WHERE p.oid IN ('pgfence.fence{args}'::regprocedure, '{name}{args}'::regprocedure) \
+                  ORDER BY p.oid = '{name}{args}'::regprocedure"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        languages,
+        ["plpgsql", shape],
+        "the reference, then the copy"
+    );
+    name
+}
+
+/// Invariants 3, 4 and 5 through every SQL shape of the portable guard: the same table as the native guard's
+/// (6,048 combinations), each shape `pgfence._install_guard` can install called beside the plpgsql shape, on
+/// whatever server runs the test (a shape is forced, not chosen by the server's version): the same answer, the
+/// same locks, settings and write mark. Needs no native build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_sql_shape_of_the_guard_agrees_with_the_verdict_on_every_combination() {
+    for shape in SQL_SHAPES {
+        // A database of its own per shape (the table's leases and roles are made anew).
+        let db = TestDb::new().await;
+        let owner = db.client().await;
+        // The installer knows the reference and SQL_SHAPES, no other.
+        let unknown = owner
+            .query_one("SELECT pgfence._install_guard('c')", &[])
+            .await
+            .unwrap_err();
+        assert_eq!(unknown.code().map(|c| c.code()), Some("22023"));
+        let roles = Roles::make(&db, &owner).await;
+        let s = Sessions {
+            function: install_beside(&owner, shape).await,
+            native: db.client().await,
+            portable: db.client().await,
+            owner,
+        };
+        s.sync_privileges().await;
+        run_table(&s, &roles).await;
     }
 }

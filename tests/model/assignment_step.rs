@@ -2,8 +2,8 @@
 //! and to the members.
 
 use crate::assignment::{
-    assign, Action, Assignment, Epoch, Lease, Phase, Pid, Proc, Rebalance, State, StoreCall,
-    Takeover, Weakening, Writer,
+    Action, Assignment, Epoch, Lease, Phase, Pid, Proc, Rebalance, State, StoreCall, Takeover,
+    Weakening, Writer,
 };
 
 /// What `assign_group` answered.
@@ -349,4 +349,38 @@ impl Assignment {
         }
         Some(s)
     }
+}
+
+/// The next assignment of `names` names from the stored `base`, for the counted members `inputs` (a bit each):
+/// quotas (⌊N/M⌋, one more for the first N mod M members by id), each member keeps the names it is assigned up
+/// to its quota, and a free name goes to the member with room that has the smallest id (the runtime: the highest
+/// rendezvous score).
+pub fn assign(names: u8, inputs: u8, base: &[Option<Pid>]) -> Vec<Option<Pid>> {
+    let ms: Vec<Pid> = (0..8).filter(|p| inputs & (1 << p) != 0).collect();
+    if ms.is_empty() {
+        return vec![None; names as usize];
+    }
+    let m = ms.len() as u8;
+    let quota = |p: Pid| {
+        let i = ms.iter().position(|&q| q == p).unwrap() as u8;
+        names / m + u8::from(i < names % m)
+    };
+    let mut load = [0u8; 8];
+    let mut next = vec![None; names as usize];
+    for n in 0..names as usize {
+        if let Some(o) = base[n] {
+            if ms.contains(&o) && load[o as usize] < quota(o) {
+                next[n] = Some(o);
+                load[o as usize] += 1;
+            }
+        }
+    }
+    for slot in next.iter_mut() {
+        if slot.is_none() {
+            let p = *ms.iter().find(|&&p| load[p as usize] < quota(p)).unwrap();
+            *slot = Some(p);
+            load[p as usize] += 1;
+        }
+    }
+    next
 }

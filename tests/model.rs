@@ -17,6 +17,14 @@
 //! that dedupes by effect key, outcomes, late reports and the successors' settles across a succession of
 //! tenures, with the engine's state as the ground truth (docs/model.md, "The effect ledger").
 
+#[path = "model/assignment.rs"]
+mod assignment;
+#[path = "model/assignment_props.rs"]
+mod assignment_props;
+#[path = "model/assignment_step.rs"]
+mod assignment_step;
+#[path = "model/assignment_tests.rs"]
+mod assignment_tests;
 #[path = "model/effects.rs"]
 mod effects;
 #[path = "model/handover.rs"]

@@ -232,3 +232,47 @@ async fn a_batch_answers_busy_for_a_locked_lease_and_the_elector_acquires_it_alo
     let lease = acquiring.await.unwrap();
     assert_eq!(lease.epoch().get(), old.epoch().get() + 1);
 }
+
+/// Invariant 3 through the batch (no stale write commits after a takeover): a guarded transaction of the ended
+/// tenure still open — past its check, holding the lease's guard lock — makes the batch answer `busy` for that
+/// lease (it neither takes the lease under the writer nor waits for it), while the batch's other lease is
+/// acquired. (`acquire` alone then waits the takeover grace and ends the writer, as the takeover tests show.)
+#[tokio::test]
+async fn a_batch_answers_busy_for_a_lease_whose_guard_an_old_writer_holds() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let old = fixture::lease(&store, "guarded")
+        .holder("other")
+        .ttl(Duration::from_millis(300))
+        .await;
+    let writer = db.client().await;
+    writer.batch_execute("BEGIN").await.unwrap();
+    let outcome: String = writer
+        .query_one(
+            "SELECT outcome FROM pgfence.fence($1, $2, $3, 'fenced_transaction', NULL, NULL)",
+            &[
+                &"c/guarded",
+                &old.epoch().get(),
+                &old.fence().secret().expose_secret(),
+            ],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(outcome, "ok", "the old tenure's write is past its check");
+    let c = db.client().await;
+    wait_until_expired(&c, "c/guarded").await;
+    let rows = tokio::time::timeout(
+        Duration::from_secs(5),
+        acquire_many(&c, &["c/guarded", "c/other"], "me"),
+    )
+    .await
+    .expect("a batch waits for no lock");
+    let answers: Vec<(&str, &str)> = rows.iter().map(|r| (r.0.as_str(), r.1.as_str())).collect();
+    assert_eq!(answers, [("c/guarded", "busy"), ("c/other", "acquired")]);
+    let epoch = db
+        .scalar("SELECT epoch FROM pgfence.leases WHERE name = 'c/guarded'")
+        .await;
+    assert_eq!(epoch, old.epoch().get(), "not taken under the open writer");
+    writer.batch_execute("COMMIT").await.unwrap();
+}

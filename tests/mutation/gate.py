@@ -582,6 +582,16 @@ MUTATIONS: list[Mutation] = [
         [cargo_test("acquire_many", "a_batch_refuses_the_leases_of_a_cluster_without_a_grant_and_audits_once")],
     ),
     Mutation(
+        "acquire-many-ignores-guard",
+        "a batched acquisition takes a lease without its guard lock, under a guarded transaction of the ended tenure "
+        "still past its check",
+        [Edit("sql:_acquire_checked",
+              """    ELSIF NOT (pg_catalog.pg_try_advisory_xact_lock(pgfence._guard_lock_class(), -l.lock_key)
+               AND pg_catalog.pg_try_advisory_xact_lock(pgfence._guard_lock_class(), l.lock_key)) THEN""",
+              """    ELSIF false THEN""")],
+        [cargo_test("acquire_many", "a_batch_answers_busy_for_a_lease_whose_guard_an_old_writer_holds")],
+    ),
+    Mutation(
         "acquire-many-counts-no-doubt",
         "a batched acquisition answers that nothing is in doubt, so the runtime hands a new tenure's callback none "
         "of the effects its predecessors left in doubt",

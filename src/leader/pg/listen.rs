@@ -2,7 +2,8 @@
 //! this process joined (each group has a channel of its own), fanned out to the elector's waiters, and the cache
 //! of lease names its notifications are resolved with.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -174,23 +175,63 @@ pub(super) async fn listen(
 }
 
 /// The lock keys this process knows the names of (lock keys are never reused and names never change), and how
-/// many waiters are still reading theirs.
+/// many of its waiters may wait for a name whose key it does not know yet.
+///
+/// A release notification carries only the lock key. An unknown key is looked up only while such a waiter
+/// exists ([`Reading`]): counted from before the waiter's acquisition attempt (or the read of a member's names)
+/// until its key is cached, so that a release committed after the attempt's snapshot is always resolved — and
+/// the release of a name nobody here waits for costs no statement.
 #[derive(Debug, Default)]
 pub(super) struct LeaseKeys {
-    pub(super) names: Mutex<HashMap<i32, String>>,
-    /// Waiters whose lease's key is being read (`warm_lease_names` in flight): while there are any, a release of
-    /// an unknown key is looked up, as it may be theirs.
-    pub(super) reading: std::sync::atomic::AtomicUsize,
+    cache: Mutex<KeyCache>,
+    reading: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct KeyCache {
+    by_key: HashMap<i32, String>,
+    known: HashSet<String>,
+}
+
+/// One waiter whose lease's key may be unknown, counted in [`LeaseKeys`] until dropped.
+#[derive(Debug)]
+pub(super) struct Reading(Arc<LeaseKeys>);
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        self.0.reading.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl LeaseKeys {
-    /// Whether the key of `qualified` is known.
+    /// Whether the key of `qualified` is known (O(1)).
     pub(super) fn knows(&self, qualified: &str) -> bool {
-        self.names
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .any(|n| n == qualified)
+        self.lock().known.contains(qualified)
+    }
+
+    /// Counts a waiter that may wait for a name whose key is not known yet, until the guard is dropped.
+    pub(super) fn reading(self: &Arc<Self>) -> Reading {
+        self.reading.fetch_add(1, Ordering::SeqCst);
+        Reading(self.clone())
+    }
+
+    /// Whether an unknown key must be looked up: some waiter's key may be it.
+    fn anyone_reading(&self) -> bool {
+        self.reading.load(Ordering::SeqCst) > 0
+    }
+
+    fn name_of(&self, key: i32) -> Option<String> {
+        self.lock().by_key.get(&key).cloned()
+    }
+
+    fn learn(&self, key: i32, name: String) {
+        let mut cache = self.lock();
+        cache.known.insert(name.clone());
+        cache.by_key.insert(key, name);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeyCache> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -201,12 +242,10 @@ impl LeaseKeys {
 async fn lease_name(conn: &mut AsyncPgConnection, keys: &LeaseKeys, key: i32) -> Option<String> {
     use diesel::OptionalExtension;
     use diesel_async::RunQueryDsl;
-    use std::sync::atomic::Ordering;
-    let names = &keys.names;
-    if let Some(name) = names.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-        return Some(name.clone());
+    if let Some(name) = keys.name_of(key) {
+        return Some(name);
     }
-    if std::sync::atomic::AtomicUsize::load(&keys.reading, Ordering::SeqCst) == 0 {
+    if !keys.anyone_reading() {
         return None;
     }
     let name: Option<String> = diesel::select(
@@ -223,10 +262,7 @@ async fn lease_name(conn: &mut AsyncPgConnection, keys: &LeaseKeys, key: i32) ->
     .flatten()
     .flatten();
     if let Some(name) = &name {
-        names
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, name.clone());
+        keys.learn(key, name.clone());
     }
     name
 }
@@ -236,14 +272,19 @@ async fn lease_name(conn: &mut AsyncPgConnection, keys: &LeaseKeys, key: i32) ->
 /// release of a name that changes hands wakes its successor at once, not after a lookup of the key on the
 /// listener's connection (one statement more on the path of every handover of a name this process never saw
 /// released).
-pub(super) async fn warm_lease_names(store: &Store, keys: &LeaseKeys, qualified: Vec<String>) {
-    let names = &keys.names;
+/// `reading` is the count of the waiters it reads for: dropped once their keys are cached (or the read failed,
+/// when their releases fall back to the poll).
+pub(super) async fn warm_lease_names(
+    store: &Store,
+    keys: &LeaseKeys,
+    qualified: Vec<String>,
+    reading: Reading,
+) {
     let missing: Vec<String> = {
-        let names = names.lock().unwrap_or_else(|p| p.into_inner());
-        let known: std::collections::HashSet<&String> = names.values().collect();
+        let cache = keys.lock();
         qualified
             .into_iter()
-            .filter(|n| !known.contains(n))
+            .filter(|n| !cache.known.contains(n))
             .collect()
     };
     if missing.is_empty() {
@@ -263,11 +304,11 @@ pub(super) async fn warm_lease_names(store: &Store, keys: &LeaseKeys, qualified:
         )
         .await;
     if let Ok(rows) = rows {
-        let mut names = names.lock().unwrap_or_else(|p| p.into_inner());
         for row in rows {
-            names.insert(row.lock_key, row.name);
+            keys.learn(row.lock_key, row.name);
         }
     }
+    drop(reading);
 }
 
 #[cfg(test)]

@@ -7,7 +7,6 @@
 //! `pgfence.force_release`, in `migrations/2026-11-30-000002_lease_protocol/up.sql`; the group calls of
 //! `migrations/2026-11-30-000005_membership/up.sql`.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -23,7 +22,7 @@ use crate::history::queue::BeliefQueue;
 use crate::lease::{Lease, Released};
 use crate::membership::{Member, MemberSpec, NameSets, Rebalance};
 use crate::store::Store;
-use listen::{listen, warm_lease_names, Channels, LeaseKeys};
+use listen::{listen, warm_lease_names, Channels, LeaseKeys, Reading};
 use renew::{GroupKey, Renewals};
 
 mod acquire;
@@ -100,19 +99,15 @@ impl PgElector {
     }
 
     /// The caller will wait for `qualified`'s release: reads its lock key unless the listener knows it (once per
-    /// name and process), counted while it is read so that the listener looks up unknown keys meanwhile.
-    fn learn_key(&self, qualified: &str) {
+    /// name and process). `reading` (taken before the attempt that found the lease held) keeps the listener
+    /// looking up unknown keys until the read is done.
+    fn learn_key(&self, qualified: &str, reading: Reading) {
         let keys = self.inner.lease_names.clone();
-        if keys.knows(qualified) {
-            return;
-        }
-        keys.reading.fetch_add(1, Ordering::SeqCst);
         let store = self.inner.store.clone();
         let qualified = qualified.to_owned();
-        tokio::spawn(async move {
-            warm_lease_names(&store, &keys, vec![qualified]).await;
-            keys.reading.fetch_sub(1, Ordering::SeqCst);
-        });
+        tokio::spawn(
+            async move { warm_lease_names(&store, &keys, vec![qualified], reading).await },
+        );
     }
 
     fn notifications(&self) -> &broadcast::Sender<Wake> {
@@ -181,12 +176,16 @@ impl Elector for PgElector {
 
     async fn acquire(&self, name: &str, holder: &str, options: &LeaseOptions) -> Result<HeldLease> {
         options.validate()?;
+        // Counted from before the attempt: a release committed after the attempt's snapshot is heard while
+        // this waiter's key may still be unknown, and must be looked up, not dropped.
+        let keys = &self.inner.lease_names;
+        let reading = (!keys.knows(&self.qualify(name))).then(|| keys.reading());
         let acquired = acquire::acquire(&self.inner.store, name, holder, options.ttl).await;
         let (lease, first) = match acquired {
             Ok(acquired) => acquired,
             Err(e) => {
-                if let Error::Held { lease, .. } = &e {
-                    self.learn_key(lease);
+                if let (Error::Held { lease, .. }, Some(reading)) = (&e, reading) {
+                    self.learn_key(lease, reading);
                 }
                 return Err(e);
             }
@@ -273,9 +272,11 @@ impl Elector for PgElector {
         let qualified: Vec<String> = own.names.iter().map(|n| self.qualify(n)).collect();
         // In the background: the names go to the balancer at once; their lock keys are cached before a release
         // of one of them must be resolved.
+        // Counted before the spawn: the names' campaigns may start before the read.
         let store = self.inner.store.clone();
         let cache = self.inner.lease_names.clone();
-        tokio::spawn(async move { warm_lease_names(&store, &cache, qualified).await });
+        let reading = cache.reading();
+        tokio::spawn(async move { warm_lease_names(&store, &cache, qualified, reading).await });
         Ok(Assigned {
             generation: own.generation,
             names: own.names.into_iter().collect(),

@@ -55,6 +55,17 @@ BEGIN
     IF gone IS NOT NULL THEN
         RETURN ROW('stale', 'member_gone', g.version, g.generation, NULL)::pgfence.rebalance_result;
     END IF;
+    -- And every member counted by the stored assignment that is live now must be counted by this one: a member
+    -- the claimant read as expired may have joined again since (a counted member's rejoin changes no version),
+    -- and a computation without it would move its names away only for the next one to move them back.
+    SELECT m.member INTO gone
+      FROM pgfence.members m
+     WHERE m.grp = p_group AND m.counted AND m.left_at IS NULL AND m.expires_at > clock_timestamp()
+       AND m.member <> ALL (p_counted)
+     LIMIT 1;
+    IF gone IS NOT NULL THEN
+        RETURN ROW('stale', 'member_back', g.version, g.generation, NULL)::pgfence.rebalance_result;
+    END IF;
     DELETE FROM pgfence.assignments a WHERE a.grp = p_group AND a.name = ANY (p_removed);
     INSERT INTO pgfence.assignments AS a (grp, name, member)
     SELECT p_group, w.name, w.member FROM unnest(p_names, p_owners) AS w(name, member)

@@ -551,3 +551,91 @@ async fn a_join_blocked_on_the_members_row_fails_in_bounded_time_naming_the_bloc
         .await
         .unwrap();
 }
+
+/// Invariant (the model's finding, `docs/model.md`): an assignment computed while a counted member was away is
+/// refused once that member is back (`member_back`, answered `Stale`) and writes nothing — a late store (its
+/// reply lost, run after the member joined again under its name) must not move the names of a member that counts
+/// now; the claimant's next computation, counting it, is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_computation_that_left_out_a_member_that_is_back_is_refused_and_writes_nothing() {
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let short = Duration::from_millis(600);
+    let mut b = store
+        .groups()
+        .join("g", "b", &spec(&["x", "y"]), TTL)
+        .await
+        .unwrap();
+    let mut a = store
+        .groups()
+        .join("g", "a", &spec(&["x", "y"]), short)
+        .await
+        .unwrap();
+    store.groups().heartbeat(&mut b, TTL).await.unwrap();
+    store.groups().heartbeat(&mut a, short).await.unwrap();
+    let (version, generation) = claim(&store, &b).await;
+    let both = ["a".to_owned(), "b".to_owned()];
+    let first: BTreeMap<String, String> = [("x", "a"), ("y", "b")]
+        .into_iter()
+        .map(|(n, m)| (n.to_owned(), m.to_owned()))
+        .collect();
+    assert_eq!(
+        store
+            .groups()
+            .store_assignment(&b, version, generation, &first, &[], &both)
+            .await
+            .unwrap(),
+        Rebalance::Assigned { generation: 1 }
+    );
+    // `a` expires (by the database clock): a rebalance is due, and b computes one without it.
+    while db
+        .scalar("SELECT count(*) FROM pgfence.members WHERE member = 'a' AND expires_at > clock_timestamp()")
+        .await
+        > 0
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (version, generation) = claim(&store, &b).await;
+    assert_eq!(generation, 1);
+    let only_b = ["b".to_owned()];
+    let without_a: BTreeMap<String, String> = [("x".to_owned(), "b".to_owned())].into();
+    // `a` joins again under its name before the store runs: counted by the stored assignment, it counts at once.
+    store
+        .groups()
+        .join("g", "a", &spec(&["x", "y"]), TTL)
+        .await
+        .unwrap();
+    let before = db
+        .scalar("SELECT count(*) FROM pgfence.assignments WHERE member = 'a'")
+        .await;
+    assert_eq!(
+        store
+            .groups()
+            .store_assignment(&b, version, generation, &without_a, &[], &only_b)
+            .await
+            .unwrap(),
+        Rebalance::Stale,
+        "computed without a member that is back"
+    );
+    assert_eq!(
+        (
+            db.scalar("SELECT count(*) FROM pgfence.assignments WHERE member = 'a'")
+                .await,
+            db.scalar("SELECT generation FROM pgfence.groups").await,
+            db.scalar("SELECT count(*) FROM pgfence.members WHERE counted")
+                .await,
+        ),
+        (before, 1, 2),
+        "a refused store writes nothing"
+    );
+    assert_eq!(
+        store
+            .groups()
+            .store_assignment(&b, version, generation, &BTreeMap::new(), &[], &both)
+            .await
+            .unwrap(),
+        Rebalance::Assigned { generation: 2 },
+        "the computation counting it is stored"
+    );
+    assert_eq!(store.groups().assignment("g").await.unwrap().owners, first);
+}

@@ -554,8 +554,9 @@ $$;
 -- The answer of a rebalance call: 'claim' (this member computes the next assignment: from the stored one of
 -- this generation, for the inputs of this version, within in_ms), 'not_due' (in_ms until it is due, NULL when
 -- nothing is pending), 'claimed' (another member claimed it: in_ms until that claim lapses), 'assigned' (the new
--- generation is stored), 'stale' (the stored assignment changed since the claim, or a member it names is no
--- longer live: claim again), or 'refused' with a membership loss or 'no_grant'.
+-- generation is stored), 'stale' (the stored assignment changed since the claim, a member it names is no longer
+-- live ('member_gone'), or a live member the stored assignment counts is left out ('member_back'): claim again),
+-- or 'refused' with a membership loss or 'no_grant'.
 CREATE TYPE pgfence.rebalance_result AS (
     outcome    text,
     reason     text,
@@ -752,6 +753,17 @@ BEGIN
      LIMIT 1;
     IF gone IS NOT NULL THEN
         RETURN ROW('stale', 'member_gone', g.version, g.generation, NULL)::pgfence.rebalance_result;
+    END IF;
+    -- And every member counted by the stored assignment that is live now must be counted by this one: a member
+    -- the claimant read as expired may have joined again since (a counted member's rejoin changes no version),
+    -- and a computation without it would move its names away only for the next one to move them back.
+    SELECT m.member INTO gone
+      FROM pgfence.members m
+     WHERE m.grp = p_group AND m.counted AND m.left_at IS NULL AND m.expires_at > clock_timestamp()
+       AND m.member <> ALL (p_counted)
+     LIMIT 1;
+    IF gone IS NOT NULL THEN
+        RETURN ROW('stale', 'member_back', g.version, g.generation, NULL)::pgfence.rebalance_result;
     END IF;
     DELETE FROM pgfence.assignments a WHERE a.grp = p_group AND a.name = ANY (p_removed);
     INSERT INTO pgfence.assignments AS a (grp, name, member)

@@ -230,7 +230,8 @@ pub enum Rebalance {
         /// Its generation.
         generation: i64,
     },
-    /// `stale`: the stored assignment changed since the claim, or a member it named is gone; claim again.
+    /// `stale`: the stored assignment changed since the claim, a member it named is gone, or a member it left
+    /// out (read as expired) is back and counted; claim again.
     Stale,
     /// `refused` / `not_claimed`: this member holds no live claim (it lapsed).
     NotClaimed,
@@ -258,7 +259,9 @@ impl RebalanceResultRow {
                 (Some("assigned"), None) => Rebalance::Assigned {
                     generation: self.generation.ok_or_else(|| missing("generation"))?,
                 },
-                (Some("stale"), Some("generation" | "member_gone")) => Rebalance::Stale,
+                (Some("stale"), Some("generation" | "member_gone" | "member_back")) => {
+                    Rebalance::Stale
+                }
                 (Some("refused"), Some("not_claimed")) => Rebalance::NotClaimed,
                 (Some("refused"), Some(reason)) => {
                     return Ok(Err(LossReason::from_member_sql(reason).ok_or_else(

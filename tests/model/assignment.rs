@@ -32,6 +32,9 @@ pub enum Weakening {
     NoGenerationCheck,
     /// `assign_group` does not check that every member it names still counts (live; settled or counted).
     NoLiveCheck,
+    /// `assign_group` does not check that every live member the stored assignment counts is counted by the
+    /// computation too (a member read as expired that has joined again since).
+    NoBackCheck,
     /// A member whose view is unknown (its membership lost, not read since it joined again) acts on it as if it
     /// were assigned nothing: it drains what it holds (the runtime before the stored assignment).
     ActOnUnknownView,
@@ -309,6 +312,7 @@ pub struct State {
     pub graceful: bool,
     pub stale_refused: bool,
     pub gone_refused: bool,
+    pub back_refused: bool,
     pub recovered: bool,
     pub kept_through_rejoin: bool,
     pub inflight_refused: bool,
@@ -571,6 +575,7 @@ impl Model for Assignment {
             graceful: false,
             stale_refused: false,
             gone_refused: false,
+            back_refused: false,
             recovered: false,
             kept_through_rejoin: false,
             inflight_refused: false,

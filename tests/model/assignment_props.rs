@@ -40,6 +40,8 @@ pub const S_HANDOVER: &str =
 pub const S_STALE_REFUSED: &str = "example: a store from an older generation is refused (stale)";
 pub const S_GONE_REFUSED: &str =
     "example: a store naming a member that is gone is refused (member_gone)";
+pub const S_BACK_REFUSED: &str =
+    "example: a store leaving out a counted member that joined again is refused (member_back)";
 pub const S_RECOVERED: &str =
     "example: a member whose notification was lost learns the generation from its heartbeat";
 pub const S_KEPT: &str =
@@ -88,6 +90,7 @@ pub fn properties() -> Vec<Property<Assignment>> {
         Property::sometimes(S_HANDOVER, |_: &Assignment, s: &State| s.graceful),
         Property::sometimes(S_STALE_REFUSED, |_: &Assignment, s: &State| s.stale_refused),
         Property::sometimes(S_GONE_REFUSED, |_: &Assignment, s: &State| s.gone_refused),
+        Property::sometimes(S_BACK_REFUSED, |_: &Assignment, s: &State| s.back_refused),
         Property::sometimes(S_RECOVERED, |_: &Assignment, s: &State| s.recovered),
         Property::sometimes(S_KEPT, |_: &Assignment, s: &State| s.kept_through_rejoin),
         Property::sometimes(S_INFLIGHT_REFUSED, |_: &Assignment, s: &State| {

@@ -13,11 +13,12 @@ pub enum Stored {
     NotClaimed,
     Stale,
     MemberGone,
+    MemberBack,
 }
 
 impl Assignment {
-    /// `assign_group` on the database: the claim, the generation CAS, the live-owners check, then the names that
-    /// move, the counted flags, the next generation, and `assigned <gen>` to the members listening.
+    /// `assign_group` on the database: the claim, the generation CAS, the live-owners check, the check that no
+    /// live member the stored assignment counts is left out, then the names that move, the counted flags, the next generation, and `assigned <gen>` to the members listening.
     pub fn store(&self, s: &mut State, call: &StoreCall, notify: bool) -> Stored {
         let cfg = self.cfg();
         let claimed = s
@@ -42,6 +43,12 @@ impl Assignment {
         if gone && !cfg.weak(Weakening::NoLiveCheck) {
             s.gone_refused = true;
             return Stored::MemberGone;
+        }
+        let back = (0..cfg.members)
+            .any(|p| s.rows[p as usize].counted && s.live(cfg, p) && call.counted & (1 << p) == 0);
+        if back && !cfg.weak(Weakening::NoBackCheck) {
+            s.back_refused = true;
+            return Stored::MemberBack;
         }
         for &(n, o) in &call.moves {
             s.group.owners[n as usize] = o;

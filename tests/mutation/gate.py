@@ -711,6 +711,14 @@ MUTATIONS: list[Mutation] = [
         [cargo_test("membership", "a_member_joins_settles_the_group_is_assigned_once_and_a_leave_is_due_at_once")],
     ),
     Mutation(
+        "assignment-ignores-members-back",
+        "a store computed while a counted member was away is stored after it joined again (its names move away, "
+        "and the next assignment moves them back)",
+        [Edit("sql:assign_group", """       AND m.member <> ALL (p_counted)""",
+              """       AND false""")],
+        [cargo_test("membership", "a_computation_that_left_out_a_member_that_is_back_is_refused_and_writes_nothing")],
+    ),
+    Mutation(
         "assignment-not-sticky",
         "the assignment ignores who holds each name (a plain greedy by score): a join moves more than the "
         "minimum, and names move between members that stay",

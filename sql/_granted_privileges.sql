@@ -42,7 +42,9 @@ AS $function$
                         'pgfence._readable_clusters()',
                         -- Row-level security policies and CHECK constraints run as the querying role.
                         'pgfence._text_problem(text, integer)', 'pgfence._cluster_problem(text)',
-                        'pgfence._lease_problem(text)', 'pgfence._max_cluster_len()', 'pgfence._max_name_len()',
+                        'pgfence._lease_problem(text)', 'pgfence._storable_text(text, integer)',
+                        'pgfence._storable_cluster(text)', 'pgfence._storable_lease(text)',
+                        'pgfence._max_cluster_len()', 'pgfence._max_name_len()',
                         'pgfence._max_holder_len()', 'pgfence._max_label_len()', 'pgfence._max_kind_len()',
                         'pgfence._max_endpoint_len()']::regprocedure[]) AS f(o)
     UNION ALL

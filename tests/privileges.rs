@@ -136,8 +136,8 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
 
 /// The functions `grant_application` lets a role execute. The row-level security helpers and the text checks of
 /// the CHECK constraints run in the application role's own statements (policies and constraints are evaluated as
-/// the querying role): plain SQL, no definer rights.
-const APPLICATION: [&str; 39] = [
+/// the querying role): no definer rights.
+const APPLICATION: [&str; 42] = [
     "_cluster_problem",
     "_lease_problem",
     "_max_cluster_len",
@@ -148,6 +148,9 @@ const APPLICATION: [&str; 39] = [
     "_max_name_len",
     "_readable_clusters",
     "_reads_all",
+    "_storable_cluster",
+    "_storable_lease",
+    "_storable_text",
     "_text_problem",
     "acquire",
     "acquire_many",
@@ -182,9 +185,10 @@ const APPLICATION: [&str; 39] = [
 /// What `grant_operator` adds to [`APPLICATION`].
 const OPERATOR: [&str; 3] = ["prune_rejections", "set_enforcement", "set_takeover_grace"];
 
-/// The executable functions that do not run as the owner with a pinned search_path: the pure text checks and the
-/// limits they name (IMMUTABLE SQL with qualified names: no rights of their own to lend).
-const PLAIN: [&str; 9] = [
+/// The executable functions that do not run as the owner with a pinned search_path: the pure text checks, the
+/// limits they name and the constraints' plpgsql wrappers of the checks (IMMUTABLE, qualified names: no rights of
+/// their own to lend).
+const PLAIN: [&str; 12] = [
     "_cluster_problem",
     "_lease_problem",
     "_max_cluster_len",
@@ -193,6 +197,9 @@ const PLAIN: [&str; 9] = [
     "_max_kind_len",
     "_max_label_len",
     "_max_name_len",
+    "_storable_cluster",
+    "_storable_lease",
+    "_storable_text",
     "_text_problem",
 ];
 

@@ -201,6 +201,32 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     END
 $$;
 
+-- The same rules as the table constraints ask them: whether the value may be stored. plpgsql on purpose: every
+-- statement that writes a table prepares its CHECK expressions anew (prepared statements and plpgsql bodies too),
+-- and an inlinable SQL function in one is parsed and inlined each time — with _lease_problem's nested calls, about
+-- 0.3 ms of every INSERT or UPDATE of a lease row, half of the statement (docs/performance.md, "Table
+-- constraints"); a plpgsql function plans its expression once per session. Qualified calls only, as above.
+CREATE FUNCTION pgfence._storable_text(p_value text, p_max integer) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN pgfence._text_problem(p_value, p_max) IS NULL;
+END;
+$$;
+
+CREATE FUNCTION pgfence._storable_cluster(p_cluster text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN pgfence._cluster_problem(p_cluster) IS NULL;
+END;
+$$;
+
+CREATE FUNCTION pgfence._storable_lease(p_lease text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN pgfence._lease_problem(p_lease) IS NULL;
+END;
+$$;
+
 -- The cluster of a qualified lease name.
 CREATE FUNCTION pgfence._cluster_of(p_lease text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -230,10 +256,10 @@ INSERT INTO pgfence.instance DEFAULT VALUES;
 
 -- One row per cluster-qualified lease name ('<cluster>/<name>').
 CREATE TABLE pgfence.leases (
-    name        text PRIMARY KEY CHECK (pgfence._lease_problem(name) IS NULL),
+    name        text PRIMARY KEY CHECK (pgfence._storable_lease(name)),
     -- The second key of the lease's guard lock (see the locking protocol above).
     lock_key    integer GENERATED ALWAYS AS IDENTITY UNIQUE CHECK (lock_key > 0),  -- (_guard_lock_class(), -lock_key) is the intent lock
-    holder      text CHECK (holder IS NULL OR pgfence._text_problem(holder, pgfence._max_holder_len()) IS NULL),
+    holder      text CHECK (holder IS NULL OR pgfence._storable_text(holder, pgfence._max_holder_len())),
     epoch       bigint NOT NULL DEFAULT 0 CHECK (epoch >= 0),
     state       text NOT NULL DEFAULT 'released' CHECK (state IN ('held', 'released')),
     ttl_ms      bigint,
@@ -254,7 +280,7 @@ CREATE TABLE pgfence.leases (
 CREATE TABLE pgfence.tenures (
     lease       text NOT NULL REFERENCES pgfence.leases (name),
     epoch       bigint NOT NULL CHECK (epoch >= 1),
-    holder      text NOT NULL CHECK (pgfence._text_problem(holder, pgfence._max_holder_len()) IS NULL),
+    holder      text NOT NULL CHECK (pgfence._storable_text(holder, pgfence._max_holder_len())),
     acquired_at timestamptz NOT NULL,
     ended_at    timestamptz,
     end_reason  text CHECK (end_reason IN ('released', 'expired', 'forced', 'reacquired', 'failover')),
@@ -287,13 +313,13 @@ CREATE TABLE pgfence.beliefs (
     epoch             bigint NOT NULL,
     -- SHA-256 of the tenure's secret, as in tenure_secrets, kept after the tenure ends.
     report_hash       bytea NOT NULL CHECK (length(report_hash) = 32),
-    endpoint          text CHECK (endpoint IS NULL OR pgfence._text_problem(endpoint, pgfence._max_endpoint_len()) IS NULL),
+    endpoint          text CHECK (endpoint IS NULL OR pgfence._storable_text(endpoint, pgfence._max_endpoint_len())),
     believed_from     timestamptz,
     start_sent_at     timestamptz,
     start_received_at timestamptz,
     believed_until    timestamptz,
     end_cause         text CHECK (end_cause IN ('released', 'lost', 'deadline', 'write_refused', 'shutdown')),
-    end_detail        text CHECK (end_detail IS NULL OR pgfence._text_problem(end_detail, pgfence._max_label_len()) IS NULL),
+    end_detail        text CHECK (end_detail IS NULL OR pgfence._storable_text(end_detail, pgfence._max_label_len())),
     end_sent_at       timestamptz,
     end_received_at   timestamptz,
     PRIMARY KEY (lease, epoch),
@@ -324,9 +350,9 @@ CREATE TABLE pgfence.write_marks (
 CREATE TABLE pgfence.tasks (
     id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     lease      text NOT NULL REFERENCES pgfence.leases (name),
-    key        text NOT NULL CHECK (pgfence._text_problem(key, pgfence._max_holder_len()) IS NULL),
+    key        text NOT NULL CHECK (pgfence._storable_text(key, pgfence._max_holder_len())),
     state      text NOT NULL CHECK (state IN ('pending', 'claimed', 'running', 'succeeded', 'failed', 'cancelled')),
-    assignee   text CHECK (assignee IS NULL OR pgfence._text_problem(assignee, pgfence._max_holder_len()) IS NULL),
+    assignee   text CHECK (assignee IS NULL OR pgfence._storable_text(assignee, pgfence._max_holder_len())),
     payload    jsonb NOT NULL DEFAULT '{}',
     -- the highest epoch that ever wrote this row: a write presenting a lower epoch is stale
     fence      bigint NOT NULL CHECK (fence >= 1),
@@ -342,7 +368,7 @@ CREATE TABLE pgfence.task_events (
     task_id    bigint NOT NULL REFERENCES pgfence.tasks (id),
     lease      text NOT NULL,
     epoch      bigint NOT NULL CHECK (epoch >= 1),
-    kind       text NOT NULL CHECK (pgfence._text_problem(kind, pgfence._max_kind_len()) IS NULL),
+    kind       text NOT NULL CHECK (pgfence._storable_text(kind, pgfence._max_kind_len())),
     payload    jsonb NOT NULL DEFAULT '{}',
     created_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
@@ -361,7 +387,7 @@ CREATE TABLE pgfence.effects (
     id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     task_id        bigint NOT NULL REFERENCES pgfence.tasks (id),
     lease          text NOT NULL,
-    effect_key     text NOT NULL CHECK (pgfence._text_problem(effect_key, pgfence._max_holder_len()) IS NULL),
+    effect_key     text NOT NULL CHECK (pgfence._storable_text(effect_key, pgfence._max_holder_len())),
     attempt        integer NOT NULL CHECK (attempt >= 1),
     -- The tenure that recorded the intent, and the SHA-256 of its secret (as in tenure_secrets, kept after the
     -- tenure ends): a late outcome is kept as evidence only from that tenure.
@@ -427,19 +453,19 @@ CREATE TABLE pgfence.rejections (
     id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     role             name NOT NULL DEFAULT session_user,
     scope            text NOT NULL CHECK (scope IN ('tenure', 'role')),
-    lease            text NOT NULL CHECK (pgfence._lease_problem(lease) IS NULL),
+    lease            text NOT NULL CHECK (pgfence._storable_lease(lease)),
     presented_epoch  bigint NOT NULL,
     current_epoch    bigint,
-    current_holder   text CHECK (current_holder IS NULL OR pgfence._text_problem(current_holder, pgfence._max_holder_len()) IS NULL),
-    reason           text NOT NULL CHECK (pgfence._text_problem(reason, pgfence._max_label_len()) IS NULL),
-    operation        text NOT NULL CHECK (pgfence._text_problem(operation, pgfence._max_label_len()) IS NULL),
-    target_table     text CHECK (target_table IS NULL OR pgfence._text_problem(target_table, pgfence._max_label_len()) IS NULL),
-    target_key       text CHECK (target_key IS NULL OR pgfence._text_problem(target_key, pgfence._max_holder_len()) IS NULL),
+    current_holder   text CHECK (current_holder IS NULL OR pgfence._storable_text(current_holder, pgfence._max_holder_len())),
+    reason           text NOT NULL CHECK (pgfence._storable_text(reason, pgfence._max_label_len())),
+    operation        text NOT NULL CHECK (pgfence._storable_text(operation, pgfence._max_label_len())),
+    target_table     text CHECK (target_table IS NULL OR pgfence._storable_text(target_table, pgfence._max_label_len())),
+    target_key       text CHECK (target_key IS NULL OR pgfence._storable_text(target_key, pgfence._max_holder_len())),
     rejected_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
     last_rejected_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     count            bigint NOT NULL DEFAULT 1,
-    last_lease       text CHECK (last_lease IS NULL OR pgfence._lease_problem(last_lease) IS NULL),
-    last_target_key  text CHECK (last_target_key IS NULL OR pgfence._text_problem(last_target_key, pgfence._max_holder_len()) IS NULL),
+    last_lease       text CHECK (last_lease IS NULL OR pgfence._storable_lease(last_lease)),
+    last_target_key  text CHECK (last_target_key IS NULL OR pgfence._storable_text(last_target_key, pgfence._max_holder_len())),
     -- PostgreSQL keeps application_name to printable ASCII and 63 bytes.
     application_name text DEFAULT current_setting('application_name', true),
     client_addr      inet DEFAULT inet_client_addr(),
@@ -467,7 +493,7 @@ CREATE INDEX rejections_age_idx ON pgfence.rejections (last_rejected_at);
 -- grant_operator and revoke (the owner's).
 CREATE TABLE pgfence.grants (
     role       regrole NOT NULL,
-    cluster    text CHECK (cluster IS NULL OR pgfence._cluster_problem(cluster) IS NULL),
+    cluster    text CHECK (cluster IS NULL OR pgfence._storable_cluster(cluster)),
     operator   boolean NOT NULL DEFAULT false,
     granted_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     -- The login role of the session that wrote the row, set by a trigger whatever the statement says

@@ -36,7 +36,7 @@ CREATE TABLE pgfence.name_sets (
 -- ttl after the first pending one) so that replicas started together are assigned once; a leave or an expiry
 -- (urgent) at once.
 CREATE TABLE pgfence.groups (
-    grp              text PRIMARY KEY CHECK (pgfence._lease_problem(grp) IS NULL),
+    grp              text PRIMARY KEY CHECK (pgfence._storable_lease(grp)),
     channel          text NOT NULL,
     ttl_ms           bigint NOT NULL,
     version          bigint NOT NULL DEFAULT 0,
@@ -65,7 +65,7 @@ CREATE INDEX assignments_member ON pgfence.assignments (grp, member);
 -- is kept as its SHA-256 only, and no role but the owner reads this table (roles read pgfence.group_members).
 CREATE TABLE pgfence.members (
     grp         text NOT NULL REFERENCES pgfence.groups (grp),
-    member      text NOT NULL CHECK (pgfence._text_problem(member, pgfence._max_holder_len()) IS NULL),
+    member      text NOT NULL CHECK (pgfence._storable_text(member, pgfence._max_holder_len())),
     -- How many joins this name has seen: a heartbeat presents its incarnation, so an earlier incarnation's
     -- heartbeat is answered 'superseded', not audited as a forgery.
     incarnation bigint NOT NULL DEFAULT 1 CHECK (incarnation >= 1),

@@ -29,7 +29,7 @@ AS $function$
                         'pgfence.record_intent(text, bigint, text, text, text, jsonb)',
                         'pgfence.record_outcome(text, bigint, text, text, text, jsonb)',
                         'pgfence.settle_effect(text, bigint, text, text, text, jsonb)',
-                        'pgfence.in_doubt_effects(text)',
+                        'pgfence.in_doubt_effects(text)', 'pgfence.effect_attempts(text, text)',
                         'pgfence.report_belief(text, bigint, text, text, timestamptz, timestamptz, text, text, text)',
                         'pgfence.ungated_write(text, bigint)', 'pgfence.identity()', 'pgfence._reads_all()',
                         'pgfence.join_group(text, text, integer, text[], text[], text[], bigint)',

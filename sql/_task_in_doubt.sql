@@ -7,6 +7,6 @@ CREATE OR REPLACE FUNCTION pgfence._task_in_doubt(p_lease text, p_key text, p_ep
 AS $function$
     SELECT e.* FROM pgfence.tasks t JOIN pgfence.effects e ON e.task_id = t.id
      WHERE t.lease = p_lease AND t.key = p_key AND e.settlement IS NULL
-       AND (e.outcome = 'unknown' OR (e.outcome IS NULL AND e.epoch < p_epoch))
+       AND pgfence._in_doubt(e.settlement, e.outcome, e.epoch, p_epoch)
      ORDER BY e.id LIMIT 1
 $function$

@@ -23,9 +23,7 @@ BEGIN
       LEFT JOIN pgfence.effect_reports k ON k.effect_id = e.id
      WHERE e.lease = p_lease AND e.settlement IS NULL
        AND (pgfence._reads_all() OR pgfence._cluster_of(p_lease) = ANY (pgfence._readable_clusters()))
-       AND (e.outcome = 'unknown'
-            OR (e.outcome IS NULL
-                AND pgfence._loss_reason(l, NULL::text, e.epoch, clock_timestamp(), pgfence._timeline()) IS NOT NULL))
+       AND pgfence._in_doubt(e.settlement, e.outcome, e.epoch, pgfence._live_epoch(l))
      ORDER BY e.id;
 END;
 $function$

@@ -31,7 +31,7 @@ BEGIN
       FROM pgfence.tasks x
       LEFT JOIN LATERAL (SELECT y.* FROM pgfence.effects y
                           WHERE y.task_id = x.id AND y.settlement IS NULL
-                            AND (y.outcome = 'unknown' OR (y.outcome IS NULL AND y.epoch < p_epoch))
+                            AND pgfence._in_doubt(y.settlement, y.outcome, y.epoch, p_epoch)
                           ORDER BY y.id LIMIT 1) d ON true
       LEFT JOIN LATERAL (SELECT y.* FROM pgfence.effects y WHERE y.lease = p_lease AND y.effect_key = p_effect_key
                           ORDER BY y.attempt DESC LIMIT 1) a ON true

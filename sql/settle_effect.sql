@@ -46,7 +46,8 @@ BEGIN
     ELSIF e.outcome IN ('done', 'failed') THEN
         RETURN pgfence._effect_result(e, 'conflict'::text, 'not_in_doubt'::text, task_key, false, NULL::bigint,
                                       NULL::bigint);
-    ELSIF e.outcome IS NULL AND e.epoch >= p_epoch THEN
+    ELSIF NOT pgfence._in_doubt(e.settlement, e.outcome, e.epoch, p_epoch) THEN
+        -- Unsettled, no outcome, and this tenure's own: its attempt is in flight.
         RETURN pgfence._effect_result(e, 'conflict'::text, 'in_flight'::text, task_key, false, NULL::bigint,
                                       NULL::bigint);
     END IF;

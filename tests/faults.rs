@@ -1603,3 +1603,84 @@ async fn a_cancelled_controller_stops_releases_and_drops_the_gauge() {
     let status = store.lease_status("ctl").await.unwrap().unwrap();
     assert_eq!(status.state, pgfence::LeaseState::Released);
 }
+
+/// Invariant 9 across a promotion: an effect's attempt left open by a tenure granted before the promotion is in
+/// doubt on the promoted server in every reader of the ledger — `in_doubt_effects` (`Effects::in_doubt`),
+/// `Effects::ledger` and `Effects::task_ledger` (what `pgfence tasks --lease L --task K` prints) — before any
+/// successor acquires: the lease row still says held and unexpired, only the timeline ended the tenure. (The
+/// ledger's read once judged liveness by itself, without the timeline, and showed it as not in doubt.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_attempt_of_a_tenure_before_a_promotion_is_in_doubt_in_every_reader() {
+    let primary = server().await;
+    let store = migrated_store(&primary.url(), "primary").await;
+    let lease = store
+        .acquire("fx", "a", Duration::from_secs(600))
+        .await
+        .unwrap();
+    store
+        .tasks()
+        .create(&lease.fence(), "t", &json!({}))
+        .await
+        .unwrap();
+    store
+        .effects()
+        .intend(&lease.fence(), "t", "t/launch", &json!({"n": 1}))
+        .await
+        .unwrap();
+    // Before the promotion: this tenure's own attempt in flight, in doubt nowhere.
+    let before: Vec<bool> = store
+        .effects()
+        .ledger("fx")
+        .await
+        .unwrap()
+        .iter()
+        .map(|a| a.in_doubt)
+        .collect();
+    assert_eq!(before, [false]);
+    let standby = blocking(|| primary.start_standby()).unwrap();
+    wait_for_replay(
+        &standby,
+        "SELECT count(*) = 1 FROM pgfence.effects",
+        "the open attempt",
+    )
+    .await;
+    drop(store);
+    blocking(|| primary.crash()).unwrap();
+    blocking(|| standby.promote()).unwrap();
+    let promoted = Store::connect(StoreConfig::new(standby.url(), "f"))
+        .await
+        .unwrap();
+    let listed: Vec<String> = promoted
+        .effects()
+        .in_doubt("fx")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.effect.key)
+        .collect();
+    assert_eq!(listed, ["t/launch"], "in_doubt_effects");
+    let ledger: Vec<(String, bool)> = promoted
+        .effects()
+        .ledger("fx")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.effect.key, a.in_doubt))
+        .collect();
+    assert_eq!(ledger, [("t/launch".to_owned(), true)], "Effects::ledger");
+    let task: Vec<(String, bool)> = promoted
+        .effects()
+        .task_ledger("fx", "t")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.effect.key, a.in_doubt))
+        .collect();
+    assert_eq!(
+        task,
+        [("t/launch".to_owned(), true)],
+        "Effects::task_ledger"
+    );
+    drop(promoted);
+    blocking(move || drop((standby, primary)));
+}

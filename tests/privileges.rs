@@ -137,7 +137,7 @@ async fn the_application_role_writes_only_through_the_guarded_functions() {
 /// The functions `grant_application` lets a role execute. The row-level security helpers and the text checks of
 /// the CHECK constraints run in the application role's own statements (policies and constraints are evaluated as
 /// the querying role): no definer rights.
-const APPLICATION: [&str; 42] = [
+const APPLICATION: [&str; 43] = [
     "_cluster_problem",
     "_lease_problem",
     "_max_cluster_len",
@@ -160,6 +160,7 @@ const APPLICATION: [&str; 42] = [
     "claim_rebalance",
     "claim_task",
     "create_task",
+    "effect_attempts",
     "enforcement",
     "fence",
     "force_release",

@@ -78,6 +78,40 @@ async fn functions_as_migrated() -> BTreeMap<String, String> {
     functions
 }
 
+/// Every Rust source of the library (`src/`) and of the command line (`cli/src/`), by path, with the SQL in its
+/// string literals made comparable: line continuations (`\` at the end of a line) joined. Their SQL is held to
+/// the same one-text rules as the migrations'.
+fn rust_sources() -> BTreeMap<String, String> {
+    fn walk(dir: &Path, out: &mut BTreeMap<String, String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries {
+            let path = entry.expect("a source entry").path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|x| x == "rs") {
+                let text = std::fs::read_to_string(&path)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                let key = path
+                    .strip_prefix(repo())
+                    .unwrap_or(&path)
+                    .display()
+                    .to_string();
+                out.insert(key, text.replace("\\\n", " "));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(&repo().join("src"), &mut out);
+    walk(&repo().join("cli").join("src"), &mut out);
+    assert!(
+        out.contains_key("src/lib.rs"),
+        "the Rust sources were not found"
+    );
+    out
+}
+
 /// The `.sql` files in `sql/`, by function name.
 fn files_in_sql_dir() -> BTreeMap<String, String> {
     let Ok(entries) = std::fs::read_dir(sql_dir()) else {
@@ -346,6 +380,20 @@ fn the_verdict_on_a_write_is_written_once() {
             copies.push(format!("{name}: judges a grant itself"));
         }
     }
+    // The SQL inside Rust strings too. The one exception: the benchmark's model of a bare advisory-lock guard
+    // (`pgfence_bench.fence_advisory`, what pgfence.fence costs above the floor), which is not pgfence's verdict.
+    for (path, mut text) in rust_sources() {
+        if path == "cli/src/bench/workload.rs" {
+            let start = text
+                .find("CREATE FUNCTION pgfence_bench.fence_advisory(")
+                .expect("the benchmark's advisory-lock model is gone: drop its exception");
+            let end = start + text[start..].find("$$;").expect("its end");
+            text.replace_range(start..end, "");
+        }
+        for found in liveness_comparisons(&text) {
+            copies.push(format!("{path}: judges liveness itself: {found}"));
+        }
+    }
     assert!(
         copies.is_empty(),
         "second copies of the verdict's rules (call _loss_reason, _secret_verdict or _grant_of instead):\n{}",
@@ -361,4 +409,52 @@ fn the_verdict_on_a_write_is_written_once() {
             "l.timeline >= p_timeline"
         ]
     );
+}
+
+/// Where `text` judges whether an effect's attempt is in doubt by itself: a missing outcome tied to its tenure's
+/// epoch or liveness (`outcome IS NULL AND e.epoch < …`, `… AND (l.epoch IS DISTINCT FROM e.epoch …`,
+/// `… AND pgfence._loss_reason(…`), whitespace aside.
+fn in_doubt_judgements(text: &str) -> Vec<String> {
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let rule = regex::Regex::new(r"outcome IS NULL AND \(?\s*(\w+\.epoch|pgfence\._loss_reason)")
+        .expect("a valid pattern");
+    rule.find_iter(&flat)
+        .map(|m| m.as_str().to_owned())
+        .collect()
+}
+
+/// Invariant: the in-doubt rule (an attempt is in doubt when unsettled and its outcome 'unknown', or missing
+/// while its tenure is not the live one) is one text, `pgfence._in_doubt`, which every reader and writer of the
+/// ledger asks — no function in `sql/` and no SQL in a Rust string judges it again (a copy drifts: the Rust read
+/// of the ledger once judged liveness without the timeline, so after a promotion it showed an attempt as not in
+/// doubt that `in_doubt_effects` listed).
+#[test]
+fn the_in_doubt_rule_is_written_once() {
+    let mut copies = Vec::new();
+    for (name, text) in files_in_sql_dir() {
+        if name != "_in_doubt" {
+            for found in in_doubt_judgements(&text) {
+                copies.push(format!("sql/{name}.sql: {found}"));
+            }
+        }
+    }
+    for (path, text) in rust_sources() {
+        for found in in_doubt_judgements(&text) {
+            copies.push(format!("{path}: {found}"));
+        }
+    }
+    assert!(
+        copies.is_empty(),
+        "second copies of the in-doubt rule (call pgfence._in_doubt instead):\n{}",
+        copies.join("\n")
+    );
+    // The checker finds what it forbids: the copies there were before the rule had one text.
+    for old in [
+        "AND (e.outcome = 'unknown' OR (e.outcome IS NULL AND e.epoch < p_epoch))",
+        "ELSIF e.outcome IS NULL AND e.epoch >= p_epoch THEN",
+        "OR (e.outcome IS NULL\n                AND pgfence._loss_reason(l, NULL::text, e.epoch, clock_timestamp(), pgfence._timeline()) IS NOT NULL))",
+        "(e.settlement IS NULL AND (e.outcome = 'unknown' OR (e.outcome IS NULL AND (l.epoch IS DISTINCT FROM e.epoch OR l.state <> 'held'",
+    ] {
+        assert_eq!(in_doubt_judgements(old).len(), 1, "{old}");
+    }
 }

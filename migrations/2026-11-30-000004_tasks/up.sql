@@ -280,14 +280,35 @@ CREATE TRIGGER append_only_truncate BEFORE TRUNCATE ON pgfence.task_events
 -- once (settle_effect). Every write is one guarded statement like the task writes: the guard, the task's row
 -- fence raised, the attempt written and the task's event appended. Called from Rust by src/effects/.
 
+-- The in-doubt rule, the one text every reader and writer of the ledger asks: an attempt (its settlement, outcome
+-- and epoch) is in doubt when it is unsettled and its outcome is 'unknown', or it has none while its tenure is
+-- not the lease's live one. p_live_epoch is that live tenure's epoch, NULL when none is live: inside a guarded
+-- write, the writer's own epoch (its guard just admitted it, so every other epoch has ended); anywhere else,
+-- _live_epoch of the lease's row. Never NULL. Inlined where it is called (plain IMMUTABLE SQL).
+CREATE FUNCTION pgfence._in_doubt(p_settlement text, p_outcome text, p_epoch bigint, p_live_epoch bigint)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_settlement IS NULL
+       AND CASE WHEN p_outcome IS NULL THEN p_epoch IS DISTINCT FROM p_live_epoch
+                ELSE p_outcome OPERATOR(pg_catalog.=) 'unknown' END
+$$;
+
+-- The epoch of lease row l's live tenure by the guard's rule (_loss_reason: held, not expired by the database
+-- clock, granted on this timeline), NULL when none is live: what a reader outside a guarded write gives
+-- _in_doubt. After a promotion every tenure granted before it has ended, so their open attempts are in doubt.
+CREATE FUNCTION pgfence._live_epoch(l pgfence.leases) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN pgfence._loss_reason(l, NULL::text, l.epoch, clock_timestamp(), pgfence._timeline()) IS NULL
+                THEN l.epoch END
+$$;
+
 -- The unsettled effect of task p_key of lease p_lease that tenure p_epoch (the current one: its guard admitted
--- it) must settle before the task moves on: an attempt of an earlier tenure without an outcome, or any attempt
--- whose outcome is 'unknown' (the oldest; no row: none).
+-- it) must settle before the task moves on: the oldest attempt in doubt (_in_doubt; no row: none).
 CREATE FUNCTION pgfence._task_in_doubt(p_lease text, p_key text, p_epoch bigint) RETURNS SETOF pgfence.effects
 LANGUAGE sql STABLE AS $$
     SELECT e.* FROM pgfence.tasks t JOIN pgfence.effects e ON e.task_id = t.id
      WHERE t.lease = p_lease AND t.key = p_key AND e.settlement IS NULL
-       AND (e.outcome = 'unknown' OR (e.outcome IS NULL AND e.epoch < p_epoch))
+       AND pgfence._in_doubt(e.settlement, e.outcome, e.epoch, p_epoch)
      ORDER BY e.id LIMIT 1
 $$;
 
@@ -399,7 +420,7 @@ BEGIN
       FROM pgfence.tasks x
       LEFT JOIN LATERAL (SELECT y.* FROM pgfence.effects y
                           WHERE y.task_id = x.id AND y.settlement IS NULL
-                            AND (y.outcome = 'unknown' OR (y.outcome IS NULL AND y.epoch < p_epoch))
+                            AND pgfence._in_doubt(y.settlement, y.outcome, y.epoch, p_epoch)
                           ORDER BY y.id LIMIT 1) d ON true
       LEFT JOIN LATERAL (SELECT y.* FROM pgfence.effects y WHERE y.lease = p_lease AND y.effect_key = p_effect_key
                           ORDER BY y.attempt DESC LIMIT 1) a ON true
@@ -665,7 +686,8 @@ BEGIN
     ELSIF e.outcome IN ('done', 'failed') THEN
         RETURN pgfence._effect_result(e, 'conflict'::text, 'not_in_doubt'::text, task_key, false, NULL::bigint,
                                       NULL::bigint);
-    ELSIF e.outcome IS NULL AND e.epoch >= p_epoch THEN
+    ELSIF NOT pgfence._in_doubt(e.settlement, e.outcome, e.epoch, p_epoch) THEN
+        -- Unsettled, no outcome, and this tenure's own: its attempt is in flight.
         RETURN pgfence._effect_result(e, 'conflict'::text, 'in_flight'::text, task_key, false, NULL::bigint,
                                       NULL::bigint);
     END IF;
@@ -753,9 +775,43 @@ BEGIN
       LEFT JOIN pgfence.effect_reports k ON k.effect_id = e.id
      WHERE e.lease = p_lease AND e.settlement IS NULL
        AND (pgfence._reads_all() OR pgfence._cluster_of(p_lease) = ANY (pgfence._readable_clusters()))
-       AND (e.outcome = 'unknown'
-            OR (e.outcome IS NULL
-                AND pgfence._loss_reason(l, NULL::text, e.epoch, clock_timestamp(), pgfence._timeline()) IS NOT NULL))
+       AND pgfence._in_doubt(e.settlement, e.outcome, e.epoch, pgfence._live_epoch(l))
+     ORDER BY e.id;
+END;
+$$;
+
+-- Every attempt of every effect of lease p_lease — of task p_task_key only, when it is not NULL — oldest first,
+-- with its task's key, its late report if any, and whether it is in doubt now (_in_doubt, as in_doubt_effects
+-- decides): the effect ledger as an operator reads it (`pgfence tasks --lease L --task K`, `pgfence history`).
+-- Nothing for a lease of a cluster the session's role may not read. Raises 22023 for a malformed lease name or
+-- task key.
+CREATE FUNCTION pgfence.effect_attempts(p_lease text, p_task_key text)
+RETURNS TABLE (effect_id bigint, task_id bigint, task_key text, effect_key text, attempt integer, epoch bigint,
+               intent jsonb, intended_at timestamptz, outcome text, outcome_detail jsonb, outcome_at timestamptz,
+               settlement text, settled_epoch bigint, settle_detail jsonb, settled_at timestamptz,
+               late_outcome text, late_detail jsonb, late_reported_at timestamptz, late_count bigint,
+               in_doubt boolean)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    problem text := pgfence._lease_problem(p_lease);
+BEGIN
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence: %', problem USING ERRCODE = '22023', COLUMN = pgfence._argument_of(problem);
+    END IF;
+    IF p_task_key IS NOT NULL THEN
+        PERFORM pgfence._check_text('task key'::text, p_task_key, pgfence._max_holder_len());
+    END IF;
+    RETURN QUERY
+    SELECT e.id, e.task_id, t.key, e.effect_key, e.attempt, e.epoch, e.intent, e.intended_at, e.outcome,
+           e.outcome_detail, e.outcome_at, e.settlement, e.settled_epoch, e.settle_detail, e.settled_at,
+           k.outcome, k.detail, k.last_at, k.count,
+           pgfence._in_doubt(e.settlement, e.outcome, e.epoch, pgfence._live_epoch(l))
+      FROM pgfence.effects e
+      JOIN pgfence.tasks t ON t.id = e.task_id
+      LEFT JOIN pgfence.leases l ON l.name = e.lease
+      LEFT JOIN pgfence.effect_reports k ON k.effect_id = e.id
+     WHERE e.lease = p_lease AND (p_task_key IS NULL OR t.key = p_task_key)
+       AND (pgfence._reads_all() OR pgfence._cluster_of(p_lease) = ANY (pgfence._readable_clusters()))
      ORDER BY e.id;
 END;
 $$;

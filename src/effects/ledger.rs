@@ -1,7 +1,7 @@
 //! The operator's reads of the ledger: every attempt of a lease's effects as recorded ([`Effects::ledger`],
 //! [`Effects::task_ledger`]) and what is in doubt on every lease the session may read
-//! ([`Effects::all_in_doubt`]). Plain reads of `pgfence.effects`, `pgfence.effect_reports`, `pgfence.tasks` and
-//! `pgfence.leases`, filtered by row-level security like every read (a role sees the clusters it has a grant on).
+//! ([`Effects::all_in_doubt`]), through `pgfence.effect_attempts` and `pgfence.in_doubt_effects`, which ask the
+//! one in-doubt rule (`pgfence._in_doubt`) and show only the clusters the session's role has a grant on.
 
 use chrono::{DateTime, Utc};
 use diesel::pg::sql_types::Jsonb;
@@ -43,23 +43,9 @@ pub struct Attempt {
     pub late_report: Option<LateReport>,
 }
 
-/// The columns of an [`AttemptRow`]; `$1` is the cluster-qualified lease. In doubt exactly as
-/// `pgfence.in_doubt_effects` says (migrations/2026-11-30-000004_tasks).
-const ATTEMPT_SQL: &str = "\
-    SELECT e.id AS effect_id, e.task_id, t.key AS task_key, e.effect_key, e.attempt, e.epoch, e.intent, \
-           e.intended_at, e.outcome, e.outcome_detail, e.outcome_at, e.settlement, e.settled_epoch, \
-           e.settle_detail, e.settled_at, k.outcome AS late_outcome, k.detail AS late_detail, \
-           k.last_at AS late_reported_at, k.count AS late_count, \
-           (e.settlement IS NULL \
-            AND (e.outcome = 'unknown' \
-                 OR (e.outcome IS NULL \
-                     AND (l.epoch IS DISTINCT FROM e.epoch OR l.state <> 'held' \
-                          OR l.expires_at <= clock_timestamp())))) AS in_doubt \
-      FROM pgfence.effects e \
-      JOIN pgfence.tasks t ON t.id = e.task_id \
-      LEFT JOIN pgfence.leases l ON l.name = e.lease \
-      LEFT JOIN pgfence.effect_reports k ON k.effect_id = e.id \
-     WHERE e.lease = $1";
+/// The rows of [`AttemptRow`]: `$1` is the cluster-qualified lease, `$2` a task key or NULL for every task. In
+/// doubt by the rule `pgfence.in_doubt_effects` asks too (`pgfence._in_doubt`, migrations/2026-11-30-000004_tasks).
+const ATTEMPT_SQL: &str = "SELECT * FROM pgfence.effect_attempts($1, $2)";
 
 impl Effects<'_> {
     /// Every attempt of every effect of lease `name` (this store's cluster), oldest first: what `pgfence
@@ -74,8 +60,9 @@ impl Effects<'_> {
         validate_name(name)?;
         let lease = self.store.qualify(name);
         let mut conn = self.store.conn().await?;
-        let rows: Vec<AttemptRow> = diesel::sql_query(format!("{ATTEMPT_SQL} ORDER BY e.id"))
+        let rows: Vec<AttemptRow> = diesel::sql_query(ATTEMPT_SQL)
             .bind::<Text, _>(&lease)
+            .bind::<Nullable<Text>, _>(None::<&str>)
             .load(&mut *conn)
             .await?;
         rows.into_iter()
@@ -96,12 +83,11 @@ impl Effects<'_> {
         validate_holder("task key", task_key)?;
         let lease = self.store.qualify(name);
         let mut conn = self.store.conn().await?;
-        let rows: Vec<AttemptRow> =
-            diesel::sql_query(format!("{ATTEMPT_SQL} AND t.key = $2 ORDER BY e.id"))
-                .bind::<Text, _>(&lease)
-                .bind::<Text, _>(task_key)
-                .load(&mut *conn)
-                .await?;
+        let rows: Vec<AttemptRow> = diesel::sql_query(ATTEMPT_SQL)
+            .bind::<Text, _>(&lease)
+            .bind::<Nullable<Text>, _>(Some(task_key))
+            .load(&mut *conn)
+            .await?;
         rows.into_iter()
             .map(|row| row.into_attempt(&lease))
             .collect()

@@ -218,8 +218,10 @@ MUTATIONS: list[Mutation] = [
         "admit-lock-without-intent-probe",
         "the fast path's guard lock is taken without probing the intent lock: a write arriving while a takeover "
         "ends the holders gets in, is answered ok, and is ended",
-        [Edit("sql:_try_guard_lock", """    SELECT (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(pgfence._guard_lock_class(), -p_lock_key)
-                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(pgfence._guard_lock_class(), -p_lock_key)
+        [Edit("sql:_try_guard_lock", """    SELECT (CASE WHEN pg_catalog.pg_try_advisory_lock_shared(pgfence._guard_lock_class(),
+                                                             OPERATOR(pg_catalog.-) p_lock_key)
+                 THEN CASE WHEN pg_catalog.pg_advisory_unlock_shared(pgfence._guard_lock_class(),
+                                                                     OPERATOR(pg_catalog.-) p_lock_key)
                            THEN pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), p_lock_key) END
                  ELSE false END) IS TRUE""",
               "    SELECT pg_catalog.pg_try_advisory_xact_lock_shared(pgfence._guard_lock_class(), p_lock_key)")],
@@ -363,8 +365,8 @@ MUTATIONS: list[Mutation] = [
         "argument-shortcut-too-wide",
         "the cheap argument tests of the write path pass arguments the full checks refuse (too long, epoch 0)",
         [Edit("sql:_plain_arg", "(p_value ~ '^[ -~]+$' AND octet_length(p_value) <= p_max)", "true"),
-         Edit("sql:_plain_labels", "SELECT octet_length(p_operation) BETWEEN 1 AND pgfence._max_label_len()",
-              "SELECT true OR octet_length(p_operation) BETWEEN 1 AND pgfence._max_label_len()"),
+         Edit("sql:_plain_labels", "    SELECT pg_catalog.octet_length(p_operation) OPERATOR(pg_catalog.>=) 1",
+              "    SELECT true OR pg_catalog.octet_length(p_operation) OPERATOR(pg_catalog.>=) 1"),
          Edit("sql:_plain_lease_args", " AND p_epoch >= 1", "")],
         [cargo_test("trust", "audit_rows_are_per_role_and_bounded"),
          cargo_test("hostile", "sql_functions_refuse_hostile_arguments_cleanly")],
@@ -830,6 +832,13 @@ MUTATIONS: list[Mutation] = [
                                     NULL::text, NULL::integer, p_detail);""",
               """    r := NULL;""")],
         [cargo_test("effects", "an_ended_tenure_cannot_settle_and_is_audited"), RESCUE_STORY],
+    ),
+    Mutation(
+        "live-epoch-ignores-the-timeline",
+        "the ledger's readers judge a tenure live without the timeline (as the Rust read of the ledger once did): "
+        "after a promotion, an attempt of a tenure granted before it is shown as not in doubt",
+        [Edit("sql:_live_epoch", "clock_timestamp(), pgfence._timeline())", "clock_timestamp(), l.timeline)")],
+        [cargo_test("faults", "an_open_attempt_of_a_tenure_before_a_promotion_is_in_doubt_in_every_reader")],
     ),
     Mutation(
         "in-doubt-omits-the-last-intent",

@@ -274,9 +274,15 @@ impl<E: Elector> Balancer<E> {
     }
 
     fn set_member(&self, member: bool, settled: bool) {
-        if let Some(status) = lock(&self.status).group.as_mut() {
-            status.is_member = member;
-            status.settled = settled;
+        let mut status = lock(&self.status);
+        if let Some(group) = status.group.as_mut() {
+            group.is_member = member;
+            group.settled = settled;
+            status.member.send_if_modified(|was| {
+                let changed = *was != Some(member);
+                *was = Some(member);
+                changed
+            });
         }
     }
 

@@ -18,6 +18,9 @@ pub(super) struct Status {
     pub(super) handovers: Arc<AtomicU64>,
     /// The members the group's last assignment counted, as this replica last read it.
     pub(super) counted: usize,
+    /// Whether this replica is a live member now (`None`: not spreading, or not joined yet), for those who wait
+    /// for a change instead of polling ([`SupervisorStatus::membership`]).
+    pub(super) member: tokio::sync::watch::Sender<Option<bool>>,
 }
 
 /// Where a spreading supervisor stands in its group.
@@ -89,6 +92,12 @@ impl<E: Elector> SupervisorStatus<E> {
     /// status of a replica of a large group lists thousands of names).
     pub fn is_member(&self) -> Option<bool> {
         lock(&self.status).group.as_ref().map(|g| g.is_member)
+    }
+
+    /// [`is_member`](Self::is_member) as a watch: its value now, and each change as it happens (a replica
+    /// reporting when it joins or leaves its group waits on it instead of polling).
+    pub fn membership(&self) -> tokio::sync::watch::Receiver<Option<bool>> {
+        lock(&self.status).member.subscribe()
     }
 
     /// Store health, leadership per controller, and the group. It only reads: dropping the future is safe.

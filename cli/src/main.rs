@@ -15,6 +15,7 @@ mod groups;
 mod output;
 mod replica;
 mod rescue;
+mod status;
 mod svg;
 mod table;
 mod tasks;
@@ -108,11 +109,12 @@ enum Command {
     /// Every lease: holder, epoch, held/expired/released, time left (database clock), transitions, last write;
     /// then every replica group: its members, the names each leads and the names the group's assignment gives
     /// it.
-    Status {
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    ///
+    /// Readable at any size: above 50 leases the leases are summed up per cluster (held, expired, released,
+    /// distinct holders and those holding the most), and a group of more than 50 names or members gets one line
+    /// of counts per member instead of its name lists. --group, --lease and --all go deeper; --json is
+    /// complete whatever the size. See docs/cli.md.
+    Status(status::StatusArgs),
     /// Stale writes the database refused, newest first (`audit prune` removes old ones).
     #[command(args_conflicts_with_subcommands = true)]
     Audit {
@@ -422,7 +424,7 @@ async fn run(cli: Cli) -> CliResult {
         Command::Bench(args) => bench::run(global, args).await,
         Command::Replica(args) => replica::run(global, args).await,
         Command::RescueWorker(args) => rescue::run(global, args).await,
-        Command::Status { json } => commands::status(global, json).await,
+        Command::Status(args) => status::status(global, args).await,
         Command::Audit {
             action: Some(AuditAction::Prune { older_than, batch }),
             ..

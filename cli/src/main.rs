@@ -44,7 +44,8 @@ pub(crate) struct Cli {
 const EXIT_CODES: &str = "Exit codes: 0 ok; 1 unexpected error; 2 usage or bad input (incl. a malformed URL, a \
 missing --yes, a role that grant and revoke refuse or that does not exist); \
 3 database unreachable or refusing the connection; 4 standby or wrong database identity; 5 pgfence \
-schema missing (run `pgfence migrate`); 6 unknown lease; 7 a lock wait ended at its bound (the message names \
+schema missing (run `pgfence migrate`); 6 unknown lease (or group: `status --group`); 7 a lock wait ended at its bound \
+(the message names \
 who blocks); 8 denied (no grant on the cluster, not an operator, a wrong tenure secret); 9 TLS refused the \
 connection (the server's certificate failed verification, or the server offers no TLS that sslmode demands); \
 10 demo verdict: an invariant was violated; 130 \

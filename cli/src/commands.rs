@@ -1,6 +1,6 @@
-//! The operator commands, one function each: the reads (`status`, `audit`, `history`, `identity`; `tasks` has a
-//! module of its own) and the writes (`audit prune`, `migrate`, `grant`, `revoke`, `force-release`), on a store
-//! connected as the global options say, printing for people or, with `--json`, as JSON.
+//! The operator commands, one function each: the reads (`audit`, `history`, `identity`; `status` and `tasks`
+//! have a module of their own) and the writes (`audit prune`, `migrate`, `grant`, `revoke`, `force-release`),
+//! on a store connected as the global options say, printing for people or, with `--json`, as JSON.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,7 +10,7 @@ use pgfence::admin::RejectionFilter;
 use pgfence::{ForceReleased, Store};
 
 use crate::output::{emit, print_json};
-use crate::{groups, require_lease, split_lease, svg, table, CliResult, Failure, Global};
+use crate::{require_lease, split_lease, svg, table, CliResult, Failure, Global};
 
 /// Prints to stderr what the database's advisory-lock and role layout lacks (docs/security.md), one escaped
 /// line each; what would stop pgfence is refused by `migrate` and `grant` themselves.
@@ -35,28 +35,6 @@ fn warn_repairs(repairs: &[String]) {
             table::escape(repair, table::MESSAGE_CHARS)
         );
     }
-}
-
-/// `pgfence status --json`: every lease, then every replica group the role can read.
-#[derive(serde::Serialize)]
-struct StatusReport {
-    leases: Vec<pgfence::LeaseStatus>,
-    groups: Vec<groups::GroupView>,
-}
-
-pub(super) async fn status(global: &Global, json: bool) -> CliResult {
-    let store = global.store(&global.cluster).await?;
-    let leases = store.admin().all_leases().await?;
-    let groups = groups::read(&store).await?;
-    if json {
-        return print_json(&StatusReport { leases, groups });
-    }
-    let mut text = table::leases(&leases);
-    for group in &groups {
-        text.push('\n');
-        text.push_str(&table::group(group));
-    }
-    emit(&text)
 }
 
 pub(super) async fn audit_prune(global: &Global, older_than: Duration, batch: u32) -> CliResult {

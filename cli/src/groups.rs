@@ -180,11 +180,6 @@ pub(crate) async fn read_group(
     Ok(views(rows))
 }
 
-/// Every group the role can read.
-pub(crate) async fn read(store: &Store) -> Result<Vec<GroupView>, Failure> {
-    read_group(store, None).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

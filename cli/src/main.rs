@@ -15,6 +15,7 @@ mod groups;
 mod output;
 mod replica;
 mod rescue;
+mod status;
 mod svg;
 mod table;
 mod tasks;
@@ -43,7 +44,8 @@ pub(crate) struct Cli {
 const EXIT_CODES: &str = "Exit codes: 0 ok; 1 unexpected error; 2 usage or bad input (incl. a malformed URL, a \
 missing --yes, a role that grant and revoke refuse or that does not exist); \
 3 database unreachable or refusing the connection; 4 standby or wrong database identity; 5 pgfence \
-schema missing (run `pgfence migrate`); 6 unknown lease; 7 a lock wait ended at its bound (the message names \
+schema missing (run `pgfence migrate`); 6 unknown lease (or group: `status --group`); 7 a lock wait ended at its bound \
+(the message names \
 who blocks); 8 denied (no grant on the cluster, not an operator, a wrong tenure secret); 9 TLS refused the \
 connection (the server's certificate failed verification, or the server offers no TLS that sslmode demands); \
 10 demo verdict: an invariant was violated; 130 \
@@ -108,11 +110,12 @@ enum Command {
     /// Every lease: holder, epoch, held/expired/released, time left (database clock), transitions, last write;
     /// then every replica group: its members, the names each leads and the names the group's assignment gives
     /// it.
-    Status {
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    ///
+    /// Readable at any size: above 50 leases the leases are summed up per cluster (held, expired, released,
+    /// distinct holders and those holding the most), and a group of more than 50 names or members gets one line
+    /// of counts per member instead of its name lists. --group, --lease and --all go deeper; --json is
+    /// complete whatever the size. See docs/cli.md.
+    Status(status::StatusArgs),
     /// Stale writes the database refused, newest first (`audit prune` removes old ones).
     #[command(args_conflicts_with_subcommands = true)]
     Audit {
@@ -422,7 +425,7 @@ async fn run(cli: Cli) -> CliResult {
         Command::Bench(args) => bench::run(global, args).await,
         Command::Replica(args) => replica::run(global, args).await,
         Command::RescueWorker(args) => rescue::run(global, args).await,
-        Command::Status { json } => commands::status(global, json).await,
+        Command::Status(args) => status::status(global, args).await,
         Command::Audit {
             action: Some(AuditAction::Prune { older_than, batch }),
             ..

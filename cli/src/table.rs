@@ -12,6 +12,7 @@ mod effects;
 mod history;
 mod terminal;
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -170,27 +171,43 @@ pub(super) fn group(group: &crate::groups::GroupView) -> String {
         &rows,
     ));
     if !group.balanced {
-        let leads = group.leads();
-        let led_by = |name: &str| {
-            leads
-                .iter()
-                .find(|(_, names)| names.iter().any(|n| n == name))
-                .map_or("nobody", |(member, _)| member.as_str())
-        };
+        let led_by = leaders(group);
         let differ: Vec<String> = group
             .mismatched
             .iter()
-            .map(|name| {
-                format!(
-                    "{name} (assigned to {}, led by {})",
-                    group.assignment.owner(name).unwrap_or("nobody"),
-                    led_by(name)
-                )
-            })
+            .map(|name| differing(group, &led_by, name))
             .collect();
         let _ = writeln!(out, "differ: {}", value(&differ.join(", ")));
     }
     out
+}
+
+/// Name → the member of `group` that leads it now (any row, live or not): one pass over the rows, so that
+/// naming the leader of every differing name costs O(names), not O(names × members).
+pub(super) fn leaders(group: &crate::groups::GroupView) -> HashMap<&str, &str> {
+    group
+        .members
+        .iter()
+        .flat_map(|m| {
+            m.row
+                .leads
+                .iter()
+                .map(move |n| (n.as_str(), m.row.member.as_str()))
+        })
+        .collect()
+}
+
+/// A name that differs from the assignment, unescaped: `NAME (assigned to M, led by L)`.
+pub(super) fn differing(
+    group: &crate::groups::GroupView,
+    led_by: &HashMap<&str, &str>,
+    name: &str,
+) -> String {
+    format!(
+        "{name} (assigned to {}, led by {})",
+        group.assignment.owner(name).unwrap_or("nobody"),
+        led_by.get(name).copied().unwrap_or("nobody")
+    )
 }
 
 pub(super) fn rejections(rows: &[Rejection]) -> String {

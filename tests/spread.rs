@@ -470,19 +470,24 @@ async fn dropping_a_spreading_supervisor_leaves_its_group_and_releases_its_names
     converge(&[&a], &[2], Duration::from_secs(5)).await;
     a.task.abort();
     let started = Instant::now();
-    while db
-        .scalar("SELECT count(*) FROM pgfence.group_members WHERE live")
-        .await
-        > 0
-        || db
-            .scalar("SELECT count(*) FROM pgfence.leases WHERE state = 'held'")
-            .await
-            > 0
-    {
+    // The bound is half the ttl: what this proves is that the membership and the leases end in the background at
+    // once (about 50 ms here), not by expiring after the ttl; a loaded machine may delay the background tasks.
+    let bound = ttl / 2;
+    loop {
+        let (members, held) = (
+            db.scalar("SELECT count(*) FROM pgfence.group_members WHERE live")
+                .await,
+            db.scalar("SELECT count(*) FROM pgfence.leases WHERE state = 'held'")
+                .await,
+        );
+        if members == 0 && held == 0 {
+            break;
+        }
         assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "still a member or holding after 5 s (ttl 30 s)"
+            started.elapsed() < bound,
+            "after {bound:?} (ttl {ttl:?}): {members} live members, {held} held leases"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    eprintln!("left and released {:?} after the abort", started.elapsed());
 }

@@ -393,6 +393,55 @@ async fn a_hundred_shards_over_five_replicas_lead_twenty_each() {
     }
 }
 
+/// Invariant (liveness: a replica's own campaigns queue for a turn, not at the pool): a replica given 2,000
+/// shards at once, on a pool of 2 connections with a 1 s checkout timeout, leads every one of them at its first
+/// attempt — one tenure each, no acquisition failed at the pool and retried a poll period (here 120 s) later. At
+/// ~1 ms per acquisition the shards' queue is seconds long, far past the checkout timeout: queued at the pool, the
+/// back of it failed ("no database connection … within 1s") and waited out the poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicas_names_campaigning_at_once_queue_for_a_turn_not_at_the_pool() {
+    const SHARDS: u32 = 2_000;
+    let db = TestDb::new().await;
+    let store = Store::connect(
+        db.config("c")
+            .pool_size(2)
+            .checkout_timeout(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let mut options = options(Duration::from_secs(60));
+    options.poll_every = Duration::from_secs(120);
+    let supervisor = Supervisor::new(PgElector::new(store), "r0")
+        .spread(Spread::new("turns"))
+        .sharded("shard", SHARDS, options, |_, ctx| async move {
+            ctx.cancelled().await;
+            Ok(())
+        })
+        .unwrap();
+    let (status, shutdown) = (supervisor.status(), CancellationToken::new());
+    let replica = Replica {
+        status,
+        shutdown: shutdown.clone(),
+        task: tokio::spawn(supervisor.run(shutdown)),
+    };
+    // Bounded far below the poll period: a shard whose acquisition failed at the pool is not retried before it.
+    let took = converge(&[&replica], &[SHARDS as usize], Duration::from_secs(60)).await;
+    eprintln!("{SHARDS} shards on a pool of 2: all led after {took:?}");
+    let tenures: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM pgfence.tenures", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        tenures,
+        i64::from(SHARDS),
+        "one tenure per shard, none retried"
+    );
+    replica.stop().await;
+}
+
 /// Bad input to the spreading supervisor is a typed error before anything runs, and writes nothing: a shard
 /// count of 0 or above the limit, an invalid group or weight, a pin that is not a controller, the same
 /// controller twice.

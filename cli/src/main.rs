@@ -485,6 +485,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log written to a file or a journal holds no escape sequences.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     // A replica handles SIGINT itself, as an orderly stop (exit 0); every other command ends at once (130).

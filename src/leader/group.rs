@@ -11,6 +11,11 @@ use super::BoxFuture;
 use crate::error::Result;
 use crate::membership::{GroupNews, Member};
 
+/// The end of a membership this process left in order ([`Membership::leave`]).
+const LEFT: &str = "left";
+/// The end of a membership this process dropped (it leaves the group in the background).
+const DROPPED: &str = "dropped";
+
 /// Where a membership stands, as this process sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -148,13 +153,18 @@ impl MemberShared {
         });
     }
 
-    /// The membership ended (refused, deadline, left); the first cause stands.
+    /// The membership ended (refused, deadline, left); the first cause stands. Logged as a warning, but for
+    /// this process's own leave or drop (an orderly stop), which is logged at info level.
     pub(super) fn end(&self, why: String) -> bool {
         self.state.send_if_modified(|s| {
             if !s.live {
                 return false;
             }
-            tracing::warn!(why = %why, "membership ended");
+            if why == LEFT || why == DROPPED {
+                tracing::info!(why = %why, "membership ended");
+            } else {
+                tracing::warn!(why = %why, "membership ended");
+            }
             s.live = false;
             s.settled = false;
             s.ended = Some(why);
@@ -248,7 +258,7 @@ impl Membership {
             return Ok(false);
         };
         let was_live = self.shared.state.borrow().live;
-        self.shared.end("left".to_owned());
+        self.shared.end(LEFT.to_owned());
         if !was_live {
             return Ok(false);
         }
@@ -262,7 +272,7 @@ impl Drop for Membership {
             return;
         };
         let was_live = self.shared.state.borrow().live;
-        self.shared.end("dropped".to_owned());
+        self.shared.end(DROPPED.to_owned());
         if was_live {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let member = self.shared.member();

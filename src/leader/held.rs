@@ -423,6 +423,28 @@ pub(crate) enum GroupEvent {
     Missed,
 }
 
+/// A turn to send one acquisition, from [`Elector::acquisition_turn`](super::Elector::acquisition_turn): held
+/// until the acquisition answered, then dropped (which gives the turn to the next waiter).
+#[derive(Debug)]
+#[must_use = "the turn ends when it is dropped"]
+pub struct AcquisitionTurn {
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl AcquisitionTurn {
+    /// A turn that bounds nothing (an elector without a limit on its acquisitions in flight).
+    pub fn unbounded() -> AcquisitionTurn {
+        AcquisitionTurn { _permit: None }
+    }
+
+    /// A turn held as a permit of `gate`.
+    pub(super) fn of(permit: tokio::sync::OwnedSemaphorePermit) -> AcquisitionTurn {
+        AcquisitionTurn {
+            _permit: Some(permit),
+        }
+    }
+}
+
 /// Resolves when a lease may have become free (a release notification) — a hint, never a guarantee.
 #[derive(Debug)]
 pub struct Wakeups {

@@ -49,7 +49,7 @@ pub use assign::{assign, shard_of, Assignment};
 pub use backoff::Backoff;
 pub use end::TenureEnd;
 pub use group::{Assigned, MemberState, Membership};
-pub use held::{Health, HeldLease, Wakeups};
+pub use held::{AcquisitionTurn, Health, HeldLease, Wakeups};
 #[cfg(feature = "testing")]
 pub use memory::MemoryElector;
 pub use options::LeaseOptions;
@@ -150,6 +150,22 @@ pub trait Elector: Clone + Send + Sync + 'static {
         holder: &str,
         options: &LeaseOptions,
     ) -> impl Future<Output = Result<HeldLease>> + Send;
+
+    /// Waits for a turn to send one acquisition: the leadership runtime takes one before each attempt and holds
+    /// it until the attempt answered, so that the names of a replica that campaign at once (a sharded
+    /// controller given 100 names) queue here, first come, first served, instead of at the connection pool,
+    /// whose checkout timeout would fail the ones at the back of the queue (a [`PgElector`] allows as many
+    /// acquisitions in flight as its store's pool has connections). The default answers at once
+    /// ([`AcquisitionTurn::unbounded`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing is sent while waiting, and a dropped wait gives up its place. The wait is bounded
+    /// by the acquisitions ahead of it, each bounded by the store's checkout timeout and the statement's own
+    /// bounded waits.
+    fn acquisition_turn(&self) -> impl Future<Output = AcquisitionTurn> + Send {
+        std::future::ready(AcquisitionTurn::unbounded())
+    }
 
     /// Subscribes to release announcements. Subscribe *before* an acquisition attempt so a release between
     /// the attempt and the wait is not missed.

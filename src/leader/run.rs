@@ -325,11 +325,18 @@ where
     let mut attempt = 0u64;
     let lease = loop {
         attempt += 1;
+        // Queued for a turn (cancel safe) rather than at the pool, whose checkout timeout would fail the
+        // names at the back of a replica's queue.
+        let turn = tokio::select! {
+            _ = parent.cancelled() => return Ok(Ended::Cancelled { callback_stopped: true }),
+            turn = elector.acquisition_turn() => turn,
+        };
         let mut wakeups = elector.wakeups();
         let acquired = elector
             .acquire(name, holder, &options.lease)
             .instrument(tracing::debug_span!("campaign", attempt))
             .await;
+        drop(turn);
         let wait = match acquired {
             Ok(lease) => break lease,
             Err(Error::Held { expires_in, .. }) => expires_in.min(options.poll_every),

@@ -280,6 +280,15 @@ impl Store {
         &self.inner.target
     }
 
+    /// How many acquisitions the leadership runtime sends at once through this store: one per connection of
+    /// the pool it built; for an application's pool (whose size it does not know), its current size, at least 4.
+    pub(crate) fn acquisition_turns(&self) -> usize {
+        match self.inner.pool_size {
+            0 => (self.inner.pool.state().connections as usize).max(4),
+            size => size as usize,
+        }
+    }
+
     /// [`Admin::pool`](crate::admin::Admin::pool).
     pub(crate) fn pool(&self) -> &Pool {
         &self.inner.pool

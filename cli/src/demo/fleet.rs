@@ -60,6 +60,10 @@ pub(crate) struct FleetArgs {
     /// `fleet` only: write the number of names led over time as an SVG picture to this file.
     #[arg(long, value_name = "FILE")]
     pub(crate) plot: Option<std::path::PathBuf>,
+    /// `fleet` only: keep each replica's warnings and errors in this directory, one `<member>.log` each (by
+    /// default they go to a temporary directory removed at the end; the report counts them either way).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) replica_logs: Option<std::path::PathBuf>,
 }
 
 /// The scenario's figures.
@@ -75,6 +79,15 @@ pub(crate) struct FleetReport {
     converging_calls: f64,
     converging_server_ms: f64,
     converging_statements: Vec<(f64, f64, String)>,
+    /// The convergence's timeline (seconds after the last start, database clock): when the group's assignments
+    /// were first and last stored before it balanced and how many were stored, and when the fleet's tenures
+    /// began (the first, the median, the 90th percentile, the last) and how many began (a name taken more than
+    /// once counts each time: above the names is churn).
+    first_assignment_s: Option<f64>,
+    last_assignment_s: Option<f64>,
+    assignments_stored: i64,
+    tenures_until_balanced: i64,
+    tenure_starts_s: Vec<f64>,
     /// Tenures begun during the stable window (0: nothing moved).
     moved_while_stable: i64,
     stable_ms: u128,
@@ -107,9 +120,18 @@ pub(crate) struct FleetReport {
     join_ms: Option<u128>,
     join_led: usize,
     moved_by_join: i64,
+    /// Lines the replicas logged at warning and error level over the whole run (a fleet that converges and
+    /// hands over cleanly logs a warning per replica stopped or killed, not one per name), and the most
+    /// frequent message with its count.
+    replica_warnings: u64,
+    replica_errors: u64,
+    most_logged: Option<(u64, String)>,
     /// (seconds since the first start, names led) samples.
     #[serde(skip)]
     samples: Vec<(f64, u64)>,
+    /// (seconds since the first start, the group's assignment generation) samples, while converging.
+    #[serde(skip)]
+    generations: Vec<(f64, i64)>,
 }
 
 /// A replica process.
@@ -129,11 +151,18 @@ struct Fleet {
     qualified_group: String,
     cluster: String,
     began: Instant,
+    /// Where each replica's log goes (`<member>.log`), and the temporary directory that holds it when no
+    /// `--replica-logs` was given.
+    logs: std::path::PathBuf,
+    _logs_dir: Option<tempfile::TempDir>,
 }
 
 impl Fleet {
     fn spawn(&mut self, member: &str) -> Result<(), Failure> {
         let ms = |d: Duration| format!("{}ms", d.as_millis());
+        let path = self.logs.join(format!("{member}.log"));
+        let log = std::fs::File::create(&path)
+            .map_err(|e| Failure::new(1, format!("cannot create {}: {e}", path.display())))?;
         let child = tokio::process::Command::new(&self.exe)
             .args(&self.flags)
             .args(["replica", "--group", GROUP, "--member", member])
@@ -147,10 +176,10 @@ impl Fleet {
             // The URL travels in the environment, never on a command line that `ps` shows.
             .env("DATABASE_URL", &self.url)
             .env_remove("PGFENCE_CLUSTER")
-            .env("RUST_LOG", "error")
+            .env("PGFENCE_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(log))
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| Failure::new(1, format!("cannot start a replica: {e}")))?;
@@ -196,18 +225,32 @@ impl Fleet {
             && leads.values().all(|l| (low..=high).contains(&l.len()))
     }
 
-    /// Samples until balanced over `members` replicas or `within` passes; the time it took.
+    /// Samples until balanced over `members` replicas or `within` passes (the names led, and each new
+    /// generation of the group's assignment); the time it took.
     async fn until_balanced(
         &self,
         members: usize,
         within: Duration,
-        samples: &mut Vec<(f64, u64)>,
+        report: &mut FleetReport,
     ) -> Result<Option<Duration>, Failure> {
         let started = Instant::now();
         while started.elapsed() < within {
             let leads = self.leads().await?;
             let led: usize = leads.values().map(BTreeSet::len).sum();
-            samples.push((self.began.elapsed().as_secs_f64(), led as u64));
+            let at = self.began.elapsed().as_secs_f64();
+            report.samples.push((at, led as u64));
+            let generation = self
+                .admin
+                .query_opt(
+                    "SELECT generation FROM pgfence.groups WHERE grp = $1",
+                    &[&self.qualified_group],
+                )
+                .await
+                .map_err(|e| Failure::new(1, format!("fleet: {e}")))?
+                .map_or(0, |r| r.get::<_, i64>(0));
+            if report.generations.last().is_none_or(|g| g.1 != generation) {
+                report.generations.push((at, generation));
+            }
             if self.balanced(&leads, members) {
                 return Ok(Some(started.elapsed()));
             }
@@ -317,6 +360,17 @@ pub(super) async fn run(
         .await
         .is_ok();
     let exe = std::env::current_exe().map_err(|e| Failure::new(1, e.to_string()))?;
+    let (logs, logs_dir) = match &args.replica_logs {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| Failure::new(1, format!("cannot create {}: {e}", dir.display())))?;
+            (dir.clone(), None)
+        }
+        None => {
+            let dir = tempfile::tempdir().map_err(|e| Failure::new(1, e.to_string()))?;
+            (dir.path().to_owned(), Some(dir))
+        }
+    };
     let mut fleet = Fleet {
         exe,
         url: url.clone(),
@@ -327,6 +381,8 @@ pub(super) async fn run(
         replicas: Vec::new(),
         admin,
         began: Instant::now(),
+        logs,
+        _logs_dir: logs_dir,
     };
     let mut report = FleetReport {
         replicas: args.replicas,
@@ -339,6 +395,7 @@ pub(super) async fn run(
     for replica in &mut fleet.replicas {
         let _ = replica.child.start_kill();
     }
+    report::count_logs(&fleet.logs, &mut report);
     result?;
     if let Some(path) = &args.plot {
         plot(path, &report.samples)?;
@@ -407,12 +464,21 @@ async fn measure(
     if statements {
         fleet.query("SELECT pg_stat_statements_reset()").await?;
     }
+    let first_start = fleet.db_now().await?;
     for i in 0..m {
         fleet.spawn(&format!("r{i:03}"))?;
         tokio::time::sleep(START_EVERY).await;
     }
+    let last_start = fleet.db_now().await?;
+    let last_started = fleet.began.elapsed().as_secs_f64();
     let within = fleet.args.within;
-    let took = fleet.until_balanced(m, within, &mut report.samples).await?;
+    let took = fleet.until_balanced(m, within, report).await?;
+    report::timeline(fleet, report, &first_start, &last_start).await?;
+    report.first_assignment_s = report
+        .generations
+        .iter()
+        .find(|g| g.1 > 0)
+        .map(|g| g.0 - last_started);
     report.converged_ms = took.map(|t| t.as_millis());
     let Some(took) = took else {
         story.say("fleet", format!("not balanced within {within:?}"));
@@ -533,9 +599,7 @@ async fn kill(
     fleet.reap(&victim).await;
     let bound = fleet.args.ttl * 4 + Duration::from_secs(10);
     let others = fleet.replicas.len();
-    let took = fleet
-        .until_balanced(others, bound, &mut report.samples)
-        .await?;
+    let took = fleet.until_balanced(others, bound, report).await?;
     report.killed_releds_ms = took.map(|_| killed.elapsed().as_millis());
     let all = fleet.tenures_since(since.clone(), None).await?;
     let of_victim = fleet.tenures_since(since, Some(&names)).await?;
@@ -566,9 +630,7 @@ async fn stop(
     fleet.reap(&member).await;
     let bound = fleet.args.ttl * 4 + Duration::from_secs(10);
     let others = fleet.replicas.len();
-    fleet
-        .until_balanced(others, bound, &mut report.samples)
-        .await?;
+    fleet.until_balanced(others, bound, report).await?;
     let leases: Vec<String> = names
         .iter()
         .map(|n| format!("{}/{n}", fleet.cluster))
@@ -612,9 +674,7 @@ async fn join(
     fleet.spawn("r-joined")?;
     let bound = fleet.args.ttl * 4 + Duration::from_secs(10);
     let members = fleet.replicas.len();
-    let took = fleet
-        .until_balanced(members, bound, &mut report.samples)
-        .await?;
+    let took = fleet.until_balanced(members, bound, report).await?;
     report.join_ms = took.map(|_| joined.elapsed().as_millis());
     report.join_led = fleet
         .leads()

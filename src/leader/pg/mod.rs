@@ -13,7 +13,9 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 
 use super::group::{Assigned, Leaver, MemberShared, Membership};
-use super::held::{BeliefReporter, Health, HeldLease, Releaser, Shared, Wake, Wakeups};
+use super::held::{
+    AcquisitionTurn, BeliefReporter, Health, HeldLease, Releaser, Shared, Wake, Wakeups,
+};
 use super::options::LeaseOptions;
 use super::BoxFuture;
 use super::Elector;
@@ -53,6 +55,9 @@ struct PgInner {
     channels: Arc<Channels>,
     /// The name sets read for rebalances (each once).
     name_sets: NameSets,
+    /// Turns to send an acquisition: as many as the store's pool has connections (see
+    /// [`Elector::acquisition_turn`]).
+    turns: Arc<tokio::sync::Semaphore>,
 }
 
 impl Drop for PgInner {
@@ -75,6 +80,7 @@ impl PgElector {
             inner: Arc::new(PgInner {
                 renewals: Arc::new(Renewals::new(store.clone())),
                 beliefs: OnceLock::new(),
+                turns: Arc::new(tokio::sync::Semaphore::new(store.acquisition_turns())),
                 store,
                 lease_names: Arc::default(),
                 notifications: OnceLock::new(),
@@ -214,6 +220,14 @@ impl Elector for PgElector {
                 store: self.inner.store.clone(),
             }),
         ))
+    }
+
+    async fn acquisition_turn(&self) -> AcquisitionTurn {
+        match self.inner.turns.clone().acquire_owned().await {
+            Ok(permit) => AcquisitionTurn::of(permit),
+            // Never closed; were it, the pool's own turns still bound the checkouts.
+            Err(_) => AcquisitionTurn::unbounded(),
+        }
     }
 
     fn wakeups(&self) -> Wakeups {

@@ -27,6 +27,119 @@ pub(super) async fn statement_profile(
     ))
 }
 
+/// The convergence's timeline from the database (its clock only): the group's stored assignments until now and
+/// the fleet's tenures begun since `first_start`, in seconds after `last_start`.
+pub(super) async fn timeline(
+    fleet: &Fleet,
+    report: &mut FleetReport,
+    first_start: &str,
+    last_start: &str,
+) -> Result<(), Failure> {
+    let since =
+        |column: &str| format!("extract(epoch FROM {column} - $1::text::timestamptz)::float8");
+    let group = fleet
+        .admin
+        .query(
+            &format!(
+                "SELECT generation, {} FROM pgfence.groups WHERE grp = $2",
+                since("assigned_at")
+            ),
+            &[&last_start, &fleet.qualified_group],
+        )
+        .await
+        .map_err(|e| Failure::new(1, format!("fleet: {e}")))?;
+    if let Some(row) = group.first() {
+        report.assignments_stored = row.get(0);
+        report.last_assignment_s = row.get(1);
+    }
+    let prefix = format!("{}/{}/", fleet.cluster, super::SHARDED);
+    let tenures = fleet
+        .admin
+        .query(
+            &format!(
+                "SELECT count(*), percentile_disc(ARRAY[0, 0.5, 0.9, 1]) WITHIN GROUP (ORDER BY {}) \
+                   FROM pgfence.tenures WHERE starts_with(lease, $2) AND acquired_at >= $3::text::timestamptz",
+                since("acquired_at")
+            ),
+            &[&last_start, &prefix, &first_start],
+        )
+        .await
+        .map_err(|e| Failure::new(1, format!("fleet: {e}")))?;
+    report.tenures_until_balanced = tenures[0].get(0);
+    report.tenure_starts_s = tenures[0].get::<_, Option<Vec<f64>>>(1).unwrap_or_default();
+    Ok(())
+}
+
+/// Counts the warnings and errors in the replicas' logs under `dir`, and the most frequent message (its level,
+/// target and text, without the time, the spans' fields or the terminal's colours).
+pub(super) fn count_logs(dir: &std::path::Path, report: &mut FleetReport) {
+    let mut messages: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(text) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        for line in text.lines() {
+            let line = strip_colours(line);
+            let (warn, error) = (line.contains(" WARN "), line.contains(" ERROR "));
+            report.replica_warnings += u64::from(warn);
+            report.replica_errors += u64::from(error);
+            if warn || error {
+                *messages.entry(message_of(&line)).or_default() += 1;
+            }
+        }
+    }
+    report.most_logged = messages
+        .into_iter()
+        .max_by_key(|(text, n)| (*n, std::cmp::Reverse(text.clone())))
+        .map(|(text, n)| (n, text));
+}
+
+/// `line` without its ANSI colour sequences (ESC `[` … `m`).
+fn strip_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A log line's level, target and message, without its time and spans, and with digits folded (so that one
+/// message about many shards counts as one).
+fn message_of(line: &str) -> String {
+    let level = if line.contains(" ERROR ") {
+        "ERROR"
+    } else {
+        "WARN"
+    };
+    let rest = line.rsplit_once("}: ").map_or(line, |(_, rest)| rest);
+    let rest = rest
+        .split_once(&format!("{level} "))
+        .map_or(rest, |(_, r)| r);
+    let mut folded = String::new();
+    for c in rest.chars().take(160) {
+        if c.is_ascii_digit() {
+            if !folded.ends_with('#') {
+                folded.push('#');
+            }
+        } else {
+            folded.push(c);
+        }
+    }
+    format!("{level} {}", folded.trim())
+}
+
 pub(super) fn print_report(r: &FleetReport) {
     let ms = |v: Option<u128>| {
         v.map_or("never".to_owned(), |v| {
@@ -42,6 +155,20 @@ pub(super) fn print_report(r: &FleetReport) {
         START_EVERY.as_millis()
     );
     println!("  balanced after the last start     {}", ms(r.converged_ms));
+    let secs = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:+.1} s"));
+    println!(
+        "  assignments stored until balanced {} (the first seen {}, the last stored {} after the last start)",
+        r.assignments_stored,
+        secs(r.first_assignment_s),
+        secs(r.last_assignment_s)
+    );
+    if let [first, p50, p90, last] = r.tenure_starts_s[..] {
+        println!(
+            "  tenures begun until balanced      {} for {} names: first {first:+.1} s, p50 {p50:+.1} s, \
+             p90 {p90:+.1} s, last {last:+.1} s after the last start",
+            r.tenures_until_balanced, r.names
+        );
+    }
     if r.converging_calls > 0.0 {
         println!(
             "  statements until balanced         {:.0} ({:.0} ms server time)",
@@ -99,6 +226,16 @@ pub(super) fn print_report(r: &FleetReport) {
         ms(r.join_ms),
         r.moved_by_join
     );
+    println!(
+        "  replicas' log                     {} warnings, {} errors",
+        r.replica_warnings, r.replica_errors
+    );
+    if let Some((n, text)) = &r.most_logged {
+        println!(
+            "      {n:>8} × {}",
+            crate::table::escape(text, crate::table::VALUE_CHARS)
+        );
+    }
 }
 
 /// The names led over the run, as an SVG line.

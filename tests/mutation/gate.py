@@ -458,6 +458,18 @@ MUTATIONS: list[Mutation] = [
         [cargo_test("store", "checkouts_are_served_in_the_order_they_were_asked_for")],
     ),
     Mutation(
+        "acquisitions-queue-at-the-pool",
+        "the leadership runtime's acquisitions take no turn: a replica's names campaigning at once queue at the "
+        "pool, whose checkout timeout fails the back of the queue, and those wait out a poll period",
+        [Edit("src/leader/pg/mod.rs", """        match self.inner.turns.clone().acquire_owned().await {
+            Ok(permit) => AcquisitionTurn::of(permit),
+            // Never closed; were it, the pool's own turns still bound the checkouts.
+            Err(_) => AcquisitionTurn::unbounded(),
+        }""", """        let _ = (&self.inner.turns, AcquisitionTurn::of);
+        AcquisitionTurn::unbounded()""")],
+        [cargo_test("spread", "a_replicas_names_campaigning_at_once_queue_for_a_turn_not_at_the_pool")],
+    ),
+    Mutation(
         "pooled-cancel-at-the-first-host",
         "a pooled statement's cancel request goes to the first host of a multi-host connection string, not to the "
         "host the pool's connections reached: a statement abandoned there keeps waiting",

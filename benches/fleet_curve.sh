@@ -27,7 +27,7 @@ for size in $sizes; do
     m=${size%x*}
     s=${size#*x}
     json=$out/fleet-${m}x${s}.json
-    "$pgfence" --json demo --scenario fleet --replicas "$m" --names "$s" --fleet-ttl "$ttl" --stable "$stable" \
+    "$pgfence" demo --json --scenario fleet --replicas "$m" --names "$s" --fleet-ttl "$ttl" --stable "$stable" \
         --within "$within" >"$json" 2>"$out/fleet-${m}x${s}.err"
     python3 - "$json" "$m" "$s" <<'PY'
 import json, sys

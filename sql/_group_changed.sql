@@ -5,13 +5,13 @@ CREATE OR REPLACE FUNCTION pgfence._group_changed(p_group text, p_urgent boolean
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    ch text;
+    gr pgfence.groups;
 BEGIN
     UPDATE pgfence.groups g
        SET version = g.version + 1, changed_at = clock_timestamp(),
            pending_since = coalesce(g.pending_since, clock_timestamp()), urgent = g.urgent OR p_urgent
      WHERE g.grp = p_group
-    RETURNING g.channel INTO ch;
-    PERFORM pg_notify(ch, 'changed');
+    RETURNING g.* INTO gr;
+    PERFORM pg_notify(gr.channel, 'changed ' || coalesce(pgfence._rebalance_in_ms(gr), 0));
 END;
 $function$

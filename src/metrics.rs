@@ -31,6 +31,17 @@ pub const METRIC_HANDOVERS: &str = "pgfence_handovers_total";
 /// Histogram `pgfence_handover_gap_duration_seconds{group}`: how long a name this replica acquired after a
 /// handover had no holder (the predecessor's release to this acquisition, database clock).
 pub const METRIC_HANDOVER_GAP: &str = "pgfence_handover_gap_duration_seconds";
+/// Histogram `pgfence_group_assigned_to_led_seconds{group}`: how long after a name arrived in this replica's
+/// assignment the replica's first tenure of it began (monotonic clock): the convergence as each name lived it,
+/// its queue for a turn and its wait for the previous holder's release included.
+pub const METRIC_GROUP_ASSIGNED_TO_LED: &str = "pgfence_group_assigned_to_led_seconds";
+/// Counter `pgfence_group_rebalances_total{group}`: assignments of the group this replica computed and stored
+/// (a fleet stores one per change, whichever member gets the claim).
+pub const METRIC_GROUP_REBALANCES: &str = "pgfence_group_rebalances_total";
+/// Histogram `pgfence_acquisition_turn_wait_seconds`: how long an acquisition attempt of the leadership runtime
+/// waited for its turn ([`Elector::acquisition_turn`](crate::leader::Elector::acquisition_turn)): the queue of a
+/// replica's names campaigning at once.
+pub const METRIC_ACQUISITION_TURN_WAIT: &str = "pgfence_acquisition_turn_wait_seconds";
 /// Counter `pgfence_belief_reports_failed_total{lease}`: belief reports of a
 /// [`PgElector`](crate::leader::PgElector)
 /// ([`LeaseOptions::report_beliefs`](crate::leader::LeaseOptions::report_beliefs)) that failed or timed out; the
@@ -62,6 +73,9 @@ pub const METRIC_EFFECT_SETTLE_SECONDS: &str = "pgfence_effect_settle_seconds";
 /// | `pgfence_group_names_led` ([`METRIC_GROUP_NAMES_LED`]) | gauge | count | `group` | names of the group this replica leads now |
 /// | `pgfence_handovers_total` ([`METRIC_HANDOVERS`]) | counter | count | `group` | tenures this replica ended to hand their name over |
 /// | `pgfence_handover_gap_duration_seconds` ([`METRIC_HANDOVER_GAP`]) | histogram | seconds | `group` | how long a name acquired after a handover had no holder (database clock) |
+/// | `pgfence_group_assigned_to_led_seconds` ([`METRIC_GROUP_ASSIGNED_TO_LED`]) | histogram | seconds | `group` | from a name's arrival in this replica's assignment to its first tenure |
+/// | `pgfence_group_rebalances_total` ([`METRIC_GROUP_REBALANCES`]) | counter | count | `group` | assignments of the group this replica computed and stored |
+/// | `pgfence_acquisition_turn_wait_seconds` ([`METRIC_ACQUISITION_TURN_WAIT`]) | histogram | seconds | — | an acquisition attempt's wait for its turn |
 /// | `pgfence_belief_reports_failed_total` ([`METRIC_BELIEF_REPORTS_FAILED`]) | counter | count | `lease` | belief reports that failed or timed out |
 /// | `pgfence_effects_in_doubt` ([`METRIC_EFFECTS_IN_DOUBT`]) | gauge | count | `lease` | effects of the lease in doubt at this process's last listing |
 /// | `pgfence_effect_settle_seconds` ([`METRIC_EFFECT_SETTLE_SECONDS`]) | histogram | seconds | `lease`, `resolution` | how long each effect this process settled had been in doubt (database clock) |
@@ -123,6 +137,22 @@ pub fn describe() {
         Unit::Seconds,
         "How long a name this replica acquired after a handover had no holder (predecessor's release to this \
          acquisition, database clock)"
+    );
+    describe_histogram!(
+        METRIC_GROUP_ASSIGNED_TO_LED,
+        Unit::Seconds,
+        "How long after a name arrived in this replica's assignment its first tenure began (monotonic clock)"
+    );
+    describe_counter!(
+        METRIC_GROUP_REBALANCES,
+        Unit::Count,
+        "Assignments of the replica group this replica computed and stored"
+    );
+    describe_histogram!(
+        METRIC_ACQUISITION_TURN_WAIT,
+        Unit::Seconds,
+        "How long an acquisition attempt of the leadership runtime waited for its turn (the queue of a \
+         replica's names campaigning at once)"
     );
     describe_counter!(
         METRIC_STALE_WRITES,

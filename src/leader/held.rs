@@ -407,8 +407,9 @@ pub(super) enum Wake {
 /// What a replica group's channel said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum GroupWake {
-    /// `changed`: a new assignment is due (now or after the quiet time): claim it.
-    Changed,
+    /// `changed <ms>`: a new assignment is due, and may be claimed after this long (the quiet time, or another
+    /// member's claim; zero: now): claim it then.
+    Changed(Duration),
     /// `assigned <generation>`: a new assignment is stored.
     Assigned(i64),
 }

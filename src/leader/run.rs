@@ -15,7 +15,7 @@ use super::Elector;
 use crate::effects::InDoubt;
 use crate::error::{Error, Result};
 use crate::fence::Fence;
-use crate::metrics::METRIC_CALLBACKS_NOT_STOPPED;
+use crate::metrics::{METRIC_ACQUISITION_TURN_WAIT, METRIC_CALLBACKS_NOT_STOPPED};
 use crate::types::{Epoch, LossReason};
 
 /// What the callback of [`run_with_leadership`] gets for one tenure: the fence to present on every write,
@@ -327,10 +327,12 @@ where
         attempt += 1;
         // Queued for a turn (cancel safe) rather than at the pool, whose checkout timeout would fail the
         // names at the back of a replica's queue.
+        let queued = Instant::now();
         let turn = tokio::select! {
             _ = parent.cancelled() => return Ok(Ended::Cancelled { callback_stopped: true }),
             turn = elector.acquisition_turn() => turn,
         };
+        metrics::histogram!(METRIC_ACQUISITION_TURN_WAIT).record(queued.elapsed().as_secs_f64());
         let mut wakeups = elector.wakeups();
         let acquired = elector
             .acquire(name, holder, &options.lease)

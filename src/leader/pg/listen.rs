@@ -65,7 +65,10 @@ async fn listen_to(
 /// What a group channel's payload says; `None` for one it never sends.
 fn group_wake(payload: &str) -> Option<GroupWake> {
     match payload.split_once(' ') {
-        None if payload == "changed" => Some(GroupWake::Changed),
+        Some(("changed", due_in_ms)) => due_in_ms
+            .parse()
+            .ok()
+            .map(|ms| GroupWake::Changed(Duration::from_millis(ms))),
         Some(("assigned", generation)) => generation.parse().ok().map(GroupWake::Assigned),
         _ => None,
     }
@@ -318,9 +321,24 @@ mod tests {
     /// A group channel's payloads decode to what they say, and anything else is ignored, never guessed.
     #[test]
     fn group_payloads_decode_exactly() {
-        assert_eq!(group_wake("changed"), Some(GroupWake::Changed));
+        assert_eq!(
+            group_wake("changed 1000"),
+            Some(GroupWake::Changed(Duration::from_secs(1)))
+        );
+        assert_eq!(
+            group_wake("changed 0"),
+            Some(GroupWake::Changed(Duration::ZERO))
+        );
         assert_eq!(group_wake("assigned 17"), Some(GroupWake::Assigned(17)));
-        for other in ["", "assigned", "assigned x", "changed 1", "moved 3"] {
+        for other in [
+            "",
+            "changed",
+            "changed -1",
+            "changed x",
+            "assigned",
+            "assigned x",
+            "moved 3",
+        ] {
             assert_eq!(group_wake(other), None, "{other:?}");
         }
     }

@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::leader::assign::assign;
 use crate::leader::group::Membership;
 use crate::membership::{NameSets, Rebalance};
+use crate::metrics::METRIC_GROUP_REBALANCES;
 use crate::store::Store;
 
 /// Rebalances `membership`'s group if this member gets the claim: [`Rebalance::Assigned`] with the new
@@ -62,6 +63,8 @@ pub(super) async fn rebalance(
         .await?;
     if let Rebalance::Assigned { generation } = answer {
         membership.note_generation(generation);
+        metrics::counter!(METRIC_GROUP_REBALANCES, "group" => member.qualified_group().to_owned())
+            .increment(1);
     }
     Ok(answer)
 }

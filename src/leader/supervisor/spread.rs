@@ -23,8 +23,8 @@ use crate::leader::run::{run_leadership, Ended, LeaderContext};
 use crate::leader::{BoxFuture, Elector};
 use crate::membership::{MemberSpec, Rebalance};
 use crate::metrics::{
-    METRIC_GROUP_MEMBERS, METRIC_GROUP_NAMES_ASSIGNED, METRIC_GROUP_NAMES_LED, METRIC_HANDOVERS,
-    METRIC_HANDOVER_GAP,
+    METRIC_GROUP_ASSIGNED_TO_LED, METRIC_GROUP_MEMBERS, METRIC_GROUP_NAMES_ASSIGNED,
+    METRIC_GROUP_NAMES_LED, METRIC_HANDOVERS, METRIC_HANDOVER_GAP,
 };
 
 /// What the balancer publishes to the names: this replica's part of the group's stored assignment.
@@ -207,8 +207,10 @@ impl<E: Elector> Balancer<E> {
                 _ = membership.changed() => {}
                 event = wakeups.group_event(&channel, wake_at) => match event {
                     Some(GroupEvent::Group(GroupWake::Assigned(generation))) => membership.note_generation(generation),
-                    Some(GroupEvent::Group(GroupWake::Changed)) => {
-                        at.ask_at = Some(tokio::time::Instant::now() + spread());
+                    // Asked when it may be claimed, not now: a rolling start's every join would otherwise wake
+                    // every member to ask. (At most a poll period later: the payload only tells when.)
+                    Some(GroupEvent::Group(GroupWake::Changed(due_in))) => {
+                        at.ask_at = Some(tokio::time::Instant::now() + due_in.min(self.poll) + spread());
                     }
                     Some(GroupEvent::Missed) => {
                         at.read = None;
@@ -399,6 +401,8 @@ impl<E: Elector> NameLoop<E> {
     pub(super) async fn run(self, mut view: watch::Receiver<View>, shutdown: CancellationToken) {
         let name = self.controller.name.clone();
         let mut failures = 0u32;
+        // The name arrived in this replica's assignment now: its first tenure records how long it took.
+        let mut assigned_at = Some(std::time::Instant::now());
         loop {
             // Only while the assignment gives the name to this replica: otherwise the loop ends (the manager
             // starts another when the name comes back).
@@ -450,7 +454,7 @@ impl<E: Elector> NameLoop<E> {
                 &self.controller.options,
                 &token,
                 Some(handover.clone()),
-                self.callback(leading.clone()),
+                self.callback(leading.clone(), assigned_at.take()),
             )
             .await;
             watcher.abort();
@@ -507,9 +511,12 @@ impl<E: Elector> NameLoop<E> {
 
     /// The controller's callback, marking the name led from the tenure's start until its end, and recording how
     /// long the name had no holder when its previous tenure was handed over.
+    ///
+    /// `assigned_at`: when the name arrived in this replica's assignment, for the loop's first campaign only.
     fn callback(
         &self,
         leading: Arc<AtomicBool>,
+        assigned_at: Option<std::time::Instant>,
     ) -> impl FnOnce(LeaderContext) -> BoxFuture<std::result::Result<(), BoxError>> {
         let (factory, status, name) = (
             self.controller.factory.clone(),
@@ -518,6 +525,10 @@ impl<E: Elector> NameLoop<E> {
         );
         let (elector, group) = (self.elector.clone(), self.group.clone());
         move |ctx: LeaderContext| {
+            if let Some(assigned_at) = assigned_at {
+                metrics::histogram!(METRIC_GROUP_ASSIGNED_TO_LED, "group" => group.clone())
+                    .record(assigned_at.elapsed().as_secs_f64());
+            }
             leading.store(true, Ordering::SeqCst);
             set_leading(&status, &name, true);
             let led = lock(&status).leading.values().filter(|l| **l).count();

@@ -21,8 +21,9 @@ use common::proxy::{Proxy, HOLD_ALL};
 use common::{RowLock, TestDb};
 use pgfence::history::Overlap;
 use pgfence::leader::{
-    run_with_leadership, Backoff, Elector, Ended, Health, HeldLease, LeaderContext,
-    LeadershipOptions, LeaseOptions, MemoryElector, PgElector, Supervisor, TenureEnd, Wakeups,
+    run_with_leadership, AcquisitionTurn, Backoff, Elector, Ended, Health, HeldLease,
+    LeaderContext, LeadershipOptions, LeaseOptions, MemoryElector, PgElector, Supervisor,
+    TenureEnd, Wakeups,
 };
 use pgfence::metrics::{
     METRIC_CALLBACKS_NOT_STOPPED, METRIC_GROUP_MEMBERS, METRIC_GROUP_NAMES_ASSIGNED,
@@ -236,6 +237,10 @@ impl<E: Elector> Elector for Watched<E> {
             outcome,
         });
         result
+    }
+
+    async fn acquisition_turn(&self) -> AcquisitionTurn {
+        self.inner.acquisition_turn().await
     }
 
     fn wakeups(&self) -> Wakeups {

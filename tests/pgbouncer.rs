@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 use common::{guarded_writes_per_second, median, move_shard, unused_port, TestDb};
 use pgfence::admin::RejectionFilter;
 use pgfence::leader::{
-    run_with_leadership, Elector, Ended, Health, HeldLease, LeadershipOptions, LeaseOptions,
-    PgElector, Wakeups,
+    run_with_leadership, AcquisitionTurn, Elector, Ended, Health, HeldLease, LeadershipOptions,
+    LeaseOptions, PgElector, Wakeups,
 };
 use pgfence::{Error, LossReason, PoolerMode, Released, Store, StoreConfig};
 use serde_json::json;
@@ -882,6 +882,10 @@ impl Elector for Watched {
             let _ = self.refused.send((Instant::now(), *expires_in));
         }
         result
+    }
+
+    async fn acquisition_turn(&self) -> AcquisitionTurn {
+        self.inner.acquisition_turn().await
     }
 
     fn wakeups(&self) -> Wakeups {

@@ -8,7 +8,9 @@ use tokio::sync::broadcast;
 
 use super::end::TenureEnd;
 use super::group::{Assigned, Leaver, MemberShared, Membership};
-use super::held::{FirstReads, Health, HeldLease, Releaser, Shared, Wake, Wakeups};
+use super::held::{
+    AcquisitionTurn, FirstReads, Health, HeldLease, Releaser, Shared, Wake, Wakeups,
+};
 use super::options::LeaseOptions;
 use super::BoxFuture;
 use super::Elector;
@@ -291,6 +293,10 @@ impl Elector for MemoryElector {
                 elector: self.clone(),
             }),
         ))
+    }
+
+    async fn acquisition_turn(&self) -> AcquisitionTurn {
+        AcquisitionTurn::unbounded()
     }
 
     fn wakeups(&self) -> Wakeups {

@@ -81,7 +81,9 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>
 /// use std::sync::Arc;
 ///
 /// use pgfence::groups::{MemberSpec, Rebalance};
-/// use pgfence::leader::{Assigned, Elector, Health, HeldLease, LeaseOptions, Membership, Wakeups};
+/// use pgfence::leader::{
+///     AcquisitionTurn, Assigned, Elector, Health, HeldLease, LeaseOptions, Membership, Wakeups,
+/// };
 ///
 /// /// Counts acquisition attempts; everything else is the inner elector's.
 /// #[derive(Clone)]
@@ -97,6 +99,9 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>
 ///     async fn acquire(&self, name: &str, holder: &str, options: &LeaseOptions) -> pgfence::Result<HeldLease> {
 ///         self.attempts.fetch_add(1, Ordering::Relaxed);
 ///         self.inner.acquire(name, holder, options).await
+///     }
+///     async fn acquisition_turn(&self) -> AcquisitionTurn {
+///         self.inner.acquisition_turn().await
 ///     }
 ///     fn wakeups(&self) -> Wakeups {
 ///         self.inner.wakeups()
@@ -155,17 +160,16 @@ pub trait Elector: Clone + Send + Sync + 'static {
     /// it until the attempt answered, so that the names of a replica that campaign at once (a sharded
     /// controller given 100 names) queue here, first come, first served, instead of at the connection pool,
     /// whose checkout timeout would fail the ones at the back of the queue (a [`PgElector`] allows as many
-    /// acquisitions in flight as its store's pool has connections). The default answers at once
-    /// ([`AcquisitionTurn::unbounded`]).
+    /// acquisitions in flight as its store's pool has connections; the in-memory elector answers at once,
+    /// [`AcquisitionTurn::unbounded`]). A wrapping elector forwards it: a wrapper answering at once would send
+    /// the queue back to the pool.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: nothing is sent while waiting, and a dropped wait gives up its place. The wait is bounded
     /// by the acquisitions ahead of it, each bounded by the store's checkout timeout and the statement's own
     /// bounded waits.
-    fn acquisition_turn(&self) -> impl Future<Output = AcquisitionTurn> + Send {
-        std::future::ready(AcquisitionTurn::unbounded())
-    }
+    fn acquisition_turn(&self) -> impl Future<Output = AcquisitionTurn> + Send;
 
     /// Subscribes to release announcements. Subscribe *before* an acquisition attempt so a release between
     /// the attempt and the wait is not missed.

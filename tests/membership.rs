@@ -131,6 +131,93 @@ async fn a_member_joins_settles_the_group_is_assigned_once_and_a_leave_is_due_at
     a_counted_member_leaves(&store, &mut a, &b).await;
 }
 
+/// Invariant (liveness without a claim storm): a change tells the group's channel when the rebalance may be
+/// claimed — `changed <ms>`, the quiet time after a settle (at most 1 s here, what the heartbeat that settled
+/// answers), 0 after a leave (due at once) — so that members ask for the claim then, not at every
+/// change. The group's other payload, `assigned <generation>`, is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_groups_change_says_when_its_rebalance_may_be_claimed() {
+    use futures_util::StreamExt;
+    let db = TestDb::new().await;
+    let store = db.store("c").await;
+    let mut a = store
+        .groups()
+        .join("g", "a", &spec(&["x", "y"]), TTL)
+        .await
+        .unwrap();
+    let (client, mut connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = stream.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    client
+        .batch_execute(&format!("LISTEN \"{}\"", a.channel()))
+        .await
+        .unwrap();
+    // Bounded: a notification committed before the call returned reaches the listener within it.
+    async fn next(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a notification on the group's channel within 10 s")
+            .unwrap()
+    }
+    let changed_in = |payload: String| -> u64 {
+        let ms = payload
+            .strip_prefix("changed ")
+            .unwrap_or_else(|| panic!("expected changed <ms>, got {payload:?}"));
+        ms.parse().unwrap_or_else(|_| panic!("{payload:?}"))
+    };
+
+    // A settle (a's first heartbeat): due after the quiet time, as the heartbeat's own answer says (one statement,
+    // both from the group's row as the settle left it).
+    let news = store.groups().heartbeat(&mut a, TTL).await.unwrap();
+    let said = changed_in(next(&mut rx).await);
+    let answered = news
+        .rebalance_in
+        .expect("a settle makes an assignment due")
+        .as_millis() as u64;
+    assert!(
+        (1..=1000).contains(&said) && said.abs_diff(answered) <= 5,
+        "the notification said {said} ms, the heartbeat {answered} ms"
+    );
+
+    // A second member joins and settles; once assigned, a leave of a counted member is due at once.
+    let mut b = store
+        .groups()
+        .join("g", "b", &spec(&["x", "y"]), TTL)
+        .await
+        .unwrap();
+    store.groups().heartbeat(&mut b, TTL).await.unwrap();
+    let (version, generation) = claim(&store, &a).await;
+    let both = ["a".to_owned(), "b".to_owned()];
+    let moves: BTreeMap<String, String> = [("x", "a"), ("y", "b")]
+        .into_iter()
+        .map(|(n, m)| (n.to_owned(), m.to_owned()))
+        .collect();
+    store
+        .groups()
+        .store_assignment(&a, version, generation, &moves, &[], &both)
+        .await
+        .unwrap();
+    // b's settle said `changed <ms>` too; then the stored assignment is announced.
+    loop {
+        let payload = next(&mut rx).await;
+        if payload == "assigned 1" {
+            break;
+        }
+        changed_in(payload);
+    }
+    store.groups().leave(&b).await.unwrap();
+    assert_eq!(changed_in(next(&mut rx).await), 0, "a leave is due at once");
+}
+
 /// The end of [`a_member_joins_settles_the_group_is_assigned_once_and_a_leave_is_due_at_once`]: `b` (counted)
 /// leaves; the next assignment is due at once, counts `a` only, and refuses a computation from the generation
 /// before the stored one.

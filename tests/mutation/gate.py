@@ -725,6 +725,14 @@ MUTATIONS: list[Mutation] = [
         [cargo_test("membership", "a_member_joins_settles_the_group_is_assigned_once_and_a_leave_is_due_at_once")],
     ),
     Mutation(
+        "changed-says-now",
+        "a group's change tells its members the rebalance may be claimed now, whatever the quiet time: every "
+        "join of a rolling start wakes every member to ask for the claim at once",
+        [Edit("sql:_group_changed", """'changed ' || coalesce(pgfence._rebalance_in_ms(gr), 0)""",
+              """'changed 0'""")],
+        [cargo_test("membership", "a_groups_change_says_when_its_rebalance_may_be_claimed")],
+    ),
+    Mutation(
         "assignment-ignores-members-back",
         "a store computed while a counted member was away is stored after it joined again (its names move away, "
         "and the next assignment moves them back)",

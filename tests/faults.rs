@@ -440,6 +440,7 @@ async fn a_holder_killed_with_sigkill_is_succeeded_after_the_ttl() {
         .args([
             "child_holds_a_lease_until_killed",
             "--exact",
+            "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -533,7 +534,10 @@ async fn a_holder_killed_with_sigkill_is_succeeded_after_the_ttl() {
 }
 
 /// The child process of the SIGKILL scenario: acquires with a 2 s ttl, renews, writes until it is killed.
+/// Ignored: not a test of its own, but the entry point the scenario re-executes this binary into (with
+/// `--ignored` and its environment); run alone it does nothing, and would count as a pass that checked nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the SIGKILL scenario's child process, run by it"]
 async fn child_holds_a_lease_until_killed() {
     let Ok(url) = std::env::var(CHILD_ENV) else {
         return;

@@ -137,7 +137,6 @@ async fn a_member_joins_settles_the_group_is_assigned_once_and_a_leave_is_due_at
 /// change. The group's other payload, `assigned <generation>`, is unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_groups_change_says_when_its_rebalance_may_be_claimed() {
-    use futures_util::StreamExt;
     let db = TestDb::new().await;
     let store = db.store("c").await;
     let mut a = store
@@ -145,22 +144,7 @@ async fn a_groups_change_says_when_its_rebalance_may_be_claimed() {
         .join("g", "a", &spec(&["x", "y"]), TTL)
         .await
         .unwrap();
-    let (client, mut connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(Ok(message)) = stream.next().await {
-            if let tokio_postgres::AsyncMessage::Notification(n) = message {
-                let _ = tx.send(n.payload().to_owned());
-            }
-        }
-    });
-    client
-        .batch_execute(&format!("LISTEN \"{}\"", a.channel()))
-        .await
-        .unwrap();
+    let (_listener, mut rx) = common::listen(&db.url, a.channel()).await;
     // Bounded: a notification committed before the call returned reaches the listener within it.
     async fn next(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
         tokio::time::timeout(Duration::from_secs(10), rx.recv())

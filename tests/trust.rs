@@ -924,27 +924,10 @@ async fn no_role_but_the_owner_writes_pgfence_tables() {
 /// cluster cannot map to a name (its reads of pgfence.leases show nothing of that cluster).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_notifications_name_no_lease() {
-    use futures_util::StreamExt;
     let db = TestDb::new().await;
     let owner = db.store("secret-cluster").await;
     let outsider = app_role(&db, &owner, "outsider", Some("other")).await;
-    let (client, mut connection) =
-        tokio_postgres::connect(&url_as(&db, &outsider), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(Ok(message)) = stream.next().await {
-            if let tokio_postgres::AsyncMessage::Notification(n) = message {
-                let _ = tx.send(n.payload().to_owned());
-            }
-        }
-    });
-    client
-        .batch_execute("LISTEN pgfence_lease_free")
-        .await
-        .unwrap();
+    let (client, mut rx) = common::listen(&url_as(&db, &outsider), "pgfence_lease_free").await;
     let lease = owner.acquire("payroll-run", "pod", TTL).await.unwrap();
     owner.release(&lease).await.unwrap();
     let payload = tokio::time::timeout(Duration::from_secs(5), rx.recv())

@@ -632,6 +632,35 @@ pub async fn client_as(db: &TestDb, role: &str) -> tokio_postgres::Client {
     client
 }
 
+/// A client at `url` that LISTENs to `channel`, and the payloads of the notifications it receives, in order.
+#[allow(dead_code)]
+pub async fn listen(
+    url: &str,
+    channel: &str,
+) -> (
+    tokio_postgres::Client,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    use futures_util::StreamExt;
+    let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut stream = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = stream.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    client
+        .batch_execute(&format!("LISTEN \"{}\"", channel.replace('"', "\"\"")))
+        .await
+        .unwrap();
+    (client, rx)
+}
+
 /// A store of `cluster` logged in as `role` (made by [`role`]).
 pub async fn store_as(db: &TestDb, role: &str, cluster: &str) -> Store {
     Store::connect(StoreConfig::new(url_as(db, role), cluster))

@@ -438,7 +438,7 @@ impl AcquisitionTurn {
         AcquisitionTurn { _permit: None }
     }
 
-    /// A turn held as a permit of `gate`.
+    /// A turn held as `permit` (of the elector's semaphore of turns).
     pub(super) fn of(permit: tokio::sync::OwnedSemaphorePermit) -> AcquisitionTurn {
         AcquisitionTurn {
             _permit: Some(permit),

@@ -121,8 +121,8 @@ pub(crate) struct FleetReport {
     join_led: usize,
     moved_by_join: i64,
     /// Lines the replicas logged at warning and error level over the whole run (a fleet that converges and
-    /// hands over cleanly logs a warning per replica stopped or killed, not one per name), and the most
-    /// frequent message with its count.
+    /// hands over cleanly logs none: an orderly stop is logged at info level), and the most frequent message
+    /// with its count.
     replica_warnings: u64,
     replica_errors: u64,
     most_logged: Option<(u64, String)>,

@@ -71,7 +71,7 @@ pub(super) async fn timeline(
 }
 
 /// Counts the warnings and errors in the replicas' logs under `dir`, and the most frequent message (its level,
-/// target and text, without the time, the spans' fields or the terminal's colours).
+/// target and text, without the time or the spans' fields).
 pub(super) fn count_logs(dir: &std::path::Path, report: &mut FleetReport) {
     let mut messages: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -81,13 +81,13 @@ pub(super) fn count_logs(dir: &std::path::Path, report: &mut FleetReport) {
         let Ok(text) = std::fs::read_to_string(entry.path()) else {
             continue;
         };
+        // Plain text: the replicas (this binary) colour their log only on a terminal.
         for line in text.lines() {
-            let line = strip_colours(line);
             let (warn, error) = (line.contains(" WARN "), line.contains(" ERROR "));
             report.replica_warnings += u64::from(warn);
             report.replica_errors += u64::from(error);
             if warn || error {
-                *messages.entry(message_of(&line)).or_default() += 1;
+                *messages.entry(message_of(line)).or_default() += 1;
             }
         }
     }
@@ -95,24 +95,6 @@ pub(super) fn count_logs(dir: &std::path::Path, report: &mut FleetReport) {
         .into_iter()
         .max_by_key(|(text, n)| (*n, std::cmp::Reverse(text.clone())))
         .map(|(text, n)| (n, text));
-}
-
-/// `line` without its ANSI colour sequences (ESC `[` … `m`).
-fn strip_colours(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// A log line's level, target and message, without its time and spans, and with digits folded (so that one
@@ -267,4 +249,26 @@ pub(super) fn plot(path: &std::path::Path, samples: &[(f64, u64)]) -> Result<(),
         .map_err(|e| fail(&e))?;
     root.present().map_err(|e| fail(&e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A replica's log line becomes its level, target and message, spans and time left out, and the digits of
+    /// a shard folded, so that one message about many shards is counted as one.
+    #[test]
+    fn log_lines_are_folded_into_their_message() {
+        let warn = "2026-12-08T00:34:47.685413Z  WARN controller{controller=shard/887}:run_with_leadership{lease=fleet/shard/887 holder=\"r050\"}: pgfence::leader::run: acquisition failed; retrying lease=fleet/shard/887";
+        assert_eq!(
+            message_of(warn),
+            "WARN pgfence::leader::run: acquisition failed; retrying lease=fleet/shard/#"
+        );
+        let error = "2026-12-08T00:34:36.437562Z ERROR pgfence::leader::run: leader callback did not stop within the grace period after cancellation; aborting it lease=fleet/shard/1198 grace=1s";
+        assert_eq!(
+            message_of(error),
+            "ERROR pgfence::leader::run: leader callback did not stop within the grace period after \
+             cancellation; aborting it lease=fleet/shard/# grace=#s"
+        );
+    }
 }
